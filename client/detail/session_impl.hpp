@@ -1,0 +1,54 @@
+#pragma once
+
+// Private to librmmd_client and rmmd's own tools: the session's socket, token
+// and gRPC stub. Public headers never include this (no gRPC outside).
+
+#include <rmmd/session.hpp>
+
+#include "rmmd/v1/rmmd.grpc.pb.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace rmmd::detail {
+
+/// Throws the exception DESIGN.md's error table gives for `status`, with
+/// `what` (the request) in front of the daemon's message.
+[[noreturn]] void throw_status(grpc::Status const& status, std::string_view what);
+
+class session_impl {
+ public:
+  explicit session_impl(session::options opts);
+  session_impl(session_impl const&)            = delete;
+  session_impl& operator=(session_impl const&) = delete;
+  ~session_impl();
+
+  /// A client context carrying the token and the call deadline.
+  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context() const;
+  [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept { return *stub_; }
+  /// The session's credential, as sent in `rmmd-token` metadata.
+  [[nodiscard]] std::string const& token_hex() const noexcept { return token_hex_; }
+
+  std::uint64_t id{};
+  std::vector<pool_info> pools;
+  session::options options;
+
+  [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id);
+
+ private:
+  int socket_fd_{-1};
+  std::string token_hex_;
+  std::vector<int> pool_fds_;  // by pool id, -1 where the pool has no fd
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rmmd::Stub> stub_;
+  std::mutex map_mutex_;
+  std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
+};
+
+}  // namespace rmmd::detail

@@ -1,0 +1,88 @@
+#include <rmmd/host_memory_resource.hpp>
+
+#include <rmm/process_is_exiting.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <exception>
+
+namespace rmmd::detail {
+
+host_memory_resource_impl::host_memory_resource_impl(session s, std::string_view pool_name)
+  : session_(std::move(s)),
+    pool_id_(pool_name.empty() ? session_.host_pool().id : session_.pool(pool_name).id)
+{
+  if (session_.pools()[pool_id_].backend != backend_kind::host) {
+    throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
+                            "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
+  }
+  base_ = session_.host_pool_base(pool_id_);
+}
+
+host_memory_resource_impl::~host_memory_resource_impl()
+{
+  if (rmm::process_is_exiting()) { return; }  // the daemon reclaims at session close
+  for (auto const& [ptr, id] : allocation_ids_) {
+    try {
+      session_.free(id);
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+}
+
+void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t alignment)
+{
+  auto lease = session_.allocate(pool_id_, bytes, alignment);
+  void* ptr  = base_ + lease.host_offset;
+  std::lock_guard lock(mutex_);
+  allocation_ids_.emplace(ptr, lease.id);
+  return ptr;
+}
+
+void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept
+{
+  if (rmm::process_is_exiting()) { return; }
+  std::uint64_t id{};
+  {
+    std::lock_guard lock(mutex_);
+    auto it = allocation_ids_.find(ptr);
+    if (it == allocation_ids_.end()) {
+      std::fprintf(stderr, "rmmd: deallocate of %p, which this resource did not allocate\n", ptr);
+      return;
+    }
+    id = it->second;
+    allocation_ids_.erase(it);
+  }
+  try {
+    session_.free(id);
+  } catch (std::exception const& e) {
+    // Not fatal: the daemon frees the allocation when the session closes.
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+}
+
+void* host_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+{
+  // Host memory is ready on every stream as soon as it exists.
+  return allocate_sync(bytes, alignment);
+}
+
+void host_memory_resource_impl::deallocate(cuda::stream_ref stream,
+                                           void* ptr,
+                                           std::size_t bytes,
+                                           std::size_t alignment) noexcept
+{
+  if (rmm::process_is_exiting()) { return; }
+  // Work queued on `stream` may still read or write the memory: wait for it
+  // before the daemon can lend these bytes to anyone else. Without a GPU no
+  // work can be queued, so "no device" is not an error here.
+  auto err = ::cudaStreamSynchronize(stream.get());
+  if (err != cudaSuccess && err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver) {
+    std::fprintf(stderr, "rmmd: deallocate: cudaStreamSynchronize: %s\n", ::cudaGetErrorName(err));
+  }
+  deallocate_sync(ptr, bytes, alignment);
+}
+
+}  // namespace rmmd::detail

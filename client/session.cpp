@@ -1,0 +1,267 @@
+#include <rmmd/session.hpp>
+
+#include "client/detail/session_impl.hpp"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace rmmd {
+namespace detail {
+namespace {
+
+std::string to_hex(std::string_view bytes)
+{
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 0xf]);
+  }
+  return out;
+}
+
+int connect_session_socket(std::filesystem::path const& dir)
+{
+  auto const path = dir / "rmmd-session.sock";
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof(addr.sun_path)) {
+    throw rmmd::logic_error("rmmd: runtime directory path too long: " + dir.string());
+  }
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) { throw session_error(std::string("rmmd: socket: ") + std::strerror(errno)); }
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EACCES || err == EPERM) {
+      throw permission_error("rmmd: no permission to connect to " + path.string() +
+                             ": ask the operator to add you to the rmmd group");
+    }
+    throw session_error("rmmd: no daemon is listening at " + path.string() + " (" +
+                        std::strerror(err) +
+                        "): is rmmd running? (systemctl status rmmd), or set RMMD_RUNTIME_DIR");
+  }
+  return fd;
+}
+
+}  // namespace
+
+[[noreturn]] void throw_status(grpc::Status const& status, std::string_view what)
+{
+  auto message = "rmmd: " + std::string(what) + ": " + status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION: throw rmmd::logic_error(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: throw rmm::out_of_memory(message);
+    case grpc::StatusCode::PERMISSION_DENIED: throw permission_error(message);
+    case grpc::StatusCode::UNAUTHENTICATED: throw session_error(message);
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      throw session_error(message + " (the daemon is gone or not answering)");
+    default: throw rmm::bad_alloc(message);
+  }
+}
+
+session_impl::session_impl(session::options opts) : options(std::move(opts))
+{
+  socket_fd_ = connect_session_socket(options.runtime_dir);
+  v1::SessionHello hello;
+  hello.set_protocol_version(1);
+  hello.set_client_name(options.client_name);
+  auto bytes = hello.SerializeAsString();
+  if (::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(bytes.size())) {
+    ::close(socket_fd_);
+    throw session_error(std::string("rmmd: sending the session hello failed: ") + std::strerror(errno));
+  }
+  // The welcome comes at once; do not wait forever on a daemon that hangs.
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::vector<char> buffer(1 << 16);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov        = &iov;
+  msg.msg_iovlen     = 1;
+  msg.msg_control    = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(socket_fd_, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  std::vector<int> fds;
+  for (auto* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      auto count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd{};
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.push_back(fd);
+      }
+    }
+  }
+  auto fail = [&](auto error) {
+    for (int fd : fds) {
+      ::close(fd);
+    }
+    ::close(socket_fd_);
+    throw error;
+  };
+  if (n <= 0) {
+    fail(session_error("rmmd: the daemon closed the session socket without a welcome"));
+  }
+  v1::SessionWelcome welcome;
+  if (!welcome.ParseFromArray(buffer.data(), static_cast<int>(n))) {
+    fail(session_error("rmmd: the daemon's welcome is not a valid SessionWelcome"));
+  }
+  if (welcome.has_error()) {
+    auto const& e = welcome.error();
+    auto text     = "rmmd: the daemon refused the session: " + e.message();
+    if (e.code() == grpc::StatusCode::PERMISSION_DENIED) { fail(permission_error(text)); }
+    fail(session_error(text));
+  }
+  id         = welcome.session_id();
+  token_hex_ = to_hex(welcome.token());
+  pool_fds_.assign(static_cast<std::size_t>(welcome.pools_size()), -1);
+  for (auto const& p : welcome.pools()) {
+    pools.push_back(pool_info{
+      .id             = p.id(),
+      .name           = p.name(),
+      .device         = p.device(),
+      .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
+      .capacity_bytes = p.capacity_bytes()});
+    if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
+        p.id() < pool_fds_.size()) {
+      pool_fds_[p.id()] = fds[static_cast<std::size_t>(p.fd_index())];
+    }
+  }
+  // The hello is done: from here the socket only signals liveness.
+  timeval none{};
+  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+
+  grpc::ChannelArguments args;
+  if (welcome.max_message_bytes() > 0) {
+    args.SetMaxSendMessageSize(static_cast<int>(welcome.max_message_bytes()));
+  }
+  channel_ = grpc::CreateCustomChannel(
+    "unix:" + (options.runtime_dir / "rmmd.sock").string(), grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Rmmd::NewStub(channel_);
+}
+
+session_impl::~session_impl()
+{
+  for (auto& [id, m] : mappings_) {
+    ::munmap(m.first, m.second);
+  }
+  for (int fd : pool_fds_) {
+    if (fd >= 0) { ::close(fd); }
+  }
+  // Closing the session socket ends the session: the daemon frees what is left.
+  ::close(socket_fd_);
+}
+
+std::unique_ptr<grpc::ClientContext> session_impl::context() const
+{
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata("rmmd-token", token_hex_);
+  ctx->set_deadline(std::chrono::system_clock::now() + options.call_timeout);
+  return ctx;
+}
+
+std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
+{
+  std::lock_guard lock(map_mutex_);
+  if (auto it = mappings_.find(pool_id); it != mappings_.end()) { return it->second.first; }
+  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::host ||
+      pool_fds_[pool_id] < 0) {
+    throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) + " is not a host pool");
+  }
+  auto size = pools[pool_id].capacity_bytes;
+  void* p   = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, pool_fds_[pool_id], 0);
+  if (p == MAP_FAILED) {
+    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools[pool_id].name +
+                         "' failed: " + std::strerror(errno));
+  }
+  mappings_.emplace(pool_id, std::pair{static_cast<std::byte*>(p), size});
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace detail
+
+std::filesystem::path session::default_runtime_dir()
+{
+  char const* env = std::getenv("RMMD_RUNTIME_DIR");
+  return env != nullptr && *env != '\0' ? env : "/run/rmmd";
+}
+
+session::session() : session(options{}) {}
+
+session::session(options opts) : impl_(std::make_shared<detail::session_impl>(std::move(opts))) {}
+
+std::uint64_t session::id() const noexcept { return impl_->id; }
+
+std::vector<pool_info> const& session::pools() const noexcept { return impl_->pools; }
+
+pool_info const& session::pool(std::string_view name) const
+{
+  std::string known;
+  for (auto const& p : impl_->pools) {
+    if (p.name == name) { return p; }
+    known += (known.empty() ? "" : ", ") + p.name;
+  }
+  throw rmmd::logic_error("rmmd: no pool named '" + std::string(name) +
+                          "'; this daemon serves: " + known);
+}
+
+pool_info const& session::host_pool() const
+{
+  for (auto const& p : impl_->pools) {
+    if (p.backend == backend_kind::host) { return p; }
+  }
+  throw rmmd::logic_error("rmmd: this daemon serves no host pool");
+}
+
+lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t alignment) const
+{
+  v1::AllocateRequest request;
+  request.set_pool_id(pool_id);
+  request.set_size(bytes);
+  request.set_alignment(alignment);
+  v1::AllocateResponse response;
+  auto ctx    = impl_->context();
+  auto status = impl_->stub().Allocate(ctx.get(), request, &response);
+  if (!status.ok()) {
+    detail::throw_status(status, "allocate " + std::to_string(bytes) + " bytes");
+  }
+  return lease{.id          = response.allocation_id(),
+               .bytes       = response.size(),
+               .host_offset = response.has_host() ? response.host().offset() : 0};
+}
+
+void session::free(std::uint64_t allocation_id) const
+{
+  v1::FreeRequest request;
+  request.set_allocation_id(allocation_id);
+  v1::FreeResponse response;
+  auto ctx    = impl_->context();
+  auto status = impl_->stub().Free(ctx.get(), request, &response);
+  if (!status.ok()) {
+    detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
+  }
+}
+
+std::byte* session::host_pool_base(std::uint32_t pool_id) const
+{
+  return impl_->host_pool_base(pool_id);
+}
+
+}  // namespace rmmd

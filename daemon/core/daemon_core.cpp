@@ -1,0 +1,393 @@
+#include "daemon/core/daemon_core.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+namespace rmmd::core {
+
+struct daemon_core::pool_entry {
+  pool_config config;
+  std::unique_ptr<pool_backend> backend;
+  std::size_t capacity{};
+  std::size_t in_use{};
+  std::size_t high_water{};
+  std::size_t live{};
+  std::uint64_t total{};
+};
+
+struct daemon_core::session_entry {
+  session_id id{};
+  std::string token_hex;
+  peer_credentials peer;
+  std::string command;
+  std::string client_name;
+  std::size_t bytes{};
+  std::size_t count{};
+  std::chrono::system_clock::time_point started;
+};
+
+namespace {
+
+session_token random_token()
+{
+  session_token token{};
+  std::size_t got = 0;
+  while (got < token.size()) {
+    auto n = ::getrandom(token.data() + got, token.size() - got, 0);
+    if (n < 0 && errno == EINTR) { continue; }
+    if (n < 0) { throw std::runtime_error(absl::StrCat("getrandom: ", std::strerror(errno))); }
+    got += static_cast<std::size_t>(n);
+  }
+  return token;
+}
+
+std::string bytes_text(std::size_t bytes) { return absl::StrFormat("%d bytes", bytes); }
+
+}  // namespace
+
+bool access_policy::allows(peer_credentials const& peer) const
+{
+  auto has = [](auto const& list, auto v) {
+    return std::find(list.begin(), list.end(), v) != list.end();
+  };
+  if (has(uids, peer.uid) || has(gids, peer.gid)) { return true; }
+  return std::any_of(peer.supplementary_gids.begin(),
+                     peer.supplementary_gids.end(),
+                     [&](gid_t g) { return has(gids, g); });
+}
+
+std::size_t quota_limits::limit_for_uid(uid_t uid) const
+{
+  auto it = per_uid_overrides.find(uid);
+  return it == per_uid_overrides.end() ? per_uid_bytes : it->second;
+}
+
+std::string to_hex(session_token const& token)
+{
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(token.size() * 2);
+  for (auto b : token) {
+    auto v = std::to_integer<unsigned>(b);
+    out.push_back(digits[v >> 4]);
+    out.push_back(digits[v & 0xf]);
+  }
+  return out;
+}
+
+daemon_core::daemon_core(core_options options) : options_(std::move(options)) {}
+
+daemon_core::~daemon_core() { close_all_sessions(); }
+
+pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
+{
+  std::lock_guard lock(mutex_);
+  auto entry      = std::make_unique<pool_entry>();
+  entry->capacity = backend->capacity();
+  if (config.limit_bytes != 0) { entry->capacity = std::min(entry->capacity, config.limit_bytes); }
+  entry->config  = std::move(config);
+  entry->backend = std::move(backend);
+  pools_.push_back(std::move(entry));
+  return static_cast<pool_id>(pools_.size() - 1);
+}
+
+std::vector<pool_description> daemon_core::pools() const
+{
+  std::lock_guard lock(mutex_);
+  std::vector<pool_description> out;
+  out.reserve(pools_.size());
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    auto const& p = *pools_[i];
+    out.push_back(pool_description{.id             = static_cast<pool_id>(i),
+                                   .name           = p.config.name,
+                                   .device         = p.config.device,
+                                   .backend        = p.backend->kind(),
+                                   .handle_types   = p.config.handle_types,
+                                   .capacity_bytes = p.capacity,
+                                   .shareable_fd   = p.backend->shareable_fd(),
+                                   .fabric_handle  = p.backend->fabric_handle()});
+  }
+  return out;
+}
+
+absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
+                                                        std::string command,
+                                                        std::string client_name)
+{
+  std::lock_guard lock(mutex_);
+  if (draining_) {
+    return absl::UnavailableError(
+      "open session: the daemon is draining for shutdown; retry once it has restarted");
+  }
+  if (!options_.access.allows(peer)) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+      "open session: uid %d gid %d (pid %d) is not allowed to use this daemon; ask the operator "
+      "to add the uid or one of its groups to the allowed ids",
+      peer.uid,
+      peer.gid,
+      peer.pid));
+  }
+  auto token   = random_token();
+  auto entry   = std::make_unique<session_entry>();
+  entry->id    = next_session_++;
+  entry->token_hex   = to_hex(token);
+  entry->peer        = std::move(peer);
+  entry->command     = std::move(command);
+  entry->client_name = std::move(client_name);
+  entry->started     = std::chrono::system_clock::now();
+  auto const id      = entry->id;
+  by_token_.emplace(entry->token_hex, id);
+  sessions_.emplace(id, std::move(entry));
+  return session_grant{.id = id, .token = token};
+}
+
+void daemon_core::close_session(session_id id) noexcept
+{
+  std::lock_guard lock(mutex_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) { return; }
+  for (auto lease_id : ledger_.held_by(id)) {
+    release_lease_locked(lease_id);
+  }
+  by_token_.erase(it->second->token_hex);
+  sessions_.erase(it);
+}
+
+absl::StatusOr<session_id> daemon_core::authenticate(std::string_view token_hex) const
+{
+  std::lock_guard lock(mutex_);
+  if (token_hex.empty()) {
+    return absl::UnauthenticatedError(
+      "no session token in the call's `rmmd-token` metadata; open a session on the session "
+      "socket first");
+  }
+  auto it = by_token_.find(std::string(token_hex));
+  if (it == by_token_.end()) {
+    return absl::UnauthenticatedError(
+      "unknown session token: the session is closed or the token is wrong; open a new session");
+  }
+  return it->second;
+}
+
+absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
+                                                  pool_id pool,
+                                                  std::size_t bytes,
+                                                  std::size_t alignment)
+{
+  std::lock_guard lock(mutex_);
+  if (draining_) {
+    return absl::UnavailableError(absl::StrCat(
+      "allocate ", bytes_text(bytes), ": the daemon is draining for shutdown; no new allocations"));
+  }
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) {
+    return absl::UnauthenticatedError("allocate: the session is closed; open a new session");
+  }
+  auto& s = *s_it->second;
+  if (pool >= pools_.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+      "allocate %s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl stats`)",
+      bytes_text(bytes),
+      pool,
+      static_cast<long long>(pools_.size()) - 1));
+  }
+  auto& p = *pools_[pool];
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+      absl::StrFormat("allocate from pool '%s': size 0 is not allowed; ask for at least 1 byte",
+                      p.config.name));
+  }
+  if (bytes > p.capacity) {
+    return absl::InvalidArgumentError(
+      absl::StrFormat("allocate %s from pool '%s': larger than the pool's capacity of %s",
+                      bytes_text(bytes),
+                      p.config.name,
+                      bytes_text(p.capacity)));
+  }
+  if (alignment == 0) { alignment = default_alignment; }
+  if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+      "allocate %s from pool '%s': alignment %d is not a power of two between 1 and %d",
+      bytes_text(bytes),
+      p.config.name,
+      alignment,
+      p.config.max_alignment));
+  }
+  auto const session_limit = options_.quotas.per_session_bytes;
+  if (session_limit != 0 && bytes > session_limit - std::min(session_limit, s.bytes)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+      "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first or "
+      "ask the operator for a larger per-session quota",
+      bytes_text(bytes),
+      p.config.name,
+      s.id,
+      bytes_text(s.bytes),
+      bytes_text(session_limit)));
+  }
+  auto const uid_limit = options_.quotas.limit_for_uid(s.peer.uid);
+  auto const uid_it    = uid_bytes_.find(s.peer.uid);
+  auto const uid_used  = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
+  if (uid_limit != 0 && bytes > uid_limit - std::min(uid_limit, uid_used)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+      "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; free "
+      "memory first or ask the operator for a larger per-uid quota",
+      bytes_text(bytes),
+      p.config.name,
+      s.peer.uid,
+      bytes_text(uid_used),
+      bytes_text(uid_limit)));
+  }
+  if (bytes > p.capacity - p.in_use) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+      "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another pool",
+      bytes_text(bytes),
+      p.config.name,
+      bytes_text(p.in_use),
+      bytes_text(p.capacity)));
+  }
+  auto block = p.backend->allocate(bytes, alignment);
+  if (!block.ok()) {
+    return absl::Status(block.status().code(),
+                        absl::StrFormat("allocate %s from pool '%s': %s",
+                                        bytes_text(bytes),
+                                        p.config.name,
+                                        block.status().message()));
+  }
+  // The backend may round up; the ledger and quotas count what it reserved.
+  auto const reserved = block->bytes;
+  if (reserved > p.capacity - std::min(p.capacity, p.in_use) ||
+      (session_limit != 0 && s.bytes + reserved > session_limit) ||
+      (uid_limit != 0 && uid_used + reserved > uid_limit)) {
+    p.backend->deallocate(*block);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+      "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
+      "pool limit or a quota; ask for less",
+      bytes_text(bytes),
+      p.config.name,
+      bytes_text(reserved)));
+  }
+  auto id = ledger_.record(lease{.owner           = session,
+                                 .pool            = pool,
+                                 .requested_bytes = bytes,
+                                 .block           = *block,
+                                 .created         = std::chrono::steady_clock::now()});
+  p.in_use += reserved;
+  p.high_water = std::max(p.high_water, p.in_use);
+  ++p.live;
+  ++p.total;
+  s.bytes += reserved;
+  ++s.count;
+  uid_bytes_[s.peer.uid] += reserved;
+  return lease_grant{.id = id, .block = *std::move(block)};
+}
+
+absl::Status daemon_core::free(session_id session, allocation_id id)
+{
+  std::lock_guard lock(mutex_);
+  auto const* l = ledger_.find(id);
+  if (l == nullptr) {
+    return absl::NotFoundError(absl::StrFormat(
+      "free allocation %d: no such allocation (never allocated, or already freed)", id));
+  }
+  if (l->owner != session) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+      "free allocation %d: it is held by another session; a session can free only what it holds",
+      id));
+  }
+  release_lease_locked(id);
+  return absl::OkStatus();
+}
+
+void daemon_core::release_lease_locked(allocation_id id) noexcept
+{
+  auto l     = ledger_.erase(id);
+  auto& p    = *pools_[l.pool];
+  auto bytes = l.block.bytes;
+  p.backend->deallocate(l.block);
+  p.in_use -= bytes;
+  --p.live;
+  if (auto s = sessions_.find(l.owner); s != sessions_.end()) {
+    s->second->bytes -= bytes;
+    --s->second->count;
+    auto u = uid_bytes_.find(s->second->peer.uid);
+    u->second -= bytes;
+    if (u->second == 0) { uid_bytes_.erase(u); }
+  }
+}
+
+session_info daemon_core::info_locked(session_entry const& s) const
+{
+  return session_info{.id               = s.id,
+                      .peer             = s.peer,
+                      .command          = s.command,
+                      .client_name      = s.client_name,
+                      .bytes            = s.bytes,
+                      .allocation_count = s.count,
+                      .started          = s.started};
+}
+
+stats_snapshot daemon_core::stats() const
+{
+  auto descriptions = pools();
+  std::lock_guard lock(mutex_);
+  stats_snapshot out;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    auto const& p = *pools_[i];
+    out.pools.push_back(pool_stats{.pool              = std::move(descriptions[i]),
+                                   .in_use_bytes      = p.in_use,
+                                   .high_water_bytes  = p.high_water,
+                                   .allocation_count  = p.live,
+                                   .total_allocations = p.total});
+  }
+  for (auto const& [id, s] : sessions_) {
+    out.sessions.push_back(info_locked(*s));
+  }
+  return out;
+}
+
+std::vector<session_info> daemon_core::sessions() const
+{
+  std::lock_guard lock(mutex_);
+  std::vector<session_info> out;
+  for (auto const& [id, s] : sessions_) {
+    out.push_back(info_locked(*s));
+  }
+  return out;
+}
+
+std::size_t daemon_core::session_count() const
+{
+  std::lock_guard lock(mutex_);
+  return sessions_.size();
+}
+
+void daemon_core::begin_drain()
+{
+  std::lock_guard lock(mutex_);
+  draining_ = true;
+}
+
+void daemon_core::close_all_sessions() noexcept
+{
+  std::vector<session_id> ids;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto const& [id, s] : sessions_) {
+      ids.push_back(id);
+    }
+  }
+  for (auto id : ids) {
+    close_session(id);
+  }
+}
+
+}  // namespace rmmd::core

@@ -1,0 +1,135 @@
+#pragma once
+
+// The daemon's logic: pools, sessions, the lease ledger, quotas and stats.
+// It knows nothing of gRPC, protobuf or sockets; adapters translate.
+//
+// Thread safety: every public member may be called from any thread; one mutex
+// serialises them (backend calls included), so a rejected request never leaves
+// partial state behind.
+//
+// Errors are absl::Status with the codes of DESIGN.md's error table.
+
+#include "daemon/core/lease_ledger.hpp"
+#include "daemon/core/pool_backend.hpp"
+#include "daemon/core/types.hpp"
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace rmmd::core {
+
+/// Who may open a session: a peer whose uid is listed, or whose primary or
+/// supplementary gid is listed.
+struct access_policy {
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+
+  [[nodiscard]] bool allows(peer_credentials const& peer) const;
+};
+
+/// Byte quotas; 0 means unlimited.
+struct quota_limits {
+  std::size_t per_session_bytes{};
+  std::size_t per_uid_bytes{};                  ///< default for every uid
+  std::map<uid_t, std::size_t> per_uid_overrides;  ///< uid -> bytes, wins over per_uid_bytes
+
+  [[nodiscard]] std::size_t limit_for_uid(uid_t uid) const;
+};
+
+struct core_options {
+  access_policy access;
+  quota_limits quotas;
+};
+
+/// 128 random bits, the session's bearer credential on the gRPC socket.
+using session_token = std::array<std::byte, 16>;
+
+struct session_grant {
+  session_id id{};
+  session_token token{};
+};
+
+struct lease_grant {
+  allocation_id id{};
+  backend_allocation block;
+};
+
+/// Lowercase hex of a token (what travels in gRPC metadata).
+std::string to_hex(session_token const& token);
+
+class daemon_core {
+ public:
+  explicit daemon_core(core_options options);
+  daemon_core(daemon_core const&)            = delete;
+  daemon_core& operator=(daemon_core const&) = delete;
+  ~daemon_core();
+
+  /// Adds a pool served by `backend`. Call before serving requests.
+  pool_id add_pool(pool_config config, std::unique_ptr<pool_backend> backend);
+
+  [[nodiscard]] std::vector<pool_description> pools() const;
+
+  /// PERMISSION_DENIED if the policy does not allow `peer`; UNAVAILABLE while
+  /// draining.
+  absl::StatusOr<session_grant> open_session(peer_credentials peer,
+                                             std::string command,
+                                             std::string client_name);
+
+  /// Ends a session and frees every lease it still holds. Unknown ids are
+  /// ignored (the session socket and shutdown may both close one).
+  void close_session(session_id id) noexcept;
+
+  /// The session a token (lowercase hex, as sent in metadata) belongs to, or
+  /// UNAUTHENTICATED.
+  [[nodiscard]] absl::StatusOr<session_id> authenticate(std::string_view token_hex) const;
+
+  /// INVALID_ARGUMENT (size 0, too large, bad alignment, unknown pool),
+  /// RESOURCE_EXHAUSTED (quota, pool limit, backend out of memory),
+  /// UNAVAILABLE (draining), UNAUTHENTICATED (session gone).
+  absl::StatusOr<lease_grant> allocate(session_id session,
+                                       pool_id pool,
+                                       std::size_t bytes,
+                                       std::size_t alignment);
+
+  /// NOT_FOUND (unknown id), PERMISSION_DENIED (held by another session).
+  absl::Status free(session_id session, allocation_id id);
+
+  [[nodiscard]] stats_snapshot stats() const;
+  [[nodiscard]] std::vector<session_info> sessions() const;
+  [[nodiscard]] std::size_t session_count() const;
+
+  /// From now on open_session and allocate answer UNAVAILABLE; free still works.
+  void begin_drain();
+
+  /// Frees every lease of every session and forgets the sessions.
+  void close_all_sessions() noexcept;
+
+ private:
+  struct pool_entry;
+  struct session_entry;
+
+  void release_lease_locked(allocation_id id) noexcept;
+  session_info info_locked(session_entry const& s) const;
+
+  mutable std::mutex mutex_;
+  core_options options_;
+  bool draining_{false};
+  std::vector<std::unique_ptr<pool_entry>> pools_;  // index == pool id
+  session_id next_session_{1};
+  std::map<session_id, std::unique_ptr<session_entry>> sessions_;
+  std::unordered_map<std::string, session_id> by_token_;  // key: hex token
+  std::unordered_map<uid_t, std::size_t> uid_bytes_;
+  lease_ledger ledger_;
+};
+
+}  // namespace rmmd::core

@@ -1,0 +1,53 @@
+#pragma once
+
+// The narrow interface between the daemon's core and a memory backend (host
+// memfd, CUDA pool). The core owns policy (quotas, ownership, the ledger); a
+// backend only hands out and takes back memory.
+
+#include "daemon/core/types.hpp"
+
+#include <absl/status/statusor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rmmd::core {
+
+/// One block handed out by a backend.
+struct backend_allocation {
+  std::size_t bytes{};                ///< bytes reserved, >= bytes requested
+  std::uint64_t offset{};             ///< host backend: offset into the shared fd
+  void* address{};                    ///< cuda backend: the pointer in the daemon
+  std::vector<std::byte> export_data{};  ///< cuda backend: pointer export data
+};
+
+/// A source of memory. Not thread-safe: the core serialises calls.
+class pool_backend {
+ public:
+  pool_backend()                               = default;
+  pool_backend(pool_backend const&)            = delete;
+  pool_backend& operator=(pool_backend const&) = delete;
+  virtual ~pool_backend()                      = default;
+
+  [[nodiscard]] virtual backend_kind kind() const noexcept = 0;
+
+  /// Most bytes this backend can ever hold at once.
+  [[nodiscard]] virtual std::size_t capacity() const noexcept = 0;
+
+  /// REQUIRES: bytes > 0, alignment a power of two (the core checks both).
+  /// Returns RESOURCE_EXHAUSTED when no block fits, INTERNAL on a system error.
+  virtual absl::StatusOr<backend_allocation> allocate(std::size_t bytes,
+                                                      std::size_t alignment) = 0;
+
+  /// REQUIRES: `block` came from allocate() on this backend and was not freed.
+  virtual void deallocate(backend_allocation const& block) noexcept = 0;
+
+  /// The fd every session receives for this pool (owned by the backend), or -1.
+  [[nodiscard]] virtual int shareable_fd() const noexcept { return -1; }
+
+  /// The pool's fabric handle when it exports one, else empty.
+  [[nodiscard]] virtual std::vector<std::byte> fabric_handle() const { return {}; }
+};
+
+}  // namespace rmmd::core

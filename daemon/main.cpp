@@ -1,0 +1,184 @@
+// rmmd: flags, wiring, signals, sd_notify. Nothing else lives here.
+
+#include "daemon/backends/host/host_backend.hpp"
+#include "daemon/core/daemon_core.hpp"
+#include "daemon/log.hpp"
+#include "daemon/service/rmmd_service.hpp"
+#include "daemon/session/session_listener.hpp"
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <systemd/sd-daemon.h>
+
+#include <grp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct daemon_flags {
+  std::string runtime_dir;
+  std::size_t host_pool_bytes{std::size_t{1} << 30};
+  std::string host_pool_name{"host"};
+  std::vector<uid_t> allow_uids;
+  std::vector<gid_t> allow_gids;
+  std::size_t session_quota_bytes{};
+  std::size_t uid_quota_bytes{};
+  int hello_timeout_ms{2000};
+  std::size_t max_message_bytes{64 * 1024};
+  int drain_timeout_ms{5000};
+  bool verbose{false};
+};
+
+std::string default_runtime_dir()
+{
+  char const* env = std::getenv("RMMD_RUNTIME_DIR");
+  return env != nullptr && *env != '\0' ? env : "/run/rmmd";
+}
+
+rmmd::core::access_policy make_access_policy(daemon_flags const& flags)
+{
+  rmmd::core::access_policy policy{.uids = flags.allow_uids, .gids = flags.allow_gids};
+  if (policy.uids.empty() && policy.gids.empty()) {
+    // Default: the daemon's own user, and members of the `rmmd` group.
+    policy.uids.push_back(::geteuid());
+    if (auto const* g = ::getgrnam("rmmd"); g != nullptr) { policy.gids.push_back(g->gr_gid); }
+  }
+  return policy;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  daemon_flags flags;
+  flags.runtime_dir = default_runtime_dir();
+  CLI::App app{"rmmd: lends memory from node-wide pools to the processes of this node"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
+  app.add_option("--host-pool-bytes", flags.host_pool_bytes, "Size of the shared host pool (e.g. 1GiB)")
+    ->transform(CLI::AsSizeValue(false));
+  app.add_option("--host-pool-name", flags.host_pool_name, "Name of the shared host pool");
+  app.add_option("--allow-uid", flags.allow_uids, "A uid that may open sessions (repeatable)")
+    ->delimiter(',');
+  app.add_option("--allow-gid", flags.allow_gids, "A gid whose members may open sessions (repeatable)")
+    ->delimiter(',');
+  app.add_option("--session-quota-bytes", flags.session_quota_bytes, "Bytes one session may hold; 0: no limit")
+    ->transform(CLI::AsSizeValue(false));
+  app.add_option("--uid-quota-bytes", flags.uid_quota_bytes, "Bytes one uid may hold; 0: no limit")
+    ->transform(CLI::AsSizeValue(false));
+  app.add_option("--hello-timeout-ms", flags.hello_timeout_ms, "Time a client has to say hello")
+    ->check(CLI::Range(1, 600000));
+  app.add_option("--max-message-bytes", flags.max_message_bytes, "Largest gRPC message accepted")
+    ->transform(CLI::AsSizeValue(false));
+  app.add_option("--drain-timeout-ms", flags.drain_timeout_ms, "Time in-flight calls get at shutdown")
+    ->check(CLI::Range(0, 600000));
+  app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too");
+  CLI11_PARSE(app, argc, argv);
+  if (flags.verbose) { rmmd::log::threshold = rmmd::log::level::debug; }
+
+  // Every thread inherits this mask: the signals are taken by sigwaitinfo below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  namespace fs = std::filesystem;
+  fs::path const dir = flags.runtime_dir;
+  try {
+    if (!fs::exists(dir)) {
+      fs::create_directories(dir);
+      fs::permissions(dir, fs::perms(0750));
+    }
+  } catch (fs::filesystem_error const& e) {
+    rmmd::log::error("cannot create the runtime directory %s: %s", dir.string(), e.what());
+    return 1;
+  }
+
+  rmmd::core::core_options options;
+  options.access                   = make_access_policy(flags);
+  options.quotas.per_session_bytes = flags.session_quota_bytes;
+  options.quotas.per_uid_bytes     = flags.uid_quota_bytes;
+  rmmd::core::daemon_core core(std::move(options));
+  try {
+    core.add_pool(
+      rmmd::core::pool_config{.name         = flags.host_pool_name,
+                              .device       = -1,
+                              .handle_types = {rmmd::core::handle_type::host_offset}},
+      std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name, flags.host_pool_bytes));
+  } catch (std::exception const& e) {
+    rmmd::log::error("cannot create the host pool '%s' of %d bytes: %s",
+                     flags.host_pool_name,
+                     flags.host_pool_bytes,
+                     e.what());
+    return 1;
+  }
+
+  auto const grpc_path = dir / "rmmd.sock";
+  rmmd::service::rmmd_service service(core);
+  grpc::ServerBuilder builder;
+  ::unlink(grpc_path.c_str());
+  builder.AddListeningPort("unix:" + grpc_path.string(), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_message_bytes));
+  auto server = builder.BuildAndStart();
+  if (!server) {
+    rmmd::log::error("cannot listen on %s (is another rmmd running?)", grpc_path.string());
+    return 1;
+  }
+  ::chmod(grpc_path.c_str(), 0660);
+
+  rmmd::session::session_listener listener(
+    core,
+    rmmd::session::listener_options{
+      .socket_path       = dir / "rmmd-session.sock",
+      .hello_deadline    = std::chrono::milliseconds(flags.hello_timeout_ms),
+      .max_message_bytes = static_cast<std::uint32_t>(flags.max_message_bytes)});
+  try {
+    listener.start();
+  } catch (std::exception const& e) {
+    rmmd::log::error("cannot listen on the session socket: %s", e.what());
+    server->Shutdown();
+    return 1;
+  }
+
+  rmmd::log::info("ready: %d pool(s), sockets in %s", core.pools().size(), dir.string());
+  ::sd_notifyf(0, "READY=1\nSTATUS=serving %zu pool(s)", core.pools().size());
+
+  while (true) {
+    siginfo_t info{};
+    int sig = ::sigwaitinfo(&signals, &info);
+    if (sig == SIGHUP) {
+      rmmd::log::info("SIGHUP: nothing to reload yet");
+      continue;
+    }
+    if (sig == SIGTERM || sig == SIGINT) {
+      rmmd::log::info("%s: shutting down", ::strsignal(sig));
+      break;
+    }
+  }
+
+  // Two phases: stop taking new work, let in-flight calls end, then reclaim.
+  ::sd_notify(0, "STOPPING=1");
+  core.begin_drain();
+  listener.stop_accepting();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(flags.drain_timeout_ms));
+  listener.stop();
+  core.close_all_sessions();
+  ::unlink(grpc_path.c_str());
+  rmmd::log::info("stopped");
+  return 0;
+}

@@ -1,0 +1,74 @@
+#include "daemon/service/proto_convert.hpp"
+
+#include <chrono>
+
+namespace rmmd::service {
+namespace {
+
+v1::Backend to_proto(core::backend_kind kind)
+{
+  switch (kind) {
+    case core::backend_kind::host: return v1::BACKEND_HOST;
+    case core::backend_kind::cuda: return v1::BACKEND_CUDA;
+  }
+  return v1::BACKEND_UNSPECIFIED;
+}
+
+v1::HandleType to_proto(core::handle_type type)
+{
+  switch (type) {
+    case core::handle_type::posix_fd: return v1::HANDLE_TYPE_POSIX_FD;
+    case core::handle_type::fabric: return v1::HANDLE_TYPE_FABRIC;
+    case core::handle_type::host_offset: return v1::HANDLE_TYPE_HOST_OFFSET;
+  }
+  return v1::HANDLE_TYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescription* out)
+{
+  out->set_id(in.id);
+  out->set_name(in.name);
+  out->set_device(in.device);
+  out->set_backend(to_proto(in.backend));
+  for (auto t : in.handle_types) {
+    out->add_handle_types(to_proto(t));
+  }
+  out->set_capacity_bytes(in.capacity_bytes);
+  out->set_fd_index(fd_index);
+  if (!in.fabric_handle.empty()) {
+    out->set_fabric_handle(in.fabric_handle.data(), in.fabric_handle.size());
+  }
+}
+
+void to_proto(core::session_info const& in, v1::SessionInfo* out)
+{
+  out->set_session_id(in.id);
+  out->set_pid(in.peer.pid);
+  out->set_uid(in.peer.uid);
+  out->set_gid(in.peer.gid);
+  out->set_command(in.command);
+  out->set_client_name(in.client_name);
+  out->set_bytes(in.bytes);
+  out->set_allocation_count(in.allocation_count);
+  out->set_started_unix_ms(
+    std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
+}
+
+void to_proto(core::stats_snapshot const& in, v1::Stats* out)
+{
+  for (auto const& p : in.pools) {
+    auto* ps = out->add_pools();
+    to_proto(p.pool, -1, ps->mutable_pool());
+    ps->set_in_use_bytes(p.in_use_bytes);
+    ps->set_high_water_bytes(p.high_water_bytes);
+    ps->set_allocation_count(p.allocation_count);
+    ps->set_total_allocations(p.total_allocations);
+  }
+  for (auto const& s : in.sessions) {
+    to_proto(s, out->add_sessions());
+  }
+}
+
+}  // namespace rmmd::service

@@ -1,0 +1,17 @@
+#pragma once
+
+// Core value types -> wire messages. Used by the gRPC service and the session
+// socket, so both describe pools and sessions the same way.
+
+#include "daemon/core/types.hpp"
+#include "rmmd/v1/rmmd.pb.h"
+
+namespace rmmd::service {
+
+/// `fd_index` is the pool fd's position among the fds attached to a welcome,
+/// or -1.
+void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescription* out);
+void to_proto(core::session_info const& in, v1::SessionInfo* out);
+void to_proto(core::stats_snapshot const& in, v1::Stats* out);
+
+}  // namespace rmmd::service

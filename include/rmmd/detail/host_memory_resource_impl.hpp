@@ -1,0 +1,51 @@
+#pragma once
+
+#include <rmmd/session.hpp>
+
+#include <cuda/memory_resource>
+#include <cuda/stream>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+
+namespace rmmd::detail {
+
+/// The shared state behind rmmd::host_memory_resource. Not copyable.
+class host_memory_resource_impl {
+ public:
+  host_memory_resource_impl(session s, std::string_view pool_name);
+  host_memory_resource_impl(host_memory_resource_impl const&)            = delete;
+  host_memory_resource_impl& operator=(host_memory_resource_impl const&) = delete;
+  /// Frees what is still allocated through it (never throws).
+  ~host_memory_resource_impl();
+
+  [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment);
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+
+  [[nodiscard]] bool operator==(host_memory_resource_impl const& other) const noexcept
+  {
+    return this == &other;
+  }
+
+  [[nodiscard]] session const& get_session() const noexcept { return session_; }
+  [[nodiscard]] std::uint64_t offset_of(void const* ptr) const noexcept
+  {
+    return static_cast<std::uint64_t>(static_cast<std::byte const*>(ptr) - base_);
+  }
+
+  friend void get_property(host_memory_resource_impl const&, cuda::mr::host_accessible) noexcept {}
+
+ private:
+  session session_;
+  std::uint32_t pool_id_{};
+  std::byte* base_{};
+  std::mutex mutex_;
+  std::unordered_map<void*, std::uint64_t> allocation_ids_;  // ptr -> daemon's allocation id
+};
+
+}  // namespace rmmd::detail

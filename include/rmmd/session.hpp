@@ -1,0 +1,89 @@
+#pragma once
+
+#include <rmmd/error.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rmmd {
+
+namespace detail {
+class session_impl;
+}
+
+enum class backend_kind { host, cuda };
+
+/// A pool the daemon serves, as described in the session's welcome.
+struct pool_info {
+  std::uint32_t id{};
+  std::string name;
+  int device{-1};  ///< CUDA device ordinal, -1 for host pools
+  backend_kind backend{};
+  std::size_t capacity_bytes{};
+};
+
+/// One allocation the daemon granted to this session.
+struct lease {
+  std::uint64_t id{};
+  std::size_t bytes{};          ///< bytes reserved, >= bytes asked for
+  std::uint64_t host_offset{};  ///< host pools: offset into the pool's mapping
+};
+
+/// A connection to the node's rmmd: the session socket (kept open for the
+/// life of the session; its close is how the daemon learns this process is
+/// gone and reclaims what it held) and the gRPC channel for requests.
+///
+/// A copyable handle: copies share one session, which closes when the last
+/// copy (and every resource made from it) is destroyed.
+///
+/// Thread safety: every member may be called from any thread.
+class session {
+ public:
+  struct options {
+    /// Where the daemon's sockets are: $RMMD_RUNTIME_DIR, else /run/rmmd.
+    std::filesystem::path runtime_dir = default_runtime_dir();
+    /// Shown in `rmmctl stats` beside the kernel's command name.
+    std::string client_name{};
+    /// Longest a request may take before it fails with session_error.
+    std::chrono::milliseconds call_timeout{std::chrono::seconds(30)};
+  };
+
+  static std::filesystem::path default_runtime_dir();
+
+  /// Connects and says hello. Throws session_error when no daemon answers,
+  /// permission_error when this uid may not use it.
+  session();
+  explicit session(options opts);
+
+  [[nodiscard]] std::uint64_t id() const noexcept;
+  [[nodiscard]] std::vector<pool_info> const& pools() const noexcept;
+  /// Throws rmmd::logic_error naming the pools there are.
+  [[nodiscard]] pool_info const& pool(std::string_view name) const;
+  /// The first host pool. Throws rmmd::logic_error if there is none.
+  [[nodiscard]] pool_info const& host_pool() const;
+
+  /// Low-level requests (the memory resources are built on these).
+  /// Throws as error.hpp says.
+  [[nodiscard]] lease allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t alignment) const;
+  void free(std::uint64_t allocation_id) const;
+
+  /// This process's mapping of a host pool, made once per session.
+  /// REQUIRES: pool_id names a host pool.
+  [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id) const;
+
+  /// For rmmd's own tools (rmmctl): the implementation.
+  [[nodiscard]] detail::session_impl& impl() const noexcept { return *impl_; }
+
+  friend bool operator==(session const& a, session const& b) noexcept { return a.impl_ == b.impl_; }
+
+ private:
+  std::shared_ptr<detail::session_impl> impl_;
+};
+
+}  // namespace rmmd

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Idempotent set-up: installs what a fresh Debian 12 machine lacks to build and
+# test rmmd, and does nothing when everything is already there.
+#   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, ...)
+#   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0)
+#     and the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${RMMD_VENV:-$root/.venv}
+
+debs=(build-essential pkg-config ninja-build
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+      libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
+      libcpp-httplib-dev libcli11-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ -x /usr/local/cuda/bin/nvcc ] || { echo "setup: the CUDA 13 toolkit is expected at /usr/local/cuda" >&2; exit 1; }
+
+want_rmm='librmm-cu13==26.10.*'
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv"
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import importlib.metadata as m; v=m.version("librmm-cu13"); assert v.startswith("26.10"); import cmake' 2>/dev/null \
+   || ! "$venv/bin/cmake" --version 2>/dev/null | grep -qE 'version [4-9]\.'; then
+  echo "setup: installing $want_rmm and cmake>=4 into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$want_rmm" 'cmake>=4.0,<5'
+fi
+echo "setup: ready (cmake: $("$venv/bin/cmake" --version | head -1))"

@@ -1,0 +1,204 @@
+// Every row of DESIGN.md's error table, produced by a real request against the
+// real daemon: the gRPC code, the message, the client's exception, and the
+// daemon's state unchanged afterwards.
+
+#include "client/detail/session_impl.hpp"
+#include "tests/tools/daemon_process.hpp"
+
+#include <rmmd/host_memory_resource.hpp>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace rmmd::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+grpc::Status allocate(rmmd::session const& s,
+                      std::uint32_t pool,
+                      std::uint64_t size,
+                      std::uint64_t alignment,
+                      v1::AllocateResponse* out = nullptr)
+{
+  v1::AllocateRequest request;
+  request.set_pool_id(pool);
+  request.set_size(size);
+  request.set_alignment(alignment);
+  v1::AllocateResponse response;
+  auto ctx = s.impl().context();
+  auto st  = s.impl().stub().Allocate(ctx.get(), request, out ? out : &response);
+  return st;
+}
+
+grpc::Status free_id(rmmd::session const& s, std::uint64_t id)
+{
+  v1::FreeRequest request;
+  request.set_allocation_id(id);
+  v1::FreeResponse response;
+  auto ctx = s.impl().context();
+  return s.impl().stub().Free(ctx.get(), request, &response);
+}
+
+/// Pools and sessions' bytes/counts, without what changes by itself.
+std::string ledger(v1::Stats stats)
+{
+  for (auto& s : *stats.mutable_sessions()) {
+    s.clear_started_unix_ms();
+  }
+  return stats.SerializeAsString();
+}
+
+class ErrorTable : public ::testing::Test {
+ protected:
+  daemon_process daemon_{{"--host-pool-bytes", "64MiB", "--session-quota-bytes", "1MiB"}};
+  rmmd::session session_ = daemon_.open_session("errors");
+  std::uint32_t pool_    = session_.host_pool().id;
+};
+
+TEST_F(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
+{
+  auto held = session_.allocate(pool_, 4096, 0);  // some state to keep
+  auto const before = ledger(daemon_.stats());
+  struct bad_request {
+    std::uint32_t pool;
+    std::uint64_t size;
+    std::uint64_t alignment;
+    char const* says;
+  };
+  for (auto const& r : {bad_request{pool_, 0, 0, "size 0"},
+                        bad_request{pool_, std::uint64_t{1} << 62, 0, "larger than the pool"},
+                        bad_request{pool_, 4096, 3, "alignment 3 is not a power of two"},
+                        bad_request{pool_, 4096, std::uint64_t{1} << 40, "not a power of two between"},
+                        bad_request{99, 4096, 0, "unknown pool id 99"}}) {
+    auto st = allocate(session_, r.pool, r.size, r.alignment);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.says;
+    EXPECT_THAT(st.error_message(), HasSubstr(r.says));
+  }
+  EXPECT_THROW((void)session_.allocate(pool_, 0, 0), rmmd::logic_error);
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+  session_.free(held.id);
+}
+
+TEST_F(ErrorTable, QuotaIsEnforced)
+{
+  auto a            = session_.allocate(pool_, 768 * 1024, 0);
+  auto const before = ledger(daemon_.stats());
+  auto st           = allocate(session_, pool_, 512 * 1024, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("quota of 1048576 bytes"));
+  EXPECT_THROW((void)session_.allocate(pool_, 512 * 1024, 0), rmm::out_of_memory);
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+  // What is left of the quota can still be used.
+  auto b = session_.allocate(pool_, 256 * 1024, 0);
+  session_.free(a.id);
+  session_.free(b.id);
+}
+
+TEST_F(ErrorTable, UnknownAndDoubleFreeAreNotFound)
+{
+  auto a = session_.allocate(pool_, 4096, 0);
+  ASSERT_TRUE(free_id(session_, a.id).ok());
+  auto const before = ledger(daemon_.stats());
+  for (auto id : {a.id, std::uint64_t{123456789}}) {
+    auto st = free_id(session_, id);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(st.error_message(), HasSubstr("no such allocation"));
+  }
+  EXPECT_THROW(session_.free(a.id), rmmd::logic_error);
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+}
+
+TEST_F(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
+{
+  auto other        = daemon_.open_session("other");
+  auto theirs       = other.allocate(pool_, 8192, 0);
+  auto const before = ledger(daemon_.stats());
+  auto st           = free_id(session_, theirs.id);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("held by another session"));
+  EXPECT_THROW(session_.free(theirs.id), rmmd::permission_error);
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+  other.free(theirs.id);
+}
+
+TEST_F(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
+{
+  auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub    = v1::Rmmd::NewStub(channel);
+  auto const before = ledger(daemon_.stats());
+  for (std::string token : {"", "00000000000000000000000000000000", "not-hex", "zz"}) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) { ctx.AddMetadata("rmmd-token", token); }
+    v1::AllocateRequest request;
+    request.set_pool_id(pool_);
+    request.set_size(4096);
+    v1::AllocateResponse response;
+    auto st = stub->Allocate(&ctx, request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << "token '" << token << "'";
+    EXPECT_THAT(st.error_message(), HasSubstr("session token"));
+    grpc::ClientContext stats_ctx;
+    if (!token.empty()) { stats_ctx.AddMetadata("rmmd-token", token); }
+    v1::Stats stats;
+    EXPECT_EQ(stub->GetStats(&stats_ctx, {}, &stats).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+}
+
+TEST_F(ErrorTable, PoolExhaustionIsResourceExhausted)
+{
+  // Other sessions fill the pool; ours then cannot get what is left.
+  std::vector<rmmd::session> fillers;
+  for (int i = 0; i < 64; ++i) {
+    fillers.push_back(daemon_.open_session("filler"));
+    (void)fillers.back().allocate(pool_, 1 << 20, 0);
+  }
+  auto const before = ledger(daemon_.stats());
+  auto st           = allocate(session_, pool_, 1 << 20, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("in use"));
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+}
+
+TEST_F(ErrorTable, DrainingDaemonIsUnavailable)
+{
+  (void)session_.allocate(pool_, 4096, 0);
+  daemon_.process().kill(SIGTERM);
+  // The daemon drains and stops; the session then reports it is gone.
+  EXPECT_TRUE(daemon_.process().wait(30s).has_value());
+  try {
+    (void)session_.allocate(pool_, 4096, 0);
+    FAIL() << "allocate succeeded against a stopped daemon";
+  } catch (rmmd::session_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("allocate 4096 bytes"));
+  }
+}
+
+TEST(SessionAccess, UidNotAllowedIsRefusedAtTheSessionSocket)
+{
+  // Allow only a uid and gid this test does not run as.
+  auto other = std::to_string(::getuid() == 4242 ? 4243 : 4242);
+  daemon_process daemon({"--allow-uid", other, "--allow-gid", other});
+  try {
+    (void)daemon.open_session();
+    FAIL() << "the session was opened";
+  } catch (rmmd::permission_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is not allowed to use this daemon"));
+    EXPECT_THAT(e.what(), HasSubstr("uid " + std::to_string(::getuid())));
+  }
+}
+
+TEST(SessionAccess, NoDaemonIsASessionError)
+{
+  try {
+    (void)rmmd::session(rmmd::session::options{.runtime_dir = "/nonexistent/rmmd"});
+    FAIL();
+  } catch (rmmd::session_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no daemon is listening at /nonexistent/rmmd/rmmd-session.sock"));
+  }
+}
+
+}  // namespace
+}  // namespace rmmd::test

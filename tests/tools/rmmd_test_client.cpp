@@ -1,0 +1,118 @@
+// A client process for the integration tests, started with fork+exec.
+//
+//   rmmd_test_client hold BYTES SEED COUNT
+//       allocates COUNT buffers of BYTES from the host pool through
+//       rmmd::host_memory_resource, fills each with SEED's pattern, prints
+//       "buffer OFFSET BYTES SEED" per buffer and "ready", then waits for
+//       stdin to close, checks the buffers are intact, frees them, prints
+//       "freed" and exits 0.
+//   rmmd_test_client verify OFFSET:BYTES:SEED...
+//       opens its own session, maps the host pool and checks that each range
+//       holds its pattern (written by another process); prints "verified N"
+//       and exits 0, or names the first mismatch and exits 1.
+//
+// The daemon is found through $RMMD_RUNTIME_DIR.
+
+#include <rmmd/host_memory_resource.hpp>
+#include <rmmd/session.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::uint64_t pattern(std::uint64_t seed, std::size_t word)
+{
+  return (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (word * 0xBF58476D1CE4E5B9ULL);
+}
+
+void fill(void* p, std::size_t bytes, std::uint64_t seed)
+{
+  auto* w = static_cast<std::uint64_t*>(p);
+  for (std::size_t i = 0; i < bytes / 8; ++i) {
+    w[i] = pattern(seed, i);
+  }
+}
+
+/// Index of the first word that does not hold the pattern, or -1.
+long first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed)
+{
+  auto const* w = static_cast<std::uint64_t const*>(p);
+  for (std::size_t i = 0; i < bytes / 8; ++i) {
+    if (w[i] != pattern(seed, i)) { return static_cast<long>(i); }
+  }
+  return -1;
+}
+
+int hold(std::size_t bytes, std::uint64_t seed, int count)
+{
+  rmmd::host_memory_resource mr(
+    rmmd::session(rmmd::session::options{.client_name = "holder-" + std::to_string(seed)}));
+  std::vector<void*> buffers;
+  for (int i = 0; i < count; ++i) {
+    void* p = mr.allocate_sync(bytes, 256);
+    fill(p, bytes, seed + static_cast<std::uint64_t>(i));
+    buffers.push_back(p);
+    std::printf("buffer %llu %zu %llu\n",
+                static_cast<unsigned long long>(mr.offset_of(p)),
+                bytes,
+                static_cast<unsigned long long>(seed + static_cast<std::uint64_t>(i)));
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  int status = 0;
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (first_mismatch(buffers[i], bytes, seed + i) >= 0) {
+      std::printf("corrupted buffer %zu\n", i);
+      status = 1;
+    }
+    mr.deallocate_sync(buffers[i], bytes, 256);
+  }
+  std::printf("freed\n");
+  return status;
+}
+
+int verify(int argc, char** argv)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "verifier"});
+  auto* base = s.host_pool_base(s.host_pool().id);
+  int n      = 0;
+  for (int i = 0; i < argc; ++i) {
+    unsigned long long offset{}, seed{};
+    std::size_t bytes{};
+    if (std::sscanf(argv[i], "%llu:%zu:%llu", &offset, &bytes, &seed) != 3) {
+      std::printf("bad argument %s\n", argv[i]);
+      return 2;
+    }
+    if (auto at = first_mismatch(base + offset, bytes, seed); at >= 0) {
+      std::printf("mismatch in %s at word %ld\n", argv[i], at);
+      return 1;
+    }
+    ++n;
+  }
+  std::printf("verified %d\n", n);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  try {
+    if (argc == 5 && std::strcmp(argv[1], "hold") == 0) {
+      return hold(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]));
+    }
+    if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
+  } catch (std::exception const& e) {
+    std::printf("error: %s\n", e.what());
+    return 3;
+  }
+  std::fprintf(stderr, "usage: rmmd_test_client hold BYTES SEED COUNT | verify OFFSET:BYTES:SEED...\n");
+  return 2;
+}
