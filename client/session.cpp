@@ -2,6 +2,8 @@
 
 #include "client/detail/session_impl.hpp"
 
+#include <rmm/process_is_exiting.hpp>
+
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -159,6 +161,12 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
 
 session_impl::~session_impl()
 {
+  // Imports first: an imported pool must go before the fd it came from.
+  if (!rmm::process_is_exiting()) {
+    for (auto& [id, pool] : cuda_pools_) {
+      cudaMemPoolDestroy(pool);
+    }
+  }
   for (auto& [id, m] : mappings_) {
     ::munmap(m.first, m.second);
   }
@@ -195,6 +203,29 @@ std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
   return static_cast<std::byte*>(p);
 }
 
+cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
+{
+  std::lock_guard lock(map_mutex_);
+  if (auto it = cuda_pools_.find(pool_id); it != cuda_pools_.end()) { return it->second; }
+  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::cuda ||
+      pool_fds_[pool_id] < 0) {
+    throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) +
+                            " is not a CUDA pool with a posix-fd handle");
+  }
+  cudaMemPool_t pool{};
+  auto err = cudaMemPoolImportFromShareableHandle(
+    &pool,
+    reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fds_[pool_id])),
+    cudaMemHandleTypePosixFileDescriptor,
+    0);
+  if (err != cudaSuccess) {
+    throw rmm::bad_alloc("rmmd: importing CUDA pool '" + pools[pool_id].name +
+                         "' failed: " + cudaGetErrorName(err));
+  }
+  cuda_pools_.emplace(pool_id, pool);
+  return pool;
+}
+
 }  // namespace detail
 
 std::filesystem::path session::default_runtime_dir()
@@ -222,6 +253,21 @@ pool_info const& session::pool(std::string_view name) const
                           "'; this daemon serves: " + known);
 }
 
+pool_info const& session::device_pool(int device) const
+{
+  std::string known;
+  for (auto const& p : impl_->pools) {
+    if (p.backend != backend_kind::cuda) { continue; }
+    if (p.device == device) { return p; }
+    known += (known.empty() ? "" : ", ") + std::to_string(p.device);
+  }
+  throw rmmd::logic_error("rmmd: the daemon serves no pool on CUDA device " +
+                          std::to_string(device) + "; it serves devices: " +
+                          (known.empty() ? "none (no GPU, or --backend=host)" : known));
+}
+
+cudaMemPool_t session::cuda_pool(std::uint32_t pool_id) const { return impl_->cuda_pool(pool_id); }
+
 pool_info const& session::host_pool() const
 {
   for (auto const& p : impl_->pools) {
@@ -242,9 +288,19 @@ lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t al
   if (!status.ok()) {
     detail::throw_status(status, "allocate " + std::to_string(bytes) + " bytes");
   }
-  return lease{.id          = response.allocation_id(),
-               .bytes       = response.size(),
-               .host_offset = response.has_host() ? response.host().offset() : 0};
+  lease out{.id          = response.allocation_id(),
+            .bytes       = response.size(),
+            .host_offset = response.has_host() ? response.host().offset() : 0};
+  if (response.has_cuda()) {
+    auto const& data = response.cuda().export_data();
+    if (data.size() != out.cuda_export.size()) {
+      throw rmm::bad_alloc("rmmd: the daemon's pointer export data has " +
+                           std::to_string(data.size()) + " bytes, expected " +
+                           std::to_string(out.cuda_export.size()));
+    }
+    std::memcpy(out.cuda_export.data(), data.data(), data.size());
+  }
+  return out;
 }
 
 void session::free(std::uint64_t allocation_id) const

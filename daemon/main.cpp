@@ -1,5 +1,6 @@
 // rmmd: flags, wiring, signals, sd_notify. Nothing else lives here.
 
+#include "daemon/backends/cuda/cuda_backend.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/log.hpp"
@@ -27,6 +28,9 @@ namespace {
 
 struct daemon_flags {
   std::string runtime_dir;
+  std::string backend{"auto"};
+  std::size_t cuda_pool_bytes{};
+  std::size_t cuda_release_threshold{};
   std::size_t host_pool_bytes{std::size_t{1} << 30};
   std::string host_pool_name{"host"};
   std::vector<uid_t> allow_uids;
@@ -56,6 +60,63 @@ rmmd::core::access_policy make_access_policy(daemon_flags const& flags)
   return policy;
 }
 
+/// The pools: the shared host pool, and one CUDA pool per GPU (unless
+/// --backend=host). False, after saying why, if a pool that must exist cannot.
+bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
+{
+  namespace cuda = rmmd::backends::cuda;
+  // The host pool first: its id is 0 on every node.
+  try {
+    core.add_pool(
+      rmmd::core::pool_config{.name         = flags.host_pool_name,
+                              .device       = -1,
+                              .handle_types = {rmmd::core::handle_type::host_offset}},
+      std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name, flags.host_pool_bytes));
+  } catch (std::exception const& e) {
+    rmmd::log::error("cannot create the host pool '%s' of %d bytes: %s",
+                     flags.host_pool_name,
+                     flags.host_pool_bytes,
+                     e.what());
+    return false;
+  }
+  int const gpus = flags.backend == "host" ? 0 : cuda::device_count();
+  if (flags.backend == "cuda" && gpus == 0) {
+    rmmd::log::error("--backend=cuda, but CUDA sees no GPU (is the driver loaded? nvidia-smi)");
+    return false;
+  }
+  if (flags.backend == "auto" && gpus == 0) {
+    rmmd::log::info("no GPU found: serving the host pool only");
+  }
+  for (int device = 0; device < gpus; ++device) {
+    auto name = "gpu" + std::to_string(device);
+    try {
+      std::size_t capacity = flags.cuda_pool_bytes;
+      if (capacity == 0) {
+        std::size_t free = 0, total = 0;
+        cudaSetDevice(device);
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+          throw std::runtime_error("cudaMemGetInfo failed");
+        }
+        capacity = free / 10 * 8;
+      }
+      core.add_pool(rmmd::core::pool_config{.name          = name,
+                                            .device        = device,
+                                            .handle_types  = {rmmd::core::handle_type::posix_fd},
+                                            .limit_bytes   = capacity,
+                                            .max_alignment = 256},
+                    std::make_unique<cuda::cuda_backend>(cuda::cuda_pool_options{
+                      .device            = device,
+                      .capacity          = capacity,
+                      .release_threshold = flags.cuda_release_threshold}));
+      rmmd::log::info("pool '%s': CUDA device %d, posix-fd export, up to %d bytes", name, device, capacity);
+    } catch (std::exception const& e) {
+      rmmd::log::error("cannot create the CUDA pool '%s' on device %d: %s", name, device, e.what());
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -65,6 +126,14 @@ int main(int argc, char** argv)
   CLI::App app{"rmmd: lends memory from node-wide pools to the processes of this node"};
   app.option_defaults()->always_capture_default();
   app.add_option("--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
+  app.add_option("--backend", flags.backend, "auto: CUDA pools on every GPU when there is one; host: none")
+    ->check(CLI::IsMember({"auto", "host", "cuda"}));
+  app.add_option("--cuda-pool-bytes", flags.cuda_pool_bytes,
+                 "Most bytes each GPU's pool may lend; 0: 80% of the GPU's free memory at start")
+    ->transform(CLI::AsSizeValue(false));
+  app.add_option("--cuda-release-threshold", flags.cuda_release_threshold,
+                 "Bytes a CUDA pool keeps reserved when idle")
+    ->transform(CLI::AsSizeValue(false));
   app.add_option("--host-pool-bytes", flags.host_pool_bytes, "Size of the shared host pool (e.g. 1GiB)")
     ->transform(CLI::AsSizeValue(false));
   app.add_option("--host-pool-name", flags.host_pool_name, "Name of the shared host pool");
@@ -112,19 +181,7 @@ int main(int argc, char** argv)
   options.quotas.per_session_bytes = flags.session_quota_bytes;
   options.quotas.per_uid_bytes     = flags.uid_quota_bytes;
   rmmd::core::daemon_core core(std::move(options));
-  try {
-    core.add_pool(
-      rmmd::core::pool_config{.name         = flags.host_pool_name,
-                              .device       = -1,
-                              .handle_types = {rmmd::core::handle_type::host_offset}},
-      std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name, flags.host_pool_bytes));
-  } catch (std::exception const& e) {
-    rmmd::log::error("cannot create the host pool '%s' of %d bytes: %s",
-                     flags.host_pool_name,
-                     flags.host_pool_bytes,
-                     e.what());
-    return 1;
-  }
+  if (!add_pools(core, flags)) { return 1; }
 
   auto const grpc_path = dir / "rmmd.sock";
   rmmd::service::rmmd_service service(core);

@@ -40,6 +40,7 @@ class session_impl {
   session::options options;
 
   [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id);
+  [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id);
 
  private:
   int socket_fd_{-1};
@@ -49,6 +50,7 @@ class session_impl {
   std::unique_ptr<v1::Rmmd::Stub> stub_;
   std::mutex map_mutex_;
   std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
+  std::unordered_map<std::uint32_t, cudaMemPool_t> cuda_pools_;
 };
 
 }  // namespace rmmd::detail

@@ -68,7 +68,16 @@ std::string human_bytes(std::uint64_t bytes)
 
 std::string format_stats(v1::Stats const& stats)
 {
-  table pools({"POOL", "ID", "BACKEND", "DEVICE", "CAPACITY", "IN USE", "HIGH WATER", "ALLOCS"});
+  table pools({"POOL",
+               "ID",
+               "BACKEND",
+               "DEVICE",
+               "CAPACITY",
+               "IN USE",
+               "HIGH WATER",
+               "ALLOCS",
+               "DRIVER RESERVED",
+               "DRIVER USED"});
   for (auto const& p : stats.pools()) {
     pools.add({p.pool().name(),
                std::to_string(p.pool().id()),
@@ -77,7 +86,9 @@ std::string format_stats(v1::Stats const& stats)
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
                human_bytes(p.high_water_bytes()),
-               std::to_string(p.allocation_count())});
+               std::to_string(p.allocation_count()),
+               p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
+               p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
   }
   table sessions({"SESSION", "PID", "UID", "COMMAND", "CLIENT", "BYTES", "ALLOCS"});
   for (auto const& s : stats.sessions()) {
@@ -89,7 +100,7 @@ std::string format_stats(v1::Stats const& stats)
                   human_bytes(s.bytes()),
                   std::to_string(s.allocation_count())});
   }
-  return pools.str({false, true, false, true, true, true, true, true}) + "\n" +
+  return pools.str({false, true, false, true, true, true, true, true, true, true}) + "\n" +
          sessions.str({true, true, true, false, false, true, true});
 }
 

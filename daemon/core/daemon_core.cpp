@@ -342,11 +342,15 @@ stats_snapshot daemon_core::stats() const
   stats_snapshot out;
   for (std::size_t i = 0; i < pools_.size(); ++i) {
     auto const& p = *pools_[i];
-    out.pools.push_back(pool_stats{.pool              = std::move(descriptions[i]),
-                                   .in_use_bytes      = p.in_use,
-                                   .high_water_bytes  = p.high_water,
-                                   .allocation_count  = p.live,
-                                   .total_allocations = p.total});
+    auto usage = p.backend->usage();
+    out.pools.push_back(pool_stats{
+      .pool                   = std::move(descriptions[i]),
+      .in_use_bytes           = p.in_use,
+      .high_water_bytes       = p.high_water,
+      .allocation_count       = p.live,
+      .total_allocations      = p.total,
+      .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
+      .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt});
   }
   for (auto const& [id, s] : sessions_) {
     out.sessions.push_back(info_locked(*s));

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace rmmd::core {
@@ -20,6 +21,13 @@ struct backend_allocation {
   std::uint64_t offset{};             ///< host backend: offset into the shared fd
   void* address{};                    ///< cuda backend: the pointer in the daemon
   std::vector<std::byte> export_data{};  ///< cuda backend: pointer export data
+};
+
+/// What the backend itself reports (CUDA's own pool attributes), beside the
+/// core's ledger.
+struct backend_usage {
+  std::uint64_t reserved_bytes{};  ///< memory the backend holds from the system
+  std::uint64_t used_bytes{};      ///< memory of that in allocations
 };
 
 /// A source of memory. Not thread-safe: the core serialises calls.
@@ -45,6 +53,9 @@ class pool_backend {
 
   /// The fd every session receives for this pool (owned by the backend), or -1.
   [[nodiscard]] virtual int shareable_fd() const noexcept { return -1; }
+
+  /// The backend's own view of its usage, where it has one.
+  [[nodiscard]] virtual std::optional<backend_usage> usage() const { return std::nullopt; }
 
   /// The pool's fabric handle when it exports one, else empty.
   [[nodiscard]] virtual std::vector<std::byte> fabric_handle() const { return {}; }

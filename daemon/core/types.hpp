@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,8 @@ struct pool_stats {
   std::size_t high_water_bytes{};
   std::size_t allocation_count{};  ///< live allocations
   std::uint64_t total_allocations{};
+  std::optional<std::uint64_t> backend_reserved_bytes{};  ///< e.g. cudaMemPoolAttrReservedMemCurrent
+  std::optional<std::uint64_t> backend_used_bytes{};      ///< e.g. cudaMemPoolAttrUsedMemCurrent
 };
 
 struct session_info {

@@ -65,6 +65,8 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
     ps->set_high_water_bytes(p.high_water_bytes);
     ps->set_allocation_count(p.allocation_count);
     ps->set_total_allocations(p.total_allocations);
+    if (p.backend_reserved_bytes) { ps->set_backend_reserved_bytes(*p.backend_reserved_bytes); }
+    if (p.backend_used_bytes) { ps->set_backend_used_bytes(*p.backend_used_bytes); }
   }
   for (auto const& s : in.sessions) {
     to_proto(s, out->add_sessions());

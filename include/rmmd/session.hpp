@@ -2,6 +2,9 @@
 
 #include <rmmd/error.hpp>
 
+#include <cuda_runtime_api.h>
+
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,8 @@ struct lease {
   std::uint64_t id{};
   std::size_t bytes{};          ///< bytes reserved, >= bytes asked for
   std::uint64_t host_offset{};  ///< host pools: offset into the pool's mapping
+  /// CUDA pools: the pointer's cudaMemPoolPtrExportData.
+  std::array<std::byte, sizeof(cudaMemPoolPtrExportData)> cuda_export{};
 };
 
 /// A connection to the node's rmmd: the session socket (kept open for the
@@ -76,6 +81,15 @@ class session {
   /// This process's mapping of a host pool, made once per session.
   /// REQUIRES: pool_id names a host pool.
   [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id) const;
+
+  /// This process's import of a CUDA pool, made once per session.
+  /// REQUIRES: pool_id names a CUDA pool. Throws rmm::bad_alloc naming the
+  /// CUDA error if the import fails.
+  [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id) const;
+
+  /// The pool of `device` (the first CUDA pool on it). Throws
+  /// rmmd::logic_error naming the devices there are.
+  [[nodiscard]] pool_info const& device_pool(int device) const;
 
   /// For rmmd's own tools (rmmctl): the implementation.
   [[nodiscard]] detail::session_impl& impl() const noexcept { return *impl_; }

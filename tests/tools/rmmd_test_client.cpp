@@ -6,6 +6,11 @@
 //       "buffer OFFSET BYTES SEED" per buffer and "ready", then waits for
 //       stdin to close, checks the buffers are intact, frees them, prints
 //       "freed" and exits 0.
+//   rmmd_test_client device-hold BYTES VALUE
+//       fills an rmm::device_uvector<uint8_t> of BYTES from the GPU 0 pool with
+//       VALUE (cudaMemsetAsync), prints "ready", waits for stdin to close,
+//       copies it back and checks it, prints "intact" (or "corrupted") and
+//       exits 0 (or 1).
 //   rmmd_test_client verify OFFSET:BYTES:SEED...
 //       opens its own session, maps the host pool and checks that each range
 //       holds its pattern (written by another process); prints "verified N"
@@ -14,6 +19,9 @@
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
 #include <rmmd/host_memory_resource.hpp>
+#include <rmmd/ipc_memory_resource.hpp>
+
+#include <rmm/device_uvector.hpp>
 #include <rmmd/session.hpp>
 
 #include <cstdint>
@@ -78,6 +86,31 @@ int hold(std::size_t bytes, std::uint64_t seed, int count)
   return status;
 }
 
+int device_hold(std::size_t bytes, int value)
+{
+  rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "device-holder"}), 0);
+  cuda::stream_ref stream{cudaStream_t{}};
+  rmm::device_uvector<std::uint8_t> buffer(bytes, stream, mr);
+  if (cudaMemsetAsync(buffer.data(), value, bytes, stream.get()) != cudaSuccess) { return 4; }
+  stream.sync();
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  std::vector<std::uint8_t> host(bytes);
+  if (cudaMemcpy(host.data(), buffer.data(), bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    return 4;
+  }
+  for (auto b : host) {
+    if (b != static_cast<std::uint8_t>(value)) {
+      std::printf("corrupted\n");
+      return 1;
+    }
+  }
+  std::printf("intact\n");
+  return 0;
+}
+
 int verify(int argc, char** argv)
 {
   rmmd::session s(rmmd::session::options{.client_name = "verifier"});
@@ -107,6 +140,9 @@ int main(int argc, char** argv)
   try {
     if (argc == 5 && std::strcmp(argv[1], "hold") == 0) {
       return hold(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]));
+    }
+    if (argc == 4 && std::strcmp(argv[1], "device-hold") == 0) {
+      return device_hold(std::stoull(argv[2]), std::stoi(argv[3]));
     }
     if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
   } catch (std::exception const& e) {

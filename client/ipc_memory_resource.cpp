@@ -1,0 +1,119 @@
+#include <rmmd/ipc_memory_resource.hpp>
+
+#include <rmm/process_is_exiting.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+namespace rmmd {
+
+int ipc_memory_resource::current_device()
+{
+  int device = 0;
+  if (auto err = cudaGetDevice(&device); err != cudaSuccess) {
+    throw rmm::bad_alloc(std::string("rmmd: cudaGetDevice: ") + cudaGetErrorName(err));
+  }
+  return device;
+}
+
+namespace detail {
+
+ipc_memory_resource_impl::ipc_memory_resource_impl(session s, pool_info const& pool)
+  : session_(std::move(s)), pool_(pool)
+{
+  if (pool_.backend != backend_kind::cuda) {
+    throw rmmd::logic_error("rmmd: pool '" + pool_.name +
+                            "' is not a CUDA pool; use rmmd::host_memory_resource for host pools");
+  }
+  imported_ = session_.cuda_pool(pool_.id);
+}
+
+ipc_memory_resource_impl::~ipc_memory_resource_impl()
+{
+  if (rmm::process_is_exiting()) { return; }
+  for (auto const& [ptr, id] : allocation_ids_) {
+    release(cudaStreamLegacy, ptr, id);
+  }
+}
+
+void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+{
+  // The daemon completed the allocation before replying: it is ready on
+  // every stream, `stream` included.
+  auto lease = session_.allocate(pool_.id, bytes, alignment);
+  void* ptr  = nullptr;
+  auto data  = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.cuda_export.data());
+  if (auto err = cudaMemPoolImportPointer(&ptr, imported_, data); err != cudaSuccess) {
+    try {
+      session_.free(lease.id);
+    } catch (std::exception const&) {
+      // The daemon reclaims it with the session at the latest.
+    }
+    throw rmm::bad_alloc("rmmd: importing allocation " + std::to_string(lease.id) + " of pool '" +
+                         pool_.name + "' failed: " + cudaGetErrorName(err));
+  }
+  std::lock_guard lock(mutex_);
+  allocation_ids_.emplace(ptr, lease.id);
+  return ptr;
+}
+
+void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
+                                          void* ptr,
+                                          std::size_t,
+                                          std::size_t) noexcept
+{
+  if (rmm::process_is_exiting()) { return; }
+  std::uint64_t id{};
+  {
+    std::lock_guard lock(mutex_);
+    auto it = allocation_ids_.find(ptr);
+    if (it == allocation_ids_.end()) {
+      std::fprintf(stderr, "rmmd: deallocate of %p, which this resource did not allocate\n", ptr);
+      return;
+    }
+    id = it->second;
+    allocation_ids_.erase(it);
+  }
+  release(stream.get(), ptr, id);
+}
+
+void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept
+{
+  // CUDA's rule: every importer frees its import before the exporter frees the
+  // allocation. The import is freed in `stream`'s order; the daemon may free
+  // only once the stream has passed that point, so wait for it here.
+  auto err = cudaFreeAsync(ptr, stream);
+  if (err == cudaSuccess) { err = cudaStreamSynchronize(stream); }
+  if (err != cudaSuccess) {
+    // The import may still be in use: keeping the lease (the daemon frees it
+    // when the session closes) is safer than freeing under a running kernel.
+    std::fprintf(stderr,
+                 "rmmd: freeing allocation %llu of pool '%s' failed (%s); it stays leased until "
+                 "the session closes\n",
+                 static_cast<unsigned long long>(id),
+                 pool_.name.c_str(),
+                 cudaGetErrorName(err));
+    return;
+  }
+  try {
+    session_.free(id);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+}
+
+void* ipc_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t alignment)
+{
+  return allocate(cuda::stream_ref{cudaStreamLegacy}, bytes, alignment);
+}
+
+void ipc_memory_resource_impl::deallocate_sync(void* ptr,
+                                               std::size_t bytes,
+                                               std::size_t alignment) noexcept
+{
+  deallocate(cuda::stream_ref{cudaStreamLegacy}, ptr, bytes, alignment);
+}
+
+}  // namespace detail
+}  // namespace rmmd

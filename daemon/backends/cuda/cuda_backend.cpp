@@ -1,0 +1,131 @@
+#include "daemon/backends/cuda/cuda_backend.hpp"
+
+#include <absl/strings/str_format.h>
+#include <rmm/error.hpp>
+
+#include <unistd.h>
+
+#include <stdexcept>
+
+namespace rmmd::backends::cuda {
+namespace {
+
+using handle_type = rmm::mr::cuda_async_memory_resource::allocation_handle_type;
+
+/// Allocations are rounded to this (cudaMallocFromPoolAsync's own alignment).
+constexpr std::size_t granularity = 256;
+
+void check(cudaError_t err, char const* what)
+{
+  if (err != cudaSuccess) {
+    throw std::runtime_error(
+      absl::StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
+  }
+}
+
+/// Makes `device` current for the calling thread (gRPC threads come and go).
+void use_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+
+rmm::mr::cuda_async_memory_resource make_pool(cuda_pool_options const& o)
+{
+  use_device(o.device);
+  return rmm::mr::cuda_async_memory_resource(
+    std::nullopt, o.release_threshold, handle_type::posix_file_descriptor);
+}
+
+}  // namespace
+
+int device_count() noexcept
+{
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+cuda_backend::cuda_backend(cuda_pool_options options)
+  : options_(options), mr_(make_pool(options_))
+{
+  use_device(options_.device);
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  // Exporting the pool once is also what makes its pointers exportable.
+  check(cudaMemPoolExportToShareableHandle(
+          &fd_, mr_.pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
+        "cudaMemPoolExportToShareableHandle (posix fd)");
+}
+
+cuda_backend::~cuda_backend()
+{
+  if (fd_ >= 0) { ::close(fd_); }
+  if (stream_ != nullptr) {
+    cudaSetDevice(options_.device);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t bytes,
+                                                                std::size_t alignment)
+{
+  if (alignment > granularity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+      "alignment %d is larger than the %d bytes CUDA pools guarantee", alignment, granularity));
+  }
+  auto const size = (bytes + granularity - 1) / granularity * granularity;
+  if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
+  }
+  void* ptr = nullptr;
+  try {
+    ptr = mr_.allocate(::cuda::stream_ref{stream_}, size, granularity);
+  } catch (rmm::out_of_memory const& e) {
+    return absl::ResourceExhaustedError(
+      absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
+  } catch (std::exception const& e) {
+    return absl::InternalError(e.what());
+  }
+  // The client uses the memory on streams of its own, in another process:
+  // the allocation must be complete before anyone hears of it.
+  cudaMemPoolPtrExportData data{};
+  auto err = cudaStreamSynchronize(stream_);
+  if (err == cudaSuccess) { err = cudaMemPoolExportPointer(&data, ptr); }
+  if (err != cudaSuccess) {
+    mr_.deallocate(::cuda::stream_ref{stream_}, ptr, size, granularity);
+    return absl::InternalError(
+      absl::StrFormat("exporting a pointer of the pool on device %d: %s",
+                      options_.device,
+                      cudaGetErrorName(err)));
+  }
+  core::backend_allocation block{.bytes = size, .address = ptr};
+  auto const* raw = reinterpret_cast<std::byte const*>(&data);
+  block.export_data.assign(raw, raw + sizeof(data));
+  return block;
+}
+
+void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
+{
+  // Every importer has freed its import before this point (the client frees
+  // in stream order and waits before it calls Free; a dead client's imports
+  // died with it).
+  cudaSetDevice(options_.device);
+  mr_.deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+}
+
+std::optional<core::backend_usage> cuda_backend::usage() const
+{
+  core::backend_usage u;
+  auto pool = mr_.pool_handle();
+  std::uint64_t v{};
+  if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v) != cudaSuccess) {
+    return std::nullopt;
+  }
+  u.reserved_bytes = v;
+  if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v) != cudaSuccess) {
+    return std::nullopt;
+  }
+  u.used_bytes = v;
+  return u;
+}
+
+}  // namespace rmmd::backends::cuda

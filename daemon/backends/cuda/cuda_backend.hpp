@@ -1,0 +1,55 @@
+#pragma once
+
+#include "daemon/core/pool_backend.hpp"
+
+#include <rmm/mr/cuda_async_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+namespace rmmd::backends::cuda {
+
+struct cuda_pool_options {
+  int device{0};
+  std::size_t capacity{};           ///< most bytes the pool may lend
+  std::size_t release_threshold{};  ///< bytes the pool keeps reserved when idle
+};
+
+/// One CUDA memory pool: an RMM cuda_async_memory_resource created with the
+/// posix-fd export handle type. The pool is exported once (its fd goes to
+/// every session, which imports it once) and every allocation is exported as
+/// cudaMemPoolPtrExportData for the client to import.
+///
+/// Allocation happens on the backend's own stream, which is synchronised
+/// before the export: the memory is ready on any stream of any process once
+/// the client has the reply.
+class cuda_backend final : public core::pool_backend {
+ public:
+  /// Throws rmm::cuda_error / std::runtime_error naming what failed.
+  explicit cuda_backend(cuda_pool_options options);
+  ~cuda_backend() override;
+
+  [[nodiscard]] core::backend_kind kind() const noexcept override
+  {
+    return core::backend_kind::cuda;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept override { return options_.capacity; }
+  absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
+                                                    std::size_t alignment) override;
+  void deallocate(core::backend_allocation const& block) noexcept override;
+  [[nodiscard]] int shareable_fd() const noexcept override { return fd_; }
+  [[nodiscard]] std::optional<core::backend_usage> usage() const override;
+
+ private:
+  cuda_pool_options options_;
+  rmm::mr::cuda_async_memory_resource mr_;
+  cudaStream_t stream_{};
+  int fd_{-1};
+};
+
+/// Number of CUDA devices; 0 when there is no GPU or no driver.
+int device_count() noexcept;
+
+}  // namespace rmmd::backends::cuda

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <rmmd/session.hpp>
+
+#include <cuda/memory_resource>
+#include <cuda/stream>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace rmmd::detail {
+
+/// The shared state behind rmmd::ipc_memory_resource. Not copyable.
+class ipc_memory_resource_impl {
+ public:
+  /// REQUIRES: `pool` is one of `s`'s CUDA pools. Imports it (once per session).
+  ipc_memory_resource_impl(session s, pool_info const& pool);
+  ipc_memory_resource_impl(ipc_memory_resource_impl const&)            = delete;
+  ipc_memory_resource_impl& operator=(ipc_memory_resource_impl const&) = delete;
+  /// Frees what is still allocated through it (never throws).
+  ~ipc_memory_resource_impl();
+
+  [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment);
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+
+  [[nodiscard]] bool operator==(ipc_memory_resource_impl const& other) const noexcept
+  {
+    return this == &other;
+  }
+
+  [[nodiscard]] session const& get_session() const noexcept { return session_; }
+  [[nodiscard]] pool_info const& pool() const noexcept { return pool_; }
+
+  friend void get_property(ipc_memory_resource_impl const&, cuda::mr::device_accessible) noexcept {}
+
+ private:
+  /// Frees the import on `stream`, waits for it, then frees the lease.
+  void release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept;
+
+  session session_;
+  pool_info pool_;
+  cudaMemPool_t imported_{};
+  std::mutex mutex_;
+  std::unordered_map<void*, std::uint64_t> allocation_ids_;  // ptr -> daemon's allocation id
+};
+
+}  // namespace rmmd::detail
