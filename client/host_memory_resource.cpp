@@ -10,8 +10,8 @@
 namespace rmmd::detail {
 
 host_memory_resource_impl::host_memory_resource_impl(session s, std::string_view pool_name)
-  : session_(std::move(s)),
-    pool_id_(pool_name.empty() ? session_.host_pool().id : session_.pool(pool_name).id)
+    : session_(std::move(s)),
+      pool_id_(pool_name.empty() ? session_.host_pool().id : session_.pool(pool_name).id)
 {
   if (session_.pools()[pool_id_].backend != backend_kind::host) {
     throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
@@ -63,7 +63,9 @@ void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::siz
   }
 }
 
-void* host_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+void* host_memory_resource_impl::allocate(cuda::stream_ref,
+                                          std::size_t bytes,
+                                          std::size_t alignment)
 {
   // Host memory is ready on every stream as soon as it exists.
   return allocate_sync(bytes, alignment);

@@ -20,7 +20,7 @@ int ipc_memory_resource::current_device()
 namespace detail {
 
 ipc_memory_resource_impl::ipc_memory_resource_impl(session s, pool_info const& pool)
-  : session_(std::move(s)), pool_(pool)
+    : session_(std::move(s)), pool_(pool)
 {
   if (pool_.backend != backend_kind::cuda) {
     throw rmmd::logic_error("rmmd: pool '" + pool_.name +
@@ -32,9 +32,7 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s, pool_info const& p
 ipc_memory_resource_impl::~ipc_memory_resource_impl()
 {
   if (rmm::process_is_exiting()) { return; }
-  for (auto const& [ptr, id] : allocation_ids_) {
-    release(cudaStreamLegacy, ptr, id);
-  }
+  for (auto const& [ptr, id] : allocation_ids_) { release(cudaStreamLegacy, ptr, id); }
 }
 
 void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)

@@ -62,14 +62,19 @@ int connect_session_socket(std::filesystem::path const& dir)
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::NOT_FOUND:
-    case grpc::StatusCode::FAILED_PRECONDITION: throw rmmd::logic_error(message);
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: throw rmm::out_of_memory(message);
-    case grpc::StatusCode::PERMISSION_DENIED: throw permission_error(message);
-    case grpc::StatusCode::UNAUTHENTICATED: throw session_error(message);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      throw rmmd::logic_error(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      throw rmm::out_of_memory(message);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw permission_error(message);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      throw session_error(message);
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       throw session_error(message + " (the daemon is gone or not answering)");
-    default: throw rmm::bad_alloc(message);
+    default:
+      throw rmm::bad_alloc(message);
   }
 }
 
@@ -83,7 +88,8 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   if (::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(bytes.size())) {
     ::close(socket_fd_);
-    throw session_error(std::string("rmmd: sending the session hello failed: ") + std::strerror(errno));
+    throw session_error(std::string("rmmd: sending the session hello failed: ") +
+                        std::strerror(errno));
   }
   // The welcome comes at once; do not wait forever on a daemon that hangs.
   timeval tv{.tv_sec = 10, .tv_usec = 0};
@@ -112,9 +118,7 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
     }
   }
   auto fail = [&](auto error) {
-    for (int fd : fds) {
-      ::close(fd);
-    }
+    for (int fd : fds) { ::close(fd); }
     ::close(socket_fd_);
     throw error;
   };
@@ -136,11 +140,11 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   pool_fds_.assign(static_cast<std::size_t>(welcome.pools_size()), -1);
   for (auto const& p : welcome.pools()) {
     pools.push_back(pool_info{
-      .id             = p.id(),
-      .name           = p.name(),
-      .device         = p.device(),
-      .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
-      .capacity_bytes = p.capacity_bytes()});
+        .id             = p.id(),
+        .name           = p.name(),
+        .device         = p.device(),
+        .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
+        .capacity_bytes = p.capacity_bytes()});
     if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
         p.id() < pool_fds_.size()) {
       pool_fds_[p.id()] = fds[static_cast<std::size_t>(p.fd_index())];
@@ -154,22 +158,19 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   if (welcome.max_message_bytes() > 0) {
     args.SetMaxSendMessageSize(static_cast<int>(welcome.max_message_bytes()));
   }
-  channel_ = grpc::CreateCustomChannel(
-    "unix:" + (options.runtime_dir / "rmmd.sock").string(), grpc::InsecureChannelCredentials(), args);
-  stub_ = v1::Rmmd::NewStub(channel_);
+  channel_ = grpc::CreateCustomChannel("unix:" + (options.runtime_dir / "rmmd.sock").string(),
+                                       grpc::InsecureChannelCredentials(),
+                                       args);
+  stub_    = v1::Rmmd::NewStub(channel_);
 }
 
 session_impl::~session_impl()
 {
   // Imports first: an imported pool must go before the fd it came from.
   if (!rmm::process_is_exiting()) {
-    for (auto& [id, pool] : cuda_pools_) {
-      cudaMemPoolDestroy(pool);
-    }
+    for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
   }
-  for (auto& [id, m] : mappings_) {
-    ::munmap(m.first, m.second);
-  }
+  for (auto& [id, m] : mappings_) { ::munmap(m.first, m.second); }
   for (int fd : pool_fds_) {
     if (fd >= 0) { ::close(fd); }
   }
@@ -214,10 +215,10 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
   }
   cudaMemPool_t pool{};
   auto err = cudaMemPoolImportFromShareableHandle(
-    &pool,
-    reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fds_[pool_id])),
-    cudaMemHandleTypePosixFileDescriptor,
-    0);
+      &pool,
+      reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fds_[pool_id])),
+      cudaMemHandleTypePosixFileDescriptor,
+      0);
   if (err != cudaSuccess) {
     throw rmm::bad_alloc("rmmd: importing CUDA pool '" + pools[pool_id].name +
                          "' failed: " + cudaGetErrorName(err));
@@ -238,9 +239,15 @@ session::session() : session(options{}) {}
 
 session::session(options opts) : impl_(std::make_shared<detail::session_impl>(std::move(opts))) {}
 
-std::uint64_t session::id() const noexcept { return impl_->id; }
+std::uint64_t session::id() const noexcept
+{
+  return impl_->id;
+}
 
-std::vector<pool_info> const& session::pools() const noexcept { return impl_->pools; }
+std::vector<pool_info> const& session::pools() const noexcept
+{
+  return impl_->pools;
+}
 
 pool_info const& session::pool(std::string_view name) const
 {
@@ -261,12 +268,15 @@ pool_info const& session::device_pool(int device) const
     if (p.device == device) { return p; }
     known += (known.empty() ? "" : ", ") + std::to_string(p.device);
   }
-  throw rmmd::logic_error("rmmd: the daemon serves no pool on CUDA device " +
-                          std::to_string(device) + "; it serves devices: " +
-                          (known.empty() ? "none (no GPU, or --backend=host)" : known));
+  throw rmmd::logic_error(
+      "rmmd: the daemon serves no pool on CUDA device " + std::to_string(device) +
+      "; it serves devices: " + (known.empty() ? "none (no GPU, or --backend=host)" : known));
 }
 
-cudaMemPool_t session::cuda_pool(std::uint32_t pool_id) const { return impl_->cuda_pool(pool_id); }
+cudaMemPool_t session::cuda_pool(std::uint32_t pool_id) const
+{
+  return impl_->cuda_pool(pool_id);
+}
 
 pool_info const& session::host_pool() const
 {

@@ -20,7 +20,8 @@ template <typename... Args>
 void write(level l, absl::FormatSpec<Args...> const& format, Args const&... args)
 {
   if (static_cast<int>(l) > static_cast<int>(threshold.load(std::memory_order_relaxed))) { return; }
-  auto line = absl::StrFormat("<%d>rmmd: %s\n", static_cast<int>(l), absl::StrFormat(format, args...));
+  auto line =
+      absl::StrFormat("<%d>rmmd: %s\n", static_cast<int>(l), absl::StrFormat(format, args...));
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 

@@ -7,9 +7,9 @@
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <systemd/sd-daemon.h>
+#include <CLI/CLI.hpp>
 
 #include <grp.h>
 #include <signal.h>
@@ -67,11 +67,11 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
   namespace cuda = rmmd::backends::cuda;
   // The host pool first: its id is 0 on every node.
   try {
-    core.add_pool(
-      rmmd::core::pool_config{.name         = flags.host_pool_name,
-                              .device       = -1,
-                              .handle_types = {rmmd::core::handle_type::host_offset}},
-      std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name, flags.host_pool_bytes));
+    core.add_pool(rmmd::core::pool_config{.name         = flags.host_pool_name,
+                                          .device       = -1,
+                                          .handle_types = {rmmd::core::handle_type::host_offset}},
+                  std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name,
+                                                                       flags.host_pool_bytes));
   } catch (std::exception const& e) {
     rmmd::log::error("cannot create the host pool '%s' of %d bytes: %s",
                      flags.host_pool_name,
@@ -105,10 +105,11 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
                                             .limit_bytes   = capacity,
                                             .max_alignment = 256},
                     std::make_unique<cuda::cuda_backend>(cuda::cuda_pool_options{
-                      .device            = device,
-                      .capacity          = capacity,
-                      .release_threshold = flags.cuda_release_threshold}));
-      rmmd::log::info("pool '%s': CUDA device %d, posix-fd export, up to %d bytes", name, device, capacity);
+                        .device            = device,
+                        .capacity          = capacity,
+                        .release_threshold = flags.cuda_release_threshold}));
+      rmmd::log::info(
+          "pool '%s': CUDA device %d, posix-fd export, up to %d bytes", name, device, capacity);
     } catch (std::exception const& e) {
       rmmd::log::error("cannot create the CUDA pool '%s' on device %d: %s", name, device, e.what());
       return false;
@@ -125,32 +126,41 @@ int main(int argc, char** argv)
   flags.runtime_dir = default_runtime_dir();
   CLI::App app{"rmmd: lends memory from node-wide pools to the processes of this node"};
   app.option_defaults()->always_capture_default();
-  app.add_option("--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
-  app.add_option("--backend", flags.backend, "auto: CUDA pools on every GPU when there is one; host: none")
-    ->check(CLI::IsMember({"auto", "host", "cuda"}));
-  app.add_option("--cuda-pool-bytes", flags.cuda_pool_bytes,
+  app.add_option(
+      "--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
+  app.add_option(
+         "--backend", flags.backend, "auto: CUDA pools on every GPU when there is one; host: none")
+      ->check(CLI::IsMember({"auto", "host", "cuda"}));
+  app.add_option("--cuda-pool-bytes",
+                 flags.cuda_pool_bytes,
                  "Most bytes each GPU's pool may lend; 0: 80% of the GPU's free memory at start")
-    ->transform(CLI::AsSizeValue(false));
-  app.add_option("--cuda-release-threshold", flags.cuda_release_threshold,
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--cuda-release-threshold",
+                 flags.cuda_release_threshold,
                  "Bytes a CUDA pool keeps reserved when idle")
-    ->transform(CLI::AsSizeValue(false));
-  app.add_option("--host-pool-bytes", flags.host_pool_bytes, "Size of the shared host pool (e.g. 1GiB)")
-    ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option(
+         "--host-pool-bytes", flags.host_pool_bytes, "Size of the shared host pool (e.g. 1GiB)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--host-pool-name", flags.host_pool_name, "Name of the shared host pool");
   app.add_option("--allow-uid", flags.allow_uids, "A uid that may open sessions (repeatable)")
-    ->delimiter(',');
-  app.add_option("--allow-gid", flags.allow_gids, "A gid whose members may open sessions (repeatable)")
-    ->delimiter(',');
-  app.add_option("--session-quota-bytes", flags.session_quota_bytes, "Bytes one session may hold; 0: no limit")
-    ->transform(CLI::AsSizeValue(false));
+      ->delimiter(',');
+  app.add_option(
+         "--allow-gid", flags.allow_gids, "A gid whose members may open sessions (repeatable)")
+      ->delimiter(',');
+  app.add_option("--session-quota-bytes",
+                 flags.session_quota_bytes,
+                 "Bytes one session may hold; 0: no limit")
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--uid-quota-bytes", flags.uid_quota_bytes, "Bytes one uid may hold; 0: no limit")
-    ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--hello-timeout-ms", flags.hello_timeout_ms, "Time a client has to say hello")
-    ->check(CLI::Range(1, 600000));
+      ->check(CLI::Range(1, 600000));
   app.add_option("--max-message-bytes", flags.max_message_bytes, "Largest gRPC message accepted")
-    ->transform(CLI::AsSizeValue(false));
-  app.add_option("--drain-timeout-ms", flags.drain_timeout_ms, "Time in-flight calls get at shutdown")
-    ->check(CLI::Range(0, 600000));
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option(
+         "--drain-timeout-ms", flags.drain_timeout_ms, "Time in-flight calls get at shutdown")
+      ->check(CLI::Range(0, 600000));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too");
   CLI11_PARSE(app, argc, argv);
   if (flags.verbose) { rmmd::log::threshold = rmmd::log::level::debug; }
@@ -164,7 +174,7 @@ int main(int argc, char** argv)
   ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  namespace fs = std::filesystem;
+  namespace fs       = std::filesystem;
   fs::path const dir = flags.runtime_dir;
   try {
     if (!fs::exists(dir)) {
@@ -198,11 +208,11 @@ int main(int argc, char** argv)
   ::chmod(grpc_path.c_str(), 0660);
 
   rmmd::session::session_listener listener(
-    core,
-    rmmd::session::listener_options{
-      .socket_path       = dir / "rmmd-session.sock",
-      .hello_deadline    = std::chrono::milliseconds(flags.hello_timeout_ms),
-      .max_message_bytes = static_cast<std::uint32_t>(flags.max_message_bytes)});
+      core,
+      rmmd::session::listener_options{
+          .socket_path       = dir / "rmmd-session.sock",
+          .hello_deadline    = std::chrono::milliseconds(flags.hello_timeout_ms),
+          .max_message_bytes = static_cast<std::uint32_t>(flags.max_message_bytes)});
   try {
     listener.start();
   } catch (std::exception const& e) {

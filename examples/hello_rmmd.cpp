@@ -46,12 +46,13 @@ int main(int argc, char** argv)
         ++checked;
       }
     }
-    std::printf("hello_rmmd: session %llu, pool '%s': wrote and read back %zu buffers "
-                "(%zu words) through rmmd: ok\n",
-                static_cast<unsigned long long>(session.id()),
-                session.host_pool().name.c_str(),
-                buffers.size(),
-                checked);
+    std::printf(
+        "hello_rmmd: session %llu, pool '%s': wrote and read back %zu buffers "
+        "(%zu words) through rmmd: ok\n",
+        static_cast<unsigned long long>(session.id()),
+        session.host_pool().name.c_str(),
+        buffers.size(),
+        checked);
     // Device memory, where the daemon has a pool on this process's GPU.
     std::optional<rmm::device_uvector<int>> device_vector;
     int gpus = 0;
@@ -62,17 +63,26 @@ int main(int argc, char** argv)
       device_vector.emplace(n, stream, device_mr);
       std::vector<int> host(n), back(n);
       std::iota(host.begin(), host.end(), 42);
-      cudaMemcpyAsync(device_vector->data(), host.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream.get());
-      cudaMemcpyAsync(back.data(), device_vector->data(), n * sizeof(int), cudaMemcpyDeviceToHost, stream.get());
+      cudaMemcpyAsync(device_vector->data(),
+                      host.data(),
+                      n * sizeof(int),
+                      cudaMemcpyHostToDevice,
+                      stream.get());
+      cudaMemcpyAsync(back.data(),
+                      device_vector->data(),
+                      n * sizeof(int),
+                      cudaMemcpyDeviceToHost,
+                      stream.get());
       stream.sync();
       if (back != host) {
         std::printf("hello_rmmd: FAILED: device memory did not read back\n");
         return 1;
       }
-      std::printf("hello_rmmd: pool '%s': wrote and read back %zu ints of device memory "
-                  "(rmm::device_uvector over rmmd::ipc_memory_resource): ok\n",
-                  device_mr.pool().name.c_str(),
-                  n);
+      std::printf(
+          "hello_rmmd: pool '%s': wrote and read back %zu ints of device memory "
+          "(rmm::device_uvector over rmmd::ipc_memory_resource): ok\n",
+          device_mr.pool().name.c_str(),
+          n);
     } else {
       cudaGetLastError();
     }

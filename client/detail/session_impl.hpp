@@ -31,9 +31,15 @@ class session_impl {
 
   /// A client context carrying the token and the call deadline.
   [[nodiscard]] std::unique_ptr<grpc::ClientContext> context() const;
-  [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept { return *stub_; }
+  [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept
+  {
+    return *stub_;
+  }
   /// The session's credential, as sent in `rmmd-token` metadata.
-  [[nodiscard]] std::string const& token_hex() const noexcept { return token_hex_; }
+  [[nodiscard]] std::string const& token_hex() const noexcept
+  {
+    return token_hex_;
+  }
 
   std::uint64_t id{};
   std::vector<pool_info> pools;

@@ -47,7 +47,7 @@ int main(int argc, char** argv)
   std::string runtime_dir = rmmd::session::default_runtime_dir().string();
   bool json               = false;
   app.add_option("--runtime-dir", runtime_dir, "Where rmmd's sockets are (env RMMD_RUNTIME_DIR)")
-    ->capture_default_str();
+      ->capture_default_str();
   auto* stats = app.add_subcommand("stats", "Pools and sessions with what each holds");
   stats->add_flag("--json", json, "protobuf JSON instead of a table");
   try {

@@ -14,16 +14,20 @@ namespace {
 /// numbers right-aligned.
 class table {
  public:
-  explicit table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
-  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  explicit table(std::vector<std::string> header)
+  {
+    rows_.push_back(std::move(header));
+  }
+  void add(std::vector<std::string> row)
+  {
+    rows_.push_back(std::move(row));
+  }
 
   [[nodiscard]] std::string str(std::vector<bool> const& right_aligned) const
   {
     std::vector<std::size_t> width(rows_[0].size(), 0);
     for (auto const& r : rows_) {
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        width[i] = std::max(width[i], r[i].size());
-      }
+      for (std::size_t i = 0; i < r.size(); ++i) { width[i] = std::max(width[i], r[i].size()); }
     }
     std::ostringstream out;
     for (auto const& r : rows_) {
@@ -43,9 +47,12 @@ class table {
 std::string backend_name(v1::Backend b)
 {
   switch (b) {
-    case v1::BACKEND_HOST: return "host";
-    case v1::BACKEND_CUDA: return "cuda";
-    default: return "?";
+    case v1::BACKEND_HOST:
+      return "host";
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "?";
   }
 }
 

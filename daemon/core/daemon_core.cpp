@@ -50,7 +50,10 @@ session_token random_token()
   return token;
 }
 
-std::string bytes_text(std::size_t bytes) { return absl::StrFormat("%d bytes", bytes); }
+std::string bytes_text(std::size_t bytes)
+{
+  return absl::StrFormat("%d bytes", bytes);
+}
 
 }  // namespace
 
@@ -60,9 +63,9 @@ bool access_policy::allows(peer_credentials const& peer) const
     return std::find(list.begin(), list.end(), v) != list.end();
   };
   if (has(uids, peer.uid) || has(gids, peer.gid)) { return true; }
-  return std::any_of(peer.supplementary_gids.begin(),
-                     peer.supplementary_gids.end(),
-                     [&](gid_t g) { return has(gids, g); });
+  return std::any_of(peer.supplementary_gids.begin(), peer.supplementary_gids.end(), [&](gid_t g) {
+    return has(gids, g);
+  });
 }
 
 std::size_t quota_limits::limit_for_uid(uid_t uid) const
@@ -86,7 +89,10 @@ std::string to_hex(session_token const& token)
 
 daemon_core::daemon_core(core_options options) : options_(std::move(options)) {}
 
-daemon_core::~daemon_core() { close_all_sessions(); }
+daemon_core::~daemon_core()
+{
+  close_all_sessions();
+}
 
 pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
 {
@@ -126,19 +132,19 @@ absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
   std::lock_guard lock(mutex_);
   if (draining_) {
     return absl::UnavailableError(
-      "open session: the daemon is draining for shutdown; retry once it has restarted");
+        "open session: the daemon is draining for shutdown; retry once it has restarted");
   }
   if (!options_.access.allows(peer)) {
     return absl::PermissionDeniedError(absl::StrFormat(
-      "open session: uid %d gid %d (pid %d) is not allowed to use this daemon; ask the operator "
-      "to add the uid or one of its groups to the allowed ids",
-      peer.uid,
-      peer.gid,
-      peer.pid));
+        "open session: uid %d gid %d (pid %d) is not allowed to use this daemon; ask the operator "
+        "to add the uid or one of its groups to the allowed ids",
+        peer.uid,
+        peer.gid,
+        peer.pid));
   }
-  auto token   = random_token();
-  auto entry   = std::make_unique<session_entry>();
-  entry->id    = next_session_++;
+  auto token         = random_token();
+  auto entry         = std::make_unique<session_entry>();
+  entry->id          = next_session_++;
   entry->token_hex   = to_hex(token);
   entry->peer        = std::move(peer);
   entry->command     = std::move(command);
@@ -155,9 +161,7 @@ void daemon_core::close_session(session_id id) noexcept
   std::lock_guard lock(mutex_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) { return; }
-  for (auto lease_id : ledger_.held_by(id)) {
-    release_lease_locked(lease_id);
-  }
+  for (auto lease_id : ledger_.held_by(id)) { release_lease_locked(lease_id); }
   by_token_.erase(it->second->token_hex);
   sessions_.erase(it);
 }
@@ -167,13 +171,13 @@ absl::StatusOr<session_id> daemon_core::authenticate(std::string_view token_hex)
   std::lock_guard lock(mutex_);
   if (token_hex.empty()) {
     return absl::UnauthenticatedError(
-      "no session token in the call's `rmmd-token` metadata; open a session on the session "
-      "socket first");
+        "no session token in the call's `rmmd-token` metadata; open a session on the session "
+        "socket first");
   }
   auto it = by_token_.find(std::string(token_hex));
   if (it == by_token_.end()) {
     return absl::UnauthenticatedError(
-      "unknown session token: the session is closed or the token is wrong; open a new session");
+        "unknown session token: the session is closed or the token is wrong; open a new session");
   }
   return it->second;
 }
@@ -185,8 +189,10 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
 {
   std::lock_guard lock(mutex_);
   if (draining_) {
-    return absl::UnavailableError(absl::StrCat(
-      "allocate ", bytes_text(bytes), ": the daemon is draining for shutdown; no new allocations"));
+    return absl::UnavailableError(
+        absl::StrCat("allocate ",
+                     bytes_text(bytes),
+                     ": the daemon is draining for shutdown; no new allocations"));
   }
   auto s_it = sessions_.find(session);
   if (s_it == sessions_.end()) {
@@ -195,64 +201,63 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   auto& s = *s_it->second;
   if (pool >= pools_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-      "allocate %s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl stats`)",
-      bytes_text(bytes),
-      pool,
-      static_cast<long long>(pools_.size()) - 1));
+        "allocate %s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl stats`)",
+        bytes_text(bytes),
+        pool,
+        static_cast<long long>(pools_.size()) - 1));
   }
   auto& p = *pools_[pool];
   if (bytes == 0) {
-    return absl::InvalidArgumentError(
-      absl::StrFormat("allocate from pool '%s': size 0 is not allowed; ask for at least 1 byte",
-                      p.config.name));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "allocate from pool '%s': size 0 is not allowed; ask for at least 1 byte", p.config.name));
   }
   if (bytes > p.capacity) {
     return absl::InvalidArgumentError(
-      absl::StrFormat("allocate %s from pool '%s': larger than the pool's capacity of %s",
-                      bytes_text(bytes),
-                      p.config.name,
-                      bytes_text(p.capacity)));
+        absl::StrFormat("allocate %s from pool '%s': larger than the pool's capacity of %s",
+                        bytes_text(bytes),
+                        p.config.name,
+                        bytes_text(p.capacity)));
   }
   if (alignment == 0) { alignment = default_alignment; }
   if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {
     return absl::InvalidArgumentError(absl::StrFormat(
-      "allocate %s from pool '%s': alignment %d is not a power of two between 1 and %d",
-      bytes_text(bytes),
-      p.config.name,
-      alignment,
-      p.config.max_alignment));
+        "allocate %s from pool '%s': alignment %d is not a power of two between 1 and %d",
+        bytes_text(bytes),
+        p.config.name,
+        alignment,
+        p.config.max_alignment));
   }
   auto const session_limit = options_.quotas.per_session_bytes;
   if (session_limit != 0 && bytes > session_limit - std::min(session_limit, s.bytes)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-      "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first or "
-      "ask the operator for a larger per-session quota",
-      bytes_text(bytes),
-      p.config.name,
-      s.id,
-      bytes_text(s.bytes),
-      bytes_text(session_limit)));
+        "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first or "
+        "ask the operator for a larger per-session quota",
+        bytes_text(bytes),
+        p.config.name,
+        s.id,
+        bytes_text(s.bytes),
+        bytes_text(session_limit)));
   }
   auto const uid_limit = options_.quotas.limit_for_uid(s.peer.uid);
   auto const uid_it    = uid_bytes_.find(s.peer.uid);
   auto const uid_used  = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
   if (uid_limit != 0 && bytes > uid_limit - std::min(uid_limit, uid_used)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-      "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; free "
-      "memory first or ask the operator for a larger per-uid quota",
-      bytes_text(bytes),
-      p.config.name,
-      s.peer.uid,
-      bytes_text(uid_used),
-      bytes_text(uid_limit)));
+        "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; free "
+        "memory first or ask the operator for a larger per-uid quota",
+        bytes_text(bytes),
+        p.config.name,
+        s.peer.uid,
+        bytes_text(uid_used),
+        bytes_text(uid_limit)));
   }
   if (bytes > p.capacity - p.in_use) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-      "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another pool",
-      bytes_text(bytes),
-      p.config.name,
-      bytes_text(p.in_use),
-      bytes_text(p.capacity)));
+        "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another pool",
+        bytes_text(bytes),
+        p.config.name,
+        bytes_text(p.in_use),
+        bytes_text(p.capacity)));
   }
   auto block = p.backend->allocate(bytes, alignment);
   if (!block.ok()) {
@@ -269,11 +274,11 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
       (uid_limit != 0 && uid_used + reserved > uid_limit)) {
     p.backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
-      "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
-      "pool limit or a quota; ask for less",
-      bytes_text(bytes),
-      p.config.name,
-      bytes_text(reserved)));
+        "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
+        "pool limit or a quota; ask for less",
+        bytes_text(bytes),
+        p.config.name,
+        bytes_text(reserved)));
   }
   auto id = ledger_.record(lease{.owner           = session,
                                  .pool            = pool,
@@ -296,12 +301,12 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
   auto const* l = ledger_.find(id);
   if (l == nullptr) {
     return absl::NotFoundError(absl::StrFormat(
-      "free allocation %d: no such allocation (never allocated, or already freed)", id));
+        "free allocation %d: no such allocation (never allocated, or already freed)", id));
   }
   if (l->owner != session) {
     return absl::PermissionDeniedError(absl::StrFormat(
-      "free allocation %d: it is held by another session; a session can free only what it holds",
-      id));
+        "free allocation %d: it is held by another session; a session can free only what it holds",
+        id));
   }
   release_lease_locked(id);
   return absl::OkStatus();
@@ -342,19 +347,17 @@ stats_snapshot daemon_core::stats() const
   stats_snapshot out;
   for (std::size_t i = 0; i < pools_.size(); ++i) {
     auto const& p = *pools_[i];
-    auto usage = p.backend->usage();
+    auto usage    = p.backend->usage();
     out.pools.push_back(pool_stats{
-      .pool                   = std::move(descriptions[i]),
-      .in_use_bytes           = p.in_use,
-      .high_water_bytes       = p.high_water,
-      .allocation_count       = p.live,
-      .total_allocations      = p.total,
-      .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
-      .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt});
+        .pool                   = std::move(descriptions[i]),
+        .in_use_bytes           = p.in_use,
+        .high_water_bytes       = p.high_water,
+        .allocation_count       = p.live,
+        .total_allocations      = p.total,
+        .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
+        .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt});
   }
-  for (auto const& [id, s] : sessions_) {
-    out.sessions.push_back(info_locked(*s));
-  }
+  for (auto const& [id, s] : sessions_) { out.sessions.push_back(info_locked(*s)); }
   return out;
 }
 
@@ -362,9 +365,7 @@ std::vector<session_info> daemon_core::sessions() const
 {
   std::lock_guard lock(mutex_);
   std::vector<session_info> out;
-  for (auto const& [id, s] : sessions_) {
-    out.push_back(info_locked(*s));
-  }
+  for (auto const& [id, s] : sessions_) { out.push_back(info_locked(*s)); }
   return out;
 }
 
@@ -385,13 +386,9 @@ void daemon_core::close_all_sessions() noexcept
   std::vector<session_id> ids;
   {
     std::lock_guard lock(mutex_);
-    for (auto const& [id, s] : sessions_) {
-      ids.push_back(id);
-    }
+    for (auto const& [id, s] : sessions_) { ids.push_back(id); }
   }
-  for (auto id : ids) {
-    close_session(id);
-  }
+  for (auto id : ids) { close_session(id); }
 }
 
 }  // namespace rmmd::core

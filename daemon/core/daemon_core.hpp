@@ -40,7 +40,7 @@ struct access_policy {
 /// Byte quotas; 0 means unlimited.
 struct quota_limits {
   std::size_t per_session_bytes{};
-  std::size_t per_uid_bytes{};                  ///< default for every uid
+  std::size_t per_uid_bytes{};                     ///< default for every uid
   std::map<uid_t, std::size_t> per_uid_overrides;  ///< uid -> bytes, wins over per_uid_bytes
 
   [[nodiscard]] std::size_t limit_for_uid(uid_t uid) const;

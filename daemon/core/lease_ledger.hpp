@@ -17,8 +17,8 @@ struct lease {
   session_id owner{};
   pool_id pool{};
   std::size_t requested_bytes{};
-  backend_allocation block;
-  std::chrono::steady_clock::time_point created;
+  backend_allocation block{};
+  std::chrono::steady_clock::time_point created{};
 };
 
 /// Every live lease, by id and by owning session. Not thread-safe.
@@ -36,7 +36,10 @@ class lease_ledger {
   /// Ids of every lease `owner` holds.
   [[nodiscard]] std::vector<allocation_id> held_by(session_id owner) const;
 
-  [[nodiscard]] std::size_t size() const noexcept { return leases_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept
+  {
+    return leases_.size();
+  }
 
  private:
   allocation_id next_id_{1};

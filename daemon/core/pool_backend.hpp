@@ -17,9 +17,9 @@ namespace rmmd::core {
 
 /// One block handed out by a backend.
 struct backend_allocation {
-  std::size_t bytes{};                ///< bytes reserved, >= bytes requested
-  std::uint64_t offset{};             ///< host backend: offset into the shared fd
-  void* address{};                    ///< cuda backend: the pointer in the daemon
+  std::size_t bytes{};                   ///< bytes reserved, >= bytes requested
+  std::uint64_t offset{};                ///< host backend: offset into the shared fd
+  void* address{};                       ///< cuda backend: the pointer in the daemon
   std::vector<std::byte> export_data{};  ///< cuda backend: pointer export data
 };
 
@@ -45,20 +45,28 @@ class pool_backend {
 
   /// REQUIRES: bytes > 0, alignment a power of two (the core checks both).
   /// Returns RESOURCE_EXHAUSTED when no block fits, INTERNAL on a system error.
-  virtual absl::StatusOr<backend_allocation> allocate(std::size_t bytes,
-                                                      std::size_t alignment) = 0;
+  virtual absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) = 0;
 
   /// REQUIRES: `block` came from allocate() on this backend and was not freed.
   virtual void deallocate(backend_allocation const& block) noexcept = 0;
 
   /// The fd every session receives for this pool (owned by the backend), or -1.
-  [[nodiscard]] virtual int shareable_fd() const noexcept { return -1; }
+  [[nodiscard]] virtual int shareable_fd() const noexcept
+  {
+    return -1;
+  }
 
   /// The backend's own view of its usage, where it has one.
-  [[nodiscard]] virtual std::optional<backend_usage> usage() const { return std::nullopt; }
+  [[nodiscard]] virtual std::optional<backend_usage> usage() const
+  {
+    return std::nullopt;
+  }
 
   /// The pool's fabric handle when it exports one, else empty.
-  [[nodiscard]] virtual std::vector<std::byte> fabric_handle() const { return {}; }
+  [[nodiscard]] virtual std::vector<std::byte> fabric_handle() const
+  {
+    return {};
+  }
 };
 
 }  // namespace rmmd::core

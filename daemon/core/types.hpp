@@ -31,52 +31,53 @@ struct peer_credentials {
   pid_t pid{};
   uid_t uid{};
   gid_t gid{};
-  std::vector<gid_t> supplementary_gids;
+  std::vector<gid_t> supplementary_gids{};
 };
 
 /// What an operator configured for a pool.
 struct pool_config {
-  std::string name;
+  std::string name{};
   int device{-1};  ///< CUDA device ordinal, -1 for host pools
-  std::vector<handle_type> handle_types;
+  std::vector<handle_type> handle_types{};
   std::size_t limit_bytes{};  ///< most bytes the pool may lend; 0: the backend's capacity
   std::size_t max_alignment{std::size_t{1} << 21};  ///< largest alignment accepted
 };
 
 struct pool_description {
   pool_id id{};
-  std::string name;
+  std::string name{};
   int device{-1};
   backend_kind backend{};
-  std::vector<handle_type> handle_types;
+  std::vector<handle_type> handle_types{};
   std::size_t capacity_bytes{};
-  int shareable_fd{-1};              ///< fd to pass to sessions, owned by the backend
-  std::vector<std::byte> fabric_handle;  ///< empty unless the pool exports one
+  int shareable_fd{-1};                    ///< fd to pass to sessions, owned by the backend
+  std::vector<std::byte> fabric_handle{};  ///< empty unless the pool exports one
 };
 
 struct pool_stats {
-  pool_description pool;
+  pool_description pool{};
   std::size_t in_use_bytes{};
   std::size_t high_water_bytes{};
   std::size_t allocation_count{};  ///< live allocations
   std::uint64_t total_allocations{};
-  std::optional<std::uint64_t> backend_reserved_bytes{};  ///< e.g. cudaMemPoolAttrReservedMemCurrent
-  std::optional<std::uint64_t> backend_used_bytes{};      ///< e.g. cudaMemPoolAttrUsedMemCurrent
+  std::optional<std::uint64_t>
+      backend_reserved_bytes{};                       ///< e.g. cudaMemPoolAttrReservedMemCurrent
+  std::optional<std::uint64_t> backend_used_bytes{};  ///< e.g. cudaMemPoolAttrUsedMemCurrent
 };
 
 struct session_info {
   session_id id{};
-  peer_credentials peer;
-  std::string command;      ///< the kernel's command name for the peer pid
-  std::string client_name;  ///< what the client called itself
+  peer_credentials peer{};
+  std::string command{};      ///< the kernel's command name for the peer pid
+  std::string client_name{};  ///< what the client called itself
   std::size_t bytes{};
   std::size_t allocation_count{};
-  std::chrono::system_clock::time_point started;
+  std::chrono::system_clock::time_point started{};
 };
 
 struct stats_snapshot {
-  std::vector<pool_stats> pools;
-  std::vector<session_info> sessions;
+  std::vector<pool_stats> pools{};
+  std::vector<session_info> sessions{};
 };
 
 }  // namespace rmmd::core

@@ -8,8 +8,10 @@ namespace {
 v1::Backend to_proto(core::backend_kind kind)
 {
   switch (kind) {
-    case core::backend_kind::host: return v1::BACKEND_HOST;
-    case core::backend_kind::cuda: return v1::BACKEND_CUDA;
+    case core::backend_kind::host:
+      return v1::BACKEND_HOST;
+    case core::backend_kind::cuda:
+      return v1::BACKEND_CUDA;
   }
   return v1::BACKEND_UNSPECIFIED;
 }
@@ -17,9 +19,12 @@ v1::Backend to_proto(core::backend_kind kind)
 v1::HandleType to_proto(core::handle_type type)
 {
   switch (type) {
-    case core::handle_type::posix_fd: return v1::HANDLE_TYPE_POSIX_FD;
-    case core::handle_type::fabric: return v1::HANDLE_TYPE_FABRIC;
-    case core::handle_type::host_offset: return v1::HANDLE_TYPE_HOST_OFFSET;
+    case core::handle_type::posix_fd:
+      return v1::HANDLE_TYPE_POSIX_FD;
+    case core::handle_type::fabric:
+      return v1::HANDLE_TYPE_FABRIC;
+    case core::handle_type::host_offset:
+      return v1::HANDLE_TYPE_HOST_OFFSET;
   }
   return v1::HANDLE_TYPE_UNSPECIFIED;
 }
@@ -32,9 +37,7 @@ void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescriptio
   out->set_name(in.name);
   out->set_device(in.device);
   out->set_backend(to_proto(in.backend));
-  for (auto t : in.handle_types) {
-    out->add_handle_types(to_proto(t));
-  }
+  for (auto t : in.handle_types) { out->add_handle_types(to_proto(t)); }
   out->set_capacity_bytes(in.capacity_bytes);
   out->set_fd_index(fd_index);
   if (!in.fabric_handle.empty()) {
@@ -53,7 +56,7 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
   out->set_bytes(in.bytes);
   out->set_allocation_count(in.allocation_count);
   out->set_started_unix_ms(
-    std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
 }
 
 void to_proto(core::stats_snapshot const& in, v1::Stats* out)
@@ -68,9 +71,7 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
     if (p.backend_reserved_bytes) { ps->set_backend_reserved_bytes(*p.backend_reserved_bytes); }
     if (p.backend_used_bytes) { ps->set_backend_used_bytes(*p.backend_used_bytes); }
   }
-  for (auto const& s : in.sessions) {
-    to_proto(s, out->add_sessions());
-  }
+  for (auto const& s : in.sessions) { to_proto(s, out->add_sessions()); }
 }
 
 }  // namespace rmmd::service

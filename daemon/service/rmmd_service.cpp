@@ -57,9 +57,7 @@ grpc::Status rmmd_service::ListSessions(grpc::ServerContext* context,
 {
   auto session = caller(*context);
   if (!session.ok()) { return to_grpc_status(session.status()); }
-  for (auto const& s : core_.sessions()) {
-    to_proto(s, response->add_sessions());
-  }
+  for (auto const& s : core_.sessions()) { to_proto(s, response->add_sessions()); }
   return grpc::Status::OK;
 }
 

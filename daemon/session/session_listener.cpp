@@ -126,11 +126,14 @@ void close_received_fds(msghdr& msg)
 }  // namespace
 
 session_listener::session_listener(core::daemon_core& core, listener_options options)
-  : core_(core), options_(std::move(options))
+    : core_(core), options_(std::move(options))
 {
 }
 
-session_listener::~session_listener() { stop(); }
+session_listener::~session_listener()
+{
+  stop();
+}
 
 void session_listener::start()
 {
@@ -145,7 +148,7 @@ void session_listener::start()
 
   listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) { throw_errno("socket"); }
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) { ::unlink(path.c_str()); }
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     throw_errno("bind " + path.native());
@@ -226,13 +229,12 @@ void session_listener::run() noexcept
         // Too many silent clients: refuse rather than run out of fds.
         send_error(fd,
                    absl::UnavailableError(
-                     "open session: too many connections are waiting to say hello; retry"));
+                       "open session: too many connections are waiting to say hello; retry"));
         ::close(fd);
         continue;
       }
-      connection c{.fd       = fd,
-                   .peer     = read_peer(fd),
-                   .deadline = clock::now() + options_.hello_deadline};
+      connection c{
+          .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
       conns.emplace(fd, std::move(c));
       ++pending;
       watch(fd, EPOLLIN | EPOLLRDHUP);
@@ -252,7 +254,8 @@ void session_listener::run() noexcept
     v1::SessionWelcome w;
     w.set_protocol_version(1);
     auto token = core::to_hex(grant->token);
-    w.set_token(std::string(reinterpret_cast<char const*>(grant->token.data()), grant->token.size()));
+    w.set_token(
+        std::string(reinterpret_cast<char const*>(grant->token.data()), grant->token.size()));
     w.set_session_id(grant->id);
     w.set_max_message_bytes(options_.max_message_bytes);
     std::vector<int> fds;
@@ -300,22 +303,22 @@ void session_listener::run() noexcept
     if ((msg.msg_flags & MSG_TRUNC) != 0) {
       send_error(c.fd,
                  absl::InvalidArgumentError(absl::StrFormat(
-                   "session hello larger than %d bytes; send one SessionHello message",
-                   options_.max_hello_bytes)));
+                     "session hello larger than %d bytes; send one SessionHello message",
+                     options_.max_hello_bytes)));
       return false;
     }
     v1::SessionHello hello;
     if (!hello.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      send_error(c.fd,
-                 absl::InvalidArgumentError(
-                   "session hello is not a valid rmmd.v1.SessionHello message"));
+      send_error(
+          c.fd,
+          absl::InvalidArgumentError("session hello is not a valid rmmd.v1.SessionHello message"));
       return false;
     }
     if (hello.protocol_version() != 1) {
       send_error(c.fd,
                  absl::FailedPreconditionError(absl::StrFormat(
-                   "session hello asks for protocol version %d; this daemon speaks version 1",
-                   hello.protocol_version())));
+                     "session hello asks for protocol version %d; this daemon speaks version 1",
+                     hello.protocol_version())));
       return false;
     }
     return welcome(c, hello);
@@ -328,8 +331,8 @@ void session_listener::run() noexcept
     auto now       = clock::now();
     for (auto const& [fd, c] : conns) {
       if (c.session != 0) { continue; }
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(c.deadline - now).count();
-      left      = std::max<long>(left, 0);
+      auto left  = std::chrono::ceil<std::chrono::milliseconds>(c.deadline - now).count();
+      left       = std::max<long>(left, 0);
       timeout_ms = timeout_ms < 0 ? static_cast<int>(left) : std::min<int>(timeout_ms, left);
     }
     int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout_ms);
@@ -367,12 +370,8 @@ void session_listener::run() noexcept
     }
   }
   std::vector<int> all;
-  for (auto const& [fd, c] : conns) {
-    all.push_back(fd);
-  }
-  for (int fd : all) {
-    drop(fd);
-  }
+  for (auto const& [fd, c] : conns) { all.push_back(fd); }
+  for (int fd : all) { drop(fd); }
   close_listener();
   ::close(ep);
 }

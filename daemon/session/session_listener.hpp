@@ -52,7 +52,10 @@ class session_listener {
   void stop() noexcept;
 
   /// Sessions whose connection is open.
-  [[nodiscard]] std::size_t open_sessions() const noexcept { return open_sessions_.load(); }
+  [[nodiscard]] std::size_t open_sessions() const noexcept
+  {
+    return open_sessions_.load();
+  }
 
  private:
   void run() noexcept;

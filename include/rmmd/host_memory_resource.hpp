@@ -25,22 +25,29 @@ namespace rmmd {
 ///
 /// Thread safety: every member may be called from any thread.
 class host_memory_resource final
-  : public cuda::mr::shared_resource<detail::host_memory_resource_impl> {
+    : public cuda::mr::shared_resource<detail::host_memory_resource_impl> {
   using shared_base = cuda::mr::shared_resource<detail::host_memory_resource_impl>;
 
  public:
   /// Memory from `s`'s first host pool, or the host pool named `pool_name`.
   explicit host_memory_resource(session s, std::string_view pool_name = {})
-    : shared_base(cuda::std::in_place_type<detail::host_memory_resource_impl>, std::move(s), pool_name)
+      : shared_base(
+            cuda::std::in_place_type<detail::host_memory_resource_impl>, std::move(s), pool_name)
   {
   }
 
   /// The session this resource allocates through.
-  [[nodiscard]] session const& get_session() const noexcept { return get().get_session(); }
+  [[nodiscard]] session const& get_session() const noexcept
+  {
+    return get().get_session();
+  }
 
   /// Offset of `ptr` (from this resource) in the pool: what another process
   /// adds to its own host_pool_base() to reach the same bytes.
-  [[nodiscard]] std::uint64_t offset_of(void const* ptr) const noexcept { return get().offset_of(ptr); }
+  [[nodiscard]] std::uint64_t offset_of(void const* ptr) const noexcept
+  {
+    return get().offset_of(ptr);
+  }
 
   friend void get_property(host_memory_resource const&, cuda::mr::host_accessible) noexcept {}
 };

@@ -30,7 +30,7 @@ namespace rmmd {
 ///
 /// Thread safety: every member may be called from any thread.
 class ipc_memory_resource final
-  : public cuda::mr::shared_resource<detail::ipc_memory_resource_impl> {
+    : public cuda::mr::shared_resource<detail::ipc_memory_resource_impl> {
   using shared_base = cuda::mr::shared_resource<detail::ipc_memory_resource_impl>;
 
  public:
@@ -39,20 +39,26 @@ class ipc_memory_resource final
 
   /// The pool on CUDA device `device`.
   ipc_memory_resource(session s, int device)
-    : shared_base(cuda::std::in_place_type<detail::ipc_memory_resource_impl>,
-                  s,
-                  s.device_pool(device))
+      : shared_base(
+            cuda::std::in_place_type<detail::ipc_memory_resource_impl>, s, s.device_pool(device))
   {
   }
 
   /// The CUDA pool named `pool_name` (as `rmmctl stats` shows it).
   ipc_memory_resource(session s, std::string_view pool_name)
-    : shared_base(cuda::std::in_place_type<detail::ipc_memory_resource_impl>, s, s.pool(pool_name))
+      : shared_base(
+            cuda::std::in_place_type<detail::ipc_memory_resource_impl>, s, s.pool(pool_name))
   {
   }
 
-  [[nodiscard]] session const& get_session() const noexcept { return get().get_session(); }
-  [[nodiscard]] pool_info const& pool() const noexcept { return get().pool(); }
+  [[nodiscard]] session const& get_session() const noexcept
+  {
+    return get().get_session();
+  }
+  [[nodiscard]] pool_info const& pool() const noexcept
+  {
+    return get().pool();
+  }
 
   friend void get_property(ipc_memory_resource const&, cuda::mr::device_accessible) noexcept {}
 
@@ -60,7 +66,8 @@ class ipc_memory_resource final
   static int current_device();
 };
 
-static_assert(cuda::mr::synchronous_resource_with<ipc_memory_resource, cuda::mr::device_accessible>);
+static_assert(
+    cuda::mr::synchronous_resource_with<ipc_memory_resource, cuda::mr::device_accessible>);
 static_assert(cuda::mr::resource_with<ipc_memory_resource, cuda::mr::device_accessible>);
 
 }  // namespace rmmd

@@ -75,7 +75,9 @@ class session {
 
   /// Low-level requests (the memory resources are built on these).
   /// Throws as error.hpp says.
-  [[nodiscard]] lease allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t alignment) const;
+  [[nodiscard]] lease allocate(std::uint32_t pool_id,
+                               std::size_t bytes,
+                               std::size_t alignment) const;
   void free(std::uint64_t allocation_id) const;
 
   /// This process's mapping of a host pool, made once per session.
@@ -92,9 +94,15 @@ class session {
   [[nodiscard]] pool_info const& device_pool(int device) const;
 
   /// For rmmd's own tools (rmmctl): the implementation.
-  [[nodiscard]] detail::session_impl& impl() const noexcept { return *impl_; }
+  [[nodiscard]] detail::session_impl& impl() const noexcept
+  {
+    return *impl_;
+  }
 
-  friend bool operator==(session const& a, session const& b) noexcept { return a.impl_ == b.impl_; }
+  friend bool operator==(session const& a, session const& b) noexcept
+  {
+    return a.impl_ == b.impl_;
+  }
 
  private:
   std::shared_ptr<detail::session_impl> impl_;

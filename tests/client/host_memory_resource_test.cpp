@@ -5,9 +5,9 @@
 
 #include <rmmd/host_memory_resource.hpp>
 
-#include <cuda/memory_resource>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <cuda/memory_resource>
 
 #include <cstring>
 #include <vector>
@@ -15,7 +15,8 @@
 namespace rmmd::test {
 namespace {
 
-static_assert(cuda::mr::synchronous_resource_with<rmmd::host_memory_resource, cuda::mr::host_accessible>);
+static_assert(
+    cuda::mr::synchronous_resource_with<rmmd::host_memory_resource, cuda::mr::host_accessible>);
 static_assert(cuda::mr::resource_with<rmmd::host_memory_resource, cuda::mr::host_accessible>);
 static_assert(!cuda::mr::resource_with<rmmd::host_memory_resource, cuda::mr::device_accessible>);
 static_assert(std::is_copy_constructible_v<rmmd::host_memory_resource>);
@@ -36,9 +37,7 @@ TEST_F(HostMemoryResource, AllocatesAlignedWritableMemoryAndFreesIt)
     ptrs.push_back(p);
   }
   EXPECT_EQ(daemon_.stats().pools(0).allocation_count(), ptrs.size());
-  for (void* p : ptrs) {
-    mr_.deallocate_sync(p, 1000, 8);
-  }
+  for (void* p : ptrs) { mr_.deallocate_sync(p, 1000, 8); }
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
 }
 
@@ -71,9 +70,7 @@ TEST_F(HostMemoryResource, WorksThroughAnyResourceAndStreamOrderedCalls)
 TEST_F(HostMemoryResource, AnotherSessionSeesTheDataAtTheSameOffset)
 {
   auto* p = static_cast<unsigned char*>(mr_.allocate_sync(1 << 16, 256));
-  for (std::size_t i = 0; i < (1 << 16); ++i) {
-    p[i] = static_cast<unsigned char>(i * 13);
-  }
+  for (std::size_t i = 0; i < (1 << 16); ++i) { p[i] = static_cast<unsigned char>(i * 13); }
   auto reader = daemon_.open_session("reader");
   auto* base  = reader.host_pool_base(reader.host_pool().id);
   EXPECT_NE(static_cast<void*>(base + mr_.offset_of(p)), static_cast<void*>(p));  // own mapping

@@ -11,9 +11,9 @@
 #include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/statistics_resource_adaptor.hpp>
 
-#include <cuda/memory_resource>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <cuda/memory_resource>
 
 #include <signal.h>
 
@@ -27,7 +27,8 @@ using ::testing::HasSubstr;
 
 // What RMM's containers need, checked at compile time on every machine.
 static_assert(cuda::mr::resource_with<rmmd::ipc_memory_resource, cuda::mr::device_accessible>);
-static_assert(cuda::mr::synchronous_resource_with<rmmd::ipc_memory_resource, cuda::mr::device_accessible>);
+static_assert(
+    cuda::mr::synchronous_resource_with<rmmd::ipc_memory_resource, cuda::mr::device_accessible>);
 static_assert(std::is_copy_constructible_v<rmmd::ipc_memory_resource>);
 static_assert(std::is_constructible_v<cuda::mr::any_resource<cuda::mr::device_accessible>,
                                       rmmd::ipc_memory_resource>);
@@ -42,11 +43,11 @@ int gpu_count()
   return n;
 }
 
-#define REQUIRE_GPUS(n)                                                                 \
-  do {                                                                                  \
-    if (gpu_count() < (n)) {                                                            \
-      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s); CUDA sees " << gpu_count();     \
-    }                                                                                   \
+#define REQUIRE_GPUS(n)                                                             \
+  do {                                                                              \
+    if (gpu_count() < (n)) {                                                        \
+      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s); CUDA sees " << gpu_count(); \
+    }                                                                               \
   } while (0)
 
 v1::PoolStats const& gpu_pool(v1::Stats const& stats, int device)
@@ -60,7 +61,8 @@ v1::PoolStats const& gpu_pool(v1::Stats const& stats, int device)
 std::vector<int> to_host(int const* device_ptr, std::size_t n)
 {
   std::vector<int> out(n);
-  EXPECT_EQ(cudaMemcpy(out.data(), device_ptr, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), device_ptr, n * sizeof(int), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return out;
 }
 
@@ -69,7 +71,8 @@ class IpcMemoryResource : public ::testing::Test {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    daemon_  = std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "4GiB"});
+    daemon_ =
+        std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "4GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("gpu-test"));
   }
 
@@ -86,11 +89,12 @@ TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
   std::iota(host.begin(), host.end(), 7);
   {
     rmm::device_uvector<int> v(n, stream, mr);
-    ASSERT_EQ(cudaMemcpyAsync(v.data(), host.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream.get()),
+    ASSERT_EQ(cudaMemcpyAsync(
+                  v.data(), host.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream.get()),
               cudaSuccess);
     EXPECT_EQ(v.element(n - 1, stream), static_cast<int>(n - 1 + 7));
     EXPECT_EQ(to_host(v.data(), n), host);
-    auto stats = daemon_->stats();
+    auto stats       = daemon_->stats();
     auto const& pool = gpu_pool(stats, 0);
     EXPECT_EQ(pool.in_use_bytes(), n * sizeof(int));
     EXPECT_EQ(pool.allocation_count(), 1u);
@@ -113,9 +117,7 @@ TEST_F(IpcMemoryResource, WorksAsUpstreamOfRmmAdaptorsAndAsTheCurrentResource)
     rmm::mr::pool_memory_resource pool(mr, 1 << 20);  // one lease from the daemon, carved locally
     rmm::mr::statistics_resource_adaptor stats(pool);
     std::vector<rmm::device_buffer> buffers;
-    for (int i = 0; i < 16; ++i) {
-      buffers.emplace_back(4096, stream, stats);
-    }
+    for (int i = 0; i < 16; ++i) { buffers.emplace_back(4096, stream, stats); }
     EXPECT_EQ(stats.get_allocations_counter().value, 16);
     EXPECT_EQ(gpu_pool(daemon_->stats(), 0).allocation_count(), 1u);  // only the pool's block
   }
@@ -143,8 +145,9 @@ TEST_F(IpcMemoryResource, ErrorsAreTyped)
 
 TEST_F(IpcMemoryResource, BufferSurvivesWhileOtherClientsChurn)
 {
-  child_process holder({program_path("rmmd_test_client").string(), "device-hold", "67108864", "171"},
-                       {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()});
+  child_process holder(
+      {program_path("rmmd_test_client").string(), "device-hold", "67108864", "171"},
+      {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()});
   ASSERT_EQ(holder.read_line(60s), "ready");
   {
     rmmd::ipc_memory_resource mr(*session_);
@@ -183,7 +186,7 @@ TEST_F(IpcMemoryResource, DaemonKilledClientKeepsItsMemoryAndGetsSessionError)
   rmmd::ipc_memory_resource mr(*session_);
   cuda::stream_ref stream{cudaStream_t{}};
   constexpr std::size_t n = 1 << 16;
-  auto* p = static_cast<int*>(mr.allocate(stream, n * sizeof(int), 256));
+  auto* p                 = static_cast<int*>(mr.allocate(stream, n * sizeof(int), 256));
   ASSERT_EQ(cudaMemsetAsync(p, 0x11, n * sizeof(int), stream.get()), cudaSuccess);
   stream.sync();
 

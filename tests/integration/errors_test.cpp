@@ -43,9 +43,7 @@ grpc::Status free_id(rmmd::session const& s, std::uint64_t id)
 /// Pools and sessions' bytes/counts, without what changes by itself.
 std::string ledger(v1::Stats stats)
 {
-  for (auto& s : *stats.mutable_sessions()) {
-    s.clear_started_unix_ms();
-  }
+  for (auto& s : *stats.mutable_sessions()) { s.clear_started_unix_ms(); }
   return stats.SerializeAsString();
 }
 
@@ -58,7 +56,7 @@ class ErrorTable : public ::testing::Test {
 
 TEST_F(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
 {
-  auto held = session_.allocate(pool_, 4096, 0);  // some state to keep
+  auto held         = session_.allocate(pool_, 4096, 0);  // some state to keep
   auto const before = ledger(daemon_.stats());
   struct bad_request {
     std::uint32_t pool;
@@ -66,11 +64,12 @@ TEST_F(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
     std::uint64_t alignment;
     char const* says;
   };
-  for (auto const& r : {bad_request{pool_, 0, 0, "size 0"},
-                        bad_request{pool_, std::uint64_t{1} << 62, 0, "larger than the pool"},
-                        bad_request{pool_, 4096, 3, "alignment 3 is not a power of two"},
-                        bad_request{pool_, 4096, std::uint64_t{1} << 40, "not a power of two between"},
-                        bad_request{99, 4096, 0, "unknown pool id 99"}}) {
+  for (auto const& r :
+       {bad_request{pool_, 0, 0, "size 0"},
+        bad_request{pool_, std::uint64_t{1} << 62, 0, "larger than the pool"},
+        bad_request{pool_, 4096, 3, "alignment 3 is not a power of two"},
+        bad_request{pool_, 4096, std::uint64_t{1} << 40, "not a power of two between"},
+        bad_request{99, 4096, 0, "unknown pool id 99"}}) {
     auto st = allocate(session_, r.pool, r.size, r.alignment);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.says;
     EXPECT_THAT(st.error_message(), HasSubstr(r.says));
@@ -124,9 +123,9 @@ TEST_F(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
 
 TEST_F(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
 {
-  auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
+  auto channel      = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());
-  auto stub    = v1::Rmmd::NewStub(channel);
+  auto stub         = v1::Rmmd::NewStub(channel);
   auto const before = ledger(daemon_.stats());
   for (std::string token : {"", "00000000000000000000000000000000", "not-hex", "zz"}) {
     grpc::ClientContext ctx;
@@ -196,7 +195,8 @@ TEST(SessionAccess, NoDaemonIsASessionError)
     (void)rmmd::session(rmmd::session::options{.runtime_dir = "/nonexistent/rmmd"});
     FAIL();
   } catch (rmmd::session_error const& e) {
-    EXPECT_THAT(e.what(), HasSubstr("no daemon is listening at /nonexistent/rmmd/rmmd-session.sock"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("no daemon is listening at /nonexistent/rmmd/rmmd-session.sock"));
   }
 }
 

@@ -32,7 +32,10 @@ class raw_session_socket {
       throw std::runtime_error("connect " + path);
     }
   }
-  ~raw_session_socket() { ::close(fd_); }
+  ~raw_session_socket()
+  {
+    ::close(fd_);
+  }
 
   void send(std::string const& bytes) const
   {
@@ -165,9 +168,7 @@ TEST_F(HostileInput, SilentClientsAreClosedAtTheHelloDeadline)
   for (int i = 0; i < 8; ++i) {
     silent.push_back(std::make_unique<raw_session_socket>(daemon_.runtime_dir()));
   }
-  for (auto& s : silent) {
-    EXPECT_TRUE(s->closed_by_daemon(10s));
-  }
+  for (auto& s : silent) { EXPECT_TRUE(s->closed_by_daemon(10s)); }
 }
 
 TEST_F(HostileInput, EmptyMessageAndEarlyCloseAreHandled)
@@ -203,7 +204,7 @@ TEST_F(HostileInput, OversizedGrpcMessageIsRejected)
   request.set_size(4096);
   // 1 MiB of an unknown field: over the daemon's 64 KiB message cap.
   request.GetReflection()->MutableUnknownFields(&request)->AddLengthDelimited(
-    1000, std::string(1 << 20, 'x'));
+      1000, std::string(1 << 20, 'x'));
   // A channel of our own: the session's channel would refuse to send it.
   auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());

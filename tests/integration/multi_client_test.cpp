@@ -30,12 +30,12 @@ TEST(MultiClient, ProcessesShareTheHostPoolAndTheLedgerShowsThem)
   for (int h = 0; h < holders; ++h) {
     auto seed = std::to_string(100 * (h + 1));
     procs.push_back(std::make_unique<child_process>(
-      std::vector<std::string>{program_path("rmmd_test_client").string(),
-                               "hold",
-                               std::to_string(bytes),
-                               seed,
-                               std::to_string(buffers_per_holder)},
-      env));
+        std::vector<std::string>{program_path("rmmd_test_client").string(),
+                                 "hold",
+                                 std::to_string(bytes),
+                                 seed,
+                                 std::to_string(buffers_per_holder)},
+        env));
   }
   for (auto& p : procs) {
     while (true) {
@@ -76,9 +76,7 @@ TEST(MultiClient, ProcessesShareTheHostPoolAndTheLedgerShowsThem)
     EXPECT_EQ(s.uid(), ::getuid());
     EXPECT_EQ(s.command(), "rmmd_test_clien");  // the kernel keeps 15 characters
     bool known_pid = false;
-    for (auto& p : procs) {
-      known_pid = known_pid || p->pid() == s.pid();
-    }
+    for (auto& p : procs) { known_pid = known_pid || p->pid() == s.pid(); }
     EXPECT_TRUE(known_pid) << "session pid " << s.pid() << " is none of the holders";
   }
   EXPECT_EQ(holder_sessions, holders);

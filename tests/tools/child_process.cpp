@@ -10,9 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <utility>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 extern char** environ;
 
@@ -21,7 +21,8 @@ namespace {
 
 int remaining_ms(std::chrono::steady_clock::time_point deadline)
 {
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return static_cast<int>(std::max<long>(0, left.count()));
 }
 
@@ -35,10 +36,10 @@ std::filesystem::path program_path(std::string const& name)
   auto beside = std::filesystem::read_symlink("/proc/self/exe").parent_path() / name;
   if (std::filesystem::exists(beside)) { return beside; }
   static constexpr std::pair<char const*, char const*> in_build_tree[] = {
-    {"rmmd", "daemon/rmmd"},
-    {"rmmctl", "client/rmmctl"},
-    {"rmmd_test_client", "tests/rmmd_test_client"},
-    {"rmmd_hello", "examples/rmmd_hello"}};
+      {"rmmd", "daemon/rmmd"},
+      {"rmmctl", "client/rmmctl"},
+      {"rmmd_test_client", "tests/rmmd_test_client"},
+      {"rmmd_hello", "examples/rmmd_hello"}};
   for (auto [program, relative] : in_build_tree) {
     if (name == program) { return std::filesystem::path(RMMD_BUILD_DIR) / relative; }
   }
@@ -57,19 +58,13 @@ child_process::child_process(std::vector<std::string> argv, std::vector<std::str
   ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
 
   std::vector<char*> args;
-  for (auto& a : argv) {
-    args.push_back(a.data());
-  }
+  for (auto& a : argv) { args.push_back(a.data()); }
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    env_strings.emplace_back(*e);
-  }
+  for (char** e = environ; *e != nullptr; ++e) { env_strings.emplace_back(*e); }
   env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp;
-  for (auto& e : env_strings) {
-    envp.push_back(e.data());
-  }
+  for (auto& e : env_strings) { envp.push_back(e.data()); }
   envp.push_back(nullptr);
 
   int rc = ::posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), envp.data());
@@ -87,12 +82,12 @@ child_process::child_process(std::vector<std::string> argv, std::vector<std::str
 }
 
 child_process::child_process(child_process&& other) noexcept
-  : pid_(std::exchange(other.pid_, -1)),
-    pidfd_(std::exchange(other.pidfd_, -1)),
-    stdin_fd_(std::exchange(other.stdin_fd_, -1)),
-    stdout_fd_(std::exchange(other.stdout_fd_, -1)),
-    buffer_(std::move(other.buffer_)),
-    status_(other.status_)
+    : pid_(std::exchange(other.pid_, -1)),
+      pidfd_(std::exchange(other.pidfd_, -1)),
+      stdin_fd_(std::exchange(other.stdin_fd_, -1)),
+      stdout_fd_(std::exchange(other.stdout_fd_, -1)),
+      buffer_(std::move(other.buffer_)),
+      status_(other.status_)
 {
 }
 
@@ -156,7 +151,10 @@ void child_process::close_stdin()
   if (stdin_fd_ >= 0) { ::close(std::exchange(stdin_fd_, -1)); }
 }
 
-void child_process::kill(int signal) { ::kill(pid_, signal); }
+void child_process::kill(int signal)
+{
+  ::kill(pid_, signal);
+}
 
 std::optional<int> child_process::wait(std::chrono::milliseconds timeout)
 {

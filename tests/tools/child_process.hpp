@@ -32,7 +32,10 @@ class child_process {
   /// Kills (SIGKILL) and reaps the child if it still runs.
   ~child_process();
 
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] pid_t pid() const noexcept
+  {
+    return pid_;
+  }
 
   /// The next line of the child's stdout, without the newline; nullopt at EOF
   /// or when `timeout` passes first.

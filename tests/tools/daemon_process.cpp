@@ -35,13 +35,13 @@ bool wait_ready(int fd, std::chrono::milliseconds timeout)
   auto const deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     auto left =
-      std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) { return false; }
     char buf[4096];
     auto n = ::recv(fd, buf, sizeof(buf) - 1, 0);
     if (n > 0 && std::string_view(buf, static_cast<std::size_t>(n)).find("READY=1") !=
-                   std::string_view::npos) {
+                     std::string_view::npos) {
       return true;
     }
   }
@@ -58,7 +58,8 @@ daemon_process::daemon_process(std::vector<std::string> extra_args)
   int notify_fd = notify_socket(notify);
   std::vector<std::string> argv{program_path("rmmd").string(), "--runtime-dir", dir_.string()};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  daemon_ = std::make_unique<child_process>(argv, std::vector<std::string>{"NOTIFY_SOCKET=" + notify.string()});
+  daemon_ = std::make_unique<child_process>(
+      argv, std::vector<std::string>{"NOTIFY_SOCKET=" + notify.string()});
   daemon_->close_stdin();
   bool ready = wait_ready(notify_fd, 30s);
   ::close(notify_fd);
@@ -78,7 +79,7 @@ daemon_process::~daemon_process()
 rmmd::session daemon_process::open_session(std::string client_name) const
 {
   return rmmd::session(
-    rmmd::session::options{.runtime_dir = dir_, .client_name = std::move(client_name)});
+      rmmd::session::options{.runtime_dir = dir_, .client_name = std::move(client_name)});
 }
 
 std::optional<int> daemon_process::stop()
@@ -91,7 +92,8 @@ std::optional<int> daemon_process::stop()
 
 v1::Stats daemon_process::rmmctl_stats() const
 {
-  auto r = run({program_path("rmmctl").string(), "--runtime-dir", dir_.string(), "stats", "--json"});
+  auto r =
+      run({program_path("rmmctl").string(), "--runtime-dir", dir_.string(), "stats", "--json"});
   EXPECT_EQ(r.status, 0) << r.out;
   v1::Stats stats;
   auto status = google::protobuf::util::JsonStringToMessage(r.out, &stats);

@@ -25,12 +25,18 @@ class daemon_process {
   daemon_process& operator=(daemon_process const&) = delete;
   ~daemon_process();
 
-  [[nodiscard]] std::filesystem::path const& runtime_dir() const noexcept { return dir_; }
+  [[nodiscard]] std::filesystem::path const& runtime_dir() const noexcept
+  {
+    return dir_;
+  }
   [[nodiscard]] rmmd::session open_session(std::string client_name = "test") const;
 
   /// SIGTERM, then its exit status (nullopt if it did not stop in time).
   std::optional<int> stop();
-  [[nodiscard]] child_process& process() noexcept { return *daemon_; }
+  [[nodiscard]] child_process& process() noexcept
+  {
+    return *daemon_;
+  }
 
   /// `rmmctl stats --json` against this daemon, parsed back with protobuf's
   /// JSON mapping. Fails the test if rmmctl fails.

@@ -41,9 +41,7 @@ std::uint64_t pattern(std::uint64_t seed, std::size_t word)
 void fill(void* p, std::size_t bytes, std::uint64_t seed)
 {
   auto* w = static_cast<std::uint64_t*>(p);
-  for (std::size_t i = 0; i < bytes / 8; ++i) {
-    w[i] = pattern(seed, i);
-  }
+  for (std::size_t i = 0; i < bytes / 8; ++i) { w[i] = pattern(seed, i); }
 }
 
 /// Index of the first word that does not hold the pattern, or -1.
@@ -59,7 +57,7 @@ long first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed)
 int hold(std::size_t bytes, std::uint64_t seed, int count)
 {
   rmmd::host_memory_resource mr(
-    rmmd::session(rmmd::session::options{.client_name = "holder-" + std::to_string(seed)}));
+      rmmd::session(rmmd::session::options{.client_name = "holder-" + std::to_string(seed)}));
   std::vector<void*> buffers;
   for (int i = 0; i < count; ++i) {
     void* p = mr.allocate_sync(bytes, 256);
@@ -88,7 +86,8 @@ int hold(std::size_t bytes, std::uint64_t seed, int count)
 
 int device_hold(std::size_t bytes, int value)
 {
-  rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "device-holder"}), 0);
+  rmmd::ipc_memory_resource mr(
+      rmmd::session(rmmd::session::options{.client_name = "device-holder"}), 0);
   cuda::stream_ref stream{cudaStream_t{}};
   rmm::device_uvector<std::uint8_t> buffer(bytes, stream, mr);
   if (cudaMemsetAsync(buffer.data(), value, bytes, stream.get()) != cudaSuccess) { return 4; }
@@ -149,6 +148,7 @@ int main(int argc, char** argv)
     std::printf("error: %s\n", e.what());
     return 3;
   }
-  std::fprintf(stderr, "usage: rmmd_test_client hold BYTES SEED COUNT | verify OFFSET:BYTES:SEED...\n");
+  std::fprintf(stderr,
+               "usage: rmmd_test_client hold BYTES SEED COUNT | verify OFFSET:BYTES:SEED...\n");
   return 2;
 }

@@ -18,19 +18,22 @@ constexpr std::size_t granularity = 256;
 void check(cudaError_t err, char const* what)
 {
   if (err != cudaSuccess) {
-    throw std::runtime_error(
-      absl::StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
+    throw std::runtime_error(absl::StrFormat(
+        "%s failed: %s (%s)", what, cudaGetErrorName(err), cudaGetErrorString(err)));
   }
 }
 
 /// Makes `device` current for the calling thread (gRPC threads come and go).
-void use_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+void use_device(int device)
+{
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
 
 rmm::mr::cuda_async_memory_resource make_pool(cuda_pool_options const& o)
 {
   use_device(o.device);
   return rmm::mr::cuda_async_memory_resource(
-    std::nullopt, o.release_threshold, handle_type::posix_file_descriptor);
+      std::nullopt, o.release_threshold, handle_type::posix_file_descriptor);
 }
 
 }  // namespace
@@ -45,14 +48,13 @@ int device_count() noexcept
   return n;
 }
 
-cuda_backend::cuda_backend(cuda_pool_options options)
-  : options_(options), mr_(make_pool(options_))
+cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(make_pool(options_))
 {
   use_device(options_.device);
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   // Exporting the pool once is also what makes its pointers exportable.
   check(cudaMemPoolExportToShareableHandle(
-          &fd_, mr_.pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
+            &fd_, mr_.pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
         "cudaMemPoolExportToShareableHandle (posix fd)");
 }
 
@@ -70,7 +72,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
 {
   if (alignment > granularity) {
     return absl::InvalidArgumentError(absl::StrFormat(
-      "alignment %d is larger than the %d bytes CUDA pools guarantee", alignment, granularity));
+        "alignment %d is larger than the %d bytes CUDA pools guarantee", alignment, granularity));
   }
   auto const size = (bytes + granularity - 1) / granularity * granularity;
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
@@ -81,7 +83,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
     ptr = mr_.allocate(::cuda::stream_ref{stream_}, size, granularity);
   } catch (rmm::out_of_memory const& e) {
     return absl::ResourceExhaustedError(
-      absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
+        absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
   } catch (std::exception const& e) {
     return absl::InternalError(e.what());
   }
@@ -92,10 +94,9 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   if (err == cudaSuccess) { err = cudaMemPoolExportPointer(&data, ptr); }
   if (err != cudaSuccess) {
     mr_.deallocate(::cuda::stream_ref{stream_}, ptr, size, granularity);
-    return absl::InternalError(
-      absl::StrFormat("exporting a pointer of the pool on device %d: %s",
-                      options_.device,
-                      cudaGetErrorName(err)));
+    return absl::InternalError(absl::StrFormat("exporting a pointer of the pool on device %d: %s",
+                                               options_.device,
+                                               cudaGetErrorName(err)));
   }
   core::backend_allocation block{.bytes = size, .address = ptr};
   auto const* raw = reinterpret_cast<std::byte const*>(&data);

@@ -35,11 +35,17 @@ class cuda_backend final : public core::pool_backend {
   {
     return core::backend_kind::cuda;
   }
-  [[nodiscard]] std::size_t capacity() const noexcept override { return options_.capacity; }
+  [[nodiscard]] std::size_t capacity() const noexcept override
+  {
+    return options_.capacity;
+  }
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
-  [[nodiscard]] int shareable_fd() const noexcept override { return fd_; }
+  [[nodiscard]] int shareable_fd() const noexcept override
+  {
+    return fd_;
+  }
   [[nodiscard]] std::optional<core::backend_usage> usage() const override;
 
  private:

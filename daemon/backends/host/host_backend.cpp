@@ -14,12 +14,15 @@ namespace {
 
 constexpr std::size_t granularity = 256;
 
-std::size_t page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+std::size_t page_size()
+{
+  return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
 
 }  // namespace
 
 host_backend::host_backend(std::string const& name, std::size_t capacity)
-  : ranges_(capacity, granularity)
+    : ranges_(capacity, granularity)
 {
   fd_ = ::memfd_create(("rmmd:" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd_ < 0) { throw std::system_error(errno, std::generic_category(), "memfd_create"); }
@@ -37,9 +40,15 @@ host_backend::host_backend(std::string const& name, std::size_t capacity)
   }
 }
 
-host_backend::~host_backend() { ::close(fd_); }
+host_backend::~host_backend()
+{
+  ::close(fd_);
+}
 
-std::size_t host_backend::capacity() const noexcept { return ranges_.capacity(); }
+std::size_t host_backend::capacity() const noexcept
+{
+  return ranges_.capacity();
+}
 
 absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t bytes,
                                                                 std::size_t alignment)
@@ -47,12 +56,12 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
   auto r = ranges_.allocate(bytes, alignment);
   if (!r) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-      "no free range of %d bytes aligned to %d (%d of %d bytes free: the pool is full or "
-      "fragmented); free memory first",
-      bytes,
-      alignment,
-      ranges_.free_bytes(),
-      ranges_.capacity()));
+        "no free range of %d bytes aligned to %d (%d of %d bytes free: the pool is full or "
+        "fragmented); free memory first",
+        bytes,
+        alignment,
+        ranges_.free_bytes(),
+        ranges_.capacity()));
   }
   return core::backend_allocation{.bytes = r->size, .offset = r->offset};
 }

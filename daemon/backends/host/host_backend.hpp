@@ -20,12 +20,18 @@ class host_backend final : public core::pool_backend {
   explicit host_backend(std::string const& name, std::size_t capacity);
   ~host_backend() override;
 
-  [[nodiscard]] core::backend_kind kind() const noexcept override { return core::backend_kind::host; }
+  [[nodiscard]] core::backend_kind kind() const noexcept override
+  {
+    return core::backend_kind::host;
+  }
   [[nodiscard]] std::size_t capacity() const noexcept override;
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
-  [[nodiscard]] int shareable_fd() const noexcept override { return fd_; }
+  [[nodiscard]] int shareable_fd() const noexcept override
+  {
+    return fd_;
+  }
 
  private:
   int fd_{-1};

@@ -7,12 +7,15 @@
 namespace rmmd::backends::host {
 namespace {
 
-constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a)
+{
+  return (v + a - 1) & ~(a - 1);
+}
 
 }  // namespace
 
 offset_allocator::offset_allocator(std::size_t capacity, std::size_t granularity)
-  : capacity_(capacity & ~(granularity - 1)), granularity_(granularity), free_bytes_(capacity_)
+    : capacity_(capacity & ~(granularity - 1)), granularity_(granularity), free_bytes_(capacity_)
 {
   if (capacity_ > 0) { free_.emplace(0, capacity_); }
 }

@@ -30,10 +30,19 @@ class offset_allocator {
   /// REQUIRES: `r` came from allocate() and was not released.
   void release(range r);
 
-  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  [[nodiscard]] std::size_t free_bytes() const noexcept { return free_bytes_; }
+  [[nodiscard]] std::size_t capacity() const noexcept
+  {
+    return capacity_;
+  }
+  [[nodiscard]] std::size_t free_bytes() const noexcept
+  {
+    return free_bytes_;
+  }
   /// Number of disjoint free ranges (1 when nothing is allocated).
-  [[nodiscard]] std::size_t free_range_count() const noexcept { return free_.size(); }
+  [[nodiscard]] std::size_t free_range_count() const noexcept
+  {
+    return free_.size();
+  }
 
  private:
   std::size_t capacity_;

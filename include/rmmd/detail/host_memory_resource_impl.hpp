@@ -23,7 +23,10 @@ class host_memory_resource_impl {
   ~host_memory_resource_impl();
 
   [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
-  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+  void deallocate(cuda::stream_ref stream,
+                  void* ptr,
+                  std::size_t bytes,
+                  std::size_t alignment) noexcept;
   [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment);
   void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
 
@@ -32,7 +35,10 @@ class host_memory_resource_impl {
     return this == &other;
   }
 
-  [[nodiscard]] session const& get_session() const noexcept { return session_; }
+  [[nodiscard]] session const& get_session() const noexcept
+  {
+    return session_;
+  }
   [[nodiscard]] std::uint64_t offset_of(void const* ptr) const noexcept
   {
     return static_cast<std::uint64_t>(static_cast<std::byte const*>(ptr) - base_);

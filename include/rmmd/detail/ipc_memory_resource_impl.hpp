@@ -23,7 +23,10 @@ class ipc_memory_resource_impl {
   ~ipc_memory_resource_impl();
 
   [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
-  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+  void deallocate(cuda::stream_ref stream,
+                  void* ptr,
+                  std::size_t bytes,
+                  std::size_t alignment) noexcept;
   [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment);
   void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
 
@@ -32,8 +35,14 @@ class ipc_memory_resource_impl {
     return this == &other;
   }
 
-  [[nodiscard]] session const& get_session() const noexcept { return session_; }
-  [[nodiscard]] pool_info const& pool() const noexcept { return pool_; }
+  [[nodiscard]] session const& get_session() const noexcept
+  {
+    return session_;
+  }
+  [[nodiscard]] pool_info const& pool() const noexcept
+  {
+    return pool_;
+  }
 
   friend void get_property(ipc_memory_resource_impl const&, cuda::mr::device_accessible) noexcept {}
 
