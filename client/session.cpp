@@ -138,13 +138,16 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   id         = welcome.session_id();
   token_hex_ = to_hex(welcome.token());
   pool_fds_.assign(static_cast<std::size_t>(welcome.pools_size()), -1);
+  fabric_handles_.resize(static_cast<std::size_t>(welcome.pools_size()));
   for (auto const& p : welcome.pools()) {
     pools.push_back(pool_info{
         .id             = p.id(),
         .name           = p.name(),
         .device         = p.device(),
         .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
-        .capacity_bytes = p.capacity_bytes()});
+        .capacity_bytes = p.capacity_bytes(),
+        .has_fabric_handle = !p.fabric_handle().empty()});
+    if (p.id() < fabric_handles_.size()) { fabric_handles_[p.id()] = p.fabric_handle(); }
     if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
         p.id() < pool_fds_.size()) {
       pool_fds_[p.id()] = fds[static_cast<std::size_t>(p.fd_index())];
@@ -208,17 +211,31 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
 {
   std::lock_guard lock(map_mutex_);
   if (auto it = cuda_pools_.find(pool_id); it != cuda_pools_.end()) { return it->second; }
-  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::cuda ||
-      pool_fds_[pool_id] < 0) {
-    throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) +
-                            " is not a CUDA pool with a posix-fd handle");
+  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::cuda) {
+    throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) + " is not a CUDA pool");
   }
   cudaMemPool_t pool{};
-  auto err = cudaMemPoolImportFromShareableHandle(
-      &pool,
-      reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fds_[pool_id])),
-      cudaMemHandleTypePosixFileDescriptor,
-      0);
+  cudaError_t err{};
+  if (options.import_by_fabric) {
+    auto const& handle = fabric_handles_[pool_id];
+    if (handle.size() != sizeof(cudaMemFabricHandle_t)) {
+      throw rmmd::logic_error("rmmd: pool '" + pools[pool_id].name +
+                              "' has no fabric handle (the daemon found no IMEX channel, or runs "
+                              "with --fabric=off; see its start-up log)");
+    }
+    cudaMemFabricHandle_t fabric{};
+    std::memcpy(&fabric, handle.data(), sizeof(fabric));
+    err = cudaMemPoolImportFromShareableHandle(&pool, &fabric, cudaMemHandleTypeFabric, 0);
+  } else {
+    if (pool_fds_[pool_id] < 0) {
+      throw rmmd::logic_error("rmmd: pool '" + pools[pool_id].name + "' came without a pool fd");
+    }
+    err = cudaMemPoolImportFromShareableHandle(
+        &pool,
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fds_[pool_id])),
+        cudaMemHandleTypePosixFileDescriptor,
+        0);
+  }
   if (err != cudaSuccess) {
     throw rmm::bad_alloc("rmmd: importing CUDA pool '" + pools[pool_id].name +
                          "' failed: " + cudaGetErrorName(err));

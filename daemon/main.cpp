@@ -1,6 +1,7 @@
 // rmmd: flags, wiring, signals, sd_notify. Nothing else lives here.
 
 #include "daemon/backends/cuda/cuda_backend.hpp"
+#include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/log.hpp"
@@ -31,6 +32,8 @@ struct daemon_flags {
   std::string backend{"auto"};
   std::size_t cuda_pool_bytes{};
   std::size_t cuda_release_threshold{};
+  std::string fabric{"auto"};
+  int probe_fabric_device{-1};
   std::size_t host_pool_bytes{std::size_t{1} << 30};
   std::string host_pool_name{"host"};
   std::vector<uid_t> allow_uids;
@@ -88,7 +91,19 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
     rmmd::log::info("no GPU found: serving the host pool only");
   }
   for (int device = 0; device < gpus; ++device) {
-    auto name = "gpu" + std::to_string(device);
+    auto name   = "gpu" + std::to_string(device);
+    bool fabric = false;
+    if (flags.fabric != "off") {
+      auto support = cuda::probe_fabric(device, std::filesystem::read_symlink("/proc/self/exe"));
+      fabric       = support.usable;
+      if (!fabric && flags.fabric == "on") {
+        rmmd::log::error("pool '%s' is not served: --fabric=on, but %s", name, support.reason);
+        continue;
+      }
+      if (!fabric) {
+        rmmd::log::warn("pool '%s': no fabric handles, posix-fd only: %s", name, support.reason);
+      }
+    }
     try {
       std::size_t capacity = flags.cuda_pool_bytes;
       if (capacity == 0) {
@@ -99,9 +114,11 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
         }
         capacity = free / 10 * 8;
       }
+      std::vector<rmmd::core::handle_type> types{rmmd::core::handle_type::posix_fd};
+      if (fabric) { types.push_back(rmmd::core::handle_type::fabric); }
       core.add_pool(rmmd::core::pool_config{.name          = name,
                                             .device        = device,
-                                            .handle_types  = {rmmd::core::handle_type::posix_fd},
+                                            .handle_types  = types,
                                             .limit_bytes   = capacity,
                                             .max_alignment = 256},
                     std::make_unique<cuda::cuda_backend>(cuda::cuda_pool_options{
@@ -163,6 +180,9 @@ int main(int argc, char** argv)
       ->check(CLI::Range(0, 600000));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too");
   CLI11_PARSE(app, argc, argv);
+  if (flags.probe_fabric_device >= 0) {
+    rmmd::backends::cuda::run_fabric_probe(flags.probe_fabric_device);
+  }
   if (flags.verbose) { rmmd::log::threshold = rmmd::log::level::debug; }
 
   // Every thread inherits this mask: the signals are taken by sigwaitinfo below.

@@ -51,7 +51,8 @@ class session_impl {
  private:
   int socket_fd_{-1};
   std::string token_hex_;
-  std::vector<int> pool_fds_;  // by pool id, -1 where the pool has no fd
+  std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
+  std::vector<std::string> fabric_handles_;  // by pool id, empty where none
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rmmd::Stub> stub_;
   std::mutex map_mutex_;

@@ -29,6 +29,7 @@ struct pool_info {
   int device{-1};  ///< CUDA device ordinal, -1 for host pools
   backend_kind backend{};
   std::size_t capacity_bytes{};
+  bool has_fabric_handle{false};  ///< CUDA pools: importable by fabric handle too
 };
 
 /// One allocation the daemon granted to this session.
@@ -57,6 +58,9 @@ class session {
     std::string client_name{};
     /// Longest a request may take before it fails with session_error.
     std::chrono::milliseconds call_timeout{std::chrono::seconds(30)};
+    /// Import CUDA pools by their fabric handle instead of the posix fd
+    /// (what a process on another node of an NVLink domain must do).
+    bool import_by_fabric{false};
   };
 
   static std::filesystem::path default_runtime_dir();

@@ -231,3 +231,93 @@ TEST(IpcMemoryResourceMultiGpu, EachDeviceHasItsPool)
 
 }  // namespace
 }  // namespace rmmd::test
+
+namespace rmmd::test {
+namespace {
+
+bool imex_channel_exists()
+{
+  std::error_code ec;
+  auto it = std::filesystem::directory_iterator("/dev/nvidia-caps-imex-channels", ec);
+  return !ec && it != std::filesystem::directory_iterator{};
+}
+
+TEST(FabricPool, EndToEndThroughTheFabricHandleWhenAnImexChannelExists)
+{
+  REQUIRE_GPUS(1);
+  if (!imex_channel_exists()) {
+    GTEST_SKIP() << "no IMEX channel device in /dev/nvidia-caps-imex-channels (the no-channel "
+                    "test covers this host)";
+  }
+  daemon_process daemon({"--cuda-pool-bytes", "1GiB", "--fabric", "on"});
+  rmmd::session s(rmmd::session::options{
+      .runtime_dir = daemon.runtime_dir(), .client_name = "fabric", .import_by_fabric = true});
+  auto const& pool = s.device_pool(0);
+  EXPECT_TRUE(pool.has_fabric_handle);
+  rmmd::ipc_memory_resource mr(s, 0);
+  cuda::stream_ref stream{cudaStream_t{}};
+  rmm::device_uvector<int> v(1 << 20, stream, mr);
+  ASSERT_EQ(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(int), stream.get()), cudaSuccess);
+  v.set_element(4242, 17, stream);
+  EXPECT_EQ(v.element(4242, stream), 17);
+  auto const& stats = gpu_pool(daemon.stats(), 0);
+  EXPECT_THAT(stats.pool().handle_types(), ::testing::Contains(v1::HANDLE_TYPE_FABRIC));
+  EXPECT_EQ(stats.in_use_bytes(), v.size() * sizeof(int));
+}
+
+TEST(FabricPool, WithoutAnImexChannelTheDaemonSaysWhyAndServesPosixFd)
+{
+  REQUIRE_GPUS(1);
+  if (imex_channel_exists()) {
+    GTEST_SKIP() << "an IMEX channel device exists (the fabric end-to-end test covers this host)";
+  }
+  char tmpl[] = "/tmp/rmmd-nofabric-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::filesystem::path dir = tmpl;
+  child_process daemon(
+      {program_path("rmmd").string(), "--runtime-dir", dir.string(), "--cuda-pool-bytes", "1GiB"},
+      {},
+      /*merge_stderr=*/true);
+  std::string log;
+  while (auto line = daemon.read_line(60s)) {
+    log += *line + "\n";
+    if (line->find("ready:") != std::string::npos) { break; }
+  }
+  EXPECT_THAT(log, HasSubstr("no fabric handles, posix-fd only: no usable IMEX channel"));
+  EXPECT_THAT(log, HasSubstr("mknod"));
+  ASSERT_THAT(log, HasSubstr("ready:"));
+  {
+    rmmd::session s(rmmd::session::options{.runtime_dir = dir, .client_name = "posix"});
+    EXPECT_FALSE(s.device_pool(0).has_fabric_handle);
+    rmmd::ipc_memory_resource mr(s, 0);
+    cuda::stream_ref stream{cudaStream_t{}};
+    rmm::device_uvector<int> v(1000, stream, mr);
+    v.set_element(999, 5, stream);
+    EXPECT_EQ(v.element(999, stream), 5);
+    rmmd::session by_fabric(rmmd::session::options{.runtime_dir = dir, .import_by_fabric = true});
+    try {
+      rmmd::ipc_memory_resource refused(by_fabric, 0);
+      FAIL() << "imported a pool that has no fabric handle";
+    } catch (rmmd::logic_error const& e) {
+      EXPECT_THAT(e.what(), HasSubstr("has no fabric handle"));
+    }
+  }
+  // And --fabric=on refuses to serve that pool rather than serve it wrongly.
+  daemon.kill(SIGTERM);
+  EXPECT_EQ(daemon.wait(30s), 0);
+  child_process strict(
+      {program_path("rmmd").string(), "--runtime-dir", dir.string(), "--fabric", "on"}, {}, true);
+  std::string strict_log;
+  while (auto line = strict.read_line(60s)) {
+    strict_log += *line + "\n";
+    if (line->find("ready:") != std::string::npos) { break; }
+  }
+  EXPECT_THAT(strict_log, HasSubstr("pool 'gpu0' is not served: --fabric=on"));
+  EXPECT_THAT(strict_log, HasSubstr("ready: 1 pool(s)"));  // the host pool still serves
+  strict.kill(SIGTERM);
+  EXPECT_EQ(strict.wait(30s), 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rmmd::test

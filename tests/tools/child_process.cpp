@@ -46,7 +46,9 @@ std::filesystem::path program_path(std::string const& name)
   return std::filesystem::path(RMMD_BUILD_DIR) / name;
 }
 
-child_process::child_process(std::vector<std::string> argv, std::vector<std::string> env)
+child_process::child_process(std::vector<std::string> argv,
+                             std::vector<std::string> env,
+                             bool merge_stderr)
 {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
@@ -56,6 +58,7 @@ child_process::child_process(std::vector<std::string> argv, std::vector<std::str
   ::posix_spawn_file_actions_init(&actions);
   ::posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
   ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  if (merge_stderr) { ::posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO); }
 
   std::vector<char*> args;
   for (auto& a : argv) { args.push_back(a.data()); }

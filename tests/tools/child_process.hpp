@@ -22,9 +22,12 @@ std::filesystem::path program_path(std::string const& name);
 
 class child_process {
  public:
-  /// Starts argv[0] (a path) with stdin and stdout piped; stderr is inherited.
-  /// `env` entries ("NAME=value") are added to this process's environment.
-  explicit child_process(std::vector<std::string> argv, std::vector<std::string> env = {});
+  /// Starts argv[0] (a path) with stdin and stdout piped; stderr is inherited,
+  /// or sent into the stdout pipe with `merge_stderr`. `env` entries
+  /// ("NAME=value") are added to this process's environment.
+  explicit child_process(std::vector<std::string> argv,
+                         std::vector<std::string> env = {},
+                         bool merge_stderr            = false);
   child_process(child_process&& other) noexcept;
   child_process(child_process const&)            = delete;
   child_process& operator=(child_process const&) = delete;

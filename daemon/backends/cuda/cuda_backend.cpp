@@ -56,6 +56,14 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
   check(cudaMemPoolExportToShareableHandle(
             &fd_, mr_.pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
         "cudaMemPoolExportToShareableHandle (posix fd)");
+  if (options_.fabric) {
+    cudaMemFabricHandle_t handle{};
+    check(
+        cudaMemPoolExportToShareableHandle(&handle, mr_.pool_handle(), cudaMemHandleTypeFabric, 0),
+        "cudaMemPoolExportToShareableHandle (fabric)");
+    auto const* raw = reinterpret_cast<std::byte const*>(&handle);
+    fabric_.assign(raw, raw + sizeof(handle));
+  }
 }
 
 cuda_backend::~cuda_backend()

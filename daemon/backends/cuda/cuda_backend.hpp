@@ -15,11 +15,14 @@ struct cuda_pool_options {
   int device{0};
   std::size_t capacity{};           ///< most bytes the pool may lend
   std::size_t release_threshold{};  ///< bytes the pool keeps reserved when idle
+  /// Also export a fabric handle. REQUIRES: probe_fabric() said it works on
+  /// this device (a failed fabric export makes the pool's destruction crash).
+  bool fabric{false};
 };
 
 /// One CUDA memory pool: an RMM cuda_async_memory_resource created with the
-/// posix-fd export handle type. The pool is exported once (its fd goes to
-/// every session, which imports it once) and every allocation is exported as
+/// posix-fd export handle type (and fabric, where proven). The pool is exported once (its fd goes
+/// to every session, which imports it once) and every allocation is exported as
 /// cudaMemPoolPtrExportData for the client to import.
 ///
 /// Allocation happens on the backend's own stream, which is synchronised
@@ -47,12 +50,17 @@ class cuda_backend final : public core::pool_backend {
     return fd_;
   }
   [[nodiscard]] std::optional<core::backend_usage> usage() const override;
+  [[nodiscard]] std::vector<std::byte> fabric_handle() const override
+  {
+    return fabric_;
+  }
 
  private:
   cuda_pool_options options_;
   rmm::mr::cuda_async_memory_resource mr_;
   cudaStream_t stream_{};
   int fd_{-1};
+  std::vector<std::byte> fabric_;
 };
 
 /// Number of CUDA devices; 0 when there is no GPU or no driver.
