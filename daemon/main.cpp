@@ -159,6 +159,13 @@ int main(int argc, char** argv)
   app.add_option(
          "--host-pool-bytes", flags.host_pool_bytes, "Size of the shared host pool (e.g. 1GiB)")
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--fabric",
+                 flags.fabric,
+                 "Fabric handles on CUDA pools: auto (where proven to work), on (a pool without "
+                 "them is not served), off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--probe-fabric", flags.probe_fabric_device, "(internal) fabric export probe")
+      ->group("");
   app.add_option("--host-pool-name", flags.host_pool_name, "Name of the shared host pool");
   app.add_option("--allow-uid", flags.allow_uids, "A uid that may open sessions (repeatable)")
       ->delimiter(',');
