@@ -121,12 +121,16 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
                                             .handle_types  = types,
                                             .limit_bytes   = capacity,
                                             .max_alignment = 256},
-                    std::make_unique<cuda::cuda_backend>(cuda::cuda_pool_options{
-                        .device            = device,
-                        .capacity          = capacity,
-                        .release_threshold = flags.cuda_release_threshold}));
-      rmmd::log::info(
-          "pool '%s': CUDA device %d, posix-fd export, up to %d bytes", name, device, capacity);
+                    std::make_unique<cuda::cuda_backend>(
+                        cuda::cuda_pool_options{.device            = device,
+                                                .capacity          = capacity,
+                                                .release_threshold = flags.cuda_release_threshold,
+                                                .fabric            = fabric}));
+      rmmd::log::info("pool '%s': CUDA device %d, %s export, up to %d bytes",
+                      name,
+                      device,
+                      fabric ? "posix-fd and fabric" : "posix-fd",
+                      capacity);
     } catch (std::exception const& e) {
       rmmd::log::error("cannot create the CUDA pool '%s' on device %d: %s", name, device, e.what());
       return false;
