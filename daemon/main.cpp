@@ -63,6 +63,22 @@ rmmd::core::access_policy make_access_policy(daemon_flags const& flags)
   return policy;
 }
 
+/// A CUDA pool backend; if its fabric export fails even though the probe
+/// passed, says so and makes a posix-fd-only pool instead.
+std::unique_ptr<rmmd::backends::cuda::cuda_backend> make_cuda_backend(
+    rmmd::backends::cuda::cuda_pool_options options)
+{
+  try {
+    return std::make_unique<rmmd::backends::cuda::cuda_backend>(options);
+  } catch (std::exception const& e) {
+    if (!options.fabric) { throw; }
+    rmmd::log::warn(
+        "device %d: %s; serving its pool with posix-fd export only", options.device, e.what());
+    options.fabric = false;
+    return std::make_unique<rmmd::backends::cuda::cuda_backend>(options);
+  }
+}
+
 /// The pools: the shared host pool, and one CUDA pool per GPU (unless
 /// --backend=host). False, after saying why, if a pool that must exist cannot.
 bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
@@ -114,6 +130,12 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
         }
         capacity = free / 10 * 8;
       }
+      auto backend = make_cuda_backend(
+          cuda::cuda_pool_options{.device            = device,
+                                  .capacity          = capacity,
+                                  .release_threshold = flags.cuda_release_threshold,
+                                  .fabric            = fabric});
+      fabric = !backend->fabric_handle().empty();  // the fallback may have dropped it
       std::vector<rmmd::core::handle_type> types{rmmd::core::handle_type::posix_fd};
       if (fabric) { types.push_back(rmmd::core::handle_type::fabric); }
       core.add_pool(rmmd::core::pool_config{.name          = name,
@@ -121,11 +143,7 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
                                             .handle_types  = types,
                                             .limit_bytes   = capacity,
                                             .max_alignment = 256},
-                    std::make_unique<cuda::cuda_backend>(
-                        cuda::cuda_pool_options{.device            = device,
-                                                .capacity          = capacity,
-                                                .release_threshold = flags.cuda_release_threshold,
-                                                .fabric            = fabric}));
+                    std::move(backend));
       rmmd::log::info("pool '%s': CUDA device %d, %s export, up to %d bytes",
                       name,
                       device,

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -30,14 +31,14 @@ int notify_socket(std::filesystem::path const& path)
   return fd;
 }
 
-bool wait_ready(int fd, std::chrono::milliseconds timeout)
+/// Waits for READY=1 on `fd`; false at the deadline or once `daemon` has exited.
+bool wait_ready(int fd, child_process& daemon, std::chrono::milliseconds timeout)
 {
   auto const deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  while (std::chrono::steady_clock::now() < deadline && !daemon.wait(0ms)) {
+    // Wake now and then to notice a daemon that died before it was ready.
     pollfd p{fd, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) { return false; }
+    if (::poll(&p, 1, 100) <= 0) { continue; }
     char buf[4096];
     auto n = ::recv(fd, buf, sizeof(buf) - 1, 0);
     if (n > 0 && std::string_view(buf, static_cast<std::size_t>(n)).find("READY=1") !=
@@ -45,6 +46,7 @@ bool wait_ready(int fd, std::chrono::milliseconds timeout)
       return true;
     }
   }
+  return false;
 }
 
 }  // namespace
@@ -61,10 +63,10 @@ daemon_process::daemon_process(std::vector<std::string> extra_args)
   daemon_ = std::make_unique<child_process>(
       argv, std::vector<std::string>{"NOTIFY_SOCKET=" + notify.string()});
   daemon_->close_stdin();
-  bool ready = wait_ready(notify_fd, 30s);
+  bool ready = wait_ready(notify_fd, *daemon_, 30s);
   ::close(notify_fd);
   if (!ready) {
-    throw std::runtime_error("rmmd did not report READY=1 within 30 s (" + argv[0] + ")");
+    throw std::runtime_error("rmmd did not report READY=1 (it exited, or 30 s passed): " + argv[0]);
   }
 }
 

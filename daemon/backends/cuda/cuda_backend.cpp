@@ -29,11 +29,15 @@ void use_device(int device)
   check(cudaSetDevice(device), "cudaSetDevice");
 }
 
-rmm::mr::cuda_async_memory_resource make_pool(cuda_pool_options const& o)
+std::unique_ptr<rmm::mr::cuda_async_memory_resource> make_pool(cuda_pool_options const& o)
 {
   use_device(o.device);
-  return rmm::mr::cuda_async_memory_resource(
-      std::nullopt, o.release_threshold, handle_type::posix_file_descriptor);
+  auto type =
+      o.fabric
+          ? static_cast<handle_type>(cudaMemHandleTypePosixFileDescriptor | cudaMemHandleTypeFabric)
+          : handle_type::posix_file_descriptor;
+  return std::make_unique<rmm::mr::cuda_async_memory_resource>(
+      std::nullopt, o.release_threshold, type);
 }
 
 }  // namespace
@@ -54,13 +58,23 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   // Exporting the pool once is also what makes its pointers exportable.
   check(cudaMemPoolExportToShareableHandle(
-            &fd_, mr_.pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
+            &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
         "cudaMemPoolExportToShareableHandle (posix fd)");
   if (options_.fabric) {
     cudaMemFabricHandle_t handle{};
-    check(
-        cudaMemPoolExportToShareableHandle(&handle, mr_.pool_handle(), cudaMemHandleTypeFabric, 0),
-        "cudaMemPoolExportToShareableHandle (fabric)");
+    auto err =
+        cudaMemPoolExportToShareableHandle(&handle, mr_->pool_handle(), cudaMemHandleTypeFabric, 0);
+    if (err != cudaSuccess) {
+      // Destroying a pool whose fabric export failed kills the process
+      // (DESIGN.md): leak this one on purpose and let the caller fall back.
+      (void)mr_.release();
+      ::close(fd_);
+      fd_ = -1;
+      cudaStreamDestroy(stream_);
+      stream_ = nullptr;
+      throw std::runtime_error(absl::StrFormat(
+          "cudaMemPoolExportToShareableHandle (fabric) failed: %s", cudaGetErrorName(err)));
+    }
     auto const* raw = reinterpret_cast<std::byte const*>(&handle);
     fabric_.assign(raw, raw + sizeof(handle));
   }
@@ -88,7 +102,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   }
   void* ptr = nullptr;
   try {
-    ptr = mr_.allocate(::cuda::stream_ref{stream_}, size, granularity);
+    ptr = mr_->allocate(::cuda::stream_ref{stream_}, size, granularity);
   } catch (rmm::out_of_memory const& e) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
@@ -101,7 +115,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   auto err = cudaStreamSynchronize(stream_);
   if (err == cudaSuccess) { err = cudaMemPoolExportPointer(&data, ptr); }
   if (err != cudaSuccess) {
-    mr_.deallocate(::cuda::stream_ref{stream_}, ptr, size, granularity);
+    mr_->deallocate(::cuda::stream_ref{stream_}, ptr, size, granularity);
     return absl::InternalError(absl::StrFormat("exporting a pointer of the pool on device %d: %s",
                                                options_.device,
                                                cudaGetErrorName(err)));
@@ -118,13 +132,13 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
   // in stream order and waits before it calls Free; a dead client's imports
   // died with it).
   cudaSetDevice(options_.device);
-  mr_.deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+  mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
 }
 
 std::optional<core::backend_usage> cuda_backend::usage() const
 {
   core::backend_usage u;
-  auto pool = mr_.pool_handle();
+  auto pool = mr_->pool_handle();
   std::uint64_t v{};
   if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v) != cudaSuccess) {
     return std::nullopt;

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace rmmd::backends::cuda {
@@ -57,7 +58,7 @@ class cuda_backend final : public core::pool_backend {
 
  private:
   cuda_pool_options options_;
-  rmm::mr::cuda_async_memory_resource mr_;
+  std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built
   cudaStream_t stream_{};
   int fd_{-1};
   std::vector<std::byte> fabric_;
