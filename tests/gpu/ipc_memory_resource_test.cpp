@@ -260,7 +260,7 @@ TEST(FabricPool, EndToEndThroughTheFabricHandleWhenAnImexChannelExists)
   ASSERT_EQ(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(int), stream.get()), cudaSuccess);
   v.set_element(4242, 17, stream);
   EXPECT_EQ(v.element(4242, stream), 17);
-  auto const& stats = gpu_pool(daemon.stats(), 0);
+  auto const stats = gpu_pool(daemon.stats(), 0);  // a copy: stats() is a temporary
   EXPECT_THAT(stats.pool().handle_types(), ::testing::Contains(v1::HANDLE_TYPE_FABRIC));
   EXPECT_EQ(stats.in_use_bytes(), v.size() * sizeof(int));
 }
