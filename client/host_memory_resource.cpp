@@ -23,7 +23,7 @@ host_memory_resource_impl::host_memory_resource_impl(session s, std::string_view
 host_memory_resource_impl::~host_memory_resource_impl()
 {
   if (rmm::process_is_exiting()) { return; }  // the daemon reclaims at session close
-  for (auto const& [ptr, id] : allocation_ids_) {
+  for (auto const& [ptr, id] : leases_.take_all()) {
     try {
       session_.free(id);
     } catch (std::exception const& e) {
@@ -36,27 +36,17 @@ void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t al
 {
   auto lease = session_.allocate(pool_id_, bytes, alignment);
   void* ptr  = base_ + lease.host_offset;
-  std::lock_guard lock(mutex_);
-  allocation_ids_.emplace(ptr, lease.id);
+  leases_.add(ptr, lease.id);
   return ptr;
 }
 
 void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept
 {
   if (rmm::process_is_exiting()) { return; }
-  std::uint64_t id{};
-  {
-    std::lock_guard lock(mutex_);
-    auto it = allocation_ids_.find(ptr);
-    if (it == allocation_ids_.end()) {
-      std::fprintf(stderr, "rmmd: deallocate of %p, which this resource did not allocate\n", ptr);
-      return;
-    }
-    id = it->second;
-    allocation_ids_.erase(it);
-  }
+  auto id = leases_.take(ptr);
+  if (!id) { return; }
   try {
-    session_.free(id);
+    session_.free(*id);
   } catch (std::exception const& e) {
     // Not fatal: the daemon frees the allocation when the session closes.
     std::fprintf(stderr, "%s\n", e.what());

@@ -32,7 +32,7 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s, pool_info const& p
 ipc_memory_resource_impl::~ipc_memory_resource_impl()
 {
   if (rmm::process_is_exiting()) { return; }
-  for (auto const& [ptr, id] : allocation_ids_) { release(cudaStreamLegacy, ptr, id); }
+  for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
 }
 
 void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
@@ -51,8 +51,7 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, st
     throw rmm::bad_alloc("rmmd: importing allocation " + std::to_string(lease.id) + " of pool '" +
                          pool_.name + "' failed: " + cudaGetErrorName(err));
   }
-  std::lock_guard lock(mutex_);
-  allocation_ids_.emplace(ptr, lease.id);
+  leases_.add(ptr, lease.id);
   return ptr;
 }
 
@@ -62,18 +61,7 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
                                           std::size_t) noexcept
 {
   if (rmm::process_is_exiting()) { return; }
-  std::uint64_t id{};
-  {
-    std::lock_guard lock(mutex_);
-    auto it = allocation_ids_.find(ptr);
-    if (it == allocation_ids_.end()) {
-      std::fprintf(stderr, "rmmd: deallocate of %p, which this resource did not allocate\n", ptr);
-      return;
-    }
-    id = it->second;
-    allocation_ids_.erase(it);
-  }
-  release(stream.get(), ptr, id);
+  if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }
 }
 
 void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <rmmd/detail/lease_table.hpp>
 #include <rmmd/session.hpp>
 
 #include <cuda/memory_resource>
@@ -7,9 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string_view>
-#include <unordered_map>
 
 namespace rmmd::detail {
 
@@ -50,8 +49,7 @@ class host_memory_resource_impl {
   session session_;
   std::uint32_t pool_id_{};
   std::byte* base_{};
-  std::mutex mutex_;
-  std::unordered_map<void*, std::uint64_t> allocation_ids_;  // ptr -> daemon's allocation id
+  lease_table leases_;
 };
 
 }  // namespace rmmd::detail

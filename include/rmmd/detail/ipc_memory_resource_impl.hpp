@@ -1,5 +1,6 @@
 #pragma once
 
+#include <rmmd/detail/lease_table.hpp>
 #include <rmmd/session.hpp>
 
 #include <cuda/memory_resource>
@@ -7,8 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 
 namespace rmmd::detail {
 
@@ -53,8 +52,7 @@ class ipc_memory_resource_impl {
   session session_;
   pool_info pool_;
   cudaMemPool_t imported_{};
-  std::mutex mutex_;
-  std::unordered_map<void*, std::uint64_t> allocation_ids_;  // ptr -> daemon's allocation id
+  lease_table leases_;
 };
 
 }  // namespace rmmd::detail
