@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -146,7 +147,8 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
         .device         = p.device(),
         .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
         .capacity_bytes = p.capacity_bytes(),
-        .has_fabric_handle = !p.fabric_handle().empty()});
+        .has_fabric_handle = !p.fabric_handle().empty(),
+        .max_alignment     = p.max_alignment()});
     if (p.id() < fabric_handles_.size()) { fabric_handles_[p.id()] = p.fabric_handle(); }
     if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
         p.id() < pool_fds_.size()) {
@@ -197,11 +199,32 @@ std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
       pool_fds_[pool_id] < 0) {
     throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) + " is not a host pool");
   }
-  auto size = pools[pool_id].capacity_bytes;
-  void* p   = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, pool_fds_[pool_id], 0);
+  // The daemon aligns offsets; map the pool at an address aligned as strongly,
+  // so that an offset aligned to A is an address aligned to A. Reserve room
+  // for the alignment, map the pool at the aligned spot, give back the rest.
+  auto const size  = pools[pool_id].capacity_bytes;
+  auto const align = std::max<std::size_t>(pools[pool_id].max_alignment, 4096);
+  auto fail        = [&](char const* what) {
+    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools[pool_id].name + "' failed (" + what +
+                         "): " + std::strerror(errno));
+  };
+  void* room = ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (room == MAP_FAILED) { fail("reserve"); }
+  auto const start = reinterpret_cast<std::uintptr_t>(room);
+  auto const at    = (start + align - 1) / align * align;
+  void* p          = ::mmap(reinterpret_cast<void*>(at),
+                   size,
+                   PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED,
+                   pool_fds_[pool_id],
+                   0);
   if (p == MAP_FAILED) {
-    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools[pool_id].name +
-                         "' failed: " + std::strerror(errno));
+    ::munmap(room, size + align);
+    fail("map");
+  }
+  if (at > start) { ::munmap(room, at - start); }
+  if (auto tail = start + size + align - (at + size); tail > 0) {
+    ::munmap(reinterpret_cast<void*>(at + size), tail);
   }
   mappings_.emplace(pool_id, std::pair{static_cast<std::byte*>(p), size});
   return static_cast<std::byte*>(p);

@@ -120,7 +120,8 @@ std::vector<pool_description> daemon_core::pools() const
                                    .handle_types   = p.config.handle_types,
                                    .capacity_bytes = p.capacity,
                                    .shareable_fd   = p.backend->shareable_fd(),
-                                   .fabric_handle  = p.backend->fabric_handle()});
+                                   .fabric_handle  = p.backend->fabric_handle(),
+                                   .max_alignment  = p.config.max_alignment});
   }
   return out;
 }

@@ -52,6 +52,7 @@ struct pool_description {
   std::size_t capacity_bytes{};
   int shareable_fd{-1};                    ///< fd to pass to sessions, owned by the backend
   std::vector<std::byte> fabric_handle{};  ///< empty unless the pool exports one
+  std::size_t max_alignment{};             ///< largest alignment accepted
 };
 
 struct pool_stats {

@@ -30,6 +30,7 @@ struct pool_info {
   backend_kind backend{};
   std::size_t capacity_bytes{};
   bool has_fabric_handle{false};  ///< CUDA pools: importable by fabric handle too
+  std::size_t max_alignment{};    ///< largest alignment the pool accepts
 };
 
 /// One allocation the daemon granted to this session.

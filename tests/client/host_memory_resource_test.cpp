@@ -30,7 +30,7 @@ class HostMemoryResource : public ::testing::Test {
 TEST_F(HostMemoryResource, AllocatesAlignedWritableMemoryAndFreesIt)
 {
   std::vector<void*> ptrs;
-  for (std::size_t alignment : {8, 64, 256, 4096, 1 << 16}) {
+  for (std::size_t alignment : {8, 64, 256, 4096, 1 << 16, 1 << 21}) {
     void* p = mr_.allocate_sync(1000, alignment);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % alignment, 0u) << alignment;
     std::memset(p, 0x5a, 1000);
