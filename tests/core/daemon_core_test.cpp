@@ -1,6 +1,7 @@
-// daemon_core on its own: policy, quotas, ownership, reclaim, stats. The pool
-// is a real host_backend (memfd); one test uses a failing backend to show a
-// backend error changes no state.
+// daemon_core on its own: access policy, tokens, validation, quotas,
+// ownership, reclaim, stats and draining. The pools are real host_backends
+// (memfd); a thin wrapper counts what the core asks of them, and one wrapper
+// can be told to fail, as a broken device would.
 
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/backends/host/host_backend.hpp"
@@ -9,13 +10,19 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace rmmd::core {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t MiB       = std::size_t{1} << 20;
+constexpr std::size_t pool_size = 64 * MiB;
 
 peer_credentials peer(uid_t uid, gid_t gid = 100, std::vector<gid_t> groups = {})
 {
@@ -31,20 +38,71 @@ core_options allow_uids(std::vector<uid_t> uids, quota_limits quotas = {})
   return o;
 }
 
-std::unique_ptr<pool_backend> host_pool(std::size_t bytes = 64 * MiB)
+pool_config host_config(std::string name = "host", std::size_t limit = 0)
 {
-  return std::make_unique<backends::host::host_backend>("test", bytes);
-}
-
-pool_config host_config(std::size_t limit = 0)
-{
-  return pool_config{.name         = "host",
+  return pool_config{.name         = std::move(name),
                      .device       = -1,
                      .handle_types = {handle_type::host_offset},
                      .limit_bytes  = limit};
 }
 
-/// What a refused request must leave untouched.
+/// What the core asked of a backend, readable after the core took the backend.
+struct backend_counters {
+  std::size_t live_blocks{};
+  std::size_t live_bytes{};
+  std::size_t allocate_calls{};
+  /// The next `failures` allocate() calls answer this status instead.
+  absl::Status failure{};
+  int failures{};
+};
+
+/// A real host_backend, counted; it can be told to fail the next calls.
+class observed_backend final : public pool_backend {
+ public:
+  observed_backend(std::size_t bytes, std::shared_ptr<backend_counters> counters)
+      : inner_("test", bytes), counters_(std::move(counters))
+  {
+  }
+  backend_kind kind() const noexcept override
+  {
+    return inner_.kind();
+  }
+  std::size_t capacity() const noexcept override
+  {
+    return inner_.capacity();
+  }
+  int shareable_fd() const noexcept override
+  {
+    return inner_.shareable_fd();
+  }
+  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
+  {
+    ++counters_->allocate_calls;
+    if (counters_->failures > 0) {
+      --counters_->failures;
+      return counters_->failure;
+    }
+    auto block = inner_.allocate(bytes, alignment);
+    if (block.ok()) {
+      ++counters_->live_blocks;
+      counters_->live_bytes += block->bytes;
+    }
+    return block;
+  }
+  void deallocate(backend_allocation const& block) noexcept override
+  {
+    --counters_->live_blocks;
+    counters_->live_bytes -= block.bytes;
+    inner_.deallocate(block);
+  }
+
+ private:
+  backends::host::host_backend inner_;
+  std::shared_ptr<backend_counters> counters_;
+};
+
+/// Everything a refused request must leave untouched: pools, sessions, quotas
+/// as the stats show them (allocation counts, bytes, high water, totals).
 std::string fingerprint(daemon_core const& core)
 {
   std::string out;
@@ -60,6 +118,9 @@ std::string fingerprint(daemon_core const& core)
   return out;
 }
 
+// ---------------------------------------------------------------------------
+// Access policy and sessions
+
 TEST(AccessPolicy, AllowsByUidPrimaryGidOrSupplementaryGid)
 {
   access_policy policy{.uids = {1000}, .gids = {50}};
@@ -67,126 +128,344 @@ TEST(AccessPolicy, AllowsByUidPrimaryGidOrSupplementaryGid)
   EXPECT_TRUE(policy.allows(peer(2000, 50)));
   EXPECT_TRUE(policy.allows(peer(2000, 100, {7, 50})));
   EXPECT_FALSE(policy.allows(peer(2000, 100, {7, 8})));
+  EXPECT_FALSE(policy.allows(peer(50, 1000)));  // a uid is not a gid, nor the reverse
 }
 
-TEST(DaemonCore, RefusedPeerGetsPermissionDeniedAndNoSession)
+TEST(AccessPolicy, AnEmptyPolicyAllowsNobody)
+{
+  EXPECT_FALSE(access_policy{}.allows(peer(0, 0, {0})));
+}
+
+TEST(DaemonCore, OpensSessionsForAnAllowedUidPrimaryGidOrSupplementaryGid)
+{
+  core_options options;
+  options.access = access_policy{.uids = {1000}, .gids = {50}};
+  daemon_core core(options);
+  EXPECT_TRUE(core.open_session(peer(1000), "by-uid", "").ok());
+  EXPECT_TRUE(core.open_session(peer(2000, 50), "by-gid", "").ok());
+  EXPECT_TRUE(core.open_session(peer(2001, 100, {7, 50}), "by-group", "").ok());
+  EXPECT_EQ(core.session_count(), 3u);
+}
+
+TEST(DaemonCore, ARefusedPeerGetsPermissionDeniedAndNoSession)
+{
+  core_options options;
+  options.access = access_policy{.uids = {1000}, .gids = {50}};
+  daemon_core core(options);
+  auto s = core.open_session(peer(2000, 100, {7, 8}), "intruder", "");
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.status().message(), AllOf(HasSubstr("uid 2000"), HasSubstr("gid 100")));
+  EXPECT_THAT(s.status().message(), HasSubstr("pid 1234"));
+  EXPECT_EQ(core.session_count(), 0u);
+  EXPECT_TRUE(core.stats().sessions.empty());
+}
+
+TEST(DaemonCore, SessionsRecordWhoOpenedThemAndWhat)
 {
   daemon_core core(allow_uids({1000}));
-  auto s = core.open_session(peer(2000), "intruder", "");
-  ASSERT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.status().message(), HasSubstr("uid 2000"));
-  EXPECT_EQ(core.session_count(), 0u);
+  auto grant = core.open_session(peer(1000, 100, {5, 6}), "python3", "loader-0");
+  ASSERT_TRUE(grant.ok());
+  auto sessions = core.sessions();
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions[0].id, grant->id);
+  EXPECT_EQ(sessions[0].peer.pid, 1234);
+  EXPECT_EQ(sessions[0].peer.uid, 1000u);
+  EXPECT_EQ(sessions[0].peer.gid, 100u);
+  EXPECT_EQ(sessions[0].peer.supplementary_gids, (std::vector<gid_t>{5, 6}));
+  EXPECT_EQ(sessions[0].command, "python3");
+  EXPECT_EQ(sessions[0].client_name, "loader-0");
+  EXPECT_EQ(sessions[0].bytes, 0u);
+  EXPECT_EQ(sessions[0].allocation_count, 0u);
 }
 
-TEST(DaemonCore, TokensAuthenticateTheirSessionOnly)
+TEST(DaemonCore, TokensAreLowercaseHexAndDistinct)
+{
+  daemon_core core(allow_uids({1000}));
+  std::set<std::string> seen;
+  std::set<session_id> ids;
+  for (int i = 0; i < 64; ++i) {
+    auto grant = core.open_session(peer(1000), "t", "");
+    ASSERT_TRUE(grant.ok());
+    auto hex = to_hex(grant->token);
+    EXPECT_EQ(hex.size(), 32u);
+    EXPECT_EQ(hex.find_first_not_of("0123456789abcdef"), std::string::npos) << hex;
+    seen.insert(hex);
+    ids.insert(grant->id);
+  }
+  EXPECT_EQ(seen.size(), 64u);
+  EXPECT_EQ(ids.size(), 64u);
+}
+
+TEST(DaemonCore, TokensAuthenticateTheirOwnSessionOnly)
 {
   daemon_core core(allow_uids({1000}));
   auto a = core.open_session(peer(1000), "a", "");
   auto b = core.open_session(peer(1000), "b", "");
   ASSERT_TRUE(a.ok() && b.ok());
-  auto hex_a = to_hex(a->token);
-  EXPECT_EQ(hex_a.size(), 32u);
-  EXPECT_EQ(hex_a.find_first_not_of("0123456789abcdef"), std::string::npos);
-  EXPECT_NE(hex_a, to_hex(b->token));
+  auto const hex_a = to_hex(a->token);
   EXPECT_EQ(*core.authenticate(hex_a), a->id);
   EXPECT_EQ(*core.authenticate(to_hex(b->token)), b->id);
-  EXPECT_EQ(core.authenticate("").status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(core.authenticate(std::string(32, '0')).status().code(),
-            absl::StatusCode::kUnauthenticated);
+
+  auto empty = core.authenticate("");
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(empty.status().message(), HasSubstr("no session token"));
+  auto unknown = core.authenticate(std::string(32, '0'));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("unknown session token"));
+
   core.close_session(a->id);
   EXPECT_EQ(core.authenticate(hex_a).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(*core.authenticate(to_hex(b->token)), b->id);
 }
+
+// ---------------------------------------------------------------------------
+// A core with one 64 MiB host pool and one session of uid 1000.
 
 class CoreWithPool : public ::testing::Test {
  protected:
   explicit CoreWithPool(quota_limits quotas = {}, std::size_t pool_limit = 0)
       : core_(allow_uids({1000, 1001}, std::move(quotas)))
   {
-    pool_    = core_.add_pool(host_config(pool_limit), host_pool());
-    session_ = core_.open_session(peer(1000), "test", "")->id;
+    pool_    = core_.add_pool(host_config("host", pool_limit),
+                           std::make_unique<observed_backend>(pool_size, backend_));
+    session_ = open(1000);
   }
 
+  session_id open(uid_t uid)
+  {
+    auto grant = core_.open_session(peer(uid), "test", "");
+    EXPECT_TRUE(grant.ok()) << grant.status();
+    return grant.ok() ? grant->id : session_id{};
+  }
+
+  pool_stats pool_stats_now() const
+  {
+    return core_.stats().pools.at(0);
+  }
+
+  std::shared_ptr<backend_counters> backend_ = std::make_shared<backend_counters>();
   daemon_core core_;
   pool_id pool_{};
   session_id session_{};
 };
 
-TEST_F(CoreWithPool, InvalidArgumentsChangeNothing)
+TEST_F(CoreWithPool, DescribesItsPools)
+{
+  auto pools = core_.pools();
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].id, pool_);
+  EXPECT_EQ(pools[0].name, "host");
+  EXPECT_EQ(pools[0].device, -1);
+  EXPECT_EQ(pools[0].backend, backend_kind::host);
+  EXPECT_EQ(pools[0].capacity_bytes, pool_size);
+  EXPECT_GE(pools[0].shareable_fd, 0);
+  EXPECT_EQ(pools[0].max_alignment, 2 * MiB);
+}
+
+TEST_F(CoreWithPool, AllocationsAreAlignedAndCountedAtTheirReservedSize)
+{
+  auto plain = core_.allocate(session_, pool_, 1000, 0);  // 0: the default alignment
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->block.offset % default_alignment, 0u);
+  EXPECT_EQ(plain->block.bytes, 1024u);
+  auto widest = core_.allocate(session_, pool_, 4096, 2 * MiB);  // the largest accepted
+  ASSERT_TRUE(widest.ok()) << widest.status();
+  EXPECT_EQ(widest->block.offset % (2 * MiB), 0u);
+  EXPECT_NE(plain->id, widest->id);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 1024u + 4096u);
+  EXPECT_EQ(core_.sessions()[0].bytes, 1024u + 4096u);
+}
+
+TEST_F(CoreWithPool, InvalidArgumentsAreRefusedAndChangeNothing)
 {
   ASSERT_TRUE(core_.allocate(session_, pool_, 4096, 0).ok());
   auto const before = fingerprint(core_);
   struct bad {
     pool_id pool;
     std::size_t bytes, alignment;
-    char const* says;
+    std::vector<char const*> says;
   };
-  for (auto const& r : {bad{pool_, 0, 0, "size 0"},
-                        bad{pool_, 65 * MiB, 0, "larger than the pool's capacity"},
-                        bad{pool_, 4096, 3, "alignment 3"},
-                        bad{pool_, 4096, std::size_t{1} << 30, "alignment 1073741824"},
-                        bad{7, 4096, 0, "unknown pool id 7"}}) {
+  for (auto const& r : std::vector<bad>{
+           {pool_, 0, 0, {"pool 'host'", "size 0"}},
+           {pool_,
+            pool_size + 1,
+            0,
+            {"pool 'host'", "67108865 bytes", "larger than the pool's capacity of 67108864 bytes"}},
+           {pool_, 4096, 3, {"pool 'host'", "alignment 3", "power of two"}},
+           {pool_, 4096, 4 * MiB, {"pool 'host'", "alignment 4194304", "2097152"}},
+           {7, 4096, 0, {"unknown pool id 7", "0 to 0"}}}) {
     auto st = core_.allocate(session_, r.pool, r.bytes, r.alignment).status();
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << r.says;
-    EXPECT_THAT(st.message(), HasSubstr(r.says));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << r.says.back();
+    for (auto const* fact : r.says) { EXPECT_THAT(st.message(), HasSubstr(fact)); }
   }
   EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->allocate_calls, 1u);  // none of them reached the backend
 }
 
-TEST_F(CoreWithPool, FreeChecksExistenceAndOwnership)
+TEST_F(CoreWithPool, AClosedSessionCannotAllocate)
 {
-  auto other        = core_.open_session(peer(1001), "other", "")->id;
+  core_.close_session(session_);
+  auto st = core_.allocate(session_, pool_, 4096, 0).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(backend_->allocate_calls, 0u);
+}
+
+TEST_F(CoreWithPool, FreeChecksExistenceAndOwnershipAndChangesNothingWhenRefused)
+{
+  auto other        = open(1001);
   auto mine         = core_.allocate(session_, pool_, 4096, 0)->id;
   auto const before = fingerprint(core_);
-  EXPECT_EQ(core_.free(other, mine).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(core_.free(session_, 999).code(), absl::StatusCode::kNotFound);
+
+  auto theirs = core_.free(other, mine);
+  EXPECT_EQ(theirs.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(theirs.message(),
+              AllOf(HasSubstr(std::to_string(mine)), HasSubstr("another session")));
+  auto unknown = core_.free(session_, 999);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.message(), HasSubstr("allocation 999"));
   EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+
   EXPECT_TRUE(core_.free(session_, mine).ok());
-  auto again = core_.free(session_, mine);
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  auto const after_free = fingerprint(core_);
+  auto again            = core_.free(session_, mine);
   EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(again.message(), HasSubstr("already freed"));
+  EXPECT_THAT(again.message(), AllOf(HasSubstr(std::to_string(mine)), HasSubstr("already freed")));
+  EXPECT_EQ(fingerprint(core_), after_free);
+  EXPECT_EQ(backend_->live_blocks, 0u);
 }
 
 TEST_F(CoreWithPool, StatsCountBytesHighWaterAndTotals)
 {
-  auto a = core_.allocate(session_, pool_, 1000, 0);  // rounded up to 1024
+  auto a = core_.allocate(session_, pool_, 1000, 0);  // reserves 1024
   auto b = core_.allocate(session_, pool_, 4096, 4096);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->block.bytes, 1024u);
-  EXPECT_EQ(b->block.offset % 4096, 0u);
-  auto s = core_.stats();
-  EXPECT_EQ(s.pools[0].in_use_bytes, 1024u + 4096u);
-  EXPECT_EQ(s.pools[0].allocation_count, 2u);
-  ASSERT_EQ(s.sessions.size(), 1u);
-  EXPECT_EQ(s.sessions[0].bytes, 1024u + 4096u);
-  EXPECT_EQ(s.sessions[0].command, "test");
+  auto p = pool_stats_now();
+  EXPECT_EQ(p.in_use_bytes, 1024u + 4096u);
+  EXPECT_EQ(p.high_water_bytes, 1024u + 4096u);
+  EXPECT_EQ(p.allocation_count, 2u);
+  EXPECT_EQ(p.total_allocations, 2u);
+  EXPECT_EQ(p.pool.name, "host");
+
   ASSERT_TRUE(core_.free(session_, a->id).ok());
-  s = core_.stats();
-  EXPECT_EQ(s.pools[0].in_use_bytes, 4096u);
-  EXPECT_EQ(s.pools[0].high_water_bytes, 1024u + 4096u);
-  EXPECT_EQ(s.pools[0].total_allocations, 2u);
+  p = pool_stats_now();
+  EXPECT_EQ(p.in_use_bytes, 4096u);
+  EXPECT_EQ(p.high_water_bytes, 1024u + 4096u);  // the mark stays
+  EXPECT_EQ(p.allocation_count, 1u);
+  EXPECT_EQ(p.total_allocations, 2u);
+
+  ASSERT_FALSE(core_.allocate(session_, pool_, 0, 0).ok());  // refused: not counted
+  ASSERT_TRUE(core_.allocate(session_, pool_, 512, 0).ok());
+  p = pool_stats_now();
+  EXPECT_EQ(p.in_use_bytes, 4096u + 512u);
+  EXPECT_EQ(p.high_water_bytes, 1024u + 4096u);  // below the mark: unchanged
+  EXPECT_EQ(p.total_allocations, 3u);
+
+  ASSERT_TRUE(core_.allocate(session_, pool_, 2048, 0).ok());
+  p = pool_stats_now();
+  EXPECT_EQ(p.high_water_bytes, 4096u + 512u + 2048u);  // a new mark
+  EXPECT_EQ(p.total_allocations, 4u);
+  auto s = core_.stats().sessions;
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].bytes, 4096u + 512u + 2048u);
+  EXPECT_EQ(s[0].allocation_count, 3u);
 }
 
 TEST_F(CoreWithPool, ClosingASessionFreesEverythingItHeld)
 {
-  for (int i = 0; i < 10; ++i) { ASSERT_TRUE(core_.allocate(session_, pool_, MiB, 0).ok()); }
+  auto other = open(1001);
+  auto kept  = core_.allocate(other, pool_, MiB, 0);
+  ASSERT_TRUE(kept.ok());
+  for (int i = 0; i < 10; ++i) { ASSERT_TRUE(core_.allocate(session_, pool_, 3 * MiB, 0).ok()); }
   core_.close_session(session_);
+
   auto s = core_.stats();
-  EXPECT_EQ(s.pools[0].in_use_bytes, 0u);
-  EXPECT_EQ(s.pools[0].allocation_count, 0u);
-  EXPECT_TRUE(s.sessions.empty());
+  EXPECT_EQ(s.pools[0].in_use_bytes, MiB);
+  EXPECT_EQ(s.pools[0].allocation_count, 1u);
+  EXPECT_EQ(s.pools[0].high_water_bytes, 31 * MiB);
+  ASSERT_EQ(s.sessions.size(), 1u);
+  EXPECT_EQ(s.sessions[0].id, other);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+  EXPECT_EQ(backend_->live_bytes, MiB);
+  // The other session's lease is untouched, and the freed memory is reusable.
+  EXPECT_TRUE(core_.allocate(other, pool_, pool_size - MiB, 0).ok());
+  EXPECT_TRUE(core_.free(other, kept->id).ok());
+
   core_.close_session(session_);  // twice is harmless
+  core_.close_session(12345);     // and so is an unknown id
+  core_.close_session(other);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  EXPECT_EQ(core_.session_count(), 0u);
+}
+
+TEST_F(CoreWithPool, CloseAllSessionsFreesEveryLease)
+{
+  auto other = open(1001);
+  ASSERT_TRUE(core_.allocate(session_, pool_, MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(other, pool_, MiB, 0).ok());
+  core_.close_all_sessions();
+  EXPECT_EQ(core_.session_count(), 0u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+  EXPECT_EQ(pool_stats_now().allocation_count, 0u);
+  EXPECT_EQ(backend_->live_blocks, 0u);
 }
 
 TEST_F(CoreWithPool, DrainRefusesNewWorkButFreesStillWork)
 {
   auto a = core_.allocate(session_, pool_, 4096, 0)->id;
+  auto b = core_.allocate(session_, pool_, 4096, 0)->id;
   core_.begin_drain();
-  EXPECT_EQ(core_.allocate(session_, pool_, 4096, 0).status().code(),
-            absl::StatusCode::kUnavailable);
-  EXPECT_EQ(core_.open_session(peer(1000), "late", "").status().code(),
-            absl::StatusCode::kUnavailable);
+  auto const before = fingerprint(core_);
+
+  auto alloc = core_.allocate(session_, pool_, 4096, 0).status();
+  EXPECT_EQ(alloc.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(alloc.message(), AllOf(HasSubstr("4096 bytes"), HasSubstr("draining")));
+  auto late = core_.open_session(peer(1000), "late", "").status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(late.message(), HasSubstr("draining"));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(core_.session_count(), 1u);
+
   EXPECT_TRUE(core_.free(session_, a).ok());
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 4096u);
+  core_.close_session(session_);  // and so does reclaim
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+  EXPECT_EQ(core_.free(session_, b).code(), absl::StatusCode::kNotFound);
 }
+
+TEST_F(CoreWithPool, ABackendErrorPropagatesWithItsCodeAndChangesNothing)
+{
+  ASSERT_TRUE(core_.allocate(session_, pool_, 4096, 0).ok());
+  auto const before = fingerprint(core_);
+
+  backend_->failure  = absl::InternalError("cudaErrorIllegalAddress");
+  backend_->failures = 1;
+  auto internal      = core_.allocate(session_, pool_, 8192, 0).status();
+  EXPECT_EQ(internal.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(
+      internal.message(),
+      AllOf(
+          HasSubstr("pool 'host'"), HasSubstr("8192 bytes"), HasSubstr("cudaErrorIllegalAddress")));
+  EXPECT_EQ(fingerprint(core_), before);
+
+  backend_->failure  = absl::ResourceExhaustedError("cudaErrorMemoryAllocation");
+  backend_->failures = 1;
+  auto oom           = core_.allocate(session_, pool_, 8192, 0).status();
+  EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(oom.message(), HasSubstr("cudaErrorMemoryAllocation"));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+
+  // The next request that the backend serves is counted normally.
+  ASSERT_TRUE(core_.allocate(session_, pool_, 8192, 0).ok());
+  EXPECT_EQ(pool_stats_now().total_allocations, 2u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 4096u + 8192u);
+}
+
+// ---------------------------------------------------------------------------
+// Quotas: 4 MiB per session, 6 MiB per uid, 16 MiB for uid 1001.
 
 class QuotaTest : public CoreWithPool {
  protected:
@@ -204,79 +483,141 @@ TEST_F(QuotaTest, PerSessionQuota)
   auto const before = fingerprint(core_);
   auto st           = core_.allocate(session_, pool_, 2 * MiB, 0).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(st.message(), HasSubstr("quota of 4194304 bytes"));
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("pool 'host'"),
+                    HasSubstr("2097152 bytes"),
+                    HasSubstr("session " + std::to_string(session_)),
+                    HasSubstr("holds 3145728 bytes"),
+                    HasSubstr("quota of 4194304 bytes")));
   EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->live_blocks, 1u);
   EXPECT_TRUE(core_.allocate(session_, pool_, MiB, 0).ok());  // exactly up to the quota
+  EXPECT_EQ(core_.allocate(session_, pool_, 1, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
-TEST_F(QuotaTest, PerUidQuotaSpansSessionsAndIsReleasedOnClose)
+TEST_F(QuotaTest, PerUidQuotaSpansTheUidsSessions)
 {
-  auto second = core_.open_session(peer(1000), "second", "")->id;
+  auto second = open(1000);
   ASSERT_TRUE(core_.allocate(session_, pool_, 4 * MiB, 0).ok());
   auto const before = fingerprint(core_);
   auto st           = core_.allocate(second, pool_, 3 * MiB, 0).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(st.message(), HasSubstr("uid 1000"));
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("uid 1000"),
+                    HasSubstr("holds 4194304 bytes"),
+                    HasSubstr("quota of 6291456 bytes")));
   EXPECT_EQ(fingerprint(core_), before);
-  core_.close_session(session_);
-  EXPECT_TRUE(core_.allocate(second, pool_, 4 * MiB, 0).ok());
+  EXPECT_TRUE(core_.allocate(second, pool_, 2 * MiB, 0).ok());  // exactly up to the uid quota
+  EXPECT_EQ(core_.allocate(second, pool_, 256, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Another uid has a quota of its own.
+  EXPECT_TRUE(core_.allocate(open(1001), pool_, 4 * MiB, 0).ok());
 }
 
-TEST_F(QuotaTest, PerUidOverrideWins)
+TEST_F(QuotaTest, ClosingSessionsReleasesTheUidsQuota)
 {
-  auto s1 = core_.open_session(peer(1001), "a", "")->id;
-  auto s2 = core_.open_session(peer(1001), "b", "")->id;
-  auto s3 = core_.open_session(peer(1001), "c", "")->id;
-  for (auto s : {s1, s2, s3}) {
-    EXPECT_TRUE(core_.allocate(s, pool_, 4 * MiB, 0).ok());  // 12 MiB > 6 MiB default
-  }
+  auto second = open(1000);
+  ASSERT_TRUE(core_.allocate(session_, pool_, 4 * MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(second, pool_, 2 * MiB, 0).ok());
+  core_.close_session(session_);
+  core_.close_session(second);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+
+  // The whole uid quota again, from two new sessions.
+  auto third  = open(1000);
+  auto fourth = open(1000);
+  EXPECT_TRUE(core_.allocate(third, pool_, 4 * MiB, 0).ok());
+  EXPECT_TRUE(core_.allocate(fourth, pool_, 2 * MiB, 0).ok());
+  EXPECT_EQ(core_.allocate(fourth, pool_, 256, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
+
+TEST_F(QuotaTest, FreeingReleasesQuota)
+{
+  auto a = core_.allocate(session_, pool_, 4 * MiB, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(core_.free(session_, a->id).ok());
+  EXPECT_TRUE(core_.allocate(session_, pool_, 4 * MiB, 0).ok());
+}
+
+TEST_F(QuotaTest, APerUidOverrideWinsOverTheDefault)
+{
+  std::vector<session_id> sessions;
+  for (int i = 0; i < 5; ++i) { sessions.push_back(open(1001)); }
+  for (int i = 0; i < 4; ++i) {
+    // 16 MiB in all: well past the 6 MiB default, up to the override.
+    EXPECT_TRUE(core_.allocate(sessions[static_cast<std::size_t>(i)], pool_, 4 * MiB, 0).ok()) << i;
+  }
+  auto const before = fingerprint(core_);
+  auto st           = core_.allocate(sessions[4], pool_, 256, 0).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("uid 1001"), HasSubstr("quota of 16777216 bytes")));
+  EXPECT_EQ(fingerprint(core_), before);
+}
+
+/// Quotas count what the backend reserved, not what was asked.
+class TightQuotaTest : public CoreWithPool {
+ protected:
+  TightQuotaTest()
+      : CoreWithPool(
+            quota_limits{.per_session_bytes = 1000, .per_uid_bytes = 0, .per_uid_overrides = {}})
+  {
+  }
+};
+
+TEST_F(TightQuotaTest, ARequestRoundedUpPastTheQuotaIsRefusedAndGivenBack)
+{
+  auto const before = fingerprint(core_);
+  auto st = core_.allocate(session_, pool_, 1000, 0).status();  // the backend reserves 1024
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("1000 bytes"), HasSubstr("rounded up to 1024 bytes")));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->live_blocks, 0u);  // the block went back to the backend
+  EXPECT_TRUE(core_.allocate(session_, pool_, 768, 0).ok());
+}
+
+// ---------------------------------------------------------------------------
+// Pool limits
 
 class PoolLimitTest : public CoreWithPool {
  protected:
   PoolLimitTest() : CoreWithPool({}, 2 * MiB) {}
 };
 
-TEST_F(PoolLimitTest, PoolLimitIsResourceExhausted)
+TEST_F(PoolLimitTest, ThePoolLimitIsResourceExhausted)
 {
   EXPECT_EQ(core_.pools()[0].capacity_bytes, 2 * MiB);
   ASSERT_TRUE(core_.allocate(session_, pool_, MiB + MiB / 2, 0).ok());
   auto const before = fingerprint(core_);
   auto st           = core_.allocate(session_, pool_, MiB, 0).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(st.message(), HasSubstr("in use"));
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("pool 'host'"),
+                    HasSubstr("1048576 bytes"),
+                    HasSubstr("1572864 bytes of 2097152 bytes in use")));
   EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+  EXPECT_TRUE(core_.allocate(session_, pool_, MiB / 2, 0).ok());  // exactly up to the limit
+  // Beyond the limit is beyond this pool's capacity, however much the memfd holds.
+  EXPECT_EQ(core_.allocate(session_, pool_, 3 * MiB, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
-/// A backend that fails every allocation, as a broken device would.
-class failing_backend final : public pool_backend {
- public:
-  backend_kind kind() const noexcept override
-  {
-    return backend_kind::cuda;
-  }
-  std::size_t capacity() const noexcept override
-  {
-    return 1 << 30;
-  }
-  absl::StatusOr<backend_allocation> allocate(std::size_t, std::size_t) override
-  {
-    return absl::InternalError("cudaErrorIllegalAddress");
-  }
-  void deallocate(backend_allocation const&) noexcept override {}
-};
-
-TEST(DaemonCore, BackendErrorPropagatesAndChangesNothing)
+TEST(DaemonCore, AFragmentedHostPoolIsResourceExhaustedNamingThePool)
 {
   daemon_core core(allow_uids({1000}));
-  auto pool         = core.add_pool(pool_config{.name = "broken", .device = 0},
-                            std::make_unique<failing_backend>());
-  auto s            = core.open_session(peer(1000), "t", "")->id;
+  auto pool = core.add_pool(host_config("staging"),
+                            std::make_unique<backends::host::host_backend>("staging", 4096));
+  auto s    = core.open_session(peer(1000), "t", "")->id;
+  std::vector<allocation_id> ids;
+  for (int i = 0; i < 16; ++i) { ids.push_back(core.allocate(s, pool, 256, 0)->id); }
+  for (std::size_t i = 0; i < ids.size(); i += 2) { ASSERT_TRUE(core.free(s, ids[i]).ok()); }
   auto const before = fingerprint(core);
-  auto st           = core.allocate(s, pool, 4096, 0).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(st.message(), HasSubstr("pool 'broken'"));
-  EXPECT_THAT(st.message(), HasSubstr("cudaErrorIllegalAddress"));
+  auto st           = core.allocate(s, pool, 512, 0).status();  // 2 KiB free, in 256-byte pieces
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("pool 'staging'"), HasSubstr("512 bytes"), HasSubstr("fragmented")));
   EXPECT_EQ(fingerprint(core), before);
 }
 

@@ -1,22 +1,70 @@
 #include "daemon/backends/host/host_backend.hpp"
 
+#include "daemon/log.hpp"
+
 #include <absl/strings/str_format.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstring>
+#include <limits>
+#include <string_view>
 #include <system_error>
 
 namespace rmmd::backends::host {
 namespace {
 
+/// Every allocation starts and ends on this many bytes: RMM's alignment, and
+/// small enough that rounding wastes little.
 constexpr std::size_t granularity = 256;
 
-std::size_t page_size()
+/// memfd_create(2) refuses names longer than this (NAME_MAX less "memfd:").
+constexpr std::size_t memfd_name_max = 249;
+
+std::uint64_t page_size() noexcept
 {
-  return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  static auto const size = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+constexpr std::uint64_t align_down(std::uint64_t v, std::uint64_t a)
+{
+  return v / a * a;
+}
+
+constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a)
+{
+  return align_down(v + a - 1, a);
+}
+
+/// Closes `fd` (if open) and throws, naming the pool and what failed.
+[[noreturn]] void fail(int fd, std::string const& pool, int error, std::string_view what)
+{
+  if (fd >= 0) { ::close(fd); }
+  throw std::system_error(
+      error, std::generic_category(), absl::StrFormat("host pool '%s': %s", pool, what));
+}
+
+/// Writes zeros over [begin, end) of the file. False, with errno set, on failure.
+bool write_zeros(int fd, std::uint64_t begin, std::uint64_t end) noexcept
+{
+  static constexpr std::array<char, 64 * 1024> zeros{};
+  while (begin < end) {
+    auto const chunk = std::min<std::uint64_t>(end - begin, zeros.size());
+    auto const n     = ::pwrite(fd, zeros.data(), chunk, static_cast<off_t>(begin));
+    if (n < 0 && errno == EINTR) { continue; }
+    if (n <= 0) {
+      if (n == 0) { errno = EIO; }
+      return false;
+    }
+    begin += static_cast<std::uint64_t>(n);
+  }
+  return true;
 }
 
 }  // namespace
@@ -24,19 +72,32 @@ std::size_t page_size()
 host_backend::host_backend(std::string const& name, std::size_t capacity)
     : ranges_(capacity, granularity)
 {
-  fd_ = ::memfd_create(("rmmd:" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd_ < 0) { throw std::system_error(errno, std::generic_category(), "memfd_create"); }
-  if (::ftruncate(fd_, static_cast<off_t>(ranges_.capacity())) != 0) {
-    int err = errno;
-    ::close(fd_);
-    throw std::system_error(err, std::generic_category(), "ftruncate of the host pool's memfd");
+  if (ranges_.capacity() == 0) {
+    fail(fd_,
+         name,
+         EINVAL,
+         absl::StrFormat("a capacity of %d bytes is too small; give it at least %d bytes",
+                         capacity,
+                         granularity));
   }
-  // Nobody may shrink the file under a client's mapping (SIGBUS), and the
-  // seals themselves are final.
+  if (ranges_.capacity() > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
+    fail(fd_, name, EFBIG, absl::StrFormat("a capacity of %d bytes is too large", capacity));
+  }
+  // The name only shows in /proc/PID/fd and /proc/PID/maps, so truncating a
+  // long pool name is better than failing on it.
+  auto const memfd_name = ("rmmd:" + name).substr(0, memfd_name_max);
+  fd_                   = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd_ < 0) { fail(fd_, name, errno, "memfd_create failed"); }
+  if (::ftruncate(fd_, static_cast<off_t>(ranges_.capacity())) != 0) {
+    fail(fd_,
+         name,
+         errno,
+         absl::StrFormat("cannot size its memfd to %d bytes (ftruncate)", ranges_.capacity()));
+  }
+  // Nobody may shrink the file under a client's mapping (its accesses past the
+  // new end would raise SIGBUS), and the seals themselves are final.
   if (::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
-    int err = errno;
-    ::close(fd_);
-    throw std::system_error(err, std::generic_category(), "sealing the host pool's memfd");
+    fail(fd_, name, errno, "cannot seal its memfd (fcntl F_ADD_SEALS)");
   }
 }
 
@@ -56,8 +117,8 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
   auto r = ranges_.allocate(bytes, alignment);
   if (!r) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "no free range of %d bytes aligned to %d (%d of %d bytes free: the pool is full or "
-        "fragmented); free memory first",
+        "no free range of %d bytes aligned to %d: %d of %d bytes are free, but the pool is full "
+        "or too fragmented for this request; free memory first or ask for less",
         bytes,
         alignment,
         ranges_.free_bytes(),
@@ -66,20 +127,58 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
   return core::backend_allocation{.bytes = r->size, .offset = r->offset};
 }
 
+// What a new holder reads: zeros over its whole range. The invariant behind it
+// is that every free byte of the file is zero. A fresh memfd is all zeros, and
+// on each release
+//  - every page that the freed block touches and that is now entirely free
+//    (the block merged with its free neighbours) is punched out: the kernel
+//    takes the page back, so an idle pool costs no RAM, and reads of a hole
+//    give zeros;
+//  - the block's bytes on pages still shared with a live neighbour cannot be
+//    punched (that would wipe the neighbour's data), so they are overwritten
+//    with zeros: at most two partial pages per release.
+// Pages wholly inside the free neighbours were zero already. This holds as long
+// as a client stops writing its block before it frees it (the client resource
+// frees in stream order); nothing stops a client that has mapped the pool from
+// writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
 void host_backend::deallocate(core::backend_allocation const& block) noexcept
 {
-  ranges_.release({.offset = block.offset, .size = block.bytes});
-  // Give the whole pages inside the range back to the kernel: an idle pool
-  // costs no RAM, and the next holder of those pages reads zeros. Partial
-  // pages at either end are shared with neighbours and keep their bytes.
-  auto const page  = page_size();
-  auto const begin = (block.offset + page - 1) / page * page;
-  auto const end   = (block.offset + block.bytes) / page * page;
-  if (end > begin) {
-    ::fallocate(fd_,
-                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(begin),
-                static_cast<off_t>(end - begin));
+  auto const now_free    = ranges_.release({.offset = block.offset, .size = block.bytes});
+  auto const page        = page_size();
+  auto const block_begin = block.offset;
+  auto const block_end   = block.offset + block.bytes;
+  auto const free_begin  = now_free.offset;
+  auto const free_end    = now_free.offset + now_free.size;
+
+  // The pages the block touches, less a first or last one not entirely free.
+  auto punch_begin = align_down(block_begin, page);
+  if (punch_begin < free_begin) { punch_begin = align_up(block_begin, page); }
+  auto punch_end = align_up(block_end, page);
+  if (punch_end > free_end) { punch_end = align_down(block_end, page); }
+  if (punch_end <= punch_begin) { punch_begin = punch_end = block_end; }
+
+  if (punch_end > punch_begin && ::fallocate(fd_,
+                                             FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                             static_cast<off_t>(punch_begin),
+                                             static_cast<off_t>(punch_end - punch_begin)) != 0) {
+    // Not expected on a memfd (shmem supports hole punching); keep the zeros
+    // promise at the cost of keeping the RAM.
+    log::warn("host pool: cannot punch [%d, %d) out of the memfd (%s); writing zeros instead",
+              punch_begin,
+              punch_end,
+              std::strerror(errno));
+    punch_begin = punch_end = block_end;
+  }
+  // The block's bytes outside the punched pages: before them, and after them.
+  auto const ok = write_zeros(fd_, block_begin, std::min(block_end, punch_begin)) &&
+                  write_zeros(fd_, std::max(block_begin, punch_end), block_end);
+  if (!ok) {
+    log::warn(
+        "host pool: cannot write zeros over the freed range [%d, %d) (%s); its next holder may "
+        "read the previous holder's bytes",
+        block_begin,
+        block_end,
+        std::strerror(errno));
   }
 }
 

@@ -11,12 +11,18 @@ namespace rmmd::backends::host {
 /// Shared host memory: one memfd of a fixed size, sealed against shrinking
 /// (F_SEAL_SHRINK | F_SEAL_SEAL) so a client that maps it can never be handed a
 /// SIGBUS by someone truncating it. The daemon never maps it; clients map the
-/// fd once and address allocations by offset. Freed ranges are given back to
-/// the kernel (fallocate PUNCH_HOLE on whole pages) so an idle pool costs no
-/// RAM and the next holder of those pages reads zeros.
+/// fd once and address allocations by offset. Pages that a release leaves
+/// entirely free are given back to the kernel (fallocate PUNCH_HOLE), so an
+/// idle pool costs no RAM; the freed bytes on pages still shared with a live
+/// neighbour are overwritten with zeros, so every allocation starts out as
+/// zeros (provided its previous holder stopped writing before freeing it).
+///
+/// Allocations start and end on multiples of 256 bytes; a capacity that is not
+/// a multiple of 256 is rounded down. Not thread-safe (the core serialises).
 class host_backend final : public core::pool_backend {
  public:
-  /// Throws std::system_error when the memfd cannot be created or sized.
+  /// Throws std::system_error, naming the pool, when the memfd cannot be
+  /// created, sized or sealed, or when capacity is below 256 bytes (EINVAL).
   explicit host_backend(std::string const& name, std::size_t capacity);
   ~host_backend() override;
 

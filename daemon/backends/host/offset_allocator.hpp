@@ -27,8 +27,11 @@ class offset_allocator {
   /// Returns nullopt when no free range fits.
   std::optional<range> allocate(std::size_t bytes, std::size_t alignment);
 
+  /// Frees `r` and merges it with the free ranges beside it. Returns the free
+  /// range that now contains `r` (after that merge), so that a caller can give
+  /// back to the system the pages that have just become entirely free.
   /// REQUIRES: `r` came from allocate() and was not released.
-  void release(range r);
+  range release(range r);
 
   [[nodiscard]] std::size_t capacity() const noexcept
   {
