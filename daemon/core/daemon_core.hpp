@@ -17,13 +17,16 @@
 #include <absl/status/statusor.h>
 
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <thread>
 #include <vector>
 
 namespace rmmd::core {
@@ -101,8 +104,20 @@ class daemon_core {
                                        std::size_t bytes,
                                        std::size_t alignment);
 
-  /// NOT_FOUND (unknown id), PERMISSION_DENIED (held by another session).
-  absl::Status free(session_id session, allocation_id id);
+  /// NOT_FOUND (unknown id, or already freed), PERMISSION_DENIED (held by
+  /// another session).
+  ///
+  /// With an empty `release_fence` the lease is freed now. Otherwise it names
+  /// a point of the client's stream (see pool_backend::open_fence; INVALID_ARGUMENT
+  /// when it names none): the lease counts against pool and quotas until the
+  /// stream has passed it, then a background thread frees it. A fence that never
+  /// passes (its process died) is dropped with its session.
+  absl::Status free(session_id session,
+                    allocation_id id,
+                    std::span<std::byte const> release_fence = {});
+
+  /// Frees the leases whose fences have passed; returns how many still wait.
+  std::size_t reap_fences();
 
   [[nodiscard]] stats_snapshot stats() const;
   [[nodiscard]] std::vector<session_info> sessions() const;
@@ -118,10 +133,19 @@ class daemon_core {
   struct pool_entry;
   struct session_entry;
 
+  struct fenced_release {
+    session_id session{};
+    std::unique_ptr<release_fence> fence;
+  };
+
   void release_lease_locked(allocation_id id) noexcept;
+  std::size_t reap_fences_locked() noexcept;
+  void run_fence_reaper(std::stop_token stop);
   session_info info_locked(session_entry const& s) const;
 
   mutable std::mutex mutex_;
+  std::condition_variable_any fences_waiting_;
+  std::map<allocation_id, fenced_release> fenced_;  // freed by the client, not yet passed
   core_options options_;
   bool draining_{false};
   std::vector<std::unique_ptr<pool_entry>> pools_;  // index == pool id
@@ -130,6 +154,7 @@ class daemon_core {
   std::unordered_map<std::string, session_id> by_token_;  // key: hex token
   std::unordered_map<uid_t, std::size_t> uid_bytes_;
   lease_ledger ledger_;
+  std::jthread fence_reaper_;  // last: stops (and joins) before the rest is destroyed
 };
 
 }  // namespace rmmd::core

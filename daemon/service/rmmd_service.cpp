@@ -38,7 +38,11 @@ grpc::Status rmmd_service::Free(grpc::ServerContext* context,
 {
   auto session = caller(*context);
   if (!session.ok()) { return to_grpc_status(session.status()); }
-  return to_grpc_status(core_.free(*session, request->allocation_id()));
+  auto const& event = request->release_event();
+  return to_grpc_status(core_.free(
+      *session,
+      request->allocation_id(),
+      std::span(reinterpret_cast<std::byte const*>(event.data()), event.size())));
 }
 
 grpc::Status rmmd_service::GetStats(grpc::ServerContext* context,

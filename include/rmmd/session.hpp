@@ -84,6 +84,11 @@ class session {
                                std::size_t bytes,
                                std::size_t alignment) const;
   void free(std::uint64_t allocation_id) const;
+  /// Frees a CUDA-pool allocation once `after` completes: an interprocess
+  /// event (cudaEventInterprocess | cudaEventDisableTiming) recorded on the
+  /// stream that freed the import. Returns without waiting for the GPU. The
+  /// event may be recorded again once this record has completed.
+  void free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
 
   /// This process's mapping of a host pool, made once per session.
   /// REQUIRES: pool_id names a host pool.

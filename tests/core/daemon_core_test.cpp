@@ -9,7 +9,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <map>
 #include <memory>
+#include <span>
+#include <string_view>
+#include <thread>
 #include <set>
 #include <string>
 #include <utility>
@@ -54,6 +60,27 @@ struct backend_counters {
   /// The next `failures` allocate() calls answer this status instead.
   absl::Status failure{};
   int failures{};
+  /// Release fences the backend knows, by the bytes that name them: a test
+  /// sets one to "pass" it, as a client's stream would reach its event.
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> fences;
+  std::vector<session_id> forgotten_sessions;
+};
+
+std::span<std::byte const> bytes_of(std::string_view s)
+{
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+class flag_fence final : public release_fence {
+ public:
+  explicit flag_fence(std::shared_ptr<std::atomic<bool>> flag) : flag_(std::move(flag)) {}
+  bool passed() noexcept override
+  {
+    return flag_->load();
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> flag_;
 };
 
 /// A real host_backend, counted; it can be told to fail the next calls.
@@ -94,6 +121,18 @@ class observed_backend final : public pool_backend {
     --counters_->live_blocks;
     counters_->live_bytes -= block.bytes;
     inner_.deallocate(block);
+  }
+  absl::StatusOr<std::unique_ptr<release_fence>> open_fence(
+      session_id, std::span<std::byte const> bytes) override
+  {
+    auto it = counters_->fences.find(
+        std::string(reinterpret_cast<char const*>(bytes.data()), bytes.size()));
+    if (it == counters_->fences.end()) { return absl::InvalidArgumentError("no such test fence"); }
+    return std::make_unique<flag_fence>(it->second);
+  }
+  void forget_session(session_id session) noexcept override
+  {
+    counters_->forgotten_sessions.push_back(session);
   }
 
  private:
@@ -398,6 +437,122 @@ TEST_F(CoreWithPool, ClosingASessionFreesEverythingItHeld)
   EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
   EXPECT_EQ(backend_->live_blocks, 0u);
   EXPECT_EQ(core_.session_count(), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Frees after a release fence (the client's interprocess event, for CUDA pools)
+
+class FencedFreeTest : public CoreWithPool {
+ protected:
+  std::shared_ptr<std::atomic<bool>> fence(std::string const& name)
+  {
+    auto flag                = std::make_shared<std::atomic<bool>>(false);
+    backend_->fences[name] = flag;
+    return flag;
+  }
+
+  /// Waits, with a deadline, for the core's reaper thread to free what it may.
+  bool eventually_in_use(std::size_t bytes)
+  {
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pool_stats_now().in_use_bytes == bytes) { return true; }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+};
+
+TEST_F(FencedFreeTest, TheLeaseStaysCountedUntilItsFencePassesThenIsFreedWithoutAnotherCall)
+{
+  auto flag = fence("event-1");
+  auto a    = core_.allocate(session_, pool_, MiB, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(core_.free(session_, a->id, bytes_of("event-1")).ok());
+  // The client's stream has not passed the event: the memory is not the
+  // daemon's yet, so it stays counted against the pool and the session.
+  EXPECT_EQ(core_.reap_fences(), 1u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, MiB);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+  // A second free of the same allocation is a double free.
+  auto again = core_.free(session_, a->id);
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.message(), HasSubstr("already freed"));
+
+  flag->store(true);
+  EXPECT_TRUE(eventually_in_use(0));  // the reaper thread freed it
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  EXPECT_EQ(core_.free(session_, a->id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(FencedFreeTest, AFenceAlreadyPassedFreesAtOnce)
+{
+  fence("done")->store(true);
+  auto a = core_.allocate(session_, pool_, MiB, 0);
+  ASSERT_TRUE(core_.free(session_, a->id, bytes_of("done")).ok());
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+  EXPECT_EQ(core_.reap_fences(), 0u);
+}
+
+TEST_F(FencedFreeTest, AFenceTheBackendCannotOpenIsInvalidArgumentAndChangesNothing)
+{
+  auto a = core_.allocate(session_, pool_, MiB, 0);
+  auto const before = fingerprint(core_);
+  auto st           = core_.free(session_, a->id, bytes_of("bogus"));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("allocation"), HasSubstr("pool 'host'")));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_TRUE(core_.free(session_, a->id).ok());  // still the session's to free
+}
+
+TEST_F(FencedFreeTest, OwnershipIsCheckedBeforeTheFence)
+{
+  fence("event");
+  auto other = open(1001);
+  auto a     = core_.allocate(session_, pool_, MiB, 0);
+  EXPECT_EQ(core_.free(other, a->id, bytes_of("event")).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_.reap_fences(), 0u);
+}
+
+TEST_F(FencedFreeTest, ClosingTheSessionFreesLeasesWhoseFenceNeverPasses)
+{
+  // An event whose process died never completes (measured on an H100): its
+  // session's close is what frees the lease.
+  fence("dead");
+  auto a = core_.allocate(session_, pool_, MiB, 0);
+  ASSERT_TRUE(core_.free(session_, a->id, bytes_of("dead")).ok());
+  core_.close_session(session_);
+  EXPECT_EQ(core_.reap_fences(), 0u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  EXPECT_EQ(backend_->forgotten_sessions, std::vector<session_id>{session_});
+}
+
+TEST_F(FencedFreeTest, AllocateReapsPassedFencesBeforeCheckingQuotasAndCapacity)
+{
+  auto flag = fence("event");
+  auto a    = core_.allocate(session_, pool_, pool_size, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(core_.free(session_, a->id, bytes_of("event")).ok());
+  EXPECT_EQ(core_.allocate(session_, pool_, MiB, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  flag->store(true);
+  // However slow the reaper, the pool is whole again for the next request.
+  EXPECT_TRUE(core_.allocate(session_, pool_, pool_size, 0).ok());
+}
+
+TEST(DaemonCore, AHostPoolRefusesAReleaseEvent)
+{
+  daemon_core core(allow_uids({1000}));
+  auto pool = core.add_pool(host_config("host"),
+                            std::make_unique<backends::host::host_backend>("host", 1 << 20));
+  auto s    = core.open_session(peer(1000), "t", "")->id;
+  auto a    = core.allocate(s, pool, 4096, 0);
+  auto st   = core.free(s, a->id, bytes_of("an event"));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("take no release event"));
+  EXPECT_EQ(core.stats().pools[0].in_use_bytes, 4096u);
 }
 
 TEST_F(CoreWithPool, CloseAllSessionsFreesEveryLease)

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace rmmd::detail {
 
@@ -46,13 +48,29 @@ class ipc_memory_resource_impl {
   friend void get_property(ipc_memory_resource_impl const&, cuda::mr::device_accessible) noexcept {}
 
  private:
-  /// Frees the import on `stream`, waits for it, then frees the lease.
+  /// Frees the import on `stream`, then has the daemon free the lease once
+  /// the stream passes that point: by an interprocess event the daemon polls,
+  /// or (no event to spare) by waiting for the stream here.
   void release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept;
+
+  /// Records a free interprocess event on `stream` and returns its handle, or
+  /// false when none can be had (all busy, or `stream` is on another device).
+  bool record_release_event(cudaStream_t stream, cudaIpcEventHandle_t& handle) noexcept;
+
+  struct release_event {
+    cudaEvent_t event{};
+    cudaIpcEventHandle_t handle{};
+  };
+  /// At most this many release events in flight; past it, frees wait.
+  static constexpr std::size_t max_release_events = 64;
 
   session session_;
   pool_info pool_;
   cudaMemPool_t imported_{};
   lease_table leases_;
+  std::mutex events_mutex_;
+  std::vector<release_event> events_;  // an event may be reused once its record completed
+  std::size_t next_event_{};
 };
 
 }  // namespace rmmd::detail
