@@ -9,7 +9,9 @@
 
 namespace rmmd::detail {
 
-host_memory_resource_impl::host_memory_resource_impl(session s, std::string_view pool_name)
+host_memory_resource_impl::host_memory_resource_impl(session s,
+                                                     std::string_view pool_name,
+                                                     bool pinned)
     : session_(std::move(s)),
       pool_id_(pool_name.empty() ? session_.host_pool().id : session_.pool(pool_name).id)
 {
@@ -17,7 +19,7 @@ host_memory_resource_impl::host_memory_resource_impl(session s, std::string_view
     throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
                             "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
   }
-  base_ = session_.host_pool_base(pool_id_);
+  base_ = pinned ? session_.pinned_host_pool_base(pool_id_) : session_.host_pool_base(pool_id_);
 }
 
 host_memory_resource_impl::~host_memory_resource_impl()

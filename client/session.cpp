@@ -148,7 +148,8 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
         .backend        = p.backend() == v1::BACKEND_CUDA ? backend_kind::cuda : backend_kind::host,
         .capacity_bytes = p.capacity_bytes(),
         .has_fabric_handle = !p.fabric_handle().empty(),
-        .max_alignment     = p.max_alignment()});
+        .max_alignment     = p.max_alignment(),
+        .pinnable          = p.pinnable()});
     if (p.id() < fabric_handles_.size()) { fabric_handles_[p.id()] = p.fabric_handle(); }
     if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
         p.id() < pool_fds_.size()) {
@@ -174,6 +175,7 @@ session_impl::~session_impl()
   // Imports first: an imported pool must go before the fd it came from.
   if (!rmm::process_is_exiting()) {
     for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
+    for (auto id : pinned_) { cudaHostUnregister(mappings_.at(id).first); }
   }
   for (auto& [id, m] : mappings_) { ::munmap(m.first, m.second); }
   for (int fd : pool_fds_) {
@@ -228,6 +230,44 @@ std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
   }
   mappings_.emplace(pool_id, std::pair{static_cast<std::byte*>(p), size});
   return static_cast<std::byte*>(p);
+}
+
+std::byte* session_impl::pinned_host_pool_base(std::uint32_t pool_id)
+{
+  auto* base = host_pool_base(pool_id);
+  std::lock_guard lock(map_mutex_);
+  if (pinned_.contains(pool_id)) { return base; }
+  auto const& pool = pools[pool_id];
+  if (!pool.pinnable) {
+    throw rmmd::logic_error("rmmd: host pool '" + pool.name +
+                            "' is not pinnable: the daemon gives its free pages back to the "
+                            "kernel, which a pinned mapping cannot follow; start rmmd with "
+                            "--host-pool-pinned=on, or use rmmd::host_memory_resource");
+  }
+  // Once per session: about 0.1 s per GiB (measured on an H100), and it
+  // commits the whole pool's RAM in this process's page tables.
+  auto err = cudaHostRegister(
+      base, pool.capacity_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: page-locking host pool '" + pool.name + "' (" +
+                         std::to_string(pool.capacity_bytes) +
+                         " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) +
+                         "; check RLIMIT_MEMLOCK (ulimit -l)");
+  }
+  // Kernels get the host address itself; that needs a GPU that can use host
+  // pointers of registered memory directly (every GPU with unified addressing).
+  void* device_ptr = nullptr;
+  err              = cudaHostGetDevicePointer(&device_ptr, base, 0);
+  if (err != cudaSuccess || device_ptr != base) {
+    cudaGetLastError();
+    cudaHostUnregister(base);
+    throw rmmd::logic_error("rmmd: this GPU cannot use the host pool's addresses directly (" +
+                            std::string(cudaGetErrorName(err)) +
+                            "); use rmmd::host_memory_resource and copy");
+  }
+  pinned_.insert(pool_id);
+  return base;
 }
 
 cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
@@ -381,6 +421,11 @@ void session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
 std::byte* session::host_pool_base(std::uint32_t pool_id) const
 {
   return impl_->host_pool_base(pool_id);
+}
+
+std::byte* session::pinned_host_pool_base(std::uint32_t pool_id) const
+{
+  return impl_->pinned_host_pool_base(pool_id);
 }
 
 }  // namespace rmmd

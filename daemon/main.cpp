@@ -36,6 +36,7 @@ struct daemon_flags {
   int probe_fabric_device{-1};
   std::size_t host_pool_bytes{std::size_t{1} << 30};
   std::string host_pool_name{"host"};
+  std::string host_pool_pinned{"auto"};
   std::vector<uid_t> allow_uids;
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
@@ -84,13 +85,22 @@ std::unique_ptr<rmmd::backends::cuda::cuda_backend> make_cuda_backend(
 bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
 {
   namespace cuda = rmmd::backends::cuda;
-  // The host pool first: its id is 0 on every node.
+  int const gpus = flags.backend == "host" ? 0 : cuda::device_count();
+  // The host pool first: its id is 0 on every node. On a GPU node clients may
+  // pin it (rmmd::pinned_host_memory_resource), which rules out punching holes.
+  bool const pinnable =
+      flags.host_pool_pinned == "on" || (flags.host_pool_pinned == "auto" && gpus > 0);
   try {
     core.add_pool(rmmd::core::pool_config{.name         = flags.host_pool_name,
                                           .device       = -1,
-                                          .handle_types = {rmmd::core::handle_type::host_offset}},
-                  std::make_unique<rmmd::backends::host::host_backend>(flags.host_pool_name,
-                                                                       flags.host_pool_bytes));
+                                          .handle_types = {rmmd::core::handle_type::host_offset},
+                                          .pinnable     = pinnable},
+                  std::make_unique<rmmd::backends::host::host_backend>(
+                      flags.host_pool_name, flags.host_pool_bytes, pinnable));
+    rmmd::log::info("pool '%s': shared host memory, %d bytes%s",
+                    flags.host_pool_name,
+                    flags.host_pool_bytes,
+                    pinnable ? ", pinnable by clients (freed pages stay committed)" : "");
   } catch (std::exception const& e) {
     rmmd::log::error("cannot create the host pool '%s' of %d bytes: %s",
                      flags.host_pool_name,
@@ -98,7 +108,6 @@ bool add_pools(rmmd::core::daemon_core& core, daemon_flags const& flags)
                      e.what());
     return false;
   }
-  int const gpus = flags.backend == "host" ? 0 : cuda::device_count();
   if (flags.backend == "cuda" && gpus == 0) {
     rmmd::log::error("--backend=cuda, but CUDA sees no GPU (is the driver loaded? nvidia-smi)");
     return false;
@@ -189,6 +198,11 @@ int main(int argc, char** argv)
   app.add_option("--probe-fabric", flags.probe_fabric_device, "(internal) fabric export probe")
       ->group("");
   app.add_option("--host-pool-name", flags.host_pool_name, "Name of the shared host pool");
+  app.add_option("--host-pool-pinned",
+                 flags.host_pool_pinned,
+                 "Let clients page-lock the host pool for GPU access: auto (on when there is a "
+                 "GPU), on, off. A pinnable pool keeps freed pages committed")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--allow-uid", flags.allow_uids, "A uid that may open sessions (repeatable)")
       ->delimiter(',');
   app.add_option(

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace rmmd::detail {
@@ -46,6 +47,7 @@ class session_impl {
   session::options options;
 
   [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id);
+  [[nodiscard]] std::byte* pinned_host_pool_base(std::uint32_t pool_id);
   [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id);
 
  private:
@@ -58,6 +60,7 @@ class session_impl {
   std::mutex map_mutex_;
   std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
   std::unordered_map<std::uint32_t, cudaMemPool_t> cuda_pools_;
+  std::unordered_set<std::uint32_t> pinned_;  // host pools registered with CUDA
 };
 
 }  // namespace rmmd::detail

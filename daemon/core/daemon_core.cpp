@@ -125,7 +125,8 @@ std::vector<pool_description> daemon_core::pools() const
                                    .capacity_bytes = p.capacity,
                                    .shareable_fd   = p.backend->shareable_fd(),
                                    .fabric_handle  = p.backend->fabric_handle(),
-                                   .max_alignment  = p.config.max_alignment});
+                                   .max_alignment  = p.config.max_alignment,
+                                   .pinnable       = p.config.pinnable});
   }
   return out;
 }
@@ -336,11 +337,10 @@ absl::Status daemon_core::free(session_id session,
   auto& p    = *pools_[l->pool];
   auto fence = p.backend->open_fence(session, release_fence);
   if (!fence.ok()) {
-    return absl::Status(fence.status().code(),
-                        absl::StrFormat("free allocation %d of pool '%s': %s",
-                                        id,
-                                        p.config.name,
-                                        fence.status().message()));
+    return absl::Status(
+        fence.status().code(),
+        absl::StrFormat(
+            "free allocation %d of pool '%s': %s", id, p.config.name, fence.status().message()));
   }
   if ((*fence)->passed()) {
     release_lease_locked(id);

@@ -41,6 +41,9 @@ struct pool_config {
   std::vector<handle_type> handle_types{};
   std::size_t limit_bytes{};  ///< most bytes the pool may lend; 0: the backend's capacity
   std::size_t max_alignment{std::size_t{1} << 21};  ///< largest alignment accepted
+  /// Host pools: clients may page-lock their mapping (cudaHostRegister), so
+  /// the backend must never punch holes in it (see host_backend).
+  bool pinnable{false};
 };
 
 struct pool_description {
@@ -53,6 +56,7 @@ struct pool_description {
   int shareable_fd{-1};                    ///< fd to pass to sessions, owned by the backend
   std::vector<std::byte> fabric_handle{};  ///< empty unless the pool exports one
   std::size_t max_alignment{};             ///< largest alignment accepted
+  bool pinnable{false};                    ///< see pool_config::pinnable
 };
 
 struct pool_stats {

@@ -41,6 +41,7 @@ void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescriptio
   out->set_capacity_bytes(in.capacity_bytes);
   out->set_fd_index(fd_index);
   out->set_max_alignment(in.max_alignment);
+  out->set_pinnable(in.pinnable);
   if (!in.fabric_handle.empty()) {
     out->set_fabric_handle(in.fabric_handle.data(), in.fabric_handle.size());
   }

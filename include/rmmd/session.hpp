@@ -31,6 +31,7 @@ struct pool_info {
   std::size_t capacity_bytes{};
   bool has_fabric_handle{false};  ///< CUDA pools: importable by fabric handle too
   std::size_t max_alignment{};    ///< largest alignment the pool accepts
+  bool pinnable{false};           ///< host pools: usable by pinned_host_memory_resource
 };
 
 /// One allocation the daemon granted to this session.
@@ -93,6 +94,11 @@ class session {
   /// This process's mapping of a host pool, made once per session.
   /// REQUIRES: pool_id names a host pool.
   [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id) const;
+
+  /// The same mapping, page-locked for CUDA (cudaHostRegister) once per
+  /// session, so kernels and copies use it directly. Throws rmmd::logic_error
+  /// when the pool is not pinnable, rmm::bad_alloc when registration fails.
+  [[nodiscard]] std::byte* pinned_host_pool_base(std::uint32_t pool_id) const;
 
   /// This process's import of a CUDA pool, made once per session.
   /// REQUIRES: pool_id names a CUDA pool. Throws rmm::bad_alloc naming the

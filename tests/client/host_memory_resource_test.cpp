@@ -4,6 +4,7 @@
 #include "tests/tools/daemon_process.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
+#include <rmmd/pinned_host_memory_resource.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,6 +15,8 @@
 
 namespace rmmd::test {
 namespace {
+
+using ::testing::HasSubstr;
 
 static_assert(
     cuda::mr::synchronous_resource_with<rmmd::host_memory_resource, cuda::mr::host_accessible>);
@@ -87,6 +90,48 @@ TEST_F(HostMemoryResource, ErrorsAreTyped)
   int not_ours = 0;
   mr_.deallocate_sync(&not_ours, 4, 4);  // ignored, and says so on stderr
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
+}
+
+TEST(PinnedHostMemoryResource, MeetsTheConceptsOfAHostAndDeviceAccessibleResource)
+{
+  static_assert(cuda::mr::resource_with<rmmd::pinned_host_memory_resource,
+                                        cuda::mr::host_accessible,
+                                        cuda::mr::device_accessible>);
+  static_assert(std::is_constructible_v<
+                cuda::mr::any_resource<cuda::mr::host_accessible, cuda::mr::device_accessible>,
+                rmmd::pinned_host_memory_resource>);
+  SUCCEED();
+}
+
+TEST(PinnedHostMemoryResource, APoolThatPunchesHolesIsRefusedSayingHowToFixIt)
+{
+  daemon_process daemon({"--host-pool-pinned", "off"});
+  auto s = daemon.open_session("pinned");
+  EXPECT_FALSE(s.host_pool().pinnable);
+  try {
+    rmmd::pinned_host_memory_resource mr(s);
+    FAIL() << "a pool that punches holes was pinned";
+  } catch (rmmd::logic_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--host-pool-pinned=on"));
+  }
+  EXPECT_EQ(in_use(daemon.stats()), 0u);
+}
+
+TEST(PinnedHostMemoryResource, WithoutAGpuPageLockingFailsAsBadAlloc)
+{
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
+    GTEST_SKIP() << "a GPU is present (the gpu tests cover pinning)";
+  }
+  daemon_process daemon({"--host-pool-pinned", "on", "--host-pool-bytes", "16MiB"});
+  auto s = daemon.open_session("pinned");
+  EXPECT_TRUE(s.host_pool().pinnable);
+  try {
+    rmmd::pinned_host_memory_resource mr(s);
+    FAIL() << "page-locked without a GPU";
+  } catch (rmm::bad_alloc const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cudaHostRegister"));
+  }
 }
 
 TEST_F(HostMemoryResource, DestroyingTheLastHandleFreesWhatIsLeft)

@@ -3,7 +3,10 @@
 
 #include "tests/tools/daemon_process.hpp"
 
+#include "tests/tools/pattern.hpp"
+
 #include <rmmd/ipc_memory_resource.hpp>
+#include <rmmd/pinned_host_memory_resource.hpp>
 
 #include <rmm/device_buffer.hpp>
 #include <rmm/device_uvector.hpp>
@@ -17,7 +20,11 @@
 
 #include <signal.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
+#include <stop_token>
+#include <thread>
 #include <vector>
 
 namespace rmmd::test {
@@ -206,6 +213,174 @@ TEST_F(IpcMemoryResource, DaemonKilledClientKeepsItsMemoryAndGetsSessionError)
     EXPECT_THAT(e.what(), HasSubstr("daemon is gone"));
   }
   mr.deallocate(stream, p, n * sizeof(int), 256);  // frees the import; the Free fails quietly
+}
+
+/// Stops a stream at a host function until open() (or the destructor) lets
+/// it go: GPU work that takes as long as the test wants.
+class stream_gate {
+ public:
+  explicit stream_gate(cudaStream_t stream)
+  {
+    EXPECT_EQ(cudaLaunchHostFunc(stream, &stream_gate::wait_open, this), cudaSuccess);
+  }
+  stream_gate(stream_gate const&)            = delete;
+  stream_gate& operator=(stream_gate const&) = delete;
+  ~stream_gate()
+  {
+    open();
+  }
+  void open()
+  {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    opened_.notify_all();
+  }
+  [[nodiscard]] bool is_open()
+  {
+    std::lock_guard lock(mutex_);
+    return open_;
+  }
+
+ private:
+  static void wait_open(void* self)
+  {
+    auto* gate = static_cast<stream_gate*>(self);
+    std::unique_lock lock(gate->mutex_);
+    gate->opened_.wait(lock, [gate] { return gate->open_; });
+  }
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_{false};
+};
+
+TEST_F(IpcMemoryResource, DeallocateDoesNotWaitForTheStreamAndTheDaemonFreesOnlyAfterIt)
+{
+  rmmd::ipc_memory_resource mr(*session_);
+  cudaStream_t raw{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  cuda::stream_ref stream{raw};
+  constexpr std::size_t bytes = 64 << 20;
+  for (int round = 0; round < 3; ++round) {  // the release events are reused
+    void* p = mr.allocate(stream, bytes, 256);
+    stream_gate gate(raw);
+    // Queued behind the gate: this write still needs the memory after deallocate returns.
+    ASSERT_EQ(cudaMemsetAsync(p, 0x5a, bytes, raw), cudaSuccess);
+    // If deallocate waited for the stream, it would wait until this watchdog
+    // opens the gate, and the test would see the gate open.
+    std::jthread watchdog([&gate](std::stop_token stop) {
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      if (!cv.wait_for(lock, stop, 20s, [] { return false; }) && !stop.stop_requested()) {
+        gate.open();
+      }
+    });
+    mr.deallocate(stream, p, bytes, 256);
+    EXPECT_FALSE(gate.is_open()) << "deallocate waited for the stream";
+    EXPECT_EQ(cudaStreamQuery(raw), cudaErrorNotReady);
+    // The daemon has not freed it either: the memset has not run yet.
+    auto const held = gpu_pool(daemon_->stats(), 0);
+    EXPECT_EQ(held.in_use_bytes(), bytes);
+    EXPECT_GE(held.backend_used_bytes(), bytes);
+    watchdog.request_stop();
+    gate.open();
+    ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+    EXPECT_TRUE(eventually([&] {
+      auto p = gpu_pool(daemon_->stats(), 0);
+      return p.in_use_bytes() == 0 && p.backend_used_bytes() == 0;
+    })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  }
+  ASSERT_EQ(cudaStreamDestroy(raw), cudaSuccess);
+}
+
+TEST_F(IpcMemoryResource, AClientKilledWithAFreeStillPendingGetsItsMemoryReclaimed)
+{
+  // The client's release event never completes (its stream is stalled, then
+  // the process dies): the daemon must neither hang on it nor leak the memory.
+  auto const before = gpu_pool(daemon_->stats(), 0);
+  child_process client(
+      {program_path("rmmd_test_client").string(), "device-free-pending", "134217728"},
+      {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()});
+  ASSERT_EQ(client.read_line(60s), "pending");
+  EXPECT_EQ(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before.in_use_bytes() + 134217728);
+  client.kill(SIGKILL);
+  ASSERT_EQ(client.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.in_use_bytes() == before.in_use_bytes() &&
+           p.backend_used_bytes() == before.backend_used_bytes();
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // And the daemon still serves allocations (nothing of it waits on the dead event).
+  rmmd::ipc_memory_resource mr(*session_);
+  cuda::stream_ref stream{cudaStream_t{}};
+  rmm::device_uvector<int> v(1 << 20, stream, mr);
+  ASSERT_EQ(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(int), stream.get()), cudaSuccess);
+  EXPECT_EQ(v.element(7, stream), 0);
+}
+
+TEST(PinnedHostMemory, TheGpuReadsWhatAnotherProcessWroteAndTheOtherWayRound)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "1GiB", "--host-pool-bytes", "256MiB"});
+  auto s = daemon.open_session("pinned");
+  ASSERT_TRUE(s.host_pool().pinnable) << "on a GPU node the host pool is pinnable by default";
+  rmmd::pinned_host_memory_resource mr(s);
+  cuda::mr::any_resource<cuda::mr::host_accessible, cuda::mr::device_accessible> any{mr};
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  constexpr std::size_t bytes = 8 << 20;
+  std::vector<std::uint64_t> host(bytes / 8);
+  auto const env    = std::vector<std::string>{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
+  auto const client = program_path("rmmd_test_client").string();
+  // Several rounds through the same pool range: freed pages must stay the ones
+  // every process (and the GPU) maps.
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    void* p          = any.allocate(stream, bytes, 256);
+    auto const range = [&](std::uint64_t seed) {
+      return std::to_string(mr.offset_of(p)) + ":" + std::to_string(bytes) + ":" +
+             std::to_string(seed);
+    };
+    child_process writer({client, "write", range(round)}, env);
+    EXPECT_EQ(writer.read_line(60s), "written 1");
+    ASSERT_EQ(writer.wait(60s), 0);
+
+    // The GPU's copy engine reads the pinned pages: into device memory, and back.
+    void* d = nullptr;
+    ASSERT_EQ(cudaMallocAsync(&d, bytes, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(d, p, bytes, cudaMemcpyDefault, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(host.data(), d, bytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(first_mismatch(host.data(), bytes, round), -1) << "round " << round;
+
+    // And writes them: another process sees what the GPU wrote.
+    fill(host.data(), bytes, round + 100);
+    ASSERT_EQ(cudaMemcpyAsync(d, host.data(), bytes, cudaMemcpyHostToDevice, stream), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(p, 0, bytes, stream), cudaSuccess);  // the device writes the pool
+    ASSERT_EQ(cudaMemcpyAsync(p, d, bytes, cudaMemcpyDefault, stream), cudaSuccess);
+    ASSERT_EQ(cudaFreeAsync(d, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    child_process verifier({client, "verify", range(round + 100)}, env);
+    EXPECT_EQ(verifier.read_line(60s), "verified 1") << "round " << round;
+    EXPECT_EQ(verifier.wait(60s), 0);
+
+    any.deallocate(stream, p, bytes, 256);  // waits for the stream, then frees
+  }
+  EXPECT_EQ(daemon.stats().pools(0).in_use_bytes(), 0u);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(PinnedHostMemory, APoolThatIsNotPinnableIsRefusedInWords)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "1GiB", "--host-pool-pinned", "off"});
+  auto s = daemon.open_session("pinned");
+  EXPECT_FALSE(s.host_pool().pinnable);
+  try {
+    rmmd::pinned_host_memory_resource mr(s);
+    FAIL() << "a pool that punches holes was pinned";
+  } catch (rmmd::logic_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--host-pool-pinned=on"));
+  }
 }
 
 TEST(IpcMemoryResourceMultiGpu, EachDeviceHasItsPool)

@@ -11,6 +11,14 @@
 //       VALUE (cudaMemsetAsync), prints "ready", waits for stdin to close,
 //       copies it back and checks it, prints "intact" (or "corrupted") and
 //       exits 0 (or 1).
+//   rmmd_test_client write OFFSET:BYTES:SEED...
+//       opens its own session, maps the host pool and writes each range's
+//       pattern (in memory another process allocated); prints "written N".
+//   rmmd_test_client device-free-pending BYTES
+//       allocates BYTES from the GPU 0 pool, stalls its stream (a host
+//       function that never returns), frees the buffer on that stream (the
+//       daemon gets an interprocess event that will never complete), prints
+//       "pending" and waits to be killed.
 //   rmmd_test_client verify OFFSET:BYTES:SEED...
 //       opens its own session, maps the host pool and checks that each range
 //       holds its pattern (written by another process); prints "verified N"
@@ -18,11 +26,15 @@
 //
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
+#include "tests/tools/pattern.hpp"
+
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
 
 #include <rmm/device_uvector.hpp>
 #include <rmmd/session.hpp>
+
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -33,26 +45,8 @@
 
 namespace {
 
-std::uint64_t pattern(std::uint64_t seed, std::size_t word)
-{
-  return (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (word * 0xBF58476D1CE4E5B9ULL);
-}
-
-void fill(void* p, std::size_t bytes, std::uint64_t seed)
-{
-  auto* w = static_cast<std::uint64_t*>(p);
-  for (std::size_t i = 0; i < bytes / 8; ++i) { w[i] = pattern(seed, i); }
-}
-
-/// Index of the first word that does not hold the pattern, or -1.
-long first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed)
-{
-  auto const* w = static_cast<std::uint64_t const*>(p);
-  for (std::size_t i = 0; i < bytes / 8; ++i) {
-    if (w[i] != pattern(seed, i)) { return static_cast<long>(i); }
-  }
-  return -1;
-}
+using rmmd::test::fill;
+using rmmd::test::first_mismatch;
 
 int hold(std::size_t bytes, std::uint64_t seed, int count)
 {
@@ -110,6 +104,40 @@ int device_hold(std::size_t bytes, int value)
   return 0;
 }
 
+int write_patterns(int argc, char** argv)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "writer"});
+  auto* base = s.host_pool_base(s.host_pool().id);
+  for (int i = 0; i < argc; ++i) {
+    unsigned long long offset{}, seed{};
+    std::size_t bytes{};
+    if (std::sscanf(argv[i], "%llu:%zu:%llu", &offset, &bytes, &seed) != 3) {
+      std::printf("bad argument %s\n", argv[i]);
+      return 2;
+    }
+    fill(base + offset, bytes, seed);
+  }
+  std::printf("written %d\n", argc);
+  return 0;
+}
+
+int device_free_pending(std::size_t bytes)
+{
+  rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "free-pending"}),
+                               0);
+  cudaStream_t stream{};
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) { return 4; }
+  void* p    = mr.allocate(cuda::stream_ref{stream}, bytes, 256);
+  auto stall = [](void*) {
+    for (;;) { ::pause(); }
+  };
+  if (cudaLaunchHostFunc(stream, stall, nullptr) != cudaSuccess) { return 4; }
+  mr.deallocate(cuda::stream_ref{stream}, p, bytes, 256);  // returns: the daemon waits, not us
+  std::printf("pending\n");
+  std::fflush(stdout);
+  for (;;) { ::pause(); }
+}
+
 int verify(int argc, char** argv)
 {
   rmmd::session s(rmmd::session::options{.client_name = "verifier"});
@@ -144,11 +172,18 @@ int main(int argc, char** argv)
       return device_hold(std::stoull(argv[2]), std::stoi(argv[3]));
     }
     if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
+    if (argc >= 2 && std::strcmp(argv[1], "write") == 0) {
+      return write_patterns(argc - 2, argv + 2);
+    }
+    if (argc == 3 && std::strcmp(argv[1], "device-free-pending") == 0) {
+      return device_free_pending(std::stoull(argv[2]));
+    }
   } catch (std::exception const& e) {
     std::printf("error: %s\n", e.what());
     return 3;
   }
   std::fprintf(stderr,
-               "usage: rmmd_test_client hold BYTES SEED COUNT | verify OFFSET:BYTES:SEED...\n");
+               "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | write "
+               "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES\n");
   return 2;
 }

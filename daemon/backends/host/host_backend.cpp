@@ -69,8 +69,8 @@ bool write_zeros(int fd, std::uint64_t begin, std::uint64_t end) noexcept
 
 }  // namespace
 
-host_backend::host_backend(std::string const& name, std::size_t capacity)
-    : ranges_(capacity, granularity)
+host_backend::host_backend(std::string const& name, std::size_t capacity, bool pinnable)
+    : ranges_(capacity, granularity), pinnable_(pinnable)
 {
   if (ranges_.capacity() == 0) {
     fail(fd_,
@@ -143,7 +143,8 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
 // writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
 void host_backend::deallocate(core::backend_allocation const& block) noexcept
 {
-  auto const now_free    = ranges_.release({.offset = block.offset, .size = block.bytes});
+  auto const now_free = ranges_.release({.offset = block.offset, .size = block.bytes});
+  if (pinnable_) { return; }  // clients' pinned mappings must keep these very pages
   auto const page        = page_size();
   auto const block_begin = block.offset;
   auto const block_end   = block.offset + block.bytes;

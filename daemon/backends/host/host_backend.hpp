@@ -17,13 +17,20 @@ namespace rmmd::backends::host {
 /// neighbour are overwritten with zeros, so every allocation starts out as
 /// zeros (provided its previous holder stopped writing before freeing it).
 ///
+/// A pinnable pool is different: clients page-lock their mapping
+/// (cudaHostRegister) to use it from the GPU, and a page punched out under a
+/// pinned mapping is silently replaced by a fresh page for everyone else while
+/// the GPU keeps the old one (measured on an H100: the device read stale data).
+/// So a pinnable pool never punches and never writes: freed bytes keep their
+/// contents, as with RMM's pinned host resources, and the RAM stays committed.
+///
 /// Allocations start and end on multiples of 256 bytes; a capacity that is not
 /// a multiple of 256 is rounded down. Not thread-safe (the core serialises).
 class host_backend final : public core::pool_backend {
  public:
   /// Throws std::system_error, naming the pool, when the memfd cannot be
   /// created, sized or sealed, or when capacity is below 256 bytes (EINVAL).
-  explicit host_backend(std::string const& name, std::size_t capacity);
+  explicit host_backend(std::string const& name, std::size_t capacity, bool pinnable = false);
   ~host_backend() override;
 
   [[nodiscard]] core::backend_kind kind() const noexcept override
@@ -42,6 +49,7 @@ class host_backend final : public core::pool_backend {
  private:
   int fd_{-1};
   offset_allocator ranges_;
+  bool pinnable_{false};
 };
 
 }  // namespace rmmd::backends::host

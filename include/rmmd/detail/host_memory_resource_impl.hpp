@@ -15,7 +15,9 @@ namespace rmmd::detail {
 /// The shared state behind rmmd::host_memory_resource. Not copyable.
 class host_memory_resource_impl {
  public:
-  host_memory_resource_impl(session s, std::string_view pool_name);
+  /// `pinned`: page-lock the session's mapping for CUDA (see
+  /// session::pinned_host_pool_base).
+  host_memory_resource_impl(session s, std::string_view pool_name, bool pinned = false);
   host_memory_resource_impl(host_memory_resource_impl const&)            = delete;
   host_memory_resource_impl& operator=(host_memory_resource_impl const&) = delete;
   /// Frees what is still allocated through it (never throws).

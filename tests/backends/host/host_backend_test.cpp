@@ -195,6 +195,23 @@ TEST(HostBackend, AFreedAndReallocatedPageReadsZeros)
   EXPECT_TRUE(m.all_equal(second->offset, MiB, 0));
 }
 
+TEST(HostBackend, APinnablePoolNeverDropsOrRewritesAFreedPage)
+{
+  // A client's pinned mapping keeps the pages it had: the pool must keep them
+  // too, or the process and the GPU would silently stop sharing them.
+  host_backend b("pinnable", pool_size, true);
+  mapping m(b.shareable_fd());
+  auto first = b.allocate(MiB, 4096);
+  ASSERT_TRUE(first.ok());
+  std::memset(m.at(first->offset), 0x5a, MiB);
+  b.deallocate(*first);
+  EXPECT_TRUE(m.all_equal(first->offset, MiB, 0x5a));  // not punched, not zeroed
+  auto second = b.allocate(MiB, 4096);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->offset, first->offset);
+  EXPECT_TRUE(m.all_equal(second->offset, MiB, 0x5a));
+}
+
 TEST(HostBackend, AFreedPartOfASharedPageReadsZerosAndItsNeighboursKeepTheirBytes)
 {
   host_backend b("partial", pool_size);
