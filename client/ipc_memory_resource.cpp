@@ -1,5 +1,7 @@
 #include <rmmd/ipc_memory_resource.hpp>
 
+#include "client/slab_carver.hpp"
+
 #include <rmm/process_is_exiting.hpp>
 
 #include <cstdio>
@@ -19,18 +21,22 @@ int ipc_memory_resource::current_device()
 
 namespace detail {
 
-ipc_memory_resource_impl::ipc_memory_resource_impl(session s, pool_info const& pool)
-    : session_(std::move(s)), pool_(pool)
+ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
+                                                   pool_info const& pool,
+                                                   ipc_resource_options options)
+    : session_(std::move(s)), pool_(pool), options_(options)
 {
   if (pool_.backend != backend_kind::cuda) {
     throw rmmd::logic_error("rmmd: pool '" + pool_.name +
                             "' is not a CUDA pool; use rmmd::host_memory_resource for host pools");
   }
   imported_ = session_.cuda_pool(pool_.id);
+  if (options_.mode == allocation_mode::slab) { carver_ = std::make_unique<slab_carver>(*this); }
 }
 
 ipc_memory_resource_impl::~ipc_memory_resource_impl()
 {
+  carver_.reset();  // gives its slabs back through the direct path below
   if (rmm::process_is_exiting()) { return; }
   for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
   // When the session closes, the daemon frees whatever still waits on an
@@ -42,7 +48,32 @@ ipc_memory_resource_impl::~ipc_memory_resource_impl()
   }
 }
 
-void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
+                                         std::size_t bytes,
+                                         std::size_t alignment)
+{
+  return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
+}
+
+void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
+                                          void* ptr,
+                                          std::size_t bytes,
+                                          std::size_t alignment) noexcept
+{
+  if (rmm::process_is_exiting()) { return; }
+  if (carver_) {
+    carver_->deallocate(stream, ptr, bytes, alignment);
+  } else {
+    unlease(stream, ptr);
+  }
+}
+
+std::size_t ipc_memory_resource_impl::trim() noexcept
+{
+  return carver_ ? carver_->trim() : 0;
+}
+
+void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
 {
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
@@ -62,10 +93,7 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref, std::size_t bytes, st
   return ptr;
 }
 
-void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
-                                          void* ptr,
-                                          std::size_t,
-                                          std::size_t) noexcept
+void ipc_memory_resource_impl::unlease(cuda::stream_ref stream, void* ptr) noexcept
 {
   if (rmm::process_is_exiting()) { return; }
   if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }

@@ -418,6 +418,22 @@ void session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
   }
 }
 
+std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const& usage) const
+{
+  v1::UsageReport request;
+  for (auto const& u : usage) {
+    auto* p = request.add_pools();
+    p->set_pool_id(u.pool_id);
+    p->set_bytes(u.bytes);
+    p->set_allocation_count(u.allocation_count);
+  }
+  v1::UsageReply reply;
+  auto ctx    = impl_->context();
+  auto status = impl_->stub().ReportUsage(ctx.get(), request, &reply);
+  if (!status.ok()) { detail::throw_status(status, "report usage"); }
+  return {reply.trim_pool_ids().begin(), reply.trim_pool_ids().end()};
+}
+
 std::byte* session::host_pool_base(std::uint32_t pool_id) const
 {
   return impl_->host_pool_base(pool_id);

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -22,7 +23,13 @@ struct daemon_core::pool_entry {
   std::size_t high_water{};
   std::size_t live{};
   std::uint64_t total{};
+  std::chrono::steady_clock::time_point pressure_until{};
 };
+
+namespace {
+/// How long a pool counts as under pressure after an allocation failed there.
+constexpr auto pressure_window = std::chrono::seconds(2);
+}  // namespace
 
 struct daemon_core::session_entry {
   session_id id{};
@@ -33,6 +40,8 @@ struct daemon_core::session_entry {
   std::size_t bytes{};
   std::size_t count{};
   std::chrono::system_clock::time_point started;
+  std::map<pool_id, std::size_t> pool_bytes;  // what it holds, per pool
+  std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
 };
 
 namespace {
@@ -266,6 +275,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         bytes_text(uid_limit)));
   }
   if (bytes > p.capacity - p.in_use) {
+    signal_pressure_locked(p);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another pool",
         bytes_text(bytes),
@@ -275,6 +285,9 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   }
   auto block = p.backend->allocate(bytes, alignment);
   if (!block.ok()) {
+    if (block.status().code() == absl::StatusCode::kResourceExhausted) {
+      signal_pressure_locked(p);
+    }
     return absl::Status(block.status().code(),
                         absl::StrFormat("allocate %s from pool '%s': %s",
                                         bytes_text(bytes),
@@ -304,6 +317,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   ++p.live;
   ++p.total;
   s.bytes += reserved;
+  s.pool_bytes[pool] += reserved;
   ++s.count;
   uid_bytes_[s.peer.uid] += reserved;
   return lease_grant{.id = id, .block = *std::move(block)};
@@ -406,6 +420,7 @@ void daemon_core::release_lease_locked(allocation_id id) noexcept
   --p.live;
   if (auto s = sessions_.find(l.owner); s != sessions_.end()) {
     s->second->bytes -= bytes;
+    s->second->pool_bytes[l.pool] -= bytes;
     --s->second->count;
     auto u = uid_bytes_.find(s->second->peer.uid);
     u->second -= bytes;
@@ -415,13 +430,77 @@ void daemon_core::release_lease_locked(allocation_id id) noexcept
 
 session_info daemon_core::info_locked(session_entry const& s) const
 {
-  return session_info{.id               = s.id,
-                      .peer             = s.peer,
-                      .command          = s.command,
-                      .client_name      = s.client_name,
-                      .bytes            = s.bytes,
-                      .allocation_count = s.count,
-                      .started          = s.started};
+  session_info info{.id               = s.id,
+                    .peer             = s.peer,
+                    .command          = s.command,
+                    .client_name      = s.client_name,
+                    .bytes            = s.bytes,
+                    .allocation_count = s.count,
+                    .started          = s.started};
+  for (auto const& [pool, c] : s.carved) {
+    info.carved_bytes += c.bytes;
+    info.carved_allocations += c.allocation_count;
+  }
+  return info;
+}
+
+absl::StatusOr<std::vector<pool_id>> daemon_core::report_usage(
+    session_id session, std::vector<carved_usage> const& usage)
+{
+  std::lock_guard lock(mutex_);
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) {
+    return absl::UnauthenticatedError("report usage: the session is closed; open a new session");
+  }
+  auto& s = *s_it->second;
+  std::set<pool_id> seen;
+  for (auto const& u : usage) {
+    if (u.pool >= pools_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: unknown pool id %d; this daemon serves pool ids 0 to %d",
+                          u.pool,
+                          static_cast<long long>(pools_.size()) - 1));
+    }
+    if (!seen.insert(u.pool).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: pool '%s' appears twice; report each pool once",
+                          pools_[u.pool]->config.name));
+    }
+    auto const held = s.pool_bytes.contains(u.pool) ? s.pool_bytes.at(u.pool) : 0;
+    if (u.bytes > held || u.allocation_count > u.bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "report usage: %s in %d allocations carved from pool '%s', but the session holds "
+          "%s there",
+          bytes_text(u.bytes),
+          u.allocation_count,
+          pools_[u.pool]->config.name,
+          bytes_text(held)));
+    }
+  }
+  for (auto const& u : usage) {
+    if (u.bytes == 0 && u.allocation_count == 0) {
+      s.carved.erase(u.pool);
+    } else {
+      s.carved[u.pool] = u;
+    }
+  }
+  std::vector<pool_id> trim;
+  auto const now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    if (pools_[i]->pressure_until > now) { trim.push_back(static_cast<pool_id>(i)); }
+  }
+  return trim;
+}
+
+void daemon_core::signal_pressure(pool_id pool)
+{
+  std::lock_guard lock(mutex_);
+  if (pool < pools_.size()) { signal_pressure_locked(*pools_[pool]); }
+}
+
+void daemon_core::signal_pressure_locked(pool_entry& pool)
+{
+  pool.pressure_until = std::chrono::steady_clock::now() + pressure_window;
 }
 
 stats_snapshot daemon_core::stats() const
@@ -440,6 +519,13 @@ stats_snapshot daemon_core::stats() const
         .total_allocations      = p.total,
         .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
         .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt});
+  }
+  for (auto const& [id, s] : sessions_) {
+    for (auto const& [pool, c] : s->carved) {
+      auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
+      out.pools[pool].carved_bytes += std::min(c.bytes, held);
+      out.pools[pool].carved_allocations += c.allocation_count;
+    }
   }
   for (auto const& [id, s] : sessions_) { out.sessions.push_back(info_locked(*s)); }
   return out;

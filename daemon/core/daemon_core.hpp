@@ -25,8 +25,8 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace rmmd::core {
@@ -119,6 +119,18 @@ class daemon_core {
   /// Frees the leases whose fences have passed; returns how many still wait.
   std::size_t reap_fences();
 
+  /// A fast-path session's report of what it carved out of its slabs; each
+  /// pool's figure replaces the last. Returns the pools under pressure (an
+  /// allocation failed for want of memory there lately, or the operator asked
+  /// for a trim), whose idle slabs the session should give back.
+  /// INVALID_ARGUMENT (unknown pool, a pool twice, more carved than the
+  /// session holds there; nothing is recorded), UNAUTHENTICATED (session gone).
+  absl::StatusOr<std::vector<pool_id>> report_usage(session_id session,
+                                                    std::vector<carved_usage> const& usage);
+
+  /// Marks `pool` under pressure for a while (see report_usage).
+  void signal_pressure(pool_id pool);
+
   [[nodiscard]] stats_snapshot stats() const;
   [[nodiscard]] std::vector<session_info> sessions() const;
   [[nodiscard]] std::size_t session_count() const;
@@ -139,6 +151,7 @@ class daemon_core {
   };
 
   void release_lease_locked(allocation_id id) noexcept;
+  void signal_pressure_locked(pool_entry& pool);
   std::size_t reap_fences_locked() noexcept;
   void run_fence_reaper(std::stop_token stop);
   session_info info_locked(session_entry const& s) const;

@@ -68,6 +68,15 @@ struct pool_stats {
   std::optional<std::uint64_t>
       backend_reserved_bytes{};                       ///< e.g. cudaMemPoolAttrReservedMemCurrent
   std::optional<std::uint64_t> backend_used_bytes{};  ///< e.g. cudaMemPoolAttrUsedMemCurrent
+  std::size_t carved_bytes{};  ///< reported by fast-path sessions, part of in_use_bytes
+  std::size_t carved_allocations{};
+};
+
+/// What a fast-path session carved out of its slabs of one pool.
+struct carved_usage {
+  pool_id pool{};
+  std::size_t bytes{};
+  std::size_t allocation_count{};
 };
 
 struct session_info {
@@ -78,6 +87,8 @@ struct session_info {
   std::size_t bytes{};
   std::size_t allocation_count{};
   std::chrono::system_clock::time_point started{};
+  std::size_t carved_bytes{};  ///< see pool_stats
+  std::size_t carved_allocations{};
 };
 
 struct stats_snapshot {

@@ -57,6 +57,8 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
   out->set_client_name(in.client_name);
   out->set_bytes(in.bytes);
   out->set_allocation_count(in.allocation_count);
+  out->set_carved_bytes(in.carved_bytes);
+  out->set_carved_allocations(in.carved_allocations);
   out->set_started_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
 }
@@ -72,6 +74,8 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
     ps->set_total_allocations(p.total_allocations);
     if (p.backend_reserved_bytes) { ps->set_backend_reserved_bytes(*p.backend_reserved_bytes); }
     if (p.backend_used_bytes) { ps->set_backend_used_bytes(*p.backend_used_bytes); }
+    ps->set_carved_bytes(p.carved_bytes);
+    ps->set_carved_allocations(p.carved_allocations);
   }
   for (auto const& s : in.sessions) { to_proto(s, out->add_sessions()); }
 }

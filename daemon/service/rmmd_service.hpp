@@ -28,6 +28,9 @@ class rmmd_service final : public v1::Rmmd::Service {
   grpc::Status ListSessions(grpc::ServerContext* context,
                             v1::ListSessionsRequest const* request,
                             v1::ListSessionsResponse* response) override;
+  grpc::Status ReportUsage(grpc::ServerContext* context,
+                           v1::UsageReport const* request,
+                           v1::UsageReply* response) override;
 
  private:
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;

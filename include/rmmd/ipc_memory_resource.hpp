@@ -10,8 +10,12 @@
 namespace rmmd {
 
 /// Device memory lent by the node's rmmd from one of its CUDA pools: the
-/// daemon allocates and exports each allocation, this process imports it
-/// through the pool it imported once per session.
+/// daemon allocates and exports the memory, this process imports it through
+/// the pool it imported once per session. By default (allocation_mode::slab)
+/// the resource leases large slabs and carves allocations out of them
+/// in-process with RMM's pool_memory_resource, which is about as fast as an
+/// in-process RMM pool; allocation_mode::direct makes one daemon allocation
+/// per allocate() (docs/benchmarks.md has the numbers behind that choice).
 ///
 /// A copyable handle over shared state, like RMM's own resources: pass it to
 /// rmm::device_uvector, rmm::device_buffer, any RMM adaptor, or
@@ -19,10 +23,11 @@ namespace rmmd {
 ///
 /// allocate(stream, ...) returns memory ready for use on `stream` (and on any
 /// other: the daemon completes the allocation before it replies).
-/// deallocate(stream, ptr, ...) frees the import in stream order, waits for
-/// `stream` to reach that point, then tells the daemon, which frees its own
-/// allocation only then. It never throws, and does nothing while the process
-/// exits (the daemon reclaims what a closed session held).
+/// deallocate(stream, ptr, ...) returns the memory to the slab in stream order
+/// (slab mode), or frees the import in stream order and hands the daemon an
+/// interprocess event to free its allocation after (direct mode); it does not
+/// wait for the GPU, never throws, and does nothing while the process exits
+/// (the daemon reclaims what a closed session held).
 ///
 /// Throws (allocate): rmm::out_of_memory (quota, pool limit, device memory),
 /// rmmd::logic_error (bad size or alignment), rmmd::session_error (daemon
@@ -35,20 +40,34 @@ class ipc_memory_resource final
 
  public:
   /// The pool on the calling thread's current CUDA device.
-  explicit ipc_memory_resource(session s) : ipc_memory_resource(s, current_device()) {}
+  explicit ipc_memory_resource(session s, ipc_resource_options options = {})
+      : ipc_memory_resource(s, current_device(), options)
+  {
+  }
 
   /// The pool on CUDA device `device`.
-  ipc_memory_resource(session s, int device)
-      : shared_base(
-            cuda::std::in_place_type<detail::ipc_memory_resource_impl>, s, s.device_pool(device))
+  ipc_memory_resource(session s, int device, ipc_resource_options options = {})
+      : shared_base(cuda::std::in_place_type<detail::ipc_memory_resource_impl>,
+                    s,
+                    s.device_pool(device),
+                    options)
   {
   }
 
   /// The CUDA pool named `pool_name` (as `rmmctl stats` shows it).
-  ipc_memory_resource(session s, std::string_view pool_name)
-      : shared_base(
-            cuda::std::in_place_type<detail::ipc_memory_resource_impl>, s, s.pool(pool_name))
+  ipc_memory_resource(session s, std::string_view pool_name, ipc_resource_options options = {})
+      : shared_base(cuda::std::in_place_type<detail::ipc_memory_resource_impl>,
+                    s,
+                    s.pool(pool_name),
+                    options)
   {
+  }
+
+  /// Slab mode: gives the slabs back to the daemon now if nothing is carved
+  /// from them; returns the bytes given back.
+  std::size_t trim() noexcept
+  {
+    return get().trim();
   }
 
   [[nodiscard]] session const& get_session() const noexcept

@@ -34,6 +34,13 @@ struct pool_info {
   bool pinnable{false};           ///< host pools: usable by pinned_host_memory_resource
 };
 
+/// What a slab-mode resource carved out of its slabs of one pool.
+struct carved_usage {
+  std::uint32_t pool_id{};
+  std::size_t bytes{};
+  std::size_t allocation_count{};
+};
+
 /// One allocation the daemon granted to this session.
 struct lease {
   std::uint64_t id{};
@@ -90,6 +97,11 @@ class session {
   /// stream that freed the import. Returns without waiting for the GPU. The
   /// event may be recorded again once this record has completed.
   void free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
+
+  /// Tells the daemon what slab-mode resources carved (replacing the last
+  /// report for those pools). Returns the ids of the pools under pressure,
+  /// whose idle slabs should go back now.
+  std::vector<std::uint32_t> report_usage(std::vector<carved_usage> const& usage) const;
 
   /// This process's mapping of a host pool, made once per session.
   /// REQUIRES: pool_id names a host pool.

@@ -13,11 +13,11 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
-#include <set>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -446,7 +446,7 @@ class FencedFreeTest : public CoreWithPool {
  protected:
   std::shared_ptr<std::atomic<bool>> fence(std::string const& name)
   {
-    auto flag                = std::make_shared<std::atomic<bool>>(false);
+    auto flag              = std::make_shared<std::atomic<bool>>(false);
     backend_->fences[name] = flag;
     return flag;
   }
@@ -496,7 +496,7 @@ TEST_F(FencedFreeTest, AFenceAlreadyPassedFreesAtOnce)
 
 TEST_F(FencedFreeTest, AFenceTheBackendCannotOpenIsInvalidArgumentAndChangesNothing)
 {
-  auto a = core_.allocate(session_, pool_, MiB, 0);
+  auto a            = core_.allocate(session_, pool_, MiB, 0);
   auto const before = fingerprint(core_);
   auto st           = core_.free(session_, a->id, bytes_of("bogus"));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
@@ -553,6 +553,71 @@ TEST(DaemonCore, AHostPoolRefusesAReleaseEvent)
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("take no release event"));
   EXPECT_EQ(core.stats().pools[0].in_use_bytes, 4096u);
+}
+
+// ---------------------------------------------------------------------------
+// Fast-path sessions: carved usage and pool pressure
+
+TEST_F(CoreWithPool, CarvedUsageShowsInStatsAndEachReportReplacesTheLast)
+{
+  auto slab = core_.allocate(session_, pool_, 16 * MiB, 0);
+  ASSERT_TRUE(slab.ok());
+  auto trim =
+      core_.report_usage(session_, {{.pool = pool_, .bytes = 5 * MiB, .allocation_count = 3}});
+  ASSERT_TRUE(trim.ok()) << trim.status();
+  EXPECT_TRUE(trim->empty());  // no pressure
+  auto s = core_.stats();
+  EXPECT_EQ(s.pools[0].in_use_bytes, 16 * MiB);  // slabs count whole
+  EXPECT_EQ(s.pools[0].carved_bytes, 5 * MiB);
+  EXPECT_EQ(s.pools[0].carved_allocations, 3u);
+  EXPECT_EQ(s.sessions[0].carved_bytes, 5 * MiB);
+  ASSERT_TRUE(
+      core_.report_usage(session_, {{.pool = pool_, .bytes = MiB, .allocation_count = 1}}).ok());
+  EXPECT_EQ(core_.stats().pools[0].carved_bytes, MiB);
+  ASSERT_TRUE(core_.report_usage(session_, {{.pool = pool_}}).ok());
+  EXPECT_EQ(core_.stats().pools[0].carved_bytes, 0u);
+  core_.close_session(session_);
+  EXPECT_EQ(core_.stats().pools[0].carved_bytes, 0u);
+}
+
+TEST_F(CoreWithPool, ABadUsageReportIsInvalidArgumentAndRecordsNothing)
+{
+  ASSERT_TRUE(core_.allocate(session_, pool_, MiB, 0).ok());
+  ASSERT_TRUE(
+      core_.report_usage(session_, {{.pool = pool_, .bytes = 4096, .allocation_count = 1}}).ok());
+  auto const before = core_.stats().pools[0].carved_bytes;
+  struct bad {
+    std::vector<carved_usage> usage;
+    char const* says;
+  };
+  for (auto const& b : std::vector<bad>{
+           {{{.pool = 7, .bytes = 1}}, "unknown pool id 7"},
+           {{{.pool = pool_, .bytes = 1}, {.pool = pool_, .bytes = 2}}, "appears twice"},
+           {{{.pool = pool_, .bytes = 2 * MiB, .allocation_count = 1}}, "holds 1048576 bytes"}}) {
+    auto r = core_.report_usage(session_, b.usage);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr(b.says));
+  }
+  EXPECT_EQ(core_.stats().pools[0].carved_bytes, before);
+  EXPECT_EQ(core_.report_usage(999, {}).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(CoreWithPool, APoolShortOfMemoryAsksFastPathSessionsToTrim)
+{
+  ASSERT_TRUE(core_.allocate(session_, pool_, pool_size / 2, 0).ok());
+  auto other = open(1001);
+  EXPECT_EQ(core_.allocate(other, pool_, pool_size, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto trim = core_.report_usage(session_, {});
+  ASSERT_TRUE(trim.ok());
+  EXPECT_EQ(*trim, std::vector<pool_id>{pool_});
+}
+
+TEST_F(CoreWithPool, AnOperatorCanSignalPressure)
+{
+  core_.signal_pressure(pool_);
+  EXPECT_EQ(*core_.report_usage(session_, {}), std::vector<pool_id>{pool_});
+  core_.signal_pressure(42);  // unknown pools are ignored
 }
 
 TEST_F(CoreWithPool, CloseAllSessionsFreesEveryLease)

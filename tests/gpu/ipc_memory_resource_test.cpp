@@ -10,6 +10,7 @@
 
 #include <rmm/device_buffer.hpp>
 #include <rmm/device_uvector.hpp>
+#include <rmm/error.hpp>
 #include <rmm/mr/per_device_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/statistics_resource_adaptor.hpp>
@@ -20,6 +21,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
@@ -31,6 +34,9 @@ namespace rmmd::test {
 namespace {
 
 using ::testing::HasSubstr;
+
+/// One daemon allocation per allocate(): what the tests of the direct path use.
+constexpr rmmd::ipc_resource_options direct{.mode = rmmd::allocation_mode::direct};
 
 // What RMM's containers need, checked at compile time on every machine.
 static_assert(cuda::mr::resource_with<rmmd::ipc_memory_resource, cuda::mr::device_accessible>);
@@ -89,7 +95,7 @@ class IpcMemoryResource : public ::testing::Test {
 
 TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
 {
-  rmmd::ipc_memory_resource mr(*session_);
+  rmmd::ipc_memory_resource mr(*session_, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   constexpr std::size_t n = 1 << 20;
   std::vector<int> host(n);
@@ -118,7 +124,7 @@ TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
 
 TEST_F(IpcMemoryResource, WorksAsUpstreamOfRmmAdaptorsAndAsTheCurrentResource)
 {
-  rmmd::ipc_memory_resource mr(*session_, 0);
+  rmmd::ipc_memory_resource mr(*session_, 0, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   {
     rmm::mr::pool_memory_resource pool(mr, 1 << 20);  // one lease from the daemon, carved locally
@@ -140,7 +146,7 @@ TEST_F(IpcMemoryResource, WorksAsUpstreamOfRmmAdaptorsAndAsTheCurrentResource)
 
 TEST_F(IpcMemoryResource, ErrorsAreTyped)
 {
-  rmmd::ipc_memory_resource mr(*session_);
+  rmmd::ipc_memory_resource mr(*session_, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   EXPECT_THROW((void)mr.allocate(stream, 0, 256), rmmd::logic_error);
   EXPECT_THROW((void)mr.allocate(stream, 1024, 4096), rmmd::logic_error);  // above 256
@@ -190,7 +196,7 @@ TEST_F(IpcMemoryResource, SigkilledClientsDeviceMemoryGoesBackToThePool)
 
 TEST_F(IpcMemoryResource, DaemonKilledClientKeepsItsMemoryAndGetsSessionError)
 {
-  rmmd::ipc_memory_resource mr(*session_);
+  rmmd::ipc_memory_resource mr(*session_, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   constexpr std::size_t n = 1 << 16;
   auto* p                 = static_cast<int*>(mr.allocate(stream, n * sizeof(int), 256));
@@ -255,7 +261,7 @@ class stream_gate {
 
 TEST_F(IpcMemoryResource, DeallocateDoesNotWaitForTheStreamAndTheDaemonFreesOnlyAfterIt)
 {
-  rmmd::ipc_memory_resource mr(*session_);
+  rmmd::ipc_memory_resource mr(*session_, direct);
   cudaStream_t raw{};
   ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
   cuda::stream_ref stream{raw};
@@ -316,6 +322,121 @@ TEST_F(IpcMemoryResource, AClientKilledWithAFreeStillPendingGetsItsMemoryReclaim
   rmm::device_uvector<int> v(1 << 20, stream, mr);
   ASSERT_EQ(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(int), stream.get()), cudaSuccess);
   EXPECT_EQ(v.element(7, stream), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The fast path: allocation_mode::slab
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+rmmd::ipc_resource_options slabs(std::size_t slab_bytes, std::chrono::milliseconds idle_trim)
+{
+  return {.mode = rmmd::allocation_mode::slab, .slab_bytes = slab_bytes, .idle_trim = idle_trim};
+}
+
+TEST_F(IpcMemoryResource, SlabModeKeepsEveryBuffersDataAcrossManySlabs)
+{
+  rmmd::ipc_memory_resource mr(*session_, 0, slabs(MiB, 300ms));
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<std::pair<std::uint8_t*, std::size_t>> buffers;
+  std::size_t carved = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto const bytes = std::size_t{4096} << (i % 8);  // 4 KiB to 512 KiB
+    auto* p          = static_cast<std::uint8_t*>(mr.allocate(stream, bytes, 256));
+    ASSERT_EQ(cudaMemsetAsync(p, i & 0xff, bytes, stream), cudaSuccess);
+    buffers.emplace_back(p, bytes);
+    carved += bytes;
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    std::vector<std::uint8_t> host(buffers[i].second);
+    ASSERT_EQ(
+        cudaMemcpyAsync(host.data(), buffers[i].first, host.size(), cudaMemcpyDeviceToHost, stream),
+        cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_TRUE(std::all_of(host.begin(), host.end(), [i](auto b) { return b == (i & 0xff); }))
+        << "buffer " << i;
+  }
+  // The daemon counts slabs (far fewer than the buffers, and at least what
+  // was carved); the resource reports what it carved.
+  auto const held = gpu_pool(daemon_->stats(), 0);
+  EXPECT_LT(held.allocation_count(), 40u);
+  EXPECT_GE(held.in_use_bytes(), carved);
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == carved && p.carved_allocations() == buffers.size();
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  for (auto [p, bytes] : buffers) { mr.deallocate(stream, p, bytes, 256); }
+  // Idle slabs go back on their own.
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.in_use_bytes() == 0 && p.carved_bytes() == 0 && p.backend_used_bytes() == 0;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(SlabMode, QuotasCountSlabsWhole)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "1GiB", "--session-quota-bytes", "96MiB"});
+  auto s = daemon.open_session("slab-quota");
+  rmmd::ipc_memory_resource mr(s, 0, slabs(64 * MiB, 1h));
+  cuda::stream_ref stream{cudaStream_t{}};
+  void* small = mr.allocate(stream, MiB, 256);
+  EXPECT_EQ(gpu_pool(daemon.stats(), 0).in_use_bytes(), 64 * MiB);  // the slab, not the MiB
+  void* more = mr.allocate(stream, 40 * MiB, 256);                  // carved from the same slab
+  EXPECT_EQ(gpu_pool(daemon.stats(), 0).in_use_bytes(), 64 * MiB);
+  // Another 40 MiB needs a second slab: 64 + 40 MiB is over the 96 MiB quota.
+  EXPECT_THROW((void)mr.allocate(stream, 40 * MiB, 256), rmm::out_of_memory);
+  EXPECT_EQ(gpu_pool(daemon.stats(), 0).in_use_bytes(), 64 * MiB);
+  mr.deallocate(stream, more, 40 * MiB, 256);
+  mr.deallocate(stream, small, MiB, 256);
+  EXPECT_GT(mr.trim(), 0u);
+  EXPECT_TRUE(eventually([&] { return gpu_pool(daemon.stats(), 0).in_use_bytes() == 0; }));
+}
+
+TEST_F(IpcMemoryResource, AKilledFastPathClientsSlabsGoBackToThePool)
+{
+  auto const before = gpu_pool(daemon_->stats(), 0);
+  child_process holder({program_path("rmmd_test_client").string(), "slab-hold", "10485760", "3"},
+                       {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()});
+  ASSERT_EQ(holder.read_line(60s), "ready");
+  EXPECT_GE(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before.in_use_bytes() + 10485760);
+  holder.kill(SIGKILL);
+  ASSERT_EQ(holder.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.in_use_bytes() == before.in_use_bytes() &&
+           p.backend_used_bytes() == before.backend_used_bytes() && p.carved_bytes() == 0;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+}
+
+TEST(SlabMode, IdleSlabsGoBackWhenThePoolIsUnderPressure)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "512MiB"});
+  auto hoarder = daemon.open_session("hoarder");
+  rmmd::ipc_memory_resource slab_mr(hoarder, 0, slabs(256 * MiB, 1h));  // never idle-trims
+  cuda::stream_ref stream{cudaStream_t{}};
+  slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
+  stream.sync();
+  ASSERT_EQ(gpu_pool(daemon.stats(), 0).in_use_bytes(), 256 * MiB);  // an idle slab
+
+  auto needy = daemon.open_session("needy");
+  rmmd::ipc_memory_resource direct_mr(needy, 0, direct);
+  // 384 MiB does not fit beside the idle slab: the failure puts the pool under
+  // pressure, the hoarder hears of it at its next report and gives the slab back.
+  EXPECT_THROW((void)direct_mr.allocate(stream, 384 * MiB, 256), rmm::out_of_memory);
+  void* big = nullptr;
+  EXPECT_TRUE(eventually([&] {
+    try {
+      big = direct_mr.allocate(stream, 384 * MiB, 256);
+      return true;
+    } catch (rmm::out_of_memory const&) {
+      return false;
+    }
+  })) << gpu_pool(daemon.stats(), 0).DebugString();
+  if (big != nullptr) { direct_mr.deallocate(stream, big, 384 * MiB, 256); }
 }
 
 TEST(PinnedHostMemory, TheGpuReadsWhatAnotherProcessWroteAndTheOtherWayRound)
@@ -391,7 +512,7 @@ TEST(IpcMemoryResourceMultiGpu, EachDeviceHasItsPool)
   cuda::stream_ref stream{cudaStream_t{}};
   for (int device = 0; device < gpu_count(); ++device) {
     ASSERT_EQ(cudaSetDevice(device), cudaSuccess);
-    rmmd::ipc_memory_resource mr(s);  // the current device's pool
+    rmmd::ipc_memory_resource mr(s, direct);  // the current device's pool
     EXPECT_EQ(mr.pool().device, device);
     rmm::device_uvector<int> v(1000, stream, mr);
     ASSERT_EQ(cudaMemsetAsync(v.data(), 0, 4000, stream.get()), cudaSuccess);
@@ -429,7 +550,7 @@ TEST(FabricPool, EndToEndThroughTheFabricHandleWhenAnImexChannelExists)
       .runtime_dir = daemon.runtime_dir(), .client_name = "fabric", .import_by_fabric = true});
   auto const& pool = s.device_pool(0);
   EXPECT_TRUE(pool.has_fabric_handle);
-  rmmd::ipc_memory_resource mr(s, 0);
+  rmmd::ipc_memory_resource mr(s, 0, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   rmm::device_uvector<int> v(1 << 20, stream, mr);
   ASSERT_EQ(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(int), stream.get()), cudaSuccess);

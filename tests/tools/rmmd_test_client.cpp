@@ -7,10 +7,13 @@
 //       stdin to close, checks the buffers are intact, frees them, prints
 //       "freed" and exits 0.
 //   rmmd_test_client device-hold BYTES VALUE
-//       fills an rmm::device_uvector<uint8_t> of BYTES from the GPU 0 pool with
+//       fills an rmm::device_uvector<uint8_t> of BYTES from the GPU 0 pool (one
+//       direct allocation) with
 //       VALUE (cudaMemsetAsync), prints "ready", waits for stdin to close,
 //       copies it back and checks it, prints "intact" (or "corrupted") and
 //       exits 0 (or 1).
+//   rmmd_test_client slab-hold BYTES VALUE
+//       the same through the fast path (allocation_mode::slab).
 //   rmmd_test_client write OFFSET:BYTES:SEED...
 //       opens its own session, maps the host pool and writes each range's
 //       pattern (in memory another process allocated); prints "written N".
@@ -78,10 +81,12 @@ int hold(std::size_t bytes, std::uint64_t seed, int count)
   return status;
 }
 
-int device_hold(std::size_t bytes, int value)
+int device_hold(std::size_t bytes, int value, rmmd::allocation_mode mode)
 {
   rmmd::ipc_memory_resource mr(
-      rmmd::session(rmmd::session::options{.client_name = "device-holder"}), 0);
+      rmmd::session(rmmd::session::options{.client_name = "device-holder"}),
+      0,
+      rmmd::ipc_resource_options{.mode = mode});
   cuda::stream_ref stream{cudaStream_t{}};
   rmm::device_uvector<std::uint8_t> buffer(bytes, stream, mr);
   if (cudaMemsetAsync(buffer.data(), value, bytes, stream.get()) != cudaSuccess) { return 4; }
@@ -124,7 +129,8 @@ int write_patterns(int argc, char** argv)
 int device_free_pending(std::size_t bytes)
 {
   rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "free-pending"}),
-                               0);
+                               0,
+                               rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct});
   cudaStream_t stream{};
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) { return 4; }
   void* p    = mr.allocate(cuda::stream_ref{stream}, bytes, 256);
@@ -169,7 +175,10 @@ int main(int argc, char** argv)
       return hold(std::stoull(argv[2]), std::stoull(argv[3]), std::stoi(argv[4]));
     }
     if (argc == 4 && std::strcmp(argv[1], "device-hold") == 0) {
-      return device_hold(std::stoull(argv[2]), std::stoi(argv[3]));
+      return device_hold(std::stoull(argv[2]), std::stoi(argv[3]), rmmd::allocation_mode::direct);
+    }
+    if (argc == 4 && std::strcmp(argv[1], "slab-hold") == 0) {
+      return device_hold(std::stoull(argv[2]), std::stoi(argv[3]), rmmd::allocation_mode::slab);
     }
     if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
     if (argc >= 2 && std::strcmp(argv[1], "write") == 0) {
@@ -183,7 +192,8 @@ int main(int argc, char** argv)
     return 3;
   }
   std::fprintf(stderr,
-               "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | write "
+               "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | "
+               "slab-hold BYTES VALUE | write "
                "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES\n");
   return 2;
 }

@@ -6,18 +6,50 @@
 #include <cuda/memory_resource>
 #include <cuda/stream>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+namespace rmmd {
+
+/// How rmmd::ipc_memory_resource gets memory from the daemon.
+enum class allocation_mode {
+  /// One daemon allocation per allocate(): an RPC, a pointer export and an
+  /// import each (tens of microseconds), and the daemon's ledger shows every
+  /// buffer. For few, large or long-lived buffers.
+  direct,
+  /// The resource leases slabs through the direct path and carves allocations
+  /// out of them in-process with RMM's pool_memory_resource (stream-ordered
+  /// reuse, no daemon round trip): about as fast as an in-process RMM pool.
+  /// The daemon counts slabs; the resource reports what it carved. Idle slabs
+  /// go back after `idle_trim`, or at once when the daemon reports pressure.
+  slab,
+};
+
+struct ipc_resource_options {
+  allocation_mode mode{allocation_mode::slab};
+  /// The first slab; later ones are sized as RMM's pool grows (at least the
+  /// request, at most the pool's size so far).
+  std::size_t slab_bytes{std::size_t{64} << 20};
+  /// Slabs go back to the daemon once nothing has been carved from them for
+  /// this long.
+  std::chrono::milliseconds idle_trim{std::chrono::seconds(5)};
+};
+
+}  // namespace rmmd
+
 namespace rmmd::detail {
+
+class slab_carver;
 
 /// The shared state behind rmmd::ipc_memory_resource. Not copyable.
 class ipc_memory_resource_impl {
  public:
   /// REQUIRES: `pool` is one of `s`'s CUDA pools. Imports it (once per session).
-  ipc_memory_resource_impl(session s, pool_info const& pool);
+  ipc_memory_resource_impl(session s, pool_info const& pool, ipc_resource_options options = {});
   ipc_memory_resource_impl(ipc_memory_resource_impl const&)            = delete;
   ipc_memory_resource_impl& operator=(ipc_memory_resource_impl const&) = delete;
   /// Frees what is still allocated through it (never throws).
@@ -44,6 +76,19 @@ class ipc_memory_resource_impl {
   {
     return pool_;
   }
+  [[nodiscard]] ipc_resource_options const& options() const noexcept
+  {
+    return options_;
+  }
+
+  /// The direct path: one daemon allocation, imported (slab mode leases its
+  /// slabs through these).
+  [[nodiscard]] void* lease(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
+  void unlease(cuda::stream_ref stream, void* ptr) noexcept;
+
+  /// Slab mode: gives idle slabs back now; returns the bytes given back (0
+  /// when something is still carved from them, or in direct mode).
+  std::size_t trim() noexcept;
 
   friend void get_property(ipc_memory_resource_impl const&, cuda::mr::device_accessible) noexcept {}
 
@@ -66,11 +111,13 @@ class ipc_memory_resource_impl {
 
   session session_;
   pool_info pool_;
+  ipc_resource_options options_;
   cudaMemPool_t imported_{};
   lease_table leases_;
   std::mutex events_mutex_;
   std::vector<release_event> events_;  // an event may be reused once its record completed
   std::size_t next_event_{};
+  std::unique_ptr<slab_carver> carver_;  // slab mode only; destroyed first
 };
 
 }  // namespace rmmd::detail

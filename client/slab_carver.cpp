@@ -1,0 +1,200 @@
+#include "client/slab_carver.hpp"
+
+#include <rmmd/error.hpp>
+
+#include <rmm/process_is_exiting.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+namespace rmmd::detail {
+namespace {
+
+/// What the pool leases its slabs from: the owning resource's direct path.
+/// Copyable (RMM keeps it in an any_resource); the owner outlives the pool.
+class direct_upstream {
+ public:
+  explicit direct_upstream(ipc_memory_resource_impl* owner) : owner_(owner) {}
+
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+  {
+    return owner_->lease(stream, bytes, alignment);
+  }
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t, std::size_t) noexcept
+  {
+    owner_->unlease(stream, ptr);
+  }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment)
+  {
+    return allocate(cuda::stream_ref{cudaStreamLegacy}, bytes, alignment);
+  }
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    deallocate(cuda::stream_ref{cudaStreamLegacy}, ptr, bytes, alignment);
+  }
+  bool operator==(direct_upstream const& other) const noexcept
+  {
+    return owner_ == other.owner_;
+  }
+
+  friend void get_property(direct_upstream const&, cuda::mr::device_accessible) noexcept {}
+
+ private:
+  ipc_memory_resource_impl* owner_;
+};
+
+static_assert(cuda::mr::resource_with<direct_upstream, cuda::mr::device_accessible>);
+
+/// RMM's pool carves at this alignment; larger ones it would not honour.
+constexpr std::size_t max_alignment = 256;
+
+}  // namespace
+
+slab_carver::slab_carver(ipc_memory_resource_impl& owner)
+    : owner_(owner), keeper_([this](std::stop_token stop) { keep(std::move(stop)); })
+{
+}
+
+slab_carver::~slab_carver()
+{
+  keeper_.request_stop();
+  keeper_.join();
+  if (rmm::process_is_exiting()) {
+    // No CUDA calls now: the daemon reclaims the slabs with the session.
+    static_cast<void>(pool_.release());
+    return;
+  }
+  trim();
+  if (pool_ != nullptr && carved_count_.load() != 0) {
+    std::fprintf(stderr,
+                 "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
+                 "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
+                 owner_.pool().name.c_str(),
+                 carved_count_.load(),
+                 carved_bytes_.load());
+    static_cast<void>(pool_.release());
+  }
+}
+
+void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+{
+  if (alignment > max_alignment) {
+    throw rmmd::logic_error("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
+                            owner_.pool().name + "': alignment " + std::to_string(alignment) +
+                            " is larger than the 256 bytes CUDA pools guarantee");
+  }
+  for (;;) {
+    {
+      std::shared_lock lock(pool_mutex_);
+      if (pool_ != nullptr) {
+        void* ptr = pool_->allocate(stream, bytes, alignment);
+        carved_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+        carved_count_.fetch_add(1, std::memory_order_relaxed);
+        return ptr;
+      }
+    }
+    std::unique_lock lock(pool_mutex_);
+    if (pool_ == nullptr) {
+      // The first slab is leased here; later ones as RMM's pool grows.
+      pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
+                                                              owner_.options().slab_bytes);
+    }
+  }
+}
+
+void slab_carver::deallocate(cuda::stream_ref stream,
+                             void* ptr,
+                             std::size_t bytes,
+                             std::size_t alignment) noexcept
+{
+  std::shared_lock lock(pool_mutex_);
+  if (pool_ == nullptr) { return; }
+  pool_->deallocate(stream, ptr, bytes, alignment);
+  carved_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  carved_count_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::size_t slab_carver::trim() noexcept
+{
+  std::unique_ptr<rmm::mr::pool_memory_resource> idle;
+  {
+    std::unique_lock lock(pool_mutex_);
+    if (pool_ == nullptr || carved_count_.load() != 0) { return 0; }
+    idle = std::move(pool_);
+  }
+  auto const bytes = idle->pool_size();
+  // Work queued on any stream may still use memory that was carved and freed
+  // in stream order: let it finish before the slabs are freed (each then goes
+  // back through the direct path, in stream order and with a release event).
+  if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
+    std::fprintf(stderr,
+                 "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
+                 owner_.pool().name.c_str(),
+                 cudaGetErrorName(err));
+    static_cast<void>(idle.release());
+    return 0;
+  }
+  try {
+    idle.reset();
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
+    return 0;
+  }
+  return bytes;
+}
+
+void slab_carver::keep(std::stop_token stop) noexcept
+{
+  using clock          = std::chrono::steady_clock;
+  auto const idle_trim = owner_.options().idle_trim;
+  auto const tick      = std::clamp<clock::duration>(
+      idle_trim / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
+  std::size_t reported_bytes = 0, reported_count = 0;
+  auto last_report = clock::now();
+  auto idle_since  = clock::now();
+  bool reporting   = true;  // until the daemon is gone
+  std::unique_lock lock(keeper_mutex_);
+  while (!keeper_wake_.wait_for(lock, stop, tick, [] { return false; }) && !stop.stop_requested()) {
+    auto const now   = clock::now();
+    auto const bytes = carved_bytes_.load(std::memory_order_relaxed);
+    auto const count = carved_count_.load(std::memory_order_relaxed);
+    bool holding     = false;
+    {
+      std::shared_lock pool_lock(pool_mutex_);
+      holding = pool_ != nullptr;
+    }
+    if (count != 0) { idle_since = now; }
+    bool pressed       = false;
+    bool const changed = bytes != reported_bytes || count != reported_count;
+    if (reporting && (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
+      try {
+        auto const trim_pools = owner_.get_session().report_usage(
+            {carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count}});
+        pressed =
+            std::find(trim_pools.begin(), trim_pools.end(), owner_.pool().id) != trim_pools.end();
+        reported_bytes = bytes;
+        reported_count = count;
+        last_report    = now;
+      } catch (rmmd::session_error const&) {
+        reporting = false;  // the daemon is gone; the next allocation says so
+      } catch (std::exception const& e) {
+        std::fprintf(stderr, "rmmd: %s\n", e.what());
+        last_report = now;
+      }
+    }
+    if (holding && count == 0 && (pressed || now - idle_since >= idle_trim)) {
+      if (trim() > 0 && reporting) {
+        try {
+          static_cast<void>(owner_.get_session().report_usage(
+              {carved_usage{.pool_id = owner_.pool().id, .bytes = 0, .allocation_count = 0}}));
+        } catch (std::exception const&) {
+        }
+      }
+    }
+  }
+}
+
+}  // namespace rmmd::detail
