@@ -1328,9 +1328,15 @@ int bench_main(int argc, char** argv)
     return 2;
   }
   {  // fail now, not after the run, if the JSON cannot be written
-    std::ofstream probe(out_path, std::ios::app);
-    if (!probe) {
-      std::fprintf(stderr, "rmmd_bench: cannot write --out %s\n", out_path.c_str());
+    auto dir = std::filesystem::path(out_path).parent_path();
+    if (dir.empty()) { dir = "."; }
+    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0 ||
+        std::filesystem::is_directory(out_path)) {
+      std::fprintf(stderr,
+                   "rmmd_bench: cannot write --out %s: %s is not a writable directory (or the "
+                   "path is a directory)\n",
+                   out_path.c_str(),
+                   dir.c_str());
       return 2;
     }
   }
