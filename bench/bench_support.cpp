@@ -84,11 +84,14 @@ process::process(std::vector<std::string> argv,
   posix_spawn_file_actions_t actions;
   ::posix_spawn_file_actions_init(&actions);
   ::posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
-  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   if (stderr_fd >= 0) {
     int copy = ::fcntl(stderr_fd, F_DUPFD_CLOEXEC, 64);
     copies.push_back(copy);
     ::posix_spawn_file_actions_adddup2(&actions, copy, STDERR_FILENO);
+    // Nobody reads the daemon's stdout: a full pipe would stall it.
+    ::posix_spawn_file_actions_adddup2(&actions, is_daemon ? copy : out[1], STDOUT_FILENO);
+  } else {
+    ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   }
   for (auto [child_fd, parent_fd] : fds) {
     int copy = ::fcntl(parent_fd, F_DUPFD_CLOEXEC, 64);

@@ -37,8 +37,9 @@ class bench_error : public std::runtime_error {
 /// started and has not reaped yet, the daemon last.
 void kill_all_children() noexcept;
 
-/// A program started with posix_spawn. stdout (and stdin) are pipes; stderr
-/// goes to `stderr_fd` if given, else it is inherited. `fds` hands parent fds
+/// A program started with posix_spawn. stdin and stdout are pipes; stderr
+/// goes to `stderr_fd` if given, else it is inherited (`is_daemon`: stdout
+/// goes to `stderr_fd` too, and kill_all_children() kills it last). `fds` hands parent fds
 /// to the child under the given numbers. The destructor SIGKILLs the child if
 /// it still runs and reaps it.
 class process {
