@@ -56,42 +56,16 @@
 #include <thread>
 #include <vector>
 
-#ifdef RMMD_BENCH_NO_SLAB
-// Until the fast path (issue 5 item 1) lands in include/rmmd/: the API it
-// will have, so that this file already reads as it will. The fast-path
-// figures are reported as not built. Remove this block and the definition in
-// bench/CMakeLists.txt once ipc_memory_resource takes ipc_resource_options.
-namespace rmmd {
-enum class allocation_mode { direct, slab };
-struct ipc_resource_options {
-  allocation_mode mode                = allocation_mode::slab;
-  std::size_t slab_bytes              = std::size_t{64} << 20;
-  std::chrono::milliseconds idle_trim = std::chrono::seconds(5);
-};
-}  // namespace rmmd
-#endif
 
 namespace rmmd::bench {
 namespace {
 
-#ifdef RMMD_BENCH_NO_SLAB
-constexpr bool have_fast_path = false;
-ipc_memory_resource make_ipc_resource(session s, allocation_mode mode)
-{
-  if (mode == allocation_mode::slab) {
-    throw bench_error("the fast path (allocation_mode::slab) is not built (RMMD_BENCH_NO_SLAB)");
-  }
-  return ipc_memory_resource(std::move(s));
-}
-#else
-constexpr bool have_fast_path = true;
 ipc_memory_resource make_ipc_resource(session s, allocation_mode mode)
 {
   ipc_resource_options options;
   options.mode = mode;
   return ipc_memory_resource(std::move(s), options);
 }
-#endif
 
 constexpr std::size_t alignment = 256;
 constexpr std::array<std::size_t, 4> pair_sizes{
@@ -455,14 +429,8 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(config const
            [] { return rmm::mr::cuda_async_memory_resource{}; });
   run_kind({"rmmd_direct", "rmmd direct"},
            [&] { return make_ipc_resource(session, allocation_mode::direct); });
-  if (have_fast_path) {
-    run_kind({"rmmd_fast", "rmmd fast (slab)"},
-             [&] { return make_ipc_resource(session, allocation_mode::slab); });
-  } else {
-    std::printf("%-22s (not built: RMMD_BENCH_NO_SLAB)\n", "rmmd fast (slab)");
-    rows.push_back(json::object{{"resource", "rmmd_fast"}, {"error", "not built"}});
-    st.error("a rmmd_fast", "not built (RMMD_BENCH_NO_SLAB)");
-  }
+  run_kind({"rmmd_fast", "rmmd fast (slab)"},
+           [&] { return make_ipc_resource(session, allocation_mode::slab); });
   run_kind({"rmm_pool", "pool over cuda_async"}, [] {
     rmm::mr::cuda_async_memory_resource upstream{};
     return rmm::mr::pool_memory_resource(upstream, std::size_t{256} << 20);
@@ -917,9 +885,6 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                             {"size_bytes", cfg.worker_bytes},
                             {"seconds_each", cfg.worker_seconds}}};
       try {
-        if (mode == allocation_mode::slab && !have_fast_path) {
-          throw bench_error("the fast path is not built (RMMD_BENCH_NO_SLAB)");
-        }
         std::vector<std::unique_ptr<process>> workers;
         for (int i = 0; i < n; ++i) {
           workers.push_back(
@@ -1078,9 +1043,6 @@ void section_setup_and_reclaim(config const& cfg,
   for (auto mode : {allocation_mode::direct, allocation_mode::slab}) {
     json row{json::object{{"mode", mode_name(mode)}, {"held_bytes", cfg.kill_hold_bytes}}};
     try {
-      if (mode == allocation_mode::slab && !have_fast_path) {
-        throw bench_error("the fast path is not built (RMMD_BENCH_NO_SLAB)");
-      }
       std::vector<double> ns;
       for (std::size_t trial = 0; trial < cfg.kill_trials; ++trial) {
         auto const before = pool_in_use(get_stats(session), pool_id);
@@ -1355,7 +1317,6 @@ int bench_main(int argc, char** argv)
   st.doc["command"]         = command;
   st.doc["started_utc"]     = utc_now();
   st.doc["quick"]           = quick;
-  st.doc["fast_path_built"] = have_fast_path;
   st.doc["config"]          = json::object{{"pairs", cfg.pairs},
                                   {"pairs_direct_64mib", cfg.pairs_direct_64mib},
                                   {"warmup_pairs", cfg.warmup},
@@ -1399,9 +1360,6 @@ int bench_main(int argc, char** argv)
               driver_version().c_str(),
               static_cast<int>(daemon.pid()),
               quick ? ", --quick" : "");
-  if (!have_fast_path) {
-    std::printf("NOTE: built with RMMD_BENCH_NO_SLAB: the fast path's figures are not measured\n");
-  }
   std::fflush(stdout);
 
   auto guarded = [&](char const* name, auto&& body) {
