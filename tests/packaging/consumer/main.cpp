@@ -27,9 +27,7 @@ int main(int argc, char** argv)
     rmmd::host_memory_resource mr(session);
     std::size_t const bytes = 1 << 20;
     auto* p                 = static_cast<unsigned char*>(mr.allocate_sync(bytes, 256));
-    for (std::size_t i = 0; i < bytes; ++i) {
-      p[i] = static_cast<unsigned char>(i * 7);
-    }
+    for (std::size_t i = 0; i < bytes; ++i) { p[i] = static_cast<unsigned char>(i * 7); }
     for (std::size_t i = 0; i < bytes; ++i) {
       if (p[i] != static_cast<unsigned char>(i * 7)) {
         std::printf("rmmd_consumer: FAILED: byte %zu reads %d\n", i, p[i]);
