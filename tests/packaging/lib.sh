@@ -23,6 +23,16 @@ expect_line() {
   }
 }
 
+# expect_text FILE REGEX WHAT: FILE, its lines joined by single spaces (CMake
+# wraps its messages where a path's length says), matches REGEX.
+expect_text() {
+  tr -s ' \n' ' ' <"$1" | grep -Eq -- "$2" || {
+    echo "--- $1" >&2
+    cat "$1" >&2
+    fail "$3: /$2/ is not in $1"
+  }
+}
+
 # expect_no_line FILE REGEX WHAT
 expect_no_line() {
   if grep -En -- "$2" "$1" >&2; then
