@@ -138,10 +138,9 @@ set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${RMMD_PACKAGE_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_COMPRESSION_TYPE xz)
-# Debian library dependencies from dpkg-shlibdeps; lib/rmmd is searched for the
-# bundled ones, which the package itself provides.
+# Debian library dependencies from dpkg-shlibdeps. It finds the bundled ones in
+# the package itself: CPack turns the $ORIGIN run paths into staging paths.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "/usr/${RMMD_PRIVATE_LIBDIR}")
 # systemd-sysusers or, without it, useradd (passwd) makes the rmmd user.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "systemd")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
