@@ -1209,13 +1209,18 @@ std::string driver_version()
   std::ifstream in("/proc/driver/nvidia/version");
   std::string line;
   std::getline(in, line);
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Thu ..."
-  auto at = line.find("Kernel Module");
-  if (at == std::string::npos) { return line; }
-  std::istringstream rest(line.substr(at + 13));
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Thu ..." or
+  // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  ...":
+  // the first word made of digits and dots.
+  std::istringstream words(line);
   std::string v;
-  rest >> v;
-  return v;
+  while (words >> v) {
+    if (!v.empty() && v.find_first_not_of("0123456789.") == std::string::npos &&
+        v.find('.') != std::string::npos) {
+      return v;
+    }
+  }
+  return line;
 }
 
 json gpu_json(std::string& name_out)

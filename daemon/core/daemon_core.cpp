@@ -467,7 +467,7 @@ absl::StatusOr<std::vector<pool_id>> daemon_core::report_usage(
                           pools_[u.pool]->config.name));
     }
     auto const held = s.pool_bytes.contains(u.pool) ? s.pool_bytes.at(u.pool) : 0;
-    if (u.bytes > held || u.allocation_count > u.bytes) {
+    if (u.bytes > held) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "report usage: %s in %d allocations carved from pool '%s', but the session holds "
           "%s there",
