@@ -618,7 +618,12 @@ int main(int argc, char** argv)
 
   // Phase 1: no new sessions; live ones carry on (allocate, free) until they
   // end or the drain deadline passes. Another SIGTERM/SIGINT cuts it short.
-  ::sd_notify(0, "STOPPING=1");
+  // EXTEND_TIMEOUT_USEC: systemd's stop timeout covers the drain deadline
+  // (plus time to reclaim), whatever TimeoutStopSec says.
+  ::sd_notifyf(0,
+               "STOPPING=1\nEXTEND_TIMEOUT_USEC=%llu",
+               static_cast<unsigned long long>(
+                   std::chrono::microseconds(settings.drain_timeout + 10s).count()));
   listener.stop_accepting();
   auto const deadline = std::chrono::steady_clock::now() + settings.drain_timeout;
   if (auto n = listener.open_sessions(); n > 0) {

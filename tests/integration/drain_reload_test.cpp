@@ -47,7 +47,10 @@ TEST(Drain, ALiveClientKeepsWorkingUntilItLeavesAndNewSessionsAreRefused)
   auto const first = client->allocate(pool, 4 * KiB, 0);
 
   daemon.process().kill(SIGTERM);
-  ASSERT_TRUE(daemon.wait_notify("STOPPING=1"));
+  auto const stopping = daemon.wait_notify("STOPPING=1");
+  ASSERT_TRUE(stopping);
+  // systemd's stop timeout is stretched to the deadline plus 10 s.
+  EXPECT_THAT(*stopping, HasSubstr("EXTEND_TIMEOUT_USEC=30000000"));
   EXPECT_TRUE(eventually([&] { return new_sessions_refused(daemon); }));
 
   // The live session carries on: it allocates, frees and reads stats.
