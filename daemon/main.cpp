@@ -113,12 +113,19 @@ rmmd::log::level parse_level(std::string const& name)
   return rmmd::log::level::info;
 }
 
+/// --fabric auto|on|off.
+config::fabric_mode fabric_mode(std::string const& flag)
+{
+  if (flag == "on") { return config::fabric_mode::required; }
+  if (flag == "off") { return config::fabric_mode::off; }
+  return config::fabric_mode::automatic;
+}
+
 /// Applies the options given on the command line over the file's settings.
 /// False, after saying why, if an option does not fit the configuration.
 bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_settings& s)
 {
   auto given = [&](char const* name) { return app.count(name) > 0; };
-  if (given("--runtime-dir")) { s.runtime_dir = flags.runtime_dir; }
   if (given("--allow-uid") || given("--allow-gid")) {
     s.access = rmmd::core::access_policy{.uids = flags.allow_uids, .gids = flags.allow_gids};
     s.access_is_default = false;
@@ -160,11 +167,7 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
     if (given("--cuda-release-threshold")) {
       p.release_threshold_bytes = flags.cuda_release_threshold;
     }
-    if (given("--fabric")) {
-      p.fabric = flags.fabric == "on"    ? config::fabric_mode::required
-                 : flags.fabric == "off" ? config::fabric_mode::off
-                                         : config::fabric_mode::automatic;
-    }
+    if (given("--fabric")) { p.fabric = fabric_mode(flags.fabric); }
   }
   // The sockets' directory: --runtime-dir, else $RMMD_RUNTIME_DIR, else the file's, else /run/rmmd.
   s.runtime_dir =
@@ -194,9 +197,7 @@ std::vector<config::pool_settings> pool_plan(config::daemon_settings const& s,
                             .device  = device};
     p.limit_bytes             = flags.cuda_pool_bytes;
     p.release_threshold_bytes = flags.cuda_release_threshold;
-    p.fabric                  = flags.fabric == "on"    ? config::fabric_mode::required
-                                : flags.fabric == "off" ? config::fabric_mode::off
-                                                        : config::fabric_mode::automatic;
+    p.fabric                  = fabric_mode(flags.fabric);
     plan.push_back(std::move(p));
   }
   return plan;
