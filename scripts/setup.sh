@@ -12,7 +12,8 @@ debs=(build-essential pkg-config ninja-build
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
       libcpp-httplib-dev libcli11-dev
-      file)  # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
+      file     # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
+      systemd) # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -545,6 +545,13 @@ std::size_t daemon_core::session_count() const
   return sessions_.size();
 }
 
+void daemon_core::reconfigure(access_policy access, quota_limits quotas)
+{
+  std::lock_guard lock(mutex_);
+  options_.access = std::move(access);
+  options_.quotas = std::move(quotas);
+}
+
 void daemon_core::begin_drain()
 {
   std::lock_guard lock(mutex_);

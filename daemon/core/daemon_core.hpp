@@ -135,6 +135,11 @@ class daemon_core {
   [[nodiscard]] std::vector<session_info> sessions() const;
   [[nodiscard]] std::size_t session_count() const;
 
+  /// Replaces who may open sessions and the quotas (a configuration reload).
+  /// Open sessions stay open and keep what they hold, even above a lowered
+  /// quota; the new limits apply to the next open_session and allocate.
+  void reconfigure(access_policy access, quota_limits quotas);
+
   /// From now on open_session and allocate answer UNAVAILABLE; free still works.
   void begin_drain();
 

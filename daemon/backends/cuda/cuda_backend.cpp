@@ -38,8 +38,8 @@ std::unique_ptr<rmm::mr::cuda_async_memory_resource> make_pool(cuda_pool_options
       o.fabric
           ? static_cast<handle_type>(cudaMemHandleTypePosixFileDescriptor | cudaMemHandleTypeFabric)
           : handle_type::posix_file_descriptor;
-  return std::make_unique<rmm::mr::cuda_async_memory_resource>(
-      std::nullopt, o.release_threshold, type);
+  auto initial = o.initial_size == 0 ? std::nullopt : std::optional<std::size_t>(o.initial_size);
+  return std::make_unique<rmm::mr::cuda_async_memory_resource>(initial, o.release_threshold, type);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ struct cuda_pool_options {
   int device{0};
   std::size_t capacity{};           ///< most bytes the pool may lend
   std::size_t release_threshold{};  ///< bytes the pool keeps reserved when idle
+  std::size_t initial_size{};       ///< bytes reserved from the driver at creation; 0: none
   /// Also export a fabric handle. REQUIRES: probe_fabric() said it works on
   /// this device (a failed fabric export makes the pool's destruction crash).
   bool fabric{false};

@@ -1,0 +1,126 @@
+#include "daemon/config/settings.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include <grp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace rmmd::config {
+
+core::access_policy default_access()
+{
+  core::access_policy policy;
+  policy.uids.push_back(::geteuid());
+  if (auto const* g = ::getgrnam("rmmd"); g != nullptr) { policy.gids.push_back(g->gr_gid); }
+  return policy;
+}
+
+daemon_settings default_settings()
+{
+  daemon_settings s;
+  s.access = default_access();
+  s.pools.push_back(pool_settings{.name           = "host",
+                                  .backend        = core::backend_kind::host,
+                                  .device         = -1,
+                                  .capacity_bytes = default_host_pool_bytes});
+  return s;
+}
+
+std::filesystem::path effective_runtime_dir(daemon_settings const& settings)
+{
+  char const* env = std::getenv("RMMD_RUNTIME_DIR");
+  if (env != nullptr && *env != '\0') { return env; }
+  return settings.runtime_dir.empty() ? std::filesystem::path("/run/rmmd") : settings.runtime_dir;
+}
+
+std::string mode_text(mode_t mode)
+{
+  return absl::StrFormat("%04o", static_cast<unsigned>(mode));
+}
+
+std::string_view level_name(log::level level)
+{
+  switch (level) {
+    case log::level::error:
+      return "error";
+    case log::level::warning:
+      return "warning";
+    case log::level::info:
+      return "info";
+    case log::level::debug:
+      return "debug";
+  }
+  return "info";
+}
+
+namespace {
+
+std::string bytes_or_none(std::size_t bytes)
+{
+  return bytes == 0 ? std::string("no limit") : absl::StrFormat("%d bytes", bytes);
+}
+
+std::string pool_line(pool_settings const& p)
+{
+  if (p.backend == core::backend_kind::host) {
+    return absl::StrFormat("  pool %s: host memory, %d bytes", p.name, p.capacity_bytes);
+  }
+  char const* handles = p.fabric == fabric_mode::off        ? "posix-fd"
+                        : p.fabric == fabric_mode::required ? "posix-fd and fabric (required)"
+                                                            : "posix-fd, fabric where it works";
+  return absl::StrFormat(
+      "  pool %s: CUDA device %d, %s, limit %s, release threshold %d bytes, initial %d bytes",
+      p.name,
+      p.device,
+      handles,
+      p.limit_bytes == 0 ? std::string("80% of free memory")
+                         : absl::StrFormat("%d bytes", p.limit_bytes),
+      p.release_threshold_bytes,
+      p.initial_size_bytes);
+}
+
+}  // namespace
+
+std::string summary(daemon_settings const& s)
+{
+  std::string out;
+  absl::StrAppendFormat(&out,
+                        "runtime directory %s (mode %s), sockets mode %s, group %s\n",
+                        effective_runtime_dir(s).string(),
+                        mode_text(s.runtime_dir_mode),
+                        mode_text(s.socket_mode),
+                        s.socket_group
+                            ? absl::StrFormat("%s (gid %d)", s.socket_group_name, *s.socket_group)
+                            : std::string("the daemon's own"));
+  absl::StrAppendFormat(&out,
+                        "allowed: uids [%s], gids [%s]%s\n",
+                        absl::StrJoin(s.access.uids, ", "),
+                        absl::StrJoin(s.access.gids, ", "),
+                        s.access_is_default ? " (default: the daemon's user and group rmmd)" : "");
+  absl::StrAppendFormat(
+      &out,
+      "pools: %d%s\n",
+      s.pools.size(),
+      s.gpu_pool_per_device ? ", then one CUDA pool per GPU (gpu0, gpu1, ...)" : "");
+  for (auto const& p : s.pools) { absl::StrAppend(&out, pool_line(p), "\n"); }
+  absl::StrAppendFormat(&out,
+                        "quotas: per session %s, per uid %s, %d per-uid override(s)\n",
+                        bytes_or_none(s.quotas.per_session_bytes),
+                        bytes_or_none(s.quotas.per_uid_bytes),
+                        s.quotas.per_uid_overrides.size());
+  absl::StrAppendFormat(
+      &out,
+      "drain %d ms, hello %d ms, max message %d bytes, metrics %s, log level %s\n",
+      s.drain_timeout.count(),
+      s.hello_timeout.count(),
+      s.max_message_bytes,
+      s.metrics_address.empty() ? std::string("off") : s.metrics_address,
+      level_name(s.log_level));
+  return out;
+}
+
+}  // namespace rmmd::config

@@ -1,0 +1,102 @@
+#pragma once
+
+// The daemon's settings: what the configuration file (rmmd.v1.DaemonConfig in
+// protobuf text format) says once it is validated and every name is resolved,
+// in plain C++ types. No protobuf, no gRPC.
+//
+// docs/configuration.md describes each field, its default, the flags that
+// override it and what a reload applies.
+
+#include "daemon/core/daemon_core.hpp"
+#include "daemon/core/types.hpp"
+#include "daemon/log.hpp"
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rmmd::config {
+
+inline constexpr char const* default_config_path     = "/etc/rmmd/rmmd.conf";
+inline constexpr std::size_t default_host_pool_bytes = std::size_t{1} << 30;
+
+/// Fabric handles on a CUDA pool.
+enum class fabric_mode : std::uint8_t {
+  automatic,  ///< where a probe proves they work; posix-fd only elsewhere
+  required,   ///< a pool without them is not served
+  off,        ///< posix fd only
+};
+
+struct pool_settings {
+  std::string name;
+  core::backend_kind backend{core::backend_kind::host};
+  int device{-1};  ///< cuda: the CUDA device ordinal; host: -1
+  fabric_mode fabric{fabric_mode::automatic};
+  std::size_t initial_size_bytes{};       ///< cuda
+  std::size_t release_threshold_bytes{};  ///< cuda
+  std::size_t limit_bytes{};              ///< cuda; 0: 80% of the GPU's free memory at start
+  std::size_t capacity_bytes{};           ///< host
+  std::optional<bool> pinnable{};         ///< host; unset: on when a CUDA pool is served
+  int line{};                             ///< where the file defines it (0: built in), for messages
+
+  bool operator==(pool_settings const& other) const
+  {
+    return name == other.name && backend == other.backend && device == other.device &&
+           fabric == other.fabric && initial_size_bytes == other.initial_size_bytes &&
+           release_threshold_bytes == other.release_threshold_bytes &&
+           limit_bytes == other.limit_bytes && capacity_bytes == other.capacity_bytes &&
+           pinnable == other.pinnable;
+  }
+};
+
+struct daemon_settings {
+  /// Empty: $RMMD_RUNTIME_DIR, else /run/rmmd (see effective_runtime_dir).
+  std::filesystem::path runtime_dir;
+  std::optional<gid_t> socket_group;  ///< none: the daemon's own group
+  std::string socket_group_name;      ///< as written, for messages
+  mode_t runtime_dir_mode{0750};
+  mode_t socket_mode{0660};
+
+  /// Resolved ids. When the file names none: the daemon's euid and the
+  /// `rmmd` group (if it exists), and access_is_default is true.
+  core::access_policy access;
+  bool access_is_default{true};
+
+  /// In id order. Without pools in the file: one host pool "host" of 1 GiB
+  /// and gpu_pool_per_device.
+  std::vector<pool_settings> pools;
+  /// Add, after `pools`, one CUDA pool per GPU that CUDA sees (gpu0, gpu1...).
+  bool gpu_pool_per_device{true};
+
+  core::quota_limits quotas;
+  std::chrono::milliseconds drain_timeout{5000};
+  std::chrono::milliseconds hello_timeout{2000};
+  std::size_t max_message_bytes{64 * 1024};
+  std::string metrics_address;  ///< "HOST:PORT"; empty: no metrics endpoint
+  log::level log_level{log::level::info};
+};
+
+/// The built-in settings: what the daemon runs with when no file exists.
+daemon_settings default_settings();
+
+/// The access policy used when none is configured: the daemon's own euid and
+/// the `rmmd` group, if the system has one.
+core::access_policy default_access();
+
+/// $RMMD_RUNTIME_DIR if set, else `runtime_dir`, else /run/rmmd (the
+/// daemon's --runtime-dir comes before all three).
+std::filesystem::path effective_runtime_dir(daemon_settings const& settings);
+
+/// A few lines for people: what the daemon would run with.
+std::string summary(daemon_settings const& settings);
+
+/// Human names: "0660", "info", "cuda", "automatic".
+std::string mode_text(mode_t mode);
+std::string_view level_name(log::level level);
+
+}  // namespace rmmd::config

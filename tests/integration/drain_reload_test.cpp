@@ -1,0 +1,233 @@
+// The real daemon under SIGTERM (graceful drain) and SIGHUP (reload), with
+// real client sessions; it tells the test what it did through its log and
+// sd_notify, which the test waits on.
+
+#include "tests/integration/logged_daemon.hpp"
+#include "tests/tools/daemon_process.hpp"
+
+#include <rmmd/error.hpp>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "rmmd/v1/rmmd.grpc.pb.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+namespace rmmd::test {
+namespace {
+
+using ::testing::HasSubstr;
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::size_t KiB = 1024;
+
+/// True once opening a session fails because no daemon listens any more.
+bool new_sessions_refused(logged_daemon const& daemon)
+{
+  try {
+    (void)daemon.open_session("late");
+    return false;
+  } catch (rmmd::session_error const&) {
+    return true;
+  }
+}
+
+TEST(Drain, ALiveClientKeepsWorkingUntilItLeavesAndNewSessionsAreRefused)
+{
+  logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "20000"});
+  auto client      = std::make_optional(daemon.open_session("worker"));
+  auto const pool  = client->host_pool().id;
+  auto const first = client->allocate(pool, 4 * KiB, 0);
+
+  daemon.process().kill(SIGTERM);
+  auto const stopping = daemon.wait_notify("STOPPING=1");
+  ASSERT_TRUE(stopping);
+  // systemd's stop timeout is stretched to the deadline plus 10 s.
+  EXPECT_THAT(*stopping, HasSubstr("EXTEND_TIMEOUT_USEC=30000000"));
+  EXPECT_TRUE(eventually([&] { return new_sessions_refused(daemon); }));
+
+  // The live session carries on: it allocates, frees and reads stats.
+  auto const second = client->allocate(pool, 8 * KiB, 0);
+  client->free(first.id);
+  EXPECT_EQ(in_use(stats_of(*client), pool), 8 * KiB);
+  EXPECT_FALSE(daemon.process().wait(std::chrono::milliseconds(0)).has_value());
+  EXPECT_TRUE(daemon.wait_notify("STATUS=draining: 1 session(s) left"));
+  client->free(second.id);
+
+  // Once it leaves, the daemon stops at once, long before the deadline.
+  auto const left = clock_type::now();
+  client.reset();
+  EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
+  EXPECT_LT(clock_type::now() - left, std::chrono::seconds(10));
+  EXPECT_TRUE(daemon.wait_log("stopped"));
+  EXPECT_THAT(daemon.log(), HasSubstr("waiting up to 20000 ms for 1 session(s) to end"));
+}
+
+TEST(Drain, TheDeadlineEndsSessionsThatStay)
+{
+  logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "300"});
+  auto client     = daemon.open_session("stays");
+  auto const pool = client.host_pool().id;
+  (void)client.allocate(pool, 4 * KiB, 0);
+  daemon.process().kill(SIGTERM);
+  EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
+  EXPECT_TRUE(daemon.wait_log("drain deadline passed with 1 session(s) open"));
+  try {
+    (void)client.allocate(pool, 4 * KiB, 0);
+    FAIL() << "allocate succeeded after the daemon stopped";
+  } catch (rmmd::session_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("allocate 4096 bytes"));
+  }
+}
+
+TEST(Drain, AnIdleDaemonStopsPromptlyWhileAClientChannelIsOpen)
+{
+  // gRPC's Shutdown(deadline) waits out the whole deadline while any client
+  // keeps a channel open; the daemon must not.
+  logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "20000"});
+  auto channel = grpc::CreateChannel("unix:" + (daemon.runtime_dir() / "rmmd.sock").string(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  v1::Stats stats;
+  // No token: refused, but the channel is now connected and stays open.
+  ASSERT_EQ(v1::Rmmd::NewStub(channel)->GetStats(&ctx, {}, &stats).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  auto const start = clock_type::now();
+  daemon.process().kill(SIGTERM);
+  EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
+  EXPECT_LT(clock_type::now() - start, std::chrono::seconds(3));
+}
+
+TEST(Drain, ASecondSigtermEndsTheDrain)
+{
+  logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "60000"});
+  auto client = daemon.open_session("stays");
+  daemon.process().kill(SIGTERM);
+  ASSERT_TRUE(daemon.wait_notify("STOPPING=1"));
+  daemon.process().kill(SIGTERM);
+  EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
+  EXPECT_TRUE(daemon.wait_log("Terminated again: closing 1 session(s) now"));
+}
+
+TEST(Status, TheStatusLineFollowsTheSessionCount)
+{
+  logged_daemon daemon({"--backend", "host"});
+  auto client = daemon.open_session("counted");
+  EXPECT_TRUE(daemon.wait_notify("STATUS=serving 1 pool(s), 1 session(s)"));
+}
+
+/// A daemon started on a configuration file the test rewrites and reloads.
+class Reload : public ::testing::Test {
+ protected:
+  static std::string config(std::string const& extra)
+  {
+    return "pools { name: \"host\" backend: HOST capacity_bytes: 16777216 }\n" + extra;
+  }
+  void start(std::string const& text)
+  {
+    path_   = dir_.write("rmmd.conf", text);
+    daemon_ = std::make_unique<logged_daemon>(std::vector<std::string>{"--config", path_.string()});
+  }
+  /// Rewrites the file, sends SIGHUP and waits for the daemon's verdict line.
+  std::optional<std::string> reload(std::string const& text, std::string_view verdict)
+  {
+    dir_.write("rmmd.conf", text);
+    daemon_->process().kill(SIGHUP);
+    return daemon_->wait_log(verdict);
+  }
+
+  scratch_dir dir_;
+  std::filesystem::path path_;
+  std::unique_ptr<logged_daemon> daemon_;
+};
+
+TEST_F(Reload, ALoweredQuotaRefusesTheNextAllocationAndTheSessionSurvives)
+{
+  start(config("quotas { per_session_bytes: 1048576 }\n"));
+  auto client     = daemon_->open_session("holder");
+  auto const pool = client.host_pool().id;
+  auto const held = client.allocate(pool, 512 * KiB, 0);
+
+  ASSERT_TRUE(reload(config("quotas { per_session_bytes: 262144 }\n"), "reloaded"))
+      << daemon_->log();
+  EXPECT_TRUE(daemon_->wait_notify("READY=1"));  // systemd's reload is over
+  try {
+    (void)client.allocate(pool, 4 * KiB, 0);
+    FAIL() << "an allocation over the lowered quota succeeded";
+  } catch (rmm::out_of_memory const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("quota of 262144 bytes"));
+  }
+  // What it held stays held, and stays its own to free.
+  EXPECT_EQ(in_use(stats_of(client), pool), 512 * KiB);
+  client.free(held.id);
+  (void)client.allocate(pool, 256 * KiB, 0);
+  auto other = daemon_->open_session("newcomer");
+  EXPECT_THROW((void)other.allocate(pool, 256 * KiB + 4 * KiB, 0), rmm::out_of_memory);
+}
+
+TEST_F(Reload, NewAllowedIdsApplyToNewSessionsOnly)
+{
+  start(config(""));
+  auto client     = daemon_->open_session("before");
+  auto const pool = client.host_pool().id;
+  auto other      = std::to_string(::getuid() == 4242 ? 4243 : 4242);
+  ASSERT_TRUE(reload(config("allowed_uids: " + other + "\n"), "reloaded")) << daemon_->log();
+  EXPECT_THROW((void)daemon_->open_session("after"), rmmd::permission_error);
+  (void)client.allocate(pool, 4 * KiB, 0);  // the open session is not dropped
+}
+
+TEST_F(Reload, ABadFileIsRejectedWithItsLineAndTheOldSettingsStay)
+{
+  start(config("quotas { per_session_bytes: 1048576 }\n"));
+  auto client     = daemon_->open_session("holder");
+  auto const pool = client.host_pool().id;
+  auto line =
+      reload(config("quotas { per_session_bytes: 4096 }\nsocket_mode: \"0999\"\n"), "is rejected");
+  ASSERT_TRUE(line) << daemon_->log();
+  EXPECT_THAT(daemon_->log(),
+              HasSubstr(path_.string() + ":3:1: socket_mode \"0999\" is not an octal"));
+  // Still the old quota (1 MiB, not 4 KiB), still alive, still serving.
+  (void)client.allocate(pool, 512 * KiB, 0);
+  (void)daemon_->open_session("still-serving");
+  EXPECT_FALSE(daemon_->process().wait(std::chrono::milliseconds(0)).has_value());
+  // A syntax error is rejected the same way.
+  ASSERT_TRUE(reload(config("quotas { per_session_bytes: 4096 \n"), "is rejected"));
+  EXPECT_THAT(daemon_->log(), HasSubstr(path_.string() + ":3:1: "));
+  (void)client.allocate(pool, 256 * KiB, 0);
+}
+
+TEST_F(Reload, PoolChangesNeedARestartAndTheRestIsApplied)
+{
+  start(config(""));
+  auto client = daemon_->open_session("holder");
+  ASSERT_TRUE(
+      reload("pools { name: \"host\" backend: HOST capacity_bytes: 33554432 }\n"
+             "quotas { per_session_bytes: 8192 }\n",
+             "reloaded"))
+      << daemon_->log();
+  EXPECT_THAT(daemon_->log(), HasSubstr("reload: the pools changed; that needs a restart"));
+  EXPECT_EQ(stats_of(client).pools(0).pool().capacity_bytes(), 16777216u);
+  EXPECT_THROW((void)client.allocate(client.host_pool().id, 16 * KiB, 0), rmm::out_of_memory);
+}
+
+TEST_F(Reload, TheLogLevelChanges)
+{
+  start(config("log_level: ERROR\n"));
+  {
+    auto quiet = daemon_->open_session("quiet");  // "session N opened" is an info line
+  }
+  ASSERT_TRUE(reload(config("log_level: INFO\n"), "reloaded")) << daemon_->log();
+  EXPECT_THAT(daemon_->log(), ::testing::Not(HasSubstr("session 1 opened")));
+  auto loud = daemon_->open_session("loud");
+  EXPECT_TRUE(daemon_->wait_log("opened"));
+}
+
+}  // namespace
+}  // namespace rmmd::test
