@@ -67,6 +67,22 @@ class pool_backend {
   {
     return {};
   }
+
+  /// Gives the memory the backend holds but does not lend back to the system
+  /// (the driver, the kernel) and returns how many bytes it gave back.
+  /// INTERNAL on a system error. The default has nothing to give: the host
+  /// backend already punches freed pages out of its memfd on every free.
+  virtual absl::StatusOr<std::size_t> trim()
+  {
+    return std::size_t{0};
+  }
+
+  /// Bytes the backend keeps reserved when idle, where it has such a setting
+  /// (CUDA pools: cudaMemPoolAttrReleaseThreshold).
+  [[nodiscard]] virtual std::optional<std::size_t> release_threshold() const
+  {
+    return std::nullopt;
+  }
 };
 
 }  // namespace rmmd::core

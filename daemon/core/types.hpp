@@ -64,6 +64,16 @@ struct pool_stats {
   std::optional<std::uint64_t>
       backend_reserved_bytes{};                       ///< e.g. cudaMemPoolAttrReservedMemCurrent
   std::optional<std::uint64_t> backend_used_bytes{};  ///< e.g. cudaMemPoolAttrUsedMemCurrent
+  std::optional<std::uint64_t> release_threshold_bytes{};  ///< where the backend has one
+};
+
+/// What trimming one pool gave back.
+struct pool_trim {
+  pool_id pool{};
+  std::string name{};
+  std::size_t released_bytes{};
+  std::optional<std::uint64_t> backend_reserved_before{};  ///< where the backend reports it
+  std::optional<std::uint64_t> backend_reserved_after{};
 };
 
 struct session_info {
