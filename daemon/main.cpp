@@ -5,6 +5,7 @@
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/log.hpp"
+#include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 
@@ -44,6 +45,7 @@ struct daemon_flags {
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
   bool verbose{false};
+  std::string metrics_address;  // HOST:PORT of the Prometheus endpoint; empty: off
 };
 
 std::string default_runtime_dir()
@@ -208,6 +210,11 @@ int main(int argc, char** argv)
          "--drain-timeout-ms", flags.drain_timeout_ms, "Time in-flight calls get at shutdown")
       ->check(CLI::Range(0, 600000));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too");
+  app.add_option(
+      "--metrics-address",
+      flags.metrics_address,
+      "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400; port 0 "
+      "picks one, which `rmmctl health` shows); empty: off");
   CLI11_PARSE(app, argc, argv);
   if (flags.probe_fabric_device >= 0) {
     rmmd::backends::cuda::run_fabric_probe(flags.probe_fabric_device);
@@ -244,6 +251,22 @@ int main(int argc, char** argv)
 
   auto const grpc_path = dir / "rmmd.sock";
   rmmd::service::rmmd_service service(core);
+
+  // ---- Prometheus metrics (issue 6, item 5): off unless --metrics-address ----
+  std::unique_ptr<rmmd::metrics::metrics_server> metrics;
+  if (!flags.metrics_address.empty()) {
+    try {
+      metrics = std::make_unique<rmmd::metrics::metrics_server>(flags.metrics_address, [&service] {
+        return render_prometheus(service.metrics_snapshot());
+      });
+    } catch (std::exception const& e) {
+      rmmd::log::error("--metrics-address: %s", e.what());
+      return 1;
+    }
+    service.set_metrics_address(metrics->address());
+    rmmd::log::info("metrics: http://%s/metrics", metrics->address());
+  }
+  // ---- end of metrics ----
   grpc::ServerBuilder builder;
   ::unlink(grpc_path.c_str());
   builder.AddListeningPort("unix:" + grpc_path.string(), grpc::InsecureServerCredentials());
