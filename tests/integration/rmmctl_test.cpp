@@ -383,6 +383,14 @@ bool can_run_as_nobody(std::string* why)
     *why = "/usr/bin/setpriv (util-linux) is missing";
     return false;
   }
+  // The build tree (or the libraries rmmctl loads) may sit below a directory
+  // other users cannot enter, e.g. /root.
+  auto probe = rmmctl({"--help"}, true, true);
+  if (probe.status != 0) {
+    *why = "uid 65534 cannot run " + program_path("rmmctl").string() +
+           " (is a parent directory closed to other users?): " + probe.out;
+    return false;
+  }
   return true;
 }
 
