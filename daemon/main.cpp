@@ -267,6 +267,7 @@ int main(int argc, char** argv)
     rmmd::log::info("metrics: http://%s/metrics", metrics->address());
   }
   // ---- end of metrics ----
+
   grpc::ServerBuilder builder;
   ::unlink(grpc_path.c_str());
   builder.AddListeningPort("unix:" + grpc_path.string(), grpc::InsecureServerCredentials());
