@@ -6,6 +6,7 @@
 #include "daemon/config/config_loader.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/log.hpp"
+#include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 
@@ -481,9 +482,11 @@ int main(int argc, char** argv)
                  flags.drain_timeout_ms,
                  "Time live sessions get to finish after SIGTERM")
       ->check(CLI::Range(0, 3600000));
-  app.add_option("--metrics-address",
-                 flags.metrics_address,
-                 "HOST:PORT of the Prometheus endpoint; empty: none");
+  app.add_option(
+      "--metrics-address",
+      flags.metrics_address,
+      "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400; port 0 "
+      "picks one, which `rmmctl health` shows); empty: off");
   app.add_option("--log-level", flags.log_level, "error, warning, info or debug")
       ->check(CLI::IsMember({"error", "warning", "info", "debug"}));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too (--log-level=debug)");
@@ -541,6 +544,22 @@ int main(int argc, char** argv)
 
   auto const grpc_path = dir / "rmmd.sock";
   rmmd::service::rmmd_service service(core);
+
+  // Prometheus metrics: off unless metrics_address (file or --metrics-address).
+  std::unique_ptr<rmmd::metrics::metrics_server> metrics;
+  if (!settings.metrics_address.empty()) {
+    try {
+      metrics = std::make_unique<rmmd::metrics::metrics_server>(
+          settings.metrics_address,
+          [&service] { return render_prometheus(service.metrics_snapshot()); });
+    } catch (std::exception const& e) {
+      rmmd::log::error("metrics_address %s: %s", settings.metrics_address, e.what());
+      return 1;
+    }
+    service.set_metrics_address(metrics->address());
+    rmmd::log::info("metrics: http://%s/metrics", metrics->address());
+  }
+
   grpc::ServerBuilder builder;
   ::unlink(grpc_path.c_str());
   builder.AddListeningPort("unix:" + grpc_path.string(), grpc::InsecureServerCredentials());

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: installs what a fresh Debian 12 machine lacks to build and
 # test rmmd, and does nothing when everything is already there.
-#   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, ...)
+#   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, promtool, ...)
 #   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0)
 #     and the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger)
 set -euo pipefail
@@ -12,8 +12,9 @@ debs=(build-essential pkg-config ninja-build
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
       libcpp-httplib-dev libcli11-dev
-      file     # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
-      systemd) # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
+      file        # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
+      systemd     # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
+      prometheus) # for promtool: the metrics test checks the scrape with it
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,55 +1,165 @@
 // rmmctl: the operator's view of the node's rmmd.
 //
-// Exit codes: 0 success, 1 an error the daemon reported, 2 bad usage,
-// 3 no daemon answers at the runtime directory, 4 permission denied.
+//   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
+//   COMMAND: stats | pools | sessions | health | trim [--pool NAME|ID]...
+//
+// Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
+// (or another failure), 2 bad usage, 3 no daemon answers at the runtime
+// directory (or it is shutting down), 4 permission denied.
 
 #include "client/detail/session_impl.hpp"
-#include "client/rmmctl/stats_table.hpp"
-
-#include <rmmd/session.hpp>
+#include "client/rmmctl/daemon_connection.hpp"
+#include "client/rmmctl/views.hpp"
 
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <functional>
 #include <iostream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
-enum exit_code : int { ok = 0, daemon_error = 1, usage = 2, no_daemon = 3, denied = 4 };
+using namespace rmmd::ctl;
 
-int run_stats(rmmd::session const& s, bool json)
+/// How each frame is printed, and how often.
+struct output_options {
+  bool json{false};
+  double watch_seconds{0};  ///< 0: once
+  int count{0};             ///< frames to print with --watch; 0: until interrupted
+};
+
+std::int64_t now_unix_ms()
 {
-  auto& impl = s.impl();
-  rmmd::v1::GetStatsRequest request;
-  rmmd::v1::Stats stats;
-  auto ctx    = impl.context();
-  auto status = impl.stub().GetStats(ctx.get(), request, &stats);
-  if (!status.ok()) { rmmd::detail::throw_status(status, "get stats"); }
-  // Our own session is an artefact of asking: leave it out of the view.
-  auto* sessions = stats.mutable_sessions();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string local_time()
+{
+  auto const t = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S %Z", &tm);
+  return buf;
+}
+
+/// Leaves rmmctl's own session out of a list of sessions: it is an artefact
+/// of asking.
+template <typename Sessions>
+void drop_session(Sessions* sessions, std::uint64_t id)
+{
   for (int i = 0; i < sessions->size(); ++i) {
-    if (sessions->Get(i).session_id() == s.id()) {
+    if (sessions->Get(i).session_id() == id) {
       sessions->DeleteSubrange(i, 1);
-      break;
+      return;
     }
   }
-  std::cout << (json ? rmmd::ctl::to_json(stats) : rmmd::ctl::format_stats(stats));
-  return ok;
+}
+
+/// One frame of a command: the text to print (a table, or JSON on one line or
+/// indented).
+using frame_function = std::function<std::string(bool json_one_line)>;
+
+/// Prints one frame, or with --watch one every `watch_seconds`. The screen is
+/// cleared between frames only when stdout is a terminal; elsewhere tables are
+/// separated by a blank line and JSON comes one document per line.
+int print_frames(std::string const& command, output_options const& out, frame_function frame)
+{
+  if (out.watch_seconds <= 0) {
+    std::cout << frame(false) << std::flush;
+    return ok;
+  }
+  bool const tty      = ::isatty(STDOUT_FILENO) == 1;
+  auto const interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(out.watch_seconds));
+  auto next = std::chrono::steady_clock::now();
+  for (int n = 1;; ++n) {
+    auto text = frame(out.json && !tty);
+    std::string screen;
+    if (tty) { screen += "\033[H\033[2J"; }
+    if (!out.json) {
+      if (!tty && n > 1) { screen += "\n"; }
+      screen += "rmmctl " + command + " every " + CLI::detail::to_string(out.watch_seconds) +
+                "s  " + local_time() + "\n\n";
+    }
+    std::cout << screen << text << std::flush;
+    if (out.count > 0 && n >= out.count) { return ok; }
+    next += interval;
+    std::this_thread::sleep_until(next);
+  }
+}
+
+/// The pool ids `selectors` (names or ids) name, or a usage error listing
+/// the pools there are.
+std::vector<std::uint32_t> resolve_pools(rmmd::session const& s,
+                                         std::vector<std::string> const& selectors)
+{
+  std::vector<std::uint32_t> ids;
+  for (auto const& sel : selectors) {
+    bool found = false;
+    for (auto const& p : s.pools()) {
+      if (p.name == sel || std::to_string(p.id) == sel) {
+        ids.push_back(p.id);
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      std::string names;
+      for (auto const& p : s.pools()) {
+        names += (names.empty() ? "" : ", ") + p.name + " (" + std::to_string(p.id) + ")";
+      }
+      throw ctl_error(usage, "--pool " + sel + ": no such pool; this daemon has " + names);
+    }
+  }
+  return ids;
 }
 
 }  // namespace
 
 int main(int argc, char** argv)
 {
-  CLI::App app{"rmmctl: look at and operate the node's rmmd"};
-  app.require_subcommand(1);
+  CLI::App app{
+      "rmmctl: look at and operate the node's rmmd.\n\n"
+      "Exit codes: 0 success; 1 the daemon reported an error (or another failure); 2 bad usage;\n"
+      "3 no daemon answers at the runtime directory (or it is shutting down); 4 permission "
+      "denied."};
+  app.require_subcommand(1, 1);
+  app.fallthrough();  // the options below work after the command too
   std::string runtime_dir = rmmd::session::default_runtime_dir().string();
-  bool json               = false;
+  output_options out;
+  std::vector<std::string> trim_pools;
   app.add_option("--runtime-dir", runtime_dir, "Where rmmd's sockets are (env RMMD_RUNTIME_DIR)")
       ->capture_default_str();
-  auto* stats = app.add_subcommand("stats", "Pools and sessions with what each holds");
-  stats->add_flag("--json", json, "protobuf JSON instead of a table");
+  app.add_flag("--json", out.json, "protobuf's JSON mapping of the reply instead of a table");
+  auto* watch = app.add_option("--watch",
+                               out.watch_seconds,
+                               "Print again every SECONDS (the screen is cleared between frames "
+                               "when stdout is a terminal; JSON comes one document per line "
+                               "otherwise)")
+                    ->check(CLI::PositiveNumber);
+  app.add_option("--count", out.count, "With --watch: stop after N frames")
+      ->check(CLI::PositiveNumber)
+      ->needs(watch);
+
+  auto* stats    = app.add_subcommand("stats", "Pools and sessions with what each holds");
+  auto* pools    = app.add_subcommand("pools", "Every pool: configuration, usage, driver figures");
+  auto* sessions = app.add_subcommand("sessions", "The live sessions: who, and what they hold");
+  auto* health   = app.add_subcommand(
+      "health", "Serving or draining, uptime, version, pool and session counts (no session)");
+  auto* trim = app.add_subcommand(
+      "trim",
+      "Give memory the pools hold but do not lend back to the driver (root or the daemon's uid)");
+  trim->add_option(
+      "--pool", trim_pools, "A pool to trim, by name or id (repeatable; default: all)");
   try {
     app.parse(argc, argv);
   } catch (CLI::ParseError const& e) {
@@ -57,17 +167,72 @@ int main(int argc, char** argv)
   }
 
   try {
-    rmmd::session s(rmmd::session::options{.runtime_dir = runtime_dir, .client_name = "rmmctl"});
-    if (stats->parsed()) { return run_stats(s, json); }
-  } catch (rmmd::session_error const& e) {
+    if (trim->parsed() && out.watch_seconds > 0) {
+      throw ctl_error(usage, "--watch does not apply to trim: it changes the pools; run it once");
+    }
+    daemon_connection daemon(runtime_dir);
+    auto json = [&](google::protobuf::Message const& m, bool one_line) {
+      return to_json(m, one_line);
+    };
+
+    if (stats->parsed()) {
+      return print_frames("stats", out, [&](bool one_line) {
+        auto& s    = daemon.session();
+        auto& impl = s.impl();
+        rmmd::v1::Stats reply;
+        auto ctx    = impl.context();
+        auto status = impl.stub().GetStats(ctx.get(), rmmd::v1::GetStatsRequest{}, &reply);
+        if (!status.ok()) { throw call_failed(status, "stats"); }
+        drop_session(reply.mutable_sessions(), s.id());
+        return out.json ? json(reply, one_line) : format_stats(reply);
+      });
+    }
+    if (pools->parsed()) {
+      return print_frames("pools", out, [&](bool one_line) {
+        auto& impl = daemon.session().impl();
+        rmmd::v1::ListPoolsResponse reply;
+        auto ctx    = impl.context();
+        auto status = impl.stub().ListPools(ctx.get(), rmmd::v1::ListPoolsRequest{}, &reply);
+        if (!status.ok()) { throw call_failed(status, "pools"); }
+        return out.json ? json(reply, one_line) : format_pools(reply);
+      });
+    }
+    if (sessions->parsed()) {
+      return print_frames("sessions", out, [&](bool one_line) {
+        auto& s    = daemon.session();
+        auto& impl = s.impl();
+        rmmd::v1::ListSessionsResponse reply;
+        auto ctx    = impl.context();
+        auto status = impl.stub().ListSessions(ctx.get(), rmmd::v1::ListSessionsRequest{}, &reply);
+        if (!status.ok()) { throw call_failed(status, "sessions"); }
+        drop_session(reply.mutable_sessions(), s.id());
+        return out.json ? json(reply, one_line) : format_sessions(reply, now_unix_ms());
+      });
+    }
+    if (health->parsed()) {
+      return print_frames("health", out, [&](bool one_line) {
+        auto reply = daemon.health();
+        return out.json ? json(reply, one_line) : format_health(reply);
+      });
+    }
+    if (trim->parsed()) {
+      auto& s    = daemon.session();
+      auto& impl = s.impl();
+      rmmd::v1::TrimRequest request;
+      for (auto id : resolve_pools(s, trim_pools)) { request.add_pool_ids(id); }
+      rmmd::v1::TrimResponse reply;
+      auto ctx    = impl.context();
+      auto status = impl.stub().Trim(ctx.get(), request, &reply);
+      if (!status.ok()) { throw call_failed(status, "trim"); }
+      std::cout << (out.json ? json(reply, false) : format_trim(reply)) << std::flush;
+      return ok;
+    }
+  } catch (ctl_error const& e) {
     std::cerr << "rmmctl: " << e.what() << '\n';
-    return no_daemon;
-  } catch (rmmd::permission_error const& e) {
-    std::cerr << "rmmctl: " << e.what() << '\n';
-    return denied;
+    return e.code();
   } catch (std::exception const& e) {
     std::cerr << "rmmctl: " << e.what() << '\n';
-    return daemon_error;
+    return failed;
   }
   return usage;
 }

@@ -503,6 +503,56 @@ void daemon_core::signal_pressure_locked(pool_entry& pool)
   pool.pressure_until = std::chrono::steady_clock::now() + pressure_window;
 }
 
+absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
+                                                         std::vector<pool_id> const& pools)
+{
+  std::lock_guard lock(mutex_);
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) {
+    return absl::UnauthenticatedError("trim: the session is closed; open a new session");
+  }
+  auto const uid = s_it->second->peer.uid;
+  if (uid != 0 && uid != options_.admin_uid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "trim: uid %d may not trim pools; only root (uid 0) and the daemon's own uid %d may; run "
+        "it as one of them (e.g. sudo rmmctl trim)",
+        uid,
+        options_.admin_uid));
+  }
+  std::vector<pool_id> targets = pools;
+  if (targets.empty()) {
+    for (std::size_t i = 0; i < pools_.size(); ++i) { targets.push_back(static_cast<pool_id>(i)); }
+  }
+  for (auto id : targets) {
+    if (id >= pools_.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "trim: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`); "
+          "nothing was trimmed",
+          id,
+          static_cast<long long>(pools_.size()) - 1));
+    }
+  }
+  std::vector<pool_trim> out;
+  for (auto id : targets) {
+    auto& p     = *pools_[id];
+    auto before = p.backend->usage();
+    auto freed  = p.backend->trim();
+    if (!freed.ok()) {
+      return absl::Status(
+          freed.status().code(),
+          absl::StrFormat("trim pool '%s': %s", p.config.name, freed.status().message()));
+    }
+    auto after = p.backend->usage();
+    out.push_back(pool_trim{
+        .pool                    = id,
+        .name                    = p.config.name,
+        .released_bytes          = *freed,
+        .backend_reserved_before = before ? std::optional(before->reserved_bytes) : std::nullopt,
+        .backend_reserved_after  = after ? std::optional(after->reserved_bytes) : std::nullopt});
+  }
+  return out;
+}
+
 stats_snapshot daemon_core::stats() const
 {
   auto descriptions = pools();
@@ -511,6 +561,7 @@ stats_snapshot daemon_core::stats() const
   for (std::size_t i = 0; i < pools_.size(); ++i) {
     auto const& p = *pools_[i];
     auto usage    = p.backend->usage();
+    auto release  = p.backend->release_threshold();
     out.pools.push_back(pool_stats{
         .pool                   = std::move(descriptions[i]),
         .in_use_bytes           = p.in_use,
@@ -518,7 +569,9 @@ stats_snapshot daemon_core::stats() const
         .allocation_count       = p.live,
         .total_allocations      = p.total,
         .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
-        .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt});
+        .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt,
+        .release_threshold_bytes =
+            release ? std::optional<std::uint64_t>(*release) : std::nullopt});
   }
   for (auto const& [id, s] : sessions_) {
     for (auto const& [pool, c] : s->carved) {
@@ -556,6 +609,12 @@ void daemon_core::begin_drain()
 {
   std::lock_guard lock(mutex_);
   draining_ = true;
+}
+
+bool daemon_core::draining() const
+{
+  std::lock_guard lock(mutex_);
+  return draining_;
 }
 
 void daemon_core::close_all_sessions() noexcept

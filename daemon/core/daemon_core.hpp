@@ -16,6 +16,8 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <condition_variable>
 #include <cstddef>
@@ -52,6 +54,9 @@ struct quota_limits {
 struct core_options {
   access_policy access;
   quota_limits quotas;
+  /// Besides root, the one uid whose sessions may make admin requests (trim):
+  /// by default the daemon's own.
+  uid_t admin_uid{::geteuid()};
 };
 
 /// 128 random bits, the session's bearer credential on the gRPC socket.
@@ -131,6 +136,14 @@ class daemon_core {
   /// Marks `pool` under pressure for a while (see report_usage).
   void signal_pressure(pool_id pool);
 
+  /// Gives unused memory of `pools` (every pool when empty) back to the
+  /// system: see pool_backend::trim(). PERMISSION_DENIED unless the session's
+  /// uid is root or options.admin_uid; INVALID_ARGUMENT for an unknown pool
+  /// id (nothing is trimmed then); INTERNAL when a backend fails (pools before
+  /// it in the list have been trimmed: trimming changes no ledger state).
+  absl::StatusOr<std::vector<pool_trim>> trim(session_id session,
+                                              std::vector<pool_id> const& pools);
+
   [[nodiscard]] stats_snapshot stats() const;
   [[nodiscard]] std::vector<session_info> sessions() const;
   [[nodiscard]] std::size_t session_count() const;
@@ -142,6 +155,9 @@ class daemon_core {
 
   /// From now on open_session and allocate answer UNAVAILABLE; free still works.
   void begin_drain();
+
+  /// True once begin_drain() has been called.
+  [[nodiscard]] bool draining() const;
 
   /// Frees every lease of every session and forgets the sessions.
   void close_all_sessions() noexcept;

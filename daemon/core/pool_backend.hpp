@@ -85,8 +85,8 @@ class pool_backend {
   /// The fence that `bytes`, sent by `session` with a free, names; or
   /// INVALID_ARGUMENT when they name none. Backends without fences (host
   /// memory: the client waits before it frees) refuse every one.
-  virtual absl::StatusOr<std::unique_ptr<release_fence>> open_fence(session_id session,
-                                                                    std::span<std::byte const> bytes)
+  virtual absl::StatusOr<std::unique_ptr<release_fence>> open_fence(
+      session_id session, std::span<std::byte const> bytes)
   {
     (void)session;
     (void)bytes;
@@ -99,6 +99,22 @@ class pool_backend {
   virtual void forget_session(session_id session) noexcept
   {
     (void)session;
+  }
+
+  /// Gives the memory the backend holds but does not lend back to the system
+  /// (the driver, the kernel) and returns how many bytes it gave back.
+  /// INTERNAL on a system error. The default has nothing to give: the host
+  /// backend already punches freed pages out of its memfd on every free.
+  virtual absl::StatusOr<std::size_t> trim()
+  {
+    return std::size_t{0};
+  }
+
+  /// Bytes the backend keeps reserved when idle, where it has such a setting
+  /// (CUDA pools: cudaMemPoolAttrReleaseThreshold).
+  [[nodiscard]] virtual std::optional<std::size_t> release_threshold() const
+  {
+    return std::nullopt;
   }
 };
 

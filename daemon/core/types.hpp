@@ -70,6 +70,7 @@ struct pool_stats {
   std::optional<std::uint64_t> backend_used_bytes{};  ///< e.g. cudaMemPoolAttrUsedMemCurrent
   std::size_t carved_bytes{};  ///< reported by fast-path sessions, part of in_use_bytes
   std::size_t carved_allocations{};
+  std::optional<std::uint64_t> release_threshold_bytes{};  ///< where the backend has one
 };
 
 /// What a fast-path session carved out of its slabs of one pool.
@@ -77,6 +78,15 @@ struct carved_usage {
   pool_id pool{};
   std::size_t bytes{};
   std::size_t allocation_count{};
+};
+
+/// What trimming one pool gave back.
+struct pool_trim {
+  pool_id pool{};
+  std::string name{};
+  std::size_t released_bytes{};
+  std::optional<std::uint64_t> backend_reserved_before{};  ///< where the backend reports it
+  std::optional<std::uint64_t> backend_reserved_after{};
 };
 
 struct session_info {

@@ -63,21 +63,37 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
       std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
 }
 
+void to_proto(core::pool_stats const& p, v1::PoolStats* out)
+{
+  to_proto(p.pool, -1, out->mutable_pool());
+  out->set_in_use_bytes(p.in_use_bytes);
+  out->set_high_water_bytes(p.high_water_bytes);
+  out->set_allocation_count(p.allocation_count);
+  out->set_total_allocations(p.total_allocations);
+  if (p.backend_reserved_bytes) { out->set_backend_reserved_bytes(*p.backend_reserved_bytes); }
+  if (p.backend_used_bytes) { out->set_backend_used_bytes(*p.backend_used_bytes); }
+  if (p.release_threshold_bytes) { out->set_release_threshold_bytes(*p.release_threshold_bytes); }
+  out->set_carved_bytes(p.carved_bytes);
+  out->set_carved_allocations(p.carved_allocations);
+}
+
 void to_proto(core::stats_snapshot const& in, v1::Stats* out)
 {
-  for (auto const& p : in.pools) {
-    auto* ps = out->add_pools();
-    to_proto(p.pool, -1, ps->mutable_pool());
-    ps->set_in_use_bytes(p.in_use_bytes);
-    ps->set_high_water_bytes(p.high_water_bytes);
-    ps->set_allocation_count(p.allocation_count);
-    ps->set_total_allocations(p.total_allocations);
-    if (p.backend_reserved_bytes) { ps->set_backend_reserved_bytes(*p.backend_reserved_bytes); }
-    if (p.backend_used_bytes) { ps->set_backend_used_bytes(*p.backend_used_bytes); }
-    ps->set_carved_bytes(p.carved_bytes);
-    ps->set_carved_allocations(p.carved_allocations);
-  }
+  for (auto const& p : in.pools) { to_proto(p, out->add_pools()); }
   for (auto const& s : in.sessions) { to_proto(s, out->add_sessions()); }
+}
+
+void to_proto(core::pool_trim const& in, v1::PoolTrim* out)
+{
+  out->set_pool_id(in.pool);
+  out->set_name(in.name);
+  out->set_released_bytes(in.released_bytes);
+  if (in.backend_reserved_before) {
+    out->set_backend_reserved_bytes_before(*in.backend_reserved_before);
+  }
+  if (in.backend_reserved_after) {
+    out->set_backend_reserved_bytes_after(*in.backend_reserved_after);
+  }
 }
 
 }  // namespace rmmd::service

@@ -12,6 +12,8 @@ namespace rmmd::service {
 /// or -1.
 void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescription* out);
 void to_proto(core::session_info const& in, v1::SessionInfo* out);
+void to_proto(core::pool_stats const& in, v1::PoolStats* out);
 void to_proto(core::stats_snapshot const& in, v1::Stats* out);
+void to_proto(core::pool_trim const& in, v1::PoolTrim* out);
 
 }  // namespace rmmd::service

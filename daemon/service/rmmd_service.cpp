@@ -3,7 +3,32 @@
 #include "daemon/service/proto_convert.hpp"
 #include "daemon/service/status_mapping.hpp"
 
+#include <unistd.h>
+
 namespace rmmd::service {
+namespace {
+
+using metrics::rpc_method;
+
+/// Runs one call's body, and counts its status code and time.
+template <typename Body>
+grpc::Status observed(metrics::request_metrics& requests, rpc_method method, Body&& body)
+{
+  auto const start    = std::chrono::steady_clock::now();
+  grpc::Status status = body();
+  requests.record(
+      method, static_cast<int>(status.error_code()), std::chrono::steady_clock::now() - start);
+  return status;
+}
+
+}  // namespace
+
+std::string_view daemon_version() noexcept
+{
+  return RMMD_VERSION;
+}
+
+rmmd_service::rmmd_service(core::daemon_core& core) : core_(core) {}
 
 absl::StatusOr<core::session_id> rmmd_service::caller(grpc::ServerContext const& context) const
 {
@@ -17,32 +42,37 @@ grpc::Status rmmd_service::Allocate(grpc::ServerContext* context,
                                     v1::AllocateRequest const* request,
                                     v1::AllocateResponse* response)
 {
-  auto session = caller(*context);
-  if (!session.ok()) { return to_grpc_status(session.status()); }
-  auto grant = core_.allocate(*session, request->pool_id(), request->size(), request->alignment());
-  if (!grant.ok()) { return to_grpc_status(grant.status()); }
-  response->set_allocation_id(grant->id);
-  response->set_size(grant->block.bytes);
-  if (grant->block.export_data.empty()) {
-    response->mutable_host()->set_offset(grant->block.offset);
-  } else {
-    response->mutable_cuda()->set_export_data(grant->block.export_data.data(),
-                                              grant->block.export_data.size());
-  }
-  return grpc::Status::OK;
+  return observed(requests_, rpc_method::allocate, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    auto grant =
+        core_.allocate(*session, request->pool_id(), request->size(), request->alignment());
+    if (!grant.ok()) { return to_grpc_status(grant.status()); }
+    response->set_allocation_id(grant->id);
+    response->set_size(grant->block.bytes);
+    if (grant->block.export_data.empty()) {
+      response->mutable_host()->set_offset(grant->block.offset);
+    } else {
+      response->mutable_cuda()->set_export_data(grant->block.export_data.data(),
+                                                grant->block.export_data.size());
+    }
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status rmmd_service::Free(grpc::ServerContext* context,
                                 v1::FreeRequest const* request,
                                 v1::FreeResponse*)
 {
-  auto session = caller(*context);
-  if (!session.ok()) { return to_grpc_status(session.status()); }
-  auto const& event = request->release_event();
-  return to_grpc_status(
-      core_.free(*session,
-                 request->allocation_id(),
-                 std::span(reinterpret_cast<std::byte const*>(event.data()), event.size())));
+  return observed(requests_, rpc_method::free, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    auto const& event = request->release_event();
+    return to_grpc_status(
+        core_.free(*session,
+                   request->allocation_id(),
+                   std::span(reinterpret_cast<std::byte const*>(event.data()), event.size())));
+  });
 }
 
 grpc::Status rmmd_service::ReportUsage(grpc::ServerContext* context,
@@ -67,20 +97,85 @@ grpc::Status rmmd_service::GetStats(grpc::ServerContext* context,
                                     v1::GetStatsRequest const*,
                                     v1::Stats* response)
 {
-  auto session = caller(*context);
-  if (!session.ok()) { return to_grpc_status(session.status()); }
-  to_proto(core_.stats(), response);
-  return grpc::Status::OK;
+  return observed(requests_, rpc_method::get_stats, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    to_proto(core_.stats(), response);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status rmmd_service::ListSessions(grpc::ServerContext* context,
                                         v1::ListSessionsRequest const*,
                                         v1::ListSessionsResponse* response)
 {
-  auto session = caller(*context);
-  if (!session.ok()) { return to_grpc_status(session.status()); }
-  for (auto const& s : core_.sessions()) { to_proto(s, response->add_sessions()); }
-  return grpc::Status::OK;
+  return observed(requests_, rpc_method::list_sessions, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    for (auto const& s : core_.sessions()) { to_proto(s, response->add_sessions()); }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::ListPools(grpc::ServerContext* context,
+                                     v1::ListPoolsRequest const*,
+                                     v1::ListPoolsResponse* response)
+{
+  return observed(requests_, rpc_method::list_pools, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    for (auto const& p : core_.stats().pools) { to_proto(p, response->add_pools()); }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::Trim(grpc::ServerContext* context,
+                                v1::TrimRequest const* request,
+                                v1::TrimResponse* response)
+{
+  return observed(requests_, rpc_method::trim, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    std::vector<core::pool_id> pools(request->pool_ids().begin(), request->pool_ids().end());
+    auto trimmed = core_.trim(*session, pools);
+    if (!trimmed.ok()) { return to_grpc_status(trimmed.status()); }
+    for (auto const& t : *trimmed) { to_proto(t, response->add_pools()); }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::Health(grpc::ServerContext*,
+                                  v1::HealthRequest const*,
+                                  v1::HealthResponse* response)
+{
+  return observed(requests_, rpc_method::health, [&] {
+    response->set_status(core_.draining() ? v1::SERVING_STATUS_DRAINING
+                                          : v1::SERVING_STATUS_SERVING);
+    response->set_version(std::string(daemon_version()));
+    response->set_started_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(started_wall_.time_since_epoch())
+            .count());
+    response->set_uptime_seconds(
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                       std::chrono::steady_clock::now() - started_)
+                                       .count()));
+    response->set_pool_count(static_cast<std::uint32_t>(core_.pools().size()));
+    response->set_session_count(static_cast<std::uint32_t>(core_.session_count()));
+    response->set_pid(static_cast<std::int32_t>(::getpid()));
+    response->set_metrics_address(metrics_address_);
+    return grpc::Status::OK;
+  });
+}
+
+metrics::daemon_snapshot rmmd_service::metrics_snapshot() const
+{
+  return metrics::daemon_snapshot{
+      .version = std::string(daemon_version()),
+      .uptime_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
+      .draining = core_.draining(),
+      .stats    = core_.stats(),
+      .requests = requests_.snapshot()};
 }
 
 }  // namespace rmmd::service

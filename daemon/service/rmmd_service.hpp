@@ -1,8 +1,12 @@
 #pragma once
 
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/metrics/prometheus_text.hpp"
+#include "daemon/metrics/request_metrics.hpp"
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
+#include <chrono>
+#include <string>
 #include <string_view>
 
 namespace rmmd::service {
@@ -10,11 +14,16 @@ namespace rmmd::service {
 /// The metadata key that carries the session token on every call.
 inline constexpr std::string_view token_metadata_key = "rmmd-token";
 
+/// The daemon's version ("0.1.0"), from the CMake project.
+std::string_view daemon_version() noexcept;
+
 /// Thin adapter: authenticates the call's token, translates proto <-> core,
-/// and maps errors through to_grpc_status(). Holds no state of its own.
+/// and maps errors through to_grpc_status(). Its only state is what the
+/// daemon reports about itself: the start time, the metrics address, and the
+/// call counters and latency histograms (lock-free; see request_metrics).
 class rmmd_service final : public v1::Rmmd::Service {
  public:
-  explicit rmmd_service(core::daemon_core& core) : core_(core) {}
+  explicit rmmd_service(core::daemon_core& core);
 
   grpc::Status Allocate(grpc::ServerContext* context,
                         v1::AllocateRequest const* request,
@@ -31,11 +40,34 @@ class rmmd_service final : public v1::Rmmd::Service {
   grpc::Status ReportUsage(grpc::ServerContext* context,
                            v1::UsageReport const* request,
                            v1::UsageReply* response) override;
+  grpc::Status ListPools(grpc::ServerContext* context,
+                         v1::ListPoolsRequest const* request,
+                         v1::ListPoolsResponse* response) override;
+  grpc::Status Trim(grpc::ServerContext* context,
+                    v1::TrimRequest const* request,
+                    v1::TrimResponse* response) override;
+  grpc::Status Health(grpc::ServerContext* context,
+                      v1::HealthRequest const* request,
+                      v1::HealthResponse* response) override;
+
+  /// The metrics endpoint's address, which Health reports.
+  /// REQUIRES: called before the service serves calls.
+  void set_metrics_address(std::string address)
+  {
+    metrics_address_ = std::move(address);
+  }
+
+  /// What the metrics endpoint shows, as of now. Any thread.
+  [[nodiscard]] metrics::daemon_snapshot metrics_snapshot() const;
 
  private:
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;
 
   core::daemon_core& core_;
+  std::chrono::steady_clock::time_point started_{std::chrono::steady_clock::now()};
+  std::chrono::system_clock::time_point started_wall_{std::chrono::system_clock::now()};
+  std::string metrics_address_;
+  metrics::request_metrics requests_;
 };
 
 }  // namespace rmmd::service

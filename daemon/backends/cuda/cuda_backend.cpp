@@ -217,6 +217,35 @@ void cuda_backend::forget_session(core::session_id session) noexcept
   events_.erase(session);
 }
 
+absl::StatusOr<std::size_t> cuda_backend::trim()
+{
+  if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
+  }
+  auto const before = usage();
+  auto err          = cudaStreamSynchronize(stream_);
+  if (err == cudaSuccess) { err = cudaMemPoolTrimTo(mr_->pool_handle(), 0); }
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat(
+        "trimming the pool of device %d: %s", options_.device, cudaGetErrorName(err)));
+  }
+  auto const after = usage();
+  if (!before || !after || after->reserved_bytes >= before->reserved_bytes) {
+    return std::size_t{0};
+  }
+  return static_cast<std::size_t>(before->reserved_bytes - after->reserved_bytes);
+}
+
+std::optional<std::size_t> cuda_backend::release_threshold() const
+{
+  std::uint64_t v{};
+  if (cudaMemPoolGetAttribute(mr_->pool_handle(), cudaMemPoolAttrReleaseThreshold, &v) !=
+      cudaSuccess) {
+    return std::nullopt;
+  }
+  return static_cast<std::size_t>(v);
+}
+
 std::optional<core::backend_usage> cuda_backend::usage() const
 {
   core::backend_usage u;

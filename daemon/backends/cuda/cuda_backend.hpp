@@ -54,6 +54,12 @@ class cuda_backend final : public core::pool_backend {
     return fd_;
   }
   [[nodiscard]] std::optional<core::backend_usage> usage() const override;
+  /// Waits for the pool's stream (frees queued on it return their memory to
+  /// the pool), then cudaMemPoolTrimTo(pool, 0): what no allocation uses goes
+  /// back to the driver.
+  absl::StatusOr<std::size_t> trim() override;
+  /// The pool's cudaMemPoolAttrReleaseThreshold.
+  [[nodiscard]] std::optional<std::size_t> release_threshold() const override;
   [[nodiscard]] std::vector<std::byte> fabric_handle() const override
   {
     return fabric_;

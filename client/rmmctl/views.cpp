@@ -1,0 +1,267 @@
+#include "client/rmmctl/views.hpp"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+namespace rmmd::ctl {
+namespace {
+
+/// Rows of cells printed with each column as wide as its widest cell;
+/// numbers right-aligned.
+class table {
+ public:
+  explicit table(std::vector<std::string> header)
+  {
+    rows_.push_back(std::move(header));
+  }
+  void add(std::vector<std::string> row)
+  {
+    rows_.push_back(std::move(row));
+  }
+
+  [[nodiscard]] std::string str(std::vector<bool> const& right_aligned) const
+  {
+    std::vector<std::size_t> width(rows_[0].size(), 0);
+    for (auto const& r : rows_) {
+      for (std::size_t i = 0; i < r.size(); ++i) { width[i] = std::max(width[i], r[i].size()); }
+    }
+    std::ostringstream out;
+    for (auto const& r : rows_) {
+      std::string line;
+      for (std::size_t i = 0; i < r.size(); ++i) {
+        auto pad = std::string(width[i] - r[i].size(), ' ');
+        line += (i == 0 ? "" : "  ") + (right_aligned[i] ? pad + r[i] : r[i] + pad);
+      }
+      line.erase(line.find_last_not_of(' ') + 1);
+      out << line << '\n';
+    }
+    return out.str();
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string backend_name(v1::Backend b)
+{
+  switch (b) {
+    case v1::BACKEND_HOST:
+      return "host";
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "?";
+  }
+}
+
+std::string handle_name(int h)
+{
+  switch (h) {
+    case v1::HANDLE_TYPE_POSIX_FD:
+      return "posix-fd";
+    case v1::HANDLE_TYPE_FABRIC:
+      return "fabric";
+    case v1::HANDLE_TYPE_HOST_OFFSET:
+      return "host-offset";
+    default:
+      return "?";
+  }
+}
+
+std::string device_text(int device)
+{
+  return device < 0 ? "-" : std::to_string(device);
+}
+
+}  // namespace
+
+std::string human_bytes(std::uint64_t bytes)
+{
+  static constexpr char const* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) { return std::to_string(bytes) + " B"; }
+  double v = static_cast<double>(bytes);
+  int u    = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string human_duration(std::chrono::seconds duration)
+{
+  auto s       = std::max<long long>(duration.count(), 0);
+  auto const d = s / 86400;
+  auto const h = s % 86400 / 3600;
+  auto const m = s % 3600 / 60;
+  s %= 60;
+  char buf[48];
+  if (d > 0) {
+    std::snprintf(buf, sizeof(buf), "%lldd %02lldh", d, h);
+  } else if (h > 0) {
+    std::snprintf(buf, sizeof(buf), "%lldh %02lldm", h, m);
+  } else if (m > 0) {
+    std::snprintf(buf, sizeof(buf), "%lldm %02llds", m, s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%llds", s);
+  }
+  return buf;
+}
+
+std::string format_stats(v1::Stats const& stats)
+{
+  table pools({"POOL",
+               "ID",
+               "BACKEND",
+               "DEVICE",
+               "CAPACITY",
+               "IN USE",
+               "HIGH WATER",
+               "ALLOCS",
+               "DRIVER RESERVED",
+               "DRIVER USED"});
+  for (auto const& p : stats.pools()) {
+    pools.add({p.pool().name(),
+               std::to_string(p.pool().id()),
+               backend_name(p.pool().backend()),
+               device_text(p.pool().device()),
+               human_bytes(p.pool().capacity_bytes()),
+               human_bytes(p.in_use_bytes()),
+               human_bytes(p.high_water_bytes()),
+               std::to_string(p.allocation_count()),
+               p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
+               p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
+  }
+  table sessions({"SESSION", "PID", "UID", "COMMAND", "CLIENT", "BYTES", "ALLOCS"});
+  for (auto const& s : stats.sessions()) {
+    sessions.add({std::to_string(s.session_id()),
+                  std::to_string(s.pid()),
+                  std::to_string(s.uid()),
+                  s.command(),
+                  s.client_name().empty() ? "-" : s.client_name(),
+                  human_bytes(s.bytes()),
+                  std::to_string(s.allocation_count())});
+  }
+  return pools.str({false, true, false, true, true, true, true, true, true, true}) + "\n" +
+         sessions.str({true, true, true, false, false, true, true}) +
+         (stats.sessions().empty() ? "(no sessions)\n" : "");
+}
+
+std::string format_pools(v1::ListPoolsResponse const& response)
+{
+  table pools({"POOL",
+               "ID",
+               "BACKEND",
+               "DEVICE",
+               "HANDLES",
+               "CAPACITY",
+               "IN USE",
+               "HIGH WATER",
+               "ALLOCS",
+               "TOTAL ALLOCS",
+               "RELEASE THRESHOLD",
+               "DRIVER RESERVED",
+               "DRIVER USED"});
+  for (auto const& p : response.pools()) {
+    std::string handles;
+    for (auto h : p.pool().handle_types()) {
+      handles += (handles.empty() ? "" : ",") + handle_name(h);
+    }
+    pools.add({p.pool().name(),
+               std::to_string(p.pool().id()),
+               backend_name(p.pool().backend()),
+               device_text(p.pool().device()),
+               handles.empty() ? "-" : handles,
+               human_bytes(p.pool().capacity_bytes()),
+               human_bytes(p.in_use_bytes()),
+               human_bytes(p.high_water_bytes()),
+               std::to_string(p.allocation_count()),
+               std::to_string(p.total_allocations()),
+               p.has_release_threshold_bytes() ? human_bytes(p.release_threshold_bytes()) : "-",
+               p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
+               p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
+  }
+  return pools.str(
+      {false, true, false, true, false, true, true, true, true, true, true, true, true});
+}
+
+std::string format_sessions(v1::ListSessionsResponse const& response, std::int64_t now_unix_ms)
+{
+  table sessions({"SESSION", "PID", "UID", "GID", "COMMAND", "CLIENT", "BYTES", "ALLOCS", "AGE"});
+  for (auto const& s : response.sessions()) {
+    sessions.add(
+        {std::to_string(s.session_id()),
+         std::to_string(s.pid()),
+         std::to_string(s.uid()),
+         std::to_string(s.gid()),
+         s.command(),
+         s.client_name().empty() ? "-" : s.client_name(),
+         human_bytes(s.bytes()),
+         std::to_string(s.allocation_count()),
+         human_duration(std::chrono::seconds((now_unix_ms - s.started_unix_ms()) / 1000))});
+  }
+  auto out = sessions.str({true, true, true, true, false, false, true, true, true});
+  if (response.sessions().empty()) { out += "(no sessions)\n"; }
+  return out;
+}
+
+std::string format_trim(v1::TrimResponse const& response)
+{
+  table pools({"POOL", "ID", "RELEASED", "DRIVER RESERVED BEFORE", "DRIVER RESERVED AFTER"});
+  for (auto const& p : response.pools()) {
+    pools.add({p.name(),
+               std::to_string(p.pool_id()),
+               human_bytes(p.released_bytes()),
+               p.has_backend_reserved_bytes_before()
+                   ? human_bytes(p.backend_reserved_bytes_before())
+                   : "-",
+               p.has_backend_reserved_bytes_after() ? human_bytes(p.backend_reserved_bytes_after())
+                                                    : "-"});
+  }
+  return pools.str({false, true, true, true, true});
+}
+
+std::string format_health(v1::HealthResponse const& h)
+{
+  std::string status;
+  switch (h.status()) {
+    case v1::SERVING_STATUS_SERVING:
+      status = "serving";
+      break;
+    case v1::SERVING_STATUS_DRAINING:
+      status = "draining (shutting down: no new sessions or allocations)";
+      break;
+    default:
+      status = "unknown";
+  }
+  table t({"STATUS", status});
+  t.add({"VERSION", h.version()});
+  t.add({"UPTIME", human_duration(std::chrono::seconds(h.uptime_seconds()))});
+  t.add({"PID", std::to_string(h.pid())});
+  t.add({"POOLS", std::to_string(h.pool_count())});
+  t.add({"SESSIONS", std::to_string(h.session_count())});
+  t.add({"METRICS",
+         h.metrics_address().empty() ? "off" : "http://" + h.metrics_address() + "/metrics"});
+  return t.str({false, false});
+}
+
+std::string to_json(google::protobuf::Message const& message, bool one_line)
+{
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace                = !one_line;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names    = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) { return "{}\n"; }
+  if (out.empty() || out.back() != '\n') { out += '\n'; }
+  return out;
+}
+
+}  // namespace rmmd::ctl

@@ -1,0 +1,35 @@
+#pragma once
+
+// What rmmctl prints: a readable table per command, or protobuf's JSON mapping
+// of the daemon's reply (field names as in the .proto).
+
+#include "rmmd/v1/rmmd.pb.h"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace rmmd::ctl {
+
+/// "1.50 GiB", "256 B": sizes as people read them.
+std::string human_bytes(std::uint64_t bytes);
+
+/// "3d 04h", "1h 02m", "5m 07s", "42s".
+std::string human_duration(std::chrono::seconds duration);
+
+/// The pools and sessions of `stats` as two aligned tables.
+std::string format_stats(v1::Stats const& stats);
+/// Every pool with its configuration and usage.
+std::string format_pools(v1::ListPoolsResponse const& pools);
+/// The live sessions; `now_unix_ms` gives their age.
+std::string format_sessions(v1::ListSessionsResponse const& sessions, std::int64_t now_unix_ms);
+/// What each pool gave back.
+std::string format_trim(v1::TrimResponse const& trim);
+/// One "key  value" line per figure.
+std::string format_health(v1::HealthResponse const& health);
+
+/// protobuf's JSON mapping of `message`, every field printed (defaults too);
+/// indented, or on one line with `one_line` (JSON Lines for --watch).
+std::string to_json(google::protobuf::Message const& message, bool one_line = false);
+
+}  // namespace rmmd::ctl

@@ -1,0 +1,287 @@
+#include "daemon/metrics/prometheus_text.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <cmath>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace rmmd::metrics {
+namespace {
+
+using labels = std::vector<std::pair<std::string_view, std::string>>;
+
+/// HELP text escapes only backslash and line feed.
+std::string escape_help(std::string_view text)
+{
+  std::string out;
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string number(double v)
+{
+  if (std::isinf(v)) { return v > 0 ? "+Inf" : "-Inf"; }
+  if (std::isnan(v)) { return "NaN"; }
+  return absl::StrFormat("%.9g", v);
+}
+
+std::string number(std::uint64_t v)
+{
+  return absl::StrCat(v);
+}
+
+/// Writes families: one HELP and TYPE header, then its samples.
+class exposition {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help)
+  {
+    // (Debian's abseil has its own string_view: append std::string_views by hand.)
+    out_.append("# HELP ").append(name).append(" ").append(escape_help(help)).append("\n");
+    out_.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  }
+
+  template <typename Value>
+  void sample(std::string_view name, labels const& l, Value value)
+  {
+    out_ += name;
+    if (!l.empty()) {
+      out_ += '{';
+      for (std::size_t i = 0; i < l.size(); ++i) {
+        out_.append(i == 0 ? "" : ",")
+            .append(l[i].first)
+            .append("=\"")
+            .append(escape_label_value(l[i].second))
+            .append("\"");
+      }
+      out_ += '}';
+    }
+    absl::StrAppend(&out_, " ", number(value), "\n");
+  }
+
+  /// A family with one sample per element of `items`.
+  template <typename Items, typename LabelsOf, typename ValueOf>
+  void gauge_per(std::string_view name,
+                 std::string_view help,
+                 Items const& items,
+                 LabelsOf labels_of,
+                 ValueOf value_of,
+                 std::string_view type = "gauge")
+  {
+    family(name, type, help);
+    for (auto const& item : items) { sample(name, labels_of(item), value_of(item)); }
+  }
+
+  std::string take()
+  {
+    return std::move(out_);
+  }
+
+ private:
+  std::string out_;
+};
+
+char const* backend_name(core::backend_kind kind)
+{
+  return kind == core::backend_kind::cuda ? "cuda" : "host";
+}
+
+struct uid_totals {
+  std::uint64_t bytes{};
+  std::uint64_t allocations{};
+  std::uint64_t sessions{};
+};
+
+}  // namespace
+
+std::string escape_label_value(std::string_view value)
+{
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string render_prometheus(daemon_snapshot const& s)
+{
+  exposition e;
+
+  e.family("rmmd_build_info", "gauge", "Always 1; the version label says which rmmd runs.");
+  e.sample("rmmd_build_info", {{"version", s.version}}, std::uint64_t{1});
+  e.family("rmmd_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  e.sample("rmmd_uptime_seconds", {}, s.uptime_seconds);
+  e.family("rmmd_draining", "gauge", "1 while the daemon drains for shutdown, else 0.");
+  e.sample("rmmd_draining", {}, std::uint64_t{s.draining ? 1u : 0u});
+  e.family("rmmd_sessions", "gauge", "Live client sessions.");
+  e.sample("rmmd_sessions", {}, static_cast<std::uint64_t>(s.stats.sessions.size()));
+
+  // Pools: one info series with the descriptive labels, the figures by name.
+  auto const& pools = s.stats.pools;
+  auto pool         = [](core::pool_stats const& p) { return labels{{"pool", p.pool.name}}; };
+  e.gauge_per(
+      "rmmd_pool_info",
+      "Always 1; labels describe the pool (backend host or cuda, CUDA device, -1 for host).",
+      pools,
+      [](core::pool_stats const& p) {
+        return labels{{"pool", p.pool.name},
+                      {"pool_id", absl::StrCat(p.pool.id)},
+                      {"backend", backend_name(p.pool.backend)},
+                      {"device", absl::StrCat(p.pool.device)}};
+      },
+      [](auto const&) { return std::uint64_t{1}; });
+  e.gauge_per(
+      "rmmd_pool_capacity_bytes",
+      "Most bytes the pool may lend (its limit, or the backend's capacity).",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.pool.capacity_bytes); });
+  e.gauge_per("rmmd_pool_in_use_bytes",
+              "Bytes lent out, as the daemon's ledger counts them.",
+              pools,
+              pool,
+              [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.in_use_bytes); });
+  e.gauge_per(
+      "rmmd_pool_high_water_bytes",
+      "Most bytes the pool has had lent out at once since the daemon started.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.high_water_bytes); });
+  e.gauge_per(
+      "rmmd_pool_live_allocations",
+      "Live allocations in the pool.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.allocation_count); });
+  e.gauge_per(
+      "rmmd_pool_allocations_total",
+      "Allocations the pool has made since the daemon started.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return p.total_allocations; },
+      "counter");
+
+  // The backend's own figures, only for pools whose backend reports them.
+  std::vector<core::pool_stats> reporting;
+  std::vector<core::pool_stats> with_threshold;
+  for (auto const& p : pools) {
+    if (p.backend_reserved_bytes && p.backend_used_bytes) { reporting.push_back(p); }
+    if (p.release_threshold_bytes) { with_threshold.push_back(p); }
+  }
+  e.gauge_per("rmmd_pool_reserved_bytes",
+              "Bytes the backend holds from the driver (cudaMemPoolAttrReservedMemCurrent).",
+              reporting,
+              pool,
+              [](core::pool_stats const& p) { return *p.backend_reserved_bytes; });
+  e.gauge_per("rmmd_pool_used_bytes",
+              "Bytes of the backend's reserve in allocations (cudaMemPoolAttrUsedMemCurrent).",
+              reporting,
+              pool,
+              [](core::pool_stats const& p) { return *p.backend_used_bytes; });
+  e.gauge_per("rmmd_pool_release_threshold_bytes",
+              "Bytes the backend keeps reserved when idle (cudaMemPoolAttrReleaseThreshold).",
+              with_threshold,
+              pool,
+              [](core::pool_stats const& p) { return *p.release_threshold_bytes; });
+
+  // Sessions and uids.
+  auto const& sessions = s.stats.sessions;
+  auto session         = [](core::session_info const& i) {
+    return labels{{"session", absl::StrCat(i.id)},
+                  {"uid", absl::StrCat(i.peer.uid)},
+                  {"pid", absl::StrCat(i.peer.pid)},
+                  {"command", i.command},
+                  {"client", i.client_name}};
+  };
+  e.gauge_per("rmmd_session_bytes",
+              "Bytes a session holds.",
+              sessions,
+              session,
+              [](core::session_info const& i) { return static_cast<std::uint64_t>(i.bytes); });
+  e.gauge_per(
+      "rmmd_session_live_allocations",
+      "Live allocations a session holds.",
+      sessions,
+      session,
+      [](core::session_info const& i) { return static_cast<std::uint64_t>(i.allocation_count); });
+  std::map<uid_t, uid_totals> uids;
+  for (auto const& i : sessions) {
+    auto& u = uids[i.peer.uid];
+    u.bytes += i.bytes;
+    u.allocations += i.allocation_count;
+    ++u.sessions;
+  }
+  auto uid = [](auto const& kv) { return labels{{"uid", absl::StrCat(kv.first)}}; };
+  e.gauge_per("rmmd_uid_bytes", "Bytes the sessions of a uid hold.", uids, uid, [](auto const& kv) {
+    return kv.second.bytes;
+  });
+  e.gauge_per("rmmd_uid_live_allocations",
+              "Live allocations the sessions of a uid hold.",
+              uids,
+              uid,
+              [](auto const& kv) { return kv.second.allocations; });
+  e.gauge_per("rmmd_uid_sessions", "Live sessions of a uid.", uids, uid, [](auto const& kv) {
+    return kv.second.sessions;
+  });
+
+  // Calls: every method's OK series always (so rates start at 0), other codes
+  // once they have happened.
+  e.family("rmmd_grpc_requests_total",
+           "counter",
+           "gRPC calls the daemon has answered, by method and status code.");
+  for (std::size_t m = 0; m < rpc_method_count; ++m) {
+    auto const method = std::string(method_name(static_cast<rpc_method>(m)));
+    for (std::size_t c = 0; c < status_code_count; ++c) {
+      auto const n = s.requests.calls[m][c];
+      if (n == 0 && c != 0) { continue; }
+      e.sample("rmmd_grpc_requests_total",
+               {{"method", method}, {"code", std::string(status_code_name(static_cast<int>(c)))}},
+               n);
+    }
+  }
+  e.family("rmmd_grpc_request_duration_seconds",
+           "histogram",
+           "Time the daemon took to answer a gRPC call, by method.");
+  for (std::size_t m = 0; m < rpc_method_count; ++m) {
+    auto const method = std::string(method_name(static_cast<rpc_method>(m)));
+    auto const& h     = s.requests.latency[m];
+    std::uint64_t cumulative{};
+    for (std::size_t b = 0; b < h.buckets.size(); ++b) {
+      cumulative += h.buckets[b];
+      auto const le = b < latency_bounds_seconds.size()
+                          ? absl::StrFormat("%g", latency_bounds_seconds[b])
+                          : std::string("+Inf");
+      e.sample("rmmd_grpc_request_duration_seconds_bucket",
+               {{"method", method}, {"le", le}},
+               cumulative);
+    }
+    e.sample("rmmd_grpc_request_duration_seconds_sum", {{"method", method}}, h.sum_seconds);
+    e.sample("rmmd_grpc_request_duration_seconds_count", {{"method", method}}, cumulative);
+  }
+  return e.take();
+}
+
+}  // namespace rmmd::metrics

@@ -1,0 +1,35 @@
+#pragma once
+
+// The daemon's metrics in Prometheus' text exposition format (version 0.0.4).
+// A pure function of a snapshot: tested without HTTP, served by metrics_server.
+
+#include "daemon/core/types.hpp"
+#include "daemon/metrics/request_metrics.hpp"
+
+#include <string>
+#include <string_view>
+
+namespace rmmd::metrics {
+
+/// What one scrape shows.
+struct daemon_snapshot {
+  std::string version;
+  double uptime_seconds{};
+  bool draining{};
+  core::stats_snapshot stats;  ///< pools and sessions
+  request_snapshot requests;
+};
+
+/// The Content-Type of render_prometheus()'s text.
+inline constexpr std::string_view prometheus_content_type =
+    "text/plain; version=0.0.4; charset=utf-8";
+
+/// Every metric of `snapshot`, each family with its HELP and TYPE lines.
+/// docs/operations.md lists them.
+std::string render_prometheus(daemon_snapshot const& snapshot);
+
+/// A label value as the text format wants it: backslash, double quote and
+/// line feed escaped as \\, \" and \n.
+std::string escape_label_value(std::string_view value);
+
+}  // namespace rmmd::metrics

@@ -1,0 +1,208 @@
+// The Prometheus endpoint of the real daemon: started with port 0, found
+// through Health, scraped with cpp-httplib's client after real calls, and
+// checked by promtool.
+
+#include "client/detail/session_impl.hpp"
+#include "tests/tools/daemon_process.hpp"
+
+#include <httplib.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace rmmd::test {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::vector<std::string> lines_of(std::string const& text)
+{
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) { out.push_back(line); }
+  return out;
+}
+
+/// promtool on PATH, or empty.
+std::string find_promtool()
+{
+  char const* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    auto candidate = std::filesystem::path(dir) / "promtool";
+    if (::access(candidate.c_str(), X_OK) == 0) { return candidate.string(); }
+  }
+  return {};
+}
+
+class Metrics : public ::testing::Test {
+ protected:
+  /// The endpoint's address, from Health (the daemon picked the port).
+  std::string metrics_address() const
+  {
+    v1::HealthResponse h;
+    auto ctx = session_.impl().context();
+    auto st  = session_.impl().stub().Health(ctx.get(), {}, &h);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return h.metrics_address();
+  }
+
+  httplib::Result get(std::string const& path) const
+  {
+    auto const address = metrics_address();
+    auto const colon   = address.rfind(':');
+    httplib::Client client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+    client.set_connection_timeout(std::chrono::seconds(10));
+    client.set_read_timeout(std::chrono::seconds(10));
+    return client.Get(path);
+  }
+
+  std::string scrape() const
+  {
+    auto r = get("/metrics");
+    EXPECT_TRUE(r) << httplib::to_string(r.error());
+    if (!r) { return {}; }
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    return r->body;
+  }
+
+  daemon_process daemon_{{"--host-pool-bytes", "64MiB", "--metrics-address", "127.0.0.1:0"}};
+  // A client name that needs escaping in a label value.
+  rmmd::session session_ = daemon_.open_session("say \"hi\" \\o/");
+};
+
+TEST_F(Metrics, TheEndpointListensOnLocalhostAtThePortHealthReports)
+{
+  auto const address = metrics_address();
+  EXPECT_THAT(address, HasSubstr("127.0.0.1:"));
+  EXPECT_NE(address, "127.0.0.1:0");
+  auto missing = get("/");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_THAT(missing->body, HasSubstr("metrics are at /metrics"));
+}
+
+TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
+{
+  auto pool = session_.host_pool().id;
+  auto a    = session_.allocate(pool, 1 << 20, 0);
+  auto b    = session_.allocate(pool, 2 << 20, 0);
+  auto c    = session_.allocate(pool, 4096, 0);
+  session_.free(a.id);
+  EXPECT_THROW((void)session_.allocate(pool, 0, 0), rmmd::logic_error);  // INVALID_ARGUMENT
+  EXPECT_THROW(session_.free(a.id), rmmd::logic_error);                  // NOT_FOUND
+  EXPECT_THROW((void)session_.allocate(pool, 1ull << 40, 0), rmmd::logic_error);
+
+  auto const text = scrape();
+  auto const held = std::to_string((2 << 20) + 4096);
+  auto const uid  = std::to_string(::getuid());
+  auto const me   = "session=\"" + std::to_string(session_.id()) + "\",uid=\"" + uid + "\",pid=\"" +
+                  std::to_string(::getpid()) + "\"";
+  for (auto const& line : std::vector<std::string>{
+           "rmmd_sessions 1",
+           "rmmd_draining 0",
+           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\"} 1",
+           "rmmd_pool_capacity_bytes{pool=\"host\"} " + std::to_string(64 << 20),
+           "rmmd_pool_in_use_bytes{pool=\"host\"} " + held,
+           "rmmd_pool_high_water_bytes{pool=\"host\"} " + std::to_string((3 << 20) + 4096),
+           "rmmd_pool_live_allocations{pool=\"host\"} 2",
+           "rmmd_pool_allocations_total{pool=\"host\"} 3",
+           "rmmd_uid_bytes{uid=\"" + uid + "\"} " + held,
+           "rmmd_uid_live_allocations{uid=\"" + uid + "\"} 2",
+           "rmmd_uid_sessions{uid=\"" + uid + "\"} 1",
+           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"OK\"} 3",
+           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 2",
+           "rmmd_grpc_requests_total{method=\"Free\",code=\"OK\"} 1",
+           "rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
+           "rmmd_grpc_request_duration_seconds_count{method=\"Allocate\"} 5",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"+Inf\"} 5",
+           "rmmd_grpc_request_duration_seconds_count{method=\"Free\"} 2",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+  // The session, with its client name escaped (\" and \\).
+  EXPECT_THAT(text,
+              AllOf(HasSubstr("rmmd_session_bytes{" + me),
+                    HasSubstr("client=\"say \\\"hi\\\" \\\\o/\"} " + held + "\n"),
+                    HasSubstr("rmmd_session_live_allocations{" + me)));
+  EXPECT_THAT(text, HasSubstr("# TYPE rmmd_grpc_request_duration_seconds histogram\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_build_info{version=\""));
+  session_.free(b.id);
+  session_.free(c.id);
+  EXPECT_THAT(scrape(), HasSubstr("rmmd_pool_in_use_bytes{pool=\"host\"} 0\n"));
+}
+
+TEST_F(Metrics, PromtoolAcceptsTheScrape)
+{
+  auto pool = session_.host_pool().id;
+  auto a    = session_.allocate(pool, 1 << 20, 0);
+  EXPECT_THROW((void)session_.allocate(pool, 0, 0), rmmd::logic_error);
+  auto const text = scrape();
+  session_.free(a.id);
+  auto const promtool = find_promtool();
+  if (promtool.empty()) {
+    GTEST_SKIP() << "promtool is not installed (Debian package `prometheus`; scripts/setup.sh "
+                    "installs it)";
+  }
+  child_process check({promtool, "check", "metrics"}, {}, true);
+  for (auto const& line : lines_of(text)) { check.write_line(line); }
+  check.close_stdin();
+  auto const said = check.read_all();
+  EXPECT_EQ(check.wait(), 0) << said << "\n--- the scrape:\n" << text;
+  EXPECT_EQ(said, "") << text;
+}
+
+TEST(MetricsAddress, AMalformedAddressStopsTheDaemonSayingWhy)
+{
+  char tmpl[]               = "/tmp/rmmd-metrics-XXXXXX";
+  std::filesystem::path dir = ::mkdtemp(tmpl);
+  child_process rmmd({program_path("rmmd").string(),
+                      "--runtime-dir",
+                      dir.string(),
+                      "--host-pool-bytes",
+                      "1MiB",
+                      "--metrics-address",
+                      "localhost"},
+                     {},
+                     true);
+  rmmd.close_stdin();
+  auto const said = rmmd.read_all();
+  EXPECT_EQ(rmmd.wait(), 1) << said;
+  EXPECT_THAT(
+      said,
+      AllOf(HasSubstr("metrics address 'localhost': no ':PORT'"), HasSubstr("expected HOST:PORT")));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(MetricsAddress, APortInUseStopsTheSecondDaemon)
+{
+  daemon_process first({"--host-pool-bytes", "1MiB", "--metrics-address", "127.0.0.1:0"});
+  auto s = first.open_session();
+  v1::HealthResponse h;
+  auto ctx = s.impl().context();
+  ASSERT_TRUE(s.impl().stub().Health(ctx.get(), {}, &h).ok());
+  char tmpl[]               = "/tmp/rmmd-metrics-XXXXXX";
+  std::filesystem::path dir = ::mkdtemp(tmpl);
+  child_process second({program_path("rmmd").string(),
+                        "--runtime-dir",
+                        dir.string(),
+                        "--host-pool-bytes",
+                        "1MiB",
+                        "--metrics-address",
+                        h.metrics_address()},
+                       {},
+                       true);
+  second.close_stdin();
+  auto const said = second.read_all();
+  EXPECT_EQ(second.wait(), 1) << said;
+  EXPECT_THAT(said, HasSubstr("cannot listen for metrics on " + h.metrics_address()));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rmmd::test

@@ -1,0 +1,198 @@
+// The Prometheus text, rendered from hand-made snapshots: names, HELP/TYPE,
+// label escaping, histograms; and the call counters that feed it.
+
+#include "daemon/metrics/prometheus_text.hpp"
+#include "daemon/metrics/request_metrics.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace rmmd::metrics {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::vector<std::string> lines_of(std::string const& text)
+{
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) { out.push_back(line); }
+  return out;
+}
+
+daemon_snapshot sample_snapshot()
+{
+  daemon_snapshot s;
+  s.version        = "9.8.7";
+  s.uptime_seconds = 12.5;
+  s.draining       = true;
+  core::pool_stats host;
+  host.pool.id             = 0;
+  host.pool.name           = "host";
+  host.pool.backend        = core::backend_kind::host;
+  host.pool.device         = -1;
+  host.pool.capacity_bytes = 1 << 20;
+  host.in_use_bytes        = 4096;
+  host.high_water_bytes    = 8192;
+  host.allocation_count    = 1;
+  host.total_allocations   = 3;
+  core::pool_stats gpu;
+  gpu.pool.id                 = 1;
+  gpu.pool.name               = "gpu0";
+  gpu.pool.backend            = core::backend_kind::cuda;
+  gpu.pool.device             = 0;
+  gpu.pool.capacity_bytes     = 1 << 30;
+  gpu.backend_reserved_bytes  = 1 << 25;
+  gpu.backend_used_bytes      = 1 << 24;
+  gpu.release_threshold_bytes = 1 << 23;
+  s.stats.pools               = {host, gpu};
+  core::session_info a;
+  a.id                 = 7;
+  a.peer               = {.pid = 100, .uid = 1000, .gid = 1000};
+  a.command            = "python3";
+  a.client_name        = "say \"hi\"\\now\nnext";
+  a.bytes              = 4096;
+  a.allocation_count   = 1;
+  core::session_info b = a;
+  b.id                 = 8;
+  b.client_name        = "plain";
+  b.bytes              = 100;
+  b.allocation_count   = 2;
+  s.stats.sessions     = {a, b};
+  request_metrics requests;
+  requests.record(rpc_method::allocate, 0, 20us);  // first bucket
+  requests.record(rpc_method::allocate, 0, 25us);  // le is inclusive: first bucket too
+  requests.record(rpc_method::allocate, 3, 2ms);   // INVALID_ARGUMENT
+  requests.record(rpc_method::free, 0, 10s);       // above every bound
+  requests.record(rpc_method::free, 99, 1us);      // not a code: UNKNOWN
+  s.requests = requests.snapshot();
+  return s;
+}
+
+TEST(EscapeLabelValue, EscapesBackslashQuoteAndLineFeed)
+{
+  EXPECT_EQ(escape_label_value("plain"), "plain");
+  EXPECT_EQ(escape_label_value("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+  EXPECT_EQ(escape_label_value(""), "");
+}
+
+TEST(RequestMetrics, CountsByMethodAndCodeAndBucketsLatency)
+{
+  auto const s      = sample_snapshot().requests;
+  auto const alloc  = static_cast<std::size_t>(rpc_method::allocate);
+  auto const free_m = static_cast<std::size_t>(rpc_method::free);
+  EXPECT_EQ(s.calls[alloc][0], 2u);
+  EXPECT_EQ(s.calls[alloc][3], 1u);
+  EXPECT_EQ(s.calls[free_m][0], 1u);
+  EXPECT_EQ(s.calls[free_m][2], 1u);  // code 99 counted as UNKNOWN
+  EXPECT_EQ(s.latency[alloc].buckets[0], 2u);
+  EXPECT_EQ(s.latency[alloc].buckets[6], 1u);  // 2 ms: (1 ms, 2.5 ms]
+  EXPECT_EQ(s.latency[alloc].count(), 3u);
+  EXPECT_NEAR(s.latency[alloc].sum_seconds, 45e-6 + 2e-3, 1e-9);
+  EXPECT_EQ(s.latency[free_m].buckets.back(), 1u);  // 10 s: only +Inf
+  EXPECT_EQ(status_code_name(16), "UNAUTHENTICATED");
+  EXPECT_EQ(status_code_name(-1), "UNKNOWN");
+  EXPECT_EQ(method_name(rpc_method::list_pools), "ListPools");
+}
+
+TEST(RenderPrometheus, EveryFamilyHasHelpAndTypeBeforeItsSamples)
+{
+  auto const text = render_prometheus(sample_snapshot());
+  std::map<std::string, std::string> type_of;
+  std::set<std::string> helped;
+  for (auto const& line : lines_of(text)) {
+    ASSERT_FALSE(line.empty());
+    if (line.starts_with("# HELP ")) {
+      helped.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.starts_with("# TYPE ")) {
+      auto rest = line.substr(7);
+      auto name = rest.substr(0, rest.find(' '));
+      EXPECT_TRUE(helped.contains(name)) << "TYPE before HELP: " << line;
+      EXPECT_FALSE(type_of.contains(name)) << "family declared twice: " << name;
+      type_of[name] = rest.substr(rest.find(' ') + 1);
+      continue;
+    }
+    auto name = line.substr(0, line.find_first_of("{ "));
+    EXPECT_TRUE(name.starts_with("rmmd_")) << line;
+    auto family = name;
+    for (std::string suffix : {"_bucket", "_sum", "_count"}) {
+      if (!type_of.contains(family) && family.ends_with(suffix)) {
+        family = family.substr(0, family.size() - suffix.size());
+      }
+    }
+    ASSERT_TRUE(type_of.contains(family)) << "sample without TYPE: " << line;
+    if (type_of[family] == "counter") { EXPECT_TRUE(family.ends_with("_total")) << family; }
+  }
+  EXPECT_EQ(type_of["rmmd_grpc_request_duration_seconds"], "histogram");
+  EXPECT_EQ(type_of["rmmd_grpc_requests_total"], "counter");
+  EXPECT_EQ(type_of["rmmd_pool_allocations_total"], "counter");
+}
+
+TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
+{
+  auto const text = render_prometheus(sample_snapshot());
+  for (std::string line : {
+           "rmmd_build_info{version=\"9.8.7\"} 1",
+           "rmmd_uptime_seconds 12.5",
+           "rmmd_draining 1",
+           "rmmd_sessions 2",
+           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\"} 1",
+           "rmmd_pool_info{pool=\"gpu0\",pool_id=\"1\",backend=\"cuda\",device=\"0\"} 1",
+           "rmmd_pool_capacity_bytes{pool=\"host\"} 1048576",
+           "rmmd_pool_in_use_bytes{pool=\"host\"} 4096",
+           "rmmd_pool_high_water_bytes{pool=\"host\"} 8192",
+           "rmmd_pool_live_allocations{pool=\"host\"} 1",
+           "rmmd_pool_allocations_total{pool=\"host\"} 3",
+           "rmmd_pool_reserved_bytes{pool=\"gpu0\"} 33554432",
+           "rmmd_pool_used_bytes{pool=\"gpu0\"} 16777216",
+           "rmmd_pool_release_threshold_bytes{pool=\"gpu0\"} 8388608",
+           "rmmd_session_bytes{session=\"7\",uid=\"1000\",pid=\"100\",command=\"python3\","
+           "client=\"say \\\"hi\\\"\\\\now\\nnext\"} 4096",
+           "rmmd_session_live_allocations{session=\"8\",uid=\"1000\",pid=\"100\",command="
+           "\"python3\",client=\"plain\"} 2",
+           "rmmd_uid_bytes{uid=\"1000\"} 4196",
+           "rmmd_uid_live_allocations{uid=\"1000\"} 3",
+           "rmmd_uid_sessions{uid=\"1000\"} 2",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+  // A host pool has no driver figures: no series rather than a made-up 0.
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_pool_reserved_bytes{pool=\"host\"}")));
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_pool_release_threshold_bytes{pool=\"host\"}")));
+}
+
+TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
+{
+  auto const text = render_prometheus(sample_snapshot());
+  for (std::string line : {
+           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"OK\"} 2",
+           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 1",
+           "rmmd_grpc_requests_total{method=\"Free\",code=\"OK\"} 1",
+           "rmmd_grpc_requests_total{method=\"Free\",code=\"UNKNOWN\"} 1",
+           "rmmd_grpc_requests_total{method=\"Health\",code=\"OK\"} 0",  // OK is always there
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"2.5e-05\"} 2",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"0.001\"} 2",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"0.0025\"} 3",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"+Inf\"} 3",
+           "rmmd_grpc_request_duration_seconds_count{method=\"Allocate\"} 3",
+           "rmmd_grpc_request_duration_seconds_sum{method=\"Allocate\"} 0.002045",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"2.5\"} 1",
+           "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"+Inf\"} 2",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+  EXPECT_THAT(text, Not(HasSubstr("code=\"NOT_FOUND\"")));  // codes that never happened
+}
+
+}  // namespace
+}  // namespace rmmd::metrics
