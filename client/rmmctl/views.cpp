@@ -114,6 +114,14 @@ std::string human_duration(std::chrono::seconds duration)
   return buf;
 }
 
+/// What fast-path sessions carved out of their slabs (a part of IN USE, which
+/// counts slabs whole): "-" when nothing is carved.
+std::string carved_text(std::uint64_t bytes, std::uint64_t allocations)
+{
+  if (bytes == 0 && allocations == 0) { return "-"; }
+  return human_bytes(bytes) + " in " + std::to_string(allocations);
+}
+
 std::string format_stats(v1::Stats const& stats)
 {
   table pools({"POOL",
@@ -122,6 +130,7 @@ std::string format_stats(v1::Stats const& stats)
                "DEVICE",
                "CAPACITY",
                "IN USE",
+               "CARVED",
                "HIGH WATER",
                "ALLOCS",
                "DRIVER RESERVED",
@@ -133,12 +142,13 @@ std::string format_stats(v1::Stats const& stats)
                device_text(p.pool().device()),
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
+               carved_text(p.carved_bytes(), p.carved_allocations()),
                human_bytes(p.high_water_bytes()),
                std::to_string(p.allocation_count()),
                p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
                p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
   }
-  table sessions({"SESSION", "PID", "UID", "COMMAND", "CLIENT", "BYTES", "ALLOCS"});
+  table sessions({"SESSION", "PID", "UID", "COMMAND", "CLIENT", "BYTES", "CARVED", "ALLOCS"});
   for (auto const& s : stats.sessions()) {
     sessions.add({std::to_string(s.session_id()),
                   std::to_string(s.pid()),
@@ -146,10 +156,11 @@ std::string format_stats(v1::Stats const& stats)
                   s.command(),
                   s.client_name().empty() ? "-" : s.client_name(),
                   human_bytes(s.bytes()),
+                  carved_text(s.carved_bytes(), s.carved_allocations()),
                   std::to_string(s.allocation_count())});
   }
-  return pools.str({false, true, false, true, true, true, true, true, true, true}) + "\n" +
-         sessions.str({true, true, true, false, false, true, true}) +
+  return pools.str({false, true, false, true, true, true, true, true, true, true, true}) + "\n" +
+         sessions.str({true, true, true, false, false, true, true, true}) +
          (stats.sessions().empty() ? "(no sessions)\n" : "");
 }
 

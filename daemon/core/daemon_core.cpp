@@ -534,7 +534,10 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
   }
   std::vector<pool_trim> out;
   for (auto id : targets) {
-    auto& p     = *pools_[id];
+    auto& p = *pools_[id];
+    // Fast-path sessions hear of it at their next usage report and give their
+    // idle slabs back too: a second trim then frees what they returned.
+    signal_pressure_locked(p);
     auto before = p.backend->usage();
     auto freed  = p.backend->trim();
     if (!freed.ok()) {

@@ -165,6 +165,13 @@ std::string render_prometheus(daemon_snapshot const& s)
               pool,
               [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.in_use_bytes); });
   e.gauge_per(
+      "rmmd_pool_carved_bytes",
+      "Bytes fast-path sessions report they carved out of their slabs (part of in_use, which "
+      "counts slabs whole).",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.carved_bytes); });
+  e.gauge_per(
       "rmmd_pool_high_water_bytes",
       "Most bytes the pool has had lent out at once since the daemon started.",
       pools,
