@@ -608,7 +608,10 @@ TEST(FabricPool, WithoutAnImexChannelTheDaemonSaysWhyAndServesPosixFd)
     strict_log += *line + "\n";
     if (line->find("ready:") != std::string::npos) { break; }
   }
-  EXPECT_THAT(strict_log, HasSubstr("pool 'gpu0' is not served: --fabric=on"));
+  EXPECT_THAT(
+      strict_log,
+      HasSubstr(
+          "pool 'gpu0' is not served: it requires fabric handles, but no usable IMEX channel"));
   EXPECT_THAT(strict_log, HasSubstr("ready: 1 pool(s)"));  // the host pool still serves
   strict.kill(SIGTERM);
   EXPECT_EQ(strict.wait(30s), 0);

@@ -93,7 +93,8 @@ class Rmmctl : public ::testing::Test {
     small_ = worker_.allocate(pool_, 64 << 10, 0);
   }
 
-  daemon_process daemon_{{"--host-pool-bytes", "64MiB"}};
+  // The host pool only, so the tables are the same on a GPU node.
+  daemon_process daemon_{{"--host-pool-bytes", "64MiB", "--backend", "host"}};
   rmmd::session worker_ = daemon_.open_session("worker");
   std::uint32_t pool_   = worker_.host_pool().id;
   rmmd::lease big_, small_;
