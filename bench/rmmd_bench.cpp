@@ -56,7 +56,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace rmmd::bench {
 namespace {
 
@@ -1318,11 +1317,11 @@ int bench_main(int argc, char** argv)
   run_state st;
   std::string command;
   for (int i = 0; i < argc; ++i) { command += (i ? " " : "") + std::string(argv[i]); }
-  st.doc["schema"]          = "rmmd-bench/1";
-  st.doc["command"]         = command;
-  st.doc["started_utc"]     = utc_now();
-  st.doc["quick"]           = quick;
-  st.doc["config"]          = json::object{{"pairs", cfg.pairs},
+  st.doc["schema"]      = "rmmd-bench/1";
+  st.doc["command"]     = command;
+  st.doc["started_utc"] = utc_now();
+  st.doc["quick"]       = quick;
+  st.doc["config"]      = json::object{{"pairs", cfg.pairs},
                                   {"pairs_direct_64mib", cfg.pairs_direct_64mib},
                                   {"warmup_pairs", cfg.warmup},
                                   {"cell_budget_s", static_cast<long>(cfg.cell_budget.count())},
