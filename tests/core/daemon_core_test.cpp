@@ -11,8 +11,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -618,6 +621,173 @@ TEST_F(CoreWithPool, AnOperatorCanSignalPressure)
   core_.signal_pressure(pool_);
   EXPECT_EQ(*core_.report_usage(session_, {}), std::vector<pool_id>{pool_});
   core_.signal_pressure(42);  // unknown pools are ignored
+}
+
+// ---------------------------------------------------------------------------
+// Backends that allocate concurrently (CUDA pools): the core calls them
+// outside its lock, holding the requested bytes against pool and quotas.
+
+/// A host backend that may be called concurrently, and whose allocate() can
+/// be stopped at a gate until the test opens it: a slow device allocation.
+class gated_backend final : public pool_backend {
+ public:
+  struct gate {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int closed_calls{};  ///< this many next allocate() calls wait for open()
+    int waiting{};       ///< calls waiting now
+    bool open{false};
+    absl::Status failure{};  ///< what a gated call answers once open (ok: allocate)
+  };
+
+  gated_backend(std::size_t bytes, std::shared_ptr<gate> g, std::shared_ptr<backend_counters> c)
+      : inner_("gated", bytes), gate_(std::move(g)), counters_(std::move(c))
+  {
+  }
+  backend_kind kind() const noexcept override
+  {
+    return backend_kind::cuda;
+  }
+  std::size_t capacity() const noexcept override
+  {
+    return inner_.capacity();
+  }
+  bool concurrent_allocate() const noexcept override
+  {
+    return true;
+  }
+  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
+  {
+    {
+      std::unique_lock lock(gate_->mutex);
+      if (gate_->closed_calls > 0) {
+        --gate_->closed_calls;
+        ++gate_->waiting;
+        gate_->changed.notify_all();
+        gate_->changed.wait(lock, [this] { return gate_->open; });
+        --gate_->waiting;
+        if (!gate_->failure.ok()) { return gate_->failure; }
+      }
+    }
+    std::lock_guard lock(inner_mutex_);
+    auto block = inner_.allocate(bytes, alignment);
+    if (block.ok()) {
+      ++counters_->live_blocks;
+      counters_->live_bytes += block->bytes;
+    }
+    return block;
+  }
+  void deallocate(backend_allocation const& block) noexcept override
+  {
+    std::lock_guard lock(inner_mutex_);
+    --counters_->live_blocks;
+    counters_->live_bytes -= block.bytes;
+    inner_.deallocate(block);
+  }
+
+ private:
+  std::mutex inner_mutex_;  // the host backend itself is not thread-safe
+  backends::host::host_backend inner_;
+  std::shared_ptr<gate> gate_;
+  std::shared_ptr<backend_counters> counters_;
+};
+
+class ConcurrentAllocate : public ::testing::Test {
+ protected:
+  ConcurrentAllocate()
+      : core_(allow_uids(
+            {1000, 1001},
+            quota_limits{
+                .per_session_bytes = 3 * MiB, .per_uid_bytes = 0, .per_uid_overrides = {}}))
+  {
+    pool_ = core_.add_pool(pool_config{.name = "device", .device = 0},
+                           std::make_unique<gated_backend>(pool_size, gate_, backend_));
+    a_    = core_.open_session(peer(1000), "a", "")->id;
+    b_    = core_.open_session(peer(1001), "b", "")->id;
+  }
+
+  /// Starts an allocation that stops at the gate; returns once it waits there.
+  std::future<absl::StatusOr<lease_grant>> start_gated(session_id s, std::size_t bytes)
+  {
+    {
+      std::lock_guard lock(gate_->mutex);
+      ++gate_->closed_calls;
+    }
+    auto result =
+        std::async(std::launch::async, [=, this] { return core_.allocate(s, pool_, bytes, 0); });
+    std::unique_lock lock(gate_->mutex);
+    gate_->changed.wait(lock, [this] { return gate_->waiting > 0; });
+    return result;
+  }
+
+  void open_gate()
+  {
+    std::lock_guard lock(gate_->mutex);
+    gate_->open = true;
+    gate_->changed.notify_all();
+  }
+
+  std::shared_ptr<gated_backend::gate> gate_ = std::make_shared<gated_backend::gate>();
+  std::shared_ptr<backend_counters> backend_ = std::make_shared<backend_counters>();
+  daemon_core core_;
+  pool_id pool_{};
+  session_id a_{}, b_{};
+};
+
+TEST_F(ConcurrentAllocate, OtherSessionsAllocateWhileOneWaitsOnTheBackend)
+{
+  auto slow = start_gated(a_, 2 * MiB);
+  // The waiting request holds its bytes: the pool and its session show them.
+  EXPECT_EQ(core_.stats().pools[0].in_use_bytes, 2 * MiB);
+  auto fast = core_.allocate(b_, pool_, MiB, 0);  // not stuck behind the gate
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  open_gate();
+  auto done = slow.get();
+  ASSERT_TRUE(done.ok()) << done.status();
+  auto s = core_.stats();
+  EXPECT_EQ(s.pools[0].in_use_bytes, 3 * MiB);
+  EXPECT_EQ(s.pools[0].allocation_count, 2u);
+  EXPECT_EQ(backend_->live_blocks, 2u);
+}
+
+TEST_F(ConcurrentAllocate, HeldBytesCountAgainstTheQuotaOfConcurrentRequests)
+{
+  auto first = start_gated(a_, 2 * MiB);
+  // 2 MiB held + 2 MiB asked is over the session's 3 MiB quota.
+  auto second = core_.allocate(a_, pool_, 2 * MiB, 0);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  open_gate();
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_EQ(core_.stats().pools[0].in_use_bytes, 2 * MiB);
+}
+
+TEST_F(ConcurrentAllocate, ASessionClosedMeanwhileGetsNothingAndTheBlockGoesBack)
+{
+  auto slow = start_gated(a_, 2 * MiB);
+  core_.close_session(a_);
+  open_gate();
+  auto done = slow.get();
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(done.status().message(), HasSubstr("closed while its allocation was made"));
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  auto s = core_.stats();
+  EXPECT_EQ(s.pools[0].in_use_bytes, 0u);
+  ASSERT_EQ(s.sessions.size(), 1u);  // b only, untouched
+  EXPECT_EQ(s.sessions[0].bytes, 0u);
+}
+
+TEST_F(ConcurrentAllocate, ABackendFailureGivesTheHeldBytesBack)
+{
+  ASSERT_TRUE(core_.allocate(b_, pool_, MiB, 0).ok());
+  auto const before = fingerprint(core_);
+  gate_->failure    = absl::ResourceExhaustedError("device out of memory");
+  auto slow         = start_gated(a_, 2 * MiB);
+  open_gate();
+  auto done = slow.get();
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(done.status().message(), HasSubstr("device out of memory"));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(*core_.report_usage(b_, {}), std::vector<pool_id>{pool_});  // and pressure
 }
 
 TEST_F(CoreWithPool, CloseAllSessionsFreesEveryLease)
