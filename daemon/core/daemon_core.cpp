@@ -207,7 +207,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                                   std::size_t bytes,
                                                   std::size_t alignment)
 {
-  std::unique_lock lock(mutex_);
+  std::lock_guard lock(mutex_);
   if (draining_) {
     return absl::UnavailableError(
         absl::StrCat("allocate ",
@@ -283,34 +283,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         bytes_text(p.in_use),
         bytes_text(p.capacity)));
   }
-  // A backend that can allocate concurrently does so outside the lock (a CUDA
-  // allocation, its synchronisation and export take tens of microseconds, and
-  // would otherwise serialise every session). Meanwhile the request holds
-  // `bytes` against the pool and the quotas, so concurrent requests see them
-  // taken; the hold is dropped, and the real size counted, below.
-  auto const uid = s.peer.uid;
-  auto hold      = [&](bool on) {
-    auto const apply = [on, bytes](std::size_t& counter) {
-      counter = on ? counter + bytes : counter - bytes;
-    };
-    apply(p.in_use);
-    apply(uid_bytes_[uid]);
-    if (uid_bytes_[uid] == 0) { uid_bytes_.erase(uid); }
-    if (auto it = sessions_.find(session); it != sessions_.end()) {
-      apply(it->second->bytes);
-      apply(it->second->pool_bytes[pool]);
-    }
-  };
-  absl::StatusOr<backend_allocation> block;
-  if (p.backend->concurrent_allocate()) {
-    hold(true);
-    lock.unlock();
-    block = p.backend->allocate(bytes, alignment);
-    lock.lock();
-    hold(false);
-  } else {
-    block = p.backend->allocate(bytes, alignment);
-  }
+  auto block = p.backend->allocate(bytes, alignment);
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);
@@ -321,18 +294,11 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                         p.config.name,
                                         block.status().message()));
   }
-  s_it = sessions_.find(session);
-  if (s_it == sessions_.end()) {  // closed while the backend allocated
-    p.backend->deallocate(*block);
-    return absl::UnauthenticatedError(
-        "allocate: the session closed while its allocation was made; open a new session");
-  }
   // The backend may round up; the ledger and quotas count what it reserved.
   auto const reserved = block->bytes;
-  auto const uid_now  = uid_bytes_.contains(uid) ? uid_bytes_.at(uid) : std::size_t{0};
   if (reserved > p.capacity - std::min(p.capacity, p.in_use) ||
       (session_limit != 0 && s.bytes + reserved > session_limit) ||
-      (uid_limit != 0 && uid_now + reserved > uid_limit)) {
+      (uid_limit != 0 && uid_used + reserved > uid_limit)) {
     p.backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "

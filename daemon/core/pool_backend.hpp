@@ -44,9 +44,7 @@ struct backend_usage {
   std::uint64_t used_bytes{};      ///< memory of that in allocations
 };
 
-/// A source of memory. The core serialises calls under its lock, except
-/// allocate() on a backend whose concurrent_allocate() is true: that one may
-/// run on several threads at once, beside any other call.
+/// A source of memory. Not thread-safe: the core serialises calls.
 class pool_backend {
  public:
   pool_backend()                               = default;
@@ -62,13 +60,6 @@ class pool_backend {
   /// REQUIRES: bytes > 0, alignment a power of two (the core checks both).
   /// Returns RESOURCE_EXHAUSTED when no block fits, INTERNAL on a system error.
   virtual absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) = 0;
-
-  /// Whether allocate() may run concurrently with itself and with every other
-  /// member (the core then calls it outside its lock).
-  [[nodiscard]] virtual bool concurrent_allocate() const noexcept
-  {
-    return false;
-  }
 
   /// REQUIRES: `block` came from allocate() on this backend and was not freed.
   virtual void deallocate(backend_allocation const& block) noexcept = 0;

@@ -46,12 +46,6 @@ class cuda_backend final : public core::pool_backend {
   {
     return options_.capacity;
   }
-  /// The RMM resource, the stream and the export are thread-safe; the core
-  /// calls this outside its lock.
-  [[nodiscard]] bool concurrent_allocate() const noexcept override
-  {
-    return true;
-  }
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
