@@ -16,6 +16,8 @@
 //   rmmd_bench --worker MODE SIZE SECONDS      section c's client processes
 //   rmmd_bench --holder MODE BYTES             section d's process to SIGKILL
 //   rmmd_bench --gpu-slug                      prints the GPU's name as a file name
+//   rmmd_bench --context-rss                   section e's reference: a CUDA context and
+//                                              one exportable RMM pool, nothing else
 
 #include "bench/bench_support.hpp"
 
@@ -1118,6 +1120,25 @@ void section_rss(config const& cfg,
   std::printf("  idle at start %.1f MiB; idle after sections a-d %.1f MiB\n",
               static_cast<double>(rss_fresh) / (1 << 20),
               static_cast<double>(rss_idle) / (1 << 20));
+  try {
+    // The floor: what a bare process with a CUDA context and one pool holds.
+    process probe({self_path(), "--context-rss"}, self_env());
+    auto const line = expect_line(probe, "the context-RSS probe", "ready", steady::now() + 60s);
+    unsigned long long context = 0, with_pool = 0;
+    if (std::sscanf(line.c_str(), "ready %llu %llu", &context, &with_pool) != 2) {
+      throw bench_error("the context-RSS probe said: " + line);
+    }
+    probe.finish(5s);
+    out["cuda_context_process_bytes"]          = context;
+    out["cuda_context_and_pool_process_bytes"] = with_pool;
+    std::printf(
+        "  for reference, a bare process: CUDA context %.1f MiB, with an RMM pool %.1f MiB\n",
+        static_cast<double>(context) / (1 << 20),
+        static_cast<double>(with_pool) / (1 << 20));
+  } catch (std::exception const& e) {
+    out["cuda_context_error"] = e.what();
+    st.error("e context", e.what());
+  }
   auto mr      = make_ipc_resource(session, allocation_mode::direct);
   auto pool_id = session.device_pool(0).id;
   stream_holder stream;
@@ -1434,6 +1455,20 @@ int internal_main(int argc, char** argv)
     return 2;
   };
   if (mode == "--exporter") { return exporter_main(); }
+  if (mode == "--context-rss") {
+    // What any process that owns a CUDA pool pays, rmmd or not: the context,
+    // and an RMM pool with posix-fd export (as rmmd makes), one allocation made.
+    using handle = rmm::mr::cuda_async_memory_resource::allocation_handle_type;
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) { return 4; }
+    auto const context_only = rss_bytes(::getpid());
+    rmm::mr::cuda_async_memory_resource mr(
+        std::nullopt, std::nullopt, handle::posix_file_descriptor);
+    mr.deallocate_sync(mr.allocate_sync(1 << 20, 256), 1 << 20, 256);
+    std::printf("ready %llu %llu\n",
+                static_cast<unsigned long long>(context_only),
+                static_cast<unsigned long long>(rss_bytes(::getpid())));
+    return 0;
+  }
   if (mode == "--gpu-slug") {
     std::string why;
     if (visible_gpus(why) == 0) {
