@@ -106,7 +106,8 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   // only once the stream has passed that point (docs/protocol.md, section 3).
   auto err = cudaFreeAsync(ptr, stream);
   cudaIpcEventHandle_t after{};
-  bool const fenced = err == cudaSuccess && record_release_event(stream, after);
+  cudaEvent_t event{};
+  bool const fenced = err == cudaSuccess && record_release_event(stream, after, event);
   if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
   if (err != cudaSuccess) {
     // The import may still be in use: keeping the lease (the daemon frees it
@@ -120,9 +121,26 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
     return;
   }
   try {
-    if (fenced) {
+    if (!fenced) {
+      session_.free(id);
+      return;
+    }
+    try {
       session_.free(id, after);
-    } else {
+    } catch (rmmd::logic_error const& e) {
+      // The daemon cannot open this process's events (e.g. a container with
+      // its own /dev/shm): wait here instead, now and from now on.
+      std::fprintf(stderr, "%s; waiting for the stream before each free instead\n", e.what());
+      events_refused_.store(true);
+      if (auto sync = cudaEventSynchronize(event); sync != cudaSuccess) {
+        std::fprintf(stderr,
+                     "rmmd: allocation %llu of pool '%s' stays leased until the session closes "
+                     "(cudaEventSynchronize: %s)\n",
+                     static_cast<unsigned long long>(id),
+                     pool_.name.c_str(),
+                     cudaGetErrorName(sync));
+        return;
+      }
       session_.free(id);
     }
   } catch (std::exception const& e) {
@@ -131,8 +149,10 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
 }
 
 bool ipc_memory_resource_impl::record_release_event(cudaStream_t stream,
-                                                    cudaIpcEventHandle_t& handle) noexcept
+                                                    cudaIpcEventHandle_t& handle,
+                                                    cudaEvent_t& event) noexcept
 {
+  if (events_refused_.load()) { return false; }
   std::lock_guard lock(events_mutex_);
   // Reuse an event only once its last record has completed: the daemon may
   // still be polling that record, and a later one only makes it wait longer.
@@ -145,6 +165,7 @@ bool ipc_memory_resource_impl::record_release_event(cudaStream_t stream,
     }
     next_event_ = (next_event_ + n + 1) % events_.size();
     handle      = e.handle;
+    event       = e.event;
     return true;
   }
   if (events_.size() == max_release_events) { return false; }
@@ -169,6 +190,7 @@ bool ipc_memory_resource_impl::record_release_event(cudaStream_t stream,
   }
   events_.push_back(e);
   handle = e.handle;
+  event  = e.event;
   return true;
 }
 

@@ -126,9 +126,23 @@ std::size_t slab_carver::trim() noexcept
     idle = std::move(pool_);
   }
   auto const bytes = idle->pool_size();
-  // Work queued on any stream may still use memory that was carved and freed
-  // in stream order: let it finish before the slabs are freed (each then goes
-  // back through the direct path, in stream order and with a release event).
+  // On the pool's device (trim runs on the keeper and on users' threads),
+  // whatever device the calling thread had current.
+  int previous = 0;
+  cudaGetDevice(&previous);
+  auto const device = owner_.pool().device;
+  if (previous != device) { cudaSetDevice(device); }
+  struct restore_device {
+    int device;
+    bool needed;
+    ~restore_device()
+    {
+      if (needed) { cudaSetDevice(device); }
+    }
+  } restore{previous, previous != device};
+  // Work queued on any stream of that device may still use memory that was
+  // carved and freed in stream order: let it finish before the slabs are freed
+  // (each then goes back through the direct path, with a release event).
   if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
     std::fprintf(stderr,
                  "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
@@ -152,6 +166,8 @@ void slab_carver::keep(std::stop_token stop) noexcept
   auto const idle_trim = owner_.options().idle_trim;
   auto const tick      = std::clamp<clock::duration>(
       idle_trim / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
+  // Its CUDA calls (trim) are for the pool's device.
+  cudaSetDevice(owner_.pool().device);
   std::size_t reported_bytes = 0, reported_count = 0;
   auto last_report = clock::now();
   auto idle_since  = clock::now();

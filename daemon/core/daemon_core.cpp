@@ -218,9 +218,6 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (s_it == sessions_.end()) {
     return absl::UnauthenticatedError("allocate: the session is closed; open a new session");
   }
-  // Memory whose fence has passed counts against quotas until reaped: reap
-  // first, so a client that frees and reallocates is not refused for it.
-  if (!fenced_.empty()) { reap_fences_locked(); }
   auto& s = *s_it->second;
   if (pool >= pools_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -251,38 +248,53 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         p.config.max_alignment));
   }
   auto const session_limit = options_.quotas.per_session_bytes;
-  if (session_limit != 0 && bytes > session_limit - std::min(session_limit, s.bytes)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first or "
-        "ask the operator for a larger per-session quota",
-        bytes_text(bytes),
-        p.config.name,
-        s.id,
-        bytes_text(s.bytes),
-        bytes_text(session_limit)));
+  auto const uid_limit     = options_.quotas.limit_for_uid(s.peer.uid);
+  auto uid_used            = std::size_t{0};
+  // Why the request cannot fit (a quota, or the pool), if it cannot.
+  auto refusal = [&]() -> std::optional<absl::Status> {
+    if (session_limit != 0 && bytes > session_limit - std::min(session_limit, s.bytes)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first "
+          "or ask the operator for a larger per-session quota",
+          bytes_text(bytes),
+          p.config.name,
+          s.id,
+          bytes_text(s.bytes),
+          bytes_text(session_limit)));
+    }
+    auto const uid_it = uid_bytes_.find(s.peer.uid);
+    uid_used          = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
+    if (uid_limit != 0 && bytes > uid_limit - std::min(uid_limit, uid_used)) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; "
+          "free memory first or ask the operator for a larger per-uid quota",
+          bytes_text(bytes),
+          p.config.name,
+          s.peer.uid,
+          bytes_text(uid_used),
+          bytes_text(uid_limit)));
+    }
+    if (bytes > p.capacity - p.in_use) {
+      signal_pressure_locked(p);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another "
+          "pool",
+          bytes_text(bytes),
+          p.config.name,
+          bytes_text(p.in_use),
+          bytes_text(p.capacity)));
+    }
+    return std::nullopt;
+  };
+  auto refused = refusal();
+  // Leases freed with an event count until the reaper sees the event: before
+  // refusing for want of room, reap what has passed and look again. (Not on
+  // every request: that would poll every pending event under the lock.)
+  if (refused && !fenced_.empty()) {
+    reap_fences_locked();
+    refused = refusal();
   }
-  auto const uid_limit = options_.quotas.limit_for_uid(s.peer.uid);
-  auto const uid_it    = uid_bytes_.find(s.peer.uid);
-  auto const uid_used  = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
-  if (uid_limit != 0 && bytes > uid_limit - std::min(uid_limit, uid_used)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; free "
-        "memory first or ask the operator for a larger per-uid quota",
-        bytes_text(bytes),
-        p.config.name,
-        s.peer.uid,
-        bytes_text(uid_used),
-        bytes_text(uid_limit)));
-  }
-  if (bytes > p.capacity - p.in_use) {
-    signal_pressure_locked(p);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another pool",
-        bytes_text(bytes),
-        p.config.name,
-        bytes_text(p.in_use),
-        bytes_text(p.capacity)));
-  }
+  if (refused) { return *refused; }
   auto block = p.backend->allocate(bytes, alignment);
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {

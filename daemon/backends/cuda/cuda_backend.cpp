@@ -14,6 +14,9 @@ namespace {
 
 using handle_type = rmm::mr::cuda_async_memory_resource::allocation_handle_type;
 
+/// Opened client events kept per session before idle ones are forgotten.
+constexpr std::size_t max_cached_events = 256;
+
 /// Allocations are rounded to this (cudaMallocFromPoolAsync's own alignment).
 constexpr std::size_t granularity = 256;
 
@@ -190,7 +193,14 @@ absl::StatusOr<std::unique_ptr<core::release_fence>> cuda_backend::open_fence(
         bytes.size()));
   }
   std::copy(bytes.begin(), bytes.end(), key.begin());
-  auto& cached = events_[session][key];
+  auto& opened = events_[session];
+  // A client keeps at most 64 events per resource, but a long session may
+  // make many resources one after another: forget events no fence waits on
+  // once a session has many (opening one again costs a fraction of a ms).
+  if (opened.size() >= max_cached_events && !opened.contains(key)) {
+    std::erase_if(opened, [](auto const& entry) { return entry.second.use_count() == 1; });
+  }
+  auto& cached = opened[key];
   if (cached == nullptr) {
     cudaIpcEventHandle_t handle{};
     std::memcpy(&handle, key.data(), key.size());
@@ -199,9 +209,14 @@ absl::StatusOr<std::unique_ptr<core::release_fence>> cuda_backend::open_fence(
     if (err == cudaSuccess) { err = cudaIpcOpenEventHandle(&event, handle); }
     if (err != cudaSuccess) {
       events_[session].erase(key);
-      return absl::InvalidArgumentError(absl::StrFormat(
+      // Most often the environment, not the request: CUDA IPC events need the
+      // client and the daemon to share /dev/shm (a container with its own
+      // cannot), so this is FAILED_PRECONDITION and the client falls back to
+      // waiting for its stream before it frees.
+      return absl::FailedPreconditionError(absl::StrFormat(
           "cannot open the release event on device %d (%s): it must be an interprocess event "
-          "(cudaEventInterprocess | cudaEventDisableTiming) of the calling process",
+          "(cudaEventInterprocess | cudaEventDisableTiming) of the calling process, which must "
+          "share /dev/shm with the daemon",
           options_.device,
           cudaGetErrorName(err)));
     }

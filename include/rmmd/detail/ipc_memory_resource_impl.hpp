@@ -6,6 +6,7 @@
 #include <cuda/memory_resource>
 #include <cuda/stream>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -100,7 +101,9 @@ class ipc_memory_resource_impl {
 
   /// Records a free interprocess event on `stream` and returns its handle, or
   /// false when none can be had (all busy, or `stream` is on another device).
-  bool record_release_event(cudaStream_t stream, cudaIpcEventHandle_t& handle) noexcept;
+  bool record_release_event(cudaStream_t stream,
+                            cudaIpcEventHandle_t& handle,
+                            cudaEvent_t& event) noexcept;
 
   struct release_event {
     cudaEvent_t event{};
@@ -117,7 +120,8 @@ class ipc_memory_resource_impl {
   std::mutex events_mutex_;
   std::vector<release_event> events_;  // an event may be reused once its record completed
   std::size_t next_event_{};
-  std::unique_ptr<slab_carver> carver_;  // slab mode only; destroyed first
+  std::atomic<bool> events_refused_{false};  // the daemon cannot open our events
+  std::unique_ptr<slab_carver> carver_;      // slab mode only; destroyed first
 };
 
 }  // namespace rmmd::detail
