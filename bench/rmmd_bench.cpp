@@ -650,7 +650,7 @@ void steps_against_exporter(config const& cfg,
       if (fd >= 0) { ::close(fd); }
     }
   } parent_end{sv[0]}, child_end{sv[1]};
-  process exporter({self_path(), "--exporter"}, self_env(), {{exporter_fd, sv[1]}});
+  child_process exporter({self_path(), "--exporter"}, self_env(), {.fds = {{exporter_fd, sv[1]}}});
   ::close(child_end.fd);
   child_end.fd = -1;
 
@@ -838,7 +838,7 @@ int worker_main(allocation_mode mode, std::size_t bytes, double seconds)
 /// Reads lines from `p` until one of the helper protocol's (ready, done,
 /// holding, error: anything else a library printed is skipped); throws naming
 /// `who` unless it starts with `want`.
-std::string expect_line(process& p,
+std::string expect_line(child_process& p,
                         std::string const& who,
                         std::string const& want,
                         steady::time_point deadline)
@@ -886,15 +886,15 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                             {"size_bytes", cfg.worker_bytes},
                             {"seconds_each", cfg.worker_seconds}}};
       try {
-        std::vector<std::unique_ptr<process>> workers;
+        std::vector<std::unique_ptr<child_process>> workers;
         for (int i = 0; i < n; ++i) {
-          workers.push_back(
-              std::make_unique<process>(std::vector<std::string>{self_path(),
-                                                                 "--worker",
-                                                                 mode_name(mode),
-                                                                 std::to_string(cfg.worker_bytes),
-                                                                 format("%g", cfg.worker_seconds)},
-                                        env));
+          workers.push_back(std::make_unique<child_process>(
+              std::vector<std::string>{self_path(),
+                                       "--worker",
+                                       mode_name(mode),
+                                       std::to_string(cfg.worker_bytes),
+                                       format("%g", cfg.worker_seconds)},
+              env));
         }
         auto const ready_by = steady::now() + 180s;
         for (int i = 0; i < n; ++i) {
@@ -1047,7 +1047,7 @@ void section_setup_and_reclaim(config const& cfg,
       std::vector<double> ns;
       for (std::size_t trial = 0; trial < cfg.kill_trials; ++trial) {
         auto const before = pool_in_use(get_stats(session), pool_id);
-        process holder(
+        child_process holder(
             {self_path(), "--holder", mode_name(mode), std::to_string(cfg.kill_hold_bytes)}, env);
         expect_line(holder, "holder", "holding", steady::now() + 120s);
         auto const holding = pool_in_use(get_stats(session), pool_id);
@@ -1122,7 +1122,7 @@ void section_rss(config const& cfg,
               static_cast<double>(rss_idle) / (1 << 20));
   try {
     // The floor: what a bare process with a CUDA context and one pool holds.
-    process probe({self_path(), "--context-rss"}, self_env());
+    child_process probe({self_path(), "--context-rss"}, self_env());
     auto const line = expect_line(probe, "the context-RSS probe", "ready", steady::now() + 60s);
     unsigned long long context = 0, with_pool = 0;
     if (std::sscanf(line.c_str(), "ready %llu %llu", &context, &with_pool) != 2) {
@@ -1370,7 +1370,7 @@ int bench_main(int argc, char** argv)
   st.doc["gpu"] = gpu_json(gpu_name);
 
   std::vector<std::string> daemon_args{"--backend=cuda", "--cuda-pool-bytes", pool_bytes};
-  daemon_process daemon(rmmd_path, daemon_args, std::chrono::seconds(60));
+  daemon_process daemon(bench_daemon(rmmd_path, daemon_args, std::chrono::seconds(60)));
   st.doc["daemon"]     = json::object{{"argv", [&] {
                                      json a = json::array{};
                                      for (auto const& s : daemon.argv()) { a.push_back(s); }

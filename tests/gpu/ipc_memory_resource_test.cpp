@@ -573,7 +573,7 @@ TEST(FabricPool, WithoutAnImexChannelTheDaemonSaysWhyAndServesPosixFd)
   child_process daemon(
       {program_path("rmmd").string(), "--runtime-dir", dir.string(), "--cuda-pool-bytes", "1GiB"},
       {},
-      /*merge_stderr=*/true);
+      {.merge_stderr = true});
   std::string log;
   while (auto line = daemon.read_line(60s)) {
     log += *line + "\n";
@@ -602,7 +602,9 @@ TEST(FabricPool, WithoutAnImexChannelTheDaemonSaysWhyAndServesPosixFd)
   daemon.kill(SIGTERM);
   EXPECT_EQ(daemon.wait(30s), 0);
   child_process strict(
-      {program_path("rmmd").string(), "--runtime-dir", dir.string(), "--fabric", "on"}, {}, true);
+      {program_path("rmmd").string(), "--runtime-dir", dir.string(), "--fabric", "on"},
+      {},
+      {.merge_stderr = true});
   std::string strict_log;
   while (auto line = strict.read_line(60s)) {
     strict_log += *line + "\n";

@@ -35,7 +35,7 @@ struct outcome {
 outcome run_rmmd(std::vector<std::string> args)
 {
   args.insert(args.begin(), program_path("rmmd").string());
-  child_process p(std::move(args), {}, /*merge_stderr=*/true);
+  child_process p(std::move(args), {}, {.merge_stderr = true});
   p.close_stdin();
   auto out    = p.read_all();
   auto status = p.wait();
@@ -216,7 +216,8 @@ TEST(Deploy, SystemdAcceptsTheUnit)
   }
   scratch_dir dir;
   auto copy = dir.write("rmmd.service", unit_text);
-  child_process verify({analyze.string(), "verify", "--man=no", copy.string()}, {}, true);
+  child_process verify(
+      {analyze.string(), "verify", "--man=no", copy.string()}, {}, {.merge_stderr = true});
   verify.close_stdin();
   auto out = verify.read_all();
   EXPECT_EQ(verify.wait(), 0) << out;
@@ -240,7 +241,9 @@ TEST(Deploy, TheSysusersFileMakesTheRmmdUserAndGroup)
   // Into an empty root of our own: the real /etc is not touched.
   scratch_dir root;
   fs::create_directories(root.path() / "etc");
-  child_process p({tool.string(), "--root", root.path().string(), sysusers->string()}, {}, true);
+  child_process p({tool.string(), "--root", root.path().string(), sysusers->string()},
+                  {},
+                  {.merge_stderr = true});
   p.close_stdin();
   auto out = p.read_all();
   ASSERT_EQ(p.wait(), 0) << out;

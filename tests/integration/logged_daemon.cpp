@@ -2,13 +2,9 @@
 
 #include "client/detail/session_impl.hpp"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <system_error>
@@ -23,19 +19,12 @@ logged_daemon::logged_daemon(std::vector<std::string> args)
   if (::mkdtemp(tmpl) == nullptr) {
     throw std::system_error(errno, std::generic_category(), "mkdtemp");
   }
-  dir_        = tmpl;
-  auto notify = dir_ / "notify.sock";
-  notify_fd_  = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, notify.c_str(), sizeof(addr.sun_path) - 1);
-  if (::bind(notify_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    throw std::system_error(errno, std::generic_category(), "bind " + notify.string());
-  }
+  dir_    = tmpl;
+  notify_ = std::make_unique<tools::notify_socket>(dir_ / "notify.sock");
   std::vector<std::string> argv{program_path("rmmd").string(), "--runtime-dir", dir_.string()};
   argv.insert(argv.end(), args.begin(), args.end());
   daemon_ = std::make_unique<child_process>(
-      argv, std::vector<std::string>{"NOTIFY_SOCKET=" + notify.string()}, /*merge_stderr=*/true);
+      argv, std::vector<std::string>{notify_->env()}, spawn_options{.merge_stderr = true});
   daemon_->close_stdin();
   if (!wait_notify("READY=1", 30s)) {
     throw std::runtime_error("rmmd did not report READY=1; its log:\n" + daemon_->read_all(2s));
@@ -48,7 +37,6 @@ logged_daemon::~logged_daemon()
     daemon_->kill(SIGTERM);
     daemon_->wait(30s);
   }
-  ::close(notify_fd_);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
@@ -63,37 +51,17 @@ std::optional<std::string> logged_daemon::wait_log(std::string_view text,
                                                    std::chrono::milliseconds timeout)
 {
   auto const deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left <= 0ms) { return std::nullopt; }
-    auto line = daemon_->read_line(left);
-    if (!line) { return std::nullopt; }
+  while (auto line = daemon_->read_line(deadline)) {
     log_ += *line + "\n";
     if (line->find(text) != std::string::npos) { return line; }
   }
+  return std::nullopt;
 }
 
 std::optional<std::string> logged_daemon::wait_notify(std::string_view text,
                                                       std::chrono::milliseconds timeout)
 {
-  auto const deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left <= 0ms) { return std::nullopt; }
-    pollfd p{notify_fd_, POLLIN, 0};
-    // Wake now and then to notice a daemon that died: it will say nothing more.
-    if (::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 100))) <= 0) {
-      if (daemon_->wait(0ms)) { return std::nullopt; }
-      continue;
-    }
-    char buf[4096];
-    auto n = ::recv(notify_fd_, buf, sizeof(buf), 0);
-    if (n <= 0) { continue; }
-    std::string message(buf, static_cast<std::size_t>(n));
-    if (message.find(text) != std::string::npos) { return message; }
-  }
+  return notify_->wait_for(text, *daemon_, std::chrono::steady_clock::now() + timeout);
 }
 
 v1::Stats stats_of(rmmd::session const& s)

@@ -6,11 +6,13 @@
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
+#include "tools/process/notify_socket.hpp"
 
 #include <rmmd/session.hpp>
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,7 +54,7 @@ class logged_daemon {
 
  private:
   std::filesystem::path dir_;
-  int notify_fd_{-1};
+  std::unique_ptr<tools::notify_socket> notify_;
   std::unique_ptr<child_process> daemon_;
   std::string log_;
 };

@@ -149,7 +149,7 @@ TEST_F(Metrics, PromtoolAcceptsTheScrape)
     GTEST_SKIP() << "promtool is not installed (Debian package `prometheus`; scripts/setup.sh "
                     "installs it)";
   }
-  child_process check({promtool, "check", "metrics"}, {}, true);
+  child_process check({promtool, "check", "metrics"}, {}, {.merge_stderr = true});
   for (auto const& line : lines_of(text)) { check.write_line(line); }
   check.close_stdin();
   auto const said = check.read_all();
@@ -169,7 +169,7 @@ TEST(MetricsAddress, AMalformedAddressStopsTheDaemonSayingWhy)
                       "--metrics-address",
                       "localhost"},
                      {},
-                     true);
+                     {.merge_stderr = true});
   rmmd.close_stdin();
   auto const said = rmmd.read_all();
   EXPECT_EQ(rmmd.wait(), 1) << said;
@@ -196,7 +196,7 @@ TEST(MetricsAddress, APortInUseStopsTheSecondDaemon)
                         "--metrics-address",
                         h.metrics_address()},
                        {},
-                       true);
+                       {.merge_stderr = true});
   second.close_stdin();
   auto const said = second.read_all();
   EXPECT_EQ(second.wait(), 1) << said;

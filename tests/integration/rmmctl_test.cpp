@@ -52,7 +52,7 @@ ctl_result rmmctl(std::vector<std::string> args,
   }
   argv.push_back(program_path("rmmctl").string());
   argv.insert(argv.end(), args.begin(), args.end());
-  child_process p(argv, env, merge_stderr);
+  child_process p(argv, env, {.merge_stderr = merge_stderr});
   p.close_stdin();
   ctl_result r;
   r.out    = p.read_all();

@@ -1,42 +1,36 @@
 #pragma once
 
-// Test support: the real rmmd, started as a separate process in a runtime
-// directory of its own, ready once it has sent READY=1 over sd_notify (a
-// NOTIFY_SOCKET the test owns, as systemd would).
+// Test support: the real rmmd (tools/process/daemon_process.hpp: a runtime
+// directory of its own, ready once it has sent READY=1 over sd_notify), with
+// its stderr inherited, and what tests ask of it: sessions and stats.
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
+#include "tools/process/daemon_process.hpp"
 
 #include <rmmd/session.hpp>
 
-#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace rmmd::test {
 
-class daemon_process {
+class daemon_process : public tools::daemon_process {
  public:
   /// Starts rmmd with `extra_args` (after --runtime-dir); throws if it is not
-  /// ready within the deadline.
+  /// ready within 30 s.
   explicit daemon_process(std::vector<std::string> extra_args = {});
   daemon_process(daemon_process const&)            = delete;
   daemon_process& operator=(daemon_process const&) = delete;
   ~daemon_process();
 
-  [[nodiscard]] std::filesystem::path const& runtime_dir() const noexcept
-  {
-    return dir_;
-  }
   [[nodiscard]] rmmd::session open_session(std::string client_name = "test") const;
 
-  /// SIGTERM, then its exit status (nullopt if it did not stop in time).
+  /// Closes the observer session, SIGTERM, then its exit status (nullopt if
+  /// it did not stop in 30 s).
   std::optional<int> stop();
-  [[nodiscard]] child_process& process() noexcept
-  {
-    return *daemon_;
-  }
 
   /// `rmmctl stats --json` against this daemon, parsed back with protobuf's
   /// JSON mapping. Fails the test if rmmctl fails.
@@ -45,8 +39,6 @@ class daemon_process {
   [[nodiscard]] v1::Stats stats() const;
 
  private:
-  std::filesystem::path dir_;
-  std::unique_ptr<child_process> daemon_;
   mutable std::unique_ptr<rmmd::session> observer_;
 };
 

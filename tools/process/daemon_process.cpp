@@ -1,0 +1,111 @@
+#include "tools/process/daemon_process.hpp"
+
+#include "tools/process/notify_socket.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+namespace rmmd::tools {
+namespace {
+
+/// Removes the directory at the end of the scope unless released.
+struct remove_on_failure {
+  std::filesystem::path const* dir;
+  ~remove_on_failure()
+  {
+    if (dir == nullptr) { return; }
+    std::error_code ec;
+    std::filesystem::remove_all(*dir, ec);
+  }
+};
+
+}  // namespace
+
+daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
+{
+  auto tmpl = "/tmp/" + opts.dir_prefix + "XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+  }
+  dir_ = tmpl;
+  remove_on_failure cleanup{&dir_};
+  notify_socket notify(dir_ / "notify.sock");
+  argv_ = {opts.program.string(), "--runtime-dir", dir_.string()};
+  argv_.insert(argv_.end(), opts.args.begin(), opts.args.end());
+
+  spawn_options spawn{.kill_last = opts.kill_last};
+  int log_fd = -1;
+  if (opts.log_to_file) {
+    log_fd = ::open((dir_ / "rmmd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (log_fd < 0) { throw std::system_error(errno, std::generic_category(), "open rmmd.log"); }
+    // Nobody reads the daemon's stdout then: a full pipe would stall it.
+    spawn.fds = {{STDOUT_FILENO, log_fd}, {STDERR_FILENO, log_fd}};
+  }
+  try {
+    daemon_ = std::make_unique<child_process>(argv_, std::vector{notify.env()}, std::move(spawn));
+  } catch (...) {
+    if (log_fd >= 0) { ::close(log_fd); }
+    throw;
+  }
+  if (log_fd >= 0) { ::close(log_fd); }
+  daemon_->close_stdin();
+
+  auto const deadline = steady::now() + opts.ready_timeout;
+  if (!notify.wait_for("READY=1", *daemon_, deadline)) {
+    auto status = daemon_->wait(steady::now());
+    auto why    = status
+                      ? "it exited with status " + std::to_string(*status)
+                      : "it was not ready after " +
+                         std::to_string(
+                             std::chrono::ceil<std::chrono::seconds>(opts.ready_timeout).count()) +
+                         " s";
+    auto log    = opts.log_to_file ? "; its log ends:\n" + log_tail() : ": " + argv_[0];
+    daemon_.reset();  // SIGKILL and reap before the directory goes
+    throw std::runtime_error("rmmd did not report READY=1 (" + why + ")" + log);
+  }
+  cleanup.dir = nullptr;
+}
+
+daemon_process::~daemon_process()
+{
+  if (daemon_) {
+    daemon_->kill(SIGTERM);
+    daemon_->finish(stop_timeout_);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+bool daemon_process::alive()
+{
+  return !daemon_->wait(steady::now());
+}
+
+std::optional<int> daemon_process::stop(std::chrono::milliseconds timeout)
+{
+  if (auto s = daemon_->wait(steady::now())) { return s; }
+  daemon_->kill(SIGTERM);
+  return daemon_->wait(timeout);
+}
+
+std::string daemon_process::log_tail(std::size_t lines) const
+{
+  std::ifstream in(dir_ / "rmmd.log");
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) { all.push_back(line); }
+  std::string out;
+  for (auto i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "  " + all[i] + "\n";
+  }
+  return out.empty() ? "  (empty)\n" : out;
+}
+
+}  // namespace rmmd::tools
