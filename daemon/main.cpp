@@ -271,7 +271,17 @@ bool add_cuda_pool(rmmd::core::daemon_core& core, config::pool_settings const& p
   }
   bool fabric = false;
   if (p.fabric != config::fabric_mode::off) {
-    auto support = cuda::probe_fabric(p.device, fs::read_symlink("/proc/self/exe"));
+    std::error_code ec;
+    auto const self = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      rmmd::log::error(
+          "pool '%s': cannot find rmmd's own program to probe fabric handles "
+          "(/proc/self/exe: %s)",
+          p.name,
+          ec.message());
+      return false;
+    }
+    auto support = cuda::probe_fabric(p.device, self);
     fabric       = support.usable;
     if (!fabric && p.fabric == config::fabric_mode::required) {
       rmmd::log::error(
@@ -669,6 +679,7 @@ int main(int argc, char** argv)
                static_cast<unsigned long long>(
                    std::chrono::microseconds(settings.drain_timeout + 10s).count()));
   listener.stop_accepting();
+  core.stop_new_sessions();  // Health and the metrics say "draining" from now on
   auto const deadline = std::chrono::steady_clock::now() + settings.drain_timeout;
   if (auto n = listener.open_sessions(); n > 0) {
     rmmd::log::info(

@@ -145,7 +145,7 @@ absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
                                                         std::string client_name)
 {
   std::lock_guard lock(mutex_);
-  if (draining_) {
+  if (draining_ || sessions_closed_) {
     return absl::UnavailableError(
         "open session: the daemon is draining for shutdown; retry once it has restarted");
   }
@@ -629,7 +629,13 @@ void daemon_core::begin_drain()
 bool daemon_core::draining() const
 {
   std::lock_guard lock(mutex_);
-  return draining_;
+  return draining_ || sessions_closed_;
+}
+
+void daemon_core::stop_new_sessions()
+{
+  std::lock_guard lock(mutex_);
+  sessions_closed_ = true;
 }
 
 void daemon_core::close_all_sessions() noexcept

@@ -153,10 +153,15 @@ class daemon_core {
   /// quota; the new limits apply to the next open_session and allocate.
   void reconfigure(access_policy access, quota_limits quotas);
 
-  /// From now on open_session and allocate answer UNAVAILABLE; free still works.
+  /// Drain, first phase (SIGTERM): open_session answers UNAVAILABLE; the live
+  /// sessions keep allocating and freeing until they leave or the deadline.
+  void stop_new_sessions();
+
+  /// Drain, second phase (the deadline): allocate answers UNAVAILABLE too;
+  /// free still works.
   void begin_drain();
 
-  /// True once begin_drain() has been called.
+  /// True once either phase has begun.
   [[nodiscard]] bool draining() const;
 
   /// Frees every lease of every session and forgets the sessions.
@@ -182,6 +187,7 @@ class daemon_core {
   std::map<allocation_id, fenced_release> fenced_;  // freed by the client, not yet passed
   core_options options_;
   bool draining_{false};
+  bool sessions_closed_{false};                     // stop_new_sessions() was called
   std::vector<std::unique_ptr<pool_entry>> pools_;  // index == pool id
   session_id next_session_{1};
   std::map<session_id, std::unique_ptr<session_entry>> sessions_;

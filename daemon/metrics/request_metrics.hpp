@@ -26,8 +26,9 @@ enum class rpc_method : std::uint8_t {
   list_pools,
   trim,
   health,
+  report_usage,
 };
-inline constexpr std::size_t rpc_method_count = 7;
+inline constexpr std::size_t rpc_method_count = 8;
 
 /// The method's name in the service ("Allocate", "Free", ...).
 std::string_view method_name(rpc_method method) noexcept;

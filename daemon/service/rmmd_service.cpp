@@ -79,18 +79,20 @@ grpc::Status rmmd_service::ReportUsage(grpc::ServerContext* context,
                                        v1::UsageReport const* request,
                                        v1::UsageReply* response)
 {
-  auto session = caller(*context);
-  if (!session.ok()) { return to_grpc_status(session.status()); }
-  std::vector<core::carved_usage> usage;
-  usage.reserve(static_cast<std::size_t>(request->pools_size()));
-  for (auto const& p : request->pools()) {
-    usage.push_back(core::carved_usage{
-        .pool = p.pool_id(), .bytes = p.bytes(), .allocation_count = p.allocation_count()});
-  }
-  auto trim = core_.report_usage(*session, usage);
-  if (!trim.ok()) { return to_grpc_status(trim.status()); }
-  for (auto id : *trim) { response->add_trim_pool_ids(id); }
-  return grpc::Status::OK;
+  return observed(requests_, rpc_method::report_usage, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    std::vector<core::carved_usage> usage;
+    usage.reserve(static_cast<std::size_t>(request->pools_size()));
+    for (auto const& p : request->pools()) {
+      usage.push_back(core::carved_usage{
+          .pool = p.pool_id(), .bytes = p.bytes(), .allocation_count = p.allocation_count()});
+    }
+    auto trim = core_.report_usage(*session, usage);
+    if (!trim.ok()) { return to_grpc_status(trim.status()); }
+    for (auto id : *trim) { response->add_trim_pool_ids(id); }
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status rmmd_service::GetStats(grpc::ServerContext* context,

@@ -25,9 +25,13 @@ namespace rmmd {
 /// other: the daemon completes the allocation before it replies).
 /// deallocate(stream, ptr, ...) returns the memory to the slab in stream order
 /// (slab mode), or frees the import in stream order and hands the daemon an
-/// interprocess event to free its allocation after (direct mode); it does not
-/// wait for the GPU, never throws, and does nothing while the process exits
-/// (the daemon reclaims what a closed session held).
+/// interprocess event to free its allocation after (direct mode). It does not
+/// wait for the GPU, except in direct mode when all 64 of the resource's
+/// events are still in flight, when `stream` belongs to another device, or when
+/// the daemon cannot open this process's events (no shared /dev/shm): then it
+/// synchronises `stream` first. It never throws, and does nothing while the
+/// process exits (the daemon reclaims what a closed session held). trim() and
+/// the destructor synchronise the pool's device before slabs go back.
 ///
 /// Throws (allocate): rmm::out_of_memory (quota, pool limit, device memory),
 /// rmmd::logic_error (bad size or alignment), rmmd::session_error (daemon

@@ -632,6 +632,18 @@ TEST_F(CoreWithPool, CloseAllSessionsFreesEveryLease)
   EXPECT_EQ(backend_->live_blocks, 0u);
 }
 
+TEST_F(CoreWithPool, TheFirstDrainPhaseRefusesSessionsButLiveOnesKeepAllocating)
+{
+  EXPECT_FALSE(core_.draining());
+  core_.stop_new_sessions();
+  EXPECT_TRUE(core_.draining());  // what Health and the metrics report
+  EXPECT_EQ(core_.open_session(peer(1000), "late", "").status().code(),
+            absl::StatusCode::kUnavailable);
+  auto a = core_.allocate(session_, pool_, MiB, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(core_.free(session_, a->id).ok());
+}
+
 TEST_F(CoreWithPool, DrainRefusesNewWorkButFreesStillWork)
 {
   auto a = core_.allocate(session_, pool_, 4096, 0)->id;

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,8 +60,17 @@ fabric_support probe_fabric(int device, std::filesystem::path const& rmmd_exe)
   ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   std::string exe = rmmd_exe.string(), flag = "--probe-fabric", dev = std::to_string(device);
   char* argv[] = {exe.data(), flag.data(), dev.data(), nullptr};
+  // The daemon blocks SIGTERM/SIGINT/SIGHUP (it takes them by sigwaitinfo);
+  // the probe must not inherit that, or a hung probe could not be stopped.
+  posix_spawnattr_t attrs;
+  ::posix_spawnattr_init(&attrs);
+  sigset_t none;
+  sigemptyset(&none);
+  ::posix_spawnattr_setsigmask(&attrs, &none);
+  ::posix_spawnattr_setflags(&attrs, POSIX_SPAWN_SETSIGMASK);
   pid_t pid{};
-  int rc = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+  int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attrs, argv, environ);
+  ::posix_spawnattr_destroy(&attrs);
   ::posix_spawn_file_actions_destroy(&actions);
   ::close(out[1]);
   if (rc != 0) {
