@@ -674,12 +674,14 @@ int main(int argc, char** argv)
   // end or the drain deadline passes. Another SIGTERM/SIGINT cuts it short.
   // EXTEND_TIMEOUT_USEC: systemd's stop timeout covers the drain deadline
   // (plus time to reclaim), whatever TimeoutStopSec says.
+  // Sessions are refused before anyone hears STOPPING=1: the core refuses a
+  // hello still in flight, the listener accepts no more connections.
+  core.stop_new_sessions();  // Health and the metrics say "draining" from now on
+  listener.stop_accepting();
   ::sd_notifyf(0,
                "STOPPING=1\nEXTEND_TIMEOUT_USEC=%llu",
                static_cast<unsigned long long>(
                    std::chrono::microseconds(settings.drain_timeout + 10s).count()));
-  listener.stop_accepting();
-  core.stop_new_sessions();  // Health and the metrics say "draining" from now on
   auto const deadline = std::chrono::steady_clock::now() + settings.drain_timeout;
   if (auto n = listener.open_sessions(); n > 0) {
     rmmd::log::info(
