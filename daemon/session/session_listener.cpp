@@ -267,13 +267,16 @@ void session_listener::run() noexcept
       }
       service::to_proto(pool, index, w.add_pools());
     }
+    // Counted before the client can hear of it: a drain that starts once the
+    // client holds its welcome must see this session.
+    ++open_sessions_;
     if (!send_message(c.fd, w.SerializeAsString(), fds)) {
+      --open_sessions_;
       core_.close_session(grant->id);
       return false;
     }
     c.session = grant->id;
     --pending;
-    ++open_sessions_;
     // The token is a credential: log only its first 4 hex digits.
     log::info("session %d opened: pid %d uid %d (%s), token %s...",
               grant->id,
