@@ -104,45 +104,35 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   // CUDA's rule: every importer frees its import before the exporter frees the
   // allocation. The import is freed in `stream`'s order, and the daemon frees
   // only once the stream has passed that point (docs/protocol.md, section 3).
-  auto err = cudaFreeAsync(ptr, stream);
-  cudaIpcEventHandle_t after{};
-  cudaEvent_t event{};
-  bool const fenced = err == cudaSuccess && record_release_event(stream, after, event);
-  if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
-  if (err != cudaSuccess) {
-    // The import may still be in use: keeping the lease (the daemon frees it
-    // when the session closes) is safer than freeing under a running kernel.
+  // The import may still be in use when a CUDA call fails: keeping the lease
+  // (the daemon frees it when the session closes) is safer than freeing under
+  // a running kernel.
+  auto keep_leased = [&](cudaError_t err) {
     std::fprintf(stderr,
                  "rmmd: freeing allocation %llu of pool '%s' failed (%s); it stays leased until "
                  "the session closes\n",
                  static_cast<unsigned long long>(id),
                  pool_.name.c_str(),
                  cudaGetErrorName(err));
-    return;
-  }
+  };
+  auto err = cudaFreeAsync(ptr, stream);
+  cudaIpcEventHandle_t after{};
+  cudaEvent_t event{};
+  bool const fenced = err == cudaSuccess && record_release_event(stream, after, event);
+  if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
+  if (err != cudaSuccess) { return keep_leased(err); }
   try {
-    if (!fenced) {
-      session_.free(id);
-      return;
-    }
-    try {
-      session_.free(id, after);
-    } catch (rmmd::logic_error const& e) {
+    if (fenced && session_.free(id, after)) { return; }
+    if (fenced) {
       // The daemon cannot open this process's events (e.g. a container with
       // its own /dev/shm): wait here instead, now and from now on.
-      std::fprintf(stderr, "%s; waiting for the stream before each free instead\n", e.what());
+      std::fprintf(stderr,
+                   "rmmd: the daemon cannot use this process's CUDA events; waiting for the "
+                   "stream before each free instead\n");
       events_refused_.store(true);
-      if (auto sync = cudaEventSynchronize(event); sync != cudaSuccess) {
-        std::fprintf(stderr,
-                     "rmmd: allocation %llu of pool '%s' stays leased until the session closes "
-                     "(cudaEventSynchronize: %s)\n",
-                     static_cast<unsigned long long>(id),
-                     pool_.name.c_str(),
-                     cudaGetErrorName(sync));
-        return;
-      }
-      session_.free(id);
+      if (err = cudaEventSynchronize(event); err != cudaSuccess) { return keep_leased(err); }
     }
+    session_.free(id);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "%s\n", e.what());
   }

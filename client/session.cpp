@@ -405,7 +405,7 @@ void session::free(std::uint64_t allocation_id) const
   }
 }
 
-void session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const
+bool session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const
 {
   v1::FreeRequest request;
   request.set_allocation_id(allocation_id);
@@ -413,9 +413,11 @@ void session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
   v1::FreeResponse response;
   auto ctx    = impl_->context();
   auto status = impl_->stub().Free(ctx.get(), request, &response);
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) { return false; }
   if (!status.ok()) {
     detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
   }
+  return true;
 }
 
 std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const& usage) const

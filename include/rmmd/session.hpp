@@ -95,8 +95,11 @@ class session {
   /// Frees a CUDA-pool allocation once `after` completes: an interprocess
   /// event (cudaEventInterprocess | cudaEventDisableTiming) recorded on the
   /// stream that freed the import. Returns without waiting for the GPU. The
-  /// event may be recorded again once this record has completed.
-  void free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
+  /// event may be recorded again once this record has completed. Returns
+  /// false, freeing nothing, when the daemon cannot open this process's events
+  /// (FAILED_PRECONDITION: e.g. no shared /dev/shm); wait for the event and
+  /// free without one then.
+  [[nodiscard]] bool free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
 
   /// Tells the daemon what slab-mode resources carved (replacing the last
   /// report for those pools). Returns the ids of the pools under pressure,

@@ -490,20 +490,6 @@ TEST(PinnedHostMemory, TheGpuReadsWhatAnotherProcessWroteAndTheOtherWayRound)
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
-TEST(PinnedHostMemory, APoolThatIsNotPinnableIsRefusedInWords)
-{
-  REQUIRE_GPUS(1);
-  daemon_process daemon({"--cuda-pool-bytes", "1GiB", "--host-pool-pinned", "off"});
-  auto s = daemon.open_session("pinned");
-  EXPECT_FALSE(s.host_pool().pinnable);
-  try {
-    rmmd::pinned_host_memory_resource mr(s);
-    FAIL() << "a pool that punches holes was pinned";
-  } catch (rmmd::logic_error const& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--host-pool-pinned=on"));
-  }
-}
-
 TEST(IpcMemoryResourceMultiGpu, EachDeviceHasItsPool)
 {
   REQUIRE_GPUS(2);
