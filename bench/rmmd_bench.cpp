@@ -122,16 +122,40 @@ double seconds_between(steady::time_point a, steady::time_point b)
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string mode_name(allocation_mode m)
+/// How a bench client allocates: its resource's mode, and how Allocate and
+/// Free reach the daemon.
+struct client_kind {
+  allocation_mode mode{};
+  call_transport transport{call_transport::session_socket};
+};
+
+constexpr client_kind fast_client{allocation_mode::slab};
+constexpr client_kind direct_client{allocation_mode::direct};
+constexpr client_kind direct_grpc_client{allocation_mode::direct, call_transport::grpc};
+
+std::string kind_name(client_kind k)
 {
-  return m == allocation_mode::slab ? "fast" : "direct";
+  if (k.mode == allocation_mode::slab) { return "fast"; }
+  return k.transport == call_transport::grpc ? "direct-grpc" : "direct";
 }
 
-std::optional<allocation_mode> parse_mode(std::string const& s)
+std::optional<client_kind> parse_kind(std::string const& s)
 {
-  if (s == "fast" || s == "slab") { return allocation_mode::slab; }
-  if (s == "direct") { return allocation_mode::direct; }
+  for (auto k : {fast_client, direct_client, direct_grpc_client}) {
+    if (s == kind_name(k)) { return k; }
+  }
   return std::nullopt;
+}
+
+std::string mode_name(allocation_mode m)
+{
+  return kind_name(client_kind{m});
+}
+
+rmmd::session open_session(std::string name,
+                           call_transport transport = call_transport::session_socket)
+{
+  return rmmd::session(rmmd::session::options{.client_name = std::move(name), .lease_calls = transport});
 }
 
 /// Makes a child helper die with the bench (and refuse to run if the bench
@@ -347,9 +371,11 @@ struct pair_kind {
 };
 
 /// Returns the p50 (us) of every cell measured, by resource key and size.
-std::map<std::pair<std::string, std::size_t>, double> section_pairs(config const& cfg,
-                                                                    rmmd::session const& session,
-                                                                    run_state& st)
+std::map<std::pair<std::string, std::size_t>, double> section_pairs(
+    config const& cfg,
+    rmmd::session const& session,
+    rmmd::session const& grpc_session,
+    run_state& st)
 {
   std::map<std::pair<std::string, std::size_t>, double> p50;
   std::printf(
@@ -374,7 +400,7 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(config const
       for (auto bytes : pair_sizes) {
         json row{json::object{{"resource", kind.key}, {"size_bytes", bytes}}};
         try {
-          auto n    = (kind.key == "rmmd_direct" && bytes >= (std::size_t{64} << 20))
+          auto n    = (kind.key.rfind("rmmd_direct", 0) == 0 && bytes >= (std::size_t{64} << 20))
                           ? cfg.pairs_direct_64mib
                           : cfg.pairs;
           auto cell = measure_pairs(mr, stream.get(), bytes, cfg.warmup, n, cfg.cell_budget);
@@ -430,6 +456,8 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(config const
            [] { return rmm::mr::cuda_async_memory_resource{}; });
   run_kind({"rmmd_direct", "rmmd direct"},
            [&] { return make_ipc_resource(session, allocation_mode::direct); });
+  run_kind({"rmmd_direct_grpc", "rmmd direct (gRPC)"},
+           [&] { return make_ipc_resource(grpc_session, allocation_mode::direct); });
   run_kind({"rmmd_fast", "rmmd fast (slab)"},
            [&] { return make_ipc_resource(session, allocation_mode::slab); });
   run_kind({"rmm_pool", "pool over cuda_async"}, [] {
@@ -609,20 +637,37 @@ void section_steps(config const& cfg,
 {
   std::printf(
       "\nb) the direct path against its bare steps (p50 us): export in an exporter process, "
-      "import + free (cudaFreeAsync + stream sync) here, one GetStats round trip\n");
+      "import + free (cudaFreeAsync + stream sync) here, one round trip on the session socket "
+      "(Ping, the transport the direct path uses)\n");
   json out = json::object{};
 
-  // One gRPC round trip, through the bench's session.
-  std::vector<double> rpc_ns;
-  for (std::size_t i = 0; i < cfg.rpc_reps + 50; ++i) {
-    auto t0 = steady::now();
-    (void)get_stats(session);
-    auto t1 = steady::now();
-    if (i >= 50) { rpc_ns.push_back(ns_between(t0, t1)); }
-  }
-  auto rpc = summarize(rpc_ns);
-  out["rpc_getstats"] =
+  auto round_trips = [&](auto&& call) {
+    std::vector<double> ns;
+    for (std::size_t i = 0; i < cfg.rpc_reps + 50; ++i) {
+      auto t0 = steady::now();
+      call();
+      auto t1 = steady::now();
+      if (i >= 50) { ns.push_back(ns_between(t0, t1)); }
+    }
+    return summarize(ns);
+  };
+  auto rpc = round_trips([&] {
+    if (auto st = session.impl().ping(); !st.ok()) {
+      throw bench_error("Ping on the session socket failed: " + st.error_message());
+    }
+  });
+  out["rpc_session_ping"] =
       json::object{{"count", rpc.count}, {"p50_us", rpc.p50_us}, {"p99_us", rpc.p99_us}};
+  // For reference: a gRPC round trip, what each call of the gRPC transport pays.
+  auto grpc_rpc = round_trips([&] { (void)get_stats(session); });
+  out["rpc_grpc_getstats"] =
+      json::object{{"count", grpc_rpc.count}, {"p50_us", grpc_rpc.p50_us}, {"p99_us", grpc_rpc.p99_us}};
+  std::printf("  one round trip: session socket (Ping) p50 %.2f us, p99 %.2f us; gRPC (GetStats) "
+              "p50 %.2f us, p99 %.2f us\n",
+              rpc.p50_us,
+              rpc.p99_us,
+              grpc_rpc.p50_us,
+              grpc_rpc.p99_us);
   try {
     steps_against_exporter(cfg, rpc, pair_p50, out, st);
   } catch (std::exception const& e) {
@@ -795,13 +840,13 @@ void steps_against_exporter(config const& cfg,
 // A client process of section c: a session and a resource of `mode`, a
 // warm-up, "ready"; then, on the line "go" from the bench, pairs of `bytes`
 // for `seconds`, and "done PAIRS NANOSECONDS".
-int worker_main(allocation_mode mode, std::size_t bytes, double seconds)
+int worker_main(client_kind kind, std::size_t bytes, double seconds)
 {
   die_with_parent();
   try {
     BENCH_CUDA(cudaSetDevice(0));
-    rmmd::session s(rmmd::session::options{.client_name = "rmmd-bench-worker"});
-    auto mr = make_ipc_resource(s, mode);
+    auto s  = open_session("rmmd-bench-worker", kind.transport);
+    auto mr = make_ipc_resource(s, kind.mode);
     stream_holder stream;
     cuda::stream_ref ref{stream.get()};
     for (int i = 0; i < 100; ++i) {
@@ -868,7 +913,7 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
   std::printf("\nc) N client processes at once against the one daemon, %s pairs for %.1f s each\n",
               size_name(cfg.worker_bytes).c_str(),
               cfg.worker_seconds);
-  std::printf("%-7s %6s %14s %12s %14s %10s  %s\n",
+  std::printf("%-11s %6s %14s %12s %14s %10s  %s\n",
               "mode",
               "procs",
               "pairs",
@@ -879,9 +924,9 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
   json rows = json::array{};
   auto env  = self_env();
   env.push_back("RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string());
-  for (auto mode : {allocation_mode::slab, allocation_mode::direct}) {
+  for (auto kind : {fast_client, direct_client, direct_grpc_client}) {
     for (int n : cfg.process_counts) {
-      json row{json::object{{"mode", mode_name(mode)},
+      json row{json::object{{"mode", kind_name(kind)},
                             {"processes", n},
                             {"size_bytes", cfg.worker_bytes},
                             {"seconds_each", cfg.worker_seconds}}};
@@ -891,7 +936,7 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
           workers.push_back(std::make_unique<child_process>(
               std::vector<std::string>{self_path(),
                                        "--worker",
-                                       mode_name(mode),
+                                       kind_name(kind),
                                        std::to_string(cfg.worker_bytes),
                                        format("%g", cfg.worker_seconds)},
               env));
@@ -933,10 +978,11 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
         }
         double wall = seconds_between(t0, t1);
         std::string verdict;
-        if (n == 16) {
-          bool fast    = mode == allocation_mode::slab;
+        // The gRPC transport is shown for comparison; the target is the default's.
+        if (n == 16 && kind.transport == call_transport::session_socket) {
+          bool fast    = kind.mode == allocation_mode::slab;
           double limit = fast ? fast_aggregate_target : direct_aggregate_target;
-          target_row t{mode_name(mode) + " aggregate pairs/s, 16 processes",
+          target_row t{kind_name(kind) + " aggregate pairs/s, 16 processes",
                        aggregate,
                        false,
                        limit,
@@ -949,8 +995,8 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
         row["wall_s"]                = wall;
         row["daemon_cpu_s"]          = cpu1 - cpu0;
         row["daemon_cpu_per_wall"]   = (cpu1 - cpu0) / wall;
-        std::printf("%-7s %6d %14llu %12.0f %14.3f %10.2f  %s\n",
-                    mode_name(mode).c_str(),
+        std::printf("%-11s %6d %14llu %12.0f %14.3f %10.2f  %s\n",
+                    kind_name(kind).c_str(),
                     n,
                     static_cast<unsigned long long>(pairs),
                     aggregate,
@@ -959,7 +1005,7 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                     verdict.c_str());
       } catch (std::exception const& e) {
         row["error"] = e.what();
-        st.error("c " + mode_name(mode) + " x" + std::to_string(n), e.what());
+        st.error("c " + kind_name(kind) + " x" + std::to_string(n), e.what());
       }
       std::fflush(stdout);
       rows.push_back(std::move(row));
@@ -1398,7 +1444,10 @@ int bench_main(int argc, char** argv)
     }
   };
   std::map<std::pair<std::string, std::size_t>, double> pair_p50;
-  guarded("a", [&] { pair_p50 = section_pairs(cfg, session, st); });
+  rmmd::session grpc_session(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
+                                                    .client_name = "rmmd-bench-grpc",
+                                                    .lease_calls = call_transport::grpc});
+  guarded("a", [&] { pair_p50 = section_pairs(cfg, session, grpc_session, st); });
   guarded("b", [&] { section_steps(cfg, session, pair_p50, st); });
   guarded("c", [&] { section_processes(cfg, daemon, st); });
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
@@ -1481,24 +1530,24 @@ int internal_main(int argc, char** argv)
     return 0;
   }
   if (mode == "--worker") {
-    if (argc != 5) { return usage("--worker fast|direct BYTES SECONDS"); }
-    auto m = parse_mode(argv[2]);
+    if (argc != 5) { return usage("--worker fast|direct|direct-grpc BYTES SECONDS"); }
+    auto m = parse_kind(argv[2]);
     char* end1;
     char* end2;
     auto bytes   = std::strtoull(argv[3], &end1, 10);
     auto seconds = std::strtod(argv[4], &end2);
     if (!m || *end1 != '\0' || *end2 != '\0' || bytes == 0 || seconds <= 0) {
-      return usage("--worker fast|direct BYTES SECONDS");
+      return usage("--worker fast|direct|direct-grpc BYTES SECONDS");
     }
     return worker_main(*m, bytes, seconds);
   }
   if (mode == "--holder") {
     if (argc != 4) { return usage("--holder fast|direct BYTES"); }
-    auto m = parse_mode(argv[2]);
+    auto m = parse_kind(argv[2]);
     char* end;
     auto bytes = std::strtoull(argv[3], &end, 10);
     if (!m || *end != '\0' || bytes == 0) { return usage("--holder fast|direct BYTES"); }
-    return holder_main(*m, bytes);
+    return holder_main(m->mode, bytes);
   }
   return -1;
 }

@@ -4,12 +4,14 @@
 
 #include <rmm/process_is_exiting.hpp>
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -156,9 +158,12 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
       pool_fds_[p.id()] = fds[static_cast<std::size_t>(p.fd_index())];
     }
   }
-  // The hello is done: from here the socket only signals liveness.
+  // The hello is done: from here the socket carries the session's calls (each
+  // waits with its own deadline) and its close ends the session.
   timeval none{};
   ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  session_calls_ =
+      welcome.session_calls() && options.lease_calls == call_transport::session_socket;
 
   grpc::ChannelArguments args;
   if (welcome.max_message_bytes() > 0) {
@@ -191,6 +196,87 @@ std::unique_ptr<grpc::ClientContext> session_impl::context() const
   ctx->AddMetadata("rmmd-token", token_hex_);
   ctx->set_deadline(std::chrono::system_clock::now() + options.call_timeout);
   return ctx;
+}
+
+grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
+{
+  std::lock_guard lock(call_mutex_);
+  call.set_tag(++last_tag_);
+  auto const bytes = call.SerializeAsString();
+  ssize_t n;
+  do {
+    n = ::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(bytes.size())) {
+    return {grpc::StatusCode::UNAVAILABLE,
+            std::string("the session socket is closed (") + std::strerror(errno) + ")"};
+  }
+  auto const deadline = std::chrono::steady_clock::now() + options.call_timeout;
+  std::array<char, 4096> buffer{};
+  while (true) {
+    auto const left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{.fd = socket_fd_, .events = POLLIN, .revents = 0};
+    int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) { continue; }
+    if (ready == 0) {
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              "no reply on the session socket within " +
+                  std::to_string(options.call_timeout.count()) + " ms"};
+    }
+    do {
+      n = ::recv(socket_fd_, buffer.data(), buffer.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) { return {grpc::StatusCode::UNAVAILABLE, "the daemon closed the session"}; }
+    if (!reply->ParseFromArray(buffer.data(), static_cast<int>(n))) {
+      return {grpc::StatusCode::INTERNAL, "the daemon's reply is not a valid SessionReply"};
+    }
+    // A late reply to an earlier call that gave up waiting: not ours.
+    if (reply->tag() != call.tag()) { continue; }
+    if (reply->has_error()) {
+      return {static_cast<grpc::StatusCode>(reply->error().code()), reply->error().message()};
+    }
+    return grpc::Status::OK;
+  }
+}
+
+grpc::Status session_impl::allocate(v1::AllocateRequest const& request,
+                                    v1::AllocateResponse* response)
+{
+  if (!session_calls_) {
+    auto ctx = context();
+    return stub_->Allocate(ctx.get(), request, response);
+  }
+  v1::SessionCall c;
+  *c.mutable_allocate() = request;
+  v1::SessionReply reply;
+  auto status = call(c, &reply);
+  if (status.ok()) { *response = std::move(*reply.mutable_allocate()); }
+  return status;
+}
+
+grpc::Status session_impl::free(v1::FreeRequest const& request)
+{
+  if (!session_calls_) {
+    v1::FreeResponse response;
+    auto ctx = context();
+    return stub_->Free(ctx.get(), request, &response);
+  }
+  v1::SessionCall c;
+  *c.mutable_free() = request;
+  v1::SessionReply reply;
+  return call(c, &reply);
+}
+
+grpc::Status session_impl::ping()
+{
+  if (!session_calls_) {
+    return {grpc::StatusCode::FAILED_PRECONDITION, "this session makes no session-socket calls"};
+  }
+  v1::SessionCall c;
+  c.mutable_ping();
+  v1::SessionReply reply;
+  return call(c, &reply);
 }
 
 std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
@@ -373,8 +459,7 @@ lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t al
   request.set_size(bytes);
   request.set_alignment(alignment);
   v1::AllocateResponse response;
-  auto ctx    = impl_->context();
-  auto status = impl_->stub().Allocate(ctx.get(), request, &response);
+  auto status = impl_->allocate(request, &response);
   if (!status.ok()) {
     detail::throw_status(status, "allocate " + std::to_string(bytes) + " bytes");
   }
@@ -397,9 +482,7 @@ void session::free(std::uint64_t allocation_id) const
 {
   v1::FreeRequest request;
   request.set_allocation_id(allocation_id);
-  v1::FreeResponse response;
-  auto ctx    = impl_->context();
-  auto status = impl_->stub().Free(ctx.get(), request, &response);
+  auto status = impl_->free(request);
   if (!status.ok()) {
     detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
   }
@@ -410,9 +493,7 @@ bool session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
   v1::FreeRequest request;
   request.set_allocation_id(allocation_id);
   request.set_release_event(reinterpret_cast<char const*>(&after), sizeof(after));
-  v1::FreeResponse response;
-  auto ctx    = impl_->context();
-  auto status = impl_->stub().Free(ctx.get(), request, &response);
+  auto status = impl_->free(request);
   if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) { return false; }
   if (!status.ok()) {
     detail::throw_status(status, "free allocation " + std::to_string(allocation_id));

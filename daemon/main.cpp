@@ -597,7 +597,8 @@ int main(int argc, char** argv)
           .socket_path       = session_path,
           .hello_deadline    = settings.hello_timeout,
           .max_message_bytes = static_cast<std::uint32_t>(settings.max_message_bytes),
-          .socket_mode       = settings.socket_mode});
+          .socket_mode       = settings.socket_mode,
+          .call_metrics      = &service.session_call_metrics()});
   try {
     listener.start();
   } catch (std::exception const& e) {
@@ -704,7 +705,7 @@ int main(int argc, char** argv)
                    static_cast<long long>(
                        std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count()));
     }
-    // Sessions end on the listener's thread; look again every 20 ms.
+    // Sessions end on the listener's call threads; look again every 20 ms.
     auto const s =
         wait_signal(signals,
                     std::min<std::chrono::milliseconds>(

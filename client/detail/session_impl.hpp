@@ -36,6 +36,21 @@ class session_impl {
   {
     return *stub_;
   }
+  /// Allocate and Free over the transport the options chose (gRPC where the
+  /// daemon answers no session calls). A call that cannot reach the daemon
+  /// ends UNAVAILABLE or DEADLINE_EXCEEDED, as a gRPC call would.
+  [[nodiscard]] grpc::Status allocate(v1::AllocateRequest const& request,
+                                      v1::AllocateResponse* response);
+  [[nodiscard]] grpc::Status free(v1::FreeRequest const& request);
+  /// One round trip on the session socket that changes nothing.
+  /// FAILED_PRECONDITION when the daemon answers no session calls.
+  [[nodiscard]] grpc::Status ping();
+  /// Whether allocate() and free() use the session socket.
+  [[nodiscard]] bool uses_session_calls() const noexcept
+  {
+    return session_calls_;
+  }
+
   /// The session's credential, as sent in `rmmd-token` metadata.
   [[nodiscard]] std::string const& token_hex() const noexcept
   {
@@ -51,7 +66,13 @@ class session_impl {
   [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id);
 
  private:
+  /// Sends `call` (with a fresh tag) and waits for its reply.
+  grpc::Status call(v1::SessionCall& call, v1::SessionReply* reply);
+
   int socket_fd_{-1};
+  bool session_calls_{false};
+  std::mutex call_mutex_;  // one call at a time on the socket
+  std::uint64_t last_tag_{};
   std::string token_hex_;
   std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none

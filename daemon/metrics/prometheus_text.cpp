@@ -4,6 +4,7 @@
 #include <absl/strings/str_format.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <utility>
 #include <vector>
@@ -101,6 +102,45 @@ struct uid_totals {
   std::uint64_t allocations{};
   std::uint64_t sessions{};
 };
+
+/// A counter family `total` and a histogram family `duration` of `calls`, for
+/// `methods`: every method's OK series always (so rates start at 0), other
+/// codes once they have happened.
+void write_calls(exposition& e,
+                 std::string const& total,
+                 std::string const& duration,
+                 std::string_view counter_help,
+                 std::string_view duration_help,
+                 request_snapshot const& calls,
+                 std::initializer_list<rpc_method> methods)
+{
+  e.family(total, "counter", counter_help);
+  for (auto m : methods) {
+    auto const method = std::string(method_name(m));
+    for (std::size_t c = 0; c < status_code_count; ++c) {
+      auto const n = calls.calls[static_cast<std::size_t>(m)][c];
+      if (n == 0 && c != 0) { continue; }
+      e.sample(total,
+               {{"method", method}, {"code", std::string(status_code_name(static_cast<int>(c)))}},
+               n);
+    }
+  }
+  e.family(duration, "histogram", duration_help);
+  for (auto m : methods) {
+    auto const method = std::string(method_name(m));
+    auto const& h     = calls.latency[static_cast<std::size_t>(m)];
+    std::uint64_t cumulative{};
+    for (std::size_t b = 0; b < h.buckets.size(); ++b) {
+      cumulative += h.buckets[b];
+      auto const le = b < latency_bounds_seconds.size()
+                          ? absl::StrFormat("%g", latency_bounds_seconds[b])
+                          : std::string("+Inf");
+      e.sample(duration + "_bucket", {{"method", method}, {"le", le}}, cumulative);
+    }
+    e.sample(duration + "_sum", {{"method", method}}, h.sum_seconds);
+    e.sample(duration + "_count", {{"method", method}}, cumulative);
+  }
+}
 
 }  // namespace
 
@@ -254,40 +294,28 @@ std::string render_prometheus(daemon_snapshot const& s)
     return kv.second.sessions;
   });
 
-  // Calls: every method's OK series always (so rates start at 0), other codes
-  // once they have happened.
-  e.family("rmmd_grpc_requests_total",
-           "counter",
-           "gRPC calls the daemon has answered, by method and status code.");
-  for (std::size_t m = 0; m < rpc_method_count; ++m) {
-    auto const method = std::string(method_name(static_cast<rpc_method>(m)));
-    for (std::size_t c = 0; c < status_code_count; ++c) {
-      auto const n = s.requests.calls[m][c];
-      if (n == 0 && c != 0) { continue; }
-      e.sample("rmmd_grpc_requests_total",
-               {{"method", method}, {"code", std::string(status_code_name(static_cast<int>(c)))}},
-               n);
-    }
-  }
-  e.family("rmmd_grpc_request_duration_seconds",
-           "histogram",
-           "Time the daemon took to answer a gRPC call, by method.");
-  for (std::size_t m = 0; m < rpc_method_count; ++m) {
-    auto const method = std::string(method_name(static_cast<rpc_method>(m)));
-    auto const& h     = s.requests.latency[m];
-    std::uint64_t cumulative{};
-    for (std::size_t b = 0; b < h.buckets.size(); ++b) {
-      cumulative += h.buckets[b];
-      auto const le = b < latency_bounds_seconds.size()
-                          ? absl::StrFormat("%g", latency_bounds_seconds[b])
-                          : std::string("+Inf");
-      e.sample("rmmd_grpc_request_duration_seconds_bucket",
-               {{"method", method}, {"le", le}},
-               cumulative);
-    }
-    e.sample("rmmd_grpc_request_duration_seconds_sum", {{"method", method}}, h.sum_seconds);
-    e.sample("rmmd_grpc_request_duration_seconds_count", {{"method", method}}, cumulative);
-  }
+  write_calls(e,
+              "rmmd_grpc_requests_total",
+              "rmmd_grpc_request_duration_seconds",
+              "gRPC calls the daemon has answered, by method and status code.",
+              "Time the daemon took to answer a gRPC call, by method.",
+              s.requests,
+              {rpc_method::allocate,
+               rpc_method::free,
+               rpc_method::get_stats,
+               rpc_method::list_sessions,
+               rpc_method::list_pools,
+               rpc_method::trim,
+               rpc_method::health,
+               rpc_method::report_usage});
+  write_calls(e,
+              "rmmd_session_calls_total",
+              "rmmd_session_call_duration_seconds",
+              "Allocate and Free calls the daemon has answered on session sockets (what "
+              "clients use when the daemon offers it), by method and status code.",
+              "Time the daemon took to answer a session-socket call, by method.",
+              s.session_calls,
+              {rpc_method::allocate, rpc_method::free});
   return e.take();
 }
 

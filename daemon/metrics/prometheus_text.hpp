@@ -17,7 +17,8 @@ struct daemon_snapshot {
   double uptime_seconds{};
   bool draining{};
   core::stats_snapshot stats;  ///< pools and sessions
-  request_snapshot requests;
+  request_snapshot requests;       ///< gRPC calls
+  request_snapshot session_calls;  ///< calls on session sockets
 };
 
 /// The Content-Type of render_prometheus()'s text.

@@ -3,6 +3,7 @@
 // Core value types -> wire messages. Used by the gRPC service and the session
 // socket, so both describe pools and sessions the same way.
 
+#include "daemon/core/daemon_core.hpp"
 #include "daemon/core/types.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
@@ -15,5 +16,6 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out);
 void to_proto(core::pool_stats const& in, v1::PoolStats* out);
 void to_proto(core::stats_snapshot const& in, v1::Stats* out);
 void to_proto(core::pool_trim const& in, v1::PoolTrim* out);
+void to_proto(core::lease_grant const& in, v1::AllocateResponse* out);
 
 }  // namespace rmmd::service

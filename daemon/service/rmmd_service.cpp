@@ -48,14 +48,7 @@ grpc::Status rmmd_service::Allocate(grpc::ServerContext* context,
     auto grant =
         core_.allocate(*session, request->pool_id(), request->size(), request->alignment());
     if (!grant.ok()) { return to_grpc_status(grant.status()); }
-    response->set_allocation_id(grant->id);
-    response->set_size(grant->block.bytes);
-    if (grant->block.export_data.empty()) {
-      response->mutable_host()->set_offset(grant->block.offset);
-    } else {
-      response->mutable_cuda()->set_export_data(grant->block.export_data.data(),
-                                                grant->block.export_data.size());
-    }
+    to_proto(*grant, response);
     return grpc::Status::OK;
   });
 }
@@ -177,7 +170,8 @@ metrics::daemon_snapshot rmmd_service::metrics_snapshot() const
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
       .draining = core_.draining(),
       .stats    = core_.stats(),
-      .requests = requests_.snapshot()};
+      .requests      = requests_.snapshot(),
+      .session_calls = session_calls_.snapshot()};
 }
 
 }  // namespace rmmd::service

@@ -60,6 +60,13 @@ class rmmd_service final : public v1::Rmmd::Service {
   /// What the metrics endpoint shows, as of now. Any thread.
   [[nodiscard]] metrics::daemon_snapshot metrics_snapshot() const;
 
+  /// Where the session listener counts the calls it answers, so that the
+  /// metrics show them beside the gRPC calls.
+  [[nodiscard]] metrics::request_metrics& session_call_metrics() noexcept
+  {
+    return session_calls_;
+  }
+
  private:
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;
 
@@ -68,6 +75,7 @@ class rmmd_service final : public v1::Rmmd::Service {
   std::chrono::system_clock::time_point started_wall_{std::chrono::system_clock::now()};
   std::string metrics_address_;
   metrics::request_metrics requests_;
+  metrics::request_metrics session_calls_;
 };
 
 }  // namespace rmmd::service

@@ -4,6 +4,8 @@
 #include "daemon/service/proto_convert.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
+#include <absl/strings/str_format.h>
+
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -16,6 +18,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -30,12 +35,16 @@ using clock = std::chrono::steady_clock;
   throw std::system_error(errno, std::generic_category(), what);
 }
 
+/// A connection that has not said hello yet.
 struct connection {
   int fd{-1};
   core::peer_credentials peer;
   clock::time_point deadline;
-  core::session_id session{};  // 0 until the welcome was sent
+  core::session_id session{};  // set once the welcome is sent
 };
+
+/// What reading a hello led to.
+enum class hello_outcome { wait, refused, welcomed };
 
 core::peer_credentials read_peer(int fd)
 {
@@ -99,12 +108,27 @@ bool send_message(int fd, std::string const& bytes, std::vector<int> const& fds)
   return n == static_cast<ssize_t>(bytes.size());
 }
 
+/// Sends without blocking: a peer whose socket is full is not reading.
+bool send_reply(int fd, std::string const& bytes)
+{
+  ssize_t n;
+  do {
+    n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(bytes.size());
+}
+
+void set_error(absl::Status const& status, v1::ErrorInfo* out)
+{
+  out->set_code(static_cast<int>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
 void send_error(int fd, absl::Status const& status)
 {
   v1::SessionWelcome welcome;
   welcome.set_protocol_version(1);
-  welcome.mutable_error()->set_code(static_cast<int>(status.code()));
-  welcome.mutable_error()->set_message(std::string(status.message()));
+  set_error(status, welcome.mutable_error());
   send_message(fd, welcome.SerializeAsString(), {});
 }
 
@@ -124,6 +148,13 @@ void close_received_fds(msghdr& msg)
 }
 
 }  // namespace
+
+/// An open session's connection, owned by the call threads.
+struct session_listener::open_session {
+  int fd{-1};
+  core::session_id session{};
+  pid_t pid{};
+};
 
 session_listener::session_listener(core::daemon_core& core, listener_options options)
     : core_(core), options_(std::move(options))
@@ -157,6 +188,20 @@ void session_listener::start()
   if (::listen(listen_fd_, 128) != 0) { throw_errno("listen " + path.native()); }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) { throw_errno("eventfd"); }
+  calls_wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (calls_wake_fd_ < 0) { throw_errno("eventfd"); }
+  calls_epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (calls_epoll_ < 0) { throw_errno("epoll_create1"); }
+  // Level-triggered and never read: once written, it wakes every call thread.
+  epoll_event wake{};
+  wake.events   = EPOLLIN;
+  wake.data.ptr = nullptr;
+  if (::epoll_ctl(calls_epoll_, EPOLL_CTL_ADD, calls_wake_fd_, &wake) != 0) {
+    throw_errno("epoll_ctl");
+  }
+  for (std::size_t i = 0; i < std::max<std::size_t>(options_.call_threads, 1); ++i) {
+    call_threads_.emplace_back([this] { run_calls(); });
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -171,9 +216,19 @@ void session_listener::stop() noexcept
   if (!thread_.joinable()) { return; }
   stopping_ = true;
   ::eventfd_write(wake_fd_, 1);
+  ::eventfd_write(calls_wake_fd_, 1);
   thread_.join();
+  for (auto& t : call_threads_) { t.join(); }
+  call_threads_.clear();
+  std::vector<open_session*> left;
+  for (auto const& [key, s] : open_) { left.push_back(key); }
+  for (auto* s : left) { end_session(s); }
+  ::close(calls_epoll_);
+  ::close(calls_wake_fd_);
   ::close(wake_fd_);
-  wake_fd_ = -1;
+  calls_epoll_   = -1;
+  calls_wake_fd_ = -1;
+  wake_fd_       = -1;
 }
 
 void session_listener::run() noexcept
@@ -195,20 +250,17 @@ void session_listener::run() noexcept
   std::map<int, connection> conns;
   std::size_t pending = 0;
 
-  auto drop = [&](int fd) {
+  // Forgets a connection that has not said hello, closing it unless it was
+  // handed to the call threads.
+  auto forget = [&](int fd, bool close) {
     auto it = conns.find(fd);
     if (it == conns.end()) { return; }
-    if (it->second.session != 0) {
-      core_.close_session(it->second.session);
-      --open_sessions_;
-      log::info("session %d closed (pid %d)", it->second.session, it->second.peer.pid);
-    } else {
-      --pending;
-    }
+    --pending;
     ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
-    ::close(fd);
+    if (close) { ::close(fd); }
     conns.erase(it);
   };
+  auto drop = [&](int fd) { forget(fd, true); };
 
   auto close_listener = [&] {
     if (listen_fd_ < 0) { return; }
@@ -241,7 +293,7 @@ void session_listener::run() noexcept
     }
   };
 
-  auto welcome = [&](connection& c, v1::SessionHello const& hello) {
+  auto welcome = [&](connection& c, v1::SessionHello const& hello) -> hello_outcome {
     auto grant = core_.open_session(c.peer, command_name(c.peer.pid), hello.client_name());
     if (!grant.ok()) {
       log::warn("session refused for pid %d uid %d: %s",
@@ -249,7 +301,7 @@ void session_listener::run() noexcept
                 c.peer.uid,
                 std::string(grant.status().message()));
       send_error(c.fd, grant.status());
-      return false;
+      return hello_outcome::refused;
     }
     v1::SessionWelcome w;
     w.set_protocol_version(1);
@@ -267,16 +319,15 @@ void session_listener::run() noexcept
       }
       service::to_proto(pool, index, w.add_pools());
     }
+    w.set_session_calls(true);
     // Counted before the client can hear of it: a drain that starts once the
     // client holds its welcome must see this session.
     ++open_sessions_;
     if (!send_message(c.fd, w.SerializeAsString(), fds)) {
       --open_sessions_;
       core_.close_session(grant->id);
-      return false;
+      return hello_outcome::refused;
     }
-    c.session = grant->id;
-    --pending;
     // The token is a credential: log only its first 4 hex digits.
     log::info("session %d opened: pid %d uid %d (%s), token %s...",
               grant->id,
@@ -284,10 +335,11 @@ void session_listener::run() noexcept
               c.peer.uid,
               hello.client_name(),
               token.substr(0, 4));
-    return true;
+    c.session = grant->id;
+    return hello_outcome::welcomed;
   };
 
-  auto on_readable = [&](connection& c) {
+  auto on_readable = [&](connection& c) -> hello_outcome {
     std::vector<char> buffer(options_.max_hello_bytes);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
     iovec iov{buffer.data(), buffer.size()};
@@ -297,32 +349,29 @@ void session_listener::run() noexcept
     msg.msg_control    = control;
     msg.msg_controllen = sizeof(control);
     auto n             = ::recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return true; }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return hello_outcome::wait; }
     if (n > 0) { close_received_fds(msg); }
-    if (n <= 0) { return false; }  // closed by the peer, or an error
-    if (c.session != 0) {
-      return true;  // nothing is expected after the hello; ignore it
-    }
+    if (n <= 0) { return hello_outcome::refused; }  // closed by the peer, or an error
     if ((msg.msg_flags & MSG_TRUNC) != 0) {
       send_error(c.fd,
                  absl::InvalidArgumentError(absl::StrFormat(
                      "session hello larger than %d bytes; send one SessionHello message",
                      options_.max_hello_bytes)));
-      return false;
+      return hello_outcome::refused;
     }
     v1::SessionHello hello;
     if (!hello.ParseFromArray(buffer.data(), static_cast<int>(n))) {
       send_error(
           c.fd,
           absl::InvalidArgumentError("session hello is not a valid rmmd.v1.SessionHello message"));
-      return false;
+      return hello_outcome::refused;
     }
     if (hello.protocol_version() != 1) {
       send_error(c.fd,
                  absl::FailedPreconditionError(absl::StrFormat(
                      "session hello asks for protocol version %d; this daemon speaks version 1",
                      hello.protocol_version())));
-      return false;
+      return hello_outcome::refused;
     }
     return welcome(c, hello);
   };
@@ -333,7 +382,6 @@ void session_listener::run() noexcept
     int timeout_ms = -1;
     auto now       = clock::now();
     for (auto const& [fd, c] : conns) {
-      if (c.session != 0) { continue; }
       auto left  = std::chrono::ceil<std::chrono::milliseconds>(c.deadline - now).count();
       left       = std::max<long>(left, 0);
       timeout_ms = timeout_ms < 0 ? static_cast<int>(left) : std::min<int>(timeout_ms, left);
@@ -356,16 +404,27 @@ void session_listener::run() noexcept
       }
       auto it = conns.find(fd);
       if (it == conns.end()) { continue; }
-      bool keep = true;
-      if (events[i].events & EPOLLIN) { keep = on_readable(it->second); }
-      if (keep && (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) { keep = false; }
-      if (!keep) { drop(fd); }
+      auto outcome = hello_outcome::wait;
+      if (events[i].events & EPOLLIN) { outcome = on_readable(it->second); }
+      if (outcome == hello_outcome::welcomed) {
+        // The connection now belongs to the call threads (a hang-up after
+        // the hello is theirs to see).
+        auto const session = it->second.session;
+        auto const pid     = it->second.peer.pid;
+        forget(fd, false);
+        serve_calls_of(fd, session, pid);
+        continue;
+      }
+      if (outcome == hello_outcome::refused ||
+          (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) {
+        drop(fd);
+      }
     }
     // Silent clients: the hello deadline closes them.
     now = clock::now();
     std::vector<int> expired;
     for (auto const& [fd, c] : conns) {
-      if (c.session == 0 && c.deadline <= now) { expired.push_back(fd); }
+      if (c.deadline <= now) { expired.push_back(fd); }
     }
     for (int fd : expired) {
       log::warn("session socket: pid %d sent no hello in time; disconnected", conns[fd].peer.pid);
@@ -377,6 +436,140 @@ void session_listener::run() noexcept
   for (int fd : all) { drop(fd); }
   close_listener();
   ::close(ep);
+}
+
+void session_listener::serve_calls_of(int fd, core::session_id session, pid_t pid)
+{
+  auto owned = std::make_unique<open_session>(open_session{.fd = fd, .session = session, .pid = pid});
+  auto* s    = owned.get();
+  {
+    std::lock_guard lock(open_mutex_);
+    open_.emplace(s, std::move(owned));
+  }
+  epoll_event ev{};
+  ev.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.ptr = s;
+  if (::epoll_ctl(calls_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    log::error("session %d: epoll_ctl failed: %s; ending the session", session, std::strerror(errno));
+    end_session(s);
+  }
+}
+
+void session_listener::end_session(open_session* s) noexcept
+{
+  std::unique_ptr<open_session> owned;
+  {
+    std::lock_guard lock(open_mutex_);
+    auto it = open_.find(s);
+    if (it == open_.end()) { return; }
+    owned = std::move(it->second);
+    open_.erase(it);
+  }
+  ::epoll_ctl(calls_epoll_, EPOLL_CTL_DEL, s->fd, nullptr);
+  ::close(s->fd);
+  core_.close_session(s->session);
+  --open_sessions_;
+  log::info("session %d closed (pid %d)", s->session, s->pid);
+}
+
+void session_listener::run_calls() noexcept
+{
+  std::vector<char> buffer(options_.max_call_bytes);
+  while (!stopping_) {
+    epoll_event ev{};
+    int n = ::epoll_wait(calls_epoll_, &ev, 1, -1);
+    if (n < 0 && errno != EINTR) {
+      log::error("session socket: epoll_wait failed: %s", std::strerror(errno));
+      return;
+    }
+    if (n <= 0 || ev.data.ptr == nullptr) { continue; }  // the stop eventfd
+    auto* s   = static_cast<open_session*>(ev.data.ptr);
+    bool keep = (ev.events & (EPOLLHUP | EPOLLERR)) == 0;
+    if (keep && (ev.events & EPOLLIN) != 0) { keep = answer_calls(*s, buffer); }
+    // A peer that hung up hears no replies: its session ends now.
+    if (keep && (ev.events & EPOLLRDHUP) != 0) { keep = false; }
+    if (keep) {
+      epoll_event again{};
+      again.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+      again.data.ptr = s;
+      keep           = ::epoll_ctl(calls_epoll_, EPOLL_CTL_MOD, s->fd, &again) == 0;
+    }
+    if (!keep) { end_session(s); }
+  }
+}
+
+bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) noexcept
+{
+  using metrics::rpc_method;
+  // A few calls per turn, then the connection goes back in the set (it stays
+  // readable), so one busy session cannot starve the others.
+  for (int turn = 0; turn < 16; ++turn) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+    iovec iov{buffer.data(), buffer.size()};
+    msghdr msg{};
+    msg.msg_iov        = &iov;
+    msg.msg_iovlen     = 1;
+    msg.msg_control    = control;
+    msg.msg_controllen = sizeof(control);
+    auto n             = ::recvmsg(s.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) { continue; }
+    if (n < 0 && errno == EAGAIN) { return true; }
+    if (n > 0) { close_received_fds(msg); }
+    // End of file (a zero-length datagram reads the same), or an error.
+    if (n <= 0) { return false; }
+
+    auto const start = clock::now();
+    v1::SessionReply reply;
+    std::optional<rpc_method> method;
+    absl::Status status;
+    v1::SessionCall call;
+    if ((msg.msg_flags & MSG_TRUNC) != 0) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "session call larger than %d bytes; send one SessionCall message per datagram",
+          options_.max_call_bytes));
+    } else if (!call.ParseFromArray(buffer.data(), static_cast<int>(n))) {
+      status = absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
+    } else {
+      reply.set_tag(call.tag());
+      switch (call.call_case()) {
+        case v1::SessionCall::kAllocate: {
+          method           = rpc_method::allocate;
+          auto const& r    = call.allocate();
+          auto grant       = core_.allocate(s.session, r.pool_id(), r.size(), r.alignment());
+          status           = grant.status();
+          if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
+          break;
+        }
+        case v1::SessionCall::kFree: {
+          method            = rpc_method::free;
+          auto const& event = call.free().release_event();
+          status            = core_.free(
+              s.session,
+              call.free().allocation_id(),
+              std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
+          if (status.ok()) { reply.mutable_free(); }
+          break;
+        }
+        case v1::SessionCall::kPing:
+          reply.mutable_ping();
+          break;
+        default:
+          status = absl::UnimplementedError(
+              "session call names no call this daemon knows (allocate, free, ping): the client "
+              "is newer than the daemon");
+      }
+    }
+    if (!status.ok()) { set_error(status, reply.mutable_error()); }
+    if (method && options_.call_metrics != nullptr) {
+      options_.call_metrics->record(*method, static_cast<int>(status.code()), clock::now() - start);
+    }
+    if (!send_reply(s.fd, reply.SerializeAsString())) {
+      // Full socket: the client sends calls without reading the replies.
+      log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace rmmd::session

@@ -1,20 +1,28 @@
 #pragma once
 
 // The session socket (rmmd-session.sock): kernel-verified identity, the
-// session token and the pools' fds by SCM_RIGHTS, and liveness by the open
+// session token and the pools' fds by SCM_RIGHTS, liveness by the open
+// connection, and the lease calls (Allocate, Free) of the session on that
 // connection. See docs/protocol.md for the exchange.
 //
 // Thread safety: start(), stop_accepting() and stop() are called from one
-// thread (main); the listener runs its own epoll thread.
+// thread (main). One thread accepts connections and reads hellos; once a
+// session is open, its connection belongs to the call threads, which share one
+// epoll set and each take one connection at a time (EPOLLONESHOT), so the calls
+// of one session are answered in order and those of different sessions at once.
 
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/metrics/request_metrics.hpp"
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 namespace rmmd::session {
 
@@ -30,6 +38,13 @@ struct listener_options {
   std::uint32_t max_message_bytes{};
   /// Mode of the socket file.
   unsigned socket_mode{0660};
+  /// Threads answering calls. The core serialises its ledger; these overlap
+  /// the backends' work (a CUDA allocation and its export) and the socket I/O.
+  std::size_t call_threads{4};
+  /// A larger call is answered INVALID_ARGUMENT (the session goes on).
+  std::size_t max_call_bytes{4096};
+  /// Where each answered Allocate and Free is counted; none if null.
+  metrics::request_metrics* call_metrics{nullptr};
 };
 
 class session_listener {
@@ -58,12 +73,25 @@ class session_listener {
   }
 
  private:
+  struct open_session;
+
   void run() noexcept;
+  /// Hands a welcomed connection to the call threads.
+  void serve_calls_of(int fd, core::session_id session, pid_t pid);
+  void run_calls() noexcept;
+  /// Answers what `s` has sent; false when the session is over.
+  bool answer_calls(open_session& s, std::vector<char>& buffer) noexcept;
+  void end_session(open_session* s) noexcept;
 
   core::daemon_core& core_;
   listener_options options_;
   int listen_fd_{-1};
   int wake_fd_{-1};
+  int calls_epoll_{-1};
+  int calls_wake_fd_{-1};  // written once, at stop; never read
+  std::vector<std::thread> call_threads_;
+  std::mutex open_mutex_;
+  std::unordered_map<open_session*, std::unique_ptr<open_session>> open_;
   std::atomic<bool> stop_accepting_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<std::size_t> open_sessions_{0};

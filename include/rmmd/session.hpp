@@ -41,6 +41,15 @@ struct carved_usage {
   std::size_t allocation_count{};
 };
 
+/// How a session sends its Allocate and Free calls.
+enum class call_transport {
+  /// On the session socket, one datagram each way (when the daemon offers it;
+  /// else as gRPC calls): about a sixth of a gRPC call's round trip.
+  session_socket,
+  /// As gRPC calls on the daemon's gRPC socket.
+  grpc,
+};
+
 /// One allocation the daemon granted to this session.
 struct lease {
   std::uint64_t id{};
@@ -52,7 +61,8 @@ struct lease {
 
 /// A connection to the node's rmmd: the session socket (kept open for the
 /// life of the session; its close is how the daemon learns this process is
-/// gone and reclaims what it held) and the gRPC channel for requests.
+/// gone and reclaims what it held; Allocate and Free travel on it too) and the
+/// gRPC channel for the other requests.
 ///
 /// A copyable handle: copies share one session, which closes when the last
 /// copy (and every resource made from it) is destroyed.
@@ -70,6 +80,8 @@ class session {
     /// Import CUDA pools by their fabric handle instead of the posix fd
     /// (what a process on another node of an NVLink domain must do).
     bool import_by_fabric{false};
+    /// How allocate() and free() reach the daemon.
+    call_transport lease_calls{call_transport::session_socket};
   };
 
   static std::filesystem::path default_runtime_dir();
@@ -87,7 +99,8 @@ class session {
   [[nodiscard]] pool_info const& host_pool() const;
 
   /// Low-level requests (the memory resources are built on these).
-  /// Throws as error.hpp says.
+  /// Throws as error.hpp says. Calls from several threads on the session
+  /// socket take turns (one call at a time per session).
   [[nodiscard]] lease allocate(std::uint32_t pool_id,
                                std::size_t bytes,
                                std::size_t alignment) const;

@@ -1,5 +1,6 @@
 // Every row of DESIGN.md's error table, produced by a real request against the
-// real daemon: the gRPC code, the message, the client's exception, and the
+// real daemon over both transports of Allocate and Free (the session socket
+// and gRPC): the status code, the message, the client's exception, and the
 // daemon's state unchanged afterwards.
 
 #include "client/detail/session_impl.hpp"
@@ -26,18 +27,14 @@ grpc::Status allocate(rmmd::session const& s,
   request.set_size(size);
   request.set_alignment(alignment);
   v1::AllocateResponse response;
-  auto ctx = s.impl().context();
-  auto st  = s.impl().stub().Allocate(ctx.get(), request, out ? out : &response);
-  return st;
+  return s.impl().allocate(request, out ? out : &response);
 }
 
 grpc::Status free_id(rmmd::session const& s, std::uint64_t id)
 {
   v1::FreeRequest request;
   request.set_allocation_id(id);
-  v1::FreeResponse response;
-  auto ctx = s.impl().context();
-  return s.impl().stub().Free(ctx.get(), request, &response);
+  return s.impl().free(request);
 }
 
 /// Pools and sessions' bytes/counts, without what changes by itself.
@@ -47,18 +44,20 @@ std::string ledger(v1::Stats stats)
   return stats.SerializeAsString();
 }
 
-class ErrorTable : public ::testing::Test {
+class ErrorTable : public ::testing::TestWithParam<rmmd::call_transport> {
  protected:
   // No drain deadline: on SIGTERM the live session is cut off at once
   // (drain_reload_test covers draining with a deadline).
   daemon_process daemon_{
       {"--host-pool-bytes", "64MiB", "--session-quota-bytes", "1MiB", "--drain-timeout-ms", "0"}};
-  rmmd::session session_ = daemon_.open_session("errors");
+  rmmd::session session_ = daemon_.open_session("errors", GetParam());
   std::uint32_t pool_    = session_.host_pool().id;
 };
 
-TEST_F(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
+TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
 {
+  EXPECT_EQ(session_.impl().uses_session_calls(),
+            GetParam() == rmmd::call_transport::session_socket);
   auto held         = session_.allocate(pool_, 4096, 0);  // some state to keep
   auto const before = ledger(daemon_.stats());
   struct bad_request {
@@ -82,7 +81,7 @@ TEST_F(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
   session_.free(held.id);
 }
 
-TEST_F(ErrorTable, QuotaIsEnforced)
+TEST_P(ErrorTable, QuotaIsEnforced)
 {
   auto a            = session_.allocate(pool_, 768 * 1024, 0);
   auto const before = ledger(daemon_.stats());
@@ -97,7 +96,7 @@ TEST_F(ErrorTable, QuotaIsEnforced)
   session_.free(b.id);
 }
 
-TEST_F(ErrorTable, UnknownAndDoubleFreeAreNotFound)
+TEST_P(ErrorTable, UnknownAndDoubleFreeAreNotFound)
 {
   auto a = session_.allocate(pool_, 4096, 0);
   ASSERT_TRUE(free_id(session_, a.id).ok());
@@ -111,9 +110,9 @@ TEST_F(ErrorTable, UnknownAndDoubleFreeAreNotFound)
   EXPECT_EQ(ledger(daemon_.stats()), before);
 }
 
-TEST_F(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
+TEST_P(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
 {
-  auto other        = daemon_.open_session("other");
+  auto other        = daemon_.open_session("other", GetParam());
   auto theirs       = other.allocate(pool_, 8192, 0);
   auto const before = ledger(daemon_.stats());
   auto st           = free_id(session_, theirs.id);
@@ -124,7 +123,7 @@ TEST_F(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
   other.free(theirs.id);
 }
 
-TEST_F(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
+TEST_P(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
 {
   auto channel      = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());
@@ -149,7 +148,7 @@ TEST_F(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
   EXPECT_EQ(ledger(daemon_.stats()), before);
 }
 
-TEST_F(ErrorTable, PoolExhaustionIsResourceExhausted)
+TEST_P(ErrorTable, PoolExhaustionIsResourceExhausted)
 {
   // Other sessions fill the pool; ours then cannot get what is left.
   std::vector<rmmd::session> fillers;
@@ -164,7 +163,7 @@ TEST_F(ErrorTable, PoolExhaustionIsResourceExhausted)
   EXPECT_EQ(ledger(daemon_.stats()), before);
 }
 
-TEST_F(ErrorTable, AStoppedDaemonIsASessionError)
+TEST_P(ErrorTable, AStoppedDaemonIsASessionError)
 {
   (void)session_.allocate(pool_, 4096, 0);
   daemon_.process().kill(SIGTERM);
@@ -177,6 +176,15 @@ TEST_F(ErrorTable, AStoppedDaemonIsASessionError)
     EXPECT_THAT(e.what(), HasSubstr("allocate 4096 bytes"));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports,
+                         ErrorTable,
+                         ::testing::Values(rmmd::call_transport::session_socket,
+                                           rmmd::call_transport::grpc),
+                         [](auto const& info) {
+                           return info.param == rmmd::call_transport::grpc ? "grpc"
+                                                                           : "session_socket";
+                         });
 
 TEST(SessionAccess, UidNotAllowedIsRefusedAtTheSessionSocket)
 {

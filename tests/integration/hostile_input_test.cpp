@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace rmmd::test {
@@ -86,6 +87,11 @@ class raw_session_socket {
     return closed;
   }
 
+  [[nodiscard]] int fd() const noexcept
+  {
+    return fd_;
+  }
+
   bool closed{false};
 
  private:
@@ -112,7 +118,8 @@ class HostileInput : public ::testing::Test {
     auto s = daemon_.open_session("after");
     auto a = s.allocate(s.host_pool().id, 4096, 0);
     s.free(a.id);
-    EXPECT_EQ(daemon_.stats().sessions_size(), 2);  // `s` and the observer
+    // `s` and the observer (a hang-up is seen on another thread than a hello).
+    EXPECT_TRUE(eventually([&] { return daemon_.stats().sessions_size() == 2; }));
   }
 
   daemon_process daemon_{{"--hello-timeout-ms", "300"}};
@@ -194,6 +201,128 @@ TEST_F(HostileInput, EmptyMessageAndEarlyCloseAreHandled)
     EXPECT_FALSE(welcome.has_error());
     EXPECT_EQ(welcome.token().size(), 16u);
   }
+}
+
+/// A session opened by hand, to send calls the client library never would.
+class raw_session : public raw_session_socket {
+ public:
+  explicit raw_session(std::filesystem::path const& dir) : raw_session_socket(dir)
+  {
+    v1::SessionHello hello;
+    hello.set_protocol_version(1);
+    send(hello.SerializeAsString());
+    v1::SessionWelcome welcome;
+    if (!welcome.ParseFromString(receive().value_or("")) || welcome.has_error() ||
+        !welcome.session_calls()) {
+      throw std::runtime_error("no welcome offering session calls");
+    }
+    id = welcome.session_id();
+  }
+
+  v1::SessionReply reply()
+  {
+    v1::SessionReply r;
+    EXPECT_TRUE(r.ParseFromString(receive().value_or("")));
+    return r;
+  }
+
+  v1::SessionReply call(v1::SessionCall const& c)
+  {
+    send(c.SerializeAsString());
+    return reply();
+  }
+
+  std::uint64_t id{};
+};
+
+TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
+{
+  raw_session s(daemon_.runtime_dir());
+  v1::SessionCall alloc;
+  alloc.set_tag(1);
+  alloc.mutable_allocate()->set_pool_id(0);
+  alloc.mutable_allocate()->set_size(4096);
+  auto held = s.call(alloc);
+  ASSERT_FALSE(held.has_error()) << held.error().message();
+  ASSERT_EQ(held.tag(), 1u);
+  auto const before = daemon_.stats().SerializeAsString();
+
+  s.send(std::string("\xff\xff\xff\xff garbage \x00\x01", 16));
+  auto garbage = s.reply();
+  EXPECT_EQ(garbage.tag(), 0u);
+  EXPECT_EQ(garbage.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(garbage.error().message(), HasSubstr("not a valid rmmd.v1.SessionCall"));
+
+  v1::SessionCall big;
+  big.set_tag(2);
+  big.mutable_free()->set_release_event(std::string(8000, 'x'));
+  auto oversized = s.call(big);
+  EXPECT_EQ(oversized.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(oversized.error().message(), HasSubstr("larger than 4096 bytes"));
+
+  v1::SessionCall none;  // a call from a newer client, or none at all
+  none.set_tag(3);
+  auto unknown = s.call(none);
+  EXPECT_EQ(unknown.tag(), 3u);
+  EXPECT_EQ(unknown.error().code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  v1::SessionCall bad_alloc = alloc;
+  bad_alloc.set_tag(4);
+  bad_alloc.mutable_allocate()->set_size(0);
+  auto zero = s.call(bad_alloc);
+  EXPECT_EQ(zero.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(zero.has_allocate());
+
+  v1::SessionCall free_unknown;
+  free_unknown.set_tag(5);
+  free_unknown.mutable_free()->set_allocation_id(987654321);
+  EXPECT_EQ(s.call(free_unknown).error().code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::SessionCall ping;  // with an fd attached: the daemon takes no fds
+  ping.set_tag(6);
+  ping.mutable_ping();
+  s.send_with_fd(ping.SerializeAsString(), STDERR_FILENO);
+  auto pong = s.reply();
+  EXPECT_EQ(pong.tag(), 6u);
+  EXPECT_FALSE(pong.has_error());
+  EXPECT_TRUE(pong.has_ping());
+
+  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+  v1::SessionCall release;
+  release.set_tag(7);
+  release.mutable_free()->set_allocation_id(held.allocate().allocation_id());
+  auto freed = s.call(release);
+  EXPECT_FALSE(freed.has_error()) << freed.error().message();
+  EXPECT_TRUE(freed.has_free());
+  EXPECT_EQ(in_use(daemon_.stats()), 0u);
+}
+
+TEST_F(HostileInput, AClientThatReadsNoRepliesLosesItsSession)
+{
+  raw_session s(daemon_.runtime_dir());
+  v1::SessionCall alloc;
+  alloc.mutable_allocate()->set_pool_id(0);
+  alloc.mutable_allocate()->set_size(4096);
+  s.send(alloc.SerializeAsString());
+  ASSERT_FALSE(s.reply().has_error());
+  EXPECT_GT(in_use(daemon_.stats()), 0u);
+  // Calls without reading a reply, until the daemon's replies fill the socket.
+  v1::SessionCall ping;
+  ping.mutable_ping();
+  auto const bytes = ping.SerializeAsString();
+  for (int sent = 0; sent < 5000;) {
+    if (::send(s.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) {
+      ++sent;
+    } else if (errno == EAGAIN) {
+      pollfd p{s.fd(), POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      break;  // the daemon has hung up
+    }
+  }
+  EXPECT_TRUE(s.closed_by_daemon());
+  // Its session ended, and with it the lease.
+  EXPECT_TRUE(eventually([&] { return in_use(daemon_.stats()) == 0; }));
 }
 
 TEST_F(HostileInput, OversizedGrpcMessageIsRejected)

@@ -115,13 +115,15 @@ TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
            "rmmd_uid_bytes{uid=\"" + uid + "\"} " + held,
            "rmmd_uid_live_allocations{uid=\"" + uid + "\"} 2",
            "rmmd_uid_sessions{uid=\"" + uid + "\"} 1",
-           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"OK\"} 3",
-           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 2",
-           "rmmd_grpc_requests_total{method=\"Free\",code=\"OK\"} 1",
-           "rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
-           "rmmd_grpc_request_duration_seconds_count{method=\"Allocate\"} 5",
-           "rmmd_grpc_request_duration_seconds_bucket{method=\"Allocate\",le=\"+Inf\"} 5",
-           "rmmd_grpc_request_duration_seconds_count{method=\"Free\"} 2",
+           // The session's calls travel on its session socket.
+           "rmmd_session_calls_total{method=\"Allocate\",code=\"OK\"} 3",
+           "rmmd_session_calls_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 2",
+           "rmmd_session_calls_total{method=\"Free\",code=\"OK\"} 1",
+           "rmmd_session_calls_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
+           "rmmd_session_call_duration_seconds_count{method=\"Allocate\"} 5",
+           "rmmd_session_call_duration_seconds_bucket{method=\"Allocate\",le=\"+Inf\"} 5",
+           "rmmd_session_call_duration_seconds_count{method=\"Free\"} 2",
+           "rmmd_grpc_requests_total{method=\"Allocate\",code=\"OK\"} 0",
        }) {
     EXPECT_THAT(text, HasSubstr(line + "\n"));
   }

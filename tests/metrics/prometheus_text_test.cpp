@@ -74,6 +74,10 @@ daemon_snapshot sample_snapshot()
   requests.record(rpc_method::free, 0, 10s);       // above every bound
   requests.record(rpc_method::free, 99, 1us);      // not a code: UNKNOWN
   s.requests = requests.snapshot();
+  request_metrics session_calls;
+  session_calls.record(rpc_method::allocate, 0, 40us);
+  session_calls.record(rpc_method::free, 5, 3us);  // NOT_FOUND
+  s.session_calls = session_calls.snapshot();
   return s;
 }
 
@@ -188,10 +192,19 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
            "rmmd_grpc_request_duration_seconds_sum{method=\"Allocate\"} 0.002045",
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"2.5\"} 1",
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"+Inf\"} 2",
+           // Session-socket calls: their own families, Allocate and Free only.
+           "rmmd_session_calls_total{method=\"Allocate\",code=\"OK\"} 1",
+           "rmmd_session_calls_total{method=\"Free\",code=\"OK\"} 0",
+           "rmmd_session_calls_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
+           "rmmd_session_call_duration_seconds_bucket{method=\"Allocate\",le=\"2.5e-05\"} 0",
+           "rmmd_session_call_duration_seconds_bucket{method=\"Allocate\",le=\"5e-05\"} 1",
+           "rmmd_session_call_duration_seconds_count{method=\"Free\"} 1",
        }) {
     EXPECT_THAT(text, HasSubstr(line + "\n"));
   }
-  EXPECT_THAT(text, Not(HasSubstr("code=\"NOT_FOUND\"")));  // codes that never happened
+  // Codes that never happened.
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"}")));
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"GetStats\"")));
 }
 
 }  // namespace

@@ -23,10 +23,12 @@ daemon_process::~daemon_process()
   observer_.reset();  // then the base class stops the daemon
 }
 
-rmmd::session daemon_process::open_session(std::string client_name) const
+rmmd::session daemon_process::open_session(std::string client_name,
+                                           rmmd::call_transport lease_calls) const
 {
-  return rmmd::session(
-      rmmd::session::options{.runtime_dir = runtime_dir(), .client_name = std::move(client_name)});
+  return rmmd::session(rmmd::session::options{.runtime_dir = runtime_dir(),
+                                              .client_name = std::move(client_name),
+                                              .lease_calls = lease_calls});
 }
 
 std::optional<int> daemon_process::stop()

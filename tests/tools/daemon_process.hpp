@@ -26,7 +26,9 @@ class daemon_process : public tools::daemon_process {
   daemon_process& operator=(daemon_process const&) = delete;
   ~daemon_process();
 
-  [[nodiscard]] rmmd::session open_session(std::string client_name = "test") const;
+  [[nodiscard]] rmmd::session open_session(
+      std::string client_name          = "test",
+      rmmd::call_transport lease_calls = rmmd::call_transport::session_socket) const;
 
   /// Closes the observer session, SIGTERM, then its exit status (nullopt if
   /// it did not stop in 30 s).
