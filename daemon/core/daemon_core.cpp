@@ -207,7 +207,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                                   std::size_t bytes,
                                                   std::size_t alignment)
 {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (draining_) {
     return absl::UnavailableError(
         absl::StrCat("allocate ",
@@ -295,7 +295,22 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
     refused = refusal();
   }
   if (refused) { return *refused; }
+
+  // The backend's work (a CUDA allocation, a stream synchronisation and a
+  // pointer export: tens of us) runs without the lock, so that the calls of
+  // other sessions go on meanwhile. The bytes asked for are counted first, so
+  // that concurrent requests cannot together overrun a quota or the pool.
+  auto const uid = s.peer.uid;
+  charge_locked(p, &s, uid, pool, bytes, +1);
+  lock.unlock();
   auto block = p.backend->allocate(bytes, alignment);
+  lock.lock();
+
+  // The session may have closed meanwhile (its leases are gone, not this
+  // charge), and the backend may have rounded up or failed.
+  auto const it   = sessions_.find(session);
+  auto* const now = it == sessions_.end() ? nullptr : it->second.get();
+  charge_locked(p, now, uid, pool, bytes, -1);
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);
@@ -306,10 +321,16 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                         p.config.name,
                                         block.status().message()));
   }
-  // The backend may round up; the ledger and quotas count what it reserved.
+  if (now == nullptr) {
+    p.backend->deallocate(*block);
+    return absl::UnauthenticatedError("allocate: the session closed during the call");
+  }
+  // The ledger and quotas count what the backend reserved.
   auto const reserved = block->bytes;
+  auto const uid_it   = uid_bytes_.find(uid);
+  uid_used            = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
   if (reserved > p.capacity - std::min(p.capacity, p.in_use) ||
-      (session_limit != 0 && s.bytes + reserved > session_limit) ||
+      (session_limit != 0 && now->bytes + reserved > session_limit) ||
       (uid_limit != 0 && uid_used + reserved > uid_limit)) {
     p.backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -324,15 +345,32 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                  .requested_bytes = bytes,
                                  .block           = *block,
                                  .created         = std::chrono::steady_clock::now()});
-  p.in_use += reserved;
+  charge_locked(p, now, uid, pool, reserved, +1);
   p.high_water = std::max(p.high_water, p.in_use);
   ++p.live;
   ++p.total;
-  s.bytes += reserved;
-  s.pool_bytes[pool] += reserved;
-  ++s.count;
-  uid_bytes_[s.peer.uid] += reserved;
+  ++now->count;
   return lease_grant{.id = id, .block = *std::move(block)};
+}
+
+void daemon_core::charge_locked(pool_entry& p,
+                                session_entry* s,
+                                uid_t uid,
+                                pool_id pool,
+                                std::size_t bytes,
+                                int sign) noexcept
+{
+  auto apply = [&](std::size_t& counter) {
+    counter = sign > 0 ? counter + bytes : counter - bytes;
+  };
+  apply(p.in_use);
+  if (s != nullptr) {
+    apply(s->bytes);
+    apply(s->pool_bytes[pool]);
+  }
+  auto u = uid_bytes_.try_emplace(uid, 0).first;
+  apply(u->second);
+  if (u->second == 0) { uid_bytes_.erase(u); }
 }
 
 absl::Status daemon_core::free(session_id session,

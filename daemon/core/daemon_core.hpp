@@ -4,7 +4,10 @@
 // It knows nothing of gRPC, protobuf or sockets; adapters translate.
 //
 // Thread safety: every public member may be called from any thread; one mutex
-// serialises them (backend calls included), so a rejected request never leaves
+// serialises them and every backend call but one: allocate() lets go of it
+// while the backend allocates (tens of us for a CUDA pool), having counted the
+// bytes against the pool and quotas first, and takes those back (and frees the
+// block) if the call fails in the end, so a rejected request never leaves
 // partial state behind.
 //
 // Errors are absl::Status with the codes of DESIGN.md's error table.
@@ -177,6 +180,14 @@ class daemon_core {
   };
 
   void release_lease_locked(allocation_id id) noexcept;
+  /// Adds (sign +1) or takes back (-1) `bytes` on the pool, the session (if
+  /// still open) and the uid.
+  void charge_locked(pool_entry& p,
+                     session_entry* s,
+                     uid_t uid,
+                     pool_id pool,
+                     std::size_t bytes,
+                     int sign) noexcept;
   void signal_pressure_locked(pool_entry& pool);
   std::size_t reap_fences_locked() noexcept;
   void run_fence_reaper(std::stop_token stop);

@@ -44,7 +44,9 @@ struct backend_usage {
   std::uint64_t used_bytes{};      ///< memory of that in allocations
 };
 
-/// A source of memory. Not thread-safe: the core serialises calls.
+/// A source of memory. allocate() must be thread-safe: the core calls it
+/// without its lock, from several threads at once and beside any other call.
+/// The core serialises every other call.
 class pool_backend {
  public:
   pool_backend()                               = default;

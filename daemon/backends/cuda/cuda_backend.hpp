@@ -31,7 +31,9 @@ struct cuda_pool_options {
 ///
 /// Allocation happens on the backend's own stream, which is synchronised
 /// before the export: the memory is ready on any stream of any process once
-/// the client has the reply.
+/// the client has the reply. allocate() runs on several threads at once (the
+/// pool and the stream are CUDA's, which are thread-safe); the other calls come
+/// under the core's lock.
 class cuda_backend final : public core::pool_backend {
  public:
   /// Throws rmm::cuda_error / std::runtime_error naming what failed.

@@ -114,6 +114,7 @@ std::size_t host_backend::capacity() const noexcept
 absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t bytes,
                                                                 std::size_t alignment)
 {
+  std::lock_guard lock(mutex_);
   auto r = ranges_.allocate(bytes, alignment);
   if (!r) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -143,6 +144,7 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
 // writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
 void host_backend::deallocate(core::backend_allocation const& block) noexcept
 {
+  std::lock_guard lock(mutex_);
   auto const now_free = ranges_.release({.offset = block.offset, .size = block.bytes});
   if (pinnable_) { return; }  // clients' pinned mappings must keep these very pages
   auto const page        = page_size();

@@ -4,6 +4,7 @@
 #include "daemon/core/pool_backend.hpp"
 
 #include <cstddef>
+#include <mutex>
 #include <string>
 
 namespace rmmd::backends::host {
@@ -25,7 +26,9 @@ namespace rmmd::backends::host {
 /// contents, as with RMM's pinned host resources, and the RAM stays committed.
 ///
 /// Allocations start and end on multiples of 256 bytes; a capacity that is not
-/// a multiple of 256 is rounded down. Not thread-safe (the core serialises).
+/// a multiple of 256 is rounded down. Thread-safe: allocate() runs beside a
+/// deallocate(), which holds the pool until its pages are punched or zeroed
+/// (no one may be lent a range before it reads as zeros).
 class host_backend final : public core::pool_backend {
  public:
   /// Throws std::system_error, naming the pool, when the memfd cannot be
@@ -48,6 +51,7 @@ class host_backend final : public core::pool_backend {
 
  private:
   int fd_{-1};
+  std::mutex mutex_;  // guards ranges_ and the file's free pages
   offset_allocator ranges_;
   bool pinnable_{false};
 };
