@@ -88,10 +88,24 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
 cuda_backend::~cuda_backend()
 {
   if (fd_ >= 0) { ::close(fd_); }
-  if (stream_ != nullptr) {
-    cudaSetDevice(options_.device);
-    cudaStreamDestroy(stream_);
+  cudaSetDevice(options_.device);
+  for (auto const& [thread, stream] : thread_streams_) { cudaStreamDestroy(stream); }
+  if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
+}
+
+cudaStream_t cuda_backend::thread_stream()
+{
+  std::lock_guard lock(streams_mutex_);
+  auto& stream = thread_streams_[std::this_thread::get_id()];
+  if (stream == nullptr) {
+    // Threads are few (the session listener's call threads, gRPC's pool):
+    // a stream each, kept for the life of the pool.
+    if (auto err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); err != cudaSuccess) {
+      stream = nullptr;
+      return stream_;  // share the main stream rather than fail
+    }
   }
+  return stream;
 }
 
 absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t bytes,
@@ -105,9 +119,10 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
-  void* ptr = nullptr;
+  auto const stream = thread_stream();
+  void* ptr         = nullptr;
   try {
-    ptr = mr_->allocate(::cuda::stream_ref{stream_}, size, granularity);
+    ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
   } catch (rmm::out_of_memory const& e) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
@@ -117,10 +132,10 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   // The client uses the memory on streams of its own, in another process:
   // the allocation must be complete before anyone hears of it.
   cudaMemPoolPtrExportData data{};
-  auto err = cudaStreamSynchronize(stream_);
+  auto err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess) { err = cudaMemPoolExportPointer(&data, ptr); }
   if (err != cudaSuccess) {
-    mr_->deallocate(::cuda::stream_ref{stream_}, ptr, size, granularity);
+    mr_->deallocate(::cuda::stream_ref{stream}, ptr, size, granularity);
     return absl::InternalError(absl::StrFormat("exporting a pointer of the pool on device %d: %s",
                                                options_.device,
                                                cudaGetErrorName(err)));

@@ -10,7 +10,10 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 namespace rmmd::backends::cuda {
 
@@ -31,9 +34,10 @@ struct cuda_pool_options {
 ///
 /// Allocation happens on the backend's own stream, which is synchronised
 /// before the export: the memory is ready on any stream of any process once
-/// the client has the reply. allocate() runs on several threads at once (the
-/// pool and the stream are CUDA's, which are thread-safe); the other calls come
-/// under the core's lock.
+/// the client has the reply. allocate() runs on several threads at once, each
+/// on a stream of its own (one thread's synchronisation never waits for
+/// another's allocation); the other calls come under the core's lock and free
+/// on the backend's main stream.
 class cuda_backend final : public core::pool_backend {
  public:
   /// Throws rmm::cuda_error / std::runtime_error naming what failed.
@@ -80,7 +84,12 @@ class cuda_backend final : public core::pool_backend {
 
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built
+  /// The calling thread's allocation stream, made on its first allocation.
+  cudaStream_t thread_stream();
+
   cudaStream_t stream_{};
+  std::mutex streams_mutex_;
+  std::unordered_map<std::thread::id, cudaStream_t> thread_streams_;  // destroyed with the pool
   int fd_{-1};
   std::vector<std::byte> fabric_;
   std::map<core::session_id, std::map<event_key, std::shared_ptr<ipc_event>>> events_;
