@@ -279,6 +279,37 @@ grpc::Status session_impl::ping()
   return call(c, &reply);
 }
 
+std::vector<std::uint32_t> session_impl::report_carved(void const* reporter,
+                                                       carved_usage const& usage)
+{
+  std::lock_guard lock(carved_mutex_);
+  auto& by_reporter     = carved_[usage.pool_id];
+  by_reporter[reporter] = usage;
+  carved_usage sum{.pool_id = usage.pool_id};
+  for (auto const& [who, u] : by_reporter) {
+    sum.bytes += u.bytes;
+    sum.allocation_count += u.allocation_count;
+  }
+  return send_usage({sum});
+}
+
+void session_impl::forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept
+{
+  std::lock_guard lock(carved_mutex_);
+  auto it = carved_.find(pool_id);
+  if (it == carved_.end() || it->second.erase(reporter) == 0) { return; }
+  carved_usage sum{.pool_id = pool_id};
+  for (auto const& [who, u] : it->second) {
+    sum.bytes += u.bytes;
+    sum.allocation_count += u.allocation_count;
+  }
+  try {
+    static_cast<void>(send_usage({sum}));
+  } catch (std::exception const&) {
+    // The daemon is gone, or busy: its figure corrects itself at the next report.
+  }
+}
+
 std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
 {
   std::lock_guard lock(map_mutex_);
@@ -503,6 +534,13 @@ bool session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
 
 std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const& usage) const
 {
+  return impl_->send_usage(usage);
+}
+
+namespace detail {
+
+std::vector<std::uint32_t> session_impl::send_usage(std::vector<carved_usage> const& usage)
+{
   v1::UsageReport request;
   for (auto const& u : usage) {
     auto* p = request.add_pools();
@@ -511,11 +549,13 @@ std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const
     p->set_allocation_count(u.allocation_count);
   }
   v1::UsageReply reply;
-  auto ctx    = impl_->context();
-  auto status = impl_->stub().ReportUsage(ctx.get(), request, &reply);
-  if (!status.ok()) { detail::throw_status(status, "report usage"); }
+  auto ctx    = context();
+  auto status = stub_->ReportUsage(ctx.get(), request, &reply);
+  if (!status.ok()) { throw_status(status, "report usage"); }
   return {reply.trim_pool_ids().begin(), reply.trim_pool_ids().end()};
 }
+
+}  // namespace detail
 
 std::byte* session::host_pool_base(std::uint32_t pool_id) const
 {

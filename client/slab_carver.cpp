@@ -1,5 +1,7 @@
 #include "client/slab_carver.hpp"
 
+#include "client/detail/session_impl.hpp"
+
 #include <rmmd/error.hpp>
 
 #include <rmm/process_is_exiting.hpp>
@@ -62,6 +64,8 @@ slab_carver::~slab_carver()
 {
   keeper_.request_stop();
   keeper_.join();
+  // The session's other resources of this pool report on without this one.
+  owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   if (rmm::process_is_exiting()) {
     // No CUDA calls now: the daemon reclaims the slabs with the session.
     static_cast<void>(pool_.release());
@@ -187,8 +191,8 @@ void slab_carver::keep(std::stop_token stop) noexcept
     bool const changed = bytes != reported_bytes || count != reported_count;
     if (reporting && (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
       try {
-        auto const trim_pools = owner_.get_session().report_usage(
-            {carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count}});
+        auto const trim_pools = owner_.get_session().impl().report_carved(
+            this, carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count});
         pressed =
             std::find(trim_pools.begin(), trim_pools.end(), owner_.pool().id) != trim_pools.end();
         reported_bytes = bytes;
@@ -204,8 +208,8 @@ void slab_carver::keep(std::stop_token stop) noexcept
     if (holding && count == 0 && (pressed || now - idle_since >= idle_trim)) {
       if (trim() > 0 && reporting) {
         try {
-          static_cast<void>(owner_.get_session().report_usage(
-              {carved_usage{.pool_id = owner_.pool().id, .bytes = 0, .allocation_count = 0}}));
+          static_cast<void>(owner_.get_session().impl().report_carved(
+              this, carved_usage{.pool_id = owner_.pool().id, .bytes = 0, .allocation_count = 0}));
         } catch (std::exception const&) {
         }
       }

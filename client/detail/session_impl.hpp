@@ -51,6 +51,15 @@ class session_impl {
     return session_calls_;
   }
 
+  /// ReportUsage: replaces the daemon's figures for those pools.
+  std::vector<std::uint32_t> send_usage(std::vector<carved_usage> const& usage);
+  /// What one slab-mode resource (`reporter`) has carved from a pool now.
+  /// The daemon keeps one figure per session and pool, so the session sends
+  /// the sum over its resources of that pool. Returns the pools under pressure.
+  std::vector<std::uint32_t> report_carved(void const* reporter, carved_usage const& usage);
+  /// `reporter` is gone: the others' sum goes to the daemon (best effort).
+  void forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept;
+
   /// The session's credential, as sent in `rmmd-token` metadata.
   [[nodiscard]] std::string const& token_hex() const noexcept
   {
@@ -78,6 +87,8 @@ class session_impl {
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rmmd::Stub> stub_;
+  std::mutex carved_mutex_;  // held across a report, so reports go out in order
+  std::unordered_map<std::uint32_t, std::unordered_map<void const*, carved_usage>> carved_;
   std::mutex map_mutex_;
   std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
   std::unordered_map<std::uint32_t, cudaMemPool_t> cuda_pools_;

@@ -375,6 +375,36 @@ TEST_F(IpcMemoryResource, SlabModeKeepsEveryBuffersDataAcrossManySlabs)
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+TEST_F(IpcMemoryResource, TwoSlabResourcesOfOneSessionReportTheirSum)
+{
+  // The daemon keeps one carved figure per session and pool: the session adds
+  // up what its resources of that pool carved, and drops a resource that goes.
+  auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  auto first  = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
+  auto second = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
+  cuda::stream_ref stream{cudaStream_t{}};
+  void* a = first->allocate(stream, 3 * MiB, 256);
+  void* b = second->allocate(stream, 1 * MiB, 256);
+  void* c = second->allocate(stream, 1 * MiB, 256);
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == 5 * MiB && p.carved_allocations() == 3;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  first->deallocate(stream, a, 3 * MiB, 256);
+  first.reset();
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == 2 * MiB && p.carved_allocations() == 2;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  second->deallocate(stream, b, MiB, 256);
+  second->deallocate(stream, c, MiB, 256);
+  second.reset();
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == 0 && p.in_use_bytes() == before;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+}
+
 TEST(SlabMode, QuotasCountSlabsWhole)
 {
   REQUIRE_GPUS(1);

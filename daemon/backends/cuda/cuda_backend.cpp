@@ -61,6 +61,9 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
 {
   use_device(options_.device);
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  for (auto& stream : allocation_streams_) {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
   // Exporting the pool once is also what makes its pointers exportable.
   check(cudaMemPoolExportToShareableHandle(
             &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
@@ -77,6 +80,10 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
       fd_ = -1;
       cudaStreamDestroy(stream_);
       stream_ = nullptr;
+      for (auto& stream : allocation_streams_) {
+        cudaStreamDestroy(stream);
+        stream = nullptr;
+      }
       throw std::runtime_error(absl::StrFormat(
           "cudaMemPoolExportToShareableHandle (fabric) failed: %s", cudaGetErrorName(err)));
     }
@@ -89,23 +96,10 @@ cuda_backend::~cuda_backend()
 {
   if (fd_ >= 0) { ::close(fd_); }
   cudaSetDevice(options_.device);
-  for (auto const& [thread, stream] : thread_streams_) { cudaStreamDestroy(stream); }
-  if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
-}
-
-cudaStream_t cuda_backend::thread_stream()
-{
-  std::lock_guard lock(streams_mutex_);
-  auto& stream = thread_streams_[std::this_thread::get_id()];
-  if (stream == nullptr) {
-    // Threads are few (the session listener's call threads, gRPC's pool):
-    // a stream each, kept for the life of the pool.
-    if (auto err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); err != cudaSuccess) {
-      stream = nullptr;
-      return stream_;  // share the main stream rather than fail
-    }
+  for (auto stream : allocation_streams_) {
+    if (stream != nullptr) { cudaStreamDestroy(stream); }
   }
-  return stream;
+  if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
 }
 
 absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t bytes,
@@ -119,8 +113,10 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
-  auto const stream = thread_stream();
-  void* ptr         = nullptr;
+  auto const stream =
+      allocation_streams_[next_stream_.fetch_add(1, std::memory_order_relaxed) %
+                          allocation_streams_.size()];
+  void* ptr = nullptr;
   try {
     ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
   } catch (rmm::out_of_memory const& e) {

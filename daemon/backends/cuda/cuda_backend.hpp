@@ -10,10 +10,8 @@
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <atomic>
 #include <string>
-#include <thread>
-#include <unordered_map>
 
 namespace rmmd::backends::cuda {
 
@@ -35,9 +33,9 @@ struct cuda_pool_options {
 /// Allocation happens on the backend's own stream, which is synchronised
 /// before the export: the memory is ready on any stream of any process once
 /// the client has the reply. allocate() runs on several threads at once, each
-/// on a stream of its own (one thread's synchronisation never waits for
-/// another's allocation); the other calls come under the core's lock and free
-/// on the backend's main stream.
+/// call on the next of a few allocation streams in turn (so one thread's
+/// synchronisation seldom waits for another's allocation); the other calls
+/// come under the core's lock and free on the backend's main stream.
 class cuda_backend final : public core::pool_backend {
  public:
   /// Throws rmm::cuda_error / std::runtime_error naming what failed.
@@ -84,12 +82,13 @@ class cuda_backend final : public core::pool_backend {
 
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built
-  /// The calling thread's allocation stream, made on its first allocation.
-  cudaStream_t thread_stream();
+  /// As many as the daemon has threads that allocate at once (the session
+  /// listener's four call threads), and a few more for gRPC's.
+  static constexpr std::size_t allocation_stream_count = 8;
 
-  cudaStream_t stream_{};
-  std::mutex streams_mutex_;
-  std::unordered_map<std::thread::id, cudaStream_t> thread_streams_;  // destroyed with the pool
+  cudaStream_t stream_{};  // frees, trim
+  std::array<cudaStream_t, allocation_stream_count> allocation_streams_{};
+  std::atomic<std::size_t> next_stream_{0};
   int fd_{-1};
   std::vector<std::byte> fabric_;
   std::map<core::session_id, std::map<event_key, std::shared_ptr<ipc_event>>> events_;
