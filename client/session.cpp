@@ -201,38 +201,75 @@ std::unique_ptr<grpc::ClientContext> session_impl::context() const
 grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
 {
   std::lock_guard lock(call_mutex_);
+  auto status = call_locked(call, reply);
+  // Leases granted to calls that had given up waiting: nobody will free them
+  // but us (they would count against our quota until the session ends).
+  while (!orphans_.empty()) {
+    v1::SessionCall free_call;
+    free_call.mutable_free()->set_allocation_id(orphans_.back());
+    orphans_.pop_back();
+    v1::SessionReply ignored;
+    static_cast<void>(call_locked(free_call, &ignored));
+  }
+  return status;
+}
+
+grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* reply)
+{
+  using clock = std::chrono::steady_clock;
   call.set_tag(++last_tag_);
+  auto const deadline = clock::now() + options.call_timeout;
+  // Waits for `events` on the socket until the deadline: false if it passed.
+  auto wait_for = [&](short events) {
+    while (true) {
+      auto const left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+      if (left.count() <= 0) { return false; }
+      pollfd p{.fd = socket_fd_, .events = events, .revents = 0};
+      int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (ready > 0) { return true; }
+      if (ready == 0) { return false; }
+      if (errno != EINTR) { return true; }  // let the send or receive report it
+    }
+  };
+  auto const timed_out = [&] {
+    return grpc::Status{grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "no reply on the session socket within " +
+                            std::to_string(options.call_timeout.count()) + " ms"};
+  };
   auto const bytes = call.SerializeAsString();
   ssize_t n;
-  do {
-    n = ::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  while (true) {
+    n = ::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0 || errno == EINTR) {
+      if (n >= 0) { break; }
+      continue;
+    }
+    if (errno != EAGAIN) { break; }
+    if (!wait_for(POLLOUT)) { return timed_out(); }  // the daemon reads nothing
+  }
   if (n != static_cast<ssize_t>(bytes.size())) {
     return {grpc::StatusCode::UNAVAILABLE,
             std::string("the session socket is closed (") + std::strerror(errno) + ")"};
   }
-  auto const deadline = std::chrono::steady_clock::now() + options.call_timeout;
   std::array<char, 4096> buffer{};
   while (true) {
-    auto const left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd p{.fd = socket_fd_, .events = POLLIN, .revents = 0};
-    int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
-    if (ready < 0 && errno == EINTR) { continue; }
-    if (ready == 0) {
-      return {grpc::StatusCode::DEADLINE_EXCEEDED,
-              "no reply on the session socket within " +
-                  std::to_string(options.call_timeout.count()) + " ms"};
-    }
+    if (!wait_for(POLLIN)) { return timed_out(); }
     do {
-      n = ::recv(socket_fd_, buffer.data(), buffer.size(), 0);
+      n = ::recv(socket_fd_, buffer.data(), buffer.size(), MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN) { continue; }
     if (n <= 0) { return {grpc::StatusCode::UNAVAILABLE, "the daemon closed the session"}; }
     if (!reply->ParseFromArray(buffer.data(), static_cast<int>(n))) {
       return {grpc::StatusCode::INTERNAL, "the daemon's reply is not a valid SessionReply"};
     }
-    // A late reply to an earlier call that gave up waiting: not ours.
-    if (reply->tag() != call.tag()) { continue; }
+    if (reply->tag() != call.tag()) {
+      // A late reply to an earlier call that gave up waiting. If it granted
+      // an allocation, that allocation is ours to give back.
+      if (!reply->has_error() && reply->has_allocate()) {
+        orphans_.push_back(reply->allocate().allocation_id());
+      }
+      continue;
+    }
     if (reply->has_error()) {
       return {static_cast<grpc::StatusCode>(reply->error().code()), reply->error().message()};
     }

@@ -64,13 +64,13 @@ slab_carver::~slab_carver()
 {
   keeper_.request_stop();
   keeper_.join();
-  // The session's other resources of this pool report on without this one.
-  owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   if (rmm::process_is_exiting()) {
-    // No CUDA calls now: the daemon reclaims the slabs with the session.
+    // No CUDA or gRPC calls now: the daemon reclaims the slabs with the session.
     static_cast<void>(pool_.release());
     return;
   }
+  // The session's other resources of this pool report on without this one.
+  owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   trim();
   if (pool_ != nullptr && carved_count_.load() != 0) {
     std::fprintf(stderr,

@@ -75,13 +75,16 @@ class session_impl {
   [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id);
 
  private:
-  /// Sends `call` (with a fresh tag) and waits for its reply.
+  /// Sends `call` (with a fresh tag) and waits for its reply, both within
+  /// call_timeout; then frees any orphans.
   grpc::Status call(v1::SessionCall& call, v1::SessionReply* reply);
+  grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
 
   int socket_fd_{-1};
   bool session_calls_{false};
   std::mutex call_mutex_;  // one call at a time on the socket
   std::uint64_t last_tag_{};
+  std::vector<std::uint64_t> orphans_;  // allocations granted after their call timed out
   std::string token_hex_;
   std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none

@@ -247,16 +247,22 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         alignment,
         p.config.max_alignment));
   }
+  // What the backend will reserve: quotas and the pool are checked, and
+  // charged while the backend works, with that.
+  auto const charge        = std::max(bytes, p.backend->reserved_size(bytes));
+  auto const asked         = charge == bytes ? bytes_text(bytes)
+                                             : absl::StrCat(bytes_text(bytes), " (",
+                                                            bytes_text(charge), " once rounded up)");
   auto const session_limit = options_.quotas.per_session_bytes;
   auto const uid_limit     = options_.quotas.limit_for_uid(s.peer.uid);
   auto uid_used            = std::size_t{0};
   // Why the request cannot fit (a quota, or the pool), if it cannot.
   auto refusal = [&]() -> std::optional<absl::Status> {
-    if (session_limit != 0 && bytes > session_limit - std::min(session_limit, s.bytes)) {
+    if (session_limit != 0 && charge > session_limit - std::min(session_limit, s.bytes)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first "
           "or ask the operator for a larger per-session quota",
-          bytes_text(bytes),
+          asked,
           p.config.name,
           s.id,
           bytes_text(s.bytes),
@@ -264,22 +270,22 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
     }
     auto const uid_it = uid_bytes_.find(s.peer.uid);
     uid_used          = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
-    if (uid_limit != 0 && bytes > uid_limit - std::min(uid_limit, uid_used)) {
+    if (uid_limit != 0 && charge > uid_limit - std::min(uid_limit, uid_used)) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; "
           "free memory first or ask the operator for a larger per-uid quota",
-          bytes_text(bytes),
+          asked,
           p.config.name,
           s.peer.uid,
           bytes_text(uid_used),
           bytes_text(uid_limit)));
     }
-    if (bytes > p.capacity - p.in_use) {
+    if (charge > p.capacity - std::min(p.capacity, p.in_use)) {
       signal_pressure_locked(p);
       return absl::ResourceExhaustedError(absl::StrFormat(
           "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another "
           "pool",
-          bytes_text(bytes),
+          asked,
           p.config.name,
           bytes_text(p.in_use),
           bytes_text(p.capacity)));
@@ -301,7 +307,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   // other sessions go on meanwhile. The bytes asked for are counted first, so
   // that concurrent requests cannot together overrun a quota or the pool.
   auto const uid = s.peer.uid;
-  charge_locked(p, &s, uid, pool, bytes, +1);
+  charge_locked(p, &s, uid, pool, charge, +1);
   lock.unlock();
   auto block = p.backend->allocate(bytes, alignment);
   lock.lock();
@@ -310,7 +316,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   // charge), and the backend may have rounded up or failed.
   auto const it   = sessions_.find(session);
   auto* const now = it == sessions_.end() ? nullptr : it->second.get();
-  charge_locked(p, now, uid, pool, bytes, -1);
+  charge_locked(p, now, uid, pool, charge, -1);
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);

@@ -66,6 +66,13 @@ class pool_backend {
   /// REQUIRES: `block` came from allocate() on this backend and was not freed.
   virtual void deallocate(backend_allocation const& block) noexcept = 0;
 
+  /// What allocate(bytes) reserves when it succeeds (its rounding), so that
+  /// the core can charge that while the backend works. `bytes` if unknown.
+  [[nodiscard]] virtual std::size_t reserved_size(std::size_t bytes) const noexcept
+  {
+    return bytes;
+  }
+
   /// The fd every session receives for this pool (owned by the backend), or -1.
   [[nodiscard]] virtual int shareable_fd() const noexcept
   {

@@ -513,7 +513,9 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     msg.msg_controllen = sizeof(control);
     auto n             = ::recvmsg(s.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) { continue; }
-    if (n < 0 && errno == EAGAIN) { return true; }
+    // Nothing more now; or the kernel is short of memory: try again later
+    // rather than end a session whose memory may be in use on a GPU.
+    if (n < 0 && (errno == EAGAIN || errno == ENOBUFS || errno == ENOMEM)) { return true; }
     if (n > 0) { close_received_fds(msg); }
     // End of file (a zero-length datagram reads the same), or an error.
     if (n <= 0) { return false; }

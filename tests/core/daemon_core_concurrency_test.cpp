@@ -70,22 +70,35 @@ class gated_backend final : public pool_backend {
   /// that is ready once it has stopped there.
   std::future<void> arm()
   {
-    entered_ = {};
-    opened_  = {};
-    gate_    = opened_.get_future().share();
-    armed_   = true;
+    entered_   = {};
+    opened_    = {};
+    gate_      = opened_.get_future().share();
+    open_done_ = false;
+    armed_     = true;
     return entered_.get_future();
   }
+  /// Lets the held allocate() go on (once; later calls do nothing).
   void open()
   {
-    opened_.set_value();
+    if (!open_done_.exchange(true)) { opened_.set_value(); }
   }
+
+  /// Opens the gate when it goes out of scope, so that a failed assertion
+  /// cannot leave a thread waiting at it (and the test hanging in std::future).
+  struct open_at_exit {
+    gated_backend* backend;
+    ~open_at_exit()
+    {
+      backend->open();
+    }
+  };
 
   std::atomic<int> deallocations{0};
 
  private:
   backends::host::host_backend inner_;
   std::atomic<bool> armed_{false};
+  std::atomic<bool> open_done_{false};
   std::promise<void> entered_;
   std::promise<void> opened_;
   std::shared_future<void> gate_;
@@ -128,6 +141,7 @@ class CoreDuringAnAllocation : public ::testing::Test {
 TEST_F(CoreDuringAnAllocation, OtherCallsGoOnAndSeeTheBytesAlreadyCounted)
 {
   auto held = start_held(session_, 768 * 1024);
+  gated_backend::open_at_exit guard{backend_};
   // The core answers while the backend works: the request counts already.
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 768u * 1024);
@@ -155,6 +169,7 @@ TEST_F(CoreDuringAnAllocation, OtherCallsGoOnAndSeeTheBytesAlreadyCounted)
 TEST_F(CoreDuringAnAllocation, ASessionClosedMeanwhileGetsNothingAndLeaksNothing)
 {
   auto held = start_held(session_, 4096);
+  gated_backend::open_at_exit guard{backend_};
   core_.close_session(session_);
   backend_->open();
   auto grant = held.get();

@@ -60,14 +60,28 @@ int device_count() noexcept
 cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(make_pool(options_))
 {
   use_device(options_.device);
-  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  for (auto& stream : allocation_streams_) {
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  // The destructor does not run if this throws: give the streams back here.
+  auto destroy_streams = [this] {
+    if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
+    stream_ = nullptr;
+    for (auto& stream : allocation_streams_) {
+      if (stream != nullptr) { cudaStreamDestroy(stream); }
+      stream = nullptr;
+    }
+  };
+  try {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (auto& stream : allocation_streams_) {
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    }
+    // Exporting the pool once is also what makes its pointers exportable.
+    check(cudaMemPoolExportToShareableHandle(
+              &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
+          "cudaMemPoolExportToShareableHandle (posix fd)");
+  } catch (...) {
+    destroy_streams();
+    throw;
   }
-  // Exporting the pool once is also what makes its pointers exportable.
-  check(cudaMemPoolExportToShareableHandle(
-            &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
-        "cudaMemPoolExportToShareableHandle (posix fd)");
   if (options_.fabric) {
     cudaMemFabricHandle_t handle{};
     auto err =
@@ -78,12 +92,7 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
       (void)mr_.release();
       ::close(fd_);
       fd_ = -1;
-      cudaStreamDestroy(stream_);
-      stream_ = nullptr;
-      for (auto& stream : allocation_streams_) {
-        cudaStreamDestroy(stream);
-        stream = nullptr;
-      }
+      destroy_streams();
       throw std::runtime_error(absl::StrFormat(
           "cudaMemPoolExportToShareableHandle (fabric) failed: %s", cudaGetErrorName(err)));
     }

@@ -53,6 +53,11 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
+  /// `bytes` rounded up to 256.
+  [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
+  {
+    return (bytes + 255) / 256 * 256;
+  }
   [[nodiscard]] int shareable_fd() const noexcept override
   {
     return fd_;
