@@ -14,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -214,46 +215,54 @@ grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
   return status;
 }
 
-grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* reply)
+bool session_impl::wait_socket(short events, std::chrono::steady_clock::time_point deadline) const
 {
-  using clock = std::chrono::steady_clock;
-  call.set_tag(++last_tag_);
-  auto const deadline = clock::now() + options.call_timeout;
-  // Waits for `events` on the socket until the deadline: false if it passed.
-  auto wait_for = [&](short events) {
-    while (true) {
-      auto const left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
-      if (left.count() <= 0) { return false; }
-      pollfd p{.fd = socket_fd_, .events = events, .revents = 0};
-      int ready = ::poll(&p, 1, static_cast<int>(left.count()));
-      if (ready > 0) { return true; }
-      if (ready == 0) { return false; }
-      if (errno != EINTR) { return true; }  // let the send or receive report it
-    }
-  };
-  auto const timed_out = [&] {
-    return grpc::Status{grpc::StatusCode::DEADLINE_EXCEEDED,
-                        "no reply on the session socket within " +
-                            std::to_string(options.call_timeout.count()) + " ms"};
-  };
-  auto const bytes = call.SerializeAsString();
-  ssize_t n;
   while (true) {
-    n = ::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0 || errno == EINTR) {
-      if (n >= 0) { break; }
+    auto const left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) { return false; }
+    pollfd p{.fd = socket_fd_, .events = events, .revents = 0};
+    int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready > 0) { return true; }
+    if (ready == 0) { return false; }
+    if (errno != EINTR) { return true; }  // let the send or receive report it
+  }
+}
+
+grpc::Status session_impl::send_locked(v1::SessionCall& call,
+                                       std::chrono::steady_clock::time_point deadline)
+{
+  call.set_tag(++last_tag_);
+  auto const bytes = call.SerializeAsString();
+  while (true) {
+    auto n = ::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(bytes.size())) { return grpc::Status::OK; }
+    if (n < 0 && errno == EINTR) { continue; }
+    if (n < 0 && errno == EAGAIN) {
+      // The daemon is behind on this session's calls: wait, within the deadline.
+      if (!wait_socket(POLLOUT, deadline)) { return timed_out(); }
       continue;
     }
-    if (errno != EAGAIN) { break; }
-    if (!wait_for(POLLOUT)) { return timed_out(); }  // the daemon reads nothing
-  }
-  if (n != static_cast<ssize_t>(bytes.size())) {
     return {grpc::StatusCode::UNAVAILABLE,
             std::string("the session socket is closed (") + std::strerror(errno) + ")"};
   }
+}
+
+grpc::Status session_impl::timed_out() const
+{
+  return {grpc::StatusCode::DEADLINE_EXCEEDED,
+          "no reply on the session socket within " + std::to_string(options.call_timeout.count()) +
+              " ms"};
+}
+
+grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* reply)
+{
+  auto const deadline = std::chrono::steady_clock::now() + options.call_timeout;
+  if (auto sent = send_locked(call, deadline); !sent.ok()) { return sent; }
   std::array<char, 4096> buffer{};
   while (true) {
-    if (!wait_for(POLLIN)) { return timed_out(); }
+    if (!wait_socket(POLLIN, deadline)) { return timed_out(); }
+    ssize_t n;
     do {
       n = ::recv(socket_fd_, buffer.data(), buffer.size(), MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
@@ -263,9 +272,14 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
       return {grpc::StatusCode::INTERNAL, "the daemon's reply is not a valid SessionReply"};
     }
     if (reply->tag() != call.tag()) {
-      // A late reply to an earlier call that gave up waiting. If it granted
-      // an allocation, that allocation is ours to give back.
-      if (!reply->has_error() && reply->has_allocate()) {
+      // The answer to an earlier call that did not wait: a Free sent with
+      // free_later() that failed, or a call that timed out. A lease granted
+      // to the latter is ours to give back.
+      if (reply->has_error()) {
+        std::fprintf(stderr,
+                     "rmmd: an earlier call on the session socket failed: %s\n",
+                     reply->error().message().c_str());
+      } else if (reply->has_allocate()) {
         orphans_.push_back(reply->allocate().allocation_id());
       }
       continue;
@@ -275,6 +289,16 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
     }
     return grpc::Status::OK;
   }
+}
+
+bool session_impl::free_later(v1::FreeRequest const& request)
+{
+  if (!session_calls_ || !events_accepted_.load(std::memory_order_relaxed)) { return false; }
+  v1::SessionCall c;
+  *c.mutable_free() = request;
+  c.set_reply_only_on_error(true);
+  std::lock_guard lock(call_mutex_);
+  return send_locked(c, std::chrono::steady_clock::now() + options.call_timeout).ok();
 }
 
 grpc::Status session_impl::allocate(v1::AllocateRequest const& request,
@@ -566,6 +590,7 @@ bool session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
   if (!status.ok()) {
     detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
   }
+  impl_->events_accepted();
   return true;
 }
 

@@ -9,6 +9,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +44,17 @@ class session_impl {
   [[nodiscard]] grpc::Status allocate(v1::AllocateRequest const& request,
                                       v1::AllocateResponse* response);
   [[nodiscard]] grpc::Status free(v1::FreeRequest const& request);
+  /// Sends a Free with a release event on the session socket and returns
+  /// without waiting for the daemon; a failure is reported on stderr when a
+  /// later call reads its reply. Only once the daemon has accepted one of this
+  /// session's events (events_accepted()); false, sending nothing, before that
+  /// or when the session makes its calls over gRPC.
+  [[nodiscard]] bool free_later(v1::FreeRequest const& request);
+  void events_accepted() noexcept
+  {
+    events_accepted_.store(true, std::memory_order_relaxed);
+  }
+
   /// One round trip on the session socket that changes nothing.
   /// FAILED_PRECONDITION when the daemon answers no session calls.
   [[nodiscard]] grpc::Status ping();
@@ -79,12 +92,17 @@ class session_impl {
   /// call_timeout; then frees any orphans.
   grpc::Status call(v1::SessionCall& call, v1::SessionReply* reply);
   grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
+  grpc::Status send_locked(v1::SessionCall& call, std::chrono::steady_clock::time_point deadline);
+  /// Waits for `events` on the session socket: false once the deadline passed.
+  [[nodiscard]] bool wait_socket(short events, std::chrono::steady_clock::time_point deadline) const;
+  [[nodiscard]] grpc::Status timed_out() const;
 
   int socket_fd_{-1};
   bool session_calls_{false};
   std::mutex call_mutex_;  // one call at a time on the socket
   std::uint64_t last_tag_{};
   std::vector<std::uint64_t> orphans_;  // allocations granted after their call timed out
+  std::atomic<bool> events_accepted_{false};
   std::string token_hex_;
   std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none

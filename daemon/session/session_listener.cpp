@@ -565,6 +565,7 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     if (method && options_.call_metrics != nullptr) {
       options_.call_metrics->record(*method, static_cast<int>(status.code()), clock::now() - start);
     }
+    if (status.ok() && method == rpc_method::free && call.reply_only_on_error()) { continue; }
     if (!send_reply(s.fd, reply.SerializeAsString())) {
       // Full socket: the client sends calls without reading the replies.
       log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);

@@ -297,6 +297,39 @@ TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
 }
 
+TEST_F(HostileInput, AFreeThatAsksForNoReplyIsAnsweredOnlyIfItFails)
+{
+  raw_session s(daemon_.runtime_dir());
+  v1::SessionCall alloc;
+  alloc.set_tag(1);
+  alloc.mutable_allocate()->set_pool_id(0);
+  alloc.mutable_allocate()->set_size(4096);
+  auto held = s.call(alloc);
+  ASSERT_FALSE(held.has_error()) << held.error().message();
+
+  v1::SessionCall good;
+  good.set_tag(2);
+  good.set_reply_only_on_error(true);
+  good.mutable_free()->set_allocation_id(held.allocate().allocation_id());
+  s.send(good.SerializeAsString());
+  v1::SessionCall bad = good;
+  bad.set_tag(3);
+  bad.mutable_free()->set_allocation_id(987654321);
+  s.send(bad.SerializeAsString());
+  v1::SessionCall ping;
+  ping.set_tag(4);
+  ping.mutable_ping();
+  s.send(ping.SerializeAsString());
+
+  // Calls are handled in order: the failed Free's answer, then the Ping's;
+  // the good Free sent nothing.
+  auto first = s.reply();
+  EXPECT_EQ(first.tag(), 3u);
+  EXPECT_EQ(first.error().code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.reply().tag(), 4u);
+  EXPECT_EQ(in_use(daemon_.stats()), 0u);
+}
+
 TEST_F(HostileInput, AClientThatReadsNoRepliesLosesItsSession)
 {
   raw_session s(daemon_.runtime_dir());
