@@ -460,9 +460,26 @@ void daemon_core::run_fence_reaper(std::stop_token stop)
       continue;
     }
     fences_waiting_.wait_for(lock, stop, interval, [] { return false; });
-    auto const before = fenced_.size();
-    auto const after  = reap_fences_locked();
-    interval          = after < before ? fastest : std::min(interval * 2, slowest);
+    // Poll without the lock (a CUDA event query each, microseconds apiece
+    // with many clients), so that calls go on meanwhile.
+    std::vector<std::pair<allocation_id, std::shared_ptr<release_fence>>> polling;
+    polling.reserve(fenced_.size());
+    for (auto const& [id, f] : fenced_) { polling.emplace_back(id, f.fence); }
+    lock.unlock();
+    std::vector<allocation_id> passed;
+    for (auto const& [id, fence] : polling) {
+      if (fence->passed()) { passed.push_back(id); }
+    }
+    polling.clear();  // the last owner of a dropped fence destroys it here, unlocked
+    lock.lock();
+    std::size_t released = 0;
+    for (auto id : passed) {
+      // Gone meanwhile if its session closed (which released the lease).
+      if (fenced_.erase(id) == 0) { continue; }
+      release_lease_locked(id);
+      ++released;
+    }
+    interval = released > 0 ? fastest : std::min(interval * 2, slowest);
   }
 }
 

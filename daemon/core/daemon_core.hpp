@@ -176,7 +176,7 @@ class daemon_core {
 
   struct fenced_release {
     session_id session{};
-    std::unique_ptr<release_fence> fence;
+    std::shared_ptr<release_fence> fence;  // shared with the reaper while it polls
   };
 
   void release_lease_locked(allocation_id id) noexcept;
