@@ -25,8 +25,9 @@ namespace rmmd {
 /// other: the daemon completes the allocation before it replies).
 /// deallocate(stream, ptr, ...) returns the memory to the slab in stream order
 /// (slab mode), or frees the import in stream order and hands the daemon an
-/// interprocess event to free its allocation after (direct mode). It does not
-/// wait for the GPU, except in direct mode when all 64 of the resource's
+/// interprocess event to free its allocation after (direct mode; once the
+/// daemon has accepted one event, the Free goes out without waiting for its
+/// reply, and a failure is printed later). It does not wait for the GPU, except in direct mode when all 64 of the resource's
 /// events are still in flight, when `stream` belongs to another device, or when
 /// the daemon cannot open this process's events (no shared /dev/shm): then it
 /// synchronises `stream` first. It never throws, and does nothing while the
