@@ -55,6 +55,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -837,6 +838,98 @@ void steps_against_exporter(config const& cfg,
 
 // ------------------------------------------- c) many client processes at once
 
+// ------------------------- b2) the daemon's CUDA work per direct pair, T threads
+
+// What the daemon does per direct pair, without sockets or the core: from an
+// exportable pool, allocate 256 B on the thread's stream, synchronise, export
+// the pointer, free. T threads at once, each on a stream of its own, as the
+// daemon's call threads do. If the figure does not grow with T, the driver
+// serialises these calls, and this rate bounds the direct path's throughput
+// however many clients and daemon threads there are.
+void section_daemon_side(config const& cfg, run_state& st)
+{
+  std::printf(
+      "\nb2) the daemon's CUDA work per direct pair (allocate 256 B, stream sync, pointer export, "
+      "free) in one process, T threads at once for %.1f s\n",
+      cfg.worker_seconds / 2);
+  std::printf("%7s %12s %12s %14s\n", "threads", "pairs", "pairs/s", "us per pair");
+  BENCH_CUDA(cudaSetDevice(0));
+  cudaMemPoolProps props{};
+  props.allocType     = cudaMemAllocationTypePinned;
+  props.handleTypes   = cudaMemHandleTypePosixFileDescriptor;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id   = 0;
+  cudaMemPool_t pool{};
+  BENCH_CUDA(cudaMemPoolCreate(&pool, &props));
+  struct pool_closer {
+    cudaMemPool_t p;
+    ~pool_closer()
+    {
+      cudaMemPoolDestroy(p);
+    }
+  } closer{pool};
+  int pool_fd = -1;  // exporting the pool once makes its pointers exportable
+  BENCH_CUDA(cudaMemPoolExportToShareableHandle(
+      &pool_fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
+  ::close(pool_fd);
+  json rows = json::array{};
+  for (int threads : {1, 2, 4, 8}) {
+    std::atomic<std::uint64_t> pairs{0};
+    std::atomic<bool> failed{false};
+    std::atomic<bool> go{false};
+    auto const seconds = cfg.worker_seconds / 2;
+    std::vector<std::thread> workers;
+    steady::time_point start{};
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&] {
+        if (cudaSetDevice(0) != cudaSuccess) {
+          failed = true;
+          return;
+        }
+        stream_holder stream;
+        while (!go.load()) { std::this_thread::yield(); }
+        auto const stop = start + std::chrono::duration_cast<steady::duration>(
+                                      std::chrono::duration<double>(seconds));
+        std::uint64_t mine = 0;
+        while (steady::now() < stop) {
+          void* p = nullptr;
+          cudaMemPoolPtrExportData data{};
+          if (cudaMallocFromPoolAsync(&p, 256, pool, stream.get()) != cudaSuccess ||
+              cudaStreamSynchronize(stream.get()) != cudaSuccess ||
+              cudaMemPoolExportPointer(&data, p) != cudaSuccess ||
+              cudaFreeAsync(p, stream.get()) != cudaSuccess) {
+            failed = true;
+            return;
+          }
+          ++mine;
+        }
+        pairs += mine;
+      });
+    }
+    start = steady::now();
+    go    = true;
+    for (auto& w : workers) { w.join(); }
+    auto const wall = seconds_between(start, steady::now());
+    json row{json::object{{"threads", threads}}};
+    if (failed) {
+      row["error"] = "a CUDA call failed";
+      st.error("b2 x" + std::to_string(threads), "a CUDA call failed");
+    } else {
+      auto const rate    = static_cast<double>(pairs.load()) / wall;
+      row["pairs"]       = pairs.load();
+      row["pairs_per_s"] = rate;
+      std::printf("%7d %12llu %12.0f %14.2f\n",
+                  threads,
+                  static_cast<unsigned long long>(pairs.load()),
+                  rate,
+                  1e6 / rate);
+    }
+    std::fflush(stdout);
+    rows.push_back(std::move(row));
+  }
+  st.doc["daemon_side_pairs"] = std::move(rows);
+}
+
 // A client process of section c: a session and a resource of `mode`, a
 // warm-up, "ready"; then, on the line "go" from the bench, pairs of `bytes`
 // for `seconds`, and "done PAIRS NANOSECONDS".
@@ -1449,6 +1542,7 @@ int bench_main(int argc, char** argv)
                                                     .lease_calls = call_transport::grpc});
   guarded("a", [&] { pair_p50 = section_pairs(cfg, session, grpc_session, st); });
   guarded("b", [&] { section_steps(cfg, session, pair_p50, st); });
+  guarded("b2", [&] { section_daemon_side(cfg, st); });
   guarded("c", [&] { section_processes(cfg, daemon, st); });
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
