@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cstdarg>
 #include <cstdio>
@@ -55,7 +56,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -156,7 +156,8 @@ std::string mode_name(allocation_mode m)
 rmmd::session open_session(std::string name,
                            call_transport transport = call_transport::session_socket)
 {
-  return rmmd::session(rmmd::session::options{.client_name = std::move(name), .lease_calls = transport});
+  return rmmd::session(
+      rmmd::session::options{.client_name = std::move(name), .lease_calls = transport});
 }
 
 /// Makes a child helper die with the bench (and refuse to run if the bench
@@ -540,6 +541,20 @@ bool receive(int fd, T& out, std::chrono::milliseconds timeout, int* got_fd = nu
   return true;
 }
 
+/// A posix-fd exportable pool on GPU 0 with release threshold 0, as rmmd's
+/// pools are by default.
+cudaError_t make_exportable_pool(cudaMemPool_t* pool)
+{
+  cudaMemPoolProps props{};
+  props.allocType     = cudaMemAllocationTypePinned;
+  props.handleTypes   = cudaMemHandleTypePosixFileDescriptor;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id   = 0;
+  if (auto e = cudaMemPoolCreate(pool, &props); e != cudaSuccess) { return e; }
+  std::uint64_t threshold = 0;
+  return cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+}
+
 int exporter_main()
 {
   die_with_parent();
@@ -553,20 +568,9 @@ int exporter_main()
     return 1;
   };
   if (auto e = cudaSetDevice(0); e != cudaSuccess) { return fail("cudaSetDevice(0)", e); }
-  cudaMemPoolProps props{};
-  props.allocType     = cudaMemAllocationTypePinned;
-  props.handleTypes   = cudaMemHandleTypePosixFileDescriptor;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id   = 0;
   cudaMemPool_t pool{};
-  if (auto e = cudaMemPoolCreate(&pool, &props); e != cudaSuccess) {
-    return fail("cudaMemPoolCreate", e);
-  }
-  // As the daemon's pools by default (--cuda-release-threshold 0).
-  std::uint64_t threshold = 0;
-  if (auto e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-      e != cudaSuccess) {
-    return fail("cudaMemPoolSetAttribute(ReleaseThreshold)", e);
+  if (auto e = make_exportable_pool(&pool); e != cudaSuccess) {
+    return fail("creating an exportable pool", e);
   }
   int pool_fd = -1;
   if (auto e = cudaMemPoolExportToShareableHandle(
@@ -660,15 +664,16 @@ void section_steps(config const& cfg,
   out["rpc_session_ping"] =
       json::object{{"count", rpc.count}, {"p50_us", rpc.p50_us}, {"p99_us", rpc.p99_us}};
   // For reference: a gRPC round trip, what each call of the gRPC transport pays.
-  auto grpc_rpc = round_trips([&] { (void)get_stats(session); });
-  out["rpc_grpc_getstats"] =
-      json::object{{"count", grpc_rpc.count}, {"p50_us", grpc_rpc.p50_us}, {"p99_us", grpc_rpc.p99_us}};
-  std::printf("  one round trip: session socket (Ping) p50 %.2f us, p99 %.2f us; gRPC (GetStats) "
-              "p50 %.2f us, p99 %.2f us\n",
-              rpc.p50_us,
-              rpc.p99_us,
-              grpc_rpc.p50_us,
-              grpc_rpc.p99_us);
+  auto grpc_rpc            = round_trips([&] { (void)get_stats(session); });
+  out["rpc_grpc_getstats"] = json::object{
+      {"count", grpc_rpc.count}, {"p50_us", grpc_rpc.p50_us}, {"p99_us", grpc_rpc.p99_us}};
+  std::printf(
+      "  one round trip: session socket (Ping) p50 %.2f us, p99 %.2f us; gRPC (GetStats) "
+      "p50 %.2f us, p99 %.2f us\n",
+      rpc.p50_us,
+      rpc.p99_us,
+      grpc_rpc.p50_us,
+      grpc_rpc.p99_us);
   try {
     steps_against_exporter(cfg, rpc, pair_p50, out, st);
   } catch (std::exception const& e) {
@@ -854,13 +859,8 @@ void section_daemon_side(config const& cfg, run_state& st)
       cfg.worker_seconds / 2);
   std::printf("%7s %12s %12s %14s\n", "threads", "pairs", "pairs/s", "us per pair");
   BENCH_CUDA(cudaSetDevice(0));
-  cudaMemPoolProps props{};
-  props.allocType     = cudaMemAllocationTypePinned;
-  props.handleTypes   = cudaMemHandleTypePosixFileDescriptor;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id   = 0;
   cudaMemPool_t pool{};
-  BENCH_CUDA(cudaMemPoolCreate(&pool, &props));
+  BENCH_CUDA(make_exportable_pool(&pool));
   struct pool_closer {
     cudaMemPool_t p;
     ~pool_closer()
@@ -869,8 +869,8 @@ void section_daemon_side(config const& cfg, run_state& st)
     }
   } closer{pool};
   int pool_fd = -1;  // exporting the pool once makes its pointers exportable
-  BENCH_CUDA(cudaMemPoolExportToShareableHandle(
-      &pool_fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
+  BENCH_CUDA(
+      cudaMemPoolExportToShareableHandle(&pool_fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
   ::close(pool_fd);
   json rows = json::array{};
   for (int threads : {1, 2, 4, 8}) {

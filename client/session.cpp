@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -163,8 +163,7 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   // waits with its own deadline) and its close ends the session.
   timeval none{};
   ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-  session_calls_ =
-      welcome.session_calls() && options.lease_calls == call_transport::session_socket;
+  session_calls_ = welcome.session_calls() && options.lease_calls == call_transport::session_socket;
 
   grpc::ChannelArguments args;
   if (welcome.max_message_bytes() > 0) {
@@ -218,8 +217,8 @@ grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
 bool session_impl::wait_socket(short events, std::chrono::steady_clock::time_point deadline) const
 {
   while (true) {
-    auto const left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto const left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) { return false; }
     pollfd p{.fd = socket_fd_, .events = events, .revents = 0};
     int ready = ::poll(&p, 1, static_cast<int>(left.count()));

@@ -192,7 +192,8 @@ void slab_carver::keep(std::stop_token stop) noexcept
     if (reporting && (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
       try {
         auto const trim_pools = owner_.get_session().impl().report_carved(
-            this, carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count});
+            this,
+            carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count});
         pressed =
             std::find(trim_pools.begin(), trim_pools.end(), owner_.pool().id) != trim_pools.end();
         reported_bytes = bytes;

@@ -94,7 +94,8 @@ class session_impl {
   grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
   grpc::Status send_locked(v1::SessionCall& call, std::chrono::steady_clock::time_point deadline);
   /// Waits for `events` on the session socket: false once the deadline passed.
-  [[nodiscard]] bool wait_socket(short events, std::chrono::steady_clock::time_point deadline) const;
+  [[nodiscard]] bool wait_socket(short events,
+                                 std::chrono::steady_clock::time_point deadline) const;
   [[nodiscard]] grpc::Status timed_out() const;
 
   int socket_fd_{-1};

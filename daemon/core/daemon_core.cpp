@@ -249,10 +249,11 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   }
   // What the backend will reserve: quotas and the pool are checked, and
   // charged while the backend works, with that.
-  auto const charge        = std::max(bytes, p.backend->reserved_size(bytes));
-  auto const asked         = charge == bytes ? bytes_text(bytes)
-                                             : absl::StrCat(bytes_text(bytes), " (",
-                                                            bytes_text(charge), " once rounded up)");
+  auto const charge = std::max(bytes, p.backend->reserved_size(bytes));
+  auto const asked =
+      charge == bytes
+          ? bytes_text(bytes)
+          : absl::StrCat(bytes_text(bytes), " (", bytes_text(charge), " once rounded up)");
   auto const session_limit = options_.quotas.per_session_bytes;
   auto const uid_limit     = options_.quotas.limit_for_uid(s.peer.uid);
   auto uid_used            = std::size_t{0};
@@ -359,12 +360,8 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   return lease_grant{.id = id, .block = *std::move(block)};
 }
 
-void daemon_core::charge_locked(pool_entry& p,
-                                session_entry* s,
-                                uid_t uid,
-                                pool_id pool,
-                                std::size_t bytes,
-                                int sign) noexcept
+void daemon_core::charge_locked(
+    pool_entry& p, session_entry* s, uid_t uid, pool_id pool, std::size_t bytes, int sign) noexcept
 {
   auto apply = [&](std::size_t& counter) {
     counter = sign > 0 ? counter + bytes : counter - bytes;

@@ -16,7 +16,7 @@ struct daemon_snapshot {
   std::string version;
   double uptime_seconds{};
   bool draining{};
-  core::stats_snapshot stats;  ///< pools and sessions
+  core::stats_snapshot stats;      ///< pools and sessions
   request_snapshot requests;       ///< gRPC calls
   request_snapshot session_calls;  ///< calls on session sockets
 };

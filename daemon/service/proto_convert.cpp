@@ -103,8 +103,7 @@ void to_proto(core::lease_grant const& in, v1::AllocateResponse* out)
   if (in.block.export_data.empty()) {
     out->mutable_host()->set_offset(in.block.offset);
   } else {
-    out->mutable_cuda()->set_export_data(in.block.export_data.data(),
-                                         in.block.export_data.size());
+    out->mutable_cuda()->set_export_data(in.block.export_data.data(), in.block.export_data.size());
   }
 }
 

@@ -168,8 +168,8 @@ metrics::daemon_snapshot rmmd_service::metrics_snapshot() const
       .version = std::string(daemon_version()),
       .uptime_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
-      .draining = core_.draining(),
-      .stats    = core_.stats(),
+      .draining      = core_.draining(),
+      .stats         = core_.stats(),
       .requests      = requests_.snapshot(),
       .session_calls = session_calls_.snapshot()};
 }

@@ -147,6 +147,27 @@ void close_received_fds(msghdr& msg)
   }
 }
 
+/// One datagram from a client, read without blocking; `bytes` as recvmsg
+/// returns it (errno set when negative). Fds attached to it are closed.
+struct datagram {
+  ssize_t bytes{};
+  bool truncated{};  ///< larger than the buffer
+};
+
+datagram receive_datagram(int fd, std::span<char> buffer) noexcept
+{
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov        = &iov;
+  msg.msg_iovlen     = 1;
+  msg.msg_control    = control;
+  msg.msg_controllen = sizeof(control);
+  auto n             = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n > 0) { close_received_fds(msg); }
+  return {.bytes = n, .truncated = (msg.msg_flags & MSG_TRUNC) != 0};
+}
+
 }  // namespace
 
 /// An open session's connection, owned by the call threads.
@@ -341,18 +362,10 @@ void session_listener::run() noexcept
 
   auto on_readable = [&](connection& c) -> hello_outcome {
     std::vector<char> buffer(options_.max_hello_bytes);
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
-    iovec iov{buffer.data(), buffer.size()};
-    msghdr msg{};
-    msg.msg_iov        = &iov;
-    msg.msg_iovlen     = 1;
-    msg.msg_control    = control;
-    msg.msg_controllen = sizeof(control);
-    auto n             = ::recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    auto const [n, truncated] = receive_datagram(c.fd, buffer);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return hello_outcome::wait; }
-    if (n > 0) { close_received_fds(msg); }
     if (n <= 0) { return hello_outcome::refused; }  // closed by the peer, or an error
-    if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    if (truncated) {
       send_error(c.fd,
                  absl::InvalidArgumentError(absl::StrFormat(
                      "session hello larger than %d bytes; send one SessionHello message",
@@ -440,8 +453,9 @@ void session_listener::run() noexcept
 
 void session_listener::serve_calls_of(int fd, core::session_id session, pid_t pid)
 {
-  auto owned = std::make_unique<open_session>(open_session{.fd = fd, .session = session, .pid = pid});
-  auto* s    = owned.get();
+  auto owned =
+      std::make_unique<open_session>(open_session{.fd = fd, .session = session, .pid = pid});
+  auto* s = owned.get();
   {
     std::lock_guard lock(open_mutex_);
     open_.emplace(s, std::move(owned));
@@ -450,7 +464,8 @@ void session_listener::serve_calls_of(int fd, core::session_id session, pid_t pi
   ev.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
   ev.data.ptr = s;
   if (::epoll_ctl(calls_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-    log::error("session %d: epoll_ctl failed: %s; ending the session", session, std::strerror(errno));
+    log::error(
+        "session %d: epoll_ctl failed: %s; ending the session", session, std::strerror(errno));
     end_session(s);
   }
 }
@@ -504,19 +519,11 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
   // A few calls per turn, then the connection goes back in the set (it stays
   // readable), so one busy session cannot starve the others.
   for (int turn = 0; turn < 16; ++turn) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
-    iovec iov{buffer.data(), buffer.size()};
-    msghdr msg{};
-    msg.msg_iov        = &iov;
-    msg.msg_iovlen     = 1;
-    msg.msg_control    = control;
-    msg.msg_controllen = sizeof(control);
-    auto n             = ::recvmsg(s.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    auto const [n, truncated] = receive_datagram(s.fd, buffer);
     if (n < 0 && errno == EINTR) { continue; }
     // Nothing more now; or the kernel is short of memory: try again later
     // rather than end a session whose memory may be in use on a GPU.
     if (n < 0 && (errno == EAGAIN || errno == ENOBUFS || errno == ENOMEM)) { return true; }
-    if (n > 0) { close_received_fds(msg); }
     // End of file (a zero-length datagram reads the same), or an error.
     if (n <= 0) { return false; }
 
@@ -525,30 +532,31 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     std::optional<rpc_method> method;
     absl::Status status;
     v1::SessionCall call;
-    if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    if (truncated) {
       status = absl::InvalidArgumentError(absl::StrFormat(
           "session call larger than %d bytes; send one SessionCall message per datagram",
           options_.max_call_bytes));
     } else if (!call.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      status = absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
+      status =
+          absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
     } else {
       reply.set_tag(call.tag());
       switch (call.call_case()) {
         case v1::SessionCall::kAllocate: {
-          method           = rpc_method::allocate;
-          auto const& r    = call.allocate();
-          auto grant       = core_.allocate(s.session, r.pool_id(), r.size(), r.alignment());
-          status           = grant.status();
+          method        = rpc_method::allocate;
+          auto const& r = call.allocate();
+          auto grant    = core_.allocate(s.session, r.pool_id(), r.size(), r.alignment());
+          status        = grant.status();
           if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
           break;
         }
         case v1::SessionCall::kFree: {
           method            = rpc_method::free;
           auto const& event = call.free().release_event();
-          status            = core_.free(
-              s.session,
-              call.free().allocation_id(),
-              std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
+          status =
+              core_.free(s.session,
+                         call.free().allocation_id(),
+                         std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
           if (status.ok()) { reply.mutable_free(); }
           break;
         }

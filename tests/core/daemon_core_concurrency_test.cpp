@@ -126,13 +126,15 @@ class CoreDuringAnAllocation : public ::testing::Test {
   std::future<absl::StatusOr<lease_grant>> start_held(session_id session, std::size_t bytes)
   {
     auto entered = backend_->arm();
-    auto result  = std::async(std::launch::async,
-                             [this, session, bytes] { return core_.allocate(session, pool_, bytes, 0); });
+    auto result  = std::async(std::launch::async, [this, session, bytes] {
+      return core_.allocate(session, pool_, bytes, 0);
+    });
     entered.wait();
     return result;
   }
 
-  daemon_core core_{options(quota_limits{.per_session_bytes = 1 * MiB, .per_uid_bytes = 0, .per_uid_overrides = {}})};
+  daemon_core core_{options(
+      quota_limits{.per_session_bytes = 1 * MiB, .per_uid_bytes = 0, .per_uid_overrides = {}})};
   gated_backend* backend_{};
   pool_id pool_{};
   session_id session_{};
@@ -151,7 +153,7 @@ TEST_F(CoreDuringAnAllocation, OtherCallsGoOnAndSeeTheBytesAlreadyCounted)
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(second.status().message(), HasSubstr("quota"));
   // Another session allocates and frees meanwhile.
-  auto other = open();
+  auto other  = open();
   auto theirs = core_.allocate(other, pool_, 4096, 0);
   ASSERT_TRUE(theirs.ok()) << theirs.status();
   EXPECT_TRUE(core_.free(other, theirs->id, {}).ok());
@@ -184,8 +186,10 @@ TEST_F(CoreDuringAnAllocation, ASessionClosedMeanwhileGetsNothingAndLeaksNothing
 
 TEST(CoreUnderLoad, ManyThreadsAllocatingAndFreeingKeepTheLedgerExact)
 {
-  daemon_core core(options(quota_limits{.per_session_bytes = 0, .per_uid_bytes = 2 * MiB, .per_uid_overrides = {}}));
-  auto pool = core.add_pool(host_config(), std::make_unique<backends::host::host_backend>("load", 16 * MiB));
+  daemon_core core(options(
+      quota_limits{.per_session_bytes = 0, .per_uid_bytes = 2 * MiB, .per_uid_overrides = {}}));
+  auto pool             = core.add_pool(host_config(),
+                            std::make_unique<backends::host::host_backend>("load", 16 * MiB));
   constexpr int threads = 8;
   std::vector<std::thread> workers;
   std::atomic<std::size_t> refused{0};

@@ -235,14 +235,21 @@ class raw_session : public raw_session_socket {
   std::uint64_t id{};
 };
 
+/// Allocate 4096 bytes of the host pool.
+v1::SessionCall allocate_call(std::uint64_t tag)
+{
+  v1::SessionCall c;
+  c.set_tag(tag);
+  c.mutable_allocate()->set_pool_id(0);
+  c.mutable_allocate()->set_size(4096);
+  return c;
+}
+
 TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
 {
   raw_session s(daemon_.runtime_dir());
-  v1::SessionCall alloc;
-  alloc.set_tag(1);
-  alloc.mutable_allocate()->set_pool_id(0);
-  alloc.mutable_allocate()->set_size(4096);
-  auto held = s.call(alloc);
+  auto const alloc = allocate_call(1);
+  auto held        = s.call(alloc);
   ASSERT_FALSE(held.has_error()) << held.error().message();
   ASSERT_EQ(held.tag(), 1u);
   auto const before = daemon_.stats().SerializeAsString();
@@ -300,11 +307,7 @@ TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
 TEST_F(HostileInput, AFreeThatAsksForNoReplyIsAnsweredOnlyIfItFails)
 {
   raw_session s(daemon_.runtime_dir());
-  v1::SessionCall alloc;
-  alloc.set_tag(1);
-  alloc.mutable_allocate()->set_pool_id(0);
-  alloc.mutable_allocate()->set_size(4096);
-  auto held = s.call(alloc);
+  auto held = s.call(allocate_call(1));
   ASSERT_FALSE(held.has_error()) << held.error().message();
 
   v1::SessionCall good;
@@ -333,10 +336,7 @@ TEST_F(HostileInput, AFreeThatAsksForNoReplyIsAnsweredOnlyIfItFails)
 TEST_F(HostileInput, AClientThatReadsNoRepliesLosesItsSession)
 {
   raw_session s(daemon_.runtime_dir());
-  v1::SessionCall alloc;
-  alloc.mutable_allocate()->set_pool_id(0);
-  alloc.mutable_allocate()->set_size(4096);
-  s.send(alloc.SerializeAsString());
+  s.send(allocate_call(1).SerializeAsString());
   ASSERT_FALSE(s.reply().has_error());
   EXPECT_GT(in_use(daemon_.stats()), 0u);
   // Calls without reading a reply, until the daemon's replies fill the socket.
@@ -347,9 +347,7 @@ TEST_F(HostileInput, AClientThatReadsNoRepliesLosesItsSession)
   // in time; until then, keep calling.
   auto const give_up = std::chrono::steady_clock::now() + 20s;
   while (std::chrono::steady_clock::now() < give_up) {
-    if (::send(s.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) {
-      continue;
-    }
+    if (::send(s.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) { continue; }
     if (errno == EAGAIN) {
       pollfd p{s.fd(), POLLOUT, 0};
       ::poll(&p, 1, 100);

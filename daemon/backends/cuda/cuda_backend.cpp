@@ -122,10 +122,9 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
-  auto const stream =
-      allocation_streams_[next_stream_.fetch_add(1, std::memory_order_relaxed) %
-                          allocation_streams_.size()];
-  void* ptr = nullptr;
+  auto const stream = allocation_streams_[next_stream_.fetch_add(1, std::memory_order_relaxed) %
+                                          allocation_streams_.size()];
+  void* ptr         = nullptr;
   try {
     ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
   } catch (rmm::out_of_memory const& e) {

@@ -7,10 +7,10 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <atomic>
 #include <string>
 
 namespace rmmd::backends::cuda {
