@@ -27,12 +27,12 @@ namespace rmmd {
 /// (slab mode), or frees the import in stream order and hands the daemon an
 /// interprocess event to free its allocation after (direct mode; once the
 /// daemon has accepted one event, the Free goes out without waiting for its
-/// reply, and a failure is printed later). It does not wait for the GPU, except in direct mode when all 64 of the resource's
-/// events are still in flight, when `stream` belongs to another device, or when
-/// the daemon cannot open this process's events (no shared /dev/shm): then it
-/// synchronises `stream` first. It never throws, and does nothing while the
-/// process exits (the daemon reclaims what a closed session held). trim() and
-/// the destructor synchronise the pool's device before slabs go back.
+/// reply, and a failure is printed later). It does not wait for the GPU, except in direct mode when
+/// all 64 of the resource's events are still in flight, when `stream` belongs to another device, or
+/// when the daemon cannot open this process's events (no shared /dev/shm): then it synchronises
+/// `stream` first. It never throws, and does nothing while the process exits (the daemon reclaims
+/// what a closed session held). trim() and the destructor synchronise the pool's device before
+/// slabs go back.
 ///
 /// Throws (allocate): rmm::out_of_memory (quota, pool limit, device memory),
 /// rmmd::logic_error (bad size or alignment), rmmd::session_error (daemon

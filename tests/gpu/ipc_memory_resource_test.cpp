@@ -380,8 +380,8 @@ TEST_F(IpcMemoryResource, TwoSlabResourcesOfOneSessionReportTheirSum)
   // The daemon keeps one carved figure per session and pool: the session adds
   // up what its resources of that pool carved, and drops a resource that goes.
   auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
-  auto first  = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
-  auto second = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
+  auto first        = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
+  auto second       = std::make_unique<rmmd::ipc_memory_resource>(*session_, 0, slabs(8 * MiB, 1h));
   cuda::stream_ref stream{cudaStream_t{}};
   void* a = first->allocate(stream, 3 * MiB, 256);
   void* b = second->allocate(stream, 1 * MiB, 256);
