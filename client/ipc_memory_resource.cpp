@@ -123,15 +123,9 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
   if (err != cudaSuccess) { return keep_leased(err); }
   try {
-    if (fenced) {
-      // Once the daemon has taken one of our events, a Free needs no reply:
-      // the daemon frees after the event, and reports a failure later.
-      v1::FreeRequest request;
-      request.set_allocation_id(id);
-      request.set_release_event(reinterpret_cast<char const*>(&after), sizeof(after));
-      if (session_.impl().free_later(request)) { return; }
-    }
-    if (fenced && session_.free(id, after)) { return; }
+    // Once the daemon has taken one of our events, a Free needs no reply: the
+    // daemon frees after the event, and reports a failure later.
+    if (fenced && (session_.impl().free_later(id, after) || session_.free(id, after))) { return; }
     if (fenced) {
       // The daemon cannot open this process's events (e.g. a container with
       // its own /dev/shm): wait here instead, now and from now on.

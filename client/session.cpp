@@ -258,7 +258,7 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
 {
   auto const deadline = std::chrono::steady_clock::now() + options.call_timeout;
   if (auto sent = send_locked(call, deadline); !sent.ok()) { return sent; }
-  std::array<char, 4096> buffer{};
+  std::array<char, 4096> buffer;  // replies are far smaller; left uninitialised
   while (true) {
     if (!wait_socket(POLLIN, deadline)) { return timed_out(); }
     ssize_t n;
@@ -290,11 +290,12 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
   }
 }
 
-bool session_impl::free_later(v1::FreeRequest const& request)
+bool session_impl::free_later(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after)
 {
   if (!session_calls_ || !events_accepted_.load(std::memory_order_relaxed)) { return false; }
   v1::SessionCall c;
-  *c.mutable_free() = request;
+  c.mutable_free()->set_allocation_id(allocation_id);
+  c.mutable_free()->set_release_event(reinterpret_cast<char const*>(&after), sizeof(after));
   c.set_reply_only_on_error(true);
   std::lock_guard lock(call_mutex_);
   return send_locked(c, std::chrono::steady_clock::now() + options.call_timeout).ok();
@@ -343,14 +344,8 @@ std::vector<std::uint32_t> session_impl::report_carved(void const* reporter,
                                                        carved_usage const& usage)
 {
   std::lock_guard lock(carved_mutex_);
-  auto& by_reporter     = carved_[usage.pool_id];
-  by_reporter[reporter] = usage;
-  carved_usage sum{.pool_id = usage.pool_id};
-  for (auto const& [who, u] : by_reporter) {
-    sum.bytes += u.bytes;
-    sum.allocation_count += u.allocation_count;
-  }
-  return send_usage({sum});
+  carved_[usage.pool_id][reporter] = usage;
+  return send_carved_locked(usage.pool_id);
 }
 
 void session_impl::forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept
@@ -358,16 +353,21 @@ void session_impl::forget_reporter(void const* reporter, std::uint32_t pool_id) 
   std::lock_guard lock(carved_mutex_);
   auto it = carved_.find(pool_id);
   if (it == carved_.end() || it->second.erase(reporter) == 0) { return; }
-  carved_usage sum{.pool_id = pool_id};
-  for (auto const& [who, u] : it->second) {
-    sum.bytes += u.bytes;
-    sum.allocation_count += u.allocation_count;
-  }
   try {
-    static_cast<void>(send_usage({sum}));
+    static_cast<void>(send_carved_locked(pool_id));
   } catch (std::exception const&) {
     // The daemon is gone, or busy: its figure corrects itself at the next report.
   }
+}
+
+std::vector<std::uint32_t> session_impl::send_carved_locked(std::uint32_t pool_id)
+{
+  carved_usage sum{.pool_id = pool_id};
+  for (auto const& [reporter, u] : carved_[pool_id]) {
+    sum.bytes += u.bytes;
+    sum.allocation_count += u.allocation_count;
+  }
+  return send_usage({sum});
 }
 
 std::byte* session_impl::host_pool_base(std::uint32_t pool_id)

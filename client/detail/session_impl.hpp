@@ -49,7 +49,7 @@ class session_impl {
   /// later call reads its reply. Only once the daemon has accepted one of this
   /// session's events (events_accepted()); false, sending nothing, before that
   /// or when the session makes its calls over gRPC.
-  [[nodiscard]] bool free_later(v1::FreeRequest const& request);
+  [[nodiscard]] bool free_later(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after);
   void events_accepted() noexcept
   {
     events_accepted_.store(true, std::memory_order_relaxed);
@@ -72,6 +72,8 @@ class session_impl {
   std::vector<std::uint32_t> report_carved(void const* reporter, carved_usage const& usage);
   /// `reporter` is gone: the others' sum goes to the daemon (best effort).
   void forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept;
+  /// Sends the sum of what the resources of `pool_id` carved. Holds carved_mutex_.
+  std::vector<std::uint32_t> send_carved_locked(std::uint32_t pool_id);
 
   /// The session's credential, as sent in `rmmd-token` metadata.
   [[nodiscard]] std::string const& token_hex() const noexcept

@@ -108,16 +108,6 @@ bool send_message(int fd, std::string const& bytes, std::vector<int> const& fds)
   return n == static_cast<ssize_t>(bytes.size());
 }
 
-/// Sends without blocking: a peer whose socket is full is not reading.
-bool send_reply(int fd, std::string const& bytes)
-{
-  ssize_t n;
-  do {
-    n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(bytes.size());
-}
-
 void set_error(absl::Status const& status, v1::ErrorInfo* out)
 {
   out->set_code(static_cast<int>(status.code()));
@@ -574,7 +564,8 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
       options_.call_metrics->record(*method, static_cast<int>(status.code()), clock::now() - start);
     }
     if (status.ok() && method == rpc_method::free && call.reply_only_on_error()) { continue; }
-    if (!send_reply(s.fd, reply.SerializeAsString())) {
+    // Connections are non-blocking (accept4): a full socket fails at once.
+    if (!send_message(s.fd, reply.SerializeAsString(), {})) {
       // Full socket: the client sends calls without reading the replies.
       log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);
       return false;
