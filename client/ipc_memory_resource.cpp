@@ -1,11 +1,13 @@
 #include <rmmd/ipc_memory_resource.hpp>
 
+#include "client/detail/cuda_state.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/slab_carver.hpp"
 
 #include <rmm/process_is_exiting.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -21,6 +23,26 @@ int ipc_memory_resource::current_device()
 }
 
 namespace detail {
+namespace {
+
+/// What a host function needs to send one Free: it may run after the
+/// resource (at exit, after the session too), so it holds shares of both
+/// queues rather than pointers to their owners.
+struct release_job {
+  std::shared_ptr<session_impl::release_queue> queue;
+  std::shared_ptr<pending_releases> pending;
+  std::uint64_t id{};
+
+  static void CUDART_CB run(void* self) noexcept
+  {
+    std::unique_ptr<release_job> job(static_cast<release_job*>(self));
+    session_impl::free_when_reached(*job->queue, job->id);
+    std::lock_guard lock(job->pending->mutex);
+    if (--job->pending->count == 0) { job->pending->done.notify_all(); }
+  }
+};
+
+}  // namespace
 
 ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
                                                    pool_info const& pool,
@@ -31,28 +53,48 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
     throw rmmd::logic_error("rmmd: pool '" + pool_.name +
                             "' is not a CUDA pool; use rmmd::host_memory_resource for host pools");
   }
+  if (pool_.device < 0) {
+    char const* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw rmmd::logic_error(
+        "rmmd: pool '" + pool_.name + "' is on GPU " + pool_.gpu_uuid + " (PCI " +
+        pool_.pci_bus_id + "), which this process cannot see" +
+        (visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "") +
+        "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
+  }
   imported_ = session_.cuda_pool(pool_.id);
   if (options_.mode == allocation_mode::slab) { carver_ = std::make_unique<slab_carver>(*this); }
 }
 
 ipc_memory_resource_impl::~ipc_memory_resource_impl()
 {
-  carver_.reset();  // gives its slabs back through the direct path below
-  if (rmm::process_is_exiting()) { return; }
-  for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
-  // When the session closes, the daemon frees whatever still waits on an
-  // event without looking at it: every recorded free must have happened by then.
-  std::lock_guard lock(events_mutex_);
-  for (auto const& e : events_) {
-    cudaEventSynchronize(e.event);
-    cudaEventDestroy(e.event);
+  if (leave_everything()) {
+    if (carver_) { carver_->abandon(); }
+    return;
   }
+  carver_.reset();  // gives its slabs back through the direct path below
+  for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
+  // The host functions of our frees hold no pointer to us, but they must have
+  // sent their Frees before the session (which we may hold last) closes: the
+  // daemon would free a lease whose import a stream still uses. Streams
+  // always reach them, unless CUDA is going away (then the session's end
+  // frees it all).
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) { return; }
+  if (previous != pool_.device && cudaSetDevice(pool_.device) != cudaSuccess) { return; }
+  auto const err = cudaDeviceSynchronize();
+  if (previous != pool_.device) { cudaSetDevice(previous); }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  wait_for_releases(std::chrono::steady_clock::now() + session_.impl().options.call_timeout);
 }
 
 void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
                                          std::size_t bytes,
                                          std::size_t alignment)
 {
+  if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
   return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
 }
 
@@ -61,7 +103,7 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
                                           std::size_t bytes,
                                           std::size_t alignment) noexcept
 {
-  if (rmm::process_is_exiting()) { return; }
+  if (ptr == nullptr || rmm::process_is_exiting()) { return; }
   if (carver_) {
     carver_->deallocate(stream, ptr, bytes, alignment);
   } else {
@@ -78,10 +120,26 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
 {
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
-  auto lease = session_.allocate(pool_.id, bytes, alignment);
-  void* ptr  = nullptr;
-  auto data  = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.cuda_export.data());
+  auto lease = [&] {
+    try {
+      return session_.allocate(pool_.id, bytes, alignment);
+    } catch (rmm::out_of_memory const&) {
+      // Our own frees that wait for their streams may be what is missing:
+      // once they reached the daemon, ask once more.
+      auto const deadline = std::chrono::steady_clock::now() + session_.impl().options.call_timeout;
+      bool had_pending    = false;
+      {
+        std::lock_guard lock(pending_->mutex);
+        had_pending = pending_->count != 0;
+      }
+      if (!had_pending || !wait_for_releases(deadline)) { throw; }
+      return session_.allocate(pool_.id, bytes, alignment);
+    }
+  }();
+  void* ptr = nullptr;
+  auto data = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.cuda_export.data());
   if (auto err = cudaMemPoolImportPointer(&ptr, imported_, data); err != cudaSuccess) {
+    cudaGetLastError();
     try {
       session_.free(lease.id);
     } catch (std::exception const&) {
@@ -100,15 +158,25 @@ void ipc_memory_resource_impl::unlease(cuda::stream_ref stream, void* ptr) noexc
   if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }
 }
 
+bool ipc_memory_resource_impl::wait_for_releases(
+    std::chrono::steady_clock::time_point deadline) noexcept
+{
+  std::unique_lock lock(pending_->mutex);
+  return pending_->done.wait_until(lock, deadline, [&] { return pending_->count == 0; });
+}
+
 void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept
 {
   // CUDA's rule: every importer frees its import before the exporter frees the
   // allocation. The import is freed in `stream`'s order, and the daemon frees
-  // only once the stream has passed that point (docs/protocol.md, section 3).
+  // only once the stream has passed that point (docs/protocol.md, section 3):
+  // a host function after the free sends the Free when the stream reaches it.
   // The import may still be in use when a CUDA call fails: keeping the lease
   // (the daemon frees it when the session closes) is safer than freeing under
   // a running kernel.
   auto keep_leased = [&](cudaError_t err) {
+    cudaGetLastError();
+    if (cuda_is_going(err)) { return; }
     std::fprintf(stderr,
                  "rmmd: freeing allocation %llu of pool '%s' failed (%s); it stays leased until "
                  "the session closes\n",
@@ -116,75 +184,37 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
                  pool_.name.c_str(),
                  cudaGetErrorName(err));
   };
-  auto err = cudaFreeAsync(ptr, stream);
-  cudaIpcEventHandle_t after{};
-  cudaEvent_t event{};
-  bool const fenced = err == cudaSuccess && record_release_event(stream, after, event);
-  if (err == cudaSuccess && !fenced) { err = cudaStreamSynchronize(stream); }
-  if (err != cudaSuccess) { return keep_leased(err); }
+  if (auto err = cudaFreeAsync(ptr, stream); err != cudaSuccess) { return keep_leased(err); }
+  std::unique_ptr<release_job> job;
   try {
-    // Once the daemon has taken one of our events, a Free needs no reply: the
-    // daemon frees after the event, and reports a failure later.
-    if (fenced && (session_.impl().free_later(id, after) || session_.free(id, after))) { return; }
-    if (fenced) {
-      // The daemon cannot open this process's events (e.g. a container with
-      // its own /dev/shm): wait here instead, now and from now on.
-      std::fprintf(stderr,
-                   "rmmd: the daemon cannot use this process's CUDA events; waiting for the "
-                   "stream before each free instead\n");
-      events_refused_.store(true);
-      if (err = cudaEventSynchronize(event); err != cudaSuccess) { return keep_leased(err); }
+    job = std::make_unique<release_job>(
+        release_job{.queue = session_.impl().releases(), .pending = pending_, .id = id});
+  } catch (std::bad_alloc const&) {
+  }
+  if (job) {
+    {
+      std::lock_guard lock(pending_->mutex);
+      ++pending_->count;
     }
+    auto err = cudaLaunchHostFunc(stream, &release_job::run, job.get());
+    if (err == cudaSuccess) {
+      static_cast<void>(job.release());  // run() owns it now
+      return;
+    }
+    cudaGetLastError();
+    std::lock_guard lock(pending_->mutex);
+    if (--pending_->count == 0) { pending_->done.notify_all(); }
+  }
+  // No host function (out of memory, or the stream cannot take one): wait
+  // for the stream here instead.
+  if (auto err = cudaStreamSynchronize(stream); err != cudaSuccess) { return keep_leased(err); }
+  try {
     session_.free(id);
+  } catch (rmmd::session_error const&) {
+    // The daemon is gone, and with it the lease.
   } catch (std::exception const& e) {
     std::fprintf(stderr, "%s\n", e.what());
   }
-}
-
-bool ipc_memory_resource_impl::record_release_event(cudaStream_t stream,
-                                                    cudaIpcEventHandle_t& handle,
-                                                    cudaEvent_t& event) noexcept
-{
-  if (events_refused_.load()) { return false; }
-  std::lock_guard lock(events_mutex_);
-  // Reuse an event only once its last record has completed: the daemon may
-  // still be polling that record, and a later one only makes it wait longer.
-  for (std::size_t n = 0; n < events_.size(); ++n) {
-    auto& e = events_[(next_event_ + n) % events_.size()];
-    if (cudaEventQuery(e.event) != cudaSuccess) { continue; }
-    if (cudaEventRecord(e.event, stream) != cudaSuccess) {
-      cudaGetLastError();  // ours, not the caller's: clear it
-      return false;
-    }
-    next_event_ = (next_event_ + n + 1) % events_.size();
-    handle      = e.handle;
-    event       = e.event;
-    return true;
-  }
-  if (events_.size() == max_release_events) { return false; }
-  // A new event costs about 0.3 ms once (measured on an H100); recording one is
-  // about 1.3 us.
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) { return false; }
-  if (previous != pool_.device && cudaSetDevice(pool_.device) != cudaSuccess) { return false; }
-  release_event e;
-  auto err = cudaEventCreateWithFlags(&e.event, cudaEventInterprocess | cudaEventDisableTiming);
-  if (err == cudaSuccess) {
-    err = cudaIpcGetEventHandle(&e.handle, e.event);
-    if (err != cudaSuccess) { cudaEventDestroy(e.event); }
-  }
-  if (previous != pool_.device) { cudaSetDevice(previous); }
-  if (err != cudaSuccess) { return false; }
-  if (cudaEventRecord(e.event, stream) != cudaSuccess) {
-    // `stream` belongs to another device: keep the event for later frees.
-    cudaGetLastError();
-    events_.push_back(e);
-    return false;
-  }
-  events_.push_back(e);
-  handle = e.handle;
-  event  = e.event;
-  return true;
 }
 
 void* ipc_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t alignment)

@@ -1,6 +1,7 @@
 #include <rmmd/session.hpp>
 
 #include "client/detail/session_impl.hpp"
+#include "tools/gpu/gpu_identity.hpp"
 
 #include <rmm/process_is_exiting.hpp>
 
@@ -69,7 +70,9 @@ int connect_session_socket(std::filesystem::path const& dir)
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw rmmd::logic_error(message);
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      throw rmm::out_of_memory(message);
+      // Named as RMM's own resources name it ("out_of_memory: ..."), so code
+      // that reads what() (RMM's Python layer, logs) sees the same words.
+      throw rmm::out_of_memory("out_of_memory: " + message);
     case grpc::StatusCode::PERMISSION_DENIED:
       throw permission_error(message);
     case grpc::StatusCode::UNAUTHENTICATED:
@@ -144,7 +147,7 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   pool_fds_.assign(static_cast<std::size_t>(welcome.pools_size()), -1);
   fabric_handles_.resize(static_cast<std::size_t>(welcome.pools_size()));
   for (auto const& p : welcome.pools()) {
-    pools.push_back(pool_info{
+    pools_.push_back(pool_info{
         .id             = p.id(),
         .name           = p.name(),
         .device         = p.device(),
@@ -152,7 +155,9 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
         .capacity_bytes = p.capacity_bytes(),
         .has_fabric_handle = !p.fabric_handle().empty(),
         .max_alignment     = p.max_alignment(),
-        .pinnable          = p.pinnable()});
+        .pinnable          = p.pinnable(),
+        .gpu_uuid          = p.gpu_uuid(),
+        .pci_bus_id        = p.pci_bus_id()});
     if (p.id() < fabric_handles_.size()) { fabric_handles_[p.id()] = p.fabric_handle(); }
     if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
         p.id() < pool_fds_.size()) {
@@ -173,10 +178,17 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
                                        grpc::InsecureChannelCredentials(),
                                        args);
   stub_    = v1::Rmmd::NewStub(channel_);
+  releases_->session = this;
 }
 
 session_impl::~session_impl()
 {
+  {
+    // Host functions that run from now on (only while the process exits: a
+    // resource waits for its own before it lets its session go) drop their ids.
+    std::lock_guard lock(releases_->mutex);
+    releases_->session = nullptr;
+  }
   // Imports first: an imported pool must go before the fd it came from.
   if (!rmm::process_is_exiting()) {
     for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
@@ -198,9 +210,98 @@ std::unique_ptr<grpc::ClientContext> session_impl::context() const
   return ctx;
 }
 
+class session_impl::call_lock {
+ public:
+  explicit call_lock(session_impl& s) : s_(s)
+  {
+    s_.call_mutex_.lock();
+  }
+  call_lock(call_lock const&)            = delete;
+  call_lock& operator=(call_lock const&) = delete;
+  ~call_lock()
+  {
+    s_.call_mutex_.unlock();
+    s_.drain_releases();
+  }
+
+ private:
+  session_impl& s_;
+};
+
+void session_impl::drain_releases() noexcept
+{
+  // A host function that found the socket taken left its id queued for the
+  // holder; the holder looks again once it has let go (here), so no id is
+  // left behind.
+  while (true) {
+    std::lock_guard queue_lock(releases_->mutex);
+    if (releases_->ids.empty() || !call_mutex_.try_lock()) { return; }
+    std::vector<std::uint64_t> ids;
+    ids.swap(releases_->ids);
+    send_releases_locked(ids);
+    call_mutex_.unlock();
+  }
+}
+
+void session_impl::free_when_reached(release_queue& queue, std::uint64_t id) noexcept
+{
+  std::lock_guard queue_lock(queue.mutex);
+  auto* self = queue.session;
+  if (self == nullptr) { return; }
+  queue.ids.push_back(id);
+  // Whoever holds the socket sends the queue before letting go of it.
+  if (!self->call_mutex_.try_lock()) { return; }
+  std::vector<std::uint64_t> ids;
+  ids.swap(queue.ids);
+  self->send_releases_locked(ids);
+  self->call_mutex_.unlock();
+}
+
+void session_impl::send_releases_locked(std::vector<std::uint64_t>& ids) noexcept
+{
+  for (auto id : ids) {
+    try {
+      v1::SessionCall c;
+      c.mutable_free()->set_allocation_id(id);
+      grpc::Status sent;
+      if (session_calls_) {
+        // The daemon answers only if the Free fails; call_locked prints that.
+        c.set_reply_only_on_error(true);
+        sent = send_locked(c, std::chrono::steady_clock::now() + options.call_timeout);
+      } else {
+        v1::FreeResponse response;
+        auto ctx = context();
+        sent     = stub_->Free(ctx.get(), c.free(), &response);
+      }
+      if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        std::fprintf(stderr,
+                     "rmmd: freeing allocation %llu failed (%s); it stays leased until the "
+                     "session closes\n",
+                     static_cast<unsigned long long>(id),
+                     sent.error_message().c_str());
+      }
+      // UNAVAILABLE: the daemon is gone, and with it the lease.
+    } catch (std::exception const&) {
+      // Out of memory building the message: the daemon reclaims the lease
+      // with the session.
+    }
+  }
+  ids.clear();
+}
+
 grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
 {
-  std::lock_guard lock(call_mutex_);
+  call_lock lock(*this);
+  {
+    // Frees that streams reached go first: the daemon handles a session's
+    // calls in order, so this call sees their memory back.
+    std::vector<std::uint64_t> ids;
+    {
+      std::lock_guard queue_lock(releases_->mutex);
+      ids.swap(releases_->ids);
+    }
+    send_releases_locked(ids);
+  }
   auto status = call_locked(call, reply);
   // Leases granted to calls that had given up waiting: nobody will free them
   // but us (they would count against our quota until the session ends).
@@ -290,17 +391,6 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
   }
 }
 
-bool session_impl::free_later(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after)
-{
-  if (!session_calls_ || !events_accepted_.load(std::memory_order_relaxed)) { return false; }
-  v1::SessionCall c;
-  c.mutable_free()->set_allocation_id(allocation_id);
-  c.mutable_free()->set_release_event(reinterpret_cast<char const*>(&after), sizeof(after));
-  c.set_reply_only_on_error(true);
-  std::lock_guard lock(call_mutex_);
-  return send_locked(c, std::chrono::steady_clock::now() + options.call_timeout).ok();
-}
-
 grpc::Status session_impl::allocate(v1::AllocateRequest const& request,
                                     v1::AllocateResponse* response)
 {
@@ -370,21 +460,49 @@ std::vector<std::uint32_t> session_impl::send_carved_locked(std::uint32_t pool_i
   return send_usage({sum});
 }
 
+std::vector<pool_info> const& session_impl::pools() noexcept
+{
+  std::call_once(devices_mapped_, [this] {
+    // CUDA_VISIBLE_DEVICES renumbers GPUs per process: the daemon's ordinal
+    // names another GPU here, or none. Its UUID names the same one everywhere.
+    bool const by_uuid = std::any_of(pools_.begin(), pools_.end(), [](pool_info const& p) {
+      return p.backend == backend_kind::cuda && !p.gpu_uuid.empty();
+    });
+    if (!by_uuid) { return; }  // host pools only, or a daemon that sends no UUIDs
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      count = 0;
+    }
+    std::vector<std::string> uuids;
+    for (int d = 0; d < count; ++d) {
+      auto id = gpu::identify(d);
+      uuids.push_back(id ? id->uuid : std::string());
+    }
+    for (auto& p : pools_) {
+      if (p.backend != backend_kind::cuda) { continue; }
+      auto it  = std::find(uuids.begin(), uuids.end(), p.gpu_uuid);
+      p.device = it == uuids.end() ? -1 : static_cast<int>(it - uuids.begin());
+    }
+  });
+  return pools_;
+}
+
 std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
 {
   std::lock_guard lock(map_mutex_);
   if (auto it = mappings_.find(pool_id); it != mappings_.end()) { return it->second.first; }
-  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::host ||
+  if (pool_id >= pools_.size() || pools_[pool_id].backend != backend_kind::host ||
       pool_fds_[pool_id] < 0) {
     throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) + " is not a host pool");
   }
   // The daemon aligns offsets; map the pool at an address aligned as strongly,
   // so that an offset aligned to A is an address aligned to A. Reserve room
   // for the alignment, map the pool at the aligned spot, give back the rest.
-  auto const size  = pools[pool_id].capacity_bytes;
-  auto const align = std::max<std::size_t>(pools[pool_id].max_alignment, 4096);
+  auto const size  = pools_[pool_id].capacity_bytes;
+  auto const align = std::max<std::size_t>(pools_[pool_id].max_alignment, 4096);
   auto fail        = [&](char const* what) {
-    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools[pool_id].name + "' failed (" + what +
+    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools_[pool_id].name + "' failed (" + what +
                          "): " + std::strerror(errno));
   };
   void* room = ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -414,7 +532,7 @@ std::byte* session_impl::pinned_host_pool_base(std::uint32_t pool_id)
   auto* base = host_pool_base(pool_id);
   std::lock_guard lock(map_mutex_);
   if (pinned_.contains(pool_id)) { return base; }
-  auto const& pool = pools[pool_id];
+  auto const& pool = pools_[pool_id];
   if (!pool.pinnable) {
     throw rmmd::logic_error("rmmd: host pool '" + pool.name +
                             "' is not pinnable: the daemon gives its free pages back to the "
@@ -451,7 +569,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
 {
   std::lock_guard lock(map_mutex_);
   if (auto it = cuda_pools_.find(pool_id); it != cuda_pools_.end()) { return it->second; }
-  if (pool_id >= pools.size() || pools[pool_id].backend != backend_kind::cuda) {
+  if (pool_id >= pools_.size() || pools_[pool_id].backend != backend_kind::cuda) {
     throw rmmd::logic_error("rmmd: pool " + std::to_string(pool_id) + " is not a CUDA pool");
   }
   cudaMemPool_t pool{};
@@ -459,7 +577,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
   if (options.import_by_fabric) {
     auto const& handle = fabric_handles_[pool_id];
     if (handle.size() != sizeof(cudaMemFabricHandle_t)) {
-      throw rmmd::logic_error("rmmd: pool '" + pools[pool_id].name +
+      throw rmmd::logic_error("rmmd: pool '" + pools_[pool_id].name +
                               "' has no fabric handle (the daemon found no IMEX channel, or runs "
                               "with --fabric=off; see its start-up log)");
     }
@@ -468,7 +586,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
     err = cudaMemPoolImportFromShareableHandle(&pool, &fabric, cudaMemHandleTypeFabric, 0);
   } else {
     if (pool_fds_[pool_id] < 0) {
-      throw rmmd::logic_error("rmmd: pool '" + pools[pool_id].name + "' came without a pool fd");
+      throw rmmd::logic_error("rmmd: pool '" + pools_[pool_id].name + "' came without a pool fd");
     }
     err = cudaMemPoolImportFromShareableHandle(
         &pool,
@@ -477,7 +595,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
         0);
   }
   if (err != cudaSuccess) {
-    throw rmm::bad_alloc("rmmd: importing CUDA pool '" + pools[pool_id].name +
+    throw rmm::bad_alloc("rmmd: importing CUDA pool '" + pools_[pool_id].name +
                          "' failed: " + cudaGetErrorName(err));
   }
   cuda_pools_.emplace(pool_id, pool);
@@ -503,13 +621,13 @@ std::uint64_t session::id() const noexcept
 
 std::vector<pool_info> const& session::pools() const noexcept
 {
-  return impl_->pools;
+  return impl_->pools();
 }
 
 pool_info const& session::pool(std::string_view name) const
 {
   std::string known;
-  for (auto const& p : impl_->pools) {
+  for (auto const& p : impl_->pools()) {
     if (p.name == name) { return p; }
     known += (known.empty() ? "" : ", ") + p.name;
   }
@@ -520,14 +638,21 @@ pool_info const& session::pool(std::string_view name) const
 pool_info const& session::device_pool(int device) const
 {
   std::string known;
-  for (auto const& p : impl_->pools) {
+  for (auto const& p : impl_->pools()) {
     if (p.backend != backend_kind::cuda) { continue; }
     if (p.device == device) { return p; }
-    known += (known.empty() ? "" : ", ") + std::to_string(p.device);
+    known += (known.empty() ? "" : ", ") + p.name + " on " +
+             (p.gpu_uuid.empty() ? "device " + std::to_string(p.device) : p.gpu_uuid) +
+             (p.device < 0 ? " (not visible to this process)" : "");
   }
+  std::string mine = "CUDA device " + std::to_string(device);
+  if (auto id = gpu::identify(device)) { mine += " (" + id->uuid + ", " + id->pci_bus_id + ")"; }
+  char const* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   throw rmmd::logic_error(
-      "rmmd: the daemon serves no pool on CUDA device " + std::to_string(device) +
-      "; it serves devices: " + (known.empty() ? "none (no GPU, or --backend=host)" : known));
+      "rmmd: the daemon serves no pool on this process's " + mine +
+      "; it serves: " + (known.empty() ? "no GPU pool (no GPU, or --backend=host)" : known) +
+      (visible != nullptr ? "; this process has CUDA_VISIBLE_DEVICES=" + std::string(visible)
+                          : std::string()));
 }
 
 cudaMemPool_t session::cuda_pool(std::uint32_t pool_id) const
@@ -537,7 +662,7 @@ cudaMemPool_t session::cuda_pool(std::uint32_t pool_id) const
 
 pool_info const& session::host_pool() const
 {
-  for (auto const& p : impl_->pools) {
+  for (auto const& p : impl_->pools()) {
     if (p.backend == backend_kind::host) { return p; }
   }
   throw rmmd::logic_error("rmmd: this daemon serves no host pool");
@@ -589,7 +714,6 @@ bool session::free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& afte
   if (!status.ok()) {
     detail::throw_status(status, "free allocation " + std::to_string(allocation_id));
   }
-  impl_->events_accepted();
   return true;
 }
 

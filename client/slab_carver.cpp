@@ -1,5 +1,6 @@
 #include "client/slab_carver.hpp"
 
+#include "client/detail/cuda_state.hpp"
 #include "client/detail/session_impl.hpp"
 
 #include <rmmd/error.hpp>
@@ -60,11 +61,23 @@ slab_carver::slab_carver(ipc_memory_resource_impl& owner)
 {
 }
 
+void slab_carver::abandon() noexcept
+{
+  if (keeper_.joinable()) {
+    keeper_.request_stop();
+    keeper_.join();
+  }
+  std::unique_lock lock(pool_mutex_);
+  static_cast<void>(pool_.release());
+}
+
 slab_carver::~slab_carver()
 {
-  keeper_.request_stop();
-  keeper_.join();
-  if (rmm::process_is_exiting()) {
+  if (keeper_.joinable()) {
+    keeper_.request_stop();
+    keeper_.join();
+  }
+  if (leave_everything()) {
     // No CUDA or gRPC calls now: the daemon reclaims the slabs with the session.
     static_cast<void>(pool_.release());
     return;
@@ -148,11 +161,13 @@ std::size_t slab_carver::trim() noexcept
   // carved and freed in stream order: let it finish before the slabs are freed
   // (each then goes back through the direct path, with a release event).
   if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
+    cudaGetLastError();
+    static_cast<void>(idle.release());
+    if (cuda_is_going(err)) { return 0; }
     std::fprintf(stderr,
                  "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
                  owner_.pool().name.c_str(),
                  cudaGetErrorName(err));
-    static_cast<void>(idle.release());
     return 0;
   }
   try {

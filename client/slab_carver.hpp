@@ -34,6 +34,10 @@ class slab_carver {
                   std::size_t bytes,
                   std::size_t alignment) noexcept;
 
+  /// Stops the keeper and forgets the slabs without a CUDA or daemon call
+  /// (the process exits: the daemon reclaims them with the session).
+  void abandon() noexcept;
+
   /// Gives the slabs back if nothing is carved from them; returns their bytes.
   std::size_t trim() noexcept;
 

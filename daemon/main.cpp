@@ -9,6 +9,7 @@
 #include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
+#include "tools/gpu/gpu_identity.hpp"
 
 #include <grpcpp/grpcpp.h>
 #include <systemd/sd-daemon.h>
@@ -257,9 +258,27 @@ bool add_host_pool(rmmd::core::daemon_core& core, config::pool_settings const& p
 
 /// Adds a CUDA pool. False, after saying why, if it cannot be made; true
 /// also when it is skipped because fabric handles are required and missing.
-bool add_cuda_pool(rmmd::core::daemon_core& core, config::pool_settings const& p, int gpus)
+bool add_cuda_pool(rmmd::core::daemon_core& core, config::pool_settings p, int gpus)
 {
   namespace cuda = rmmd::backends::cuda;
+  if (!p.gpu.empty()) {
+    // The configured UUID or PCI bus id, found among the GPUs this process
+    // sees (its own CUDA_VISIBLE_DEVICES decides their ordinals).
+    std::string seen;
+    p.device = -1;
+    for (int d = 0; d < gpus && p.device < 0; ++d) {
+      auto id = rmmd::gpu::identify(d);
+      if (id && rmmd::gpu::names(*id, p.gpu)) { p.device = d; }
+      if (id) { seen += (seen.empty() ? "" : ", ") + id->uuid + " (" + id->pci_bus_id + ")"; }
+    }
+    if (p.device < 0) {
+      rmmd::log::error("pool '%s': no GPU %s among those CUDA shows this daemon: %s",
+                       p.name,
+                       p.gpu,
+                       seen.empty() ? std::string("none") : seen);
+      return false;
+    }
+  }
   if (p.device >= gpus) {
     rmmd::log::error(
         "pool '%s': CUDA device %d does not exist (CUDA sees %d GPU(s); nvidia-smi "
@@ -321,15 +340,20 @@ bool add_cuda_pool(rmmd::core::daemon_core& core, config::pool_settings const& p
     fabric = !backend->fabric_handle().empty();  // the fallback may have dropped it
     std::vector<rmmd::core::handle_type> types{rmmd::core::handle_type::posix_fd};
     if (fabric) { types.push_back(rmmd::core::handle_type::fabric); }
+    auto const gpu = rmmd::gpu::identify(p.device).value_or(rmmd::gpu::identity{});
     core.add_pool(rmmd::core::pool_config{.name          = p.name,
                                           .device        = p.device,
+                                          .gpu_uuid      = gpu.uuid,
+                                          .pci_bus_id    = gpu.pci_bus_id,
                                           .handle_types  = types,
                                           .limit_bytes   = capacity,
                                           .max_alignment = 256},
                   std::move(backend));
-    rmmd::log::info("pool '%s': CUDA device %d, %s export, up to %d bytes",
+    rmmd::log::info("pool '%s': CUDA device %d (%s, %s), %s export, up to %d bytes",
                     p.name,
                     p.device,
+                    gpu.uuid,
+                    gpu.pci_bus_id,
                     fabric ? "posix-fd and fabric" : "posix-fd",
                     capacity);
     return true;

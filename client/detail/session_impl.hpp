@@ -44,16 +44,27 @@ class session_impl {
   [[nodiscard]] grpc::Status allocate(v1::AllocateRequest const& request,
                                       v1::AllocateResponse* response);
   [[nodiscard]] grpc::Status free(v1::FreeRequest const& request);
-  /// Sends a Free with a release event on the session socket and returns
-  /// without waiting for the daemon; a failure is reported on stderr when a
-  /// later call reads its reply. Only once the daemon has accepted one of this
-  /// session's events (events_accepted()); false, sending nothing, before that
-  /// or when the session makes its calls over gRPC.
-  [[nodiscard]] bool free_later(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after);
-  void events_accepted() noexcept
+
+  /// Where frees that a stream reached wait to be sent. Shared with the host
+  /// functions that fill it, which may run after the session is gone (while
+  /// the process exits): they find `session` null then and drop the id (the
+  /// daemon reclaims what a closed session held).
+  struct release_queue {
+    std::mutex mutex;
+    session_impl* session{};  // guarded by mutex; null once the session is gone
+    std::vector<std::uint64_t> ids;
+  };
+  [[nodiscard]] std::shared_ptr<release_queue> const& releases() const noexcept
   {
-    events_accepted_.store(true, std::memory_order_relaxed);
+    return releases_;
   }
+  /// From a CUDA host function (so: no CUDA calls, and no waiting for a lock
+  /// that is held across a daemon round trip): frees allocation `id` now that
+  /// the stream freed its import. Sends the Free at once when no call is in
+  /// progress (on the session socket without waiting for a reply: a failure
+  /// is printed when a later call reads it); else the caller in progress
+  /// sends it before it lets the socket go.
+  static void free_when_reached(release_queue& queue, std::uint64_t id) noexcept;
 
   /// One round trip on the session socket that changes nothing.
   /// FAILED_PRECONDITION when the daemon answers no session calls.
@@ -82,8 +93,16 @@ class session_impl {
   }
 
   std::uint64_t id{};
-  std::vector<pool_info> pools;
   session::options options;
+  /// The pools, their `device` mapped to this process's CUDA ordinals by GPU
+  /// UUID (once, at first use: a session that uses no CUDA pool never
+  /// initialises CUDA).
+  [[nodiscard]] std::vector<pool_info> const& pools() noexcept;
+  /// The pools as the welcome described them (device: the daemon's ordinal).
+  [[nodiscard]] std::vector<pool_info> const& pools_unmapped() const noexcept
+  {
+    return pools_;
+  }
 
   [[nodiscard]] std::byte* host_pool_base(std::uint32_t pool_id);
   [[nodiscard]] std::byte* pinned_host_pool_base(std::uint32_t pool_id);
@@ -93,6 +112,13 @@ class session_impl {
   /// Sends `call` (with a fresh tag) and waits for its reply, both within
   /// call_timeout; then frees any orphans.
   grpc::Status call(v1::SessionCall& call, v1::SessionReply* reply);
+  /// Holds call_mutex_; on release, sends the frees that host functions
+  /// queued meanwhile (they could not take the socket while it was held).
+  class call_lock;
+  /// Sends the queued frees. Holds call_mutex_ and releases_->mutex.
+  void send_releases_locked(std::vector<std::uint64_t>& ids) noexcept;
+  /// Sends queued frees while there are any and the socket is free.
+  void drain_releases() noexcept;
   grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
   grpc::Status send_locked(v1::SessionCall& call, std::chrono::steady_clock::time_point deadline);
   /// Waits for `events` on the session socket: false once the deadline passed.
@@ -105,7 +131,9 @@ class session_impl {
   std::mutex call_mutex_;  // one call at a time on the socket
   std::uint64_t last_tag_{};
   std::vector<std::uint64_t> orphans_;  // allocations granted after their call timed out
-  std::atomic<bool> events_accepted_{false};
+  std::shared_ptr<release_queue> releases_ = std::make_shared<release_queue>();
+  std::vector<pool_info> pools_;
+  std::once_flag devices_mapped_;
   std::string token_hex_;
   std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none

@@ -72,9 +72,13 @@ std::string handle_name(int h)
   }
 }
 
-std::string device_text(int device)
+/// The pool's GPU as every process names it (its UUID), with the daemon's
+/// ordinal for it; "-" for host pools.
+std::string gpu_text(v1::PoolDescription const& pool)
 {
-  return device < 0 ? "-" : std::to_string(device);
+  if (pool.device() < 0) { return "-"; }
+  if (pool.gpu_uuid().empty()) { return std::to_string(pool.device()); }  // an older daemon
+  return pool.gpu_uuid() + " (" + std::to_string(pool.device()) + ")";
 }
 
 }  // namespace
@@ -127,7 +131,7 @@ std::string format_stats(v1::Stats const& stats)
   table pools({"POOL",
                "ID",
                "BACKEND",
-               "DEVICE",
+               "GPU (DAEMON'S ORDINAL)",
                "CAPACITY",
                "IN USE",
                "CARVED",
@@ -139,7 +143,7 @@ std::string format_stats(v1::Stats const& stats)
     pools.add({p.pool().name(),
                std::to_string(p.pool().id()),
                backend_name(p.pool().backend()),
-               device_text(p.pool().device()),
+               gpu_text(p.pool()),
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
                carved_text(p.carved_bytes(), p.carved_allocations()),
@@ -159,7 +163,7 @@ std::string format_stats(v1::Stats const& stats)
                   carved_text(s.carved_bytes(), s.carved_allocations()),
                   std::to_string(s.allocation_count())});
   }
-  return pools.str({false, true, false, true, true, true, true, true, true, true, true}) + "\n" +
+  return pools.str({false, true, false, false, true, true, true, true, true, true, true}) + "\n" +
          sessions.str({true, true, true, false, false, true, true, true}) +
          (stats.sessions().empty() ? "(no sessions)\n" : "");
 }
@@ -169,7 +173,8 @@ std::string format_pools(v1::ListPoolsResponse const& response)
   table pools({"POOL",
                "ID",
                "BACKEND",
-               "DEVICE",
+               "GPU (DAEMON'S ORDINAL)",
+               "PCI BUS ID",
                "HANDLES",
                "CAPACITY",
                "IN USE",
@@ -187,7 +192,8 @@ std::string format_pools(v1::ListPoolsResponse const& response)
     pools.add({p.pool().name(),
                std::to_string(p.pool().id()),
                backend_name(p.pool().backend()),
-               device_text(p.pool().device()),
+               gpu_text(p.pool()),
+               p.pool().pci_bus_id().empty() ? "-" : p.pool().pci_bus_id(),
                handles.empty() ? "-" : handles,
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
@@ -199,7 +205,7 @@ std::string format_pools(v1::ListPoolsResponse const& response)
                p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
   }
   return pools.str(
-      {false, true, false, true, false, true, true, true, true, true, true, true, true});
+      {false, true, false, false, false, false, true, true, true, true, true, true, true, true});
 }
 
 std::string format_sessions(v1::ListSessionsResponse const& response, std::int64_t now_unix_ms)

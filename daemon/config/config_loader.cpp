@@ -14,6 +14,7 @@
 #include <pwd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -119,6 +120,33 @@ std::string check_address(std::string const& address)
     return absl::StrFormat("the port \"%s\" is not a number from 1 to 65535", port);
   }
   return {};
+}
+
+/// A GPU UUID ("GPU-" and 32 hex digits in groups of 8-4-4-4-12) or a PCI bus
+/// id ("0000:3b:00.0" or "3b:00.0"), as `gpu` takes them.
+bool is_gpu_selector(std::string const& text)
+{
+  auto hex       = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  auto groups_of = [&](std::string_view s, std::vector<std::size_t> const& sizes, char sep) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      for (std::size_t k = 0; k < sizes[i]; ++k, ++at) {
+        if (at >= s.size() || !hex(s[at])) { return false; }
+      }
+      char const want = i + 2 == sizes.size() && sep == ':' ? '.' : sep;
+      if (i + 1 < sizes.size()) {
+        if (at >= s.size() || s[at] != want) { return false; }
+        ++at;
+      }
+    }
+    return at == s.size();
+  };
+  std::string_view s = text;
+  if (s.size() > 4 && (s.starts_with("GPU-") || s.starts_with("gpu-"))) {
+    return groups_of(s.substr(4), {8, 4, 4, 4, 12}, '-');
+  }
+  return groups_of(s, {4, 2, 2, 1}, ':') || groups_of(s, {8, 2, 2, 1}, ':') ||
+         groups_of(s, {2, 2, 1}, ':');
 }
 
 bool valid_pool_name(std::string const& name)
@@ -387,6 +415,7 @@ class validator {
             field);
     };
     if (p.has_device()) { cuda_only("device"); }
+    if (p.has_gpu()) { cuda_only("gpu"); }
     if (p.handle_types_size() > 0) { cuda_only("handle_types"); }
     if (p.initial_size_bytes() != 0) { cuda_only("initial_size_bytes"); }
     if (p.release_threshold_bytes() != 0) { cuda_only("release_threshold_bytes"); }
@@ -416,6 +445,24 @@ class validator {
             "%s: device %d is negative; give a CUDA device ordinal",
             label,
             out.device);
+    }
+    if (p.has_gpu()) {
+      out.gpu = p.gpu();
+      if (p.has_device()) {
+        error(n,
+              "gpu",
+              -1,
+              "%s: both device and gpu name the GPU; keep gpu (the same in every process)",
+              label);
+      } else if (!is_gpu_selector(out.gpu)) {
+        error(n,
+              "gpu",
+              -1,
+              "%s: gpu \"%s\" is neither a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, "
+              "as nvidia-smi -L prints it) nor a PCI bus id (0000:3b:00.0)",
+              label,
+              out.gpu);
+      }
     }
     if (p.has_capacity_bytes()) {
       error(n,

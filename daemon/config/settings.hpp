@@ -36,6 +36,9 @@ struct pool_settings {
   std::string name;
   core::backend_kind backend{core::backend_kind::host};
   int device{-1};  ///< cuda: the CUDA device ordinal; host: -1
+  /// cuda: the GPU by UUID or PCI bus id (config `gpu`); when set, `device`
+  /// is found from it at start.
+  std::string gpu{};
   fabric_mode fabric{fabric_mode::automatic};
   std::size_t initial_size_bytes{};       ///< cuda
   std::size_t release_threshold_bytes{};  ///< cuda
@@ -47,7 +50,8 @@ struct pool_settings {
   bool operator==(pool_settings const& other) const
   {
     return name == other.name && backend == other.backend && device == other.device &&
-           fabric == other.fabric && initial_size_bytes == other.initial_size_bytes &&
+           gpu == other.gpu && fabric == other.fabric &&
+           initial_size_bytes == other.initial_size_bytes &&
            release_threshold_bytes == other.release_threshold_bytes &&
            limit_bytes == other.limit_bytes && capacity_bytes == other.capacity_bytes &&
            pinnable == other.pinnable;

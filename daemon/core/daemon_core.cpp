@@ -129,6 +129,8 @@ std::vector<pool_description> daemon_core::pools() const
     out.push_back(pool_description{.id             = static_cast<pool_id>(i),
                                    .name           = p.config.name,
                                    .device         = p.config.device,
+                                   .gpu_uuid       = p.config.gpu_uuid,
+                                   .pci_bus_id     = p.config.pci_bus_id,
                                    .backend        = p.backend->kind(),
                                    .handle_types   = p.config.handle_types,
                                    .capacity_bytes = p.capacity,
@@ -232,11 +234,14 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         "allocate from pool '%s': size 0 is not allowed; ask for at least 1 byte", p.config.name));
   }
   if (bytes > p.capacity) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("allocate %s from pool '%s': larger than the pool's capacity of %s",
-                        bytes_text(bytes),
-                        p.config.name,
-                        bytes_text(p.capacity)));
+    // RMM's resources raise out_of_memory for a request no memory could
+    // hold, so rmm::out_of_memory it is (RESOURCE_EXHAUSTED).
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "allocate %s from pool '%s': larger than the pool's capacity of %s; no allocation this "
+        "large can succeed here",
+        bytes_text(bytes),
+        p.config.name,
+        bytes_text(p.capacity)));
   }
   if (alignment == 0) { alignment = default_alignment; }
   if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {

@@ -37,7 +37,12 @@ struct peer_credentials {
 /// What an operator configured for a pool.
 struct pool_config {
   std::string name{};
-  int device{-1};  ///< CUDA device ordinal, -1 for host pools
+  int device{-1};  ///< CUDA device ordinal in the daemon's numbering, -1 for host pools
+  /// cuda: the GPU's identity, the same in every process whatever its
+  /// CUDA_VISIBLE_DEVICES: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as
+  /// nvidia-smi -L prints it, and "0000:3b:00.0". Empty for host pools.
+  std::string gpu_uuid{};
+  std::string pci_bus_id{};
   std::vector<handle_type> handle_types{};
   std::size_t limit_bytes{};  ///< most bytes the pool may lend; 0: the backend's capacity
   std::size_t max_alignment{std::size_t{1} << 21};  ///< largest alignment accepted
@@ -49,7 +54,9 @@ struct pool_config {
 struct pool_description {
   pool_id id{};
   std::string name{};
-  int device{-1};
+  int device{-1};          ///< in the daemon's numbering; clients go by gpu_uuid
+  std::string gpu_uuid{};  ///< see pool_config
+  std::string pci_bus_id{};
   backend_kind backend{};
   std::vector<handle_type> handle_types{};
   std::size_t capacity_bytes{};

@@ -184,13 +184,17 @@ std::string render_prometheus(daemon_snapshot const& s)
   auto pool         = [](core::pool_stats const& p) { return labels{{"pool", p.pool.name}}; };
   e.gauge_per(
       "rmmd_pool_info",
-      "Always 1; labels describe the pool (backend host or cuda, CUDA device, -1 for host).",
+      "Always 1; labels describe the pool (backend host or cuda; CUDA pools: the GPU's UUID "
+      "and PCI bus id, the same in every process, and the daemon's device ordinal; -1 and "
+      "empty for host pools).",
       pools,
       [](core::pool_stats const& p) {
         return labels{{"pool", p.pool.name},
                       {"pool_id", absl::StrCat(p.pool.id)},
                       {"backend", backend_name(p.pool.backend)},
-                      {"device", absl::StrCat(p.pool.device)}};
+                      {"device", absl::StrCat(p.pool.device)},
+                      {"gpu_uuid", p.pool.gpu_uuid},
+                      {"pci_bus_id", p.pool.pci_bus_id}};
       },
       [](auto const&) { return std::uint64_t{1}; });
   e.gauge_per(

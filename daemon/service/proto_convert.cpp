@@ -36,6 +36,8 @@ void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescriptio
   out->set_id(in.id);
   out->set_name(in.name);
   out->set_device(in.device);
+  out->set_gpu_uuid(in.gpu_uuid);
+  out->set_pci_bus_id(in.pci_bus_id);
   out->set_backend(to_proto(in.backend));
   for (auto t : in.handle_types) { out->add_handle_types(to_proto(t)); }
   out->set_capacity_bytes(in.capacity_bytes);

@@ -26,12 +26,20 @@ enum class backend_kind { host, cuda };
 struct pool_info {
   std::uint32_t id{};
   std::string name;
-  int device{-1};  ///< CUDA device ordinal, -1 for host pools
+  /// This process's CUDA ordinal for the pool's GPU (found by its UUID, so
+  /// CUDA_VISIBLE_DEVICES may renumber freely); -1 for host pools and for a
+  /// GPU this process cannot see.
+  int device{-1};
   backend_kind backend{};
   std::size_t capacity_bytes{};
   bool has_fabric_handle{false};  ///< CUDA pools: importable by fabric handle too
   std::size_t max_alignment{};    ///< largest alignment the pool accepts
   bool pinnable{false};           ///< host pools: usable by pinned_host_memory_resource
+  /// CUDA pools: the GPU as every process names it, "GPU-5f3c2b1a-..." as
+  /// nvidia-smi -L prints it, and its PCI bus id "0000:3b:00.0" (empty from a
+  /// daemon older than 0.2, which `device` then numbers as the daemon does).
+  std::string gpu_uuid{};
+  std::string pci_bus_id{};
 };
 
 /// What a slab-mode resource carved out of its slabs of one pool.
@@ -110,8 +118,10 @@ class session {
   /// stream that freed the import. Returns without waiting for the GPU. The
   /// event may be recorded again once this record has completed. Returns
   /// false, freeing nothing, when the daemon cannot open this process's events
-  /// (FAILED_PRECONDITION: e.g. no shared /dev/shm); wait for the event and
-  /// free without one then.
+  /// (FAILED_PRECONDITION: a daemon of another uid, or another /dev/shm);
+  /// wait for the event and free without one then. ipc_memory_resource does
+  /// not use this: interprocess events need a shared /dev/shm and one uid,
+  /// and CUDA leaves a file in /dev/shm for each (docs/protocol.md).
   [[nodiscard]] bool free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
 
   /// Tells the daemon what slab-mode resources carved (replacing the last
@@ -133,8 +143,9 @@ class session {
   /// CUDA error if the import fails.
   [[nodiscard]] cudaMemPool_t cuda_pool(std::uint32_t pool_id) const;
 
-  /// The pool of `device` (the first CUDA pool on it). Throws
-  /// rmmd::logic_error naming the devices there are.
+  /// The pool on this process's CUDA device `device` (the first CUDA pool on
+  /// that GPU, matched by UUID). Throws rmmd::logic_error naming the GPUs the
+  /// daemon serves when none is on it.
   [[nodiscard]] pool_info const& device_pool(int device) const;
 
   /// For rmmd's own tools (rmmctl): the implementation.

@@ -213,6 +213,22 @@ INSTANTIATE_TEST_SUITE_P(
                       1,
                       33,
                       "device applies to CUDA pools only"},
+        semantic_case{"pools { name: \"h\" backend: HOST gpu: \"0000:3b:00.0\" }",
+                      1,
+                      33,
+                      "gpu applies to CUDA pools only"},
+        semantic_case{"pools { name: \"g\" backend: CUDA gpu: \"GPU-12\" }",
+                      1,
+                      33,
+                      "gpu \"GPU-12\" is neither a GPU UUID"},
+        semantic_case{"pools { name: \"g\" backend: CUDA gpu: \"3b:00\" }",
+                      1,
+                      33,
+                      "nor a PCI bus id (0000:3b:00.0)"},
+        semantic_case{"pools { name: \"g\" backend: CUDA device: 1 gpu: \"3b:00.0\" }",
+                      1,
+                      43,
+                      "both device and gpu name the GPU"},
         semantic_case{"pools { name: \"g\" backend: CUDA handle_types: FABRIC }",
                       1,
                       33,
@@ -268,6 +284,19 @@ INSTANTIATE_TEST_SUITE_P(
         semantic_case{"metrics_address: \"::1:9464\"", 1, 1, "in brackets"},
         semantic_case{"metrics_address: \"127.0.0.1:99999\"", 1, 1, "not a number from 1 to 65535"},
         semantic_case{"metrics_address: \":9464\"", 1, 1, "the host is empty"}));
+
+TEST(ConfigLoader, APoolsGpuIsNamedByUuidOrPciBusId)
+{
+  for (auto const* gpu : {"GPU-5f3c2b1a-0a1b-2c3d-4e5f-60718293a4b5",
+                          "gpu-5F3C2B1A-0A1B-2C3D-4E5F-60718293A4B5",
+                          "0000:3b:00.0",
+                          "00000000:3B:00.0",
+                          "3b:00.0"}) {
+    auto const s = parse_ok(absl::StrCat("pools { name: \"g\" backend: CUDA gpu: \"", gpu, "\" }"));
+    ASSERT_EQ(s.pools.size(), 1u) << gpu;
+    EXPECT_EQ(s.pools[0].gpu, gpu);
+  }
+}
 
 TEST(ConfigLoader, GoodAddressesAreAccepted)
 {

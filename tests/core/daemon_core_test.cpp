@@ -324,21 +324,32 @@ TEST_F(CoreWithPool, InvalidArgumentsAreRefusedAndChangeNothing)
     std::size_t bytes, alignment;
     std::vector<char const*> says;
   };
-  for (auto const& r : std::vector<bad>{
-           {pool_, 0, 0, {"pool 'host'", "size 0"}},
-           {pool_,
-            pool_size + 1,
-            0,
-            {"pool 'host'", "67108865 bytes", "larger than the pool's capacity of 67108864 bytes"}},
-           {pool_, 4096, 3, {"pool 'host'", "alignment 3", "power of two"}},
-           {pool_, 4096, 4 * MiB, {"pool 'host'", "alignment 4194304", "2097152"}},
-           {7, 4096, 0, {"unknown pool id 7", "0 to 0"}}}) {
+  for (auto const& r :
+       std::vector<bad>{{pool_, 0, 0, {"pool 'host'", "size 0"}},
+                        {pool_, 4096, 3, {"pool 'host'", "alignment 3", "power of two"}},
+                        {pool_, 4096, 4 * MiB, {"pool 'host'", "alignment 4194304", "2097152"}},
+                        {7, 4096, 0, {"unknown pool id 7", "0 to 0"}}}) {
     auto st = core_.allocate(session_, r.pool, r.bytes, r.alignment).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << r.says.back();
     for (auto const* fact : r.says) { EXPECT_THAT(st.message(), HasSubstr(fact)); }
   }
   EXPECT_EQ(fingerprint(core_), before);
   EXPECT_EQ(backend_->allocate_calls, 1u);  // none of them reached the backend
+}
+
+TEST_F(CoreWithPool, ARequestLargerThanThePoolIsOutOfMemoryAndChangesNothing)
+{
+  // As RMM's resources do for a request no memory could hold: out of memory,
+  // not a bad argument (the client raises rmm::out_of_memory).
+  auto const before = fingerprint(core_);
+  auto st           = core_.allocate(session_, pool_, pool_size + 1, 0).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("pool 'host'"),
+                    HasSubstr("67108865 bytes"),
+                    HasSubstr("larger than the pool's capacity of 67108864 bytes")));
+  EXPECT_EQ(fingerprint(core_), before);
+  EXPECT_EQ(backend_->allocate_calls, 0u);
 }
 
 TEST_F(CoreWithPool, AClosedSessionCannotAllocate)
@@ -833,7 +844,7 @@ TEST_F(PoolLimitTest, ThePoolLimitIsResourceExhausted)
   EXPECT_TRUE(core_.allocate(session_, pool_, MiB / 2, 0).ok());  // exactly up to the limit
   // Beyond the limit is beyond this pool's capacity, however much the memfd holds.
   EXPECT_EQ(core_.allocate(session_, pool_, 3 * MiB, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(DaemonCore, AFragmentedHostPoolIsResourceExhaustedNamingThePool)

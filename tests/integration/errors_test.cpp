@@ -68,7 +68,6 @@ TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
   };
   for (auto const& r :
        {bad_request{pool_, 0, 0, "size 0"},
-        bad_request{pool_, std::uint64_t{1} << 62, 0, "larger than the pool"},
         bad_request{pool_, 4096, 3, "alignment 3 is not a power of two"},
         bad_request{pool_, 4096, std::uint64_t{1} << 40, "not a power of two between"},
         bad_request{99, 4096, 0, "unknown pool id 99"}}) {
@@ -77,6 +76,24 @@ TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
     EXPECT_THAT(st.error_message(), HasSubstr(r.says));
   }
   EXPECT_THROW((void)session_.allocate(pool_, 0, 0), rmmd::logic_error);
+  EXPECT_EQ(ledger(daemon_.stats()), before);
+  session_.free(held.id);
+}
+
+TEST_P(ErrorTable, ARequestNoPoolCouldHoldIsOutOfMemoryAndChangesNothing)
+{
+  // As RMM's own resources answer a request larger than any memory they have.
+  auto held         = session_.allocate(pool_, 4096, 0);
+  auto const before = ledger(daemon_.stats());
+  auto st           = allocate(session_, pool_, std::uint64_t{1} << 50, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("larger than the pool's capacity"));
+  try {
+    (void)session_.allocate(pool_, std::size_t{1} << 50, 0);
+    ADD_FAILURE() << "1 PiB was granted";
+  } catch (rmm::out_of_memory const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("out_of_memory"));
+  }
   EXPECT_EQ(ledger(daemon_.stats()), before);
   session_.free(held.id);
 }

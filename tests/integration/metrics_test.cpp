@@ -96,7 +96,7 @@ TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
   session_.free(a.id);
   EXPECT_THROW((void)session_.allocate(pool, 0, 0), rmmd::logic_error);  // INVALID_ARGUMENT
   EXPECT_THROW(session_.free(a.id), rmmd::logic_error);                  // NOT_FOUND
-  EXPECT_THROW((void)session_.allocate(pool, 1ull << 40, 0), rmmd::logic_error);
+  EXPECT_THROW((void)session_.allocate(pool, 1ull << 40, 0), rmm::out_of_memory);
 
   auto const text = scrape();
   auto const held = std::to_string((2 << 20) + 4096);
@@ -106,7 +106,9 @@ TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
   for (auto const& line : std::vector<std::string>{
            "rmmd_sessions 1",
            "rmmd_draining 0",
-           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\"} 1",
+           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\",gpu_uuid="
+           "\"\","
+           "pci_bus_id=\"\"} 1",
            "rmmd_pool_capacity_bytes{pool=\"host\"} " + std::to_string(64 << 20),
            "rmmd_pool_in_use_bytes{pool=\"host\"} " + held,
            "rmmd_pool_high_water_bytes{pool=\"host\"} " + std::to_string((3 << 20) + 4096),
@@ -117,7 +119,8 @@ TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
            "rmmd_uid_sessions{uid=\"" + uid + "\"} 1",
            // The session's calls travel on its session socket.
            "rmmd_session_calls_total{method=\"Allocate\",code=\"OK\"} 3",
-           "rmmd_session_calls_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 2",
+           "rmmd_session_calls_total{method=\"Allocate\",code=\"INVALID_ARGUMENT\"} 1",
+           "rmmd_session_calls_total{method=\"Allocate\",code=\"RESOURCE_EXHAUSTED\"} 1",
            "rmmd_session_calls_total{method=\"Free\",code=\"OK\"} 1",
            "rmmd_session_calls_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
            "rmmd_session_call_duration_seconds_count{method=\"Allocate\"} 5",

@@ -49,6 +49,8 @@ daemon_snapshot sample_snapshot()
   gpu.pool.name               = "gpu0";
   gpu.pool.backend            = core::backend_kind::cuda;
   gpu.pool.device             = 0;
+  gpu.pool.gpu_uuid           = "GPU-5f3c2b1a-0000-1111-2222-333344445555";
+  gpu.pool.pci_bus_id         = "0000:3b:00.0";
   gpu.pool.capacity_bytes     = 1 << 30;
   gpu.backend_reserved_bytes  = 1 << 25;
   gpu.backend_used_bytes      = 1 << 24;
@@ -150,8 +152,11 @@ TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
            "rmmd_uptime_seconds 12.5",
            "rmmd_draining 1",
            "rmmd_sessions 2",
-           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\"} 1",
-           "rmmd_pool_info{pool=\"gpu0\",pool_id=\"1\",backend=\"cuda\",device=\"0\"} 1",
+           "rmmd_pool_info{pool=\"host\",pool_id=\"0\",backend=\"host\",device=\"-1\",gpu_uuid="
+           "\"\","
+           "pci_bus_id=\"\"} 1",
+           "rmmd_pool_info{pool=\"gpu0\",pool_id=\"1\",backend=\"cuda\",device=\"0\","
+           "gpu_uuid=\"GPU-5f3c2b1a-0000-1111-2222-333344445555\",pci_bus_id=\"0000:3b:00.0\"} 1",
            "rmmd_pool_capacity_bytes{pool=\"host\"} 1048576",
            "rmmd_pool_in_use_bytes{pool=\"host\"} 4096",
            "rmmd_pool_high_water_bytes{pool=\"host\"} 8192",

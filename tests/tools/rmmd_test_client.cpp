@@ -20,8 +20,19 @@
 //   rmmd_test_client device-free-pending BYTES
 //       allocates BYTES from the GPU 0 pool, stalls its stream (a host
 //       function that never returns), frees the buffer on that stream (the
-//       daemon gets an interprocess event that will never complete), prints
+//       Free waits behind the stall and will never be sent), prints
 //       "pending" and waits to be killed.
+//   rmmd_test_client device-identity
+//       for each CUDA device this process sees (its CUDA_VISIBLE_DEVICES
+//       decides which): the pool ipc_memory_resource picks for it, a direct
+//       allocation filled with the device's number and read back, and the
+//       device the pointer lives on: "device D uuid U pool NAME pool_uuid P
+//       lives_on U2 intact|corrupted". For each CUDA pool on a GPU it cannot
+//       see: "pool NAME invisible: MESSAGE". Then "done".
+//   rmmd_test_client device-churn COUNT BYTES
+//       COUNT direct allocations of BYTES from its device's pool, each written
+//       and freed on a stream without waiting for it; then synchronises, prints
+//       "done" and waits for stdin to close.
 //   rmmd_test_client verify OFFSET:BYTES:SEED...
 //       opens its own session, maps the host pool and checks that each range
 //       holds its pattern (written by another process); prints "verified N"
@@ -144,6 +155,101 @@ int device_free_pending(std::size_t bytes)
   for (;;) { ::pause(); }
 }
 
+std::string uuid_of(int device)
+{
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) { return "?"; }
+  char out[64];
+  auto const* b = reinterpret_cast<unsigned char const*>(prop.uuid.bytes);
+  std::snprintf(out,
+                sizeof(out),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                b[0],
+                b[1],
+                b[2],
+                b[3],
+                b[4],
+                b[5],
+                b[6],
+                b[7],
+                b[8],
+                b[9],
+                b[10],
+                b[11],
+                b[12],
+                b[13],
+                b[14],
+                b[15]);
+  return out;
+}
+
+int device_identity()
+{
+  rmmd::session s(rmmd::session::options{.client_name = "identity"});
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) { return 4; }
+  constexpr std::size_t bytes = 1 << 20;
+  for (int d = 0; d < count; ++d) {
+    if (cudaSetDevice(d) != cudaSuccess) { return 4; }
+    try {
+      rmmd::ipc_memory_resource mr(
+          s, rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct});
+      cuda::stream_ref stream{cudaStream_t{}};
+      void* p = mr.allocate(stream, bytes, 256);
+      std::vector<unsigned char> back(bytes);
+      bool ok = cudaMemsetAsync(p, d + 1, bytes, stream.get()) == cudaSuccess &&
+                cudaMemcpyAsync(back.data(), p, bytes, cudaMemcpyDeviceToHost, stream.get()) ==
+                    cudaSuccess &&
+                cudaStreamSynchronize(stream.get()) == cudaSuccess;
+      for (auto b : back) { ok = ok && b == d + 1; }
+      cudaPointerAttributes attrs{};
+      std::string lives_on =
+          cudaPointerGetAttributes(&attrs, p) == cudaSuccess ? uuid_of(attrs.device) : "?";
+      mr.deallocate(stream, p, bytes, 256);
+      std::printf("device %d uuid %s pool %s pool_uuid %s lives_on %s %s\n",
+                  d,
+                  uuid_of(d).c_str(),
+                  mr.pool().name.c_str(),
+                  mr.pool().gpu_uuid.c_str(),
+                  lives_on.c_str(),
+                  ok ? "intact" : "corrupted");
+    } catch (std::exception const& e) {
+      std::printf("device %d error %s\n", d, e.what());
+    }
+  }
+  for (auto const& pool : s.pools()) {
+    if (pool.backend != rmmd::backend_kind::cuda || pool.device >= 0) { continue; }
+    try {
+      rmmd::ipc_memory_resource mr(s, pool.name);
+      std::printf("pool %s invisible but usable\n", pool.name.c_str());
+    } catch (rmmd::logic_error const& e) {
+      std::printf("pool %s invisible: %s\n", pool.name.c_str(), e.what());
+    }
+  }
+  std::printf("done\n");
+  return 0;
+}
+
+int device_churn(int count, std::size_t bytes)
+{
+  rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "churn"}),
+                               rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct});
+  cudaStream_t stream{};
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) { return 4; }
+  for (int i = 0; i < count; ++i) {
+    void* p = mr.allocate(cuda::stream_ref{stream}, bytes, 256);
+    if (cudaMemsetAsync(p, i & 0xff, bytes, stream) != cudaSuccess) { return 4; }
+    mr.deallocate(cuda::stream_ref{stream}, p, bytes, 256);
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) { return 4; }
+  std::printf("done\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
 int verify(int argc, char** argv)
 {
   rmmd::session s(rmmd::session::options{.client_name = "verifier"});
@@ -184,6 +290,10 @@ int main(int argc, char** argv)
     if (argc >= 2 && std::strcmp(argv[1], "write") == 0) {
       return write_patterns(argc - 2, argv + 2);
     }
+    if (argc == 2 && std::strcmp(argv[1], "device-identity") == 0) { return device_identity(); }
+    if (argc == 4 && std::strcmp(argv[1], "device-churn") == 0) {
+      return device_churn(std::stoi(argv[2]), std::stoull(argv[3]));
+    }
     if (argc == 3 && std::strcmp(argv[1], "device-free-pending") == 0) {
       return device_free_pending(std::stoull(argv[2]));
     }
@@ -194,6 +304,7 @@ int main(int argc, char** argv)
   std::fprintf(stderr,
                "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | "
                "slab-hold BYTES VALUE | write "
-               "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES\n");
+               "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES | "
+               "device-identity | device-churn COUNT BYTES\n");
   return 2;
 }

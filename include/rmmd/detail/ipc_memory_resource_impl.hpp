@@ -6,8 +6,8 @@
 #include <cuda/memory_resource>
 #include <cuda/stream>
 
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,14 +46,24 @@ namespace rmmd::detail {
 
 class slab_carver;
 
+/// The frees of one resource that wait for their stream (shared with the host
+/// functions that complete them, which may outlive the resource at exit).
+struct pending_releases {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::size_t count{};  // guarded by mutex
+};
+
 /// The shared state behind rmmd::ipc_memory_resource. Not copyable.
 class ipc_memory_resource_impl {
  public:
   /// REQUIRES: `pool` is one of `s`'s CUDA pools. Imports it (once per session).
+  /// Throws rmmd::logic_error when this process cannot see the pool's GPU.
   ipc_memory_resource_impl(session s, pool_info const& pool, ipc_resource_options options = {});
   ipc_memory_resource_impl(ipc_memory_resource_impl const&)            = delete;
   ipc_memory_resource_impl& operator=(ipc_memory_resource_impl const&) = delete;
-  /// Frees what is still allocated through it (never throws).
+  /// Frees what is still allocated through it (never throws; no CUDA call
+  /// and no message while the process exits).
   ~ipc_memory_resource_impl();
 
   [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
@@ -95,33 +105,20 @@ class ipc_memory_resource_impl {
 
  private:
   /// Frees the import on `stream`, then has the daemon free the lease once
-  /// the stream passes that point: by an interprocess event the daemon polls,
-  /// or (no event to spare) by waiting for the stream here.
+  /// the stream passes that point: a host function enqueued after the free
+  /// sends the Free (no interprocess event, so any uid and any /dev/shm).
   void release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept;
-
-  /// Records a free interprocess event on `stream` and returns its handle, or
-  /// false when none can be had (all busy, or `stream` is on another device).
-  bool record_release_event(cudaStream_t stream,
-                            cudaIpcEventHandle_t& handle,
-                            cudaEvent_t& event) noexcept;
-
-  struct release_event {
-    cudaEvent_t event{};
-    cudaIpcEventHandle_t handle{};
-  };
-  /// At most this many release events in flight; past it, frees wait.
-  static constexpr std::size_t max_release_events = 64;
+  /// Waits until no free of this resource waits for its stream; false at
+  /// the deadline.
+  bool wait_for_releases(std::chrono::steady_clock::time_point deadline) noexcept;
 
   session session_;
   pool_info pool_;
   ipc_resource_options options_;
   cudaMemPool_t imported_{};
   lease_table leases_;
-  std::mutex events_mutex_;
-  std::vector<release_event> events_;  // an event may be reused once its record completed
-  std::size_t next_event_{};
-  std::atomic<bool> events_refused_{false};  // the daemon cannot open our events
-  std::unique_ptr<slab_carver> carver_;      // slab mode only; destroyed first
+  std::shared_ptr<pending_releases> pending_ = std::make_shared<pending_releases>();
+  std::unique_ptr<slab_carver> carver_;  // slab mode only; destroyed first
 };
 
 }  // namespace rmmd::detail
