@@ -11,10 +11,11 @@
 
 namespace rmmd::test {
 
-daemon_process::daemon_process(std::vector<std::string> extra_args)
+daemon_process::daemon_process(std::vector<std::string> extra_args, std::string user)
     : tools::daemon_process({.program    = program_path("rmmd"),
                              .args       = std::move(extra_args),
-                             .dir_prefix = "rmmd-test-"})
+                             .dir_prefix = "rmmd-test-",
+                             .user       = std::move(user)})
 {
 }
 

@@ -19,9 +19,10 @@ namespace rmmd::test {
 
 class daemon_process : public tools::daemon_process {
  public:
-  /// Starts rmmd with `extra_args` (after --runtime-dir); throws if it is not
-  /// ready within 30 s.
-  explicit daemon_process(std::vector<std::string> extra_args = {});
+  /// Starts rmmd with `extra_args` (after --runtime-dir), as `user` if given
+  /// (see tools::daemon_process::options::user and test_users.hpp); throws
+  /// if it is not ready within 30 s.
+  explicit daemon_process(std::vector<std::string> extra_args = {}, std::string user = {});
   daemon_process(daemon_process const&)            = delete;
   daemon_process& operator=(daemon_process const&) = delete;
   ~daemon_process();

@@ -1,5 +1,7 @@
 #include "tools/process/child_process.hpp"
 
+#include "tools/process/system_user.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -81,6 +83,10 @@ child_process::child_process(std::vector<std::string> argv,
                              std::vector<std::string> env,
                              spawn_options opts)
 {
+  if (!opts.user.empty()) {
+    auto prefix = run_as_prefix(opts.user);
+    argv.insert(argv.begin(), prefix.begin(), prefix.end());
+  }
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0) { throw_errno("pipe2"); }
   if (::pipe2(out, O_CLOEXEC) != 0) {

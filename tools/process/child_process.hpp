@@ -36,13 +36,18 @@ struct spawn_options {
   bool merge_stderr{false};
   /// kill_all_children() kills it after the others (a daemon they talk to).
   bool kill_last{false};
+  /// Run the child as this user (a name), with its primary and supplementary
+  /// groups, through `setpriv` (see system_user.hpp); empty: as this process.
+  /// The program and every directory above it must be reachable by that user.
+  std::string user{};
 };
 
 class child_process {
  public:
   /// Starts argv[0] (a path) with stdin and stdout piped. `env` entries
   /// ("NAME=value") are added to this process's environment. Throws
-  /// std::system_error if it cannot be started.
+  /// std::system_error if it cannot be started, std::runtime_error if
+  /// `opts.user` cannot be used (saying why).
   explicit child_process(std::vector<std::string> argv,
                          std::vector<std::string> env = {},
                          spawn_options opts           = {});

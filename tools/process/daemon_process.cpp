@@ -1,10 +1,12 @@
 #include "tools/process/daemon_process.hpp"
 
 #include "tools/process/notify_socket.hpp"
+#include "tools/process/system_user.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,6 +29,20 @@ struct remove_on_failure {
   }
 };
 
+[[noreturn]] void throw_errno(std::string const& what)
+{
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+/// Gives `path` to `user` and its primary group, as systemd gives the unit's
+/// RuntimeDirectory= to its User= and Group=.
+void give_to(std::filesystem::path const& path, system_user const& user)
+{
+  if (::chown(path.c_str(), user.uid, user.gid) != 0) {
+    throw_errno("chown " + path.string() + " to user " + user.name);
+  }
+}
+
 }  // namespace
 
 daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
@@ -37,11 +53,24 @@ daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
   }
   dir_ = tmpl;
   remove_on_failure cleanup{&dir_};
+  std::optional<system_user> user;
+  if (!opts.user.empty()) {
+    user = find_user(opts.user);
+    if (!user) {
+      throw std::runtime_error("cannot start rmmd as user \"" + opts.user +
+                               "\": no such user on this system");
+    }
+    give_to(dir_, *user);
+    // mkdtemp made it 0700: the daemon's group must reach the sockets.
+    if (::chmod(dir_.c_str(), 0750) != 0) { throw_errno("chmod 0750 " + dir_.string()); }
+  }
   notify_socket notify(dir_ / "notify.sock");
+  // Connecting to a Unix socket takes write permission on its file.
+  if (user) { give_to(dir_ / "notify.sock", *user); }
   argv_ = {opts.program.string(), "--runtime-dir", dir_.string()};
   argv_.insert(argv_.end(), opts.args.begin(), opts.args.end());
 
-  spawn_options spawn{.kill_last = opts.kill_last};
+  spawn_options spawn{.kill_last = opts.kill_last, .user = opts.user};
   int log_fd = -1;
   if (opts.log_to_file) {
     log_fd = ::open((dir_ / "rmmd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

@@ -2,7 +2,9 @@
 
 // The real rmmd, started as a separate process in a runtime directory of its
 // own (/tmp/<prefix>XXXXXX, removed again by the destructor), ready once it has
-// sent READY=1 to a notify socket the starter owns, as systemd would see it.
+// sent READY=1 to a notify socket the starter owns, as systemd would see it;
+// as this process's user, or as another one the way the shipped unit runs it
+// (User=rmmd, RuntimeDirectoryMode=0750).
 
 #include "tools/process/child_process.hpp"
 
@@ -27,14 +29,20 @@ class daemon_process {
     bool log_to_file{false};
     /// kill_all_children() kills the daemon after its clients.
     bool kill_last{false};
+    /// Run rmmd as this user (spawn_options::user) instead of this process's:
+    /// the runtime directory is then given to that user and its primary group
+    /// with mode 0750 (members of the group reach the sockets, as under
+    /// systemd's RuntimeDirectory=), and so is the notify socket. REQUIRES:
+    /// root, and rmmd's program reachable by that user.
+    std::string user{};
     std::chrono::milliseconds ready_timeout{30s};
     /// How long the destructor waits after SIGTERM before it SIGKILLs.
     std::chrono::milliseconds stop_timeout{30s};
   };
 
   /// Throws std::runtime_error naming the reason (and the log's tail, with
-  /// `log_to_file`) if rmmd does not send READY=1 within `ready_timeout`;
-  /// the runtime directory is removed again then.
+  /// `log_to_file`) if rmmd does not send READY=1 within `ready_timeout`, or
+  /// if `user` cannot be used; the runtime directory is removed again then.
   explicit daemon_process(options opts);
   daemon_process(daemon_process const&)            = delete;
   daemon_process& operator=(daemon_process const&) = delete;
