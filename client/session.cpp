@@ -70,9 +70,8 @@ int connect_session_socket(std::filesystem::path const& dir)
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw rmmd::logic_error(message);
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      // Named as RMM's own resources name it ("out_of_memory: ..."), so code
-      // that reads what() (RMM's Python layer, logs) sees the same words.
-      throw rmm::out_of_memory("out_of_memory: " + message);
+      // what() reads "std::bad_alloc: out_of_memory: rmmd: ...", as RMM's own.
+      throw rmm::out_of_memory(message);
     case grpc::StatusCode::PERMISSION_DENIED:
       throw permission_error(message);
     case grpc::StatusCode::UNAUTHENTICATED:

@@ -22,19 +22,21 @@ namespace rmmd {
 /// rmm::mr::set_current_device_resource.
 ///
 /// allocate(stream, ...) returns memory ready for use on `stream` (and on any
-/// other: the daemon completes the allocation before it replies).
+/// other: the daemon completes the allocation before it replies);
+/// allocate(0) returns nullptr without a request, as RMM's resources do.
 /// deallocate(stream, ptr, ...) returns the memory to the slab in stream order
-/// (slab mode), or frees the import in stream order and hands the daemon an
-/// interprocess event to free its allocation after (direct mode; once the
-/// daemon has accepted one event, the Free goes out without waiting for its
-/// reply, and a failure is printed later). It does not wait for the GPU, except in direct mode when
-/// all 64 of the resource's events are still in flight, when `stream` belongs to another device, or
-/// when the daemon cannot open this process's events (no shared /dev/shm): then it synchronises
-/// `stream` first. It never throws, and does nothing while the process exits (the daemon reclaims
-/// what a closed session held). trim() and the destructor synchronise the pool's device before
-/// slabs go back.
+/// (slab mode), or frees the import in stream order and enqueues a host
+/// function that sends the daemon its Free once the stream has passed that
+/// point (direct mode). It does not wait for the GPU, never throws, ignores
+/// nullptr, and does nothing while the process exits (the daemon reclaims
+/// what a closed session held). trim() and the destructor synchronise the
+/// pool's device before slabs go back.
 ///
-/// Throws (allocate): rmm::out_of_memory (quota, pool limit, device memory),
+/// The pool is found by its GPU's UUID, so the device ordinal is this
+/// process's own, whatever CUDA_VISIBLE_DEVICES says.
+///
+/// Throws (allocate): rmm::out_of_memory (quota, pool limit, device memory, a
+/// request larger than the pool),
 /// rmmd::logic_error (bad size or alignment), rmmd::session_error (daemon
 /// gone), rmm::bad_alloc (a CUDA error, named).
 ///

@@ -5,6 +5,7 @@
 // another uid cannot open). Real daemon, real client processes.
 
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/test_users.hpp"
 #include "tools/gpu/gpu_identity.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
@@ -266,17 +267,18 @@ std::size_t cuda_shm_files()
   return n;
 }
 
-TEST(StreamOrderedFree, DirectFreesLeaveNothingInDevShmAndNeverFallBackToWaiting)
+/// Runs `device-churn` clients (one exits, one is SIGKILLed) against `daemon`
+/// as `user` (empty: this process's) and checks that none fell back to
+/// waiting, that the daemon got everything back and that /dev/shm is as it was.
+void churn_and_check(daemon_process& daemon, std::string const& user)
 {
-  REQUIRE_GPUS(1);
-  daemon_process daemon({"--cuda-pool-bytes", "1GiB"});
   auto const before = cuda_shm_files();
   for (bool kill : {false, true}) {
     SCOPED_TRACE(kill ? "SIGKILLed" : "exits");
     child_process client(
         {program_path("rmmd_test_client").string(), "device-churn", "300", "1048576"},
         {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()},
-        {.merge_stderr = true});
+        {.merge_stderr = true, .user = user});
     std::vector<std::string> said;
     while (auto line = client.read_line(60s)) {
       if (*line == "done") { break; }
@@ -299,6 +301,38 @@ TEST(StreamOrderedFree, DirectFreesLeaveNothingInDevShmAndNeverFallBackToWaiting
     auto const stats = daemon.stats();
     for (auto const& p : stats.pools()) { EXPECT_EQ(p.in_use_bytes(), 0u) << p.pool().name(); }
   }
+}
+
+TEST(StreamOrderedFree, DirectFreesLeaveNothingInDevShmAndNeverFallBackToWaiting)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "1GiB"});
+  churn_and_check(daemon, {});
+}
+
+TEST(StreamOrderedFree, SoAcrossUidsAsTheShippedUnitRunsThem)
+{
+  REQUIRE_GPUS(1);
+  // rmmd as user rmmd, the client as another user of group rmmd: a daemon of
+  // another uid cannot open CUDA's interprocess events, so this is where the
+  // old release events fell back to waiting for the stream.
+  auto rmmd_user = ensure_user(daemon_user, daemon_group);
+  if (!rmmd_user) { GTEST_SKIP() << users_need_root(); }
+  auto client = ensure_user(client_user_a, daemon_group);
+  ASSERT_TRUE(client);
+  for (auto [user, program] :
+       {std::pair{*rmmd_user, "rmmd"}, std::pair{*client, "rmmd_test_client"}}) {
+    auto why = unreachable_for(user, program_path(program));
+    ASSERT_TRUE(why.empty()) << why;
+  }
+  daemon_process daemon({"--cuda-pool-bytes",
+                         "1GiB",
+                         "--allow-uid",
+                         "0",
+                         "--allow-gid",
+                         std::to_string(rmmd_user->gid)},
+                        daemon_user);
+  churn_and_check(daemon, client_user_a);
 }
 
 }  // namespace

@@ -148,9 +148,16 @@ TEST_F(IpcMemoryResource, ErrorsAreTyped)
 {
   rmmd::ipc_memory_resource mr(*session_, direct);
   cuda::stream_ref stream{cudaStream_t{}};
-  EXPECT_THROW((void)mr.allocate(stream, 0, 256), rmmd::logic_error);
+  EXPECT_EQ(mr.allocate(stream, 0, 256), nullptr);  // as RMM's resources: no request
+  mr.deallocate(stream, nullptr, 0, 256);
   EXPECT_THROW((void)mr.allocate(stream, 1024, 4096), rmmd::logic_error);  // above 256
-  EXPECT_THROW((void)mr.allocate(stream, std::size_t{1} << 40, 256), rmmd::logic_error);
+  try {
+    (void)mr.allocate(stream, std::size_t{1} << 40, 256);
+    ADD_FAILURE() << "1 TiB was granted";
+  } catch (rmm::out_of_memory const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("out_of_memory"));
+    EXPECT_THAT(e.what(), HasSubstr("larger than the pool's capacity"));
+  }
   EXPECT_THROW(rmmd::ipc_memory_resource(*session_, 99), rmmd::logic_error);
   EXPECT_THROW(rmmd::ipc_memory_resource(*session_, "host"), rmmd::logic_error);
   EXPECT_EQ(gpu_pool(daemon_->stats(), 0).in_use_bytes(), 0u);
