@@ -54,6 +54,7 @@ struct daemon_flags {
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
   std::size_t uid_quota_bytes{};
+  rmmd::session::admission_limits admission{};
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
@@ -134,6 +135,30 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
   }
   if (given("--session-quota-bytes")) { s.quotas.per_session_bytes = flags.session_quota_bytes; }
   if (given("--uid-quota-bytes")) { s.quotas.per_uid_bytes = flags.uid_quota_bytes; }
+  if (given("--max-pending-per-uid")) {
+    s.admission.max_pending_per_uid = flags.admission.max_pending_per_uid;
+  }
+  if (given("--max-pending-total")) {
+    s.admission.max_pending_total = flags.admission.max_pending_total;
+  }
+  if (given("--max-sessions-per-uid")) {
+    s.admission.max_sessions_per_uid = flags.admission.max_sessions_per_uid;
+  }
+  if (given("--max-sessions-total")) {
+    s.admission.max_sessions_total = flags.admission.max_sessions_total;
+  }
+  auto const& a = s.admission;
+  if (a.max_pending_per_uid > a.max_pending_total) {
+    rmmd::log::error(
+        "%s", config::per_uid_above_total("pending", a.max_pending_per_uid, a.max_pending_total));
+    return false;
+  }
+  if (a.max_sessions_per_uid > a.max_sessions_total) {
+    rmmd::log::error(
+        "%s",
+        config::per_uid_above_total("sessions", a.max_sessions_per_uid, a.max_sessions_total));
+    return false;
+  }
   if (given("--hello-timeout-ms")) {
     s.hello_timeout = std::chrono::milliseconds(flags.hello_timeout_ms);
   }
@@ -483,6 +508,22 @@ int main(int argc, char** argv)
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--uid-quota-bytes", flags.uid_quota_bytes, "Bytes one uid may hold; 0: no limit")
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-pending-per-uid",
+                 flags.admission.max_pending_per_uid,
+                 "Connections of one uid that have not said hello yet; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-pending-total",
+                 flags.admission.max_pending_total,
+                 "Connections of all uids that have not said hello yet; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-sessions-per-uid",
+                 flags.admission.max_sessions_per_uid,
+                 "Open sessions of one uid; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-sessions-total",
+                 flags.admission.max_sessions_total,
+                 "Open sessions of all uids; more are refused")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--hello-timeout-ms", flags.hello_timeout_ms, "Time a client has to say hello")
       ->check(CLI::Range(1, 600000));
   app.add_option("--max-message-bytes", flags.max_message_bytes, "Largest gRPC message accepted")
@@ -556,12 +597,16 @@ int main(int argc, char** argv)
   rmmd::service::rmmd_service service(core);
 
   // Prometheus metrics: off unless metrics_address (file or --metrics-address).
+  rmmd::metrics::admission_metrics admission_metrics;
   std::unique_ptr<rmmd::metrics::metrics_server> metrics;
   if (!settings.metrics_address.empty()) {
     try {
       metrics = std::make_unique<rmmd::metrics::metrics_server>(
-          settings.metrics_address,
-          [&service] { return render_prometheus(service.metrics_snapshot()); });
+          settings.metrics_address, [&service, &admission_metrics] {
+            auto snapshot      = service.metrics_snapshot();
+            snapshot.admission = admission_metrics.snapshot();
+            return render_prometheus(snapshot);
+          });
     } catch (std::exception const& e) {
       rmmd::log::error("metrics_address %s: %s", settings.metrics_address, e.what());
       return 1;
@@ -596,9 +641,11 @@ int main(int argc, char** argv)
       rmmd::session::listener_options{
           .socket_path       = session_path,
           .hello_deadline    = settings.hello_timeout,
+          .admission         = settings.admission,
           .max_message_bytes = static_cast<std::uint32_t>(settings.max_message_bytes),
           .socket_mode       = settings.socket_mode,
-          .call_metrics      = &service.session_call_metrics()});
+          .call_metrics      = &service.session_call_metrics(),
+          .admission_metrics = &admission_metrics});
   try {
     listener.start();
   } catch (std::exception const& e) {
@@ -642,20 +689,27 @@ int main(int argc, char** argv)
       auto const& s = *next.settings;
       log_restart_only_changes(settings, s);
       core.reconfigure(s.access, s.quotas);
+      listener.set_admission_limits(s.admission);
       rmmd::log::threshold   = s.log_level;
       settings.access        = s.access;
       settings.quotas        = s.quotas;
+      settings.admission     = s.admission;
       settings.log_level     = s.log_level;
       settings.drain_timeout = s.drain_timeout;
       rmmd::log::info(
           "reloaded %s: %d allowed uid(s), %d allowed gid(s), quotas per session %d and per uid "
-          "%d bytes (%d override(s)), log level %s, drain %d ms",
+          "%d bytes (%d override(s)), admission %d/%d silent connections and %d/%d sessions "
+          "per uid/in all, log level %s, drain %d ms",
           source.path.string(),
           s.access.uids.size(),
           s.access.gids.size(),
           s.quotas.per_session_bytes,
           s.quotas.per_uid_bytes,
           s.quotas.per_uid_overrides.size(),
+          s.admission.max_pending_per_uid,
+          s.admission.max_pending_total,
+          s.admission.max_sessions_per_uid,
+          s.admission.max_sessions_total,
           config::level_name(s.log_level),
           s.drain_timeout.count());
     }

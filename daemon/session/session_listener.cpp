@@ -165,10 +165,13 @@ struct session_listener::open_session {
   int fd{-1};
   core::session_id session{};
   pid_t pid{};
+  uid_t uid{};  // counted in admission_ until the session ends
 };
 
 session_listener::session_listener(core::daemon_core& core, listener_options options)
-    : core_(core), options_(std::move(options))
+    : core_(core),
+      options_(std::move(options)),
+      admission_(options_.admission, options_.admission_metrics)
 {
 }
 
@@ -258,15 +261,15 @@ void session_listener::run() noexcept
   watch(listen_fd_, EPOLLIN);
   watch(wake_fd_, EPOLLIN);
 
+  // Connections that have not said hello; each counts in admission_.
   std::map<int, connection> conns;
-  std::size_t pending = 0;
 
   // Forgets a connection that has not said hello, closing it unless it was
   // handed to the call threads.
   auto forget = [&](int fd, bool close) {
     auto it = conns.find(fd);
     if (it == conns.end()) { return; }
-    --pending;
+    admission_.end_pending(it->second.peer.uid);
     ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
     if (close) { ::close(fd); }
     conns.erase(it);
@@ -281,32 +284,19 @@ void session_listener::run() noexcept
     ::unlink(options_.socket_path.c_str());
   };
 
-  auto accept_all = [&] {
-    while (true) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if (errno == EINTR) { continue; }
-        return;  // EAGAIN, or a transient error: epoll will call again
-      }
-      if (pending >= options_.max_pending) {
-        // Too many silent clients: refuse rather than run out of fds.
-        send_error(fd,
-                   absl::UnavailableError(
-                       "open session: too many connections are waiting to say hello; retry"));
-        ::close(fd);
-        continue;
-      }
-      connection c{
-          .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
-      conns.emplace(fd, std::move(c));
-      ++pending;
-      watch(fd, EPOLLIN | EPOLLRDHUP);
-    }
-  };
-
   auto welcome = [&](connection& c, v1::SessionHello const& hello) -> hello_outcome {
+    // Counted before the core opens it, so that a refusal changes nothing.
+    if (auto admitted = admission_.admit_session(c.peer.uid); !admitted.ok()) {
+      log::warn("session refused for pid %d uid %d: %s",
+                c.peer.pid,
+                c.peer.uid,
+                std::string(admitted.message()));
+      send_error(c.fd, admitted);
+      return hello_outcome::refused;
+    }
     auto grant = core_.open_session(c.peer, command_name(c.peer.pid), hello.client_name());
     if (!grant.ok()) {
+      admission_.end_session(c.peer.uid);
       log::warn("session refused for pid %d uid %d: %s",
                 c.peer.pid,
                 c.peer.uid,
@@ -337,6 +327,7 @@ void session_listener::run() noexcept
     if (!send_message(c.fd, w.SerializeAsString(), fds)) {
       --open_sessions_;
       core_.close_session(grant->id);
+      admission_.end_session(c.peer.uid);
       return hello_outcome::refused;
     }
     // The token is a credential: log only its first 4 hex digits.
@@ -379,6 +370,46 @@ void session_listener::run() noexcept
     return welcome(c, hello);
   };
 
+  // Takes what the backlog holds, 64 at most per turn: a flood of
+  // connections cannot keep the loop from the hellos and deadlines of the
+  // others (the listening socket stays readable, so epoll comes back to it).
+  auto accept_some = [&] {
+    for (int turn = 0; turn < 64; ++turn) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR) { continue; }
+        return;  // EAGAIN, or a transient error: epoll will call again
+      }
+      connection c{
+          .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
+      // A client sends its hello as soon as it is connected, so it is usually
+      // here already: answered now, it never counts as waiting, and a burst
+      // of clients of one uid is not mistaken for silent ones.
+      auto const outcome = on_readable(c);
+      if (outcome == hello_outcome::welcomed) {
+        serve_calls_of(fd, c.session, c.peer);
+        continue;
+      }
+      if (outcome == hello_outcome::refused) {
+        ::close(fd);
+        continue;
+      }
+      // Silent so far: it waits, within the limits, so that silent clients
+      // can neither exhaust the daemon's fds nor crowd out other users.
+      if (auto admitted = admission_.admit_pending(c.peer.uid); !admitted.ok()) {
+        log::warn("session socket: connection of pid %d uid %d refused: %s",
+                  c.peer.pid,
+                  c.peer.uid,
+                  std::string(admitted.message()));
+        send_error(fd, admitted);
+        ::close(fd);
+        continue;
+      }
+      conns.emplace(fd, std::move(c));
+      watch(fd, EPOLLIN | EPOLLRDHUP);
+    }
+  };
+
   std::vector<epoll_event> events(64);
   while (!stopping_) {
     if (stop_accepting_) { close_listener(); }
@@ -402,7 +433,7 @@ void session_listener::run() noexcept
         continue;
       }
       if (fd == listen_fd_) {
-        accept_all();
+        accept_some();
         continue;
       }
       auto it = conns.find(fd);
@@ -413,9 +444,9 @@ void session_listener::run() noexcept
         // The connection now belongs to the call threads (a hang-up after
         // the hello is theirs to see).
         auto const session = it->second.session;
-        auto const pid     = it->second.peer.pid;
+        auto const peer    = it->second.peer;
         forget(fd, false);
-        serve_calls_of(fd, session, pid);
+        serve_calls_of(fd, session, peer);
         continue;
       }
       if (outcome == hello_outcome::refused ||
@@ -441,10 +472,12 @@ void session_listener::run() noexcept
   ::close(ep);
 }
 
-void session_listener::serve_calls_of(int fd, core::session_id session, pid_t pid)
+void session_listener::serve_calls_of(int fd,
+                                      core::session_id session,
+                                      core::peer_credentials const& peer)
 {
-  auto owned =
-      std::make_unique<open_session>(open_session{.fd = fd, .session = session, .pid = pid});
+  auto owned = std::make_unique<open_session>(
+      open_session{.fd = fd, .session = session, .pid = peer.pid, .uid = peer.uid});
   auto* s = owned.get();
   {
     std::lock_guard lock(open_mutex_);
@@ -472,6 +505,9 @@ void session_listener::end_session(open_session* s) noexcept
   }
   ::epoll_ctl(calls_epoll_, EPOLL_CTL_DEL, s->fd, nullptr);
   ::close(s->fd);
+  // The slot is free once the connection is: before the core's stats stop
+  // showing the session, so whoever sees it gone may open another.
+  admission_.end_session(s->uid);
   core_.close_session(s->session);
   --open_sessions_;
   log::info("session %d closed (pid %d)", s->session, s->pid);
