@@ -5,6 +5,7 @@
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/config/config_loader.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/library_logs.hpp"
 #include "daemon/log.hpp"
 #include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/rmmd_service.hpp"
@@ -542,6 +543,8 @@ int main(int argc, char** argv)
       ->check(CLI::IsMember({"error", "warning", "info", "debug"}));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too (--log-level=debug)");
   CLI11_PARSE(app, argc, argv);
+  // Before anything can make protobuf or gRPC log: their lines are ours too.
+  rmmd::log::route_library_logs();
   if (flags.probe_fabric_device >= 0) {
     rmmd::backends::cuda::run_fabric_probe(flags.probe_fabric_device);
   }
@@ -567,6 +570,7 @@ int main(int argc, char** argv)
   auto settings = *std::move(loaded.settings);
   if (!apply_flags(app, flags, settings)) { return 1; }
   rmmd::log::threshold = settings.log_level;
+  rmmd::log::set_library_log_level(settings.log_level);
 
   // Every thread inherits this mask: the signals are taken by sigtimedwait below.
   sigset_t signals;
@@ -690,7 +694,8 @@ int main(int argc, char** argv)
       log_restart_only_changes(settings, s);
       core.reconfigure(s.access, s.quotas);
       listener.set_admission_limits(s.admission);
-      rmmd::log::threshold   = s.log_level;
+      rmmd::log::threshold = s.log_level;
+      rmmd::log::set_library_log_level(s.log_level);
       settings.access        = s.access;
       settings.quotas        = s.quotas;
       settings.admission     = s.admission;
@@ -722,6 +727,8 @@ int main(int argc, char** argv)
     sig = wait_signal(signals, 1s);
     if (sig == SIGHUP) { reload(); }
     show_status(false);
+    // What the rate limits held back since, said once a second at most.
+    rmmd::log::report_suppressed();
   }
   rmmd::log::info("%s: draining", ::strsignal(sig));
 
@@ -781,6 +788,7 @@ int main(int argc, char** argv)
   listener.stop();
   core.close_all_sessions();
   ::unlink(grpc_path.c_str());
+  rmmd::log::report_suppressed();
   rmmd::log::info("stopped");
   return 0;
 }

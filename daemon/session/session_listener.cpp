@@ -158,6 +158,15 @@ datagram receive_datagram(int fd, std::span<char> buffer) noexcept
   return {.bytes = n, .truncated = (msg.msg_flags & MSG_TRUNC) != 0};
 }
 
+// Lines a client can cause, each class with a budget of its own
+// (log::rate_limit), so that a client flooding the socket cannot flood the
+// journal. Sessions opening and closing are the daemon's normal work: their
+// budget lets a node's worth of processes start at once.
+log::rate_limit refusal_lines{"sessions and connections refused", 2.0, 20};
+log::rate_limit session_lines{"sessions opened or closed", 50.0, 500};
+log::rate_limit silent_lines{"connections closed for sending no hello in time", 1.0, 10};
+log::rate_limit unread_lines{"sessions ended for not reading their replies", 1.0, 10};
+
 }  // namespace
 
 /// An open session's connection, owned by the call threads.
@@ -284,25 +293,27 @@ void session_listener::run() noexcept
     ::unlink(options_.socket_path.c_str());
   };
 
+  // Answers a connection with an error welcome (the caller closes it).
+  auto refuse = [&](connection const& c, absl::Status const& status) {
+    log::limited(refusal_lines,
+                 log::level::warning,
+                 "session refused for pid %d uid %d: %s",
+                 c.peer.pid,
+                 c.peer.uid,
+                 std::string(status.message()));
+    send_error(c.fd, status);
+    return hello_outcome::refused;
+  };
+
   auto welcome = [&](connection& c, v1::SessionHello const& hello) -> hello_outcome {
     // Counted before the core opens it, so that a refusal changes nothing.
     if (auto admitted = admission_.admit_session(c.peer.uid); !admitted.ok()) {
-      log::warn("session refused for pid %d uid %d: %s",
-                c.peer.pid,
-                c.peer.uid,
-                std::string(admitted.message()));
-      send_error(c.fd, admitted);
-      return hello_outcome::refused;
+      return refuse(c, admitted);
     }
     auto grant = core_.open_session(c.peer, command_name(c.peer.pid), hello.client_name());
     if (!grant.ok()) {
       admission_.end_session(c.peer.uid);
-      log::warn("session refused for pid %d uid %d: %s",
-                c.peer.pid,
-                c.peer.uid,
-                std::string(grant.status().message()));
-      send_error(c.fd, grant.status());
-      return hello_outcome::refused;
+      return refuse(c, grant.status());
     }
     v1::SessionWelcome w;
     w.set_protocol_version(1);
@@ -321,22 +332,30 @@ void session_listener::run() noexcept
       service::to_proto(pool, index, w.add_pools());
     }
     w.set_session_calls(true);
-    // Counted before the client can hear of it: a drain that starts once the
-    // client holds its welcome must see this session.
+    // Counted, and logged, before the client can hear of it: a drain that
+    // starts once the client holds its welcome must see this session, and a
+    // reload of the log level that follows must not find this line unwritten.
     ++open_sessions_;
+    // The token is a credential: log only its first 4 hex digits.
+    log::limited(session_lines,
+                 log::level::info,
+                 "session %d opened: pid %d uid %d (%s), token %s...",
+                 grant->id,
+                 c.peer.pid,
+                 c.peer.uid,
+                 hello.client_name(),
+                 token.substr(0, 4));
     if (!send_message(c.fd, w.SerializeAsString(), fds)) {
       --open_sessions_;
       core_.close_session(grant->id);
       admission_.end_session(c.peer.uid);
+      log::limited(session_lines,
+                   log::level::info,
+                   "session %d closed: its welcome could not be sent (pid %d)",
+                   grant->id,
+                   c.peer.pid);
       return hello_outcome::refused;
     }
-    // The token is a credential: log only its first 4 hex digits.
-    log::info("session %d opened: pid %d uid %d (%s), token %s...",
-              grant->id,
-              c.peer.pid,
-              c.peer.uid,
-              hello.client_name(),
-              token.substr(0, 4));
     c.session = grant->id;
     return hello_outcome::welcomed;
   };
@@ -347,25 +366,24 @@ void session_listener::run() noexcept
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return hello_outcome::wait; }
     if (n <= 0) { return hello_outcome::refused; }  // closed by the peer, or an error
     if (truncated) {
-      send_error(c.fd,
-                 absl::InvalidArgumentError(absl::StrFormat(
-                     "session hello larger than %d bytes; send one SessionHello message",
-                     options_.max_hello_bytes)));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::InvalidArgumentError(absl::StrFormat(
+                        "session hello larger than %d bytes; send one SessionHello message",
+                        options_.max_hello_bytes)));
     }
     v1::SessionHello hello;
     if (!hello.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      send_error(
-          c.fd,
-          absl::InvalidArgumentError("session hello is not a valid rmmd.v1.SessionHello message"));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::InvalidArgumentError(
+                        "session hello is not a valid rmmd.v1.SessionHello message (bytes that "
+                        "do not parse, or a client_name that is not UTF-8); send one "
+                        "SessionHello as protobuf serialises it, with a UTF-8 client_name"));
     }
     if (hello.protocol_version() != 1) {
-      send_error(c.fd,
-                 absl::FailedPreconditionError(absl::StrFormat(
-                     "session hello asks for protocol version %d; this daemon speaks version 1",
-                     hello.protocol_version())));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::FailedPreconditionError(absl::StrFormat(
+                        "session hello asks for protocol version %d; this daemon speaks version 1",
+                        hello.protocol_version())));
     }
     return welcome(c, hello);
   };
@@ -397,11 +415,7 @@ void session_listener::run() noexcept
       // Silent so far: it waits, within the limits, so that silent clients
       // can neither exhaust the daemon's fds nor crowd out other users.
       if (auto admitted = admission_.admit_pending(c.peer.uid); !admitted.ok()) {
-        log::warn("session socket: connection of pid %d uid %d refused: %s",
-                  c.peer.pid,
-                  c.peer.uid,
-                  std::string(admitted.message()));
-        send_error(fd, admitted);
+        refuse(c, admitted);
         ::close(fd);
         continue;
       }
@@ -461,7 +475,11 @@ void session_listener::run() noexcept
       if (c.deadline <= now) { expired.push_back(fd); }
     }
     for (int fd : expired) {
-      log::warn("session socket: pid %d sent no hello in time; disconnected", conns[fd].peer.pid);
+      log::limited(silent_lines,
+                   log::level::warning,
+                   "session socket: pid %d uid %d sent no hello in time; disconnected",
+                   conns[fd].peer.pid,
+                   conns[fd].peer.uid);
       drop(fd);
     }
   }
@@ -510,7 +528,7 @@ void session_listener::end_session(open_session* s) noexcept
   admission_.end_session(s->uid);
   core_.close_session(s->session);
   --open_sessions_;
-  log::info("session %d closed (pid %d)", s->session, s->pid);
+  log::limited(session_lines, log::level::info, "session %d closed (pid %d)", s->session, s->pid);
 }
 
 void session_listener::run_calls() noexcept
@@ -603,7 +621,11 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     // Connections are non-blocking (accept4): a full socket fails at once.
     if (!send_message(s.fd, reply.SerializeAsString(), {})) {
       // Full socket: the client sends calls without reading the replies.
-      log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);
+      log::limited(unread_lines,
+                   log::level::warning,
+                   "session %d (pid %d) does not read its replies; ending it",
+                   s.session,
+                   s.pid);
       return false;
     }
   }
