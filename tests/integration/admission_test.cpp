@@ -43,8 +43,12 @@ class Admission : public ::testing::Test {
     a_ = ensure_user(client_user_a, daemon_group);
     b_ = ensure_user(client_user_b, daemon_group);
     ASSERT_TRUE(a_ && b_);
-    ASSERT_EQ(unreachable_for(*daemon_account_, program_path("rmmd")), "");
-    ASSERT_EQ(unreachable_for(*a_, program_path("rmmd_session_opener")), "");
+    for (auto const& [user, program] :
+         {std::pair{*daemon_account_, "rmmd"}, std::pair{*a_, "rmmd_session_opener"}}) {
+      if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
+        GTEST_SKIP() << why;
+      }
+    }
     ::signal(SIGPIPE, SIG_IGN);  // child_process::write_line's requirement
   }
 
