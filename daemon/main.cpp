@@ -5,6 +5,7 @@
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/config/config_loader.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/library_logs.hpp"
 #include "daemon/log.hpp"
 #include "daemon/metrics/metrics_server.hpp"
 #include "daemon/service/rmmd_service.hpp"
@@ -55,6 +56,7 @@ struct daemon_flags {
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
   std::size_t uid_quota_bytes{};
+  rmmd::session::admission_limits admission{};
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
@@ -135,6 +137,30 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
   }
   if (given("--session-quota-bytes")) { s.quotas.per_session_bytes = flags.session_quota_bytes; }
   if (given("--uid-quota-bytes")) { s.quotas.per_uid_bytes = flags.uid_quota_bytes; }
+  if (given("--max-pending-per-uid")) {
+    s.admission.max_pending_per_uid = flags.admission.max_pending_per_uid;
+  }
+  if (given("--max-pending-total")) {
+    s.admission.max_pending_total = flags.admission.max_pending_total;
+  }
+  if (given("--max-sessions-per-uid")) {
+    s.admission.max_sessions_per_uid = flags.admission.max_sessions_per_uid;
+  }
+  if (given("--max-sessions-total")) {
+    s.admission.max_sessions_total = flags.admission.max_sessions_total;
+  }
+  auto const& a = s.admission;
+  if (a.max_pending_per_uid > a.max_pending_total) {
+    rmmd::log::error(
+        "%s", config::per_uid_above_total("pending", a.max_pending_per_uid, a.max_pending_total));
+    return false;
+  }
+  if (a.max_sessions_per_uid > a.max_sessions_total) {
+    rmmd::log::error(
+        "%s",
+        config::per_uid_above_total("sessions", a.max_sessions_per_uid, a.max_sessions_total));
+    return false;
+  }
   if (given("--hello-timeout-ms")) {
     s.hello_timeout = std::chrono::milliseconds(flags.hello_timeout_ms);
   }
@@ -507,6 +533,22 @@ int main(int argc, char** argv)
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--uid-quota-bytes", flags.uid_quota_bytes, "Bytes one uid may hold; 0: no limit")
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--max-pending-per-uid",
+                 flags.admission.max_pending_per_uid,
+                 "Connections of one uid that have not said hello yet; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-pending-total",
+                 flags.admission.max_pending_total,
+                 "Connections of all uids that have not said hello yet; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-sessions-per-uid",
+                 flags.admission.max_sessions_per_uid,
+                 "Open sessions of one uid; more are refused")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-sessions-total",
+                 flags.admission.max_sessions_total,
+                 "Open sessions of all uids; more are refused")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--hello-timeout-ms", flags.hello_timeout_ms, "Time a client has to say hello")
       ->check(CLI::Range(1, 600000));
   app.add_option("--max-message-bytes", flags.max_message_bytes, "Largest gRPC message accepted")
@@ -525,6 +567,8 @@ int main(int argc, char** argv)
       ->check(CLI::IsMember({"error", "warning", "info", "debug"}));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too (--log-level=debug)");
   CLI11_PARSE(app, argc, argv);
+  // Before anything can make protobuf or gRPC log: their lines are ours too.
+  rmmd::log::route_library_logs();
   if (flags.probe_fabric_device >= 0) {
     rmmd::backends::cuda::run_fabric_probe(flags.probe_fabric_device);
   }
@@ -550,6 +594,7 @@ int main(int argc, char** argv)
   auto settings = *std::move(loaded.settings);
   if (!apply_flags(app, flags, settings)) { return 1; }
   rmmd::log::threshold = settings.log_level;
+  rmmd::log::set_library_log_level(settings.log_level);
 
   // Every thread inherits this mask: the signals are taken by sigtimedwait below.
   sigset_t signals;
@@ -580,12 +625,16 @@ int main(int argc, char** argv)
   rmmd::service::rmmd_service service(core);
 
   // Prometheus metrics: off unless metrics_address (file or --metrics-address).
+  rmmd::metrics::admission_metrics admission_metrics;
   std::unique_ptr<rmmd::metrics::metrics_server> metrics;
   if (!settings.metrics_address.empty()) {
     try {
       metrics = std::make_unique<rmmd::metrics::metrics_server>(
-          settings.metrics_address,
-          [&service] { return render_prometheus(service.metrics_snapshot()); });
+          settings.metrics_address, [&service, &admission_metrics] {
+            auto snapshot      = service.metrics_snapshot();
+            snapshot.admission = admission_metrics.snapshot();
+            return render_prometheus(snapshot);
+          });
     } catch (std::exception const& e) {
       rmmd::log::error("metrics_address %s: %s", settings.metrics_address, e.what());
       return 1;
@@ -620,9 +669,11 @@ int main(int argc, char** argv)
       rmmd::session::listener_options{
           .socket_path       = session_path,
           .hello_deadline    = settings.hello_timeout,
+          .admission         = settings.admission,
           .max_message_bytes = static_cast<std::uint32_t>(settings.max_message_bytes),
           .socket_mode       = settings.socket_mode,
-          .call_metrics      = &service.session_call_metrics()});
+          .call_metrics      = &service.session_call_metrics(),
+          .admission_metrics = &admission_metrics});
   try {
     listener.start();
   } catch (std::exception const& e) {
@@ -666,20 +717,28 @@ int main(int argc, char** argv)
       auto const& s = *next.settings;
       log_restart_only_changes(settings, s);
       core.reconfigure(s.access, s.quotas);
-      rmmd::log::threshold   = s.log_level;
+      listener.set_admission_limits(s.admission);
+      rmmd::log::threshold = s.log_level;
+      rmmd::log::set_library_log_level(s.log_level);
       settings.access        = s.access;
       settings.quotas        = s.quotas;
+      settings.admission     = s.admission;
       settings.log_level     = s.log_level;
       settings.drain_timeout = s.drain_timeout;
       rmmd::log::info(
           "reloaded %s: %d allowed uid(s), %d allowed gid(s), quotas per session %d and per uid "
-          "%d bytes (%d override(s)), log level %s, drain %d ms",
+          "%d bytes (%d override(s)), admission %d/%d silent connections and %d/%d sessions "
+          "per uid/in all, log level %s, drain %d ms",
           source.path.string(),
           s.access.uids.size(),
           s.access.gids.size(),
           s.quotas.per_session_bytes,
           s.quotas.per_uid_bytes,
           s.quotas.per_uid_overrides.size(),
+          s.admission.max_pending_per_uid,
+          s.admission.max_pending_total,
+          s.admission.max_sessions_per_uid,
+          s.admission.max_sessions_total,
           config::level_name(s.log_level),
           s.drain_timeout.count());
     }
@@ -692,6 +751,8 @@ int main(int argc, char** argv)
     sig = wait_signal(signals, 1s);
     if (sig == SIGHUP) { reload(); }
     show_status(false);
+    // What the rate limits held back since, said once a second at most.
+    rmmd::log::report_suppressed();
   }
   rmmd::log::info("%s: draining", ::strsignal(sig));
 
@@ -751,6 +812,7 @@ int main(int argc, char** argv)
   listener.stop();
   core.close_all_sessions();
   ::unlink(grpc_path.c_str());
+  rmmd::log::report_suppressed();
   rmmd::log::info("stopped");
   return 0;
 }

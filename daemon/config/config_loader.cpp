@@ -32,6 +32,8 @@ using info_tree = pb::TextFormat::ParseInfoTree;
 constexpr std::uint32_t max_drain_ms      = 3'600'000;
 constexpr std::uint32_t max_hello_ms      = 600'000;
 constexpr std::uint64_t min_message_bytes = 4096;
+/// Largest admission limit: far above any node's processes, and below any fd limit.
+constexpr std::uint32_t max_admission_limit = 1'000'000;
 /// A socket path must fit sockaddr_un::sun_path (108 bytes with the NUL).
 constexpr std::size_t max_socket_path = 107;
 
@@ -183,6 +185,7 @@ class validator {
     check_access(s);
     check_pools(s);
     check_quotas(s);
+    check_admission(s);
     check_timing(s);
     return s;
   }
@@ -587,6 +590,58 @@ class validator {
         continue;
       }
       s.quotas.per_uid_overrides[*uid] = o.bytes();
+    }
+  }
+
+  void check_admission(daemon_settings& s)
+  {
+    if (!config_.has_admission()) { return; }
+    auto const& a = config_.admission();
+    auto const n  = nested(root_, "admission");
+    // Each limit as written (or its default), checked for range.
+    auto limit = [&](std::string_view field, bool given, std::uint32_t value, std::size_t& out) {
+      if (!given) { return; }
+      if (value == 0 || value > max_admission_limit) {
+        error(n,
+              field,
+              -1,
+              "admission.%s %d is out of range; give 1 to %d",
+              field,
+              value,
+              max_admission_limit);
+        return;
+      }
+      out = value;
+    };
+    auto& l = s.admission;
+    limit("max_pending_per_uid",
+          a.has_max_pending_per_uid(),
+          a.max_pending_per_uid(),
+          l.max_pending_per_uid);
+    limit(
+        "max_pending_total", a.has_max_pending_total(), a.max_pending_total(), l.max_pending_total);
+    limit("max_sessions_per_uid",
+          a.has_max_sessions_per_uid(),
+          a.max_sessions_per_uid(),
+          l.max_sessions_per_uid);
+    limit("max_sessions_total",
+          a.has_max_sessions_total(),
+          a.max_sessions_total(),
+          l.max_sessions_total);
+    // A per-uid limit above its total is an error where it was written.
+    if (l.max_pending_per_uid > l.max_pending_total) {
+      error(n,
+            a.has_max_pending_per_uid() ? "max_pending_per_uid" : "max_pending_total",
+            -1,
+            "%s",
+            per_uid_above_total("pending", l.max_pending_per_uid, l.max_pending_total));
+    }
+    if (l.max_sessions_per_uid > l.max_sessions_total) {
+      error(n,
+            a.has_max_sessions_per_uid() ? "max_sessions_per_uid" : "max_sessions_total",
+            -1,
+            "%s",
+            per_uid_above_total("sessions", l.max_sessions_per_uid, l.max_sessions_total));
     }
   }
 

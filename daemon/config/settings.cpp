@@ -37,6 +37,17 @@ std::filesystem::path effective_runtime_dir(daemon_settings const& settings)
   return settings.runtime_dir.empty() ? std::filesystem::path("/run/rmmd") : settings.runtime_dir;
 }
 
+std::string per_uid_above_total(std::string_view what, std::size_t per_uid, std::size_t total)
+{
+  return absl::StrFormat(
+      "admission.max_%s_per_uid (%d) is larger than admission.max_%s_total (%d): one uid could "
+      "take every slot; lower the per-uid limit or raise the total",
+      what,
+      per_uid,
+      what,
+      total);
+}
+
 std::string mode_text(mode_t mode)
 {
   return absl::StrFormat("%04o", static_cast<unsigned>(mode));
@@ -112,6 +123,13 @@ std::string summary(daemon_settings const& s)
                         bytes_or_none(s.quotas.per_session_bytes),
                         bytes_or_none(s.quotas.per_uid_bytes),
                         s.quotas.per_uid_overrides.size());
+  absl::StrAppendFormat(&out,
+                        "admission: %d silent connection(s) per uid, %d in all; %d session(s) per "
+                        "uid, %d in all\n",
+                        s.admission.max_pending_per_uid,
+                        s.admission.max_pending_total,
+                        s.admission.max_sessions_per_uid,
+                        s.admission.max_sessions_total);
   absl::StrAppendFormat(
       &out,
       "drain %d ms, hello %d ms, max message %d bytes, metrics %s, log level %s\n",

@@ -10,6 +10,7 @@
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/core/types.hpp"
 #include "daemon/log.hpp"
+#include "daemon/session/admission_limits.hpp"
 
 #include <sys/types.h>
 
@@ -78,6 +79,7 @@ struct daemon_settings {
   bool gpu_pool_per_device{true};
 
   core::quota_limits quotas;
+  session::admission_limits admission;
   std::chrono::milliseconds drain_timeout{5000};
   std::chrono::milliseconds hello_timeout{2000};
   std::size_t max_message_bytes{64 * 1024};
@@ -98,6 +100,10 @@ std::filesystem::path effective_runtime_dir(daemon_settings const& settings);
 
 /// A few lines for people: what the daemon would run with.
 std::string summary(daemon_settings const& settings);
+
+/// Why admission.max_<what>_per_uid (`per_uid`) may not exceed
+/// admission.max_<what>_total (`total`); `what` is "pending" or "sessions".
+std::string per_uid_above_total(std::string_view what, std::size_t per_uid, std::size_t total);
 
 /// Human names: "0660", "info", "cuda", "automatic".
 std::string mode_text(mode_t mode);

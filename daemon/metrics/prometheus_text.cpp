@@ -179,6 +179,21 @@ std::string render_prometheus(daemon_snapshot const& s)
   e.family("rmmd_sessions", "gauge", "Live client sessions.");
   e.sample("rmmd_sessions", {}, static_cast<std::uint64_t>(s.stats.sessions.size()));
 
+  // Admission: a fixed label set (the four limits), never one series per uid.
+  e.family("rmmd_session_socket_pending_connections",
+           "gauge",
+           "Connections on the session socket that have not said hello yet.");
+  e.sample("rmmd_session_socket_pending_connections", {}, s.admission.pending_connections);
+  e.family("rmmd_admission_refusals_total",
+           "counter",
+           "Connections and hellos the session socket refused because a limit was reached, by "
+           "limit (its field in rmmd.conf's admission message).");
+  for (std::size_t l = 0; l < admission_limit_count; ++l) {
+    e.sample("rmmd_admission_refusals_total",
+             {{"limit", std::string(limit_name(static_cast<admission_limit>(l)))}},
+             s.admission.refusals[l]);
+  }
+
   // Pools: one info series with the descriptive labels, the figures by name.
   auto const& pools = s.stats.pools;
   auto pool         = [](core::pool_stats const& p) { return labels{{"pool", p.pool.name}}; };

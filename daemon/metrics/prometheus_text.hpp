@@ -4,6 +4,7 @@
 // A pure function of a snapshot: tested without HTTP, served by metrics_server.
 
 #include "daemon/core/types.hpp"
+#include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 
 #include <string>
@@ -19,6 +20,7 @@ struct daemon_snapshot {
   core::stats_snapshot stats;      ///< pools and sessions
   request_snapshot requests;       ///< gRPC calls
   request_snapshot session_calls;  ///< calls on session sockets
+  admission_snapshot admission{};  ///< the session socket's admission limits
 };
 
 /// The Content-Type of render_prometheus()'s text.

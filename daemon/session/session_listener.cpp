@@ -158,6 +158,15 @@ datagram receive_datagram(int fd, std::span<char> buffer) noexcept
   return {.bytes = n, .truncated = (msg.msg_flags & MSG_TRUNC) != 0};
 }
 
+// Lines a client can cause, each class with a budget of its own
+// (log::rate_limit), so that a client flooding the socket cannot flood the
+// journal. Sessions opening and closing are the daemon's normal work: their
+// budget lets a node's worth of processes start at once.
+log::rate_limit refusal_lines{"sessions and connections refused", 2.0, 20};
+log::rate_limit session_lines{"sessions opened or closed", 50.0, 500};
+log::rate_limit silent_lines{"connections closed for sending no hello in time", 1.0, 10};
+log::rate_limit unread_lines{"sessions ended for not reading their replies", 1.0, 10};
+
 }  // namespace
 
 /// An open session's connection, owned by the call threads.
@@ -165,10 +174,13 @@ struct session_listener::open_session {
   int fd{-1};
   core::session_id session{};
   pid_t pid{};
+  uid_t uid{};  // counted in admission_ until the session ends
 };
 
 session_listener::session_listener(core::daemon_core& core, listener_options options)
-    : core_(core), options_(std::move(options))
+    : core_(core),
+      options_(std::move(options)),
+      admission_(options_.admission, options_.admission_metrics)
 {
 }
 
@@ -258,15 +270,15 @@ void session_listener::run() noexcept
   watch(listen_fd_, EPOLLIN);
   watch(wake_fd_, EPOLLIN);
 
+  // Connections that have not said hello; each counts in admission_.
   std::map<int, connection> conns;
-  std::size_t pending = 0;
 
   // Forgets a connection that has not said hello, closing it unless it was
   // handed to the call threads.
   auto forget = [&](int fd, bool close) {
     auto it = conns.find(fd);
     if (it == conns.end()) { return; }
-    --pending;
+    admission_.end_pending(it->second.peer.uid);
     ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
     if (close) { ::close(fd); }
     conns.erase(it);
@@ -281,38 +293,27 @@ void session_listener::run() noexcept
     ::unlink(options_.socket_path.c_str());
   };
 
-  auto accept_all = [&] {
-    while (true) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if (errno == EINTR) { continue; }
-        return;  // EAGAIN, or a transient error: epoll will call again
-      }
-      if (pending >= options_.max_pending) {
-        // Too many silent clients: refuse rather than run out of fds.
-        send_error(fd,
-                   absl::UnavailableError(
-                       "open session: too many connections are waiting to say hello; retry"));
-        ::close(fd);
-        continue;
-      }
-      connection c{
-          .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
-      conns.emplace(fd, std::move(c));
-      ++pending;
-      watch(fd, EPOLLIN | EPOLLRDHUP);
-    }
+  // Answers a connection with an error welcome (the caller closes it).
+  auto refuse = [&](connection const& c, absl::Status const& status) {
+    log::limited(refusal_lines,
+                 log::level::warning,
+                 "session refused for pid %d uid %d: %s",
+                 c.peer.pid,
+                 c.peer.uid,
+                 std::string(status.message()));
+    send_error(c.fd, status);
+    return hello_outcome::refused;
   };
 
   auto welcome = [&](connection& c, v1::SessionHello const& hello) -> hello_outcome {
+    // Counted before the core opens it, so that a refusal changes nothing.
+    if (auto admitted = admission_.admit_session(c.peer.uid); !admitted.ok()) {
+      return refuse(c, admitted);
+    }
     auto grant = core_.open_session(c.peer, command_name(c.peer.pid), hello.client_name());
     if (!grant.ok()) {
-      log::warn("session refused for pid %d uid %d: %s",
-                c.peer.pid,
-                c.peer.uid,
-                std::string(grant.status().message()));
-      send_error(c.fd, grant.status());
-      return hello_outcome::refused;
+      admission_.end_session(c.peer.uid);
+      return refuse(c, grant.status());
     }
     v1::SessionWelcome w;
     w.set_protocol_version(1);
@@ -331,21 +332,30 @@ void session_listener::run() noexcept
       service::to_proto(pool, index, w.add_pools());
     }
     w.set_session_calls(true);
-    // Counted before the client can hear of it: a drain that starts once the
-    // client holds its welcome must see this session.
+    // Counted, and logged, before the client can hear of it: a drain that
+    // starts once the client holds its welcome must see this session, and a
+    // reload of the log level that follows must not find this line unwritten.
     ++open_sessions_;
+    // The token is a credential: log only its first 4 hex digits.
+    log::limited(session_lines,
+                 log::level::info,
+                 "session %d opened: pid %d uid %d (%s), token %s...",
+                 grant->id,
+                 c.peer.pid,
+                 c.peer.uid,
+                 hello.client_name(),
+                 token.substr(0, 4));
     if (!send_message(c.fd, w.SerializeAsString(), fds)) {
       --open_sessions_;
       core_.close_session(grant->id);
+      admission_.end_session(c.peer.uid);
+      log::limited(session_lines,
+                   log::level::info,
+                   "session %d closed: its welcome could not be sent (pid %d)",
+                   grant->id,
+                   c.peer.pid);
       return hello_outcome::refused;
     }
-    // The token is a credential: log only its first 4 hex digits.
-    log::info("session %d opened: pid %d uid %d (%s), token %s...",
-              grant->id,
-              c.peer.pid,
-              c.peer.uid,
-              hello.client_name(),
-              token.substr(0, 4));
     c.session = grant->id;
     return hello_outcome::welcomed;
   };
@@ -356,27 +366,62 @@ void session_listener::run() noexcept
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return hello_outcome::wait; }
     if (n <= 0) { return hello_outcome::refused; }  // closed by the peer, or an error
     if (truncated) {
-      send_error(c.fd,
-                 absl::InvalidArgumentError(absl::StrFormat(
-                     "session hello larger than %d bytes; send one SessionHello message",
-                     options_.max_hello_bytes)));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::InvalidArgumentError(absl::StrFormat(
+                        "session hello larger than %d bytes; send one SessionHello message",
+                        options_.max_hello_bytes)));
     }
     v1::SessionHello hello;
     if (!hello.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      send_error(
-          c.fd,
-          absl::InvalidArgumentError("session hello is not a valid rmmd.v1.SessionHello message"));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::InvalidArgumentError(
+                        "session hello is not a valid rmmd.v1.SessionHello message (bytes that "
+                        "do not parse, or a client_name that is not UTF-8); send one "
+                        "SessionHello as protobuf serialises it, with a UTF-8 client_name"));
     }
     if (hello.protocol_version() != 1) {
-      send_error(c.fd,
-                 absl::FailedPreconditionError(absl::StrFormat(
-                     "session hello asks for protocol version %d; this daemon speaks version 1",
-                     hello.protocol_version())));
-      return hello_outcome::refused;
+      return refuse(c,
+                    absl::FailedPreconditionError(absl::StrFormat(
+                        "session hello asks for protocol version %d; this daemon speaks version 1",
+                        hello.protocol_version())));
     }
     return welcome(c, hello);
+  };
+
+  // Takes what the backlog holds, 64 at most per turn: a flood of
+  // connections cannot keep the loop from the hellos and deadlines of the
+  // others (the listening socket stays readable, so epoll comes back to it).
+  auto accept_some = [&] {
+    for (int turn = 0; turn < 64; ++turn) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR) { continue; }
+        return;  // EAGAIN, or a transient error: epoll will call again
+      }
+      connection c{
+          .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
+      // A client sends its hello as soon as it is connected, so it is usually
+      // here already: answered now, it never counts as waiting, and a burst
+      // of clients of one uid is not mistaken for silent ones.
+      auto const outcome = on_readable(c);
+      if (outcome == hello_outcome::welcomed) {
+        serve_calls_of(fd, c.session, c.peer);
+        continue;
+      }
+      if (outcome == hello_outcome::refused) {
+        ::close(fd);
+        continue;
+      }
+      // Silent so far: it waits, within the limits, so that silent clients
+      // can neither exhaust the daemon's fds nor crowd out other users.
+      if (auto admitted = admission_.admit_pending(c.peer.uid); !admitted.ok()) {
+        refuse(c, admitted);
+        ::close(fd);
+        continue;
+      }
+      conns.emplace(fd, std::move(c));
+      watch(fd, EPOLLIN | EPOLLRDHUP);
+    }
   };
 
   std::vector<epoll_event> events(64);
@@ -402,7 +447,7 @@ void session_listener::run() noexcept
         continue;
       }
       if (fd == listen_fd_) {
-        accept_all();
+        accept_some();
         continue;
       }
       auto it = conns.find(fd);
@@ -413,9 +458,9 @@ void session_listener::run() noexcept
         // The connection now belongs to the call threads (a hang-up after
         // the hello is theirs to see).
         auto const session = it->second.session;
-        auto const pid     = it->second.peer.pid;
+        auto const peer    = it->second.peer;
         forget(fd, false);
-        serve_calls_of(fd, session, pid);
+        serve_calls_of(fd, session, peer);
         continue;
       }
       if (outcome == hello_outcome::refused ||
@@ -430,7 +475,11 @@ void session_listener::run() noexcept
       if (c.deadline <= now) { expired.push_back(fd); }
     }
     for (int fd : expired) {
-      log::warn("session socket: pid %d sent no hello in time; disconnected", conns[fd].peer.pid);
+      log::limited(silent_lines,
+                   log::level::warning,
+                   "session socket: pid %d uid %d sent no hello in time; disconnected",
+                   conns[fd].peer.pid,
+                   conns[fd].peer.uid);
       drop(fd);
     }
   }
@@ -441,10 +490,12 @@ void session_listener::run() noexcept
   ::close(ep);
 }
 
-void session_listener::serve_calls_of(int fd, core::session_id session, pid_t pid)
+void session_listener::serve_calls_of(int fd,
+                                      core::session_id session,
+                                      core::peer_credentials const& peer)
 {
-  auto owned =
-      std::make_unique<open_session>(open_session{.fd = fd, .session = session, .pid = pid});
+  auto owned = std::make_unique<open_session>(
+      open_session{.fd = fd, .session = session, .pid = peer.pid, .uid = peer.uid});
   auto* s = owned.get();
   {
     std::lock_guard lock(open_mutex_);
@@ -472,9 +523,12 @@ void session_listener::end_session(open_session* s) noexcept
   }
   ::epoll_ctl(calls_epoll_, EPOLL_CTL_DEL, s->fd, nullptr);
   ::close(s->fd);
+  // The slot is free once the connection is: before the core's stats stop
+  // showing the session, so whoever sees it gone may open another.
+  admission_.end_session(s->uid);
   core_.close_session(s->session);
   --open_sessions_;
-  log::info("session %d closed (pid %d)", s->session, s->pid);
+  log::limited(session_lines, log::level::info, "session %d closed (pid %d)", s->session, s->pid);
 }
 
 void session_listener::run_calls() noexcept
@@ -567,7 +621,11 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     // Connections are non-blocking (accept4): a full socket fails at once.
     if (!send_message(s.fd, reply.SerializeAsString(), {})) {
       // Full socket: the client sends calls without reading the replies.
-      log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);
+      log::limited(unread_lines,
+                   log::level::warning,
+                   "session %d (pid %d) does not read its replies; ending it",
+                   s.session,
+                   s.pid);
       return false;
     }
   }

@@ -12,7 +12,10 @@
 // of one session are answered in order and those of different sessions at once.
 
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
+#include "daemon/session/admission.hpp"
+#include "daemon/session/admission_limits.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -32,8 +35,9 @@ struct listener_options {
   std::chrono::milliseconds hello_deadline{2000};
   /// A larger hello is refused (INVALID_ARGUMENT) and disconnected.
   std::size_t max_hello_bytes{4096};
-  /// Connections that have not yet said hello, at most; more are closed at once.
-  std::size_t max_pending{64};
+  /// Connections waiting to say hello and open sessions, per uid and in all;
+  /// past them a connection or hello is refused (RESOURCE_EXHAUSTED).
+  admission_limits admission{};
   /// Advertised in the welcome: the gRPC server's message size cap.
   std::uint32_t max_message_bytes{};
   /// Mode of the socket file.
@@ -47,6 +51,8 @@ struct listener_options {
   std::size_t max_call_bytes{4096};
   /// Where each answered Allocate and Free is counted; none if null.
   metrics::request_metrics* call_metrics{nullptr};
+  /// Where admission refusals and waiting connections are counted; none if null.
+  metrics::admission_metrics* admission_metrics{nullptr};
 };
 
 class session_listener {
@@ -74,12 +80,19 @@ class session_listener {
     return open_sessions_.load();
   }
 
+  /// New admission limits (a reload), from the next connection and hello on;
+  /// what is open stays open. Any thread.
+  void set_admission_limits(admission_limits limits)
+  {
+    admission_.set_limits(limits);
+  }
+
  private:
   struct open_session;
 
   void run() noexcept;
   /// Hands a welcomed connection to the call threads.
-  void serve_calls_of(int fd, core::session_id session, pid_t pid);
+  void serve_calls_of(int fd, core::session_id session, core::peer_credentials const& peer);
   void run_calls() noexcept;
   /// Answers what `s` has sent; false when the session is over.
   bool answer_calls(open_session& s, std::vector<char>& buffer) noexcept;
@@ -87,6 +100,7 @@ class session_listener {
 
   core::daemon_core& core_;
   listener_options options_;
+  admission admission_;
   int listen_fd_{-1};
   int wake_fd_{-1};
   int calls_epoll_{-1};

@@ -62,6 +62,10 @@ TEST(ConfigLoader, AnEmptyFileMeansTheBuiltInDefaults)
   EXPECT_TRUE(s.gpu_pool_per_device);
   EXPECT_EQ(s.quotas.per_session_bytes, 0u);
   EXPECT_EQ(s.quotas.per_uid_bytes, 0u);
+  EXPECT_EQ(s.admission.max_pending_per_uid, 16u);
+  EXPECT_EQ(s.admission.max_pending_total, 256u);
+  EXPECT_EQ(s.admission.max_sessions_per_uid, 1024u);
+  EXPECT_EQ(s.admission.max_sessions_total, 16384u);
   EXPECT_EQ(s.drain_timeout, std::chrono::milliseconds(5000));
   EXPECT_EQ(s.hello_timeout, std::chrono::milliseconds(2000));
   EXPECT_EQ(s.max_message_bytes, 65536u);
@@ -92,6 +96,12 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
       per_uid_bytes: 2097152
       uid_overrides { uid: 1000 bytes: 0 }
       uid_overrides { user: "root" bytes: 123 }
+    }
+    admission {
+      max_pending_per_uid: 3
+      max_pending_total: 30
+      max_sessions_per_uid: 5
+      max_sessions_total: 50
     }
     drain_timeout_ms: 0
     hello_timeout_ms: 250
@@ -131,6 +141,11 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   EXPECT_EQ(s.quotas.limit_for_uid(1000), 0u);
   EXPECT_EQ(s.quotas.limit_for_uid(0), 123u);
   EXPECT_EQ(s.quotas.limit_for_uid(4242), 2097152u);
+  EXPECT_EQ(s.admission,
+            (session::admission_limits{.max_pending_per_uid  = 3,
+                                       .max_pending_total    = 30,
+                                       .max_sessions_per_uid = 5,
+                                       .max_sessions_total   = 50}));
   EXPECT_EQ(s.drain_timeout, std::chrono::milliseconds(0));
   EXPECT_EQ(s.hello_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(s.max_message_bytes, 1048576u);
@@ -298,6 +313,32 @@ TEST(ConfigLoader, APoolsGpuIsNamedByUuidOrPciBusId)
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(
+    Admission,
+    SemanticError,
+    ::testing::Values(
+        semantic_case{"admission {\n  max_pending_per_uid: 0\n}",
+                      2,
+                      3,
+                      "admission.max_pending_per_uid 0 is out of range; give 1 to 1000000"},
+        semantic_case{"admission { max_sessions_total: 1000001 }",
+                      1,
+                      13,
+                      "admission.max_sessions_total 1000001 is out of range"},
+        // A per-uid limit above its total: at the field written, the per-uid
+        // one when both are, the total when only it is (the default per-uid
+        // limit then exceeds it).
+        semantic_case{"admission {\n  max_sessions_per_uid: 20\n  max_sessions_total: 10\n}",
+                      2,
+                      3,
+                      "admission.max_sessions_per_uid (20) is larger than "
+                      "admission.max_sessions_total (10)"},
+        semantic_case{"admission { max_pending_total: 8 }",
+                      1,
+                      13,
+                      "admission.max_pending_per_uid (16) is larger than "
+                      "admission.max_pending_total (8): one uid could take every slot"}));
+
 TEST(ConfigLoader, GoodAddressesAreAccepted)
 {
   for (auto const* a : {"127.0.0.1:9464", "[::1]:9464", "localhost:1", "0.0.0.0:65535"}) {
@@ -385,11 +426,13 @@ TEST(Settings, TheSummaryNamesWhatMatters)
 {
   auto s    = parse_ok(R"(pools { name: "staging" backend: HOST capacity_bytes: 4096 }
                        quotas { per_session_bytes: 1024 }
+                       admission { max_sessions_per_uid: 7 }
                        metrics_address: "127.0.0.1:9464")");
   auto text = summary(s);
   EXPECT_THAT(text, HasSubstr("pool staging: host memory, 4096 bytes"));
   EXPECT_THAT(text, HasSubstr("per session 1024 bytes"));
   EXPECT_THAT(text, HasSubstr("metrics 127.0.0.1:9464"));
+  EXPECT_THAT(text, HasSubstr("16 silent connection(s) per uid, 256 in all; 7 session(s) per uid"));
   EXPECT_EQ(mode_text(0660), "0660");
 }
 

@@ -2,6 +2,7 @@
 // label escaping, histograms; and the call counters that feed it.
 
 #include "daemon/metrics/prometheus_text.hpp"
+#include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 
 #include <gmock/gmock.h>
@@ -210,6 +211,30 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
   // Codes that never happened.
   EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"}")));
   EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"GetStats\"")));
+}
+
+TEST(RenderPrometheus, AdmissionRefusalsByLimitAndWaitingConnections)
+{
+  admission_metrics admission;
+  admission.refused(admission_limit::max_pending_per_uid);
+  admission.refused(admission_limit::max_pending_per_uid);
+  admission.refused(admission_limit::max_sessions_total);
+  admission.set_pending(5);
+  auto snapshot      = sample_snapshot();
+  snapshot.admission = admission.snapshot();
+  auto const text    = render_prometheus(snapshot);
+  // One series per limit, always (rates start at 0); never one per uid.
+  for (std::string line : {
+           "# TYPE rmmd_admission_refusals_total counter",
+           "rmmd_admission_refusals_total{limit=\"max_pending_per_uid\"} 2",
+           "rmmd_admission_refusals_total{limit=\"max_pending_total\"} 0",
+           "rmmd_admission_refusals_total{limit=\"max_sessions_per_uid\"} 0",
+           "rmmd_admission_refusals_total{limit=\"max_sessions_total\"} 1",
+           "# TYPE rmmd_session_socket_pending_connections gauge",
+           "rmmd_session_socket_pending_connections 5",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
 }
 
 }  // namespace

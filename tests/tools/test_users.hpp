@@ -47,7 +47,8 @@ std::string users_need_root();
 /// Empty if `user` can execute `program` (every directory above it
 /// searchable, the file executable, by owner, group or other bits); else why
 /// not, naming the first path in the way and what to change. A build tree
-/// under a private home directory is the usual cause.
+/// under a private home directory is the usual cause; tests skip with this
+/// reason rather than fail for where the tree was checked out.
 std::string unreachable_for(system_user const& user, std::filesystem::path const& program);
 
 }  // namespace rmmd::test

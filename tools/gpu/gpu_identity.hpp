@@ -69,6 +69,12 @@ inline std::string normal_pci_bus_id(std::string_view id)
 /// error cleared) if CUDA cannot say. Creates no context.
 inline std::optional<identity> identify(int device)
 {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  if (device < 0 || device >= count) { return std::nullopt; }
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
     cudaGetLastError();

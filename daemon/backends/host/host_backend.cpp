@@ -166,22 +166,28 @@ void host_backend::deallocate(core::backend_allocation const& block) noexcept
                                              static_cast<off_t>(punch_end - punch_begin)) != 0) {
     // Not expected on a memfd (shmem supports hole punching); keep the zeros
     // promise at the cost of keeping the RAM.
-    log::warn("host pool: cannot punch [%d, %d) out of the memfd (%s); writing zeros instead",
-              punch_begin,
-              punch_end,
-              std::strerror(errno));
+    // Once per free that fails: a budget, since clients decide how often.
+    static log::rate_limit punch_lines{"host pool: failed hole punches", 1.0, 10};
+    log::limited(punch_lines,
+                 log::level::warning,
+                 "host pool: cannot punch [%d, %d) out of the memfd (%s); writing zeros instead",
+                 punch_begin,
+                 punch_end,
+                 std::strerror(errno));
     punch_begin = punch_end = block_end;
   }
   // The block's bytes outside the punched pages: before them, and after them.
   auto const ok = write_zeros(fd_, block_begin, std::min(block_end, punch_begin)) &&
                   write_zeros(fd_, std::max(block_begin, punch_end), block_end);
   if (!ok) {
-    log::warn(
-        "host pool: cannot write zeros over the freed range [%d, %d) (%s); its next holder may "
-        "read the previous holder's bytes",
-        block_begin,
-        block_end,
-        std::strerror(errno));
+    static log::rate_limit zero_lines{"host pool: failed zero writes", 1.0, 10};
+    log::limited(zero_lines,
+                 log::level::warning,
+                 "host pool: cannot write zeros over the freed range [%d, %d) (%s); its next "
+                 "holder may read the previous holder's bytes",
+                 block_begin,
+                 block_end,
+                 std::strerror(errno));
   }
 }
 
