@@ -1,11 +1,12 @@
 #include <rmmd/host_memory_resource.hpp>
 
-#include <rmm/process_is_exiting.hpp>
+#include "client/detail/process_exit.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 namespace rmmd::detail {
 
@@ -13,21 +14,24 @@ host_memory_resource_impl::host_memory_resource_impl(session s,
                                                      std::string_view pool_name,
                                                      bool pinned)
     : session_(std::move(s)),
-      pool_id_(pool_name.empty() ? session_.host_pool().id : session_.pool(pool_name).id)
+      pool_(pool_name.empty() ? session_.host_pool() : session_.pool(pool_name))
 {
-  if (session_.pools()[pool_id_].backend != backend_kind::host) {
+  if (pool_.backend != backend_kind::host) {
     throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
                             "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
   }
-  base_ = pinned ? session_.pinned_host_pool_base(pool_id_) : session_.host_pool_base(pool_id_);
+  base_ = pinned ? session_.pinned_host_pool_base(pool_.id) : session_.host_pool_base(pool_.id);
+  watch_process_exit();
 }
 
 host_memory_resource_impl::~host_memory_resource_impl()
 {
-  if (rmm::process_is_exiting()) { return; }  // the daemon reclaims at session close
+  if (process_is_exiting()) { return; }  // the daemon reclaims at session close
   for (auto const& [ptr, id] : leases_.take_all()) {
     try {
       session_.free(id);
+    } catch (rmmd::session_error const&) {
+      return;  // the daemon is gone, and with it what this resource held
     } catch (std::exception const& e) {
       std::fprintf(stderr, "%s\n", e.what());
     }
@@ -36,7 +40,19 @@ host_memory_resource_impl::~host_memory_resource_impl()
 
 void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t alignment)
 {
-  auto lease = session_.allocate(pool_id_, bytes, alignment);
+  // RMM's contract: zero bytes is no memory and no error (and asks nothing of
+  // the daemon, which refuses size 0 on the wire).
+  if (bytes == 0) { return nullptr; }
+  // More than the pool holds can never be had: out of memory, as RMM's own
+  // resources say for a request no pool can hold (the daemon would call the
+  // size invalid).
+  if (bytes > pool_.capacity_bytes) {
+    throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
+                             pool_.name + "': larger than the pool's capacity of " +
+                             std::to_string(pool_.capacity_bytes) +
+                             " bytes; ask for less, or have the operator give the pool more");
+  }
+  auto lease = session_.allocate(pool_.id, bytes, alignment);
   void* ptr  = base_ + lease.host_offset;
   leases_.add(ptr, lease.id);
   return ptr;
@@ -44,7 +60,7 @@ void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t al
 
 void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept
 {
-  if (rmm::process_is_exiting()) { return; }
+  if (ptr == nullptr || process_is_exiting()) { return; }
   auto id = leases_.take(ptr);
   if (!id) { return; }
   try {
@@ -68,13 +84,18 @@ void host_memory_resource_impl::deallocate(cuda::stream_ref stream,
                                            std::size_t bytes,
                                            std::size_t alignment) noexcept
 {
-  if (rmm::process_is_exiting()) { return; }
+  if (ptr == nullptr || process_is_exiting()) { return; }
   // Work queued on `stream` may still read or write the memory: wait for it
   // before the daemon can lend these bytes to anyone else. Without a GPU no
   // work can be queued, so "no device" is not an error here.
   auto err = ::cudaStreamSynchronize(stream.get());
-  if (err != cudaSuccess && err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver) {
-    std::fprintf(stderr, "rmmd: deallocate: cudaStreamSynchronize: %s\n", ::cudaGetErrorName(err));
+  if (cuda_is_unloading(err)) { return; }  // exiting after all: the daemon reclaims
+  if (err != cudaSuccess) {
+    ::cudaGetLastError();  // ours, not the caller's: clear it
+    if (err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver) {
+      std::fprintf(
+          stderr, "rmmd: deallocate: cudaStreamSynchronize: %s\n", ::cudaGetErrorName(err));
+    }
   }
   deallocate_sync(ptr, bytes, alignment);
 }

@@ -4,8 +4,6 @@
 #include "client/detail/session_impl.hpp"
 #include "client/slab_carver.hpp"
 
-#include <rmm/process_is_exiting.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -62,6 +60,7 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
         "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
   }
   imported_ = session_.cuda_pool(pool_.id);
+  watch_process_exit();
   if (options_.mode == allocation_mode::slab) { carver_ = std::make_unique<slab_carver>(*this); }
 }
 
@@ -95,6 +94,12 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
                                          std::size_t alignment)
 {
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
+  if (bytes > pool_.capacity_bytes) {
+    // Nothing could hold it: no request (and no slab leased for it).
+    throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
+                             pool_.name + "': larger than the pool's capacity of " +
+                             std::to_string(pool_.capacity_bytes) + " bytes");
+  }
   return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
 }
 
@@ -103,7 +108,7 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
                                           std::size_t bytes,
                                           std::size_t alignment) noexcept
 {
-  if (ptr == nullptr || rmm::process_is_exiting()) { return; }
+  if (ptr == nullptr || process_is_exiting()) { return; }
   if (carver_) {
     carver_->deallocate(stream, ptr, bytes, alignment);
   } else {
@@ -154,7 +159,7 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
 
 void ipc_memory_resource_impl::unlease(cuda::stream_ref stream, void* ptr) noexcept
 {
-  if (rmm::process_is_exiting()) { return; }
+  if (process_is_exiting()) { return; }
   if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }
 }
 

@@ -1,5 +1,6 @@
 #include <rmmd/session.hpp>
 
+#include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tools/gpu/gpu_identity.hpp"
 
@@ -188,8 +189,9 @@ session_impl::~session_impl()
     std::lock_guard lock(releases_->mutex);
     releases_->session = nullptr;
   }
-  // Imports first: an imported pool must go before the fd it came from.
-  if (!rmm::process_is_exiting()) {
+  // Imports first: an imported pool must go before the fd it came from. No
+  // CUDA call while the process exits: the process's end releases them.
+  if (!process_is_exiting()) {
     for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
     for (auto id : pinned_) { cudaHostUnregister(mappings_.at(id).first); }
   }

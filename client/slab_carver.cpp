@@ -5,7 +5,6 @@
 
 #include <rmmd/error.hpp>
 
-#include <rmm/process_is_exiting.hpp>
 
 #include <algorithm>
 #include <chrono>

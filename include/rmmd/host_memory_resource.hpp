@@ -18,10 +18,15 @@ namespace rmmd {
 /// `cuda::mr::any_resource<cuda::mr::host_accessible>` and given to anything
 /// that takes a CCCL host-accessible resource.
 ///
-/// allocate()/allocate_sync() throw as error.hpp says. deallocate() waits
-/// for `stream` (so no queued copy still reads the memory), then frees; it
-/// never throws, and does nothing while the process is exiting (the daemon
-/// reclaims everything a session held when it closes).
+/// It keeps RMM's resource contract: allocate(0) returns nullptr without
+/// asking the daemon, and deallocate(nullptr, ...) does nothing. A request
+/// larger than the pool throws rmm::out_of_memory (without asking the daemon),
+/// as does one the pool or a quota cannot hold now; the rest of error.hpp
+/// holds too. deallocate() waits for `stream` (so no queued copy still reads
+/// the memory), then frees; it never throws. While the process exits (a
+/// resource kept in a static), neither deallocate() nor the destructor
+/// calls CUDA or the daemon, or prints: the daemon reclaims everything a
+/// session held when it closes.
 ///
 /// Thread safety: every member may be called from any thread.
 class host_memory_resource final

@@ -21,11 +21,14 @@ namespace rmmd {
 /// rmmd::logic_error. Page-locking costs about 0.1 s per GiB of pool, once per
 /// session, and commits that RAM.
 ///
-/// A copyable handle over shared state, like RMM's resources. allocate()
-/// returns memory ready on every stream; deallocate() waits for `stream` (no
-/// queued copy or kernel may still touch the bytes the daemon lends again),
-/// never throws, and does nothing while the process is exiting. Freed memory
-/// keeps its contents (it is not cleared), as with RMM's pinned resources.
+/// A copyable handle over shared state, like RMM's resources, keeping their
+/// contract as rmmd::host_memory_resource does (allocate(0) is nullptr,
+/// deallocate(nullptr, ...) does nothing, a request larger than the pool is
+/// rmm::out_of_memory). allocate() returns memory ready on every stream;
+/// deallocate() waits for `stream` (no queued copy or kernel may still touch
+/// the bytes the daemon lends again), never throws, and does nothing while the
+/// process is exiting. Freed memory keeps its contents (it is not cleared), as
+/// with RMM's pinned resources.
 ///
 /// Thread safety: every member may be called from any thread.
 class pinned_host_memory_resource final

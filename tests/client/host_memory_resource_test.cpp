@@ -83,9 +83,9 @@ TEST_F(HostMemoryResource, AnotherSessionSeesTheDataAtTheSameOffset)
 
 TEST_F(HostMemoryResource, ErrorsAreTyped)
 {
-  EXPECT_THROW((void)mr_.allocate_sync(0, 256), rmmd::logic_error);
+  // Zero bytes and requests larger than the pool: resource_conformance.hpp.
   EXPECT_THROW((void)mr_.allocate_sync(1000, 3), rmmd::logic_error);
-  EXPECT_THROW((void)mr_.allocate_sync(std::size_t{1} << 50, 256), rmm::out_of_memory);
+  EXPECT_THROW((void)mr_.allocate_sync(1000, std::size_t{1} << 22), rmmd::logic_error);
   EXPECT_THROW(rmmd::host_memory_resource(mr_.get_session(), "no-such-pool"), rmmd::logic_error);
   int not_ours = 0;
   mr_.deallocate_sync(&not_ours, 4, 4);  // ignored, and says so on stderr

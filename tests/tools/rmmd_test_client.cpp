@@ -37,6 +37,16 @@
 //       opens its own session, maps the host pool and checks that each range
 //       holds its pattern (written by another process); prints "verified N"
 //       and exits 0, or names the first mismatch and exits 1.
+//   rmmd_test_client exit-with-static KIND
+//       KIND: host, pinned-host, ipc-slab or ipc-direct. Keeps a resource of
+//       that kind in statics with live allocations, as programs do: in a
+//       std::optional made before main (so destroyed after whatever the CUDA
+//       runtime registered for its exit), with a static that frees an
+//       allocation in its destructor and, for device-accessible kinds, a
+//       static rmm::device_uvector; and in a function-local static made in
+//       main. Prints "holding", waits for stdin to close and returns from
+//       main: the test checks that nothing is printed on stderr and the exit
+//       status is 0.
 //
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
@@ -44,6 +54,7 @@
 
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
+#include <rmmd/pinned_host_memory_resource.hpp>
 
 #include <rmm/device_uvector.hpp>
 #include <rmmd/session.hpp>
@@ -53,8 +64,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -250,6 +264,70 @@ int device_churn(int count, std::size_t bytes)
   return 0;
 }
 
+
+// exit-with-static: made empty before main (before CUDA starts), in this
+// order, and destroyed in the reverse order while the process exits.
+std::optional<rmmd::host_memory_resource> static_host;
+std::optional<rmmd::pinned_host_memory_resource> static_pinned;
+std::optional<rmmd::ipc_memory_resource> static_ipc;
+/// Frees what it holds in its destructor, as a static container of buffers does.
+struct static_buffers {
+  std::vector<std::function<void()>> frees;
+  ~static_buffers()
+  {
+    for (auto& free : frees) { free(); }
+  }
+} static_frees;
+std::optional<rmm::device_uvector<std::uint8_t>> static_vector;
+
+template <typename Resource, typename Make>
+int exit_with_static(std::optional<Resource>& kept, Make make)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "exit-with-static"});
+  auto& mr = kept.emplace(make(s));
+  cuda::stream_ref stream{cudaStreamLegacy};
+  // Left allocated: the resource's destructor meets them.
+  for (int i = 0; i < 3; ++i) { static_cast<void>(mr.allocate_sync(std::size_t{1} << 20, 256)); }
+  static_cast<void>(mr.allocate(stream, 65536, 256));
+  // Freed by a static's destructor while the process exits.
+  void* p = mr.allocate(stream, 4096, 256);
+  static_frees.frees.emplace_back(
+      [&mr, p] { mr.deallocate(cuda::stream_ref{cudaStreamLegacy}, p, 4096, 256); });
+  if constexpr (cuda::mr::resource_with<Resource, cuda::mr::device_accessible>) {
+    static_vector.emplace(std::size_t{1} << 20, stream, mr);
+  }
+  // A function-local static made after CUDA started: destroyed before the
+  // handlers registered until then.
+  static Resource second = make(s);
+  static_cast<void>(second.allocate_sync(8192, 256));
+  std::printf("holding\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  return 0;
+}
+
+int exit_with_static(std::string_view kind)
+{
+  if (kind == "host") {
+    return exit_with_static(static_host,
+                            [](rmmd::session const& s) { return rmmd::host_memory_resource(s); });
+  }
+  if (kind == "pinned-host") {
+    return exit_with_static(
+        static_pinned, [](rmmd::session const& s) { return rmmd::pinned_host_memory_resource(s); });
+  }
+  auto const mode =
+      kind == "ipc-slab" ? rmmd::allocation_mode::slab : rmmd::allocation_mode::direct;
+  if (kind == "ipc-slab" || kind == "ipc-direct") {
+    return exit_with_static(static_ipc, [mode](rmmd::session const& s) {
+      return rmmd::ipc_memory_resource(s, 0, rmmd::ipc_resource_options{.mode = mode});
+    });
+  }
+  std::printf("unknown kind %.*s\n", static_cast<int>(kind.size()), kind.data());
+  return 2;
+}
+
 int verify(int argc, char** argv)
 {
   rmmd::session s(rmmd::session::options{.client_name = "verifier"});
@@ -297,6 +375,9 @@ int main(int argc, char** argv)
     if (argc == 3 && std::strcmp(argv[1], "device-free-pending") == 0) {
       return device_free_pending(std::stoull(argv[2]));
     }
+    if (argc == 3 && std::strcmp(argv[1], "exit-with-static") == 0) {
+      return exit_with_static(argv[2]);
+    }
   } catch (std::exception const& e) {
     std::printf("error: %s\n", e.what());
     return 3;
@@ -305,6 +386,6 @@ int main(int argc, char** argv)
                "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | "
                "slab-hold BYTES VALUE | write "
                "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES | "
-               "device-identity | device-churn COUNT BYTES\n");
+               "device-identity | device-churn COUNT BYTES | exit-with-static KIND\n");
   return 2;
 }

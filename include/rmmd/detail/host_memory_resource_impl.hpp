@@ -20,9 +20,11 @@ class host_memory_resource_impl {
   host_memory_resource_impl(session s, std::string_view pool_name, bool pinned = false);
   host_memory_resource_impl(host_memory_resource_impl const&)            = delete;
   host_memory_resource_impl& operator=(host_memory_resource_impl const&) = delete;
-  /// Frees what is still allocated through it (never throws).
+  /// Frees what is still allocated through it (never throws; nothing while
+  /// the process exits).
   ~host_memory_resource_impl();
 
+  /// nullptr for 0 bytes, without a request.
   [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
   void deallocate(cuda::stream_ref stream,
                   void* ptr,
@@ -49,7 +51,7 @@ class host_memory_resource_impl {
 
  private:
   session session_;
-  std::uint32_t pool_id_{};
+  pool_info pool_;
   std::byte* base_{};
   lease_table leases_;
 };

@@ -1,0 +1,34 @@
+#pragma once
+
+// Private to librmmd_client: whether the process has begun exiting, so that
+// the resources' destructors and frees make no CUDA call and print nothing
+// then (the daemon reclaims what a session held when its socket closes).
+//
+// rmm::process_is_exiting() alone is not enough: RMM sets it from an atexit
+// handler registered when its per-device resource map is first used, so a
+// program that never touches that map never sees it set, and a resource kept
+// in a static was destroyed after the CUDA runtime had begun unloading
+// (cudaErrorCudartUnloading) while that flag still said no.
+
+#include <cuda_runtime_api.h>
+
+namespace rmmd::detail {
+
+/// Registers (again) an atexit handler that marks the process as exiting.
+/// Handlers and the destructors of objects of static storage duration run in
+/// the reverse order of their registration, so a resource calls this once
+/// it is constructed: then the handler runs before the destructor of any
+/// static that already held the place it was put in (a std::optional, a
+/// std::unique_ptr, a container). Costs one atexit entry per call.
+void watch_process_exit() noexcept;
+
+/// True once exit() has run the handler above or RMM's own, or once a CUDA
+/// call has answered cudaErrorCudartUnloading (see note_cuda_error). Never
+/// calls CUDA.
+[[nodiscard]] bool process_is_exiting() noexcept;
+
+/// Returns true (and marks the process as exiting) when `err` says that the
+/// CUDA runtime is unloading: the caller then stops quietly.
+bool cuda_is_unloading(cudaError_t err) noexcept;
+
+}  // namespace rmmd::detail
