@@ -2,6 +2,7 @@
 
 #include "client/detail/session_impl.hpp"
 #include "tools/gpu/gpu_identity.hpp"
+#include "tools/runtime/runtime_dir.hpp"
 
 #include <rmm/process_is_exiting.hpp>
 
@@ -605,8 +606,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
 
 std::filesystem::path session::default_runtime_dir()
 {
-  char const* env = std::getenv("RMMD_RUNTIME_DIR");
-  return env != nullptr && *env != '\0' ? env : "/run/rmmd";
+  return runtime::resolve_runtime_dir();
 }
 
 session::session() : session(options{}) {}

@@ -10,6 +10,7 @@
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 #include "tools/gpu/gpu_identity.hpp"
+#include "tools/runtime/runtime_dir.hpp"
 
 #include <grpcpp/grpcpp.h>
 #include <systemd/sd-daemon.h>
@@ -463,8 +464,11 @@ int main(int argc, char** argv)
                  "error as FILE:LINE:COL: message, and exit")
       ->expected(0, 1)
       ->capture_default_str();
-  app.add_option(
-      "--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
+  app.add_option("--runtime-dir",
+                 flags.runtime_dir,
+                 std::string("Directory for the sockets (default: $") +
+                     rmmd::runtime::runtime_dir_env + ", else the file's runtime_dir, else " +
+                     rmmd::runtime::default_runtime_dir + ")");
   app.add_option("--backend",
                  flags.backend,
                  "auto: the configured pools (by default CUDA pools on every GPU when there is "

@@ -1,13 +1,13 @@
 #include "daemon/config/settings.hpp"
 
+#include "tools/runtime/runtime_dir.hpp"
+
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
 #include <grp.h>
 #include <unistd.h>
-
-#include <cstdlib>
 
 namespace rmmd::config {
 
@@ -32,9 +32,7 @@ daemon_settings default_settings()
 
 std::filesystem::path effective_runtime_dir(daemon_settings const& settings)
 {
-  char const* env = std::getenv("RMMD_RUNTIME_DIR");
-  if (env != nullptr && *env != '\0') { return env; }
-  return settings.runtime_dir.empty() ? std::filesystem::path("/run/rmmd") : settings.runtime_dir;
+  return runtime::resolve_runtime_dir(settings.runtime_dir);
 }
 
 std::string mode_text(mode_t mode)
