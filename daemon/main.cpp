@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +61,7 @@ struct daemon_flags {
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
   std::string metrics_address;
+  std::size_t metrics_top_sessions{10};
   std::string log_level{"info"};
   bool verbose{false};
 };
@@ -144,6 +146,7 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
     s.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   }
   if (given("--metrics-address")) { s.metrics_address = flags.metrics_address; }
+  if (given("--metrics-top-sessions")) { s.metrics_top_sessions = flags.metrics_top_sessions; }
   if (given("--log-level")) { s.log_level = parse_level(flags.log_level); }
   if (flags.verbose) { s.log_level = rmmd::log::level::debug; }
 
@@ -525,6 +528,11 @@ int main(int argc, char** argv)
       flags.metrics_address,
       "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400; port 0 "
       "picks one, which `rmmctl health` shows); empty: off");
+  app.add_option("--metrics-top-sessions",
+                 flags.metrics_top_sessions,
+                 "Sessions with metrics series of their own, those holding the most bytes (the "
+                 "rest are summed; every session counts in its uid's series); 0: none")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{10000}));
   app.add_option("--log-level", flags.log_level, "error, warning, info or debug")
       ->check(CLI::IsMember({"error", "warning", "info", "debug"}));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too (--log-level=debug)");
@@ -584,12 +592,17 @@ int main(int argc, char** argv)
   rmmd::service::rmmd_service service(core);
 
   // Prometheus metrics: off unless metrics_address (file or --metrics-address).
+  // A reload may change how many sessions it shows.
+  std::atomic<std::size_t> metrics_top_sessions{settings.metrics_top_sessions};
   std::unique_ptr<rmmd::metrics::metrics_server> metrics;
   if (!settings.metrics_address.empty()) {
     try {
       metrics = std::make_unique<rmmd::metrics::metrics_server>(
-          settings.metrics_address,
-          [&service] { return render_prometheus(service.metrics_snapshot()); });
+          settings.metrics_address, [&service, &metrics_top_sessions] {
+            return render_prometheus(
+                service.metrics_snapshot(),
+                rmmd::metrics::render_options{.top_sessions = metrics_top_sessions.load()});
+          });
     } catch (std::exception const& e) {
       rmmd::log::error("metrics_address %s: %s", settings.metrics_address, e.what());
       return 1;
@@ -670,14 +683,16 @@ int main(int argc, char** argv)
       auto const& s = *next.settings;
       log_restart_only_changes(settings, s);
       core.reconfigure(s.access, s.quotas);
-      rmmd::log::threshold   = s.log_level;
-      settings.access        = s.access;
-      settings.quotas        = s.quotas;
-      settings.log_level     = s.log_level;
-      settings.drain_timeout = s.drain_timeout;
+      rmmd::log::threshold          = s.log_level;
+      settings.access               = s.access;
+      settings.quotas               = s.quotas;
+      settings.log_level            = s.log_level;
+      settings.drain_timeout        = s.drain_timeout;
+      settings.metrics_top_sessions = s.metrics_top_sessions;
+      metrics_top_sessions          = s.metrics_top_sessions;
       rmmd::log::info(
           "reloaded %s: %d allowed uid(s), %d allowed gid(s), quotas per session %d and per uid "
-          "%d bytes (%d override(s)), log level %s, drain %d ms",
+          "%d bytes (%d override(s)), log level %s, drain %d ms, metrics top %d sessions",
           source.path.string(),
           s.access.uids.size(),
           s.access.gids.size(),
@@ -685,7 +700,8 @@ int main(int argc, char** argv)
           s.quotas.per_uid_bytes,
           s.quotas.per_uid_overrides.size(),
           config::level_name(s.log_level),
-          s.drain_timeout.count());
+          s.drain_timeout.count(),
+          s.metrics_top_sessions);
     }
     ::sd_notify(0, "READY=1");
     show_status(true);
