@@ -22,6 +22,7 @@
 #include "bench/bench_support.hpp"
 
 #include "client/detail/session_impl.hpp"
+#include "tools/socket/fd_passing.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/session.hpp>
@@ -54,6 +55,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -490,21 +492,9 @@ constexpr int exporter_fd = 3;
 
 bool send_reply(int fd, exporter_reply const& r, int pass_fd = -1)
 {
-  iovec iov{const_cast<exporter_reply*>(&r), sizeof(r)};
-  msghdr msg{};
-  msg.msg_iov    = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  if (pass_fd >= 0) {
-    msg.msg_control    = control;
-    msg.msg_controllen = sizeof(control);
-    auto* c            = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level      = SOL_SOCKET;
-    c->cmsg_type       = SCM_RIGHTS;
-    c->cmsg_len        = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-  }
-  return ::sendmsg(fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r));
+  auto const fds = pass_fd >= 0 ? std::span<int const>(&pass_fd, 1) : std::span<int const>();
+  return fd_passing::send_datagram(fd, {reinterpret_cast<char const*>(&r), sizeof(r)}, fds) ==
+         static_cast<ssize_t>(sizeof(r));
 }
 
 /// Receives one fixed-size message (and an fd, if one came); false at EOF,
@@ -518,27 +508,16 @@ bool receive(int fd, T& out, std::chrono::milliseconds timeout, int* got_fd = nu
     rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
   } while (rc < 0 && errno == EINTR);
   if (rc <= 0) { return false; }
-  iovec iov{&out, sizeof(out)};
-  msghdr msg{};
-  msg.msg_iov    = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msg.msg_control    = control;
-  msg.msg_controllen = sizeof(control);
-  auto n             = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  if (n != static_cast<ssize_t>(sizeof(out))) { return false; }
-  for (auto* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int fd_in{};
-      std::memcpy(&fd_in, CMSG_DATA(c), sizeof(int));
-      if (got_fd != nullptr) {
-        *got_fd = fd_in;
-      } else {
-        ::close(fd_in);
-      }
-    }
+  std::array<int, 1> fds{-1};
+  auto const got =
+      fd_passing::receive_datagram(fd, {reinterpret_cast<char*>(&out), sizeof(out)}, fds);
+  bool const whole = got.bytes == static_cast<ssize_t>(sizeof(out)) && !got.truncated;
+  if (whole && got.fd_count == 1 && got_fd != nullptr) {
+    *got_fd = fds[0];
+  } else {
+    fd_passing::close_fds(fds, got.fd_count);
   }
-  return true;
+  return whole;
 }
 
 /// A posix-fd exportable pool on GPU 0 with release threshold 0, as rmmd's

@@ -3,6 +3,8 @@
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tools/gpu/gpu_identity.hpp"
+#include "tools/runtime/runtime_dir.hpp"
+#include "tools/socket/fd_passing.hpp"
 
 #include <rmm/process_is_exiting.hpp>
 
@@ -102,28 +104,10 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   timeval tv{.tv_sec = 10, .tv_usec = 0};
   ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::vector<char> buffer(1 << 16);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
-  iovec iov{buffer.data(), buffer.size()};
-  msghdr msg{};
-  msg.msg_iov        = &iov;
-  msg.msg_iovlen     = 1;
-  msg.msg_control    = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = ::recvmsg(socket_fd_, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  std::vector<int> fds;
-  for (auto* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      auto count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int fd{};
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(fd);
-      }
-    }
-  }
+  std::array<int, 64> received_fds{};
+  auto const received = fd_passing::receive_datagram(socket_fd_, buffer, received_fds);
+  auto const n        = received.bytes;
+  std::vector<int> fds(received_fds.begin(), received_fds.begin() + received.fd_count);
   auto fail = [&](auto error) {
     for (int fd : fds) { ::close(fd); }
     ::close(socket_fd_);
@@ -131,6 +115,11 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   };
   if (n <= 0) {
     fail(session_error("rmmd: the daemon closed the session socket without a welcome"));
+  }
+  if (received.truncated || received.fds_truncated) {
+    fail(
+        session_error("rmmd: the daemon's welcome is larger than this client takes (64 KiB, 64 "
+                      "pool fds)"));
   }
   v1::SessionWelcome welcome;
   if (!welcome.ParseFromArray(buffer.data(), static_cast<int>(n))) {
@@ -607,8 +596,7 @@ cudaMemPool_t session_impl::cuda_pool(std::uint32_t pool_id)
 
 std::filesystem::path session::default_runtime_dir()
 {
-  char const* env = std::getenv("RMMD_RUNTIME_DIR");
-  return env != nullptr && *env != '\0' ? env : "/run/rmmd";
+  return runtime::resolve_runtime_dir();
 }
 
 session::session() : session(options{}) {}

@@ -11,6 +11,7 @@
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 #include "tools/gpu/gpu_identity.hpp"
+#include "tools/runtime/runtime_dir.hpp"
 
 #include <grpcpp/grpcpp.h>
 #include <systemd/sd-daemon.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +63,7 @@ struct daemon_flags {
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
   std::string metrics_address;
+  std::size_t metrics_top_sessions{10};
   std::string log_level{"info"};
   bool verbose{false};
 };
@@ -169,6 +172,7 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
     s.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   }
   if (given("--metrics-address")) { s.metrics_address = flags.metrics_address; }
+  if (given("--metrics-top-sessions")) { s.metrics_top_sessions = flags.metrics_top_sessions; }
   if (given("--log-level")) { s.log_level = parse_level(flags.log_level); }
   if (flags.verbose) { s.log_level = rmmd::log::level::debug; }
 
@@ -489,8 +493,11 @@ int main(int argc, char** argv)
                  "error as FILE:LINE:COL: message, and exit")
       ->expected(0, 1)
       ->capture_default_str();
-  app.add_option(
-      "--runtime-dir", flags.runtime_dir, "Directory for the sockets (env RMMD_RUNTIME_DIR)");
+  app.add_option("--runtime-dir",
+                 flags.runtime_dir,
+                 std::string("Directory for the sockets (default: $") +
+                     rmmd::runtime::runtime_dir_env + ", else the file's runtime_dir, else " +
+                     rmmd::runtime::default_runtime_dir + ")");
   app.add_option("--backend",
                  flags.backend,
                  "auto: the configured pools (by default CUDA pools on every GPU when there is "
@@ -563,6 +570,11 @@ int main(int argc, char** argv)
       flags.metrics_address,
       "Serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400; port 0 "
       "picks one, which `rmmctl health` shows); empty: off");
+  app.add_option("--metrics-top-sessions",
+                 flags.metrics_top_sessions,
+                 "Sessions with metrics series of their own, those holding the most bytes (the "
+                 "rest are summed; every session counts in its uid's series); 0: none")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{10000}));
   app.add_option("--log-level", flags.log_level, "error, warning, info or debug")
       ->check(CLI::IsMember({"error", "warning", "info", "debug"}));
   app.add_flag("-v,--verbose", flags.verbose, "Log debug lines too (--log-level=debug)");
@@ -626,14 +638,18 @@ int main(int argc, char** argv)
 
   // Prometheus metrics: off unless metrics_address (file or --metrics-address).
   rmmd::metrics::admission_metrics admission_metrics;
+  // A reload may change how many sessions it shows.
+  std::atomic<std::size_t> metrics_top_sessions{settings.metrics_top_sessions};
   std::unique_ptr<rmmd::metrics::metrics_server> metrics;
   if (!settings.metrics_address.empty()) {
     try {
       metrics = std::make_unique<rmmd::metrics::metrics_server>(
-          settings.metrics_address, [&service, &admission_metrics] {
+          settings.metrics_address, [&service, &admission_metrics, &metrics_top_sessions] {
             auto snapshot      = service.metrics_snapshot();
             snapshot.admission = admission_metrics.snapshot();
-            return render_prometheus(snapshot);
+            return render_prometheus(
+                snapshot,
+                rmmd::metrics::render_options{.top_sessions = metrics_top_sessions.load()});
           });
     } catch (std::exception const& e) {
       rmmd::log::error("metrics_address %s: %s", settings.metrics_address, e.what());
@@ -720,15 +736,17 @@ int main(int argc, char** argv)
       listener.set_admission_limits(s.admission);
       rmmd::log::threshold = s.log_level;
       rmmd::log::set_library_log_level(s.log_level);
-      settings.access        = s.access;
-      settings.quotas        = s.quotas;
-      settings.admission     = s.admission;
-      settings.log_level     = s.log_level;
-      settings.drain_timeout = s.drain_timeout;
+      settings.access               = s.access;
+      settings.quotas               = s.quotas;
+      settings.admission            = s.admission;
+      settings.log_level            = s.log_level;
+      settings.drain_timeout        = s.drain_timeout;
+      settings.metrics_top_sessions = s.metrics_top_sessions;
+      metrics_top_sessions          = s.metrics_top_sessions;
       rmmd::log::info(
           "reloaded %s: %d allowed uid(s), %d allowed gid(s), quotas per session %d and per uid "
           "%d bytes (%d override(s)), admission %d/%d silent connections and %d/%d sessions "
-          "per uid/in all, log level %s, drain %d ms",
+          "per uid/in all, log level %s, drain %d ms, metrics top %d sessions",
           source.path.string(),
           s.access.uids.size(),
           s.access.gids.size(),
@@ -740,7 +758,8 @@ int main(int argc, char** argv)
           s.admission.max_sessions_per_uid,
           s.admission.max_sessions_total,
           config::level_name(s.log_level),
-          s.drain_timeout.count());
+          s.drain_timeout.count(),
+          s.metrics_top_sessions);
     }
     ::sd_notify(0, "READY=1");
     show_status(true);

@@ -10,6 +10,7 @@
 #include "client/detail/session_impl.hpp"
 #include "client/rmmctl/daemon_connection.hpp"
 #include "client/rmmctl/views.hpp"
+#include "tools/runtime/runtime_dir.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -137,7 +138,11 @@ int main(int argc, char** argv)
   std::string runtime_dir = rmmd::session::default_runtime_dir().string();
   output_options out;
   std::vector<std::string> trim_pools;
-  app.add_option("--runtime-dir", runtime_dir, "Where rmmd's sockets are (env RMMD_RUNTIME_DIR)")
+  app.add_option("--runtime-dir",
+                 runtime_dir,
+                 std::string("Where rmmd's sockets are (default: $") +
+                     rmmd::runtime::runtime_dir_env + ", else " +
+                     rmmd::runtime::default_runtime_dir + ")")
       ->capture_default_str();
   app.add_flag("--json", out.json, "protobuf's JSON mapping of the reply instead of a table");
   auto* watch = app.add_option("--watch",

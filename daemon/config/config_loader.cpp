@@ -34,6 +34,8 @@ constexpr std::uint32_t max_hello_ms      = 600'000;
 constexpr std::uint64_t min_message_bytes = 4096;
 /// Largest admission limit: far above any node's processes, and below any fd limit.
 constexpr std::uint32_t max_admission_limit = 1'000'000;
+// Beyond this a scrape is as large as the per-session series were meant to avoid.
+constexpr std::uint32_t max_metrics_top_sessions = 10'000;
 /// A socket path must fit sockaddr_un::sun_path (108 bytes with the NUL).
 constexpr std::size_t max_socket_path = 107;
 
@@ -692,6 +694,17 @@ class validator {
               why);
       }
       s.metrics_address = config_.metrics_address();
+    }
+    if (config_.has_metrics_top_sessions()) {
+      if (config_.metrics_top_sessions() > max_metrics_top_sessions) {
+        error(root_,
+              "metrics_top_sessions",
+              -1,
+              "metrics_top_sessions %d is out of range; give 0 (no per-session series) to %d",
+              config_.metrics_top_sessions(),
+              max_metrics_top_sessions);
+      }
+      s.metrics_top_sessions = config_.metrics_top_sessions();
     }
     switch (config_.log_level()) {
       case v1::DaemonConfig::ERROR:

@@ -1,13 +1,13 @@
 #include "daemon/config/settings.hpp"
 
+#include "tools/runtime/runtime_dir.hpp"
+
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
 #include <grp.h>
 #include <unistd.h>
-
-#include <cstdlib>
 
 namespace rmmd::config {
 
@@ -32,9 +32,7 @@ daemon_settings default_settings()
 
 std::filesystem::path effective_runtime_dir(daemon_settings const& settings)
 {
-  char const* env = std::getenv("RMMD_RUNTIME_DIR");
-  if (env != nullptr && *env != '\0') { return env; }
-  return settings.runtime_dir.empty() ? std::filesystem::path("/run/rmmd") : settings.runtime_dir;
+  return runtime::resolve_runtime_dir(settings.runtime_dir);
 }
 
 std::string per_uid_above_total(std::string_view what, std::size_t per_uid, std::size_t total)
@@ -132,11 +130,13 @@ std::string summary(daemon_settings const& s)
                         s.admission.max_sessions_total);
   absl::StrAppendFormat(
       &out,
-      "drain %d ms, hello %d ms, max message %d bytes, metrics %s, log level %s\n",
+      "drain %d ms, hello %d ms, max message %d bytes, metrics %s (top %d sessions), log level "
+      "%s\n",
       s.drain_timeout.count(),
       s.hello_timeout.count(),
       s.max_message_bytes,
       s.metrics_address.empty() ? std::string("off") : s.metrics_address,
+      s.metrics_top_sessions,
       level_name(s.log_level));
   return out;
 }

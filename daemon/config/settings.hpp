@@ -84,6 +84,8 @@ struct daemon_settings {
   std::chrono::milliseconds hello_timeout{2000};
   std::size_t max_message_bytes{64 * 1024};
   std::string metrics_address;  ///< "HOST:PORT"; empty: no metrics endpoint
+  /// Sessions with metrics series of their own (the top ones by bytes).
+  std::size_t metrics_top_sessions{10};
   log::level log_level{log::level::info};
 };
 

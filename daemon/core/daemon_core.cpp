@@ -581,49 +581,66 @@ void daemon_core::signal_pressure_locked(pool_entry& pool)
 absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
                                                          std::vector<pool_id> const& pools)
 {
-  std::lock_guard lock(mutex_);
-  auto s_it = sessions_.find(session);
-  if (s_it == sessions_.end()) {
-    return absl::UnauthenticatedError("trim: the session is closed; open a new session");
-  }
-  auto const uid = s_it->second->peer.uid;
-  if (uid != 0 && uid != options_.admin_uid) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "trim: uid %d may not trim pools; only root (uid 0) and the daemon's own uid %d may; run "
-        "it as one of them (e.g. sudo rmmctl trim)",
-        uid,
-        options_.admin_uid));
-  }
-  std::vector<pool_id> targets = pools;
-  if (targets.empty()) {
-    for (std::size_t i = 0; i < pools_.size(); ++i) { targets.push_back(static_cast<pool_id>(i)); }
-  }
-  for (auto id : targets) {
-    if (id >= pools_.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "trim: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`); "
-          "nothing was trimmed",
-          id,
-          static_cast<long long>(pools_.size()) - 1));
+  struct target {
+    pool_id id;
+    std::string name;
+    pool_backend* backend;  // pools are never removed: stable without the lock
+  };
+  std::vector<target> targets;
+  {
+    std::lock_guard lock(mutex_);
+    auto s_it = sessions_.find(session);
+    if (s_it == sessions_.end()) {
+      return absl::UnauthenticatedError("trim: the session is closed; open a new session");
+    }
+    auto const uid = s_it->second->peer.uid;
+    if (uid != 0 && uid != options_.admin_uid) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "trim: uid %d may not trim pools; only root (uid 0) and the daemon's own uid %d may; "
+          "run it as one of them (e.g. sudo rmmctl trim)",
+          uid,
+          options_.admin_uid));
+    }
+    std::vector<pool_id> ids = pools;
+    if (ids.empty()) {
+      for (std::size_t i = 0; i < pools_.size(); ++i) { ids.push_back(static_cast<pool_id>(i)); }
+    }
+    for (auto id : ids) {
+      if (id >= pools_.size()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "trim: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`); "
+            "nothing was trimmed",
+            id,
+            static_cast<long long>(pools_.size()) - 1));
+      }
+    }
+    for (auto id : ids) {
+      auto& p = *pools_[id];
+      // Fast-path sessions hear of it at their next usage report and give their
+      // idle slabs back too: a second trim then frees what they returned.
+      signal_pressure_locked(p);
+      targets.push_back(target{.id = id, .name = p.config.name, .backend = p.backend.get()});
     }
   }
+
+  // A backend's trim can take milliseconds (the CUDA pool waits for its
+  // stream first), so it runs without the core's lock: allocations and frees
+  // of every session go on meanwhile (pool_backend::trim() is thread-safe).
+  // Trimming changes no ledger state. Trims run one at a time, so that each
+  // pool's before/after figures are its own trim's.
+  std::lock_guard trimming(trim_mutex_);
   std::vector<pool_trim> out;
-  for (auto id : targets) {
-    auto& p = *pools_[id];
-    // Fast-path sessions hear of it at their next usage report and give their
-    // idle slabs back too: a second trim then frees what they returned.
-    signal_pressure_locked(p);
-    auto before = p.backend->usage();
-    auto freed  = p.backend->trim();
+  for (auto const& t : targets) {
+    auto before = t.backend->usage();
+    auto freed  = t.backend->trim();
     if (!freed.ok()) {
-      return absl::Status(
-          freed.status().code(),
-          absl::StrFormat("trim pool '%s': %s", p.config.name, freed.status().message()));
+      return absl::Status(freed.status().code(),
+                          absl::StrFormat("trim pool '%s': %s", t.name, freed.status().message()));
     }
-    auto after = p.backend->usage();
+    auto after = t.backend->usage();
     out.push_back(pool_trim{
-        .pool                    = id,
-        .name                    = p.config.name,
+        .pool                    = t.id,
+        .name                    = t.name,
         .released_bytes          = *freed,
         .backend_reserved_before = before ? std::optional(before->reserved_bytes) : std::nullopt,
         .backend_reserved_after  = after ? std::optional(after->reserved_bytes) : std::nullopt});

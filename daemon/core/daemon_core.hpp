@@ -144,6 +144,7 @@ class daemon_core {
   /// uid is root or options.admin_uid; INVALID_ARGUMENT for an unknown pool
   /// id (nothing is trimmed then); INTERNAL when a backend fails (pools before
   /// it in the list have been trimmed: trimming changes no ledger state).
+  /// The backends trim without the core's lock: other calls go on meanwhile.
   absl::StatusOr<std::vector<pool_trim>> trim(session_id session,
                                               std::vector<pool_id> const& pools);
 
@@ -194,6 +195,7 @@ class daemon_core {
   session_info info_locked(session_entry const& s) const;
 
   mutable std::mutex mutex_;
+  std::mutex trim_mutex_;  // one trim at a time; never held with mutex_
   std::condition_variable_any fences_waiting_;
   std::map<allocation_id, fenced_release> fenced_;  // freed by the client, not yet passed
   core_options options_;

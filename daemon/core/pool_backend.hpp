@@ -44,9 +44,10 @@ struct backend_usage {
   std::uint64_t used_bytes{};      ///< memory of that in allocations
 };
 
-/// A source of memory. allocate() must be thread-safe: the core calls it
-/// without its lock, from several threads at once and beside any other call.
-/// The core serialises every other call.
+/// A source of memory. allocate(), trim() and usage() must be thread-safe:
+/// the core calls them without its lock, from several threads at once and
+/// beside any other call (trim() never beside another trim()). The core
+/// serialises every other call.
 class pool_backend {
  public:
   pool_backend()                               = default;
@@ -112,8 +113,10 @@ class pool_backend {
 
   /// Gives the memory the backend holds but does not lend back to the system
   /// (the driver, the kernel) and returns how many bytes it gave back.
-  /// INTERNAL on a system error. The default has nothing to give: the host
-  /// backend already punches freed pages out of its memfd on every free.
+  /// INTERNAL on a system error. It may wait (the CUDA pool waits for its
+  /// stream) and is called without the core's lock. The default has nothing
+  /// to give: the host backend already punches freed pages out of its memfd
+  /// on every free.
   virtual absl::StatusOr<std::size_t> trim()
   {
     return std::size_t{0};

@@ -3,9 +3,12 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <initializer_list>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -166,7 +169,7 @@ std::string escape_label_value(std::string_view value)
   return out;
 }
 
-std::string render_prometheus(daemon_snapshot const& s)
+std::string render_prometheus(daemon_snapshot const& s, render_options const& options)
 {
   exposition e;
 
@@ -273,26 +276,61 @@ std::string render_prometheus(daemon_snapshot const& s)
               pool,
               [](core::pool_stats const& p) { return *p.release_threshold_bytes; });
 
-  // Sessions and uids.
+  // Sessions and uids. Every session counts in its uid's series; only the
+  // top_sessions holding the most bytes have series of their own (labels
+  // session, uid, pid...), so that a scrape stays small with thousands of
+  // sessions. The rest are summed in rmmd_unlisted_sessions*.
   auto const& sessions = s.stats.sessions;
-  auto session         = [](core::session_info const& i) {
-    return labels{{"session", absl::StrCat(i.id)},
-                  {"uid", absl::StrCat(i.peer.uid)},
-                  {"pid", absl::StrCat(i.peer.pid)},
-                  {"command", i.command},
-                  {"client", i.client_name}};
+  std::vector<core::session_info const*> listed;
+  listed.reserve(sessions.size());
+  for (auto const& i : sessions) { listed.push_back(&i); }
+  auto const shown = std::min(options.top_sessions, listed.size());
+  // Most bytes first; then most allocations; then the oldest session (the
+  // lowest id), so that the same sessions are shown from scrape to scrape.
+  std::partial_sort(listed.begin(),
+                    listed.begin() + static_cast<std::ptrdiff_t>(shown),
+                    listed.end(),
+                    [](core::session_info const* a, core::session_info const* b) {
+                      return std::tuple(b->bytes, b->allocation_count, a->id) <
+                             std::tuple(a->bytes, a->allocation_count, b->id);
+                    });
+  uid_totals unlisted;
+  for (std::size_t i = shown; i < listed.size(); ++i) {
+    unlisted.bytes += listed[i]->bytes;
+    unlisted.allocations += listed[i]->allocation_count;
+    ++unlisted.sessions;
+  }
+  listed.resize(shown);
+  auto session = [](core::session_info const* i) {
+    return labels{{"session", absl::StrCat(i->id)},
+                  {"uid", absl::StrCat(i->peer.uid)},
+                  {"pid", absl::StrCat(i->peer.pid)},
+                  {"command", i->command},
+                  {"client", i->client_name}};
   };
-  e.gauge_per("rmmd_session_bytes",
-              "Bytes a session holds.",
-              sessions,
-              session,
-              [](core::session_info const& i) { return static_cast<std::uint64_t>(i.bytes); });
+  e.gauge_per(
+      "rmmd_session_bytes",
+      "Bytes a session holds; only the sessions holding the most (see rmmd_unlisted_sessions).",
+      listed,
+      session,
+      [](core::session_info const* i) { return static_cast<std::uint64_t>(i->bytes); });
   e.gauge_per(
       "rmmd_session_live_allocations",
-      "Live allocations a session holds.",
-      sessions,
+      "Live allocations a session holds; only the sessions holding the most bytes.",
+      listed,
       session,
-      [](core::session_info const& i) { return static_cast<std::uint64_t>(i.allocation_count); });
+      [](core::session_info const* i) { return static_cast<std::uint64_t>(i->allocation_count); });
+  e.family("rmmd_unlisted_sessions",
+           "gauge",
+           "Live sessions without rmmd_session_* series of their own (beyond the top "
+           "metrics_top_sessions by bytes).");
+  e.sample("rmmd_unlisted_sessions", {}, unlisted.sessions);
+  e.family("rmmd_unlisted_session_bytes", "gauge", "Bytes the unlisted sessions hold together.");
+  e.sample("rmmd_unlisted_session_bytes", {}, unlisted.bytes);
+  e.family("rmmd_unlisted_session_live_allocations",
+           "gauge",
+           "Live allocations the unlisted sessions hold together.");
+  e.sample("rmmd_unlisted_session_live_allocations", {}, unlisted.allocations);
   std::map<uid_t, uid_totals> uids;
   for (auto const& i : sessions) {
     auto& u = uids[i.peer.uid];

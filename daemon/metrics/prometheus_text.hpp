@@ -7,6 +7,7 @@
 #include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -27,9 +28,18 @@ struct daemon_snapshot {
 inline constexpr std::string_view prometheus_content_type =
     "text/plain; version=0.0.4; charset=utf-8";
 
+/// How much of a snapshot a scrape shows.
+struct render_options {
+  /// Sessions shown one by one (rmmd_session_*), those holding the most bytes
+  /// first; the rest are summed in rmmd_unlisted_sessions*. 0: none. The
+  /// per-uid series always cover every session, so a scrape grows with the
+  /// number of users, not of sessions.
+  std::size_t top_sessions{10};
+};
+
 /// Every metric of `snapshot`, each family with its HELP and TYPE lines.
 /// docs/operations.md lists them.
-std::string render_prometheus(daemon_snapshot const& snapshot);
+std::string render_prometheus(daemon_snapshot const& snapshot, render_options const& options = {});
 
 /// A label value as the text format wants it: backslash, double quote and
 /// line feed escaped as \\, \" and \n.

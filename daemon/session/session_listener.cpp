@@ -3,6 +3,7 @@
 #include "daemon/log.hpp"
 #include "daemon/service/proto_convert.hpp"
 #include "rmmd/v1/rmmd.pb.h"
+#include "tools/socket/fd_passing.hpp"
 
 #include <absl/strings/str_format.h>
 
@@ -86,26 +87,7 @@ std::string command_name(pid_t pid)
 /// Sends one message with `fds` attached. False if it could not be sent whole.
 bool send_message(int fd, std::string const& bytes, std::vector<int> const& fds)
 {
-  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov    = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control;
-  if (!fds.empty()) {
-    control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
-    msg.msg_control    = control.data();
-    msg.msg_controllen = control.size();
-    auto* cmsg         = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level   = SOL_SOCKET;
-    cmsg->cmsg_type    = SCM_RIGHTS;
-    cmsg->cmsg_len     = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(bytes.size());
+  return fd_passing::send_datagram(fd, bytes, fds) == static_cast<ssize_t>(bytes.size());
 }
 
 void set_error(absl::Status const& status, v1::ErrorInfo* out)
@@ -122,23 +104,9 @@ void send_error(int fd, absl::Status const& status)
   send_message(fd, welcome.SerializeAsString(), {});
 }
 
-/// Closes any fds a peer attached to its message: we never take fds from clients.
-void close_received_fds(msghdr& msg)
-{
-  for (auto* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      auto n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < n; ++i) {
-        int received{};
-        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        ::close(received);
-      }
-    }
-  }
-}
-
 /// One datagram from a client, read without blocking; `bytes` as recvmsg
-/// returns it (errno set when negative). Fds attached to it are closed.
+/// returns it (errno set when negative). Fds attached to it are dropped
+/// (never installed in this process): we never take fds from clients.
 struct datagram {
   ssize_t bytes{};
   bool truncated{};  ///< larger than the buffer
@@ -146,16 +114,8 @@ struct datagram {
 
 datagram receive_datagram(int fd, std::span<char> buffer) noexcept
 {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
-  iovec iov{buffer.data(), buffer.size()};
-  msghdr msg{};
-  msg.msg_iov        = &iov;
-  msg.msg_iovlen     = 1;
-  msg.msg_control    = control;
-  msg.msg_controllen = sizeof(control);
-  auto n             = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  if (n > 0) { close_received_fds(msg); }
-  return {.bytes = n, .truncated = (msg.msg_flags & MSG_TRUNC) != 0};
+  auto const got = fd_passing::receive_datagram(fd, buffer, {}, MSG_DONTWAIT);
+  return {.bytes = got.bytes, .truncated = got.truncated};
 }
 
 // Lines a client can cause, each class with a budget of its own

@@ -70,6 +70,7 @@ TEST(ConfigLoader, AnEmptyFileMeansTheBuiltInDefaults)
   EXPECT_EQ(s.hello_timeout, std::chrono::milliseconds(2000));
   EXPECT_EQ(s.max_message_bytes, 65536u);
   EXPECT_TRUE(s.metrics_address.empty());
+  EXPECT_EQ(s.metrics_top_sessions, 10u);
   EXPECT_EQ(s.log_level, log::level::info);
 }
 
@@ -107,6 +108,7 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
     hello_timeout_ms: 250
     max_message_bytes: 1048576
     metrics_address: "127.0.0.1:9464"
+    metrics_top_sessions: 25
     log_level: DEBUG
   )");
   EXPECT_EQ(s.runtime_dir, "/run/rmmd-test");
@@ -150,6 +152,7 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   EXPECT_EQ(s.hello_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(s.max_message_bytes, 1048576u);
   EXPECT_EQ(s.metrics_address, "127.0.0.1:9464");
+  EXPECT_EQ(s.metrics_top_sessions, 25u);
   EXPECT_EQ(s.log_level, log::level::debug);
 }
 
@@ -298,7 +301,9 @@ INSTANTIATE_TEST_SUITE_P(
         semantic_case{"metrics_address: \"localhost\"", 1, 1, "it has no port"},
         semantic_case{"metrics_address: \"::1:9464\"", 1, 1, "in brackets"},
         semantic_case{"metrics_address: \"127.0.0.1:99999\"", 1, 1, "not a number from 1 to 65535"},
-        semantic_case{"metrics_address: \":9464\"", 1, 1, "the host is empty"}));
+        semantic_case{"metrics_address: \":9464\"", 1, 1, "the host is empty"},
+        semantic_case{
+            "metrics_top_sessions: 10001", 1, 1, "metrics_top_sessions 10001 is out of range"}));
 
 TEST(ConfigLoader, APoolsGpuIsNamedByUuidOrPciBusId)
 {
@@ -338,6 +343,12 @@ INSTANTIATE_TEST_SUITE_P(
                       13,
                       "admission.max_pending_per_uid (16) is larger than "
                       "admission.max_pending_total (8): one uid could take every slot"}));
+
+TEST(ConfigLoader, MetricsTopSessionsZeroMeansNoneNotTheDefault)
+{
+  EXPECT_EQ(parse_ok("metrics_top_sessions: 0").metrics_top_sessions, 0u);
+  EXPECT_EQ(parse_ok("metrics_top_sessions: 10000").metrics_top_sessions, 10000u);
+}
 
 TEST(ConfigLoader, GoodAddressesAreAccepted)
 {

@@ -1,7 +1,8 @@
 // The core lets go of its lock while a backend allocates: other calls go on,
 // the bytes asked for count against quotas and the pool meanwhile, and a
 // session that closes during the call gets nothing and leaks nothing. The
-// pools are real host_backends; one is wrapped to hold an allocation open.
+// pools are real host_backends; one is wrapped to hold an allocation open,
+// another to hold a trim open (a trim runs without the lock too).
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
@@ -17,6 +18,7 @@ namespace rmmd::core {
 namespace {
 
 using ::testing::HasSubstr;
+using namespace std::chrono_literals;
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
@@ -182,6 +184,112 @@ TEST_F(CoreDuringAnAllocation, ASessionClosedMeanwhileGetsNothingAndLeaksNothing
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
   EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);
   EXPECT_TRUE(stats.sessions.empty());
+}
+
+/// A host_backend whose trim() waits until the test releases it, as a CUDA
+/// pool's trim waits for its stream; it then reports 3 MiB given back.
+class slow_trim_backend final : public pool_backend {
+ public:
+  explicit slow_trim_backend(std::size_t bytes) : inner_("slow-trim", bytes) {}
+
+  backend_kind kind() const noexcept override
+  {
+    return inner_.kind();
+  }
+  std::size_t capacity() const noexcept override
+  {
+    return inner_.capacity();
+  }
+  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
+  {
+    return inner_.allocate(bytes, alignment);
+  }
+  void deallocate(backend_allocation const& block) noexcept override
+  {
+    inner_.deallocate(block);
+  }
+  std::optional<backend_usage> usage() const override
+  {
+    return backend_usage{.reserved_bytes = reserved_.load(), .used_bytes = 0};
+  }
+  absl::StatusOr<std::size_t> trim() override
+  {
+    entered_.set_value();
+    released_.get_future().wait();
+    reserved_ = 1 * MiB;
+    return 3 * MiB;
+  }
+
+  /// Ready once trim() has started waiting.
+  std::future<void> entered()
+  {
+    return entered_.get_future();
+  }
+  /// Lets the waiting trim() finish (once; later calls do nothing).
+  void release()
+  {
+    if (!released_done_.exchange(true)) { released_.set_value(); }
+  }
+
+  /// Releases the trim when it goes out of scope, so that a failed assertion
+  /// cannot leave threads waiting (and the test hanging in std::future).
+  struct release_at_exit {
+    slow_trim_backend* backend;
+    ~release_at_exit()
+    {
+      backend->release();
+    }
+  };
+
+ private:
+  backends::host::host_backend inner_;
+  std::atomic<std::uint64_t> reserved_{4 * MiB};
+  std::promise<void> entered_;
+  std::promise<void> released_;
+  std::atomic<bool> released_done_{false};
+};
+
+TEST(CoreDuringATrim, AllocationsFreesAndStatsGoOnWhileABackendTrims)
+{
+  auto o      = options();
+  o.admin_uid = 1000;
+  daemon_core core(std::move(o));
+  auto backend      = std::make_unique<slow_trim_backend>(16 * MiB);
+  auto* const trims = backend.get();
+  auto const pool   = core.add_pool(host_config(), std::move(backend));
+  auto const admin  = core.open_session(peer(1000), "rmmctl", "").value().id;
+  auto const user   = core.open_session(peer(1000), "worker", "").value().id;
+
+  auto entered = trims->entered();
+  auto trimmed = std::async(std::launch::async, [&] { return core.trim(admin, {}); });
+  std::future<absl::Status> work;
+  slow_trim_backend::release_at_exit guard{trims};  // last: released before the futures wait
+  ASSERT_EQ(entered.wait_for(10s), std::future_status::ready) << "trim never reached the backend";
+
+  // Another thread allocates and frees while the backend is still trimming.
+  work = std::async(std::launch::async, [&]() -> absl::Status {
+    auto grant = core.allocate(user, pool, 64 * 1024, 0);
+    if (!grant.ok()) { return grant.status(); }
+    return core.free(user, grant->id, {});
+  });
+  ASSERT_EQ(work.wait_for(10s), std::future_status::ready)
+      << "an allocation waited for the trim: the core held its lock during the backend's trim";
+  EXPECT_TRUE(work.get().ok());
+  auto const stats = core.stats();
+  EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
+  EXPECT_EQ(stats.pools.at(0).total_allocations, 1u);
+  EXPECT_EQ(trimmed.wait_for(0s), std::future_status::timeout)
+      << "trim answered before its backend had finished";
+
+  trims->release();
+  auto const result = trimmed.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->size(), 1u);
+  EXPECT_EQ((*result)[0].pool, pool);
+  EXPECT_EQ((*result)[0].name, "host");
+  EXPECT_EQ((*result)[0].released_bytes, 3 * MiB);
+  EXPECT_EQ((*result)[0].backend_reserved_before, 4 * MiB);
+  EXPECT_EQ((*result)[0].backend_reserved_after, 1 * MiB);
 }
 
 TEST(CoreUnderLoad, ManyThreadsAllocatingAndFreeingKeepTheLedgerExact)

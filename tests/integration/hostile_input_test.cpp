@@ -3,6 +3,7 @@
 
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tools/socket/fd_passing.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -46,19 +47,8 @@ class raw_session_socket {
 
   void send_with_fd(std::string const& bytes, int fd) const
   {
-    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov        = &iov;
-    msg.msg_iovlen     = 1;
-    msg.msg_control    = control;
-    msg.msg_controllen = sizeof(control);
-    auto* c            = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level      = SOL_SOCKET;
-    c->cmsg_type       = SCM_RIGHTS;
-    c->cmsg_len        = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    ASSERT_EQ(::sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(fd_passing::send_datagram(fd_, bytes, std::span<int const>(&fd, 1)),
+              static_cast<ssize_t>(bytes.size()));
   }
 
   /// The daemon's next message; nullopt if it closed the connection (or the

@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace rmmd::test {
 namespace {
@@ -39,36 +41,60 @@ std::string find_promtool()
   return {};
 }
 
+/// The endpoint's address, from Health (the daemon picked the port).
+std::string metrics_address_of(rmmd::session const& session)
+{
+  v1::HealthResponse h;
+  auto ctx = session.impl().context();
+  auto st  = session.impl().stub().Health(ctx.get(), {}, &h);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return h.metrics_address();
+}
+
+httplib::Result get(rmmd::session const& session, std::string const& path)
+{
+  auto const address = metrics_address_of(session);
+  auto const colon   = address.rfind(':');
+  httplib::Client client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  client.set_connection_timeout(std::chrono::seconds(10));
+  client.set_read_timeout(std::chrono::seconds(10));
+  return client.Get(path);
+}
+
+/// The text of /metrics of the daemon that `session` is a session of.
+std::string scrape(rmmd::session const& session)
+{
+  auto r = get(session, "/metrics");
+  EXPECT_TRUE(r) << httplib::to_string(r.error());
+  if (!r) { return {}; }
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  return r->body;
+}
+
+/// Samples of the family `name` in `text`.
+std::size_t series_count(std::string const& text, std::string const& name)
+{
+  std::size_t n = 0;
+  for (auto const& line : lines_of(text)) {
+    if (line.starts_with(name + "{") || line.starts_with(name + " ")) { ++n; }
+  }
+  return n;
+}
+
 class Metrics : public ::testing::Test {
  protected:
-  /// The endpoint's address, from Health (the daemon picked the port).
   std::string metrics_address() const
   {
-    v1::HealthResponse h;
-    auto ctx = session_.impl().context();
-    auto st  = session_.impl().stub().Health(ctx.get(), {}, &h);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    return h.metrics_address();
+    return metrics_address_of(session_);
   }
-
   httplib::Result get(std::string const& path) const
   {
-    auto const address = metrics_address();
-    auto const colon   = address.rfind(':');
-    httplib::Client client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
-    client.set_connection_timeout(std::chrono::seconds(10));
-    client.set_read_timeout(std::chrono::seconds(10));
-    return client.Get(path);
+    return test::get(session_, path);
   }
-
   std::string scrape() const
   {
-    auto r = get("/metrics");
-    EXPECT_TRUE(r) << httplib::to_string(r.error());
-    if (!r) { return {}; }
-    EXPECT_EQ(r->status, 200);
-    EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
-    return r->body;
+    return test::scrape(session_);
   }
 
   daemon_process daemon_{{"--host-pool-bytes", "64MiB", "--metrics-address", "127.0.0.1:0"}};
@@ -160,6 +186,51 @@ TEST_F(Metrics, PromtoolAcceptsTheScrape)
   auto const said = check.read_all();
   EXPECT_EQ(check.wait(), 0) << said << "\n--- the scrape:\n" << text;
   EXPECT_EQ(said, "") << text;
+}
+
+TEST(MetricsWithManySessions, OnlyTheTopSessionsHaveSeriesSoTheScrapeStaysBounded)
+{
+  daemon_process daemon({"--host-pool-bytes",
+                         "64MiB",
+                         "--metrics-address",
+                         "127.0.0.1:0",
+                         "--metrics-top-sessions",
+                         "3"});
+  // Sessions 1..n hold i * 4 KiB each: the last three opened hold the most.
+  std::vector<rmmd::session> sessions;
+  auto open_holding = [&](std::size_t n) {
+    while (sessions.size() < n) {
+      sessions.push_back(daemon.open_session("s" + std::to_string(sessions.size())));
+      auto& s = sessions.back();
+      (void)s.allocate(s.host_pool().id, sessions.size() * 4096, 0);
+    }
+  };
+  open_holding(5);
+  auto const few = scrape(sessions.front());
+  open_holding(60);
+  auto const many = scrape(sessions.front());
+
+  EXPECT_EQ(lines_of(many).size(), lines_of(few).size())
+      << "a scrape with 60 sessions has more lines than one with 5:\n"
+      << many;
+  EXPECT_EQ(series_count(many, "rmmd_session_bytes"), 3u) << many;
+  EXPECT_EQ(series_count(many, "rmmd_session_live_allocations"), 3u) << many;
+  for (std::size_t i : {57u, 58u, 59u}) {
+    auto const& s = sessions[i];
+    EXPECT_THAT(many, HasSubstr("rmmd_session_bytes{session=\"" + std::to_string(s.id()) + "\""));
+  }
+  auto const uid = std::to_string(::getuid());
+  // 4 KiB * (1 + ... + 57) in the 57 sessions without series of their own.
+  for (auto const& line : std::vector<std::string>{
+           "rmmd_sessions 60",
+           "rmmd_unlisted_sessions 57",
+           "rmmd_unlisted_session_bytes " + std::to_string(4096 * 57 * 58 / 2),
+           "rmmd_unlisted_session_live_allocations 57",
+           "rmmd_uid_sessions{uid=\"" + uid + "\"} 60",
+           "rmmd_uid_bytes{uid=\"" + uid + "\"} " + std::to_string(4096 * 60 * 61 / 2),
+       }) {
+    EXPECT_THAT(many, HasSubstr(line + "\n"));
+  }
 }
 
 TEST(MetricsAddress, AMalformedAddressStopsTheDaemonSayingWhy)

@@ -181,6 +181,103 @@ TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
   EXPECT_THAT(text, Not(HasSubstr("rmmd_pool_release_threshold_bytes{pool=\"host\"}")));
 }
 
+/// A snapshot of `count` sessions of `uids` users; session i holds i KiB in i
+/// allocations (session 0 holds nothing).
+daemon_snapshot many_sessions(std::size_t count, std::size_t uids)
+{
+  daemon_snapshot s;
+  s.version = "1";
+  for (std::size_t i = 0; i < count; ++i) {
+    core::session_info info;
+    info.id               = static_cast<core::session_id>(i + 1);
+    info.peer.uid         = static_cast<uid_t>(1000 + i % uids);
+    info.peer.pid         = static_cast<pid_t>(10000 + i);
+    info.command          = "worker";
+    info.client_name      = "c" + std::to_string(i);
+    info.bytes            = i * 1024;
+    info.allocation_count = i;
+    s.stats.sessions.push_back(info);
+  }
+  return s;
+}
+
+/// Lines of `text` that are samples of the family `name` (with labels or not).
+std::size_t series_count(std::string const& text, std::string const& name)
+{
+  std::size_t n = 0;
+  for (auto const& line : lines_of(text)) {
+    if (line.starts_with(name + "{") || line.starts_with(name + " ")) { ++n; }
+  }
+  return n;
+}
+
+TEST(RenderPrometheus, OnlyTheTopSessionsByBytesHaveSeriesTheRestAreSummed)
+{
+  auto const text = render_prometheus(many_sessions(20, 2), render_options{.top_sessions = 3});
+  EXPECT_EQ(series_count(text, "rmmd_session_bytes"), 3u);
+  EXPECT_EQ(series_count(text, "rmmd_session_live_allocations"), 3u);
+  // Sessions 20, 19 and 18 (ids; i = 19, 18, 17) hold the most.
+  for (std::string line : {
+           "rmmd_session_bytes{session=\"20\",uid=\"1001\",pid=\"10019\",command=\"worker\","
+           "client=\"c19\"} 19456",
+           "rmmd_session_bytes{session=\"19\",uid=\"1000\",pid=\"10018\",command=\"worker\","
+           "client=\"c18\"} 18432",
+           "rmmd_session_live_allocations{session=\"18\",uid=\"1001\",pid=\"10017\","
+           "command=\"worker\",client=\"c17\"} 17",
+           // The other 17 (i = 0..16): 136 KiB in 136 allocations.
+           "rmmd_unlisted_sessions 17",
+           "rmmd_unlisted_session_bytes 139264",
+           "rmmd_unlisted_session_live_allocations 136",
+           // The uids still count every session.
+           "rmmd_uid_sessions{uid=\"1000\"} 10",
+           "rmmd_uid_sessions{uid=\"1001\"} 10",
+           "rmmd_uid_bytes{uid=\"1000\"} 92160",
+           "rmmd_sessions 20",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+  EXPECT_THAT(text, Not(HasSubstr("session=\"17\"")));
+}
+
+TEST(RenderPrometheus, TheNumberOfSeriesDoesNotGrowWithTheNumberOfSessions)
+{
+  auto const few  = render_prometheus(many_sessions(20, 4));
+  auto const many = render_prometheus(many_sessions(5000, 4));
+  EXPECT_EQ(lines_of(many).size(), lines_of(few).size())
+      << "a scrape with 5000 sessions has more lines than one with 20";
+  EXPECT_EQ(series_count(many, "rmmd_session_bytes"), 10u);  // the default top_sessions
+  EXPECT_THAT(many, HasSubstr("rmmd_unlisted_sessions 4990\n"));
+  EXPECT_THAT(many, HasSubstr("rmmd_sessions 5000\n"));
+  // Only wider numbers (ids, pids, sums) make it longer.
+  EXPECT_LT(many.size(), few.size() + 1024)
+      << "20 sessions: " << few.size() << " bytes; 5000 sessions: " << many.size() << " bytes";
+}
+
+TEST(RenderPrometheus, TopSessionsZeroShowsNoSessionSeries)
+{
+  auto const text = render_prometheus(many_sessions(5, 1), render_options{.top_sessions = 0});
+  EXPECT_EQ(series_count(text, "rmmd_session_bytes"), 0u);
+  EXPECT_EQ(series_count(text, "rmmd_session_live_allocations"), 0u);
+  // The families are still declared, and the sums cover every session.
+  EXPECT_THAT(text, HasSubstr("# TYPE rmmd_session_bytes gauge\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_unlisted_sessions 5\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_unlisted_session_bytes 10240\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_uid_bytes{uid=\"1000\"} 10240\n"));
+}
+
+TEST(RenderPrometheus, TiesInBytesKeepTheOldestSessions)
+{
+  auto snapshot = many_sessions(6, 1);
+  for (auto& i : snapshot.stats.sessions) {
+    i.bytes            = 4096;
+    i.allocation_count = 1;
+  }
+  auto const text = render_prometheus(snapshot, render_options{.top_sessions = 2});
+  EXPECT_THAT(text, HasSubstr("rmmd_session_bytes{session=\"1\","));
+  EXPECT_THAT(text, HasSubstr("rmmd_session_bytes{session=\"2\","));
+  EXPECT_EQ(series_count(text, "rmmd_session_bytes"), 2u);
+}
+
 TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
 {
   auto const text = render_prometheus(sample_snapshot());
