@@ -94,6 +94,7 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
                                          std::size_t alignment)
 {
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
+  std::call_once(exit_watched_, watch_process_exit);
   if (bytes > pool_.capacity_bytes) {
     // Nothing could hold it: no request (and no slab leased for it).
     throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
