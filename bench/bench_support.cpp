@@ -1,5 +1,9 @@
 #include "bench/bench_support.hpp"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +13,7 @@
 #include <numeric>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 namespace rmmd::bench {
 
@@ -75,6 +80,52 @@ summary summarize(std::vector<double> samples_ns)
   s.mean_us = std::accumulate(samples_ns.begin(), samples_ns.end(), 0.0) /
               static_cast<double>(samples_ns.size()) / 1000.0;
   return s;
+}
+
+namespace {
+
+/// Clears every optional double of `m` (and of the messages in it) that is
+/// NaN or infinite, which protobuf would write as the string "NaN" or
+/// "Infinity". The plain doubles (the configuration, the GPU's memory) are
+/// never either.
+void clear_non_finite(google::protobuf::Message& m)
+{
+  using field            = google::protobuf::FieldDescriptor;
+  auto const* reflection = m.GetReflection();
+  std::vector<field const*> fields;
+  reflection->ListFields(m, &fields);
+  for (auto const* f : fields) {
+    if (f->cpp_type() == field::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < reflection->FieldSize(m, f); ++i) {
+          clear_non_finite(*reflection->MutableRepeatedMessage(&m, f, i));
+        }
+      } else {
+        clear_non_finite(*reflection->MutableMessage(&m, f));
+      }
+    } else if (f->cpp_type() == field::CPPTYPE_DOUBLE && f->has_presence() &&
+               !std::isfinite(reflection->GetDouble(m, f))) {
+      reflection->ClearField(&m, f);
+    }
+  }
+}
+
+}  // namespace
+
+std::string results_json(results::Run const& run)
+{
+  results::Run finite = run;
+  clear_non_finite(finite);
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace                = true;
+  options.always_print_primitive_fields = true;  // `"quick": false`, `"errors": []`
+  options.preserve_proto_field_names    = true;  // size_bytes, not sizeBytes
+  std::string out;
+  if (auto status = google::protobuf::util::MessageToJsonString(finite, &out, options);
+      !status.ok()) {
+    throw bench_error("writing the results as JSON failed: " + status.ToString());
+  }
+  return out;
 }
 
 void json::push_back(json v)

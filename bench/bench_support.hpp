@@ -1,9 +1,12 @@
 #pragma once
 
 // Support for rmmd_bench: the rmmd it starts, /proc readings, percentiles and
-// a small JSON value. Processes (always killed and reaped, every wait ending
-// at a deadline) are tools/process's, shared with the tests.
+// its results as JSON (bench_results.proto, written by protobuf; the
+// hand-written json value until the bench moves to it). Processes
+// (always killed and reaped, every wait ending at a deadline) are
+// tools/process's, shared with the tests.
 
+#include "bench/bench_results.pb.h"
 #include "tools/process/child_process.hpp"
 #include "tools/process/daemon_process.hpp"
 
@@ -13,8 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <map>
-#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,13 @@ struct summary {
   double max_us{};
 };
 summary summarize(std::vector<double> samples_ns);
+
+/// `run` as JSON, by protobuf's JSON mapping: field names as in
+/// bench_results.proto, every plain field written (zeros, false and empty
+/// lists too), optional ones only when set, indented. An optional double
+/// that is NaN or infinite is left out (JSON has no such number; `run` is
+/// unchanged). Throws bench_error if protobuf cannot write it.
+std::string results_json(results::Run const& run);
 
 /// A JSON value, enough to write the bench's results.
 class json {
