@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -126,100 +125,6 @@ std::string results_json(results::Run const& run)
     throw bench_error("writing the results as JSON failed: " + status.ToString());
   }
   return out;
-}
-
-void json::push_back(json v)
-{
-  if (std::holds_alternative<std::nullptr_t>(v_)) { v_ = array{}; }
-  std::get<array>(v_).push_back(std::move(v));
-}
-
-json& json::operator[](std::string const& key)
-{
-  if (std::holds_alternative<std::nullptr_t>(v_)) { v_ = object{}; }
-  auto& members = std::get<object>(v_);
-  for (auto& [k, v] : members) {
-    if (k == key) { return v; }
-  }
-  members.emplace_back(key, json{});
-  return members.back().second;
-}
-
-namespace {
-
-std::string quote(std::string const& s)
-{
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
-
-std::string json::dump(int indent) const
-{
-  std::string pad(static_cast<std::size_t>(indent) * 2, ' ');
-  std::string inner(static_cast<std::size_t>(indent + 1) * 2, ' ');
-  return std::visit(
-      [&](auto const& v) -> std::string {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::nullptr_t>) {
-          return "null";
-        } else if constexpr (std::is_same_v<T, bool>) {
-          return v ? "true" : "false";
-        } else if constexpr (std::is_same_v<T, std::int64_t>) {
-          return std::to_string(v);
-        } else if constexpr (std::is_same_v<T, double>) {
-          if (!std::isfinite(v)) { return "null"; }
-          char buf[64];
-          std::snprintf(buf, sizeof(buf), "%.6g", v);
-          return buf;
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          return quote(v);
-        } else if constexpr (std::is_same_v<T, array>) {
-          if (v.empty()) { return "[]"; }
-          std::string out = "[\n";
-          for (std::size_t i = 0; i < v.size(); ++i) {
-            out += inner + v[i].dump(indent + 1) + (i + 1 < v.size() ? ",\n" : "\n");
-          }
-          return out + pad + "]";
-        } else {
-          if (v.empty()) { return "{}"; }
-          std::string out = "{\n";
-          for (std::size_t i = 0; i < v.size(); ++i) {
-            out += inner + quote(v[i].first) + ": " + v[i].second.dump(indent + 1) +
-                   (i + 1 < v.size() ? ",\n" : "\n");
-          }
-          return out + pad + "}";
-        }
-      },
-      v_);
 }
 
 }  // namespace rmmd::bench

@@ -163,38 +163,6 @@ TEST(BenchJson, TheResultsOfEarlierRunsReadBackAndWriteTheSame)
   EXPECT_GT(files, 0) << "no .json in " << RMMD_BENCH_RESULTS_DIR;
 }
 
-TEST(BenchJson, TheHandWrittenJsonReadsBack)
-{
-  json doc;
-  doc["name"]   = "H100 \"SXM\"\n\ttab\\";
-  doc["count"]  = std::size_t{10000};
-  doc["p50_us"] = 1.25;
-  doc["nan"]    = std::numeric_limits<double>::quiet_NaN();
-  doc["none"]   = std::optional<double>{};
-  doc["some"]   = std::optional<double>{2.5};
-  doc["ok"]     = true;
-  doc["empty"]  = json::array{};
-  json rows;
-  rows.push_back(json::object{{"size_bytes", 256}, {"control", std::string("\x01")}});
-  rows.push_back(json::object{});
-  doc["rows"]  = std::move(rows);
-  doc["count"] = 3;  // replaces, keeps one member
-
-  auto s = parse(doc.dump()).fields();
-  EXPECT_EQ(s.at("name").string_value(), "H100 \"SXM\"\n\ttab\\");
-  EXPECT_EQ(s.at("count").number_value(), 3);
-  EXPECT_EQ(s.at("p50_us").number_value(), 1.25);
-  EXPECT_TRUE(s.at("nan").has_null_value());
-  EXPECT_TRUE(s.at("none").has_null_value());
-  EXPECT_EQ(s.at("some").number_value(), 2.5);
-  EXPECT_TRUE(s.at("ok").bool_value());
-  EXPECT_EQ(s.at("empty").list_value().values_size(), 0);
-  ASSERT_EQ(s.at("rows").list_value().values_size(), 2);
-  auto const& row = s.at("rows").list_value().values(0).struct_value().fields();
-  EXPECT_EQ(row.at("size_bytes").number_value(), 256);
-  EXPECT_EQ(row.at("control").string_value(), "\x01");
-}
-
 TEST(BenchSummary, NearestRankPercentilesInMicroseconds)
 {
   std::vector<double> ns(100);
