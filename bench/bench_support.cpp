@@ -1,14 +1,18 @@
 #include "bench/bench_support.hpp"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <google/protobuf/util/json_util.h>
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 namespace rmmd::bench {
 
@@ -77,98 +81,50 @@ summary summarize(std::vector<double> samples_ns)
   return s;
 }
 
-void json::push_back(json v)
-{
-  if (std::holds_alternative<std::nullptr_t>(v_)) { v_ = array{}; }
-  std::get<array>(v_).push_back(std::move(v));
-}
-
-json& json::operator[](std::string const& key)
-{
-  if (std::holds_alternative<std::nullptr_t>(v_)) { v_ = object{}; }
-  auto& members = std::get<object>(v_);
-  for (auto& [k, v] : members) {
-    if (k == key) { return v; }
-  }
-  members.emplace_back(key, json{});
-  return members.back().second;
-}
-
 namespace {
 
-std::string quote(std::string const& s)
+/// Clears every optional double of `m` (and of the messages in it) that is
+/// NaN or infinite, which protobuf would write as the string "NaN" or
+/// "Infinity". The plain doubles (the configuration, the GPU's memory) are
+/// never either.
+void clear_non_finite(google::protobuf::Message& m)
 {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
+  using field            = google::protobuf::FieldDescriptor;
+  auto const* reflection = m.GetReflection();
+  std::vector<field const*> fields;
+  reflection->ListFields(m, &fields);
+  for (auto const* f : fields) {
+    if (f->cpp_type() == field::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < reflection->FieldSize(m, f); ++i) {
+          clear_non_finite(*reflection->MutableRepeatedMessage(&m, f, i));
         }
+      } else {
+        clear_non_finite(*reflection->MutableMessage(&m, f));
+      }
+    } else if (f->cpp_type() == field::CPPTYPE_DOUBLE && f->has_presence() &&
+               !std::isfinite(reflection->GetDouble(m, f))) {
+      reflection->ClearField(&m, f);
     }
   }
-  return out + "\"";
 }
 
 }  // namespace
 
-std::string json::dump(int indent) const
+std::string results_json(results::Run const& run)
 {
-  std::string pad(static_cast<std::size_t>(indent) * 2, ' ');
-  std::string inner(static_cast<std::size_t>(indent + 1) * 2, ' ');
-  return std::visit(
-      [&](auto const& v) -> std::string {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::nullptr_t>) {
-          return "null";
-        } else if constexpr (std::is_same_v<T, bool>) {
-          return v ? "true" : "false";
-        } else if constexpr (std::is_same_v<T, std::int64_t>) {
-          return std::to_string(v);
-        } else if constexpr (std::is_same_v<T, double>) {
-          if (!std::isfinite(v)) { return "null"; }
-          char buf[64];
-          std::snprintf(buf, sizeof(buf), "%.6g", v);
-          return buf;
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          return quote(v);
-        } else if constexpr (std::is_same_v<T, array>) {
-          if (v.empty()) { return "[]"; }
-          std::string out = "[\n";
-          for (std::size_t i = 0; i < v.size(); ++i) {
-            out += inner + v[i].dump(indent + 1) + (i + 1 < v.size() ? ",\n" : "\n");
-          }
-          return out + pad + "]";
-        } else {
-          if (v.empty()) { return "{}"; }
-          std::string out = "{\n";
-          for (std::size_t i = 0; i < v.size(); ++i) {
-            out += inner + quote(v[i].first) + ": " + v[i].second.dump(indent + 1) +
-                   (i + 1 < v.size() ? ",\n" : "\n");
-          }
-          return out + pad + "}";
-        }
-      },
-      v_);
+  results::Run finite = run;
+  clear_non_finite(finite);
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace                = true;
+  options.always_print_primitive_fields = true;  // `"quick": false`, `"errors": []`
+  options.preserve_proto_field_names    = true;  // size_bytes, not sizeBytes
+  std::string out;
+  if (auto status = google::protobuf::util::MessageToJsonString(finite, &out, options);
+      !status.ok()) {
+    throw bench_error("writing the results as JSON failed: " + status.ToString());
+  }
+  return out;
 }
 
 }  // namespace rmmd::bench

@@ -1,9 +1,11 @@
 #pragma once
 
 // Support for rmmd_bench: the rmmd it starts, /proc readings, percentiles and
-// a small JSON value. Processes (always killed and reaped, every wait ending
-// at a deadline) are tools/process's, shared with the tests.
+// its results as JSON (bench_results.proto, written by protobuf). Processes
+// (always killed and reaped, every wait ending at a deadline) are
+// tools/process's, shared with the tests.
 
+#include "bench/bench_results.pb.h"
 #include "tools/process/child_process.hpp"
 #include "tools/process/daemon_process.hpp"
 
@@ -13,13 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <map>
-#include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <variant>
 #include <vector>
 
 namespace rmmd::bench {
@@ -62,42 +59,11 @@ struct summary {
 };
 summary summarize(std::vector<double> samples_ns);
 
-/// A JSON value, enough to write the bench's results.
-class json {
- public:
-  using array  = std::vector<json>;
-  using object = std::vector<std::pair<std::string, json>>;  // keeps insertion order
-
-  json() = default;  // null
-  json(std::nullptr_t) {}
-  json(bool b) : v_(b) {}
-  json(int i) : v_(static_cast<std::int64_t>(i)) {}
-  json(long i) : v_(static_cast<std::int64_t>(i)) {}
-  json(long long i) : v_(static_cast<std::int64_t>(i)) {}
-  json(unsigned i) : v_(static_cast<std::int64_t>(i)) {}
-  json(unsigned long i) : v_(static_cast<std::int64_t>(i)) {}
-  json(unsigned long long i) : v_(static_cast<std::int64_t>(i)) {}
-  json(double d) : v_(d) {}
-  json(char const* s) : v_(std::string(s)) {}
-  json(std::string s) : v_(std::move(s)) {}
-  json(array a) : v_(std::move(a)) {}
-  json(object o) : v_(std::move(o)) {}
-  template <typename T>
-  json(std::optional<T> const& o)
-  {
-    if (o) { *this = json(*o); }
-  }
-
-  /// Appends to an array (a null becomes one).
-  void push_back(json v);
-  /// Sets a member of an object (a null becomes one); replaces an existing one.
-  json& operator[](std::string const& key);
-
-  /// Pretty-printed with two-space indents; NaN and infinities become null.
-  [[nodiscard]] std::string dump(int indent = 0) const;
-
- private:
-  std::variant<std::nullptr_t, bool, std::int64_t, double, std::string, array, object> v_{nullptr};
-};
+/// `run` as JSON, by protobuf's JSON mapping: field names as in
+/// bench_results.proto, every plain field written (zeros, false and empty
+/// lists too), optional ones only when set, indented. An optional double
+/// that is NaN or infinite is left out (JSON has no such number; `run` is
+/// unchanged). Throws bench_error if protobuf cannot write it.
+std::string results_json(results::Run const& run);
 
 }  // namespace rmmd::bench

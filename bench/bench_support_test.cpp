@@ -1,6 +1,7 @@
-// rmmd_bench's support code, on any machine (no GPU): the JSON it writes,
-// its percentiles, its child processes (deadlines, handed fds, cleanup) and
-// the real daemon started and stopped the way the bench does it.
+// rmmd_bench's support code, on any machine (no GPU): the JSON it writes
+// (and the files of earlier runs read back), its percentiles, its child
+// processes (deadlines, handed fds, cleanup) and the real daemon started and
+// stopped the way the bench does it.
 
 #include "bench/bench_support.hpp"
 
@@ -8,6 +9,7 @@
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -15,8 +17,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <system_error>
 
 namespace rmmd::bench {
@@ -30,36 +36,131 @@ google::protobuf::Struct parse(std::string const& text)
   return out;
 }
 
-TEST(BenchJson, WritesValidJsonThatReadsBack)
+results::Run parse_run(std::string const& text)
 {
-  json doc;
-  doc["name"]   = "H100 \"SXM\"\n\ttab\\";
-  doc["count"]  = std::size_t{10000};
-  doc["p50_us"] = 1.25;
-  doc["nan"]    = std::numeric_limits<double>::quiet_NaN();
-  doc["none"]   = std::optional<double>{};
-  doc["some"]   = std::optional<double>{2.5};
-  doc["ok"]     = true;
-  doc["empty"]  = json::array{};
-  json rows;
-  rows.push_back(json::object{{"size_bytes", 256}, {"control", std::string("\x01")}});
-  rows.push_back(json::object{});
-  doc["rows"]  = std::move(rows);
-  doc["count"] = 3;  // replaces, keeps one member
+  results::Run out;
+  auto status = google::protobuf::util::JsonStringToMessage(text, &out);  // unknown names fail
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << text;
+  return out;
+}
 
-  auto s = parse(doc.dump()).fields();
-  EXPECT_EQ(s.at("name").string_value(), "H100 \"SXM\"\n\ttab\\");
-  EXPECT_EQ(s.at("count").number_value(), 3);
-  EXPECT_EQ(s.at("p50_us").number_value(), 1.25);
-  EXPECT_TRUE(s.at("nan").has_null_value());
-  EXPECT_TRUE(s.at("none").has_null_value());
-  EXPECT_EQ(s.at("some").number_value(), 2.5);
-  EXPECT_TRUE(s.at("ok").bool_value());
-  EXPECT_EQ(s.at("empty").list_value().values_size(), 0);
-  ASSERT_EQ(s.at("rows").list_value().values_size(), 2);
-  auto const& row = s.at("rows").list_value().values(0).struct_value().fields();
-  EXPECT_EQ(row.at("size_bytes").number_value(), 256);
-  EXPECT_EQ(row.at("control").string_value(), "\x01");
+std::string read_file(std::filesystem::path const& path)
+{
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(BenchJson, WritesValidJsonThatReadsBackWithItsValues)
+{
+  results::Run run;
+  run.set_schema("rmmd-bench/1");
+  run.set_command("rmmd_bench --out \"x y.json\"\n\ttab\\ \x01");
+  run.set_quick(false);
+  run.mutable_config()->set_pairs(2000);
+  run.mutable_config()->set_worker_seconds(0.5);
+  run.mutable_gpu()->set_name("NVIDIA H100 80GB HBM3");
+  run.mutable_gpu()->set_memory_bytes(85017493504.0);  // above 2^32
+  auto& measured = *run.add_pairs();
+  measured.set_resource("rmmd_fast");
+  measured.set_size_bytes(256);
+  measured.set_pairs(2000);
+  measured.set_cut_short_by_budget(false);
+  measured.set_p50_us(1.25);
+  measured.set_pairs_per_s(std::numeric_limits<double>::quiet_NaN());
+  measured.set_ratio_to_baseline_p50(std::numeric_limits<double>::infinity());
+  measured.mutable_target()->set_target("<= 1.5 x");
+  measured.mutable_target()->set_pass(true);
+  auto& failed = *run.add_pairs();
+  failed.set_resource("rmmd_direct");
+  failed.set_size_bytes(64u << 20);
+  failed.set_error("Allocate failed");
+  auto& step = *run.mutable_direct_steps()->add_sizes();
+  step.set_size_bytes(256);
+  step.mutable_export_()->set_p50_us(48.5);
+  step.mutable_import()->set_p50_us(83.7);
+  run.add_targets()->set_what("fast p50 / cuda_async p50 at 256 B");
+  run.set_seconds(412.5);
+
+  auto const text = results_json(run);
+  EXPECT_TRUE(std::isnan(run.pairs(0).pairs_per_s()));  // `run` itself is unchanged
+
+  // Back into the message: every value as set, the non-finite ones left out.
+  auto back     = parse_run(text);
+  auto expected = run;
+  expected.mutable_pairs(0)->clear_pairs_per_s();
+  expected.mutable_pairs(0)->clear_ratio_to_baseline_p50();
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differ.Compare(expected, back)) << diff;
+
+  // Its form: names as in the proto, numbers as JSON numbers (no 64-bit
+  // integers written as strings), plain fields always, optional ones when set.
+  auto doc = parse(text).fields();
+  EXPECT_EQ(doc.at("command").string_value(), run.command());
+  EXPECT_TRUE(doc.at("quick").has_bool_value());
+  EXPECT_EQ(doc.at("errors").list_value().values_size(), 0);
+  EXPECT_EQ(doc.at("config").struct_value().fields().at("pairs").number_value(), 2000);
+  EXPECT_EQ(doc.at("config").struct_value().fields().at("kill_trials").number_value(), 0);
+  EXPECT_EQ(doc.at("gpu").struct_value().fields().at("memory_bytes").number_value(), 85017493504.0);
+  EXPECT_EQ(doc.at("seconds").number_value(), 412.5);
+  EXPECT_FALSE(doc.contains("setup_and_reclaim"));  // a section that did not run
+  auto const& rows = doc.at("pairs").list_value();
+  ASSERT_EQ(rows.values_size(), 2);
+  auto const& m = rows.values(0).struct_value().fields();
+  EXPECT_EQ(m.at("size_bytes").number_value(), 256);
+  EXPECT_EQ(m.at("p50_us").number_value(), 1.25);
+  EXPECT_TRUE(m.at("cut_short_by_budget").has_bool_value());
+  EXPECT_TRUE(m.at("target").struct_value().fields().at("pass").bool_value());
+  EXPECT_FALSE(m.contains("pairs_per_s"));  // NaN: left out
+  EXPECT_FALSE(m.contains("ratio_to_baseline_p50"));
+  EXPECT_FALSE(m.contains("error"));
+  auto const& f = rows.values(1).struct_value().fields();
+  EXPECT_EQ(f.at("error").string_value(), "Allocate failed");
+  EXPECT_EQ(f.at("size_bytes").number_value(), 64 << 20);
+  EXPECT_FALSE(f.contains("p50_us"));
+  EXPECT_FALSE(f.contains("cut_short_by_budget"));
+  auto const& s = doc.at("direct_steps").struct_value().fields().at("sizes").list_value().values(0);
+  EXPECT_EQ(
+      s.struct_value().fields().at("export").struct_value().fields().at("p50_us").number_value(),
+      48.5);
+  EXPECT_EQ(
+      s.struct_value().fields().at("import").struct_value().fields().at("p50_us").number_value(),
+      83.7);
+}
+
+// The files of earlier runs, written by the hand-written JSON of before:
+// every name in them is one of bench_results.proto's, and written again by
+// results_json they hold the same members with the same values.
+TEST(BenchJson, TheResultsOfEarlierRunsReadBackAndWriteTheSame)
+{
+  int files = 0;
+  for (auto const& entry : std::filesystem::directory_iterator(RMMD_BENCH_RESULTS_DIR)) {
+    if (entry.path().extension() != ".json") { continue; }
+    SCOPED_TRACE(entry.path().string());
+    ++files;
+    auto const old_text = read_file(entry.path());
+    auto const run      = parse_run(old_text);
+    EXPECT_GT(run.pairs_size(), 0);
+    EXPECT_GT(run.direct_steps().sizes_size(), 0);
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&diff);
+    auto const old_doc = parse(old_text);
+    auto rewritten     = parse(results_json(run));
+    // A file from before a section existed (run2 has no b2) lacks its list,
+    // which results_json writes empty: the only difference allowed.
+    auto& fields = *rewritten.mutable_fields();
+    for (auto it = fields.begin(); it != fields.end();) {
+      bool const empty_list =
+          it->second.has_list_value() && it->second.list_value().values_size() == 0;
+      it = empty_list && !old_doc.fields().contains(it->first) ? fields.erase(it) : std::next(it);
+    }
+    EXPECT_TRUE(differ.Compare(old_doc, rewritten)) << diff;
+  }
+  EXPECT_GT(files, 0) << "no .json in " << RMMD_BENCH_RESULTS_DIR;
 }
 
 TEST(BenchSummary, NearestRankPercentilesInMicroseconds)

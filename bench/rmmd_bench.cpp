@@ -53,6 +53,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -262,7 +263,7 @@ struct target_row {
 };
 
 struct run_state {
-  json doc;
+  results::Run doc;
   std::vector<target_row> targets;
   std::vector<std::string> errors;
 
@@ -280,11 +281,22 @@ struct run_state {
   }
 };
 
-json target_json(target_row const& t)
+results::Target target_result(target_row const& t)
 {
-  return json::object{
-      {"target", std::string(t.at_most ? "<= " : ">= ") + format("%g", t.limit) + " " + t.unit},
-      {"pass", t.pass()}};
+  results::Target out;
+  out.set_target(std::string(t.at_most ? "<= " : ">= ") + format("%g", t.limit) + " " + t.unit);
+  out.set_pass(t.pass());
+  return out;
+}
+
+/// A count the bench chose, for a uint32 field of the results (they hold no
+/// 64-bit integers: proto3's JSON mapping writes those as strings).
+std::uint32_t u32(std::size_t n)
+{
+  if (n > std::numeric_limits<std::uint32_t>::max()) {
+    throw bench_error(std::to_string(n) + " does not fit the results' 32-bit count");
+  }
+  return static_cast<std::uint32_t>(n);
 }
 
 struct config {
@@ -396,13 +408,14 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(
               "target");
   stream_holder stream;
   std::map<std::size_t, double> baseline_p50;
-  json rows = json::array{};
 
   auto run_kind = [&](pair_kind const& kind, auto make) {
     try {
       auto mr = make();
       for (auto bytes : pair_sizes) {
-        json row{json::object{{"resource", kind.key}, {"size_bytes", bytes}}};
+        results::PairCell row;
+        row.set_resource(kind.key);
+        row.set_size_bytes(u32(bytes));
         try {
           auto n    = (kind.key.rfind("rmmd_direct", 0) == 0 && bytes >= (std::size_t{64} << 20))
                           ? cfg.pairs_direct_64mib
@@ -421,18 +434,18 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(
                          true,
                          fast_ratio_target,
                          "x"};
-            verdict       = format("<= %.1fx %s", fast_ratio_target, st.check(t).c_str());
-            row["target"] = target_json(t);
+            verdict               = format("<= %.1fx %s", fast_ratio_target, st.check(t).c_str());
+            *row.mutable_target() = target_result(t);
           }
-          row["pairs"]                 = cell.latency.count;
-          row["cut_short_by_budget"]   = cell.cut_short;
-          row["p50_us"]                = cell.latency.p50_us;
-          row["p99_us"]                = cell.latency.p99_us;
-          row["mean_us"]               = cell.latency.mean_us;
-          row["min_us"]                = cell.latency.min_us;
-          row["max_us"]                = cell.latency.max_us;
-          row["pairs_per_s"]           = cell.pairs_per_s;
-          row["ratio_to_baseline_p50"] = ratio;
+          row.set_pairs(u32(cell.latency.count));
+          row.set_cut_short_by_budget(cell.cut_short);
+          row.set_p50_us(cell.latency.p50_us);
+          row.set_p99_us(cell.latency.p99_us);
+          row.set_mean_us(cell.latency.mean_us);
+          row.set_min_us(cell.latency.min_us);
+          row.set_max_us(cell.latency.max_us);
+          row.set_pairs_per_s(cell.pairs_per_s);
+          if (ratio) { row.set_ratio_to_baseline_p50(*ratio); }
           std::printf("%-22s %7s %6zu %9.2f %9.2f %12.0f %8s  %s%s\n",
                       kind.label.c_str(),
                       size_name(bytes).c_str(),
@@ -444,14 +457,20 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(
                       verdict.c_str(),
                       cell.cut_short ? " (cut short by the time budget)" : "");
         } catch (std::exception const& e) {
-          row["error"] = e.what();
+          row.set_error(e.what());
           st.error("a " + kind.key + " " + size_name(bytes), e.what());
         }
         std::fflush(stdout);
-        rows.push_back(std::move(row));
+        *st.doc.add_pairs() = std::move(row);
       }
     } catch (std::exception const& e) {
-      rows.push_back(json::object{{"resource", kind.key}, {"error", e.what()}});
+      // No resource, no cell: each size gets a row that says why.
+      for (auto bytes : pair_sizes) {
+        auto& row = *st.doc.add_pairs();
+        row.set_resource(kind.key);
+        row.set_size_bytes(u32(bytes));
+        row.set_error(e.what());
+      }
       st.error("a " + kind.key, e.what());
     }
   };
@@ -468,7 +487,6 @@ std::map<std::pair<std::string, std::size_t>, double> section_pairs(
     rmm::mr::cuda_async_memory_resource upstream{};
     return rmm::mr::pool_memory_resource(upstream, std::size_t{256} << 20);
   });
-  st.doc["pairs"] = std::move(rows);
   return p50;
 }
 
@@ -611,7 +629,7 @@ std::string self_path()
 void steps_against_exporter(config const& cfg,
                             summary const& rpc,
                             std::map<std::pair<std::string, std::size_t>, double> const& pair_p50,
-                            json& out,
+                            results::DirectSteps& out,
                             run_state& st);
 
 void section_steps(config const& cfg,
@@ -623,7 +641,7 @@ void section_steps(config const& cfg,
       "\nb) the direct path against its bare steps (p50 us): export in an exporter process, "
       "import + free (cudaFreeAsync + stream sync) here, one round trip on the session socket "
       "(Ping, the transport the direct path uses)\n");
-  json out = json::object{};
+  results::DirectSteps out;
 
   auto round_trips = [&](auto&& call) {
     std::vector<double> ns;
@@ -635,17 +653,20 @@ void section_steps(config const& cfg,
     }
     return summarize(ns);
   };
-  auto rpc = round_trips([&] {
+  auto rpc             = round_trips([&] {
     if (auto st = session.impl().ping(); !st.ok()) {
       throw bench_error("Ping on the session socket failed: " + st.error_message());
     }
   });
-  out["rpc_session_ping"] =
-      json::object{{"count", rpc.count}, {"p50_us", rpc.p50_us}, {"p99_us", rpc.p99_us}};
+  auto set_round_trips = [](results::RoundTrips& r, summary const& s) {
+    r.set_count(u32(s.count));
+    r.set_p50_us(s.p50_us);
+    r.set_p99_us(s.p99_us);
+  };
+  set_round_trips(*out.mutable_rpc_session_ping(), rpc);
   // For reference: a gRPC round trip, what each call of the gRPC transport pays.
-  auto grpc_rpc            = round_trips([&] { (void)get_stats(session); });
-  out["rpc_grpc_getstats"] = json::object{
-      {"count", grpc_rpc.count}, {"p50_us", grpc_rpc.p50_us}, {"p99_us", grpc_rpc.p99_us}};
+  auto grpc_rpc = round_trips([&] { (void)get_stats(session); });
+  set_round_trips(*out.mutable_rpc_grpc_getstats(), grpc_rpc);
   std::printf(
       "  one round trip: session socket (Ping) p50 %.2f us, p99 %.2f us; gRPC (GetStats) "
       "p50 %.2f us, p99 %.2f us\n",
@@ -656,17 +677,17 @@ void section_steps(config const& cfg,
   try {
     steps_against_exporter(cfg, rpc, pair_p50, out, st);
   } catch (std::exception const& e) {
-    out["error"]           = e.what();
-    st.doc["direct_steps"] = std::move(out);
+    out.set_error(e.what());
+    *st.doc.mutable_direct_steps() = std::move(out);
     throw;
   }
-  st.doc["direct_steps"] = std::move(out);
+  *st.doc.mutable_direct_steps() = std::move(out);
 }
 
 void steps_against_exporter(config const& cfg,
                             summary const& rpc,
                             std::map<std::pair<std::string, std::size_t>, double> const& pair_p50,
-                            json& out,
+                            results::DirectSteps& out,
                             run_state& st)
 {
   int sv[2];
@@ -704,7 +725,7 @@ void steps_against_exporter(config const& cfg,
   auto t_pool1 = steady::now();
   ::close(pool_fd);
   BENCH_CUDA(import_err);
-  out["pool_import_us"] = ns_between(t_pool0, t_pool1) / 1000.0;
+  out.set_pool_import_us(ns_between(t_pool0, t_pool1) / 1000.0);
   struct pool_closer {
     cudaMemPool_t p;
     ~pool_closer()
@@ -735,13 +756,12 @@ void steps_against_exporter(config const& cfg,
               "direct",
               "x sum",
               "target");
-  json rows   = json::array{};
   bool broken = false;  // after an error the exporter's replies may be out of step: stop
   for (auto bytes : pair_sizes) {
-    json row{json::object{{"size_bytes", bytes}}};
+    auto& row = *out.add_sizes();
+    row.set_size_bytes(u32(bytes));
     if (broken) {
-      row["error"] = "skipped after the error above";
-      rows.push_back(std::move(row));
+      row.set_error("skipped after the error above");
       continue;
     }
     try {
@@ -780,8 +800,8 @@ void steps_against_exporter(config const& cfg,
                      true,
                      direct_steps_target,
                      "x"};
-        verdict       = format("<= %.1fx %s", direct_steps_target, st.check(t).c_str());
-        row["target"] = target_json(t);
+        verdict               = format("<= %.1fx %s", direct_steps_target, st.check(t).c_str());
+        *row.mutable_target() = target_result(t);
       }
       std::printf("%7s %6zu %8.2f %8.2f %8.2f %8.2f %8.2f %9s %8s  %s\n",
                   size_name(bytes).c_str(),
@@ -795,21 +815,23 @@ void steps_against_exporter(config const& cfg,
                   ratio ? format("%.2f", *ratio).c_str() : "-",
                   verdict.c_str());
       std::fflush(stdout);
-      row["steps"]      = ex.count;
-      row["export"]     = json::object{{"p50_us", ex.p50_us}, {"p99_us", ex.p99_us}};
-      row["import"]     = json::object{{"p50_us", im.p50_us}, {"p99_us", im.p99_us}};
-      row["free_sync"]  = json::object{{"p50_us", fr.p50_us}, {"p99_us", fr.p99_us}};
-      row["rpc_p50_us"] = rpc.p50_us;
-      row["sum_p50_us"] = sum;
+      auto set_latency = [](results::Latency& l, summary const& s) {
+        l.set_p50_us(s.p50_us);
+        l.set_p99_us(s.p99_us);
+      };
+      row.set_steps(u32(ex.count));
+      set_latency(*row.mutable_export_(), ex);
+      set_latency(*row.mutable_import(), im);
+      set_latency(*row.mutable_free_sync(), fr);
+      row.set_rpc_p50_us(rpc.p50_us);
+      row.set_sum_p50_us(sum);
       // A direct pair makes two round trips today (Allocate, Free); the
       // target counts one, as the issue states it.
-      row["sum_with_two_rpcs_p50_us"] = sum + rpc.p50_us;
-      row["direct_p50_us"]            = direct_p50;
-      row["direct_over_sum"]          = ratio;
-      rows.push_back(std::move(row));
+      row.set_sum_with_two_rpcs_p50_us(sum + rpc.p50_us);
+      if (direct_p50) { row.set_direct_p50_us(*direct_p50); }
+      if (ratio) { row.set_direct_over_sum(*ratio); }
     } catch (std::exception const& e) {
-      row["error"] = e.what();
-      rows.push_back(std::move(row));
+      row.set_error(e.what());
       st.error("b " + size_name(bytes), e.what());
       broken = true;
     }
@@ -817,7 +839,6 @@ void steps_against_exporter(config const& cfg,
   exporter_request quit{0, 0};
   ::send(parent_end.fd, &quit, sizeof(quit), MSG_NOSIGNAL);
   exporter.finish(10s);
-  out["sizes"] = std::move(rows);
 }
 
 // ------------------------------------------- c) many client processes at once
@@ -851,7 +872,6 @@ void section_daemon_side(config const& cfg, run_state& st)
   BENCH_CUDA(
       cudaMemPoolExportToShareableHandle(&pool_fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
   ::close(pool_fd);
-  json rows = json::array{};
   for (int threads : {1, 2, 4, 8}) {
     std::atomic<std::uint64_t> pairs{0};
     std::atomic<bool> failed{false};
@@ -889,14 +909,15 @@ void section_daemon_side(config const& cfg, run_state& st)
     go    = true;
     for (auto& w : workers) { w.join(); }
     auto const wall = seconds_between(start, steady::now());
-    json row{json::object{{"threads", threads}}};
+    auto& row       = *st.doc.add_daemon_side_pairs();
+    row.set_threads(u32(static_cast<std::size_t>(threads)));
     if (failed) {
-      row["error"] = "a CUDA call failed";
+      row.set_error("a CUDA call failed");
       st.error("b2 x" + std::to_string(threads), "a CUDA call failed");
     } else {
-      auto const rate    = static_cast<double>(pairs.load()) / wall;
-      row["pairs"]       = pairs.load();
-      row["pairs_per_s"] = rate;
+      auto const rate = static_cast<double>(pairs.load()) / wall;
+      row.set_pairs(static_cast<double>(pairs.load()));
+      row.set_pairs_per_s(rate);
       std::printf("%7d %12llu %12.0f %14.2f\n",
                   threads,
                   static_cast<unsigned long long>(pairs.load()),
@@ -904,9 +925,7 @@ void section_daemon_side(config const& cfg, run_state& st)
                   1e6 / rate);
     }
     std::fflush(stdout);
-    rows.push_back(std::move(row));
   }
-  st.doc["daemon_side_pairs"] = std::move(rows);
 }
 
 // A client process of section c: a session and a resource of `mode`, a
@@ -993,15 +1012,15 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
               "daemon cpu s",
               "cpu/wall",
               "target (16 procs)");
-  json rows = json::array{};
-  auto env  = self_env();
+  auto env = self_env();
   env.push_back("RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string());
   for (auto kind : {fast_client, direct_client, direct_grpc_client}) {
     for (int n : cfg.process_counts) {
-      json row{json::object{{"mode", kind_name(kind)},
-                            {"processes", n},
-                            {"size_bytes", cfg.worker_bytes},
-                            {"seconds_each", cfg.worker_seconds}}};
+      auto& row = *st.doc.add_processes();
+      row.set_mode(kind_name(kind));
+      row.set_processes(u32(static_cast<std::size_t>(n)));
+      row.set_size_bytes(u32(cfg.worker_bytes));
+      row.set_seconds_each(cfg.worker_seconds);
       try {
         std::vector<std::unique_ptr<child_process>> workers;
         for (int i = 0; i < n; ++i) {
@@ -1059,14 +1078,14 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                        false,
                        limit,
                        "pairs/s"};
-          verdict       = format(">= %.0f %s", limit, st.check(t).c_str());
-          row["target"] = target_json(t);
+          verdict               = format(">= %.0f %s", limit, st.check(t).c_str());
+          *row.mutable_target() = target_result(t);
         }
-        row["pairs"]                 = pairs;
-        row["aggregate_pairs_per_s"] = aggregate;
-        row["wall_s"]                = wall;
-        row["daemon_cpu_s"]          = cpu1 - cpu0;
-        row["daemon_cpu_per_wall"]   = (cpu1 - cpu0) / wall;
+        row.set_pairs(static_cast<double>(pairs));
+        row.set_aggregate_pairs_per_s(aggregate);
+        row.set_wall_s(wall);
+        row.set_daemon_cpu_s(cpu1 - cpu0);
+        row.set_daemon_cpu_per_wall((cpu1 - cpu0) / wall);
         std::printf("%-11s %6d %14llu %12.0f %14.3f %10.2f  %s\n",
                     kind_name(kind).c_str(),
                     n,
@@ -1076,14 +1095,12 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                     (cpu1 - cpu0) / wall,
                     verdict.c_str());
       } catch (std::exception const& e) {
-        row["error"] = e.what();
+        row.set_error(e.what());
         st.error("c " + kind_name(kind) + " x" + std::to_string(n), e.what());
       }
       std::fflush(stdout);
-      rows.push_back(std::move(row));
     }
   }
-  st.doc["processes"] = std::move(rows);
 }
 
 // ------------------------------------------- d) session set-up, SIGKILL to memory back
@@ -1119,7 +1136,7 @@ void section_setup_and_reclaim(config const& cfg,
                                run_state& st)
 {
   std::printf("\nd) session set-up (connect, hello, pool import) and SIGKILL to memory back\n");
-  json out = json::object{};
+  auto& out = *st.doc.mutable_setup_and_reclaim();
   try {
     std::vector<double> ns;
     for (std::size_t i = 0; i < cfg.setup_sessions + 2; ++i) {
@@ -1145,12 +1162,13 @@ void section_setup_and_reclaim(config const& cfg,
         sum.count,
         setup_target_ms,
         verdict.c_str());
-    out["session_setup"] = json::object{{"sessions", sum.count},
-                                        {"p50_ms", sum.p50_us / 1000.0},
-                                        {"p99_ms", sum.p99_us / 1000.0},
-                                        {"target", target_json(t)}};
+    auto& setup = *out.mutable_session_setup();
+    setup.set_sessions(u32(sum.count));
+    setup.set_p50_ms(sum.p50_us / 1000.0);
+    setup.set_p99_ms(sum.p99_us / 1000.0);
+    *setup.mutable_target() = target_result(t);
   } catch (std::exception const& e) {
-    out["session_setup"] = json::object{{"error", e.what()}};
+    out.mutable_session_setup()->set_error(e.what());
     st.error("d session set-up", e.what());
   }
   std::fflush(stdout);
@@ -1158,9 +1176,10 @@ void section_setup_and_reclaim(config const& cfg,
   auto const pool_id = session.device_pool(0).id;
   auto env           = self_env();
   env.push_back("RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string());
-  json reclaim = json::array{};
   for (auto mode : {allocation_mode::direct, allocation_mode::slab}) {
-    json row{json::object{{"mode", mode_name(mode)}, {"held_bytes", cfg.kill_hold_bytes}}};
+    auto& row = *out.add_sigkill_to_memory_back();
+    row.set_mode(mode_name(mode));
+    row.set_held_bytes(u32(cfg.kill_hold_bytes));
     try {
       std::vector<double> ns;
       for (std::size_t trial = 0; trial < cfg.kill_trials; ++trial) {
@@ -1207,19 +1226,16 @@ void section_setup_and_reclaim(config const& cfg,
           sum.count,
           reclaim_target_ms,
           verdict.c_str());
-      row["trials"] = sum.count;
-      row["p50_ms"] = p50_ms;
-      row["max_ms"] = max_ms;
-      row["target"] = target_json(t);
+      row.set_trials(u32(sum.count));
+      row.set_p50_ms(p50_ms);
+      row.set_max_ms(max_ms);
+      *row.mutable_target() = target_result(t);
     } catch (std::exception const& e) {
-      row["error"] = e.what();
+      row.set_error(e.what());
       st.error("d reclaim " + mode_name(mode), e.what());
     }
     std::fflush(stdout);
-    reclaim.push_back(std::move(row));
   }
-  out["sigkill_to_memory_back"] = std::move(reclaim);
-  st.doc["setup_and_reclaim"]   = std::move(out);
 }
 
 // ------------------------------------------- e) the daemon's resident memory
@@ -1231,10 +1247,10 @@ void section_rss(config const& cfg,
                  run_state& st)
 {
   std::printf("\ne) the daemon's resident memory (VmRSS)\n");
-  json out                     = json::object{};
-  out["idle_fresh_bytes"]      = rss_fresh;
-  auto const rss_idle          = rss_bytes(daemon.pid());
-  out["idle_after_load_bytes"] = rss_idle;
+  auto& out = *st.doc.mutable_daemon_rss();
+  out.set_idle_fresh_bytes(static_cast<double>(rss_fresh));
+  auto const rss_idle = rss_bytes(daemon.pid());
+  out.set_idle_after_load_bytes(static_cast<double>(rss_idle));
   std::printf("  idle at start %.1f MiB; idle after sections a-d %.1f MiB\n",
               static_cast<double>(rss_fresh) / (1 << 20),
               static_cast<double>(rss_idle) / (1 << 20));
@@ -1247,14 +1263,14 @@ void section_rss(config const& cfg,
       throw bench_error("the context-RSS probe said: " + line);
     }
     probe.finish(5s);
-    out["cuda_context_process_bytes"]          = context;
-    out["cuda_context_and_pool_process_bytes"] = with_pool;
+    out.set_cuda_context_process_bytes(static_cast<double>(context));
+    out.set_cuda_context_and_pool_process_bytes(static_cast<double>(with_pool));
     std::printf(
         "  for reference, a bare process: CUDA context %.1f MiB, with an RMM pool %.1f MiB\n",
         static_cast<double>(context) / (1 << 20),
         static_cast<double>(with_pool) / (1 << 20));
   } catch (std::exception const& e) {
-    out["cuda_context_error"] = e.what();
+    out.set_cuda_context_error(e.what());
     st.error("e context", e.what());
   }
   auto mr      = make_ipc_resource(session, allocation_mode::direct);
@@ -1295,21 +1311,20 @@ void section_rss(config const& cfg,
         static_cast<double>(rss) / (1 << 20),
         rss_target_bytes / (1 << 20),
         verdict.c_str());
-    out["leases"]                  = held.size();
-    out["daemon_live_allocations"] = live;
-    out["with_leases_bytes"]       = rss;
-    out["per_lease_bytes"]         = (static_cast<double>(rss) - static_cast<double>(rss_idle)) /
-                             static_cast<double>(held.size());
-    out["target"] = target_json(t);
+    out.set_leases(u32(held.size()));
+    out.set_daemon_live_allocations(static_cast<double>(live));
+    out.set_with_leases_bytes(static_cast<double>(rss));
+    out.set_per_lease_bytes((static_cast<double>(rss) - static_cast<double>(rss_idle)) /
+                            static_cast<double>(held.size()));
+    *out.mutable_target() = target_result(t);
     release_all();
-    out["after_free_bytes"] = rss_bytes(daemon.pid());
+    out.set_after_free_bytes(static_cast<double>(rss_bytes(daemon.pid())));
   } catch (std::exception const& e) {
     release_all();
-    out["error"] = e.what();
+    out.set_error(e.what());
     st.error("e", e.what());
   }
   std::fflush(stdout);
-  st.doc["daemon_rss"] = std::move(out);
 }
 
 // ------------------------------------------- main
@@ -1361,7 +1376,7 @@ std::string driver_version()
   return line;
 }
 
-json gpu_json(std::string& name_out)
+results::Gpu gpu_result(std::string& name_out)
 {
   cudaDeviceProp prop{};
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -1369,14 +1384,16 @@ json gpu_json(std::string& name_out)
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   name_out = prop.name;
-  return json::object{{"device", 0},
-                      {"name", std::string(prop.name)},
-                      {"slug", gpu_slug(prop.name)},
-                      {"compute_capability", format("%d.%d", prop.major, prop.minor)},
-                      {"memory_bytes", static_cast<unsigned long long>(prop.totalGlobalMem)},
-                      {"driver", driver_version()},
-                      {"cuda_driver_api", format("%d.%d", driver / 1000, (driver % 1000) / 10)},
-                      {"cuda_runtime", format("%d.%d", runtime / 1000, (runtime % 1000) / 10)}};
+  results::Gpu gpu;
+  gpu.set_device(0);
+  gpu.set_name(prop.name);
+  gpu.set_slug(gpu_slug(prop.name));
+  gpu.set_compute_capability(format("%d.%d", prop.major, prop.minor));
+  gpu.set_memory_bytes(static_cast<double>(prop.totalGlobalMem));
+  gpu.set_driver(driver_version());
+  gpu.set_cuda_driver_api(format("%d.%d", driver / 1000, (driver % 1000) / 10));
+  gpu.set_cuda_runtime(format("%d.%d", runtime / 1000, (runtime % 1000) / 10));
+  return gpu;
 }
 
 std::string utc_now()
@@ -1456,44 +1473,41 @@ int bench_main(int argc, char** argv)
   run_state st;
   std::string command;
   for (int i = 0; i < argc; ++i) { command += (i ? " " : "") + std::string(argv[i]); }
-  st.doc["schema"]      = "rmmd-bench/1";
-  st.doc["command"]     = command;
-  st.doc["started_utc"] = utc_now();
-  st.doc["quick"]       = quick;
-  st.doc["config"]      = json::object{{"pairs", cfg.pairs},
-                                  {"pairs_direct_64mib", cfg.pairs_direct_64mib},
-                                  {"warmup_pairs", cfg.warmup},
-                                  {"cell_budget_s", static_cast<long>(cfg.cell_budget.count())},
-                                  {"alignment", alignment},
-                                  {"step_reps", cfg.step_reps},
-                                  {"step_reps_64mib", cfg.step_reps_64mib},
-                                  {"rpc_reps", cfg.rpc_reps},
-                                  {"worker_seconds", cfg.worker_seconds},
-                                  {"worker_bytes", cfg.worker_bytes},
-                                  {"setup_sessions", cfg.setup_sessions},
-                                  {"kill_trials", cfg.kill_trials},
-                                  {"kill_hold_bytes", cfg.kill_hold_bytes},
-                                  {"leases", cfg.leases}};
+  st.doc.set_schema("rmmd-bench/1");
+  st.doc.set_command(command);
+  st.doc.set_started_utc(utc_now());
+  st.doc.set_quick(quick);
+  auto& c = *st.doc.mutable_config();
+  c.set_pairs(u32(cfg.pairs));
+  c.set_pairs_direct_64mib(u32(cfg.pairs_direct_64mib));
+  c.set_warmup_pairs(u32(cfg.warmup));
+  c.set_cell_budget_s(u32(static_cast<std::size_t>(cfg.cell_budget.count())));
+  c.set_alignment(u32(alignment));
+  c.set_step_reps(u32(cfg.step_reps));
+  c.set_step_reps_64mib(u32(cfg.step_reps_64mib));
+  c.set_rpc_reps(u32(cfg.rpc_reps));
+  c.set_worker_seconds(cfg.worker_seconds);
+  c.set_worker_bytes(u32(cfg.worker_bytes));
+  c.set_setup_sessions(u32(cfg.setup_sessions));
+  c.set_kill_trials(u32(cfg.kill_trials));
+  c.set_kill_hold_bytes(u32(cfg.kill_hold_bytes));
+  c.set_leases(u32(cfg.leases));
   utsname uts{};
   ::uname(&uts);
   char host[256]{};
   ::gethostname(host, sizeof(host) - 1);
-  st.doc["host"] = json::object{{"hostname", std::string(host)},
-                                {"kernel", std::string(uts.release)},
-                                {"cpus", static_cast<int>(std::thread::hardware_concurrency())}};
+  st.doc.mutable_host()->set_hostname(host);
+  st.doc.mutable_host()->set_kernel(uts.release);
+  st.doc.mutable_host()->set_cpus(std::thread::hardware_concurrency());
 
   BENCH_CUDA(cudaSetDevice(0));
   BENCH_CUDA(cudaFree(nullptr));  // the context now, not inside a measurement
   std::string gpu_name;
-  st.doc["gpu"] = gpu_json(gpu_name);
+  *st.doc.mutable_gpu() = gpu_result(gpu_name);
 
   std::vector<std::string> daemon_args{"--backend=cuda", "--cuda-pool-bytes", pool_bytes};
   daemon_process daemon(bench_daemon(rmmd_path, daemon_args, std::chrono::seconds(60)));
-  st.doc["daemon"]     = json::object{{"argv", [&] {
-                                     json a = json::array{};
-                                     for (auto const& s : daemon.argv()) { a.push_back(s); }
-                                     return a;
-                                   }()}};
+  for (auto const& arg : daemon.argv()) { st.doc.mutable_daemon()->add_argv(arg); }
   auto const rss_fresh = rss_bytes(daemon.pid());
   rmmd::session session(
       rmmd::session::options{.runtime_dir = daemon.runtime_dir(), .client_name = "rmmd-bench"});
@@ -1527,7 +1541,6 @@ int bench_main(int argc, char** argv)
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
 
   std::printf("\nTargets (issue 5)\n");
-  json targets = json::array{};
   for (auto const& t : st.targets) {
     std::printf("  %-4s %-52s %12.3f %s  (%s %g %s)\n",
                 t.pass() ? "pass" : "MISS",
@@ -1537,24 +1550,21 @@ int bench_main(int argc, char** argv)
                 t.at_most ? "<=" : ">=",
                 t.limit,
                 t.unit.c_str());
-    targets.push_back(
-        json::object{{"what", t.what},
-                     {"measured", t.measured},
-                     {"unit", t.unit},
-                     {"limit", std::string(t.at_most ? "<= " : ">= ") + format("%g", t.limit)},
-                     {"pass", t.pass()}});
+    auto& row = *st.doc.add_targets();
+    row.set_what(t.what);
+    row.set_measured(t.measured);
+    row.set_unit(t.unit);
+    row.set_limit(std::string(t.at_most ? "<= " : ">= ") + format("%g", t.limit));
+    row.set_pass(t.pass());
   }
-  st.doc["targets"] = std::move(targets);
-  json errors       = json::array{};
-  for (auto const& e : st.errors) { errors.push_back(e); }
-  st.doc["errors"]          = std::move(errors);
-  st.doc["seconds"]         = seconds_between(started, steady::now());
-  st.doc["daemon_log_tail"] = daemon.log_tail(40);
+  for (auto const& e : st.errors) { st.doc.add_errors(e); }
+  st.doc.set_seconds(seconds_between(started, steady::now()));
+  st.doc.set_daemon_log_tail(daemon.log_tail(40));
 
   auto tmp = out_path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << st.doc.dump() << "\n";
+    out << results_json(st.doc);
     if (!out) {
       std::fprintf(stderr, "rmmd_bench: writing %s failed\n", tmp.c_str());
       return 1;
