@@ -27,14 +27,27 @@ host_memory_resource_impl::host_memory_resource_impl(session s,
 host_memory_resource_impl::~host_memory_resource_impl()
 {
   if (process_is_exiting()) { return; }  // the daemon reclaims at session close
-  for (auto const& [ptr, id] : leases_.take_all()) {
-    try {
-      session_.free(id);
-    } catch (rmmd::session_error const&) {
-      return;  // the daemon is gone, and with it what this resource held
-    } catch (std::exception const& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+  for (auto const& [ptr, id] : leases_.take_all()) { free_lease(id); }
+}
+
+void host_memory_resource_impl::free_lease(std::uint64_t id) noexcept
+{
+  // Once the session is over (the daemon died, or closed it), no free can
+  // reach it, and a restarted daemon knows nothing of these leases: say so
+  // once, not once per allocation.
+  if (session_over_.load(std::memory_order_relaxed)) { return; }
+  try {
+    session_.free(id);
+  } catch (rmmd::session_error const& e) {
+    if (!session_over_.exchange(true)) {
+      std::fprintf(stderr,
+                   "%s; the memory stays mapped in this process, and this resource sends no "
+                   "more frees\n",
+                   e.what());
     }
+  } catch (std::exception const& e) {
+    // Not fatal: the daemon frees the allocation when the session closes.
+    std::fprintf(stderr, "%s\n", e.what());
   }
 }
 
@@ -61,14 +74,7 @@ void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t al
 void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept
 {
   if (ptr == nullptr || process_is_exiting()) { return; }
-  auto id = leases_.take(ptr);
-  if (!id) { return; }
-  try {
-    session_.free(*id);
-  } catch (std::exception const& e) {
-    // Not fatal: the daemon frees the allocation when the session closes.
-    std::fprintf(stderr, "%s\n", e.what());
-  }
+  if (auto id = leases_.take(ptr)) { free_lease(*id); }
 }
 
 void* host_memory_resource_impl::allocate(cuda::stream_ref,

@@ -11,9 +11,16 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <utility>
 
 namespace rmmd::detail {
 namespace {
+
+/// The session_error of the last slab lease that failed on this thread: RMM's
+/// pool reports every upstream failure as rmm::out_of_memory, and
+/// slab_carver::allocate() turns it back into what it was (the pool calls its
+/// upstream on the allocating thread).
+thread_local std::exception_ptr failed_lease;
 
 /// What the pool leases its slabs from: the owning resource's direct path.
 /// Copyable (RMM keeps it in an any_resource); the owner outlives the pool.
@@ -23,7 +30,12 @@ class direct_upstream {
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
-    return owner_->lease(stream, bytes, alignment);
+    try {
+      return owner_->lease(stream, bytes, alignment);
+    } catch (rmmd::session_error const&) {
+      failed_lease = std::current_exception();
+      throw;
+    }
   }
   void deallocate(cuda::stream_ref stream, void* ptr, std::size_t, std::size_t) noexcept
   {
@@ -102,22 +114,30 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
                             owner_.pool().name + "': alignment " + std::to_string(alignment) +
                             " is larger than the 256 bytes CUDA pools guarantee");
   }
-  for (;;) {
-    {
-      std::shared_lock lock(pool_mutex_);
-      if (pool_ != nullptr) {
-        void* ptr = pool_->allocate(stream, bytes, alignment);
-        carved_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-        carved_count_.fetch_add(1, std::memory_order_relaxed);
-        return ptr;
+  failed_lease = nullptr;
+  try {
+    for (;;) {
+      {
+        std::shared_lock lock(pool_mutex_);
+        if (pool_ != nullptr) {
+          void* ptr = pool_->allocate(stream, bytes, alignment);
+          carved_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+          carved_count_.fetch_add(1, std::memory_order_relaxed);
+          return ptr;
+        }
+      }
+      std::unique_lock lock(pool_mutex_);
+      if (pool_ == nullptr) {
+        // The first slab is leased here; later ones as RMM's pool grows.
+        pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
+                                                                owner_.options().slab_bytes);
       }
     }
-    std::unique_lock lock(pool_mutex_);
-    if (pool_ == nullptr) {
-      // The first slab is leased here; later ones as RMM's pool grows.
-      pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
-                                                              owner_.options().slab_bytes);
-    }
+  } catch (rmm::out_of_memory const&) {
+    // A slab lease failed because the session is over (the daemon is gone),
+    // not because memory ran out: say so, as the direct mode does.
+    if (auto lost = std::exchange(failed_lease, nullptr)) { std::rethrow_exception(lost); }
+    throw;
   }
 }
 

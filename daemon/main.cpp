@@ -17,7 +17,9 @@
 #include <systemd/sd-daemon.h>
 #include <CLI/CLI.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -422,6 +424,37 @@ bool add_pools(rmmd::core::daemon_core& core,
   return true;
 }
 
+/// Takes the runtime directory for this process: an exclusive lock on
+/// DIR/rmmd.lock, held by the open fd until the process ends, however it
+/// ends (SIGKILL included). The socket files that a killed rmmd left behind
+/// are replaced at start; a live rmmd's must not be: the second daemon would
+/// take over the sockets while the first went on serving its sessions unseen,
+/// both lending the same memory. Returns the fd, or -1 after saying why.
+int lock_runtime_dir(fs::path const& dir)
+{
+  auto const path = dir / "rmmd.lock";
+  int fd          = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    rmmd::log::error("cannot open %s: %s", path.string(), std::strerror(errno));
+    return -1;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int const err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      rmmd::log::error(
+          "another rmmd is running with the runtime directory %s (it holds %s); stop it "
+          "first, or give this one another --runtime-dir",
+          dir.string(),
+          path.string());
+    } else {
+      rmmd::log::error("cannot lock %s: %s", path.string(), std::strerror(err));
+    }
+    return -1;
+  }
+  return fd;
+}
+
 /// Gives `path` to the socket group (if one is configured). False after saying why.
 bool give_to_group(fs::path const& path, config::daemon_settings const& s)
 {
@@ -628,6 +661,8 @@ int main(int argc, char** argv)
     rmmd::log::error("cannot create the runtime directory %s: %s", dir.string(), e.what());
     return 1;
   }
+  // Held until the process ends: never closed.
+  if (lock_runtime_dir(dir) < 0) { return 1; }
 
   rmmd::core::daemon_core core(
       rmmd::core::core_options{.access = settings.access, .quotas = settings.quotas});

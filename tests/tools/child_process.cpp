@@ -16,6 +16,7 @@ std::filesystem::path program_path(std::string const& name)
       {"rmmd", "daemon/rmmd"},
       {"rmmctl", "client/rmmctl"},
       {"rmmd_test_client", "tests/rmmd_test_client"},
+      {"rmmd_soak_client", "tests/rmmd_soak_client"},
       {"rmmd_hello", "examples/rmmd_hello"}};
   for (auto [program, relative] : in_build_tree) {
     if (name == program) { return std::filesystem::path(RMMD_BUILD_DIR) / relative; }

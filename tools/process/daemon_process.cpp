@@ -47,12 +47,20 @@ void give_to(std::filesystem::path const& path, system_user const& user)
 
 daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
 {
-  auto tmpl = "/tmp/" + opts.dir_prefix + "XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+  if (opts.runtime_dir.empty()) {
+    auto tmpl = "/tmp/" + opts.dir_prefix + "XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+    }
+    dir_ = tmpl;
+  } else {
+    dir_      = opts.runtime_dir;
+    owns_dir_ = false;
+    std::filesystem::create_directories(dir_);
+    // An earlier starter's notify socket file (it closed the socket at READY=1).
+    std::filesystem::remove(dir_ / "notify.sock");
   }
-  dir_ = tmpl;
-  remove_on_failure cleanup{&dir_};
+  remove_on_failure cleanup{owns_dir_ ? &dir_ : nullptr};
   std::optional<system_user> user;
   if (!opts.user.empty()) {
     user = find_user(opts.user);
@@ -73,7 +81,9 @@ daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
   spawn_options spawn{.kill_last = opts.kill_last, .user = opts.user};
   int log_fd = -1;
   if (opts.log_to_file) {
-    log_fd = ::open((dir_ / "rmmd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    // In a directory given to it, after the log of the daemon that ran there before.
+    int const keep = owns_dir_ ? O_TRUNC : O_APPEND;
+    log_fd = ::open((dir_ / "rmmd.log").c_str(), O_WRONLY | O_CREAT | keep | O_CLOEXEC, 0600);
     if (log_fd < 0) { throw std::system_error(errno, std::generic_category(), "open rmmd.log"); }
     // Nobody reads the daemon's stdout then: a full pipe would stall it.
     spawn.fds = {{STDOUT_FILENO, log_fd}, {STDERR_FILENO, log_fd}};
@@ -109,6 +119,7 @@ daemon_process::~daemon_process()
     daemon_->kill(SIGTERM);
     daemon_->finish(stop_timeout_);
   }
+  if (!owns_dir_) { return; }
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }

@@ -1,10 +1,12 @@
 #pragma once
 
 // The real rmmd, started as a separate process in a runtime directory of its
-// own (/tmp/<prefix>XXXXXX, removed again by the destructor), ready once it has
-// sent READY=1 to a notify socket the starter owns, as systemd would see it;
-// as this process's user, or as another one the way the shipped unit runs it
-// (User=rmmd, RuntimeDirectoryMode=0750).
+// own (/tmp/<prefix>XXXXXX, removed again by the destructor) or in one the
+// caller names (left in place, so that a daemon can be started again where a
+// killed one ran), ready once it has sent READY=1 to a notify socket the
+// starter owns, as systemd would see it; as this process's user, or as
+// another one the way the shipped unit runs it (User=rmmd,
+// RuntimeDirectoryMode=0750).
 
 #include "tools/process/child_process.hpp"
 
@@ -24,6 +26,10 @@ class daemon_process {
     std::filesystem::path program;  // rmmd
     std::vector<std::string> args;  // after --runtime-dir DIR
     std::string dir_prefix{"rmmd-"};
+    /// Run in this directory (created if missing; what a killed daemon left
+    /// there stays) and leave it in place; empty: a fresh
+    /// /tmp/<dir_prefix>XXXXXX, removed by the destructor.
+    std::filesystem::path runtime_dir{};
     /// stdout and stderr into DIR/rmmd.log (see log_tail()); else stderr is
     /// inherited and stdout is a pipe (process().read_line()).
     bool log_to_file{false};
@@ -46,7 +52,8 @@ class daemon_process {
   explicit daemon_process(options opts);
   daemon_process(daemon_process const&)            = delete;
   daemon_process& operator=(daemon_process const&) = delete;
-  /// SIGTERM, SIGKILL after `stop_timeout`, then removes the runtime directory.
+  /// SIGTERM, SIGKILL after `stop_timeout`, then removes the runtime directory
+  /// (unless it was given in `options::runtime_dir`).
   ~daemon_process();
 
   [[nodiscard]] std::filesystem::path const& runtime_dir() const noexcept
@@ -77,6 +84,7 @@ class daemon_process {
 
  private:
   std::filesystem::path dir_;
+  bool owns_dir_{true};
   std::vector<std::string> argv_;
   std::chrono::milliseconds stop_timeout_;
   std::unique_ptr<child_process> daemon_;

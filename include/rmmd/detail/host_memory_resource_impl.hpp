@@ -6,6 +6,7 @@
 #include <cuda/memory_resource>
 #include <cuda/stream>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -50,10 +51,14 @@ class host_memory_resource_impl {
   friend void get_property(host_memory_resource_impl const&, cuda::mr::host_accessible) noexcept {}
 
  private:
+  /// Has the daemon free lease `id`; never throws.
+  void free_lease(std::uint64_t id) noexcept;
+
   session session_;
   pool_info pool_;
   std::byte* base_{};
   lease_table leases_;
+  std::atomic<bool> session_over_{false};  // a free failed with session_error
 };
 
 }  // namespace rmmd::detail
