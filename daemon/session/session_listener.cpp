@@ -1,8 +1,7 @@
 #include "daemon/session/session_listener.hpp"
 
 #include "daemon/log.hpp"
-#include "daemon/service/proto_convert.hpp"
-#include "rmmd/v1/rmmd.pb.h"
+#include "daemon/session/session_protocol.hpp"
 
 #include <absl/strings/str_format.h>
 
@@ -19,7 +18,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -108,18 +106,9 @@ bool send_message(int fd, std::string const& bytes, std::vector<int> const& fds)
   return n == static_cast<ssize_t>(bytes.size());
 }
 
-void set_error(absl::Status const& status, v1::ErrorInfo* out)
-{
-  out->set_code(static_cast<int>(status.code()));
-  out->set_message(std::string(status.message()));
-}
-
 void send_error(int fd, absl::Status const& status)
 {
-  v1::SessionWelcome welcome;
-  welcome.set_protocol_version(1);
-  set_error(status, welcome.mutable_error());
-  send_message(fd, welcome.SerializeAsString(), {});
+  send_message(fd, refusal_welcome(status), {});
 }
 
 /// Closes any fds a peer attached to its message: we never take fds from clients.
@@ -304,79 +293,46 @@ void session_listener::run() noexcept
     }
   };
 
-  auto welcome = [&](connection& c, v1::SessionHello const& hello) -> hello_outcome {
-    auto grant = core_.open_session(c.peer, command_name(c.peer.pid), hello.client_name());
-    if (!grant.ok()) {
-      log::warn("session refused for pid %d uid %d: %s",
-                c.peer.pid,
-                c.peer.uid,
-                std::string(grant.status().message()));
-      send_error(c.fd, grant.status());
-      return hello_outcome::refused;
-    }
-    v1::SessionWelcome w;
-    w.set_protocol_version(1);
-    auto token = core::to_hex(grant->token);
-    w.set_token(
-        std::string(reinterpret_cast<char const*>(grant->token.data()), grant->token.size()));
-    w.set_session_id(grant->id);
-    w.set_max_message_bytes(options_.max_message_bytes);
-    std::vector<int> fds;
-    for (auto const& pool : core_.pools()) {
-      int index = -1;
-      if (pool.shareable_fd >= 0) {
-        index = static_cast<int>(fds.size());
-        fds.push_back(pool.shareable_fd);
-      }
-      service::to_proto(pool, index, w.add_pools());
-    }
-    w.set_session_calls(true);
-    // Counted before the client can hear of it: a drain that starts once the
-    // client holds its welcome must see this session.
-    ++open_sessions_;
-    if (!send_message(c.fd, w.SerializeAsString(), fds)) {
-      --open_sessions_;
-      core_.close_session(grant->id);
-      return hello_outcome::refused;
-    }
-    // The token is a credential: log only its first 4 hex digits.
-    log::info("session %d opened: pid %d uid %d (%s), token %s...",
-              grant->id,
-              c.peer.pid,
-              c.peer.uid,
-              hello.client_name(),
-              token.substr(0, 4));
-    c.session = grant->id;
-    return hello_outcome::welcomed;
-  };
-
   auto on_readable = [&](connection& c) -> hello_outcome {
     std::vector<char> buffer(options_.max_hello_bytes);
     auto const [n, truncated] = receive_datagram(c.fd, buffer);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) { return hello_outcome::wait; }
     if (n <= 0) { return hello_outcome::refused; }  // closed by the peer, or an error
-    if (truncated) {
-      send_error(c.fd,
-                 absl::InvalidArgumentError(absl::StrFormat(
-                     "session hello larger than %d bytes; send one SessionHello message",
-                     options_.max_hello_bytes)));
+    auto answer = handle_hello(
+        core_,
+        {.bytes = std::span(buffer.data(), static_cast<std::size_t>(n)), .truncated = truncated},
+        c.peer,
+        command_name(c.peer.pid),
+        {.max_hello_bytes   = options_.max_hello_bytes,
+         .max_message_bytes = options_.max_message_bytes});
+    if (!answer.grant) {
+      if (!answer.refusal.ok()) {
+        log::warn("session refused for pid %d uid %d: %s",
+                  c.peer.pid,
+                  c.peer.uid,
+                  std::string(answer.refusal.message()));
+      }
+      send_message(c.fd, answer.message, {});
       return hello_outcome::refused;
     }
-    v1::SessionHello hello;
-    if (!hello.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      send_error(
-          c.fd,
-          absl::InvalidArgumentError("session hello is not a valid rmmd.v1.SessionHello message"));
+    auto const& grant = *answer.grant;
+    // Counted before the client can hear of it: a drain that starts once the
+    // client holds its welcome must see this session.
+    ++open_sessions_;
+    if (!send_message(c.fd, answer.message, answer.fds)) {
+      --open_sessions_;
+      core_.close_session(grant.id);
       return hello_outcome::refused;
     }
-    if (hello.protocol_version() != 1) {
-      send_error(c.fd,
-                 absl::FailedPreconditionError(absl::StrFormat(
-                     "session hello asks for protocol version %d; this daemon speaks version 1",
-                     hello.protocol_version())));
-      return hello_outcome::refused;
-    }
-    return welcome(c, hello);
+    // The token is a credential: log only its first 4 hex digits.
+    log::info("session %d opened: pid %d uid %d (%s), token %s...",
+              grant.id,
+              c.peer.pid,
+              c.peer.uid,
+              answer.client_name,
+              core::to_hex(grant.token).substr(0, 4));
+    c.session = grant.id;
+    return hello_outcome::welcomed;
   };
 
   std::vector<epoll_event> events(64);
@@ -505,7 +461,6 @@ void session_listener::run_calls() noexcept
 
 bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) noexcept
 {
-  using metrics::rpc_method;
   // A few calls per turn, then the connection goes back in the set (it stays
   // readable), so one busy session cannot starve the others.
   for (int turn = 0; turn < 16; ++turn) {
@@ -517,55 +472,15 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     // End of file (a zero-length datagram reads the same), or an error.
     if (n <= 0) { return false; }
 
-    auto const start = clock::now();
-    v1::SessionReply reply;
-    std::optional<rpc_method> method;
-    absl::Status status;
-    v1::SessionCall call;
-    if (truncated) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "session call larger than %d bytes; send one SessionCall message per datagram",
-          options_.max_call_bytes));
-    } else if (!call.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      status =
-          absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
-    } else {
-      reply.set_tag(call.tag());
-      switch (call.call_case()) {
-        case v1::SessionCall::kAllocate: {
-          method        = rpc_method::allocate;
-          auto const& r = call.allocate();
-          auto grant    = core_.allocate(s.session, r.pool_id(), r.size(), r.alignment());
-          status        = grant.status();
-          if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
-          break;
-        }
-        case v1::SessionCall::kFree: {
-          method            = rpc_method::free;
-          auto const& event = call.free().release_event();
-          status =
-              core_.free(s.session,
-                         call.free().allocation_id(),
-                         std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
-          if (status.ok()) { reply.mutable_free(); }
-          break;
-        }
-        case v1::SessionCall::kPing:
-          reply.mutable_ping();
-          break;
-        default:
-          status = absl::UnimplementedError(
-              "session call names no call this daemon knows (allocate, free, ping): the client "
-              "is newer than the daemon");
-      }
-    }
-    if (!status.ok()) { set_error(status, reply.mutable_error()); }
-    if (method && options_.call_metrics != nullptr) {
-      options_.call_metrics->record(*method, static_cast<int>(status.code()), clock::now() - start);
-    }
-    if (status.ok() && method == rpc_method::free && call.reply_only_on_error()) { continue; }
+    auto reply = handle_call(
+        core_,
+        s.session,
+        {.bytes = std::span(buffer.data(), static_cast<std::size_t>(n)), .truncated = truncated},
+        options_.max_call_bytes,
+        options_.call_metrics);
+    if (!reply) { continue; }  // a Free that asked for no reply, done
     // Connections are non-blocking (accept4): a full socket fails at once.
-    if (!send_message(s.fd, reply.SerializeAsString(), {})) {
+    if (!send_message(s.fd, *reply, {})) {
       // Full socket: the client sends calls without reading the replies.
       log::warn("session %d (pid %d) does not read its replies; ending it", s.session, s.pid);
       return false;
