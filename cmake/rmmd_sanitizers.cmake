@@ -1,4 +1,4 @@
-# Sanitized builds (CMakePresets.json: asan, tsan).
+# Sanitized builds (CMakePresets.json: asan, tsan, fuzz).
 #
 # RMMD_SANITIZE is a -fsanitize= list ("address,undefined", "thread"); it
 # instruments everything this project compiles (our code, the generated
@@ -14,6 +14,18 @@
 # before the suite and fail, printing every report, after it.
 
 set(RMMD_SANITIZE "" CACHE STRING "-fsanitize= list for every target (empty: none)")
+
+# libFuzzer (tests/fuzz): every target gets libFuzzer's coverage
+# instrumentation, so the fuzzers see which branches of the daemon's code an
+# input reached; only the fuzzers themselves link libFuzzer's main.
+option(RMMD_BUILD_FUZZERS "Build the libFuzzer targets in tests/fuzz (needs clang)" OFF)
+if(RMMD_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "RMMD_BUILD_FUZZERS needs clang (libFuzzer): configure with the fuzz "
+                        "preset, or -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()
 
 set(RMMD_TEST_PROPERTIES)
 if(NOT RMMD_SANITIZE)
