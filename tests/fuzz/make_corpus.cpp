@@ -228,6 +228,9 @@ void client_corpus(fs::path const& dir)
     return *session::handle_call(*core, id, {.bytes = call}, 4096, nullptr);
   };
   write(dir, "reply_allocate_host", client_input(3, 1, reply(allocate(7, 0, 1000, 256))));
+  // Past the first allocation: a lease whose offset is not 0 (an offset of
+  // 0 is not on the wire at all, so the fuzzer would have to invent it).
+  write(dir, "reply_allocate_host_offset", client_input(3, 1, reply(allocate(7, 0, 1000, 256))));
   write(dir, "reply_allocate_pinned", client_input(3, 1, reply(allocate(7, 1, 4096, 4096))));
   write(dir, "reply_free", client_input(1, 2, reply(free_call(7, 1))));
   write(dir, "reply_ping", client_input(1, 3, reply(ping(7))));
