@@ -2,6 +2,7 @@
 
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/welcome_parser.hpp"
 #include "tools/gpu/gpu_identity.hpp"
 #include "tools/runtime/runtime_dir.hpp"
 #include "tools/socket/fd_passing.hpp"
@@ -94,11 +95,13 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   hello.set_protocol_version(1);
   hello.set_client_name(options.client_name);
   auto bytes = hello.SerializeAsString();
+  // A daemon that refuses the connection before it reads the hello (a uid at
+  // its admission limit) has sent its reason already: read it even if the
+  // send failed, and say why the send failed only when there is none.
+  int send_error = 0;
   if (::send(socket_fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(bytes.size())) {
-    ::close(socket_fd_);
-    throw session_error(std::string("rmmd: sending the session hello failed: ") +
-                        std::strerror(errno));
+    send_error = errno;
   }
   // The welcome comes at once; do not wait forever on a daemon that hangs.
   timeval tv{.tv_sec = 10, .tv_usec = 0};
@@ -113,6 +116,10 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
     ::close(socket_fd_);
     throw error;
   };
+  if (n <= 0 && send_error != 0) {
+    fail(session_error(std::string("rmmd: sending the session hello failed: ") +
+                       std::strerror(send_error)));
+  }
   if (n <= 0) {
     fail(session_error("rmmd: the daemon closed the session socket without a welcome"));
   }
@@ -122,18 +129,17 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
                       "pool fds)"));
   }
   v1::SessionWelcome welcome;
-  if (!welcome.ParseFromArray(buffer.data(), static_cast<int>(n))) {
-    fail(session_error("rmmd: the daemon's welcome is not a valid SessionWelcome"));
-  }
-  if (welcome.has_error()) {
-    auto const& e = welcome.error();
-    auto text     = "rmmd: the daemon refused the session: " + e.message();
-    if (e.code() == grpc::StatusCode::PERMISSION_DENIED) { fail(permission_error(text)); }
-    fail(session_error(text));
+  auto read = read_welcome(std::span(buffer.data(), static_cast<std::size_t>(n)), fds, welcome);
+  if (read.status == welcome_status::permission_denied) { fail(permission_error(read.message)); }
+  if (read.status != welcome_status::ok) { fail(session_error(read.message)); }
+  for (int fd : fds) {  // attached, but named by no pool
+    if (std::find(read.pool_fds.begin(), read.pool_fds.end(), fd) == read.pool_fds.end()) {
+      ::close(fd);
+    }
   }
   id         = welcome.session_id();
   token_hex_ = to_hex(welcome.token());
-  pool_fds_.assign(static_cast<std::size_t>(welcome.pools_size()), -1);
+  pool_fds_  = std::move(read.pool_fds);
   fabric_handles_.resize(static_cast<std::size_t>(welcome.pools_size()));
   for (auto const& p : welcome.pools()) {
     pools_.push_back(pool_info{
@@ -148,10 +154,6 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
         .gpu_uuid          = p.gpu_uuid(),
         .pci_bus_id        = p.pci_bus_id()});
     if (p.id() < fabric_handles_.size()) { fabric_handles_[p.id()] = p.fabric_handle(); }
-    if (p.fd_index() >= 0 && static_cast<std::size_t>(p.fd_index()) < fds.size() &&
-        p.id() < pool_fds_.size()) {
-      pool_fds_[p.id()] = fds[static_cast<std::size_t>(p.fd_index())];
-    }
   }
   // The hello is done: from here the socket carries the session's calls (each
   // waits with its own deadline) and its close ends the session.
@@ -358,10 +360,12 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
     } while (n < 0 && errno == EINTR);
     if (n < 0 && errno == EAGAIN) { continue; }
     if (n <= 0) { return {grpc::StatusCode::UNAVAILABLE, "the daemon closed the session"}; }
-    if (!reply->ParseFromArray(buffer.data(), static_cast<int>(n))) {
-      return {grpc::StatusCode::INTERNAL, "the daemon's reply is not a valid SessionReply"};
-    }
-    if (reply->tag() != call.tag()) {
+    auto const read = read_reply(std::span(buffer.data(), static_cast<std::size_t>(n)),
+                                 call.tag(),
+                                 call.call_case(),
+                                 *reply);
+    if (read.kind == reply_kind::invalid) { return read.status; }
+    if (read.kind == reply_kind::earlier) {
       // The answer to an earlier call that did not wait: a Free sent with
       // free_later() that failed, or a call that timed out. A lease granted
       // to the latter is ours to give back.
@@ -374,10 +378,7 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
       }
       continue;
     }
-    if (reply->has_error()) {
-      return {static_cast<grpc::StatusCode>(reply->error().code()), reply->error().message()};
-    }
-    return grpc::Status::OK;
+    return read.status;
   }
 }
 
@@ -491,7 +492,10 @@ std::byte* session_impl::host_pool_base(std::uint32_t pool_id)
   // for the alignment, map the pool at the aligned spot, give back the rest.
   auto const size  = pools_[pool_id].capacity_bytes;
   auto const align = std::max<std::size_t>(pools_[pool_id].max_alignment, 4096);
-  auto fail        = [&](char const* what) {
+  if (auto why = check_host_pool_fd(pool_fds_[pool_id], size)) {
+    throw rmm::bad_alloc("rmmd: mapping host pool '" + pools_[pool_id].name + "' failed: " + *why);
+  }
+  auto fail = [&](char const* what) {
     throw rmm::bad_alloc("rmmd: mapping host pool '" + pools_[pool_id].name + "' failed (" + what +
                          "): " + std::strerror(errno));
   };
@@ -667,6 +671,22 @@ lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t al
   auto status = impl_->allocate(request, &response);
   if (!status.ok()) {
     detail::throw_status(status, "allocate " + std::to_string(bytes) + " bytes");
+  }
+  auto const& pools = impl_->pools_unmapped();
+  auto checked =
+      pool_id < pools.size()
+          ? detail::check_allocation(response,
+                                     {.host_pool     = pools[pool_id].backend == backend_kind::host,
+                                      .pool_capacity = pools[pool_id].capacity_bytes,
+                                      .bytes         = bytes,
+                                      .alignment     = alignment})
+          : grpc::Status(grpc::StatusCode::INTERNAL,
+                         "the daemon granted a pool it did not describe");
+  if (!checked.ok()) {
+    v1::FreeRequest give_back;  // not usable, and ours to free all the same
+    give_back.set_allocation_id(response.allocation_id());
+    static_cast<void>(impl_->free(give_back));
+    detail::throw_status(checked, "allocate " + std::to_string(bytes) + " bytes");
   }
   lease out{.id          = response.allocation_id(),
             .bytes       = response.size(),

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Sets up (idempotent), configures and builds. Extra arguments go to
-# `cmake --build` (e.g. --target rmmd).
+# Sets up (idempotent), configures and builds.
+#   ./scripts/build.sh [--preset P] [cmake --build args, e.g. --target rmmd]
+# P is a CMakePresets.json preset: default (build/), asan, tsan, fuzz
+# (build-P/); each is configured the first time it is built.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+preset=default
+if [ "${1:-}" = --preset ]; then preset=$2; shift 2; fi
+dir=build; [ "$preset" = default ] || dir=build-$preset
 ./scripts/setup.sh
 export PATH="$root/.venv/bin:$PATH"
-[ -f build/CMakeCache.txt ] || cmake --preset default
-cmake --build --preset default -j "$(nproc)" "$@"
+[ -f "$dir/CMakeCache.txt" ] || cmake --preset "$preset"
+cmake --build --preset "$preset" -j "$(nproc)" "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: installs what a fresh Debian 12 machine lacks to build and
 # test rmmd, and does nothing when everything is already there.
-#   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, promtool, ...)
+#   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, promtool,
+#     clang 14 with libFuzzer for the fuzzers, ...; GCC's ASan, UBSan and TSan
+#     runtimes come with build-essential)
 #   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0)
 #     and the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger)
 set -euo pipefail
@@ -14,7 +16,9 @@ debs=(build-essential pkg-config ninja-build
       libcpp-httplib-dev libcli11-dev
       file        # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
       systemd     # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
-      prometheus) # for promtool: the metrics test checks the scrape with it
+      prometheus  # for promtool: the metrics test checks the scrape with it
+      clang-14 libclang-rt-14-dev  # the fuzz preset: clang and its libFuzzer/ASan runtimes
+      llvm-14)    # llvm-symbolizer: the sanitizers' stack traces with file and line
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,257 @@
+// Writes the fuzzers' seed corpora (tests/fuzz/corpus/<fuzzer>/) from real
+// messages: hellos, calls and requests built with the protocol's own types,
+// and the welcome and replies that a real core answers to them through the
+// daemon's own code. Deterministic, so the files in the tree are what it
+// writes: rerun it after a protocol change.
+//
+//   build-fuzz/tests/fuzz/rmmd_fuzz_corpus tests/fuzz/corpus
+//
+// The config corpus is text, kept by hand (corpus/config/).
+
+#include "daemon/session/session_protocol.hpp"
+#include "rmmd/v1/rmmd.pb.h"
+#include "tests/fuzz/fuzz_input.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+namespace {
+
+using namespace rmmd;
+namespace fs = std::filesystem;
+using fuzz::append_record;
+
+void write(fs::path const& dir, std::string const& name, std::string const& bytes)
+{
+  fs::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary) << bytes;
+}
+
+std::string hello(std::uint32_t version = 1, std::string name = "seed")
+{
+  v1::SessionHello h;
+  h.set_protocol_version(version);
+  h.set_client_name(std::move(name));
+  return h.SerializeAsString();
+}
+
+std::string allocate(std::uint64_t tag, std::uint32_t pool, std::uint64_t size, std::uint64_t align)
+{
+  v1::SessionCall c;
+  c.set_tag(tag);
+  c.mutable_allocate()->set_pool_id(pool);
+  c.mutable_allocate()->set_size(size);
+  c.mutable_allocate()->set_alignment(align);
+  return c.SerializeAsString();
+}
+
+std::string free_call(std::uint64_t tag,
+                      std::uint64_t id,
+                      bool quiet        = false,
+                      std::string event = {})
+{
+  v1::SessionCall c;
+  c.set_tag(tag);
+  c.mutable_free()->set_allocation_id(id);
+  if (!event.empty()) { c.mutable_free()->set_release_event(event); }
+  c.set_reply_only_on_error(quiet);
+  return c.SerializeAsString();
+}
+
+std::string ping(std::uint64_t tag)
+{
+  v1::SessionCall c;
+  c.set_tag(tag);
+  c.mutable_ping();
+  return c.SerializeAsString();
+}
+
+/// The session fuzzer's input: [peer byte] hello, calls.
+std::string session_input(bool allowed, std::string const& h, std::vector<std::string> const& calls)
+{
+  std::string out(1, allowed ? '\x01' : '\x00');
+  append_record(out, h);
+  for (auto const& c : calls) { append_record(out, c); }
+  return out;
+}
+
+void session_corpus(fs::path const& dir)
+{
+  write(dir,
+        "allocate_free_ping",
+        session_input(true,
+                      hello(),
+                      {allocate(1, 0, 4096, 0),
+                       allocate(2, 1, 65536, 65536),
+                       free_call(3, 1),
+                       free_call(4, 2, true),
+                       ping(5)}));
+  write(dir,
+        "quota_and_pool_limits",
+        session_input(true,
+                      hello(1, "greedy"),
+                      {allocate(1, 0, 3 << 20, 256),
+                       allocate(2, 0, 1 << 20, 256),
+                       allocate(3, 1, 1 << 20, 4096),
+                       allocate(4, 0, 5 << 20, 256),
+                       free_call(5, 1),
+                       allocate(6, 0, 2 << 20, 1 << 21)}));
+  write(dir,
+        "bad_calls",
+        session_input(true,
+                      hello(),
+                      {allocate(1, 7, 4096, 256),
+                       allocate(2, 0, 0, 256),
+                       allocate(3, 0, 4096, 3),
+                       free_call(4, 99),
+                       allocate(5, 0, 4096, 256),
+                       free_call(6, 1, false, std::string(64, 'e')),
+                       free_call(7, 1, true, std::string(64, 'e')),
+                       std::string(),
+                       std::string("\xff\xff\xff", 3),
+                       std::string(5000, 'x')}));
+  write(dir, "refused_uid", session_input(false, hello(), {ping(1)}));
+  write(dir, "other_version", session_input(true, hello(2), {ping(1)}));
+  write(dir, "not_a_hello", session_input(true, std::string("\x0a\x05", 2), {}));
+}
+
+/// The service fuzzer's input: records of [method][token] request.
+struct request {
+  int method;  // 0 Allocate, 1 Free, 2 GetStats, 3 ListSessions, 4 ReportUsage, 5 ListPools, 6
+               // Trim, 7 Health
+  int token;   // 0 first session, 1 second, 2 a wrong token, 3 none
+  std::string bytes;
+};
+
+std::string service_input(std::vector<request> const& requests)
+{
+  std::string out;
+  for (auto const& r : requests) {
+    out.push_back(static_cast<char>(r.method));
+    out.push_back(static_cast<char>(r.token));
+    append_record(out, r.bytes);
+  }
+  return out;
+}
+
+void service_corpus(fs::path const& dir)
+{
+  v1::AllocateRequest a;
+  a.set_pool_id(0);
+  a.set_size(4096);
+  a.set_alignment(256);
+  v1::AllocateRequest pinned;
+  pinned.set_pool_id(1);
+  pinned.set_size(1 << 16);
+  pinned.set_alignment(1 << 16);
+  v1::FreeRequest f;
+  f.set_allocation_id(1);
+  v1::UsageReport usage;
+  auto* u = usage.add_pools();
+  u->set_pool_id(0);
+  u->set_bytes(1024);
+  u->set_allocation_count(2);
+  v1::UsageReport twice = usage;
+  *twice.add_pools()    = *u;
+  v1::TrimRequest trim;
+  trim.add_pool_ids(0);
+  trim.add_pool_ids(1);
+  v1::TrimRequest trim_unknown;
+  trim_unknown.add_pool_ids(9);
+
+  write(dir,
+        "lease_round_trip",
+        service_input({{0, 0, a.SerializeAsString()},
+                       {0, 0, pinned.SerializeAsString()},
+                       {4, 0, usage.SerializeAsString()},
+                       {2, 0, ""},
+                       {1, 1, f.SerializeAsString()},
+                       {1, 0, f.SerializeAsString()},
+                       {1, 0, f.SerializeAsString()}}));
+  write(dir,
+        "views",
+        service_input({{0, 1, a.SerializeAsString()},
+                       {3, 0, ""},
+                       {5, 1, ""},
+                       {7, 3, ""},
+                       {6, 0, trim.SerializeAsString()},
+                       {6, 0, trim_unknown.SerializeAsString()},
+                       {6, 0, ""}}));
+  write(dir,
+        "unauthenticated",
+        service_input({{0, 2, a.SerializeAsString()},
+                       {1, 3, f.SerializeAsString()},
+                       {2, 3, ""},
+                       {4, 2, usage.SerializeAsString()}}));
+  write(dir,
+        "bad_usage_reports",
+        service_input({{0, 0, a.SerializeAsString()},
+                       {4, 0, twice.SerializeAsString()},
+                       {4, 1, usage.SerializeAsString()},
+                       {4, 0, std::string("\x0a\x04\x08\x05\x10\x01", 6)}}));
+}
+
+/// The client fuzzer's input: [mode][param] message.
+std::string client_input(int mode, int param, std::string const& message)
+{
+  std::string out;
+  out.push_back(static_cast<char>(mode));
+  out.push_back(static_cast<char>(param));
+  return out + message;
+}
+
+void client_corpus(fs::path const& dir)
+{
+  auto core = fuzz::make_host_core();
+  core::peer_credentials const peer{
+      .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};
+  auto welcome =
+      session::handle_hello(*core, {.bytes = hello(), .truncated = false}, peer, "seed", {});
+  // The token is random: a fixed one keeps the file the same on every run.
+  v1::SessionWelcome w;
+  w.ParseFromString(welcome.message);
+  w.set_token(std::string(16, '\x5a'));
+  write(
+      dir, "welcome", client_input(0, static_cast<int>(welcome.fds.size()), w.SerializeAsString()));
+  auto refused = session::handle_hello(
+      *core, {.bytes = hello(), .truncated = false}, {.uid = fuzz::refused_uid}, "seed", {});
+  write(dir, "welcome_refused", client_input(0, 0, refused.message));
+  write(dir,
+        "welcome_bad_version",
+        client_input(
+            0, 0, session::handle_hello(*core, {.bytes = hello(3)}, peer, "seed", {}).message));
+
+  auto const id    = welcome.grant->id;
+  auto const reply = [&](std::string const& call) {
+    return *session::handle_call(*core, id, {.bytes = call}, 4096, nullptr);
+  };
+  write(dir, "reply_allocate_host", client_input(3, 1, reply(allocate(7, 0, 1000, 256))));
+  // Past the first allocation: a lease whose offset is not 0 (an offset of
+  // 0 is not on the wire at all, so the fuzzer would have to invent it).
+  write(dir, "reply_allocate_host_offset", client_input(3, 1, reply(allocate(7, 0, 1000, 256))));
+  write(dir, "reply_allocate_pinned", client_input(3, 1, reply(allocate(7, 1, 4096, 4096))));
+  write(dir, "reply_free", client_input(1, 2, reply(free_call(7, 1))));
+  write(dir, "reply_ping", client_input(1, 3, reply(ping(7))));
+  write(dir, "reply_error", client_input(1, 1, reply(allocate(7, 0, 0, 256))));
+  write(dir, "reply_late", client_input(1, 1, reply(free_call(3, 99))));
+  write(dir, "reply_unparsed", client_input(1, 1, reply(std::string("\xff", 1))));
+  core->close_session(id);
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  if (argc != 2) {
+    std::cerr << "usage: " << argv[0] << " CORPUS_DIR (tests/fuzz/corpus)\n";
+    return 2;
+  }
+  fs::path const root = argv[1];
+  session_corpus(root / "session");
+  service_corpus(root / "service");
+  client_corpus(root / "client_messages");
+  std::cout << "wrote the session, service and client_messages corpora under " << root << "\n";
+  return 0;
+}
