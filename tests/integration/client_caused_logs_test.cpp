@@ -16,7 +16,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -119,13 +118,16 @@ TEST(ClientCausedLogs, AFloodOfBadHellosWritesABoundedNumberOfLinesAndCountsTheR
 
   // Every refusal is accounted for, written or counted: wait until the
   // counts the daemon reports (at the next line, or once a second) add up.
-  std::regex const count(R"((\d+) similar line\(s\) suppressed: sessions and connections refused)");
-  auto tally = [&] {
+  // "N similar line(s) suppressed: sessions and connections refused" (no
+  // std::regex: GCC 12 at -O1 warns inside <regex>, which the asan build fails on).
+  std::string const count = " similar line(s) suppressed: sessions and connections refused";
+  auto tally              = [&] {
     int written = 0, suppressed = 0;
     for (auto const& line : lines_of(daemon.log())) {
-      std::smatch m;
-      if (std::regex_search(line, m, count)) {
-        suppressed += std::stoi(m[1]);
+      if (auto at = line.find(count); at != std::string::npos) {
+        auto start = line.find_last_not_of("0123456789", at - 1);
+        start      = start == std::string::npos ? 0 : start + 1;
+        suppressed += std::stoi(line.substr(start, at - start));
       } else if (line.find("session refused for pid") != std::string::npos) {
         ++written;
       }
