@@ -94,7 +94,6 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
                                          std::size_t alignment)
 {
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
-  std::call_once(exit_watched_, watch_process_exit);
   if (bytes > pool_.capacity_bytes) {
     // Nothing could hold it: no request (and no slab leased for it).
     throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
@@ -124,6 +123,9 @@ std::size_t ipc_memory_resource_impl::trim() noexcept
 
 void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
 {
+  // Not on the carving path: the first slab, like every direct allocation,
+  // is leased here.
+  std::call_once(exit_watched_, watch_process_exit);
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
   auto lease = [&] {

@@ -5,7 +5,6 @@
 
 #include <rmmd/error.hpp>
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -7,6 +7,7 @@
 // the host pool everywhere. Skips, saying why, where CUDA sees no GPU.
 
 #include "client/detail/session_impl.hpp"
+#include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
@@ -30,16 +31,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-int visible_gpus()
-{
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 /// rmmd with a CUDA pool on GPU 0 and a pinnable host pool; in `dir` if one
 /// is given (left in place).
@@ -83,7 +74,7 @@ struct held_memory {
 
 TEST(DaemonRestart, DeviceClientsKeepTheirDataAndGoOnWithANewSession)
 {
-  if (visible_gpus() < 1) { GTEST_SKIP() << "needs a CUDA GPU; CUDA sees none"; }
+  if (gpu_count() < 1) { GTEST_SKIP() << "needs a CUDA GPU; CUDA sees none"; }
   // The first daemon owns the directory (removed when `first` goes, last);
   // the second starts in it after the first was killed.
   auto first        = start_rmmd();
@@ -189,7 +180,7 @@ TEST(DaemonRestart, DeviceClientsKeepTheirDataAndGoOnWithANewSession)
 // daemon cannot take (UNAVAILABLE) silently: its lease went with the daemon.
 TEST(DaemonRestart, DeviceResourcesSayOnceThatTheDaemonIsGone)
 {
-  if (visible_gpus() < 1) { GTEST_SKIP() << "needs a CUDA GPU; CUDA sees none"; }
+  if (gpu_count() < 1) { GTEST_SKIP() << "needs a CUDA GPU; CUDA sees none"; }
   auto daemon = start_rmmd();
   std::vector<std::string> said;
   {

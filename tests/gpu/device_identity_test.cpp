@@ -4,6 +4,7 @@
 // interprocess events (which leave files in /dev/shm and which a daemon of
 // another uid cannot open). Real daemon, real client processes.
 
+#include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/test_users.hpp"
 #include "tools/gpu/gpu_identity.hpp"
@@ -29,23 +30,6 @@ namespace rmmd::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-int gpu_count()
-{
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                             \
-  do {                                                                              \
-    if (gpu_count() < (n)) {                                                        \
-      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s); CUDA sees " << gpu_count(); \
-    }                                                                               \
-  } while (0)
 
 /// Sets an environment variable for the processes started in its scope (a
 /// started process inherits this one's environment); puts it back after.

@@ -1,6 +1,7 @@
 // rmmd::ipc_memory_resource on a real GPU against the real daemon and real
 // client processes. Every test skips, saying why, where CUDA sees no GPU.
 
+#include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 
 #include "tests/tools/pattern.hpp"
@@ -45,23 +46,6 @@ static_assert(
 static_assert(std::is_copy_constructible_v<rmmd::ipc_memory_resource>);
 static_assert(std::is_constructible_v<cuda::mr::any_resource<cuda::mr::device_accessible>,
                                       rmmd::ipc_memory_resource>);
-
-int gpu_count()
-{
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                             \
-  do {                                                                              \
-    if (gpu_count() < (n)) {                                                        \
-      GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s); CUDA sees " << gpu_count(); \
-    }                                                                               \
-  } while (0)
 
 v1::PoolStats const& gpu_pool(v1::Stats const& stats, int device)
 {

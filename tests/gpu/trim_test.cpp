@@ -1,6 +1,7 @@
 // Trim and the driver's figures of a CUDA pool, through rmmctl, on a real GPU.
 // Skips, saying why, where CUDA sees no GPU.
 
+#include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 
 #include <google/protobuf/util/json_util.h>
@@ -11,16 +12,6 @@ namespace rmmd::test {
 namespace {
 
 constexpr std::uint64_t MiB = 1 << 20;
-
-int gpu_count()
-{
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 template <typename Message>
 Message rmmctl_json(daemon_process const& d, std::vector<std::string> args)

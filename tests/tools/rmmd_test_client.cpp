@@ -51,6 +51,7 @@
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
 #include "tests/tools/pattern.hpp"
+#include "tools/gpu/gpu_identity.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
@@ -171,30 +172,8 @@ int device_free_pending(std::size_t bytes)
 
 std::string uuid_of(int device)
 {
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) { return "?"; }
-  char out[64];
-  auto const* b = reinterpret_cast<unsigned char const*>(prop.uuid.bytes);
-  std::snprintf(out,
-                sizeof(out),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                b[0],
-                b[1],
-                b[2],
-                b[3],
-                b[4],
-                b[5],
-                b[6],
-                b[7],
-                b[8],
-                b[9],
-                b[10],
-                b[11],
-                b[12],
-                b[13],
-                b[14],
-                b[15]);
-  return out;
+  auto id = rmmd::gpu::identify(device);
+  return id ? id->uuid : "?";
 }
 
 int device_identity()
@@ -263,7 +242,6 @@ int device_churn(int count, std::size_t bytes)
   cudaStreamDestroy(stream);
   return 0;
 }
-
 
 // exit-with-static: made empty before main (before CUDA starts), in this
 // order, and destroyed in the reverse order while the process exits.

@@ -118,7 +118,7 @@ class ipc_memory_resource_impl {
   cudaMemPool_t imported_{};
   lease_table leases_;
   std::shared_ptr<pending_releases> pending_ = std::make_shared<pending_releases>();
-  /// Watching for exit again at the first allocation covers a resource in a
+  /// Watching for exit again at the first lease covers a resource in a
   /// function-local static, whose destructor is registered after its
   /// constructor ran (and would run before a hook registered there).
   std::once_flag exit_watched_;
