@@ -70,9 +70,12 @@ int connect_session_socket(std::filesystem::path const& dir)
   auto message = "rmmd: " + std::string(what) + ": " + status.error_message();
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::NOT_FOUND:
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw rmmd::logic_error(message);
+    case grpc::StatusCode::NOT_FOUND:
+      throw rmmd::not_found_error(message);
+    case grpc::StatusCode::ALREADY_EXISTS:
+      throw rmmd::already_exists_error(message);
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       // what() reads "std::bad_alloc: out_of_memory: rmmd: ...", as RMM's own.
       throw rmm::out_of_memory(message);
@@ -175,9 +178,17 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
 session_impl::~session_impl()
 {
   {
+    // The host functions of shared buffers close what their stream stopped
+    // using: the daemon may free a buffer only after that, so they must have
+    // run before the session (and with it every hold) goes. Streams reach
+    // them unless the process is exiting (then its end releases it all).
+    std::unique_lock lock(releases_->mutex);
+    if (!process_is_exiting()) {
+      releases_->buffer_jobs_done.wait_for(
+          lock, options.call_timeout, [this] { return releases_->buffer_jobs == 0; });
+    }
     // Host functions that run from now on (only while the process exits: a
-    // resource waits for its own before it lets its session go) drop their ids.
-    std::lock_guard lock(releases_->mutex);
+    // resource waits for its own before it lets its session go) drop their calls.
     releases_->session = nullptr;
   }
   // Imports first: an imported pool must go before the fd it came from. No
@@ -227,58 +238,99 @@ void session_impl::drain_releases() noexcept
   // left behind.
   while (true) {
     std::lock_guard queue_lock(releases_->mutex);
-    if (releases_->ids.empty() || !call_mutex_.try_lock()) { return; }
-    std::vector<std::uint64_t> ids;
-    ids.swap(releases_->ids);
-    send_releases_locked(ids);
+    if (releases_->calls.empty() || !call_mutex_.try_lock()) { return; }
+    std::vector<queued_call> calls;
+    calls.swap(releases_->calls);
+    send_releases_locked(calls);
     call_mutex_.unlock();
   }
 }
 
 void session_impl::free_when_reached(release_queue& queue, std::uint64_t id) noexcept
 {
+  send_when_reached(queue, queued_call{.what = queued_call::kind::free, .id = id});
+}
+
+void session_impl::send_when_reached(release_queue& queue, queued_call call) noexcept
+{
   std::lock_guard queue_lock(queue.mutex);
   auto* self = queue.session;
   if (self == nullptr) { return; }
-  queue.ids.push_back(id);
+  try {
+    queue.calls.push_back(call);
+  } catch (std::bad_alloc const&) {
+    return;  // the daemon reclaims it with the session
+  }
   // Whoever holds the socket sends the queue before letting go of it.
   if (!self->call_mutex_.try_lock()) { return; }
-  std::vector<std::uint64_t> ids;
-  ids.swap(queue.ids);
-  self->send_releases_locked(ids);
+  std::vector<queued_call> calls;
+  calls.swap(queue.calls);
+  self->send_releases_locked(calls);
   self->call_mutex_.unlock();
 }
 
-void session_impl::send_releases_locked(std::vector<std::uint64_t>& ids) noexcept
+void session_impl::send_releases_locked(std::vector<queued_call>& calls) noexcept
 {
-  for (auto id : ids) {
+  using kind = queued_call::kind;
+  for (auto const& q : calls) {
     try {
       v1::SessionCall c;
-      c.mutable_free()->set_allocation_id(id);
+      switch (q.what) {
+        case kind::free:
+          c.mutable_free()->set_allocation_id(q.id);
+          break;
+        case kind::publish_buffer:
+          c.mutable_publish_buffer()->set_buffer_id(q.id);
+          break;
+        case kind::close_buffer:
+          c.mutable_close_buffer()->set_buffer_id(q.id);
+          break;
+      }
       grpc::Status sent;
       if (session_calls_) {
-        // The daemon answers only if the Free fails; call_locked prints that.
+        // The daemon answers only if the call fails; call_locked prints that.
         c.set_reply_only_on_error(true);
         sent = send_locked(c, std::chrono::steady_clock::now() + options.call_timeout);
       } else {
-        v1::FreeResponse response;
         auto ctx = context();
-        sent     = stub_->Free(ctx.get(), c.free(), &response);
+        switch (q.what) {
+          case kind::free: {
+            v1::FreeResponse response;
+            sent = stub_->Free(ctx.get(), c.free(), &response);
+            break;
+          }
+          case kind::publish_buffer: {
+            v1::PublishBufferResponse response;
+            sent = stub_->PublishBuffer(ctx.get(), c.publish_buffer(), &response);
+            break;
+          }
+          case kind::close_buffer: {
+            v1::CloseBufferResponse response;
+            sent = stub_->CloseBuffer(ctx.get(), c.close_buffer(), &response);
+            break;
+          }
+        }
       }
+      // UNAVAILABLE: the daemon is gone, and with it the lease or the hold.
       if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        char const* what = q.what == kind::free             ? "freeing allocation"
+                           : q.what == kind::publish_buffer ? "publishing buffer"
+                                                            : "closing buffer";
         std::fprintf(stderr,
-                     "rmmd: freeing allocation %llu failed (%s); it stays leased until the "
-                     "session closes\n",
-                     static_cast<unsigned long long>(id),
-                     sent.error_message().c_str());
+                     "rmmd: %s %llu failed (%s)%s\n",
+                     what,
+                     static_cast<unsigned long long>(q.id),
+                     sent.error_message().c_str(),
+                     q.what == kind::publish_buffer
+                         ? ""
+                         : "; the daemon lets go of it when the session closes");
       }
-      // UNAVAILABLE: the daemon is gone, and with it the lease.
     } catch (std::exception const&) {
       // Out of memory building the message: the daemon reclaims the lease
-      // with the session.
+      // or the hold with the session.
     }
   }
-  ids.clear();
+  calls.clear();
 }
 
 grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
@@ -287,12 +339,12 @@ grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
   {
     // Frees that streams reached go first: the daemon handles a session's
     // calls in order, so this call sees their memory back.
-    std::vector<std::uint64_t> ids;
+    std::vector<queued_call> calls;
     {
       std::lock_guard queue_lock(releases_->mutex);
-      ids.swap(releases_->ids);
+      calls.swap(releases_->calls);
     }
-    send_releases_locked(ids);
+    send_releases_locked(calls);
   }
   auto status = call_locked(call, reply);
   // Leases granted to calls that had given up waiting: nobody will free them

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,14 +46,28 @@ class session_impl {
                                       v1::AllocateResponse* response);
   [[nodiscard]] grpc::Status free(v1::FreeRequest const& request);
 
-  /// Where frees that a stream reached wait to be sent. Shared with the host
-  /// functions that fill it, which may run after the session is gone (while
-  /// the process exits): they find `session` null then and drop the id (the
-  /// daemon reclaims what a closed session held).
+  /// A call a CUDA host function sends once its stream reached it: the Free
+  /// of an allocation whose import the stream freed, the publication of a
+  /// shared buffer whose writes the stream did, the close of a buffer whose
+  /// import it freed.
+  struct queued_call {
+    enum class kind : std::uint8_t { free, publish_buffer, close_buffer };
+    kind what{kind::free};
+    std::uint64_t id{};  ///< the allocation or buffer
+  };
+  /// Where those calls wait to be sent. Shared with the host functions that
+  /// fill it, which may run after the session is gone (while the process
+  /// exits): they find `session` null then and drop the call (the daemon
+  /// reclaims what a closed session held).
   struct release_queue {
     std::mutex mutex;
     session_impl* session{};  // guarded by mutex; null once the session is gone
-    std::vector<std::uint64_t> ids;
+    std::vector<queued_call> calls;
+    /// Host functions of shared buffers enqueued and not yet run: the
+    /// session waits for them before it closes (the daemon would free a
+    /// buffer whose import a stream still uses).
+    std::size_t buffer_jobs{};
+    std::condition_variable buffer_jobs_done;
   };
   [[nodiscard]] std::shared_ptr<release_queue> const& releases() const noexcept
   {
@@ -65,6 +80,35 @@ class session_impl {
   /// is printed when a later call reads it); else the caller in progress
   /// sends it before it lets the socket go.
   static void free_when_reached(release_queue& queue, std::uint64_t id) noexcept;
+  /// The same for any queued call.
+  static void send_when_reached(release_queue& queue, queued_call call) noexcept;
+
+  /// Shared buffer calls, on the session socket where the daemon takes them
+  /// (gRPC otherwise). An open that may wait (`wait` > 0) and finds the
+  /// buffer missing or unpublished asks again over gRPC, where the daemon
+  /// waits for it. Each returns the call's status; the grant is checked.
+  [[nodiscard]] grpc::Status create_buffer(v1::CreateBufferRequest const& request,
+                                           v1::BufferGrant* grant);
+  [[nodiscard]] grpc::Status open_buffer(std::string const& name,
+                                         std::chrono::milliseconds wait,
+                                         v1::BufferGrant* grant);
+  [[nodiscard]] grpc::Status publish_buffer(std::uint64_t id);
+  [[nodiscard]] grpc::Status close_buffer(std::uint64_t id);
+
+  /// This process's view of a buffer the session holds: imported (CUDA) or
+  /// mapped (host) once per session however often it is opened; `refs`
+  /// counts the opens not closed.
+  struct buffer_view {
+    void* data{};
+    std::uint32_t pool_id{};
+    std::size_t refs{};
+  };
+  /// The view of `grant`'s buffer: the existing one (one more ref), or a new
+  /// import. Throws as error.hpp says (the caller closes the open then).
+  void* attach_buffer(v1::BufferGrant const& grant);
+  /// Drops one ref; returns true when it was the last (the caller then frees
+  /// a CUDA import in stream order before the close goes out).
+  bool detach_buffer(std::uint64_t id) noexcept;
 
   /// One round trip on the session socket that changes nothing.
   /// FAILED_PRECONDITION when the daemon answers no session calls.
@@ -115,8 +159,10 @@ class session_impl {
   /// Holds call_mutex_; on release, sends the frees that host functions
   /// queued meanwhile (they could not take the socket while it was held).
   class call_lock;
-  /// Sends the queued frees. Holds call_mutex_ and releases_->mutex.
-  void send_releases_locked(std::vector<std::uint64_t>& ids) noexcept;
+  /// Sends the queued calls. Holds call_mutex_ and releases_->mutex.
+  void send_releases_locked(std::vector<queued_call>& calls) noexcept;
+  /// Sends `call` and waits for its reply, on the session socket.
+  grpc::Status buffer_call(v1::SessionCall& call, v1::SessionReply* reply);
   /// Sends queued frees while there are any and the socket is free.
   void drain_releases() noexcept;
   grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
@@ -145,6 +191,8 @@ class session_impl {
   std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
   std::unordered_map<std::uint32_t, cudaMemPool_t> cuda_pools_;
   std::unordered_set<std::uint32_t> pinned_;  // host pools registered with CUDA
+  std::mutex buffers_mutex_;
+  std::unordered_map<std::uint64_t, buffer_view> buffers_;  // by buffer id
 };
 
 }  // namespace rmmd::detail

@@ -44,6 +44,14 @@ v1::SessionReply::ReplyCase reply_for(v1::SessionCall::CallCase call)
       return v1::SessionReply::kFree;
     case v1::SessionCall::kPing:
       return v1::SessionReply::kPing;
+    case v1::SessionCall::kCreateBuffer:
+      return v1::SessionReply::kCreateBuffer;
+    case v1::SessionCall::kPublishBuffer:
+      return v1::SessionReply::kPublishBuffer;
+    case v1::SessionCall::kOpenBuffer:
+      return v1::SessionReply::kOpenBuffer;
+    case v1::SessionCall::kCloseBuffer:
+      return v1::SessionReply::kCloseBuffer;
     case v1::SessionCall::CALL_NOT_SET:
       break;
   }
@@ -160,6 +168,34 @@ grpc::Status check_allocation(v1::AllocateResponse const& response,
   if (offset > request.pool_capacity || request.bytes > request.pool_capacity - offset) {
     return invalid("has offset " + std::to_string(offset) + ", past the pool's " +
                    std::to_string(request.pool_capacity) + " bytes");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
+                                std::span<pool_shape const> pools,
+                                std::size_t bytes)
+{
+  auto invalid = [&](std::string why) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        "the daemon's answer for buffer '" + grant.name() + "' " + why);
+  };
+  if (grant.pool_id() >= pools.size()) {
+    return invalid("names pool " + std::to_string(grant.pool_id()) + ", which it did not describe");
+  }
+  auto const& pool = pools[grant.pool_id()];
+  if (grant.size() == 0 || (bytes != 0 && grant.size() != bytes)) {
+    return invalid("has " + std::to_string(grant.size()) + " bytes");
+  }
+  if (!pool.host_pool) {
+    if (!grant.has_cuda()) { return invalid("carries no CUDA export data"); }
+    return grpc::Status::OK;
+  }
+  if (!grant.has_host()) { return invalid("carries no host pool offset"); }
+  auto const offset = grant.host().offset();
+  if (offset > pool.capacity || grant.size() > pool.capacity - offset) {
+    return invalid("has offset " + std::to_string(offset) + ", past the pool's " +
+                   std::to_string(pool.capacity) + " bytes");
   }
   return grpc::Status::OK;
 }

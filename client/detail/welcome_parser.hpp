@@ -86,6 +86,20 @@ struct allocation_request {
 grpc::Status check_allocation(v1::AllocateResponse const& response,
                               allocation_request const& request);
 
+/// A pool as far as check_buffer_grant needs it.
+struct pool_shape {
+  bool host_pool{};
+  std::uint64_t capacity{};
+};
+
+/// Checks that `grant` (a created or opened buffer) names a pool of `pools`
+/// (indexed by id), carries the handle that pool's kind needs, and, from a
+/// host pool, an offset whose `size()` bytes lie in the pool; `bytes`, when
+/// not 0, is the size the creator asked for. INTERNAL saying why otherwise.
+grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
+                                std::span<pool_shape const> pools,
+                                std::size_t bytes);
+
 /// Whether the host pool fd `fd` holds at least `capacity` bytes (a mapping
 /// past its end would fault on first use); the reason when not.
 std::optional<std::string> check_host_pool_fd(int fd, std::uint64_t capacity);

@@ -1,5 +1,7 @@
 #include "daemon/core/daemon_core.hpp"
 
+#include "daemon/core/core_entries.hpp"
+
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
@@ -14,35 +16,6 @@
 #include <utility>
 
 namespace rmmd::core {
-
-struct daemon_core::pool_entry {
-  pool_config config;
-  std::unique_ptr<pool_backend> backend;
-  std::size_t capacity{};
-  std::size_t in_use{};
-  std::size_t high_water{};
-  std::size_t live{};
-  std::uint64_t total{};
-  std::chrono::steady_clock::time_point pressure_until{};
-};
-
-namespace {
-/// How long a pool counts as under pressure after an allocation failed there.
-constexpr auto pressure_window = std::chrono::seconds(2);
-}  // namespace
-
-struct daemon_core::session_entry {
-  session_id id{};
-  std::string token_hex;
-  peer_credentials peer;
-  std::string command;
-  std::string client_name;
-  std::size_t bytes{};
-  std::size_t count{};
-  std::chrono::system_clock::time_point started;
-  std::map<pool_id, std::size_t> pool_bytes;  // what it holds, per pool
-  std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
-};
 
 namespace {
 
@@ -105,6 +78,13 @@ daemon_core::daemon_core(core_options options)
 daemon_core::~daemon_core()
 {
   close_all_sessions();
+  // Persistent buffers stay until deleted or the daemon stops: it stops.
+  std::lock_guard lock(mutex_);
+  for (auto& [id, b] : buffers_) {
+    if (!b->creating) { pools_[b->pool]->backend->deallocate(b->block); }
+  }
+  buffers_.clear();
+  buffer_names_.clear();
 }
 
 pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
@@ -183,6 +163,7 @@ void daemon_core::close_session(session_id id) noexcept
   // died with it.
   std::erase_if(fenced_, [id](auto const& entry) { return entry.second.session == id; });
   for (auto lease_id : ledger_.held_by(id)) { release_lease_locked(lease_id); }
+  release_buffers_of_locked(*it->second);
   for (auto& pool : pools_) { pool->backend->forget_session(id); }
   by_token_.erase(it->second->token_hex);
   sessions_.erase(it);
@@ -259,52 +240,14 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
       charge == bytes
           ? bytes_text(bytes)
           : absl::StrCat(bytes_text(bytes), " (", bytes_text(charge), " once rounded up)");
-  auto const session_limit = options_.quotas.per_session_bytes;
-  auto const uid_limit     = options_.quotas.limit_for_uid(s.peer.uid);
-  auto uid_used            = std::size_t{0};
-  // Why the request cannot fit (a quota, or the pool), if it cannot.
-  auto refusal = [&]() -> std::optional<absl::Status> {
-    if (session_limit != 0 && charge > session_limit - std::min(session_limit, s.bytes)) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "allocate %s from pool '%s': session %d holds %s of its quota of %s; free memory first "
-          "or ask the operator for a larger per-session quota",
-          asked,
-          p.config.name,
-          s.id,
-          bytes_text(s.bytes),
-          bytes_text(session_limit)));
-    }
-    auto const uid_it = uid_bytes_.find(s.peer.uid);
-    uid_used          = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
-    if (uid_limit != 0 && charge > uid_limit - std::min(uid_limit, uid_used)) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "allocate %s from pool '%s': uid %d holds %s of its quota of %s across its sessions; "
-          "free memory first or ask the operator for a larger per-uid quota",
-          asked,
-          p.config.name,
-          s.peer.uid,
-          bytes_text(uid_used),
-          bytes_text(uid_limit)));
-    }
-    if (charge > p.capacity - std::min(p.capacity, p.in_use)) {
-      signal_pressure_locked(p);
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "allocate %s from pool '%s': the pool has %s of %s in use; retry later or use another "
-          "pool",
-          asked,
-          p.config.name,
-          bytes_text(p.in_use),
-          bytes_text(p.capacity)));
-    }
-    return std::nullopt;
-  };
-  auto refused = refusal();
+  auto const what = absl::StrFormat("allocate %s from pool '%s'", asked, p.config.name);
+  auto refused = refusal_locked(p, s, charge, what);
   // Leases freed with an event count until the reaper sees the event: before
   // refusing for want of room, reap what has passed and look again. (Not on
   // every request: that would poll every pending event under the lock.)
   if (refused && !fenced_.empty()) {
     reap_fences_locked();
-    refused = refusal();
+    refused = refusal_locked(p, s, charge, what);
   }
   if (refused) { return *refused; }
 
@@ -339,11 +282,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   }
   // The ledger and quotas count what the backend reserved.
   auto const reserved = block->bytes;
-  auto const uid_it   = uid_bytes_.find(uid);
-  uid_used            = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
-  if (reserved > p.capacity - std::min(p.capacity, p.in_use) ||
-      (session_limit != 0 && now->bytes + reserved > session_limit) ||
-      (uid_limit != 0 && uid_used + reserved > uid_limit)) {
+  if (refusal_locked(p, *now, reserved, what)) {
     p.backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
@@ -363,6 +302,45 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   ++p.total;
   ++now->count;
   return lease_grant{.id = id, .block = *std::move(block)};
+}
+
+std::optional<absl::Status> daemon_core::refusal_locked(pool_entry& p,
+                                                        session_entry const& s,
+                                                        std::size_t charge,
+                                                        std::string const& what)
+{
+  auto const session_limit = options_.quotas.per_session_bytes;
+  auto const session_used  = s.bytes + s.shared_bytes;
+  if (session_limit != 0 && charge > session_limit - std::min(session_limit, session_used)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: session %d holds %s of its quota of %s; free memory first or ask the operator for "
+        "a larger per-session quota",
+        what,
+        s.id,
+        bytes_text(session_used),
+        bytes_text(session_limit)));
+  }
+  auto const uid_limit = options_.quotas.limit_for_uid(s.peer.uid);
+  auto const uid_it    = uid_bytes_.find(s.peer.uid);
+  auto const uid_used  = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
+  if (uid_limit != 0 && charge > uid_limit - std::min(uid_limit, uid_used)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: uid %d holds %s of its quota of %s across its sessions and shared buffers; free "
+        "memory first or ask the operator for a larger per-uid quota",
+        what,
+        s.peer.uid,
+        bytes_text(uid_used),
+        bytes_text(uid_limit)));
+  }
+  if (charge > p.capacity - std::min(p.capacity, p.in_use)) {
+    signal_pressure_locked(p);
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: the pool has %s of %s in use; retry later or use another pool",
+                        what,
+                        bytes_text(p.in_use),
+                        bytes_text(p.capacity)));
+  }
+  return std::nullopt;
 }
 
 void daemon_core::charge_locked(
@@ -511,7 +489,9 @@ session_info daemon_core::info_locked(session_entry const& s) const
                     .client_name      = s.client_name,
                     .bytes            = s.bytes,
                     .allocation_count = s.count,
-                    .started          = s.started};
+                    .started          = s.started,
+                    .shared_bytes     = s.shared_bytes,
+                    .buffers_held     = s.holds.size()};
   for (auto const& [pool, c] : s.carved) {
     info.carved_bytes += c.bytes;
     info.carved_allocations += c.allocation_count;
@@ -675,6 +655,13 @@ stats_snapshot daemon_core::stats() const
       out.pools[pool].carved_allocations += c.allocation_count;
     }
   }
+  for (auto const& [id, b] : buffers_) {
+    if (b->creating) { continue; }
+    auto& ps = out.pools[b->pool];
+    ++ps.shared_buffers;
+    ps.shared_bytes += b->charge;
+    ps.shared_holders += b->holders.size();
+  }
   for (auto const& [id, s] : sessions_) { out.sessions.push_back(info_locked(*s)); }
   return out;
 }
@@ -704,6 +691,7 @@ void daemon_core::begin_drain()
 {
   std::lock_guard lock(mutex_);
   draining_ = true;
+  buffers_changed_.notify_all();  // waiting opens answer UNAVAILABLE
 }
 
 bool daemon_core::draining() const
@@ -716,6 +704,7 @@ void daemon_core::stop_new_sessions()
 {
   std::lock_guard lock(mutex_);
   sessions_closed_ = true;
+  buffers_changed_.notify_all();  // waiting opens answer UNAVAILABLE
 }
 
 void daemon_core::close_all_sessions() noexcept

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -73,6 +74,17 @@ struct session_grant {
 struct lease_grant {
   allocation_id id{};
   backend_allocation block;
+};
+
+/// A shared buffer a session now holds (by create or open), and its memory.
+struct buffer_grant {
+  buffer_id id{};
+  pool_id pool{};
+  std::string name;
+  std::size_t size{};  ///< bytes the creator asked for
+  backend_allocation block;
+  buffer_state state{};
+  bool persistent{false};
 };
 
 /// Lowercase hex of a token (what travels in gRPC metadata).
@@ -171,9 +183,58 @@ class daemon_core {
   /// Frees every lease of every session and forgets the sessions.
   void close_all_sessions() noexcept;
 
+  // Named shared buffers (DESIGN.md, "Named shared buffers"). Every call
+  // answers UNAUTHENTICATED when the session is gone, and a refused call
+  // changes nothing.
+
+  /// A buffer of `bytes` in `pool`, held by `session` and visible to no other
+  /// until published. INVALID_ARGUMENT (a name against the rule of
+  /// tools/names/buffer_name.hpp, size 0, alignment, unknown pool),
+  /// ALREADY_EXISTS (the name is taken), RESOURCE_EXHAUSTED (quota, pool,
+  /// larger than the pool),
+  /// UNAVAILABLE (draining). The backend allocates without the lock; the name
+  /// is taken meanwhile.
+  absl::StatusOr<buffer_grant> create_buffer(session_id session,
+                                             std::string_view name,
+                                             pool_id pool,
+                                             std::size_t bytes,
+                                             buffer_options const& options);
+
+  /// Opens `id` to every allowed session and wakes those waiting for it.
+  /// NOT_FOUND (no such buffer), FAILED_PRECONDITION (not the creating
+  /// session, published already, or deleted).
+  absl::Status publish_buffer(session_id session, buffer_id id);
+
+  /// The published buffer named `name`; `session` holds it (once more) until
+  /// it closes it or ends. NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION
+  /// (not yet published; the creating session may open its own). Until
+  /// `wait_until` it waits for the name to appear and be published (not for
+  /// a permission), and answers UNAVAILABLE if the daemon drains meanwhile.
+  absl::StatusOr<buffer_grant> open_buffer(
+      session_id session,
+      std::string_view name,
+      std::chrono::steady_clock::time_point wait_until = {});
+
+  /// `session` lets go of one open (or its create) of `id`. NOT_FOUND when it
+  /// holds none. The last holder's close frees a buffer that is not
+  /// persistent, and a creator's close before publishing frees it always.
+  absl::Status close_buffer(session_id session, buffer_id id);
+
+  /// Takes the name away; the memory goes after the last holder. Returns how
+  /// many sessions hold it still. NOT_FOUND, PERMISSION_DENIED (neither the
+  /// creator's uid nor root).
+  absl::StatusOr<std::size_t> delete_buffer(session_id session, std::string_view name);
+
+  /// The buffers `session` may see (see ListBuffers in rmmd.proto).
+  absl::StatusOr<std::vector<buffer_info>> list_buffers(session_id session) const;
+
+  /// Every buffer, deleted ones still held included (metrics, tests).
+  [[nodiscard]] std::vector<buffer_info> buffers() const;
+
  private:
   struct pool_entry;
   struct session_entry;
+  struct buffer_entry;
 
   struct fenced_release {
     session_id session{};
@@ -190,6 +251,22 @@ class daemon_core {
                      std::size_t bytes,
                      int sign) noexcept;
   void signal_pressure_locked(pool_entry& pool);
+  /// Why `charge` more bytes for session `s` in pool `p` would break a quota
+  /// or overrun the pool (`what`: the request, for the message), if it would.
+  std::optional<absl::Status> refusal_locked(pool_entry& p,
+                                             session_entry const& s,
+                                             std::size_t charge,
+                                             std::string const& what);
+  /// Drops one hold of `b` by session `holder`; frees it when nothing keeps it.
+  void drop_hold_locked(buffer_entry& b, session_id holder) noexcept;
+  /// Frees `b` if no session holds it and it is neither persistent and
+  /// published, nor still being created. Returns whether it went.
+  bool free_buffer_if_unheld_locked(buffer_id id) noexcept;
+  /// Drops every hold of a closing session.
+  void release_buffers_of_locked(session_entry& s) noexcept;
+  buffer_info buffer_info_locked(buffer_entry const& b) const;
+  buffer_grant buffer_grant_locked(buffer_entry const& b) const;
+  [[nodiscard]] bool may_open_locked(buffer_entry const& b, peer_credentials const& peer) const;
   std::size_t reap_fences_locked() noexcept;
   void run_fence_reaper(std::stop_token stop);
   session_info info_locked(session_entry const& s) const;
@@ -207,6 +284,10 @@ class daemon_core {
   std::unordered_map<std::string, session_id> by_token_;  // key: hex token
   std::unordered_map<uid_t, std::size_t> uid_bytes_;
   lease_ledger ledger_;
+  buffer_id next_buffer_{1};
+  std::map<buffer_id, std::unique_ptr<buffer_entry>> buffers_;
+  std::unordered_map<std::string, buffer_id> buffer_names_;  // named buffers only (not deleted)
+  std::condition_variable_any buffers_changed_;  // a publish, a session's end, a drain
   std::jthread fence_reaper_;  // last: stops (and joins) before the rest is destroyed
 };
 

@@ -17,6 +17,7 @@ namespace rmmd::core {
 using pool_id       = std::uint32_t;
 using session_id    = std::uint64_t;
 using allocation_id = std::uint64_t;
+using buffer_id     = std::uint64_t;
 
 /// Alignment used when a request asks for none (RMM's CUDA_ALLOCATION_ALIGNMENT).
 inline constexpr std::size_t default_alignment = 256;
@@ -78,6 +79,9 @@ struct pool_stats {
   std::size_t carved_bytes{};  ///< reported by fast-path sessions, part of in_use_bytes
   std::size_t carved_allocations{};
   std::optional<std::uint64_t> release_threshold_bytes{};  ///< where the backend has one
+  std::size_t shared_buffers{};  ///< named shared buffers in the pool
+  std::size_t shared_bytes{};    ///< their reserved bytes, part of in_use_bytes
+  std::size_t shared_holders{};  ///< sessions holding them (once per buffer)
 };
 
 /// What a fast-path session carved out of its slabs of one pool.
@@ -106,6 +110,40 @@ struct session_info {
   std::chrono::system_clock::time_point started{};
   std::size_t carved_bytes{};  ///< see pool_stats
   std::size_t carved_allocations{};
+  std::size_t shared_bytes{};  ///< buffers it created and holds, charged beside `bytes`
+  std::size_t buffers_held{};  ///< shared buffers it holds
+};
+
+/// A named shared buffer's life: created and written by one session, then
+/// published to every allowed session; deleted while held, it has no name
+/// and waits for its holders to let go.
+enum class buffer_state : std::uint8_t { writing, published, deleted };
+
+/// What a creator asks of a shared buffer beyond its name, pool and size.
+struct buffer_options {
+  std::size_t alignment{};  ///< 0: default_alignment
+  /// Stays after the last holder is gone, until deleted or the daemon stops.
+  bool persistent{false};
+  /// Members of this group may open it too (besides the creator's uid and root).
+  std::optional<gid_t> gid{};
+};
+
+/// A shared buffer as an operator sees it.
+struct buffer_info {
+  buffer_id id{};
+  std::string name{};
+  pool_id pool{};
+  std::string pool_name{};
+  std::size_t size{};            ///< bytes asked for
+  std::size_t reserved_bytes{};  ///< bytes the pool reserved, charged to the creator's uid
+  uid_t creator_uid{};
+  pid_t creator_pid{};
+  session_id creator_session{};
+  std::optional<gid_t> gid{};
+  std::size_t holders{};  ///< sessions holding it
+  buffer_state state{};
+  bool persistent{false};
+  std::chrono::system_clock::time_point created{};
 };
 
 struct stats_snapshot {

@@ -253,6 +253,27 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       [](core::pool_stats const& p) { return p.total_allocations; },
       "counter");
 
+  // Named shared buffers, per pool (never a series per buffer name: names
+  // are unbounded; rmmctl buffers lists them).
+  e.gauge_per(
+      "rmmd_pool_shared_buffers",
+      "Named shared buffers in the pool (deleted ones still held included).",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_buffers); });
+  e.gauge_per(
+      "rmmd_pool_shared_bytes",
+      "Bytes of the pool in named shared buffers (part of in_use).",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_bytes); });
+  e.gauge_per(
+      "rmmd_pool_shared_buffer_holders",
+      "Sessions holding the pool's shared buffers, summed over the buffers.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_holders); });
+
   // The backend's own figures, only for pools whose backend reports them.
   std::vector<core::pool_stats> reporting;
   std::vector<core::pool_stats> with_threshold;
@@ -364,15 +385,26 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
                rpc_method::list_pools,
                rpc_method::trim,
                rpc_method::health,
-               rpc_method::report_usage});
+               rpc_method::report_usage,
+               rpc_method::create_buffer,
+               rpc_method::publish_buffer,
+               rpc_method::open_buffer,
+               rpc_method::close_buffer,
+               rpc_method::delete_buffer,
+               rpc_method::list_buffers});
   write_calls(e,
               "rmmd_session_calls_total",
               "rmmd_session_call_duration_seconds",
-              "Allocate and Free calls the daemon has answered on session sockets (what "
-              "clients use when the daemon offers it), by method and status code.",
+              "Calls the daemon has answered on session sockets (what clients use when the "
+              "daemon offers it), by method and status code.",
               "Time the daemon took to answer a session-socket call, by method.",
               s.session_calls,
-              {rpc_method::allocate, rpc_method::free});
+              {rpc_method::allocate,
+               rpc_method::free,
+               rpc_method::create_buffer,
+               rpc_method::publish_buffer,
+               rpc_method::open_buffer,
+               rpc_method::close_buffer});
   return e.take();
 }
 

@@ -27,8 +27,14 @@ enum class rpc_method : std::uint8_t {
   trim,
   health,
   report_usage,
+  create_buffer,
+  publish_buffer,
+  open_buffer,
+  close_buffer,
+  delete_buffer,
+  list_buffers,
 };
-inline constexpr std::size_t rpc_method_count = 8;
+inline constexpr std::size_t rpc_method_count = 14;
 
 /// The method's name in the service ("Allocate", "Free", ...).
 std::string_view method_name(rpc_method method) noexcept;

@@ -61,6 +61,8 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
   out->set_allocation_count(in.allocation_count);
   out->set_carved_bytes(in.carved_bytes);
   out->set_carved_allocations(in.carved_allocations);
+  out->set_shared_bytes(in.shared_bytes);
+  out->set_buffers_held(in.buffers_held);
   out->set_started_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
 }
@@ -77,6 +79,9 @@ void to_proto(core::pool_stats const& p, v1::PoolStats* out)
   if (p.release_threshold_bytes) { out->set_release_threshold_bytes(*p.release_threshold_bytes); }
   out->set_carved_bytes(p.carved_bytes);
   out->set_carved_allocations(p.carved_allocations);
+  out->set_shared_buffers(p.shared_buffers);
+  out->set_shared_bytes(p.shared_bytes);
+  out->set_shared_holders(p.shared_holders);
 }
 
 void to_proto(core::stats_snapshot const& in, v1::Stats* out)
@@ -107,6 +112,61 @@ void to_proto(core::lease_grant const& in, v1::AllocateResponse* out)
   } else {
     out->mutable_cuda()->set_export_data(in.block.export_data.data(), in.block.export_data.size());
   }
+}
+
+v1::BufferState to_proto(core::buffer_state state)
+{
+  switch (state) {
+    case core::buffer_state::writing:
+      return v1::BUFFER_STATE_WRITING;
+    case core::buffer_state::published:
+      return v1::BUFFER_STATE_PUBLISHED;
+    case core::buffer_state::deleted:
+      return v1::BUFFER_STATE_DELETED;
+  }
+  return v1::BUFFER_STATE_UNSPECIFIED;
+}
+
+void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
+{
+  out->set_buffer_id(in.id);
+  out->set_pool_id(in.pool);
+  out->set_size(in.size);
+  out->set_name(in.name);
+  out->set_state(to_proto(in.state));
+  out->set_persistent(in.persistent);
+  if (in.block.export_data.empty()) {
+    out->mutable_host()->set_offset(in.block.offset);
+  } else {
+    out->mutable_cuda()->set_export_data(in.block.export_data.data(), in.block.export_data.size());
+  }
+}
+
+void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
+{
+  out->set_buffer_id(in.id);
+  out->set_name(in.name);
+  out->set_pool_id(in.pool);
+  out->set_pool_name(in.pool_name);
+  out->set_size(in.size);
+  out->set_reserved_bytes(in.reserved_bytes);
+  out->set_creator_uid(in.creator_uid);
+  out->set_creator_pid(in.creator_pid);
+  out->set_creator_session_id(in.creator_session);
+  if (in.gid) { out->set_gid(*in.gid); }
+  out->set_holders(static_cast<std::uint32_t>(in.holders));
+  out->set_state(to_proto(in.state));
+  out->set_persistent(in.persistent);
+  out->set_created_unix_ms(
+      std::chrono::duration_cast<std::chrono::milliseconds>(in.created.time_since_epoch()).count());
+}
+
+core::buffer_options from_proto(v1::CreateBufferRequest const& in)
+{
+  return core::buffer_options{
+      .alignment  = in.alignment(),
+      .persistent = in.persistent(),
+      .gid        = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt};
 }
 
 }  // namespace rmmd::service

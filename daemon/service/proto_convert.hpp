@@ -17,5 +17,10 @@ void to_proto(core::pool_stats const& in, v1::PoolStats* out);
 void to_proto(core::stats_snapshot const& in, v1::Stats* out);
 void to_proto(core::pool_trim const& in, v1::PoolTrim* out);
 void to_proto(core::lease_grant const& in, v1::AllocateResponse* out);
+void to_proto(core::buffer_grant const& in, v1::BufferGrant* out);
+void to_proto(core::buffer_info const& in, v1::BufferInfo* out);
+v1::BufferState to_proto(core::buffer_state state);
+/// A CreateBufferRequest's options.
+core::buffer_options from_proto(v1::CreateBufferRequest const& in);
 
 }  // namespace rmmd::service

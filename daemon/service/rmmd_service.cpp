@@ -162,6 +162,92 @@ grpc::Status rmmd_service::Health(grpc::ServerContext*,
   });
 }
 
+grpc::Status rmmd_service::CreateBuffer(grpc::ServerContext* context,
+                                        v1::CreateBufferRequest const* request,
+                                        v1::BufferGrant* response)
+{
+  return observed(requests_, rpc_method::create_buffer, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    auto grant = core_.create_buffer(
+        *session, request->name(), request->pool_id(), request->size(), from_proto(*request));
+    if (!grant.ok()) { return to_grpc_status(grant.status()); }
+    to_proto(*grant, response);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::PublishBuffer(grpc::ServerContext* context,
+                                         v1::PublishBufferRequest const* request,
+                                         v1::PublishBufferResponse*)
+{
+  return observed(requests_, rpc_method::publish_buffer, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    return to_grpc_status(core_.publish_buffer(*session, request->buffer_id()));
+  });
+}
+
+grpc::Status rmmd_service::OpenBuffer(grpc::ServerContext* context,
+                                      v1::OpenBufferRequest const* request,
+                                      v1::BufferGrant* response)
+{
+  return observed(requests_, rpc_method::open_buffer, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    // Wait no longer than asked, than the caller waits for the answer, or
+    // than max_open_wait.
+    auto const now  = std::chrono::steady_clock::now();
+    auto wait       = std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(request->wait_ms()), max_open_wait);
+    auto const left = context->deadline() - std::chrono::system_clock::now();
+    if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }
+    auto grant = core_.open_buffer(*session, request->name(), now + wait);
+    if (!grant.ok()) { return to_grpc_status(grant.status()); }
+    to_proto(*grant, response);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::CloseBuffer(grpc::ServerContext* context,
+                                       v1::CloseBufferRequest const* request,
+                                       v1::CloseBufferResponse*)
+{
+  return observed(requests_, rpc_method::close_buffer, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    return to_grpc_status(core_.close_buffer(*session, request->buffer_id()));
+  });
+}
+
+grpc::Status rmmd_service::DeleteBuffer(grpc::ServerContext* context,
+                                        v1::DeleteBufferRequest const* request,
+                                        v1::DeleteBufferResponse* response)
+{
+  return observed(requests_, rpc_method::delete_buffer, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    auto holders = core_.delete_buffer(*session, request->name());
+    if (!holders.ok()) { return to_grpc_status(holders.status()); }
+    response->set_holders(static_cast<std::uint32_t>(*holders));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status rmmd_service::ListBuffers(grpc::ServerContext* context,
+                                       v1::ListBuffersRequest const*,
+                                       v1::ListBuffersResponse* response)
+{
+  return observed(requests_, rpc_method::list_buffers, [&] {
+    auto session = caller(*context);
+    if (!session.ok()) { return to_grpc_status(session.status()); }
+    auto buffers = core_.list_buffers(*session);
+    if (!buffers.ok()) { return to_grpc_status(buffers.status()); }
+    for (auto const& b : *buffers) { to_proto(b, response->add_buffers()); }
+    return grpc::Status::OK;
+  });
+}
+
 metrics::daemon_snapshot rmmd_service::metrics_snapshot() const
 {
   return metrics::daemon_snapshot{

@@ -49,6 +49,30 @@ class rmmd_service final : public v1::Rmmd::Service {
   grpc::Status Health(grpc::ServerContext* context,
                       v1::HealthRequest const* request,
                       v1::HealthResponse* response) override;
+  grpc::Status CreateBuffer(grpc::ServerContext* context,
+                            v1::CreateBufferRequest const* request,
+                            v1::BufferGrant* response) override;
+  grpc::Status PublishBuffer(grpc::ServerContext* context,
+                             v1::PublishBufferRequest const* request,
+                             v1::PublishBufferResponse* response) override;
+  /// Waits (wait_ms, within the call's deadline, at most max_open_wait) for
+  /// the buffer to be created and published.
+  grpc::Status OpenBuffer(grpc::ServerContext* context,
+                          v1::OpenBufferRequest const* request,
+                          v1::BufferGrant* response) override;
+  grpc::Status CloseBuffer(grpc::ServerContext* context,
+                           v1::CloseBufferRequest const* request,
+                           v1::CloseBufferResponse* response) override;
+  grpc::Status DeleteBuffer(grpc::ServerContext* context,
+                            v1::DeleteBufferRequest const* request,
+                            v1::DeleteBufferResponse* response) override;
+  grpc::Status ListBuffers(grpc::ServerContext* context,
+                           v1::ListBuffersRequest const* request,
+                           v1::ListBuffersResponse* response) override;
+
+  /// Longest an OpenBuffer waits, whatever it asks: a waiting call holds one
+  /// of gRPC's threads.
+  static constexpr std::chrono::minutes max_open_wait{10};
 
   /// The metrics endpoint's address, which Health reports.
   /// REQUIRES: called before the service serves calls.

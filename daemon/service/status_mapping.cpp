@@ -16,6 +16,8 @@ grpc::Status to_grpc_status(absl::Status const& status)
       return {grpc::StatusCode::RESOURCE_EXHAUSTED, message};
     case absl::StatusCode::kNotFound:
       return {grpc::StatusCode::NOT_FOUND, message};
+    case absl::StatusCode::kAlreadyExists:
+      return {grpc::StatusCode::ALREADY_EXISTS, message};
     case absl::StatusCode::kPermissionDenied:
       return {grpc::StatusCode::PERMISSION_DENIED, message};
     case absl::StatusCode::kUnauthenticated:

@@ -123,10 +123,37 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kPing:
         reply.mutable_ping();
         break;
+      case v1::SessionCall::kCreateBuffer: {
+        method        = rpc_method::create_buffer;
+        auto const& r = call.create_buffer();
+        auto grant    = core.create_buffer(
+            session, r.name(), r.pool_id(), r.size(), service::from_proto(r));
+        status = grant.status();
+        if (grant.ok()) { service::to_proto(*grant, reply.mutable_create_buffer()); }
+        break;
+      }
+      case v1::SessionCall::kPublishBuffer:
+        method = rpc_method::publish_buffer;
+        status = core.publish_buffer(session, call.publish_buffer().buffer_id());
+        if (status.ok()) { reply.mutable_publish_buffer(); }
+        break;
+      case v1::SessionCall::kOpenBuffer: {
+        // Never waits here: the call threads serve every session.
+        method     = rpc_method::open_buffer;
+        auto grant = core.open_buffer(session, call.open_buffer().name());
+        status     = grant.status();
+        if (grant.ok()) { service::to_proto(*grant, reply.mutable_open_buffer()); }
+        break;
+      }
+      case v1::SessionCall::kCloseBuffer:
+        method = rpc_method::close_buffer;
+        status = core.close_buffer(session, call.close_buffer().buffer_id());
+        if (status.ok()) { reply.mutable_close_buffer(); }
+        break;
       default:
         status = absl::UnimplementedError(
-            "session call names no call this daemon knows (allocate, free, ping): the client "
-            "is newer than the daemon");
+            "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
+            "publish_buffer, open_buffer, close_buffer): the client is newer than the daemon");
     }
   }
   if (!status.ok()) { set_error(status, reply.mutable_error()); }
@@ -134,9 +161,10 @@ std::optional<std::string> handle_call(core::daemon_core& core,
     call_metrics->record(
         *method, static_cast<int>(status.code()), std::chrono::steady_clock::now() - start);
   }
-  if (status.ok() && method == rpc_method::free && call.reply_only_on_error()) {
-    return std::nullopt;
-  }
+  // Only calls whose reply carries nothing may go unanswered.
+  bool const silent_ok = method == rpc_method::free || method == rpc_method::publish_buffer ||
+                         method == rpc_method::close_buffer;
+  if (status.ok() && silent_ok && call.reply_only_on_error()) { return std::nullopt; }
   return reply.SerializeAsString();
 }
 

@@ -2,7 +2,9 @@
 
 // The exceptions rmmd's client raises (DESIGN.md's error table):
 //
-//  INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION  -> rmmd::logic_error
+//  INVALID_ARGUMENT, FAILED_PRECONDITION             -> rmmd::logic_error
+//  NOT_FOUND                                         -> rmmd::not_found_error
+//  ALREADY_EXISTS (a shared buffer's name is taken)  -> rmmd::already_exists_error
 //  RESOURCE_EXHAUSTED                                -> rmm::out_of_memory
 //  PERMISSION_DENIED                                 -> rmmd::permission_error
 //  UNAUTHENTICATED, UNAVAILABLE (daemon gone)        -> rmmd::session_error
@@ -18,6 +20,17 @@ namespace rmmd {
 /// The request was wrong: bad size or alignment, unknown pool or allocation.
 struct logic_error : public rmm::logic_error {
   using rmm::logic_error::logic_error;
+};
+
+/// No such allocation or shared buffer (a logic_error, as before there were
+/// buffers to look up by name).
+struct not_found_error : public logic_error {
+  using logic_error::logic_error;
+};
+
+/// A shared buffer of that name exists already.
+struct already_exists_error : public logic_error {
+  using logic_error::logic_error;
 };
 
 /// The daemon refused the caller: uid not allowed, or not the holder.

@@ -1,0 +1,499 @@
+#include <rmmd/shared_buffer.hpp>
+
+#include "client/detail/cuda_state.hpp"
+#include "client/detail/process_exit.hpp"
+#include "client/detail/session_impl.hpp"
+#include "client/detail/welcome_parser.hpp"
+#include "tools/names/buffer_name.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rmmd {
+namespace detail {
+namespace {
+
+/// A host function's work for a shared buffer: send its publish or close
+/// once the stream got there. Like release_job (ipc_memory_resource.cpp) it
+/// may run after its buffer, so it holds a share of the queue, not a pointer
+/// to the buffer; the session waits for it (buffer_jobs) before it closes.
+struct buffer_job {
+  std::shared_ptr<session_impl::release_queue> queue;
+  session_impl::queued_call call;
+
+  static void CUDART_CB run(void* self) noexcept
+  {
+    std::unique_ptr<buffer_job> job(static_cast<buffer_job*>(self));
+    session_impl::send_when_reached(*job->queue, job->call);
+    std::lock_guard lock(job->queue->mutex);
+    if (--job->queue->buffer_jobs == 0) { job->queue->buffer_jobs_done.notify_all(); }
+  }
+
+  /// Enqueues `call` on `stream`; false (nothing enqueued) when CUDA refuses.
+  static bool launch(session_impl& s, cudaStream_t stream, session_impl::queued_call call) noexcept
+  {
+    std::unique_ptr<buffer_job> job;
+    try {
+      job = std::make_unique<buffer_job>(buffer_job{.queue = s.releases(), .call = call});
+    } catch (std::bad_alloc const&) {
+      return false;
+    }
+    auto& queue = *job->queue;
+    {
+      std::lock_guard lock(queue.mutex);
+      ++queue.buffer_jobs;
+    }
+    if (cudaLaunchHostFunc(stream, &buffer_job::run, job.get()) == cudaSuccess) {
+      static_cast<void>(job.release());  // run() owns it now
+      return true;
+    }
+    cudaGetLastError();
+    std::lock_guard lock(queue.mutex);
+    if (--queue.buffer_jobs == 0) { queue.buffer_jobs_done.notify_all(); }
+    return false;
+  }
+};
+
+std::string in_quotes(std::string_view name)
+{
+  return "'" + std::string(name) + "'";
+}
+
+}  // namespace
+
+grpc::Status session_impl::buffer_call(v1::SessionCall& c, v1::SessionReply* reply)
+{
+  return call(c, reply);
+}
+
+grpc::Status session_impl::create_buffer(v1::CreateBufferRequest const& request,
+                                         v1::BufferGrant* grant)
+{
+  grpc::Status status;
+  if (session_calls_) {
+    v1::SessionCall c;
+    *c.mutable_create_buffer() = request;
+    v1::SessionReply reply;
+    status = buffer_call(c, &reply);
+    if (status.ok()) { *grant = std::move(*reply.mutable_create_buffer()); }
+  } else {
+    auto ctx = context();
+    status   = stub_->CreateBuffer(ctx.get(), request, grant);
+  }
+  return status;
+}
+
+grpc::Status session_impl::open_buffer(std::string const& name,
+                                       std::chrono::milliseconds wait,
+                                       v1::BufferGrant* grant)
+{
+  v1::OpenBufferRequest request;
+  request.set_name(name);
+  if (session_calls_) {
+    v1::SessionCall c;
+    *c.mutable_open_buffer() = request;
+    v1::SessionReply reply;
+    auto status = buffer_call(c, &reply);
+    if (status.ok()) {
+      *grant = std::move(*reply.mutable_open_buffer());
+      return status;
+    }
+    bool const waitable = status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    if (!waitable || wait.count() <= 0) { return status; }
+  }
+  // The daemon waits on this one (up to wait_ms), and wakes it at the
+  // publication; the session socket's call threads wait for no one.
+  auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
+      std::max<std::chrono::milliseconds::rep>(wait.count(), 0), 0xffffffff);
+  request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
+  auto ctx = context();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(wait_ms) +
+                    options.call_timeout);
+  return stub_->OpenBuffer(ctx.get(), request, grant);
+}
+
+grpc::Status session_impl::publish_buffer(std::uint64_t id)
+{
+  if (session_calls_) {
+    v1::SessionCall c;
+    c.mutable_publish_buffer()->set_buffer_id(id);
+    v1::SessionReply reply;
+    return buffer_call(c, &reply);
+  }
+  v1::PublishBufferRequest request;
+  request.set_buffer_id(id);
+  v1::PublishBufferResponse response;
+  auto ctx = context();
+  return stub_->PublishBuffer(ctx.get(), request, &response);
+}
+
+grpc::Status session_impl::close_buffer(std::uint64_t id)
+{
+  if (session_calls_) {
+    v1::SessionCall c;
+    c.mutable_close_buffer()->set_buffer_id(id);
+    v1::SessionReply reply;
+    return buffer_call(c, &reply);
+  }
+  v1::CloseBufferRequest request;
+  request.set_buffer_id(id);
+  v1::CloseBufferResponse response;
+  auto ctx = context();
+  return stub_->CloseBuffer(ctx.get(), request, &response);
+}
+
+void* session_impl::attach_buffer(v1::BufferGrant const& grant)
+{
+  std::vector<pool_shape> shapes;
+  for (auto const& p : pools_) {
+    shapes.push_back({.host_pool = p.backend == backend_kind::host, .capacity = p.capacity_bytes});
+  }
+  if (auto checked = check_buffer_grant(grant, shapes, 0); !checked.ok()) {
+    throw_status(checked, "open buffer " + in_quotes(grant.name()));
+  }
+  std::lock_guard lock(buffers_mutex_);
+  if (auto it = buffers_.find(grant.buffer_id()); it != buffers_.end()) {
+    ++it->second.refs;
+    return it->second.data;
+  }
+  auto const& pool = pools_[grant.pool_id()];
+  void* data       = nullptr;
+  if (pool.backend == backend_kind::host) {
+    std::byte* base = nullptr;
+    if (pool.pinnable) {
+      // Page-locked, so that kernels and copies use it directly; a process
+      // without a GPU maps it plainly.
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+        cudaGetLastError();
+        devices = 0;
+      }
+      if (devices > 0) { base = pinned_host_pool_base(pool.id); }
+    }
+    if (base == nullptr) { base = host_pool_base(pool.id); }
+    data = base + grant.host().offset();
+  } else {
+    if (pools()[pool.id].device < 0) {
+      throw rmmd::logic_error("rmmd: buffer " + in_quotes(grant.name()) + " is on GPU " +
+                              pool.gpu_uuid + ", which this process cannot see");
+    }
+    auto const& bytes = grant.cuda().export_data();
+    cudaMemPoolPtrExportData export_data{};
+    if (bytes.size() != sizeof(export_data)) {
+      throw rmm::bad_alloc("rmmd: the daemon's export data for buffer " + in_quotes(grant.name()) +
+                           " has " + std::to_string(bytes.size()) + " bytes");
+    }
+    std::memcpy(&export_data, bytes.data(), sizeof(export_data));
+    if (auto err = cudaMemPoolImportPointer(&data, cuda_pool(pool.id), &export_data);
+        err != cudaSuccess) {
+      cudaGetLastError();
+      throw rmm::bad_alloc("rmmd: importing buffer " + in_quotes(grant.name()) + " of pool '" +
+                           pool.name + "' failed: " + cudaGetErrorName(err));
+    }
+  }
+  buffers_.emplace(grant.buffer_id(),
+                   buffer_view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
+  return data;
+}
+
+bool session_impl::detach_buffer(std::uint64_t id) noexcept
+{
+  std::lock_guard lock(buffers_mutex_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) { return false; }
+  if (--it->second.refs > 0) { return false; }
+  buffers_.erase(it);
+  return true;
+}
+
+}  // namespace detail
+
+namespace {
+
+/// Gives back an open or create whose memory this process could not reach.
+void close_unreachable(session const& s, std::uint64_t id) noexcept
+{
+  try {
+    static_cast<void>(s.impl().close_buffer(id));
+  } catch (std::exception const&) {
+    // The daemon lets go of it when the session closes.
+  }
+}
+
+}  // namespace
+
+shared_buffer shared_buffer::create(session const& s,
+                                    std::string_view name,
+                                    std::size_t bytes,
+                                    shared_buffer_options const& options)
+{
+  auto const what = "create buffer '" + std::string(name) + "'";
+  if (auto problem = names::buffer_name_problem(name)) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
+  }
+  if (bytes == 0) {
+    throw rmmd::logic_error("rmmd: " + what + ": size 0 is not allowed; ask for at least 1 byte");
+  }
+  pool_info const& pool = [&]() -> pool_info const& {
+    if (!options.pool.empty()) { return s.pool(options.pool); }
+    int device = options.device;
+    if (device < 0) {
+      if (auto err = cudaGetDevice(&device); err != cudaSuccess) {
+        cudaGetLastError();
+        throw rmmd::logic_error("rmmd: " + what +
+                                ": no pool named and no current CUDA device (" +
+                                cudaGetErrorName(err) + "); name a pool (options.pool)");
+      }
+    }
+    return s.device_pool(device);
+  }();
+  if (bytes > pool.capacity_bytes) {
+    throw rmm::out_of_memory("rmmd: " + what + " of " + std::to_string(bytes) +
+                             " bytes in pool '" + pool.name +
+                             "': larger than the pool's capacity of " +
+                             std::to_string(pool.capacity_bytes) + " bytes");
+  }
+  detail::watch_process_exit();
+  v1::CreateBufferRequest request;
+  request.set_name(std::string(name));
+  request.set_pool_id(pool.id);
+  request.set_size(bytes);
+  request.set_alignment(options.alignment);
+  request.set_persistent(options.persistent);
+  if (options.gid) { request.set_gid(*options.gid); }
+  v1::BufferGrant grant;
+  auto& impl = s.impl();
+  if (auto status = impl.create_buffer(request, &grant); !status.ok()) {
+    detail::throw_status(status, what);
+  }
+  shared_buffer out;
+  try {
+    out.data_ = impl.attach_buffer(grant);
+  } catch (...) {
+    close_unreachable(s, grant.buffer_id());
+    throw;
+  }
+  out.session_    = s;
+  out.size_       = grant.size();
+  out.id_         = grant.buffer_id();
+  out.pool_id_    = grant.pool_id();
+  out.name_       = grant.name();
+  out.creator_    = true;
+  out.persistent_ = grant.persistent();
+  if (pool.backend == backend_kind::cuda) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
+  return out;
+}
+
+shared_buffer shared_buffer::open(session const& s,
+                                  std::string_view name,
+                                  std::chrono::milliseconds wait)
+{
+  auto const what = "open buffer '" + std::string(name) + "'";
+  if (auto problem = names::buffer_name_problem(name)) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
+  }
+  detail::watch_process_exit();
+  v1::BufferGrant grant;
+  auto& impl = s.impl();
+  if (auto status = impl.open_buffer(std::string(name), wait, &grant); !status.ok()) {
+    detail::throw_status(status, what);
+  }
+  shared_buffer out;
+  try {
+    out.data_ = impl.attach_buffer(grant);
+  } catch (...) {
+    close_unreachable(s, grant.buffer_id());
+    throw;
+  }
+  out.session_    = s;
+  out.size_       = grant.size();
+  out.id_         = grant.buffer_id();
+  out.pool_id_    = grant.pool_id();
+  out.name_       = grant.name();
+  out.persistent_ = grant.persistent();
+  if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
+  return out;
+}
+
+shared_buffer::shared_buffer(shared_buffer&& other) noexcept
+    : session_(std::move(other.session_)),
+      data_(other.data_),
+      size_(other.size_),
+      id_(other.id_),
+      pool_id_(other.pool_id_),
+      name_(std::move(other.name_)),
+      creator_(other.creator_),
+      persistent_(other.persistent_),
+      stream_(other.stream_)
+{
+  other.reset();
+}
+
+shared_buffer& shared_buffer::operator=(shared_buffer&& other) noexcept
+{
+  if (this != &other) {
+    close();
+    session_    = std::move(other.session_);
+    data_       = other.data_;
+    size_       = other.size_;
+    id_         = other.id_;
+    pool_id_    = other.pool_id_;
+    name_       = std::move(other.name_);
+    creator_    = other.creator_;
+    persistent_ = other.persistent_;
+    stream_     = other.stream_;
+    other.reset();
+  }
+  return *this;
+}
+
+shared_buffer::~shared_buffer()
+{
+  close();
+}
+
+void shared_buffer::reset() noexcept
+{
+  session_.reset();
+  data_    = nullptr;
+  size_    = 0;
+  id_      = 0;
+  creator_ = false;
+  stream_.reset();
+}
+
+pool_info const& shared_buffer::pool() const
+{
+  if (!session_) { throw rmmd::logic_error("rmmd: an empty shared_buffer has no pool"); }
+  return session_->pools().at(pool_id_);
+}
+
+bool shared_buffer::is_host() const
+{
+  return pool().backend == backend_kind::host;
+}
+
+void shared_buffer::publish(cuda::stream_ref stream)
+{
+  if (!creator_) {
+    throw rmmd::logic_error("rmmd: publish buffer '" + name_ +
+                            "': only the process that created it may publish it");
+  }
+  stream_ = stream;
+  using call = detail::session_impl::queued_call;
+  if (detail::buffer_job::launch(
+          session_->impl(), stream.get(), call{.what = call::kind::publish_buffer, .id = id_})) {
+    return;
+  }
+  // No host function (out of memory, or the stream takes none): wait here.
+  if (auto err = cudaStreamSynchronize(stream.get()); err != cudaSuccess) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: publish buffer '" + name_ + "': cudaStreamSynchronize: " +
+                         cudaGetErrorName(err));
+  }
+  publish();
+}
+
+void shared_buffer::publish()
+{
+  if (!creator_) {
+    throw rmmd::logic_error("rmmd: publish buffer '" + name_ +
+                            "': only the process that created it may publish it");
+  }
+  if (auto status = session_->impl().publish_buffer(id_); !status.ok()) {
+    detail::throw_status(status, "publish buffer '" + name_ + "'");
+  }
+}
+
+void shared_buffer::close() noexcept
+{
+  if (stream_) {
+    close(*stream_);
+    return;
+  }
+  if (!session_) { return; }
+  // A host buffer without a stream: nothing of the GPU's to wait for.
+  if (!detail::process_is_exiting()) {
+    auto& impl = session_->impl();
+    impl.detach_buffer(id_);
+    send_close(impl);
+  }
+  reset();
+}
+
+void shared_buffer::close(cuda::stream_ref stream) noexcept
+{
+  if (!session_) { return; }
+  // While the process exits: no CUDA and no daemon call; its end closes all.
+  if (detail::leave_everything()) {
+    reset();
+    return;
+  }
+  auto& impl      = session_->impl();
+  bool const last = impl.detach_buffer(id_);
+  bool const host = [&] {
+    try {
+      return is_host();
+    } catch (std::exception const&) {
+      return true;
+    }
+  }();
+  using call = detail::session_impl::queued_call;
+  // Another open in this process keeps the import: only the hold goes.
+  bool sent = !last && !host;
+  if (sent) { send_close(impl); }
+  if (last && !host) {
+    // CUDA's rule: the import goes before the daemon may free the memory, in
+    // the stream's order; the close follows it there.
+    if (auto err = cudaFreeAsync(data_, stream.get()); err != cudaSuccess) {
+      cudaGetLastError();
+      if (!detail::cuda_is_going(err)) {
+        std::fprintf(stderr,
+                     "rmmd: closing buffer '%s' failed (%s); the daemon lets go of it when the "
+                     "session closes\n",
+                     name_.c_str(),
+                     cudaGetErrorName(err));
+      }
+      reset();
+      return;
+    }
+    sent = detail::buffer_job::launch(
+        impl, stream.get(), call{.what = call::kind::close_buffer, .id = id_});
+  }
+  if (!sent) {
+    // Host memory (or no host function): whatever the stream does with it
+    // must be done before anyone else may have the bytes.
+    auto err = cudaStreamSynchronize(stream.get());
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      if (!host || (err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver)) {
+        std::fprintf(stderr,
+                     "rmmd: closing buffer '%s': cudaStreamSynchronize: %s\n",
+                     name_.c_str(),
+                     cudaGetErrorName(err));
+      }
+    }
+    send_close(impl);
+  }
+  reset();
+}
+
+void shared_buffer::send_close(detail::session_impl& impl) const noexcept
+{
+  auto status = impl.close_buffer(id_);
+  // UNAVAILABLE: the daemon is gone, and the hold with it.
+  if (!status.ok() && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    std::fprintf(stderr,
+                 "rmmd: closing buffer '%s' failed: %s; the daemon lets go of it when the "
+                 "session closes\n",
+                 name_.c_str(),
+                 status.error_message().c_str());
+  }
+}
+
+}  // namespace rmmd

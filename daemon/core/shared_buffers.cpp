@@ -1,0 +1,447 @@
+// daemon_core's named shared buffers (DESIGN.md, "Named shared buffers";
+// docs/sharing.md has the rules from a user's side).
+//
+// A buffer is charged once, when it is created: to its pool, to its creator's
+// uid until it is freed, and to its creating session's quota while that
+// session holds it. Holders are sessions; a session's end drops its holds
+// (and frees what it created and never published).
+
+#include "tools/names/buffer_name.hpp"
+#include "daemon/core/core_entries.hpp"
+#include "daemon/core/daemon_core.hpp"
+
+#include <absl/strings/escaping.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <algorithm>
+#include <bit>
+
+namespace rmmd::core {
+namespace {
+
+/// A name as it may appear in a message: escaped, and cut to 80 bytes.
+std::string shown_name(std::string_view name)
+{
+  auto cut = name.substr(0, 80);
+  return absl::StrCat("'", absl::CHexEscape(absl::string_view(cut.data(), cut.size())), name.size() > cut.size() ? "...'" : "'");
+}
+
+std::string bytes_text(std::size_t bytes)
+{
+  return absl::StrFormat("%d bytes", bytes);
+}
+
+absl::Status session_gone(std::string const& what)
+{
+  return absl::UnauthenticatedError(
+      absl::StrCat(what, ": the session is closed; open a new session"));
+}
+
+}  // namespace
+
+bool daemon_core::may_open_locked(buffer_entry const& b, peer_credentials const& peer) const
+{
+  if (peer.uid == 0 || peer.uid == b.creator_uid) { return true; }
+  if (!b.gid) { return false; }
+  return peer.gid == *b.gid || std::find(peer.supplementary_gids.begin(),
+                                         peer.supplementary_gids.end(),
+                                         *b.gid) != peer.supplementary_gids.end();
+}
+
+buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b) const
+{
+  return buffer_grant{.id         = b.id,
+                      .pool       = b.pool,
+                      .name       = b.name,
+                      .size       = b.size,
+                      .block      = b.block,
+                      .state      = b.state,
+                      .persistent = b.persistent};
+}
+
+buffer_info daemon_core::buffer_info_locked(buffer_entry const& b) const
+{
+  return buffer_info{.id              = b.id,
+                     .name            = b.name,
+                     .pool            = b.pool,
+                     .pool_name       = pools_[b.pool]->config.name,
+                     .size            = b.size,
+                     .reserved_bytes  = b.charge,
+                     .creator_uid     = b.creator_uid,
+                     .creator_pid     = b.creator_pid,
+                     .creator_session = b.creator,
+                     .gid             = b.gid,
+                     .holders         = b.holders.size(),
+                     .state           = b.state,
+                     .persistent      = b.persistent,
+                     .created         = b.created};
+}
+
+absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
+                                                        std::string_view name,
+                                                        pool_id pool,
+                                                        std::size_t bytes,
+                                                        buffer_options const& options)
+{
+  std::unique_lock lock(mutex_);
+  auto const request = absl::StrFormat("create buffer %s", shown_name(name));
+  if (auto problem = names::buffer_name_problem(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
+  }
+  if (draining_) {
+    return absl::UnavailableError(
+        absl::StrCat(request, ": the daemon is draining for shutdown; no new buffers"));
+  }
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto& s = *s_it->second;
+  if (pool >= pools_.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`)",
+        request,
+        pool,
+        static_cast<long long>(pools_.size()) - 1));
+  }
+  auto& p = *pools_[pool];
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s in pool '%s': size 0 is not allowed; ask for at least 1 byte", request, p.config.name));
+  }
+  if (bytes > p.capacity) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s of %s in pool '%s': larger than the pool's capacity of %s; no buffer this large can "
+        "be made here",
+        request,
+        bytes_text(bytes),
+        p.config.name,
+        bytes_text(p.capacity)));
+  }
+  auto const alignment = options.alignment == 0 ? default_alignment : options.alignment;
+  if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s in pool '%s': alignment %d is not a power of two between 1 and %d",
+                        request,
+                        p.config.name,
+                        alignment,
+                        p.config.max_alignment));
+  }
+  if (auto taken = buffer_names_.find(std::string(name)); taken != buffer_names_.end()) {
+    auto const& other = *buffers_.at(taken->second);
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "%s: the name is taken by buffer %d (%s, created by uid %d pid %d); open it, choose "
+        "another name, or delete it first (rmmctl buffers delete NAME)",
+        request,
+        other.id,
+        other.state == buffer_state::writing ? "not yet published" : "published",
+        other.creator_uid,
+        other.creator_pid));
+  }
+  auto const charge = std::max(bytes, p.backend->reserved_size(bytes));
+  auto const what   = absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
+  if (auto refused = refusal_locked(p, s, charge, what)) { return *refused; }
+
+  // Take the name and the bytes, then let the backend allocate without the
+  // lock (a large CUDA allocation takes a while). Until it is done the buffer
+  // is `creating`: its name is taken, nobody may open it, and a close of its
+  // session leaves it to this call to clean up.
+  auto entry         = std::make_unique<buffer_entry>();
+  entry->id          = next_buffer_++;
+  entry->name        = std::string(name);
+  entry->pool        = pool;
+  entry->size        = bytes;
+  entry->charge      = charge;
+  entry->persistent  = options.persistent;
+  entry->gid         = options.gid;
+  entry->creator     = session;
+  entry->creator_uid = s.peer.uid;
+  entry->creator_pid = s.peer.pid;
+  entry->created     = std::chrono::system_clock::now();
+  entry->holders.emplace(session, 1);
+  auto const id  = entry->id;
+  auto const uid = s.peer.uid;
+  auto& b        = *entry;
+  buffers_.emplace(id, std::move(entry));
+  buffer_names_.emplace(b.name, id);
+  s.holds.emplace(id, 1);
+  s.shared_bytes += charge;
+  p.in_use += charge;
+  uid_bytes_[uid] += charge;
+  lock.unlock();
+  auto block = p.backend->allocate(bytes, alignment);
+  lock.lock();
+
+  // Take the estimate back; charge what the backend reserved, if it may stay.
+  auto* const creator = [&]() -> session_entry* {
+    auto it = sessions_.find(session);
+    return it == sessions_.end() ? nullptr : it->second.get();
+  }();
+  auto uncharge = [&](std::size_t amount) {
+    p.in_use -= amount;
+    if (auto u = uid_bytes_.find(uid); u != uid_bytes_.end()) {
+      u->second -= amount;
+      if (u->second == 0) { uid_bytes_.erase(u); }
+    }
+    if (creator != nullptr) { creator->shared_bytes -= amount; }
+  };
+  auto forget = [&] {
+    if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == id) {
+      buffer_names_.erase(n);
+    }
+    if (creator != nullptr) { creator->holds.erase(id); }
+    buffers_.erase(id);
+  };
+  uncharge(charge);
+  if (!block.ok()) {
+    forget();
+    if (block.status().code() == absl::StatusCode::kResourceExhausted) {
+      signal_pressure_locked(p);
+    }
+    return absl::Status(block.status().code(), absl::StrCat(what, ": ", block.status().message()));
+  }
+  if (creator == nullptr) {
+    p.backend->deallocate(*block);
+    forget();
+    return session_gone(absl::StrCat(request, " (it closed during the call)"));
+  }
+  auto const reserved = block->bytes;
+  if (refusal_locked(p, *creator, reserved, what)) {
+    p.backend->deallocate(*block);
+    forget();
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: rounded up to %s by the pool's alignment, it exceeds the pool limit or a quota; ask "
+        "for less",
+        what,
+        bytes_text(reserved)));
+  }
+  b.block    = *std::move(block);
+  b.charge   = reserved;
+  b.creating = false;
+  p.in_use += reserved;
+  p.high_water = std::max(p.high_water, p.in_use);
+  uid_bytes_[uid] += reserved;
+  creator->shared_bytes += reserved;
+  // A delete may have taken the name meanwhile: the creator holds it all the same.
+  return buffer_grant_locked(b);
+}
+
+absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
+{
+  std::lock_guard lock(mutex_);
+  auto const request = absl::StrFormat("publish buffer %d", id);
+  if (!sessions_.contains(session)) { return session_gone(request); }
+  auto it = buffers_.find(id);
+  if (it == buffers_.end() || it->second->creating) {
+    return absl::NotFoundError(
+        absl::StrCat(request, ": no such buffer (never created, or freed already)"));
+  }
+  auto& b = *it->second;
+  if (b.creator != session) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s (%s): only the session that created it may publish it", request, shown_name(b.name)));
+  }
+  if (b.state == buffer_state::published) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s (%s): it is published already", request, shown_name(b.name)));
+  }
+  if (b.state == buffer_state::deleted) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s (%s): it was deleted before it was published; create it again", request, shown_name(b.name)));
+  }
+  b.state = buffer_state::published;
+  buffers_changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<buffer_grant> daemon_core::open_buffer(
+    session_id session, std::string_view name, std::chrono::steady_clock::time_point wait_until)
+{
+  std::unique_lock lock(mutex_);
+  auto const request = absl::StrFormat("open buffer %s", shown_name(name));
+  if (auto problem = names::buffer_name_problem(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
+  }
+  auto const key = std::string(name);
+  while (true) {
+    auto s_it = sessions_.find(session);
+    if (s_it == sessions_.end()) { return session_gone(request); }
+    auto& s = *s_it->second;
+    absl::Status waitable;  // the buffer is missing or unpublished: worth waiting for
+    if (auto n = buffer_names_.find(key); n == buffer_names_.end()) {
+      waitable = absl::NotFoundError(absl::StrCat(
+          request, ": no buffer has this name (see `rmmctl buffers`); its creator may not have "
+                   "created it yet (open with a wait to wait for it)"));
+    } else {
+      auto& b = *buffers_.at(n->second);
+      if (!may_open_locked(b, s.peer)) {
+        return absl::PermissionDeniedError(absl::StrFormat(
+            "%s: uid %d may not open it; only its creator's uid %d, root%s may",
+            request,
+            s.peer.uid,
+            b.creator_uid,
+            b.gid ? absl::StrFormat(" and members of gid %d", *b.gid) : std::string()));
+      }
+      if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
+        ++b.holders[session];
+        ++s.holds[b.id];
+        return buffer_grant_locked(b);
+      }
+      waitable = absl::FailedPreconditionError(absl::StrCat(
+          request, ": it is not published yet (its creator is still writing it); open it with a "
+                   "wait, or after its creator publishes it"));
+    }
+    if (draining_ || sessions_closed_) {
+      return absl::UnavailableError(
+          absl::StrCat(request, ": the daemon is draining for shutdown"));
+    }
+    if (std::chrono::steady_clock::now() >= wait_until) { return waitable; }
+    buffers_changed_.wait_until(lock, wait_until);
+  }
+}
+
+absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
+{
+  std::lock_guard lock(mutex_);
+  auto const request = absl::StrFormat("close buffer %d", id);
+  auto s_it          = sessions_.find(session);
+  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto it = buffers_.find(id);
+  if (it == buffers_.end() || !s_it->second->holds.contains(id) || it->second->creating) {
+    return absl::NotFoundError(absl::StrCat(
+        request, ": this session does not hold it (never opened, or closed already)"));
+  }
+  drop_hold_locked(*it->second, session);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::string_view name)
+{
+  std::lock_guard lock(mutex_);
+  auto const request = absl::StrFormat("delete buffer %s", shown_name(name));
+  if (auto problem = names::buffer_name_problem(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
+  }
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto const uid = s_it->second->peer.uid;
+  auto n         = buffer_names_.find(std::string(name));
+  if (n == buffer_names_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(request, ": no buffer has this name (see `rmmctl buffers`)"));
+  }
+  auto& b = *buffers_.at(n->second);
+  if (uid != 0 && uid != b.creator_uid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: uid %d may not delete it; only its creator's uid %d and root may (sudo rmmctl "
+        "buffers delete NAME)",
+        request,
+        uid,
+        b.creator_uid));
+  }
+  buffer_names_.erase(n);
+  b.state            = buffer_state::deleted;
+  auto const holders = b.holders.size();
+  free_buffer_if_unheld_locked(b.id);
+  return holders;
+}
+
+absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(session_id session) const
+{
+  std::lock_guard lock(mutex_);
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) { return session_gone("list buffers"); }
+  auto const& peer = s_it->second->peer;
+  bool const all   = peer.uid == 0 || peer.uid == options_.admin_uid;
+  std::vector<buffer_info> out;
+  for (auto const& [id, b] : buffers_) {
+    if (b->creating) { continue; }
+    bool const visible =
+        all || b->creator == session ||
+        (b->state != buffer_state::writing && may_open_locked(*b, peer));
+    if (visible) { out.push_back(buffer_info_locked(*b)); }
+  }
+  return out;
+}
+
+std::vector<buffer_info> daemon_core::buffers() const
+{
+  std::lock_guard lock(mutex_);
+  std::vector<buffer_info> out;
+  for (auto const& [id, b] : buffers_) {
+    if (!b->creating) { out.push_back(buffer_info_locked(*b)); }
+  }
+  return out;
+}
+
+void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
+{
+  if (auto s = sessions_.find(holder); s != sessions_.end()) {
+    auto h = s->second->holds.find(b.id);
+    if (h != s->second->holds.end() && --h->second == 0) { s->second->holds.erase(h); }
+  }
+  auto h = b.holders.find(holder);
+  if (h == b.holders.end()) { return; }
+  if (--h->second > 0) { return; }
+  b.holders.erase(h);
+  if (holder == b.creator) {
+    // The creator's session no longer counts the bytes against its quota
+    // (its uid still does, until the buffer is freed).
+    if (auto s = sessions_.find(holder); s != sessions_.end() && b.creator_charged) {
+      s->second->shared_bytes -= b.charge;
+    }
+    b.creator_charged = false;
+    // Never published: nobody else can hold it, and nothing is left of it.
+    if (b.state != buffer_state::published) {
+      if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == b.id) {
+        buffer_names_.erase(n);
+      }
+      b.state = buffer_state::deleted;
+    }
+  }
+  free_buffer_if_unheld_locked(b.id);
+}
+
+bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
+{
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) { return false; }
+  auto& b = *it->second;
+  if (b.creating || !b.holders.empty()) { return false; }
+  if (b.persistent && b.state == buffer_state::published) { return false; }
+  auto& p = *pools_[b.pool];
+  p.backend->deallocate(b.block);
+  p.in_use -= b.charge;
+  if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
+    u->second -= b.charge;
+    if (u->second == 0) { uid_bytes_.erase(u); }
+  }
+  if (b.creator_charged) {
+    if (auto s = sessions_.find(b.creator); s != sessions_.end()) {
+      s->second->shared_bytes -= b.charge;
+    }
+  }
+  if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == id) {
+    buffer_names_.erase(n);
+  }
+  buffers_.erase(it);
+  return true;
+}
+
+void daemon_core::release_buffers_of_locked(session_entry& s) noexcept
+{
+  // Each hold once for every open: drop_hold_locked erases as it goes.
+  auto holds = s.holds;
+  for (auto const& [id, count] : holds) {
+    auto it = buffers_.find(id);
+    if (it == buffers_.end()) { continue; }
+    auto& b = *it->second;
+    if (b.creating) { continue; }  // create_buffer cleans up when it finds the session gone
+    for (std::size_t i = 0; i < count; ++i) {
+      if (!buffers_.contains(id)) { break; }
+      drop_hold_locked(b, s.id);
+    }
+  }
+  buffers_changed_.notify_all();  // waiting opens of this session end
+}
+
+}  // namespace rmmd::core
