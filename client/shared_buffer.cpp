@@ -320,6 +320,23 @@ shared_buffer shared_buffer::open(session const& s,
   return out;
 }
 
+std::size_t shared_buffer::remove(session const& s, std::string_view name)
+{
+  auto const what = "delete buffer '" + std::string(name) + "'";
+  if (auto problem = names::buffer_name_problem(name)) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
+  }
+  auto& impl = s.impl();
+  v1::DeleteBufferRequest request;
+  request.set_name(std::string(name));
+  v1::DeleteBufferResponse response;
+  auto ctx = impl.context();
+  if (auto status = impl.stub().DeleteBuffer(ctx.get(), request, &response); !status.ok()) {
+    detail::throw_status(status, what);
+  }
+  return response.holders();
+}
+
 shared_buffer::shared_buffer(shared_buffer&& other) noexcept
     : session_(std::move(other.session_)),
       data_(other.data_),

@@ -82,6 +82,12 @@ class shared_buffer {
                                           std::string_view name,
                                           std::chrono::milliseconds wait = {});
 
+  /// Deletes the buffer named `name`: the name is free at once, the memory
+  /// goes back after the last holder. Returns how many sessions hold it
+  /// still. Only the creator's uid and root may (rmmd::permission_error);
+  /// rmmd::not_found_error when no buffer has the name.
+  static std::size_t remove(session const& s, std::string_view name);
+
   /// An empty buffer (what a moved-from one is): data() is null.
   shared_buffer() noexcept = default;
   shared_buffer(shared_buffer&& other) noexcept;

@@ -1,0 +1,263 @@
+// A client process for the shared-buffer tests, started with fork+exec.
+//
+//   rmmd_share_client produce NAME BYTES SEED [OPTIONS]
+//       creates buffer NAME of BYTES, writes SEED's pattern into it and
+//       publishes it; prints "created ID", "published" and waits for stdin to
+//       close; then closes it and exits 0. Device buffers are written the way
+//       a producer's kernel would: on a stream held back by a host function
+//       (--delay-ms, default 300) followed by an asynchronous copy, and
+//       published on that stream right after (publish(stream)), so a consumer
+//       that could open the buffer before the stream reached the publication
+//       would read zeros.
+//         --pool NAME     the pool (default: the current GPU's; a host pool
+//                         needs it)
+//         --persistent    a persistent buffer
+//         --gid GID       members of GID may open it
+//         --no-publish    create and write, but never publish ("created ID",
+//                         then wait)
+//   rmmd_share_client consume NAME BYTES SEED [OPTIONS]
+//       opens NAME (waiting up to --wait-ms, default 30000), checks that it
+//       holds BYTES bytes of SEED's pattern (device buffers: copied back on
+//       its own stream), prints "verified BYTES OPEN_US" (or "mismatch at
+//       WORD") and waits for stdin to close; then checks again (the producer
+//       may have gone meanwhile), prints "intact" (or "corrupted"), closes it
+//       on its stream and exits 0 (1 on a mismatch).
+//   rmmd_share_client try-open NAME [OPTIONS]
+//       opens NAME without waiting: "opened ID BYTES" and exit 0 after stdin
+//       closes, or "error KIND: MESSAGE" and exit 2.
+// Common options:
+//         --grpc          buffer calls over gRPC instead of the session socket
+//         --fabric        import CUDA pools by fabric handle
+//
+// Errors print "error KIND: MESSAGE" (KIND: not_found, already_exists,
+// permission, logic, out_of_memory, session, bad_alloc) and exit 2. The
+// daemon is found through $RMMD_RUNTIME_DIR.
+
+#include "tests/tools/pattern.hpp"
+
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using rmmd::test::fill;
+using rmmd::test::first_mismatch;
+
+struct options {
+  std::string pool;
+  bool persistent{false};
+  std::optional<gid_t> gid;
+  bool publish{true};
+  int delay_ms{300};
+  int wait_ms{30000};
+  bool grpc{false};
+  bool fabric{false};
+};
+
+void check(cudaError_t err, char const* what)
+{
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorName(err));
+    std::exit(3);
+  }
+}
+
+void wait_for_stdin_to_close()
+{
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+}
+
+rmmd::session open_session(options const& o)
+{
+  rmmd::session::options so;
+  so.client_name      = "rmmd_share_client";
+  so.import_by_fabric = o.fabric;
+  so.lease_calls = o.grpc ? rmmd::call_transport::grpc : rmmd::call_transport::session_socket;
+  return rmmd::session(so);
+}
+
+void CUDART_CB sleep_on_stream(void* ms)
+{
+  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<std::intptr_t>(ms)));
+}
+
+int produce(std::string const& name, std::size_t bytes, std::uint64_t seed, options const& o)
+{
+  auto s   = open_session(o);
+  auto buf = rmmd::shared_buffer::create(
+      s, name, bytes, {.pool = o.pool, .persistent = o.persistent, .gid = o.gid});
+  std::cout << "created " << buf.id() << std::endl;
+  if (buf.is_host()) {
+    fill(buf.data(), bytes, seed);
+    if (o.publish) { buf.publish(); }
+  } else {
+    void* staging = nullptr;
+    check(cudaMallocHost(&staging, bytes), "cudaMallocHost");
+    fill(staging, bytes, seed);
+    cudaStream_t stream{};
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Hold the stream back, then write: the publication must wait for both.
+    check(cudaLaunchHostFunc(stream,
+                             &sleep_on_stream,
+                             reinterpret_cast<void*>(static_cast<std::intptr_t>(o.delay_ms))),
+          "cudaLaunchHostFunc");
+    check(cudaMemcpyAsync(buf.data(), staging, bytes, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    if (o.publish) { buf.publish(cuda::stream_ref{stream}); }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaFreeHost(staging), "cudaFreeHost");
+    buf.set_stream(cuda::stream_ref{cudaStreamLegacy});
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  }
+  if (o.publish) { std::cout << "published" << std::endl; }
+  wait_for_stdin_to_close();
+  return 0;
+}
+
+/// Index of the first word of `buf` that does not hold the pattern, or -1.
+long mismatch(rmmd::shared_buffer const& buf,
+              std::size_t bytes,
+              std::uint64_t seed,
+              cudaStream_t stream)
+{
+  if (buf.is_host()) { return first_mismatch(buf.data(), bytes, seed); }
+  std::vector<std::uint64_t> copy(bytes / 8);
+  check(cudaMemcpyAsync(copy.data(), buf.data(), bytes, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return first_mismatch(copy.data(), bytes, seed);
+}
+
+int consume(std::string const& name, std::size_t bytes, std::uint64_t seed, options const& o)
+{
+  auto s           = open_session(o);
+  auto const start = std::chrono::steady_clock::now();
+  auto buf         = rmmd::shared_buffer::open(s, name, std::chrono::milliseconds(o.wait_ms));
+  auto const took  = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  if (buf.size() != bytes) {
+    std::cout << "size " << buf.size() << std::endl;
+    return 1;
+  }
+  cudaStream_t stream{};
+  if (!buf.is_host()) {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  auto bad = mismatch(buf, bytes, seed, stream);
+  if (bad >= 0) {
+    std::cout << "mismatch at " << bad << std::endl;
+    return 1;
+  }
+  std::cout << "verified " << bytes << " " << took << std::endl;
+  wait_for_stdin_to_close();
+  bad = mismatch(buf, bytes, seed, stream);
+  std::cout << (bad < 0 ? "intact" : "corrupted") << std::endl;
+  if (!buf.is_host()) {
+    buf.close(cuda::stream_ref{stream});
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  }
+  return bad < 0 ? 0 : 1;
+}
+
+int try_open(std::string const& name, options const& o)
+{
+  auto s   = open_session(o);
+  auto buf = rmmd::shared_buffer::open(s, name);
+  std::cout << "opened " << buf.id() << " " << buf.size() << std::endl;
+  wait_for_stdin_to_close();
+  return 0;
+}
+
+int usage()
+{
+  std::fprintf(stderr,
+               "usage: rmmd_share_client produce NAME BYTES SEED [OPTIONS] | consume NAME BYTES "
+               "SEED [OPTIONS] | try-open NAME [OPTIONS]\n");
+  return 64;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() < 2) { return usage(); }
+  options o;
+  std::vector<std::string> positional;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    auto const& a = args[i];
+    auto next     = [&]() -> std::string {
+      if (i + 1 >= args.size()) { std::exit(usage()); }
+      return args[++i];
+    };
+    if (a == "--pool") {
+      o.pool = next();
+    } else if (a == "--persistent") {
+      o.persistent = true;
+    } else if (a == "--gid") {
+      o.gid = static_cast<gid_t>(std::stoul(next()));
+    } else if (a == "--no-publish") {
+      o.publish = false;
+    } else if (a == "--delay-ms") {
+      o.delay_ms = std::stoi(next());
+    } else if (a == "--wait-ms") {
+      o.wait_ms = std::stoi(next());
+    } else if (a == "--grpc") {
+      o.grpc = true;
+    } else if (a == "--fabric") {
+      o.fabric = true;
+    } else {
+      positional.push_back(a);
+    }
+  }
+  auto const& mode = positional.at(0);
+  try {
+    if (mode == "produce" && positional.size() == 4) {
+      return produce(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
+    }
+    if (mode == "consume" && positional.size() == 4) {
+      return consume(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
+    }
+    if (mode == "try-open" && positional.size() == 2) { return try_open(positional[1], o); }
+  } catch (rmmd::not_found_error const& e) {
+    std::cout << "error not_found: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::already_exists_error const& e) {
+    std::cout << "error already_exists: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::logic_error const& e) {
+    std::cout << "error logic: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::permission_error const& e) {
+    std::cout << "error permission: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::session_error const& e) {
+    std::cout << "error session: " << e.what() << std::endl;
+    return 2;
+  } catch (rmm::out_of_memory const& e) {
+    std::cout << "error out_of_memory: " << e.what() << std::endl;
+    return 2;
+  } catch (rmm::bad_alloc const& e) {
+    std::cout << "error bad_alloc: " << e.what() << std::endl;
+    return 2;
+  }
+  return usage();
+}
