@@ -245,17 +245,15 @@ shared_buffer shared_buffer::create(session const& s,
     if (device < 0) {
       if (auto err = cudaGetDevice(&device); err != cudaSuccess) {
         cudaGetLastError();
-        throw rmmd::logic_error("rmmd: " + what +
-                                ": no pool named and no current CUDA device (" +
+        throw rmmd::logic_error("rmmd: " + what + ": no pool named and no current CUDA device (" +
                                 cudaGetErrorName(err) + "); name a pool (options.pool)");
       }
     }
     return s.device_pool(device);
   }();
   if (bytes > pool.capacity_bytes) {
-    throw rmm::out_of_memory("rmmd: " + what + " of " + std::to_string(bytes) +
-                             " bytes in pool '" + pool.name +
-                             "': larger than the pool's capacity of " +
+    throw rmm::out_of_memory("rmmd: " + what + " of " + std::to_string(bytes) + " bytes in pool '" +
+                             pool.name + "': larger than the pool's capacity of " +
                              std::to_string(pool.capacity_bytes) + " bytes");
   }
   detail::watch_process_exit();
@@ -401,7 +399,7 @@ void shared_buffer::publish(cuda::stream_ref stream)
     throw rmmd::logic_error("rmmd: publish buffer '" + name_ +
                             "': only the process that created it may publish it");
   }
-  stream_ = stream;
+  stream_    = stream;
   using call = detail::session_impl::queued_call;
   if (detail::buffer_job::launch(
           session_->impl(), stream.get(), call{.what = call::kind::publish_buffer, .id = id_})) {
@@ -410,8 +408,8 @@ void shared_buffer::publish(cuda::stream_ref stream)
   // No host function (out of memory, or the stream takes none): wait here.
   if (auto err = cudaStreamSynchronize(stream.get()); err != cudaSuccess) {
     cudaGetLastError();
-    throw rmm::bad_alloc("rmmd: publish buffer '" + name_ + "': cudaStreamSynchronize: " +
-                         cudaGetErrorName(err));
+    throw rmm::bad_alloc("rmmd: publish buffer '" + name_ +
+                         "': cudaStreamSynchronize: " + cudaGetErrorName(err));
   }
   publish();
 }

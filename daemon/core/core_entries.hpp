@@ -39,16 +39,16 @@ struct daemon_core::session_entry {
   std::chrono::system_clock::time_point started;
   std::map<pool_id, std::size_t> pool_bytes;  // what it holds, per pool
   std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
-  std::size_t shared_bytes{};  // buffers it created and holds (charged with `bytes`)
-  std::map<buffer_id, std::size_t> holds;  // buffers it holds: opens (and its create) not closed
+  std::size_t shared_bytes{};                 // buffers it created and holds (charged with `bytes`)
+  std::map<buffer_id, std::size_t> holds;     // buffers it holds: opens (and its create) not closed
 };
 
 struct daemon_core::buffer_entry {
   buffer_id id{};
   std::string name;
   pool_id pool{};
-  std::size_t size{};  // asked for
-  std::size_t charge{};  // charged to the pool and the uid (while creating: the estimate)
+  std::size_t size{};        // asked for
+  std::size_t charge{};      // charged to the pool and the uid (while creating: the estimate)
   backend_allocation block;  // empty while `creating`
   bool creating{true};       // the backend is allocating, without the lock
   buffer_state state{buffer_state::writing};
@@ -57,7 +57,7 @@ struct daemon_core::buffer_entry {
   session_id creator{};
   uid_t creator_uid{};
   pid_t creator_pid{};
-  bool creator_charged{true};  // the creating session is open and counts the bytes
+  bool creator_charged{true};                 // the creating session is open and counts the bytes
   std::map<session_id, std::size_t> holders;  // session -> its opens (its create counts one)
   std::chrono::system_clock::time_point created;
 };

@@ -241,7 +241,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
           ? bytes_text(bytes)
           : absl::StrCat(bytes_text(bytes), " (", bytes_text(charge), " once rounded up)");
   auto const what = absl::StrFormat("allocate %s from pool '%s'", asked, p.config.name);
-  auto refused = refusal_locked(p, s, charge, what);
+  auto refused    = refusal_locked(p, s, charge, what);
   // Leases freed with an event count until the reaper sees the event: before
   // refusing for want of room, reap what has passed and look again. (Not on
   // every request: that would poll every pending event under the lock.)

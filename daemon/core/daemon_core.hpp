@@ -25,9 +25,9 @@
 #include <condition_variable>
 #include <cstddef>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -210,10 +210,9 @@ class daemon_core {
   /// (not yet published; the creating session may open its own). Until
   /// `wait_until` it waits for the name to appear and be published (not for
   /// a permission), and answers UNAVAILABLE if the daemon drains meanwhile.
-  absl::StatusOr<buffer_grant> open_buffer(
-      session_id session,
-      std::string_view name,
-      std::chrono::steady_clock::time_point wait_until = {});
+  absl::StatusOr<buffer_grant> open_buffer(session_id session,
+                                           std::string_view name,
+                                           std::chrono::steady_clock::time_point wait_until = {});
 
   /// `session` lets go of one open (or its create) of `id`. NOT_FOUND when it
   /// holds none. The last holder's close frees a buffer that is not
@@ -287,7 +286,7 @@ class daemon_core {
   buffer_id next_buffer_{1};
   std::map<buffer_id, std::unique_ptr<buffer_entry>> buffers_;
   std::unordered_map<std::string, buffer_id> buffer_names_;  // named buffers only (not deleted)
-  std::condition_variable_any buffers_changed_;  // a publish, a session's end, a drain
+  std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::jthread fence_reaper_;  // last: stops (and joins) before the rest is destroyed
 };
 

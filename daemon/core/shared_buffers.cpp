@@ -6,9 +6,9 @@
 // session holds it. Holders are sessions; a session's end drops its holds
 // (and frees what it created and never published).
 
-#include "tools/names/buffer_name.hpp"
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tools/names/buffer_name.hpp"
 
 #include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>
@@ -24,7 +24,9 @@ namespace {
 std::string shown_name(std::string_view name)
 {
   auto cut = name.substr(0, 80);
-  return absl::StrCat("'", absl::CHexEscape(absl::string_view(cut.data(), cut.size())), name.size() > cut.size() ? "...'" : "'");
+  return absl::StrCat("'",
+                      absl::CHexEscape(absl::string_view(cut.data(), cut.size())),
+                      name.size() > cut.size() ? "...'" : "'");
 }
 
 std::string bytes_text(std::size_t bytes)
@@ -44,9 +46,9 @@ bool daemon_core::may_open_locked(buffer_entry const& b, peer_credentials const&
 {
   if (peer.uid == 0 || peer.uid == b.creator_uid) { return true; }
   if (!b.gid) { return false; }
-  return peer.gid == *b.gid || std::find(peer.supplementary_gids.begin(),
-                                         peer.supplementary_gids.end(),
-                                         *b.gid) != peer.supplementary_gids.end();
+  return peer.gid == *b.gid ||
+         std::find(peer.supplementary_gids.begin(), peer.supplementary_gids.end(), *b.gid) !=
+             peer.supplementary_gids.end();
 }
 
 buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b) const
@@ -138,7 +140,8 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
         other.creator_pid));
   }
   auto const charge = std::max(bytes, p.backend->reserved_size(bytes));
-  auto const what   = absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
+  auto const what =
+      absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
   if (auto refused = refusal_locked(p, s, charge, what)) { return *refused; }
 
   // Take the name and the bytes, then let the backend allocate without the
@@ -245,8 +248,10 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
         absl::StrFormat("%s (%s): it is published already", request, shown_name(b.name)));
   }
   if (b.state == buffer_state::deleted) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s (%s): it was deleted before it was published; create it again", request, shown_name(b.name)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s (%s): it was deleted before it was published; create it again",
+                        request,
+                        shown_name(b.name)));
   }
   b.state = buffer_state::published;
   buffers_changed_.notify_all();
@@ -268,9 +273,10 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
     auto& s = *s_it->second;
     absl::Status waitable;  // the buffer is missing or unpublished: worth waiting for
     if (auto n = buffer_names_.find(key); n == buffer_names_.end()) {
-      waitable = absl::NotFoundError(absl::StrCat(
-          request, ": no buffer has this name (see `rmmctl buffers`); its creator may not have "
-                   "created it yet (open with a wait to wait for it)"));
+      waitable = absl::NotFoundError(
+          absl::StrCat(request,
+                       ": no buffer has this name (see `rmmctl buffers`); its creator may not have "
+                       "created it yet (open with a wait to wait for it)"));
     } else {
       auto& b = *buffers_.at(n->second);
       if (!may_open_locked(b, s.peer)) {
@@ -287,12 +293,12 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
         return buffer_grant_locked(b);
       }
       waitable = absl::FailedPreconditionError(absl::StrCat(
-          request, ": it is not published yet (its creator is still writing it); open it with a "
-                   "wait, or after its creator publishes it"));
+          request,
+          ": it is not published yet (its creator is still writing it); open it with a "
+          "wait, or after its creator publishes it"));
     }
     if (draining_ || sessions_closed_) {
-      return absl::UnavailableError(
-          absl::StrCat(request, ": the daemon is draining for shutdown"));
+      return absl::UnavailableError(absl::StrCat(request, ": the daemon is draining for shutdown"));
     }
     if (std::chrono::steady_clock::now() >= wait_until) { return waitable; }
     buffers_changed_.wait_until(lock, wait_until);
@@ -307,8 +313,8 @@ absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
   if (s_it == sessions_.end()) { return session_gone(request); }
   auto it = buffers_.find(id);
   if (it == buffers_.end() || !s_it->second->holds.contains(id) || it->second->creating) {
-    return absl::NotFoundError(absl::StrCat(
-        request, ": this session does not hold it (never opened, or closed already)"));
+    return absl::NotFoundError(
+        absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
   drop_hold_locked(*it->second, session);
   return absl::OkStatus();
@@ -355,9 +361,8 @@ absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(session_id se
   std::vector<buffer_info> out;
   for (auto const& [id, b] : buffers_) {
     if (b->creating) { continue; }
-    bool const visible =
-        all || b->creator == session ||
-        (b->state != buffer_state::writing && may_open_locked(*b, peer));
+    bool const visible = all || b->creator == session ||
+                         (b->state != buffer_state::writing && may_open_locked(*b, peer));
     if (visible) { out.push_back(buffer_info_locked(*b)); }
   }
   return out;

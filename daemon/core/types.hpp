@@ -79,7 +79,7 @@ struct pool_stats {
   std::size_t carved_bytes{};  ///< reported by fast-path sessions, part of in_use_bytes
   std::size_t carved_allocations{};
   std::optional<std::uint64_t> release_threshold_bytes{};  ///< where the backend has one
-  std::size_t shared_buffers{};  ///< named shared buffers in the pool
+  std::size_t shared_buffers{};                            ///< named shared buffers in the pool
   std::size_t shared_bytes{};    ///< their reserved bytes, part of in_use_bytes
   std::size_t shared_holders{};  ///< sessions holding them (once per buffer)
 };

@@ -261,12 +261,11 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       pools,
       pool,
       [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_buffers); });
-  e.gauge_per(
-      "rmmd_pool_shared_bytes",
-      "Bytes of the pool in named shared buffers (part of in_use).",
-      pools,
-      pool,
-      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_bytes); });
+  e.gauge_per("rmmd_pool_shared_bytes",
+              "Bytes of the pool in named shared buffers (part of in_use).",
+              pools,
+              pool,
+              [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_bytes); });
   e.gauge_per(
       "rmmd_pool_shared_buffer_holders",
       "Sessions holding the pool's shared buffers, summed over the buffers.",

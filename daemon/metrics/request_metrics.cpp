@@ -7,19 +7,19 @@ namespace rmmd::metrics {
 namespace {
 
 constexpr std::array<std::string_view, rpc_method_count> method_names{"Allocate",
-                                                                     "Free",
-                                                                     "GetStats",
-                                                                     "ListSessions",
-                                                                     "ListPools",
-                                                                     "Trim",
-                                                                     "Health",
-                                                                     "ReportUsage",
-                                                                     "CreateBuffer",
-                                                                     "PublishBuffer",
-                                                                     "OpenBuffer",
-                                                                     "CloseBuffer",
-                                                                     "DeleteBuffer",
-                                                                     "ListBuffers"};
+                                                                      "Free",
+                                                                      "GetStats",
+                                                                      "ListSessions",
+                                                                      "ListPools",
+                                                                      "Trim",
+                                                                      "Health",
+                                                                      "ReportUsage",
+                                                                      "CreateBuffer",
+                                                                      "PublishBuffer",
+                                                                      "OpenBuffer",
+                                                                      "CloseBuffer",
+                                                                      "DeleteBuffer",
+                                                                      "ListBuffers"};
 
 constexpr std::array<std::string_view, status_code_count> code_names{"OK",
                                                                      "CANCELLED",

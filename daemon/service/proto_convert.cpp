@@ -163,10 +163,9 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
 
 core::buffer_options from_proto(v1::CreateBufferRequest const& in)
 {
-  return core::buffer_options{
-      .alignment  = in.alignment(),
-      .persistent = in.persistent(),
-      .gid        = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt};
+  return core::buffer_options{.alignment  = in.alignment(),
+                              .persistent = in.persistent(),
+                              .gid = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt};
 }
 
 }  // namespace rmmd::service

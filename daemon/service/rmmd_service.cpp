@@ -197,8 +197,8 @@ grpc::Status rmmd_service::OpenBuffer(grpc::ServerContext* context,
     if (!session.ok()) { return to_grpc_status(session.status()); }
     // Wait no longer than asked, than the caller waits for the answer, or
     // than max_open_wait.
-    auto const now  = std::chrono::steady_clock::now();
-    auto wait       = std::min<std::chrono::steady_clock::duration>(
+    auto const now = std::chrono::steady_clock::now();
+    auto wait      = std::min<std::chrono::steady_clock::duration>(
         std::chrono::milliseconds(request->wait_ms()), max_open_wait);
     auto const left = context->deadline() - std::chrono::system_clock::now();
     if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }

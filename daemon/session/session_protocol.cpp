@@ -126,8 +126,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kCreateBuffer: {
         method        = rpc_method::create_buffer;
         auto const& r = call.create_buffer();
-        auto grant    = core.create_buffer(
-            session, r.name(), r.pool_id(), r.size(), service::from_proto(r));
+        auto grant =
+            core.create_buffer(session, r.name(), r.pool_id(), r.size(), service::from_proto(r));
         status = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_create_buffer()); }
         break;

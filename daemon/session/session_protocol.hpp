@@ -70,9 +70,9 @@ hello_answer handle_hello(core::daemon_core& core,
 
 /// Answers one SessionCall of `session`: the serialised SessionReply, or
 /// nullopt when nothing is to be sent (a Free, PublishBuffer or CloseBuffer
-/// with reply_only_on_error that succeeded). An OpenBuffer never waits. A call too large (`max_call_bytes`: the reader's buffer), not
-/// a SessionCall or naming no known call is answered INVALID_ARGUMENT or
-/// UNIMPLEMENTED; the session goes on. Every call but Ping is counted in
+/// with reply_only_on_error that succeeded). An OpenBuffer never waits. A call too large
+/// (`max_call_bytes`: the reader's buffer), not a SessionCall or naming no known call is answered
+/// INVALID_ARGUMENT or UNIMPLEMENTED; the session goes on. Every call but Ping is counted in
 /// `call_metrics` unless it is null.
 std::optional<std::string> handle_call(core::daemon_core& core,
                                        core::session_id session,

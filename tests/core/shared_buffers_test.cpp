@@ -5,8 +5,8 @@
 // the pool taking a block of its whole size again.
 
 #include "daemon/backends/host/host_backend.hpp"
-#include "tools/names/buffer_name.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tools/names/buffer_name.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -152,9 +152,7 @@ TEST_F(SharedBuffers, TheMemoryGoesBackWithTheLastHolderNotBefore)
   ASSERT_TRUE(made.ok());
   ASSERT_TRUE(core_->publish_buffer(producer, made->id).ok());
   std::vector<session_id> consumers;
-  for (int i = 0; i < 8; ++i) {
-    consumers.push_back(open(peer(bob, team)));
-  }
+  for (int i = 0; i < 8; ++i) { consumers.push_back(open(peer(bob, team))); }
   // bob may not open alice's buffer: it names no group.
   EXPECT_EQ(core_->open_buffer(consumers[0], "batch/7").status().code(),
             absl::StatusCode::kPermissionDenied);

@@ -31,8 +31,8 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<import_by> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    daemon_ = std::make_unique<daemon_process>(
-        std::vector<std::string>{"--cuda-pool-bytes", "8GiB"});
+    daemon_ =
+        std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "8GiB"});
     env_      = {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()};
     auto s    = daemon_->open_session();
     auto pool = s.device_pool(0);
@@ -106,8 +106,8 @@ TEST_P(DeviceSharedBuffers, ConsumersWaitingBeforeTheStreamPublishesSeeEveryByte
 TEST_P(DeviceSharedBuffers, AFourGiBPersistentBufferOutlivesItsProducerAndIsReopened)
 {
   constexpr std::size_t bytes = std::size_t{4} << 30;
-  auto producer =
-      client({"produce", "gpu/weights", std::to_string(bytes), "9", "--persistent", "--delay-ms", "0"});
+  auto producer               = client(
+      {"produce", "gpu/weights", std::to_string(bytes), "9", "--persistent", "--delay-ms", "0"});
   expect_line(*producer, "created");
   expect_line(*producer, "published");
   producer->close_stdin();
@@ -170,9 +170,9 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
   made.close();
   first.close();
   unsigned char byte = 0;
-  ASSERT_EQ(cudaMemcpy(&byte, second.span<unsigned char>().data() + bytes - 1, 1,
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(&byte, second.span<unsigned char>().data() + bytes - 1, 1, cudaMemcpyDeviceToHost),
+      cudaSuccess);
   EXPECT_EQ(byte, 7);
   EXPECT_EQ(pool().shared_holders(), 1u);
   second.close();

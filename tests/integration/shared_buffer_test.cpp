@@ -243,9 +243,9 @@ TEST_F(SharedBufferProcesses, TwoUidsAndAGroup)
   same_uid->close_stdin();
   EXPECT_EQ(same_uid->wait(), 0);
 
-  auto grouped = client(
-      {"produce", "a/team", "65536", "62", "--gid", std::to_string(daemon_account->gid)},
-      client_user_a);
+  auto grouped =
+      client({"produce", "a/team", "65536", "62", "--gid", std::to_string(daemon_account->gid)},
+             client_user_a);
   expect_lines(*grouped, {"created", "published"});
   auto member = client({"consume", "a/team", "65536", "62"}, client_user_b);
   expect_lines(*member, {"verified"});
@@ -273,13 +273,11 @@ class SharedBufferErrors : public SharedBufferProcesses,
 
 TEST_P(SharedBufferErrors, EachRefusalIsPreciseAndChangesNothing)
 {
-  auto creator = daemon_->open_session("creator", GetParam());
-  auto other   = daemon_->open_session("other", GetParam());
-  auto made    = shared_buffer::create(creator, "taken", 65536, {.pool = pool_});
-  auto before  = now();
-  auto expect_unchanged = [&](char const* call) {
-    EXPECT_EQ(now(), before) << call;
-  };
+  auto creator          = daemon_->open_session("creator", GetParam());
+  auto other            = daemon_->open_session("other", GetParam());
+  auto made             = shared_buffer::create(creator, "taken", 65536, {.pool = pool_});
+  auto before           = now();
+  auto expect_unchanged = [&](char const* call) { EXPECT_EQ(now(), before) << call; };
 
   EXPECT_THROW(static_cast<void>(shared_buffer::create(other, "taken", 4096, {.pool = pool_})),
                rmmd::already_exists_error);
@@ -291,9 +289,9 @@ TEST_P(SharedBufferErrors, EachRefusalIsPreciseAndChangesNothing)
       static_cast<void>(shared_buffer::create(other, "big", std::size_t{1} << 40, {.pool = pool_})),
       rmm::out_of_memory);
   expect_unchanged("create, larger than the pool");
-  EXPECT_THROW(static_cast<void>(shared_buffer::create(
-                   other, "odd", 4096, {.pool = pool_, .alignment = 3})),
-               rmmd::logic_error);
+  EXPECT_THROW(
+      static_cast<void>(shared_buffer::create(other, "odd", 4096, {.pool = pool_, .alignment = 3})),
+      rmmd::logic_error);
   expect_unchanged("create, bad alignment");
   EXPECT_THROW(static_cast<void>(shared_buffer::open(other, "nothing")), rmmd::not_found_error);
   expect_unchanged("open, unknown name");

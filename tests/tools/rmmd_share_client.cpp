@@ -88,7 +88,7 @@ rmmd::session open_session(options const& o)
   rmmd::session::options so;
   so.client_name      = "rmmd_share_client";
   so.import_by_fabric = o.fabric;
-  so.lease_calls = o.grpc ? rmmd::call_transport::grpc : rmmd::call_transport::session_socket;
+  so.lease_calls      = o.grpc ? rmmd::call_transport::grpc : rmmd::call_transport::session_socket;
   return rmmd::session(so);
 }
 
@@ -150,8 +150,8 @@ int consume(std::string const& name, std::size_t bytes, std::uint64_t seed, opti
   auto const start = std::chrono::steady_clock::now();
   auto buf         = rmmd::shared_buffer::open(s, name, std::chrono::milliseconds(o.wait_ms));
   auto const took  = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
+                        std::chrono::steady_clock::now() - start)
+                        .count();
   if (buf.size() != bytes) {
     std::cout << "size " << buf.size() << std::endl;
     return 1;

@@ -23,9 +23,7 @@ inline constexpr std::string_view buffer_name_rule =
 /// leading, trailing or doubled '/'), and no "..".
 inline std::optional<std::string> buffer_name_problem(std::string_view name)
 {
-  auto because = [](std::string why) {
-    return why + "; " + std::string(buffer_name_rule);
-  };
+  auto because = [](std::string why) { return why + "; " + std::string(buffer_name_rule); };
   if (name.empty()) { return because("the name is empty"); }
   if (name.size() > max_buffer_name_bytes) {
     return because("the name has " + std::to_string(name.size()) + " bytes");
