@@ -3,6 +3,7 @@
 // byte, processes exit or are killed, and the ledger comes back to where it
 // was. The same scenarios on device memory are in tests/gpu/shared_buffer_test.cpp.
 
+#include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/test_users.hpp"
 
@@ -15,6 +16,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace rmmd::test {
@@ -233,11 +235,13 @@ TEST_F(SharedBufferProcesses, TwoUidsAndAGroup)
 
   auto own = client({"produce", "a/private", "65536", "61"}, client_user_a);
   expect_lines(*own, {"created", "published"});
-  auto denied = client({"try-open", "a/private"}, client_user_b);
-  auto line   = denied->read_line().value_or("");
-  EXPECT_THAT(line, StartsWith("error permission"));
-  EXPECT_THAT(line, HasSubstr("uid " + std::to_string(b->uid) + " may not open it"));
-  EXPECT_EQ(denied->wait(), 2);
+  for (auto transport : {"--socket", "--grpc"}) {
+    auto denied = client({"try-open", "a/private", transport}, client_user_b);
+    auto line   = denied->read_line().value_or("");
+    EXPECT_THAT(line, StartsWith("error permission")) << transport;
+    EXPECT_THAT(line, HasSubstr("uid " + std::to_string(b->uid) + " may not open it"));
+    EXPECT_EQ(denied->wait(), 2);
+  }
   auto same_uid = client({"consume", "a/private", "65536", "61"}, client_user_a);
   expect_lines(*same_uid, {"verified"});
   same_uid->close_stdin();
@@ -318,6 +322,41 @@ TEST_P(SharedBufferErrors, EachRefusalIsPreciseAndChangesNothing)
   EXPECT_EQ(now().shared_holders, 2u);
   EXPECT_THROW(static_cast<void>(shared_buffer::remove(other, "/x")), rmmd::logic_error);
   EXPECT_THROW(static_cast<void>(shared_buffer::remove(other, "nothing")), rmmd::not_found_error);
+}
+
+// What the client library checks before it asks, the daemon checks too: the
+// raw requests, past the library's checks, over each transport.
+TEST_P(SharedBufferErrors, TheDaemonRefusesWhatTheLibraryWouldNotHaveSent)
+{
+  daemon_.reset();
+  start({"--uid-quota-bytes", "1MiB"});
+  auto s       = daemon_->open_session("raw", GetParam());
+  auto before  = now();
+  auto request = [&](std::string name, std::uint64_t size) {
+    v1::CreateBufferRequest r;
+    r.set_name(std::move(name));
+    r.set_pool_id(0);
+    r.set_size(size);
+    v1::BufferGrant grant;
+    return s.impl().create_buffer(r, &grant);
+  };
+  for (auto const& [name, size, code] :
+       std::vector<std::tuple<std::string, std::uint64_t, grpc::StatusCode>>{
+           {"../up", 4096, grpc::StatusCode::INVALID_ARGUMENT},
+           {std::string(256, 'x'), 4096, grpc::StatusCode::INVALID_ARGUMENT},
+           {"zero", 0, grpc::StatusCode::INVALID_ARGUMENT},
+           {"over/quota", 2 << 20, grpc::StatusCode::RESOURCE_EXHAUSTED},
+           {"over/pool", std::uint64_t{1} << 50, grpc::StatusCode::RESOURCE_EXHAUSTED}}) {
+    auto status = request(name, size);
+    EXPECT_EQ(status.error_code(), code) << name << ": " << status.error_message();
+    EXPECT_EQ(now(), before) << name;
+  }
+  v1::BufferGrant grant;
+  EXPECT_EQ(s.impl().open_buffer("a//b", 0ms, &grant).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.impl().publish_buffer(12345).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.impl().close_buffer(12345).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(now(), before);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports,

@@ -27,6 +27,7 @@
 //       closes, or "error KIND: MESSAGE" and exit 2.
 // Common options:
 //         --grpc          buffer calls over gRPC instead of the session socket
+//         --socket        on the session socket (the default)
 //         --fabric        import CUDA pools by fabric handle
 //
 // Errors print "error KIND: MESSAGE" (KIND: not_found, already_exists,
@@ -222,6 +223,8 @@ int main(int argc, char** argv)
       o.wait_ms = std::stoi(next());
     } else if (a == "--grpc") {
       o.grpc = true;
+    } else if (a == "--socket") {
+      o.grpc = false;
     } else if (a == "--fabric") {
       o.fabric = true;
     } else {
