@@ -70,8 +70,9 @@ int connect_session_socket(std::filesystem::path const& dir)
   auto message = "rmmd: " + std::string(what) + ": " + status.error_message();
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
       throw rmmd::logic_error(message);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      throw rmmd::precondition_error(message);
     case grpc::StatusCode::NOT_FOUND:
       throw rmmd::not_found_error(message);
     case grpc::StatusCode::ALREADY_EXISTS:

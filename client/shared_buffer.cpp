@@ -396,8 +396,8 @@ bool shared_buffer::is_host() const
 void shared_buffer::publish(cuda::stream_ref stream)
 {
   if (!creator_) {
-    throw rmmd::logic_error("rmmd: publish buffer '" + name_ +
-                            "': only the process that created it may publish it");
+    throw rmmd::precondition_error("rmmd: publish buffer '" + name_ +
+                                   "': only the process that created it may publish it");
   }
   stream_    = stream;
   using call = detail::session_impl::queued_call;
@@ -417,8 +417,8 @@ void shared_buffer::publish(cuda::stream_ref stream)
 void shared_buffer::publish()
 {
   if (!creator_) {
-    throw rmmd::logic_error("rmmd: publish buffer '" + name_ +
-                            "': only the process that created it may publish it");
+    throw rmmd::precondition_error("rmmd: publish buffer '" + name_ +
+                                   "': only the process that created it may publish it");
   }
   if (auto status = session_->impl().publish_buffer(id_); !status.ok()) {
     detail::throw_status(status, "publish buffer '" + name_ + "'");

@@ -2,7 +2,8 @@
 
 // The exceptions rmmd's client raises (DESIGN.md's error table):
 //
-//  INVALID_ARGUMENT, FAILED_PRECONDITION             -> rmmd::logic_error
+//  INVALID_ARGUMENT                                  -> rmmd::logic_error
+//  FAILED_PRECONDITION                               -> rmmd::precondition_error
 //  NOT_FOUND                                         -> rmmd::not_found_error
 //  ALREADY_EXISTS (a shared buffer's name is taken)  -> rmmd::already_exists_error
 //  RESOURCE_EXHAUSTED                                -> rmm::out_of_memory
@@ -25,6 +26,13 @@ struct logic_error : public rmm::logic_error {
 /// No such allocation or shared buffer (a logic_error, as before there were
 /// buffers to look up by name).
 struct not_found_error : public logic_error {
+  using logic_error::logic_error;
+};
+
+/// The request cannot be served in the state things are in: a shared buffer
+/// not published yet, a publish by another than its creator or a second one,
+/// a pool without the handle type asked for.
+struct precondition_error : public logic_error {
   using logic_error::logic_error;
 };
 

@@ -1,0 +1,618 @@
+// librmmd_c: include/rmmd/rmmd.h over the C++ client. Every exported
+// function catches everything: an exception becomes a status and the
+// thread's message (STYLE.md: nothing throws across the ABI).
+
+#include <rmmd/rmmd.h>
+
+#include "client/detail/process_exit.hpp"
+#include "client/detail/session_impl.hpp"
+
+#include <rmmd/host_memory_resource.hpp>
+#include <rmmd/ipc_memory_resource.hpp>
+#include <rmmd/pinned_host_memory_resource.hpp>
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+
+static_assert(RMMD_VERSION == RMMD_PROJECT_VERSION_NUMBER,
+              "include/rmmd/rmmd.h's RMMD_VERSION_* differ from the CMake project's version");
+
+struct rmmd_session_s {
+  rmmd::session session;
+};
+
+struct rmmd_resource_s {
+  std::variant<rmmd::ipc_memory_resource,
+               rmmd::host_memory_resource,
+               rmmd::pinned_host_memory_resource>
+      mr;
+  int device{-1};
+  std::atomic<std::uint64_t> allocated{};
+  std::atomic<std::uint64_t> count{};
+  std::atomic<std::uint64_t> high_water{};
+  std::atomic<std::uint64_t> total{};
+};
+
+struct rmmd_buffer_s {
+  rmmd::shared_buffer buffer;
+  int device{-1};
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+rmmd_status fail(rmmd_status status, std::string message)
+{
+  last_error = std::move(message);
+  return status;
+}
+
+/// The status and message of the exception in flight (DESIGN.md's table).
+rmmd_status from_exception() noexcept
+{
+  try {
+    throw;
+  } catch (rmmd::not_found_error const& e) {
+    return fail(RMMD_ERROR_NOT_FOUND, e.what());
+  } catch (rmmd::already_exists_error const& e) {
+    return fail(RMMD_ERROR_ALREADY_EXISTS, e.what());
+  } catch (rmmd::precondition_error const& e) {
+    return fail(RMMD_ERROR_FAILED_PRECONDITION, e.what());
+  } catch (rmmd::logic_error const& e) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (rmmd::permission_error const& e) {
+    return fail(RMMD_ERROR_PERMISSION_DENIED, e.what());
+  } catch (rmmd::session_error const& e) {
+    return fail(RMMD_ERROR_SESSION, e.what());
+  } catch (rmm::out_of_memory const& e) {
+    return fail(RMMD_ERROR_OUT_OF_MEMORY, e.what());
+  } catch (std::bad_alloc const& e) {
+    // std::bad_alloc itself (the heap): out of memory too.
+    return fail(RMMD_ERROR_OUT_OF_MEMORY, std::string("rmmd: ") + e.what());
+  } catch (std::exception const& e) {
+    return fail(RMMD_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(RMMD_ERROR_INTERNAL, "rmmd: an unknown exception");
+  }
+}
+
+/// Runs `body`, which returns nothing or throws; the status.
+template <typename Body>
+rmmd_status guarded(Body&& body) noexcept
+{
+  try {
+    body();
+    return RMMD_SUCCESS;
+  } catch (...) {
+    return from_exception();
+  }
+}
+
+rmmd_status null_argument(char const* what)
+{
+  return fail(RMMD_ERROR_INVALID_ARGUMENT, std::string("rmmd: ") + what + " is NULL");
+}
+
+/// Reads a caller's struct that begins with its size: a copy of the fields
+/// the caller knows, the rest as `defaults` has them.
+template <typename Struct>
+std::optional<Struct> read_struct(Struct const* in, Struct defaults)
+{
+  if (in == nullptr) { return defaults; }
+  if (in->size < sizeof(std::size_t) || in->size > sizeof(Struct)) { return std::nullopt; }
+  std::memcpy(&defaults, in, in->size);
+  return defaults;
+}
+
+char* copy_string(std::string const& s)
+{
+  auto* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) { throw std::bad_alloc(); }
+  std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+std::string json_escape(std::string const& s)
+{
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void note_allocation(rmmd_resource_s& r, std::size_t bytes)
+{
+  auto now = r.allocated.fetch_add(bytes) + bytes;
+  r.count.fetch_add(1);
+  r.total.fetch_add(1);
+  auto high = r.high_water.load();
+  while (now > high && !r.high_water.compare_exchange_weak(high, now)) {}
+}
+
+void note_deallocation(rmmd_resource_s& r, std::size_t bytes)
+{
+  r.allocated.fetch_sub(bytes);
+  r.count.fetch_sub(1);
+}
+
+void fill_stats(rmmd_resource_s const& r, rmmd_resource_stats* out)
+{
+  rmmd_resource_stats s{};
+  s.size              = sizeof(s);
+  s.allocated_bytes   = r.allocated.load();
+  s.allocation_count  = r.count.load();
+  s.high_water_bytes  = r.high_water.load();
+  s.total_allocations = r.total.load();
+  s.device            = r.device;
+  std::memcpy(out, &s, std::min(out->size, sizeof(s)));
+  out->size = std::min(out->size, sizeof(s));
+}
+
+}  // namespace
+
+extern "C" {
+
+char const* rmmd_version(void)
+{
+  return RMMD_VERSION_STRING;
+}
+
+int rmmd_version_number(void)
+{
+  return RMMD_VERSION;
+}
+
+char const* rmmd_last_error_message(void)
+{
+  return last_error.c_str();
+}
+
+char const* rmmd_status_name(rmmd_status status)
+{
+  switch (status) {
+    case RMMD_SUCCESS:
+      return "RMMD_SUCCESS";
+    case RMMD_ERROR_INVALID_ARGUMENT:
+      return "RMMD_ERROR_INVALID_ARGUMENT";
+    case RMMD_ERROR_NOT_FOUND:
+      return "RMMD_ERROR_NOT_FOUND";
+    case RMMD_ERROR_ALREADY_EXISTS:
+      return "RMMD_ERROR_ALREADY_EXISTS";
+    case RMMD_ERROR_PERMISSION_DENIED:
+      return "RMMD_ERROR_PERMISSION_DENIED";
+    case RMMD_ERROR_OUT_OF_MEMORY:
+      return "RMMD_ERROR_OUT_OF_MEMORY";
+    case RMMD_ERROR_FAILED_PRECONDITION:
+      return "RMMD_ERROR_FAILED_PRECONDITION";
+    case RMMD_ERROR_INTERNAL:
+      return "RMMD_ERROR_INTERNAL";
+    case RMMD_ERROR_SESSION:
+      return "RMMD_ERROR_SESSION";
+  }
+  return "RMMD_ERROR_UNKNOWN";
+}
+
+void rmmd_string_free(char* s)
+{
+  std::free(s);
+}
+
+rmmd_status rmmd_session_create(rmmd_session_options const* options, rmmd_session_t* session)
+{
+  if (session == nullptr) { return null_argument("session"); }
+  rmmd_session_options defaults{};
+  defaults.size = sizeof(defaults);
+  auto o        = read_struct(options, defaults);
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  return guarded([&] {
+    rmmd::session::options so;
+    if (o->runtime_dir != nullptr) { so.runtime_dir = o->runtime_dir; }
+    if (o->client_name != nullptr) { so.client_name = o->client_name; }
+    so.lease_calls =
+        o->use_grpc != 0 ? rmmd::call_transport::grpc : rmmd::call_transport::session_socket;
+    so.import_by_fabric = o->import_by_fabric != 0;
+    if (o->call_timeout_ms != 0) {
+      so.call_timeout = std::chrono::milliseconds(o->call_timeout_ms);
+    }
+    *session = new rmmd_session_s{rmmd::session(std::move(so))};
+  });
+}
+
+rmmd_status rmmd_session_destroy(rmmd_session_t session)
+{
+  return guarded([&] { delete session; });
+}
+
+rmmd_status rmmd_session_id(rmmd_session_t session, uint64_t* id)
+{
+  if (session == nullptr || id == nullptr) { return null_argument("session or id"); }
+  *id = session->session.id();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_session_pools_json(rmmd_session_t session, char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    std::string out = "[";
+    for (auto const& p : session->session.pools()) {
+      if (out.size() > 1) { out += ","; }
+      out += "{\"id\":" + std::to_string(p.id) + ",\"name\":\"" + json_escape(p.name) +
+             "\",\"backend\":\"" + (p.backend == rmmd::backend_kind::cuda ? "cuda" : "host") +
+             "\",\"device\":" + std::to_string(p.device) +
+             ",\"capacity_bytes\":" + std::to_string(p.capacity_bytes) +
+             ",\"max_alignment\":" + std::to_string(p.max_alignment) +
+             ",\"pinnable\":" + (p.pinnable ? "true" : "false") +
+             ",\"has_fabric_handle\":" + (p.has_fabric_handle ? "true" : "false") +
+             ",\"gpu_uuid\":\"" + json_escape(p.gpu_uuid) + "\",\"pci_bus_id\":\"" +
+             json_escape(p.pci_bus_id) + "\"}";
+    }
+    out += "]";
+    *json = copy_string(out);
+  });
+}
+
+rmmd_status rmmd_session_stats_json(rmmd_session_t session, char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::GetStatsRequest request;
+    rmmd::v1::Stats stats;
+    auto ctx = impl.context();
+    if (auto status = impl.stub().GetStats(ctx.get(), request, &stats); !status.ok()) {
+      rmmd::detail::throw_status(status, "stats");
+    }
+    std::string out;
+    google::protobuf::util::JsonPrintOptions print;
+    print.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(stats, &out, print).ok()) {
+      throw rmm::bad_alloc("rmmd: stats: could not write JSON");
+    }
+    *json = copy_string(out);
+  });
+}
+
+rmmd_status rmmd_resource_create(rmmd_session_t session,
+                                 rmmd_resource_options const* options,
+                                 rmmd_resource_t* resource)
+{
+  if (session == nullptr || resource == nullptr) { return null_argument("session or resource"); }
+  auto o = read_struct(options,
+                       rmmd_resource_options{.size   = sizeof(rmmd_resource_options),
+                                             .kind   = RMMD_RESOURCE_DEVICE,
+                                             .device = -1,
+                                             .pool   = nullptr,
+                                             .mode   = RMMD_MODE_SLAB});
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  return guarded([&] {
+    auto const& s         = session->session;
+    std::string_view pool = o->pool == nullptr ? std::string_view{} : std::string_view(o->pool);
+    switch (o->kind) {
+      case RMMD_RESOURCE_DEVICE: {
+        rmmd::ipc_resource_options ro;
+        ro.mode     = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
+                                                  : rmmd::allocation_mode::slab;
+        auto mr     = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
+                      : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
+                                       : rmmd::ipc_memory_resource(s, ro);
+        auto device = mr.pool().device;
+        *resource   = new rmmd_resource_s{.mr = std::move(mr), .device = device};
+        return;
+      }
+      case RMMD_RESOURCE_HOST:
+        *resource = new rmmd_resource_s{.mr = rmmd::host_memory_resource(s, pool)};
+        return;
+      case RMMD_RESOURCE_PINNED_HOST:
+        *resource = new rmmd_resource_s{.mr = rmmd::pinned_host_memory_resource(s, pool)};
+        return;
+    }
+    throw rmmd::logic_error("rmmd: unknown resource kind " + std::to_string(o->kind));
+  });
+}
+
+rmmd_status rmmd_resource_destroy(rmmd_resource_t resource)
+{
+  return guarded([&] { delete resource; });
+}
+
+rmmd_status rmmd_allocate(
+    rmmd_resource_t resource, size_t bytes, size_t alignment, void* stream, void** ptr)
+{
+  if (resource == nullptr || ptr == nullptr) { return null_argument("resource or ptr"); }
+  return guarded([&] {
+    if (alignment == 0) { alignment = 256; }
+    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
+    void* p = std::visit([&](auto& mr) { return mr.allocate(s, bytes, alignment); }, resource->mr);
+    if (p != nullptr) { note_allocation(*resource, bytes); }
+    *ptr = p;
+  });
+}
+
+rmmd_status rmmd_deallocate(
+    rmmd_resource_t resource, void* ptr, size_t bytes, size_t alignment, void* stream)
+{
+  if (resource == nullptr) { return null_argument("resource"); }
+  if (ptr == nullptr) { return RMMD_SUCCESS; }
+  return guarded([&] {
+    if (alignment == 0) { alignment = 256; }
+    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
+    std::visit([&](auto& mr) { mr.deallocate(s, ptr, bytes, alignment); }, resource->mr);
+    note_deallocation(*resource, bytes);
+  });
+}
+
+rmmd_status rmmd_resource_get_stats(rmmd_resource_t resource, rmmd_resource_stats* stats)
+{
+  if (resource == nullptr || stats == nullptr) { return null_argument("resource or stats"); }
+  if (stats->size < sizeof(std::size_t)) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: stats->size is not set");
+  }
+  fill_stats(*resource, stats);
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_create(rmmd_session_t session,
+                               char const* name,
+                               size_t bytes,
+                               rmmd_buffer_options const* options,
+                               rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || name == nullptr || buffer == nullptr) {
+    return null_argument("session, name or buffer");
+  }
+  rmmd_buffer_options defaults{};
+  defaults.size      = sizeof(defaults);
+  defaults.device    = -1;
+  defaults.alignment = 256;
+  auto o             = read_struct(options, defaults);
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  return guarded([&] {
+    rmmd::shared_buffer_options so;
+    if (o->pool != nullptr) { so.pool = o->pool; }
+    so.device     = o->device;
+    so.persistent = o->persistent != 0;
+    if (o->has_gid != 0) { so.gid = static_cast<gid_t>(o->gid); }
+    so.alignment = o->alignment == 0 ? 256 : o->alignment;
+    auto b       = rmmd::shared_buffer::create(session->session, name, bytes, so);
+    auto device  = b.pool().device;
+    *buffer      = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_open(rmmd_session_t session,
+                             char const* name,
+                             uint32_t wait_ms,
+                             rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || name == nullptr || buffer == nullptr) {
+    return null_argument("session, name or buffer");
+  }
+  return guarded([&] {
+    auto b = rmmd::shared_buffer::open(session->session, name, std::chrono::milliseconds(wait_ms));
+    auto device = b.pool().device;
+    *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_publish(rmmd_buffer_t buffer)
+{
+  if (buffer == nullptr) { return null_argument("buffer"); }
+  return guarded([&] { buffer->buffer.publish(); });
+}
+
+rmmd_status rmmd_buffer_publish_on_stream(rmmd_buffer_t buffer, void* stream)
+{
+  if (buffer == nullptr) { return null_argument("buffer"); }
+  return guarded([&] {
+    buffer->buffer.publish(
+        cuda::stream_ref{stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(stream)});
+  });
+}
+
+rmmd_status rmmd_buffer_close(rmmd_buffer_t buffer, void* stream)
+{
+  if (buffer == nullptr) { return RMMD_SUCCESS; }
+  return guarded([&] {
+    if (stream != nullptr) {
+      buffer->buffer.close(cuda::stream_ref{static_cast<cudaStream_t>(stream)});
+    } else if (buffer->device >= 0) {
+      buffer->buffer.close(cuda::stream_ref{cudaStreamLegacy});
+    }
+    delete buffer;  // closes at once what is left
+  });
+}
+
+rmmd_status rmmd_buffer_destroy(rmmd_buffer_t buffer)
+{
+  return rmmd_buffer_close(buffer, nullptr);
+}
+
+rmmd_status rmmd_buffer_pointer(rmmd_buffer_t buffer, void** ptr)
+{
+  if (buffer == nullptr || ptr == nullptr) { return null_argument("buffer or ptr"); }
+  *ptr = buffer->buffer.data();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_size(rmmd_buffer_t buffer, size_t* bytes)
+{
+  if (buffer == nullptr || bytes == nullptr) { return null_argument("buffer or bytes"); }
+  *bytes = buffer->buffer.size();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_id(rmmd_buffer_t buffer, uint64_t* id)
+{
+  if (buffer == nullptr || id == nullptr) { return null_argument("buffer or id"); }
+  *id = buffer->buffer.id();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_device(rmmd_buffer_t buffer, int* device)
+{
+  if (buffer == nullptr || device == nullptr) { return null_argument("buffer or device"); }
+  *device = buffer->device;
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t* holders)
+{
+  if (session == nullptr || name == nullptr) { return null_argument("session or name"); }
+  return guarded([&] {
+    auto n = rmmd::shared_buffer::remove(session->session, name);
+    if (holders != nullptr) { *holders = n; }
+  });
+}
+
+}  // extern "C"
+
+// ---- PyTorch's pluggable allocator ----------------------------------------
+
+namespace {
+
+/// The process-wide session and per-device resources of the PyTorch entry
+/// points. Made at the first allocation and never destroyed: PyTorch may free
+/// tensors while the interpreter exits, after any static would have gone,
+/// and the process's end closes the session (the daemon then reclaims it
+/// all), so nothing needs to run, or print, at exit.
+struct torch_allocator {
+  static constexpr int max_devices = 64;
+
+  std::mutex mutex;  // guards all but `resources`' loads
+  bool started{false};
+  bool configured{false};  // rmmd_torch_configure() was called: it wins over the environment
+  std::optional<std::string> runtime_dir;
+  rmmd_allocation_mode mode{RMMD_MODE_SLAB};
+  std::optional<rmmd::session> session;
+  std::array<std::atomic<rmmd_resource_s*>, max_devices> resources{};
+
+  static torch_allocator& get()
+  {
+    static auto* const instance = new torch_allocator;
+    return *instance;
+  }
+
+  rmmd_resource_s& resource(int device)
+  {
+    if (device < 0 || device >= max_devices) {
+      throw rmmd::logic_error("rmmd: device " + std::to_string(device) + " is not a CUDA device");
+    }
+    if (auto* r = resources[device].load(std::memory_order_acquire)) { return *r; }
+    std::lock_guard lock(mutex);
+    if (auto* r = resources[device].load()) { return *r; }
+    if (!session) {
+      rmmd::session::options o;
+      if (runtime_dir) { o.runtime_dir = *runtime_dir; }
+      if (!configured) {
+        if (char const* m = std::getenv("RMMD_TORCH_MODE")) {
+          std::string_view text(m);
+          if (text == "direct") {
+            mode = RMMD_MODE_DIRECT;
+          } else if (text != "slab" && !text.empty()) {
+            throw rmmd::logic_error("rmmd: RMMD_TORCH_MODE is '" + std::string(text) +
+                                    "'; use slab (the default) or direct");
+          }
+        }
+      }
+      o.client_name = "torch";
+      session.emplace(std::move(o));
+      started = true;
+    }
+    rmmd::ipc_resource_options ro;
+    ro.mode =
+        mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct : rmmd::allocation_mode::slab;
+    auto* r = new rmmd_resource_s{.mr     = rmmd::ipc_memory_resource(*session, device, ro),
+                                  .device = device};
+    resources[device].store(r, std::memory_order_release);
+    return *r;
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+void* rmmd_torch_malloc(size_t size, int device, void* stream)
+{
+  void* ptr   = nullptr;
+  auto status = guarded([&] {
+    auto& r = torch_allocator::get().resource(device);
+    ptr     = std::get<rmmd::ipc_memory_resource>(r.mr).allocate(
+        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size, 256);
+    if (ptr != nullptr) { note_allocation(r, size); }
+  });
+  return status == RMMD_SUCCESS ? ptr : nullptr;
+}
+
+void rmmd_torch_free(void* ptr, size_t size, int device, void* stream)
+{
+  if (ptr == nullptr || rmmd::detail::process_is_exiting()) { return; }
+  static_cast<void>(guarded([&] {
+    auto& r = torch_allocator::get().resource(device);
+    std::get<rmmd::ipc_memory_resource>(r.mr).deallocate(
+        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, ptr, size, 256);
+    note_deallocation(r, size);
+  }));
+}
+
+rmmd_status rmmd_torch_configure(char const* runtime_dir, rmmd_allocation_mode mode)
+{
+  if (mode != RMMD_MODE_SLAB && mode != RMMD_MODE_DIRECT) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: mode is neither RMMD_MODE_SLAB nor RMMD_MODE_DIRECT");
+  }
+  auto& t = torch_allocator::get();
+  std::lock_guard lock(t.mutex);
+  if (t.started) {
+    return fail(RMMD_ERROR_FAILED_PRECONDITION,
+                "rmmd: torch allocator: configure before the first allocation; it has begun");
+  }
+  return guarded([&] {
+    t.runtime_dir = runtime_dir == nullptr ? std::nullopt : std::optional<std::string>(runtime_dir);
+    t.mode        = mode;
+    t.configured  = true;
+  });
+}
+
+rmmd_status rmmd_torch_get_stats(int device, rmmd_resource_stats* stats)
+{
+  if (stats == nullptr) { return null_argument("stats"); }
+  if (device < 0 || device >= torch_allocator::max_devices) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: device " + std::to_string(device) + " is not a CUDA device");
+  }
+  auto* r = torch_allocator::get().resources[device].load(std::memory_order_acquire);
+  if (r == nullptr) {
+    return fail(
+        RMMD_ERROR_NOT_FOUND,
+        "rmmd: the torch allocator has made no allocation on device " + std::to_string(device));
+  }
+  return rmmd_resource_get_stats(r, stats);
+}
+
+}  // extern "C"

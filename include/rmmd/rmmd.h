@@ -1,0 +1,205 @@
+/*
+ * rmmd's C ABI (librmmd_c.so, CMake target rmmd::c, pkg-config rmmd): what
+ * other languages reach rmmd through (the Python package `rmmd` loads it with
+ * ctypes), and what PyTorch's CUDAPluggableAllocator loads.
+ *
+ * Conventions (STYLE.md, "From C APIs that last"):
+ *  - Opaque handles with _create / _destroy pairs.
+ *  - Every function but the PyTorch entry points returns an rmmd_status and
+ *    writes its results through out-parameters, last. On failure nothing is
+ *    written and rmmd_last_error_message() says what went wrong, in words,
+ *    for the calling thread.
+ *  - Only C types cross: no exceptions, no C++ types. Structs passed in begin
+ *    with their `size` (set it to sizeof the struct you compiled against), so
+ *    that they can grow.
+ *  - Streams are cudaStream_t passed as void* (NULL: the legacy default
+ *    stream), so that this header needs no CUDA header.
+ *  - Every function may be called from any thread. A handle must not be
+ *    destroyed while another thread uses it.
+ */
+#ifndef RMMD_RMMD_H
+#define RMMD_RMMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define RMMD_API __attribute__((visibility("default")))
+#else
+#define RMMD_API
+#endif
+
+#define RMMD_VERSION_MAJOR 0
+#define RMMD_VERSION_MINOR 1
+#define RMMD_VERSION_PATCH 0
+/* major * 10000 + minor * 100 + patch */
+#define RMMD_VERSION (RMMD_VERSION_MAJOR * 10000 + RMMD_VERSION_MINOR * 100 + RMMD_VERSION_PATCH)
+
+/* DESIGN.md's error table; the values are gRPC's status codes. */
+typedef enum rmmd_status {
+  RMMD_SUCCESS                   = 0,
+  RMMD_ERROR_INVALID_ARGUMENT    = 3,  /* bad size, alignment, name, pool, handle */
+  RMMD_ERROR_NOT_FOUND           = 5,  /* no such allocation or shared buffer */
+  RMMD_ERROR_ALREADY_EXISTS      = 6,  /* a shared buffer of that name exists */
+  RMMD_ERROR_PERMISSION_DENIED   = 7,  /* uid or gid not allowed */
+  RMMD_ERROR_OUT_OF_MEMORY       = 8,  /* quota, pool limit, device memory */
+  RMMD_ERROR_FAILED_PRECONDITION = 9,  /* not published yet, not the creator, ... */
+  RMMD_ERROR_INTERNAL            = 13, /* a CUDA or system error, named in the message */
+  RMMD_ERROR_SESSION             = 14  /* no daemon, daemon gone or draining, session lost */
+} rmmd_status;
+
+/* "0.1.0": the library's version (compare with RMMD_VERSION at build time). */
+RMMD_API char const* rmmd_version(void);
+/* RMMD_VERSION of the library. */
+RMMD_API int rmmd_version_number(void);
+/* What the calling thread's last failed call said; "" if none failed yet.
+ * Valid until the thread's next rmmd call. */
+RMMD_API char const* rmmd_last_error_message(void);
+/* "RMMD_ERROR_NOT_FOUND", ... */
+RMMD_API char const* rmmd_status_name(rmmd_status status);
+/* Frees a string an rmmd function returned (JSON). NULL is fine. */
+RMMD_API void rmmd_string_free(char* s);
+
+/* ---- sessions ---------------------------------------------------------- */
+
+typedef struct rmmd_session_s* rmmd_session_t;
+
+typedef struct rmmd_session_options {
+  size_t size;              /* sizeof(rmmd_session_options) */
+  char const* runtime_dir;  /* NULL: $RMMD_RUNTIME_DIR, else /run/rmmd */
+  char const* client_name;  /* shown in rmmctl stats; NULL: none */
+  int use_grpc;             /* nonzero: calls over gRPC, not the session socket */
+  int import_by_fabric;     /* nonzero: import CUDA pools by fabric handle */
+  uint32_t call_timeout_ms; /* 0: 30000 */
+} rmmd_session_options;
+
+/* options may be NULL (all defaults). */
+RMMD_API rmmd_status rmmd_session_create(rmmd_session_options const* options,
+                                         rmmd_session_t* session);
+/* Ends this handle's share: the session closes once every resource and
+ * buffer made from it is gone too. NULL is fine. */
+RMMD_API rmmd_status rmmd_session_destroy(rmmd_session_t session);
+RMMD_API rmmd_status rmmd_session_id(rmmd_session_t session, uint64_t* id);
+/* The pools, as JSON: [{"id":0,"name":"host","backend":"host","device":-1,
+ * "capacity_bytes":...,"pinnable":false,"gpu_uuid":"","max_alignment":...},...].
+ * Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_session_pools_json(rmmd_session_t session, char** json);
+/* The daemon's stats (rmmd.v1.Stats in protobuf's JSON mapping, as rmmctl
+ * stats --json prints it). Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_session_stats_json(rmmd_session_t session, char** json);
+
+/* ---- memory resources -------------------------------------------------- */
+
+typedef struct rmmd_resource_s* rmmd_resource_t;
+
+typedef enum rmmd_resource_kind {
+  RMMD_RESOURCE_DEVICE      = 0, /* a CUDA pool (rmmd::ipc_memory_resource) */
+  RMMD_RESOURCE_HOST        = 1, /* a host pool (rmmd::host_memory_resource) */
+  RMMD_RESOURCE_PINNED_HOST = 2  /* a pinnable host pool, page-locked */
+} rmmd_resource_kind;
+
+typedef enum rmmd_allocation_mode {
+  RMMD_MODE_SLAB   = 0, /* carve from leased slabs in-process (fast path) */
+  RMMD_MODE_DIRECT = 1  /* one daemon allocation per allocate */
+} rmmd_allocation_mode;
+
+typedef struct rmmd_resource_options {
+  size_t size; /* sizeof(rmmd_resource_options) */
+  rmmd_resource_kind kind;
+  int device;                /* device resources: this process's ordinal; -1: current */
+  char const* pool;          /* a pool by name; NULL: by device (or the first host pool) */
+  rmmd_allocation_mode mode; /* device resources */
+} rmmd_resource_options;
+
+RMMD_API rmmd_status rmmd_resource_create(rmmd_session_t session,
+                                          rmmd_resource_options const* options,
+                                          rmmd_resource_t* resource);
+/* Gives back what is still allocated from it. NULL is fine. */
+RMMD_API rmmd_status rmmd_resource_destroy(rmmd_resource_t resource);
+/* Stream-ordered, as RMM's resources are; bytes 0 gives NULL. */
+RMMD_API rmmd_status
+rmmd_allocate(rmmd_resource_t resource, size_t bytes, size_t alignment, void* stream, void** ptr);
+RMMD_API rmmd_status
+rmmd_deallocate(rmmd_resource_t resource, void* ptr, size_t bytes, size_t alignment, void* stream);
+
+/* What this process allocated through one resource (what a framework's own
+ * memory statistics cannot see under an external allocator). */
+typedef struct rmmd_resource_stats {
+  size_t size;                /* sizeof(rmmd_resource_stats), set by the caller */
+  uint64_t allocated_bytes;   /* live allocations' bytes */
+  uint64_t allocation_count;  /* live allocations */
+  uint64_t high_water_bytes;  /* most allocated_bytes at once */
+  uint64_t total_allocations; /* since the resource was made */
+  int device;                 /* -1 for host resources */
+} rmmd_resource_stats;
+
+RMMD_API rmmd_status rmmd_resource_get_stats(rmmd_resource_t resource, rmmd_resource_stats* stats);
+
+/* ---- named shared buffers (docs/sharing.md) ----------------------------- */
+
+typedef struct rmmd_buffer_s* rmmd_buffer_t;
+
+typedef struct rmmd_buffer_options {
+  size_t size;      /* sizeof(rmmd_buffer_options) */
+  char const* pool; /* by name; NULL: the CUDA pool of `device` */
+  int device;       /* -1: the current device */
+  int persistent;   /* nonzero: stays until deleted or the daemon stops */
+  int has_gid;      /* nonzero: members of `gid` may open it too */
+  uint32_t gid;
+  size_t alignment; /* 0: 256 */
+} rmmd_buffer_options;
+
+/* options may be NULL: the current device's pool, not persistent. */
+RMMD_API rmmd_status rmmd_buffer_create(rmmd_session_t session,
+                                        char const* name,
+                                        size_t bytes,
+                                        rmmd_buffer_options const* options,
+                                        rmmd_buffer_t* buffer);
+/* Waits up to wait_ms for the buffer to be created and published. */
+RMMD_API rmmd_status rmmd_buffer_open(rmmd_session_t session,
+                                      char const* name,
+                                      uint32_t wait_ms,
+                                      rmmd_buffer_t* buffer);
+/* Publishes now (the creator's writes are complete). */
+RMMD_API rmmd_status rmmd_buffer_publish(rmmd_buffer_t buffer);
+/* Publishes once `stream` has done what is queued on it. */
+RMMD_API rmmd_status rmmd_buffer_publish_on_stream(rmmd_buffer_t buffer, void* stream);
+/* Lets go in `stream`'s order (NULL: the legacy default stream; host buffers
+ * without a stream: at once) and destroys the handle. NULL is fine. */
+RMMD_API rmmd_status rmmd_buffer_close(rmmd_buffer_t buffer, void* stream);
+/* Lets go at once (host buffers) or on the legacy default stream. */
+RMMD_API rmmd_status rmmd_buffer_destroy(rmmd_buffer_t buffer);
+RMMD_API rmmd_status rmmd_buffer_pointer(rmmd_buffer_t buffer, void** ptr);
+RMMD_API rmmd_status rmmd_buffer_size(rmmd_buffer_t buffer, size_t* bytes);
+RMMD_API rmmd_status rmmd_buffer_id(rmmd_buffer_t buffer, uint64_t* id);
+/* This process's CUDA ordinal of the buffer's GPU; -1 for host buffers. */
+RMMD_API rmmd_status rmmd_buffer_device(rmmd_buffer_t buffer, int* device);
+/* Deletes by name; holders: the sessions that still hold it. */
+RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t* holders);
+
+/* ---- PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)
+ *
+ * One process-wide session and one device resource per device, made at the
+ * first allocation from $RMMD_RUNTIME_DIR and $RMMD_TORCH_MODE ("slab", the
+ * default, or "direct"), or from rmmd_torch_configure() called before it.
+ * A failure returns NULL (PyTorch raises its out-of-memory error); the
+ * reason is rmmd_last_error_message() of that thread. Nothing is printed at
+ * exit and nothing is left behind. */
+RMMD_API void* rmmd_torch_malloc(size_t size, int device, void* stream);
+RMMD_API void rmmd_torch_free(void* ptr, size_t size, int device, void* stream);
+/* runtime_dir NULL: $RMMD_RUNTIME_DIR or /run/rmmd. FAILED_PRECONDITION once
+ * the first allocation was made. */
+RMMD_API rmmd_status rmmd_torch_configure(char const* runtime_dir, rmmd_allocation_mode mode);
+/* The stats of the process-wide resource of `device`; NOT_FOUND before its
+ * first allocation. */
+RMMD_API rmmd_status rmmd_torch_get_stats(int device, rmmd_resource_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RMMD_RMMD_H */
