@@ -1,7 +1,8 @@
 // rmmctl: the operator's view of the node's rmmd.
 //
 //   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
-//   COMMAND: stats | pools | sessions | health | trim [--pool NAME|ID]...
+//   COMMAND: stats | pools | sessions | buffers | health | trim [--pool NAME|ID]...
+//            | buffers delete NAME
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
 // (or another failure), 2 bad usage, 3 no daemon answers at the runtime
@@ -138,6 +139,7 @@ int main(int argc, char** argv)
   std::string runtime_dir = rmmd::session::default_runtime_dir().string();
   output_options out;
   std::vector<std::string> trim_pools;
+  std::string delete_name;
   app.add_option("--runtime-dir",
                  runtime_dir,
                  std::string("Where rmmd's sockets are (default: $") +
@@ -158,7 +160,14 @@ int main(int argc, char** argv)
   auto* stats    = app.add_subcommand("stats", "Pools and sessions with what each holds");
   auto* pools    = app.add_subcommand("pools", "Every pool: configuration, usage, driver figures");
   auto* sessions = app.add_subcommand("sessions", "The live sessions: who, and what they hold");
-  auto* health   = app.add_subcommand(
+  auto* buffers  = app.add_subcommand(
+      "buffers", "Named shared buffers: name, pool, bytes, creator, holders, state, persistence");
+  auto* buffers_delete = buffers->add_subcommand(
+      "delete",
+      "Take a buffer's name away now; its memory goes back after its last holder closes it "
+      "(the creator's uid or root)");
+  buffers_delete->add_option("NAME", delete_name, "The buffer's name")->required();
+  auto* health = app.add_subcommand(
       "health", "Serving or draining, uptime, version, pool and session counts (no session)");
   auto* trim = app.add_subcommand(
       "trim",
@@ -174,6 +183,11 @@ int main(int argc, char** argv)
   try {
     if (trim->parsed() && out.watch_seconds > 0) {
       throw ctl_error(usage, "--watch does not apply to trim: it changes the pools; run it once");
+    }
+    if (buffers_delete->parsed() && out.watch_seconds > 0) {
+      throw ctl_error(usage,
+                      "--watch does not apply to buffers delete: it changes the buffers; run it "
+                      "once");
     }
     daemon_connection daemon(runtime_dir);
     auto json = [&](google::protobuf::Message const& m, bool one_line) {
@@ -212,6 +226,29 @@ int main(int argc, char** argv)
         if (!status.ok()) { throw call_failed(status, "sessions"); }
         drop_session(reply.mutable_sessions(), s.id());
         return out.json ? json(reply, one_line) : format_sessions(reply, now_unix_ms());
+      });
+    }
+    if (buffers_delete->parsed()) {
+      auto& impl = daemon.session().impl();
+      rmmd::v1::DeleteBufferRequest request;
+      request.set_name(delete_name);
+      rmmd::v1::DeleteBufferResponse reply;
+      auto ctx    = impl.context();
+      auto status = impl.stub().DeleteBuffer(ctx.get(), request, &reply);
+      if (!status.ok()) { throw call_failed(status, "buffers delete"); }
+      std::cout << (out.json ? json(reply, false) : format_delete(delete_name, reply))
+                << std::flush;
+      return ok;
+    }
+    if (buffers->parsed()) {
+      return print_frames("buffers", out, [&](bool one_line) {
+        auto& impl = daemon.session().impl();
+        rmmd::v1::ListBuffersResponse reply;
+        auto ctx    = impl.context();
+        auto status = impl.stub().ListBuffers(ctx.get(), rmmd::v1::ListBuffersRequest{}, &reply);
+        if (!status.ok()) { throw call_failed(status, "buffers"); }
+        sort_buffers(&reply);
+        return out.json ? json(reply, one_line) : format_buffers(reply, now_unix_ms());
       });
     }
     if (health->parsed()) {

@@ -72,6 +72,20 @@ std::string handle_name(int h)
   }
 }
 
+std::string state_name(v1::BufferState state)
+{
+  switch (state) {
+    case v1::BUFFER_STATE_WRITING:
+      return "writing";
+    case v1::BUFFER_STATE_PUBLISHED:
+      return "published";
+    case v1::BUFFER_STATE_DELETED:
+      return "deleted";
+    default:
+      return "?";
+  }
+}
+
 /// The pool's GPU as every process names it (its UUID), with the daemon's
 /// ordinal for it; "-" for host pools.
 std::string gpu_text(v1::PoolDescription const& pool)
@@ -126,6 +140,13 @@ std::string carved_text(std::uint64_t bytes, std::uint64_t allocations)
   return human_bytes(bytes) + " in " + std::to_string(allocations);
 }
 
+/// A pool's named shared buffers (part of IN USE): "-" when it has none.
+std::string shared_text(std::uint64_t bytes, std::uint64_t buffers)
+{
+  if (buffers == 0) { return "-"; }
+  return human_bytes(bytes) + " in " + std::to_string(buffers);
+}
+
 std::string format_stats(v1::Stats const& stats)
 {
   table pools({"POOL",
@@ -135,6 +156,7 @@ std::string format_stats(v1::Stats const& stats)
                "CAPACITY",
                "IN USE",
                "CARVED",
+               "SHARED",
                "HIGH WATER",
                "ALLOCS",
                "DRIVER RESERVED",
@@ -147,12 +169,22 @@ std::string format_stats(v1::Stats const& stats)
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
                carved_text(p.carved_bytes(), p.carved_allocations()),
+               shared_text(p.shared_bytes(), p.shared_buffers()),
                human_bytes(p.high_water_bytes()),
                std::to_string(p.allocation_count()),
                p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
                p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
   }
-  table sessions({"SESSION", "PID", "UID", "COMMAND", "CLIENT", "BYTES", "CARVED", "ALLOCS"});
+  table sessions({"SESSION",
+                  "PID",
+                  "UID",
+                  "COMMAND",
+                  "CLIENT",
+                  "BYTES",
+                  "CARVED",
+                  "SHARED",
+                  "BUFFERS",
+                  "ALLOCS"});
   for (auto const& s : stats.sessions()) {
     sessions.add({std::to_string(s.session_id()),
                   std::to_string(s.pid()),
@@ -161,10 +193,12 @@ std::string format_stats(v1::Stats const& stats)
                   s.client_name().empty() ? "-" : s.client_name(),
                   human_bytes(s.bytes()),
                   carved_text(s.carved_bytes(), s.carved_allocations()),
+                  human_bytes(s.shared_bytes()),
+                  std::to_string(s.buffers_held()),
                   std::to_string(s.allocation_count())});
   }
-  return pools.str({false, true, false, false, true, true, true, true, true, true, true}) + "\n" +
-         sessions.str({true, true, true, false, false, true, true, true}) +
+  return pools.str({false, true, false, false, true, true, true, true, true, true, true, true}) +
+         "\n" + sessions.str({true, true, true, false, false, true, true, true, true, true}) +
          (stats.sessions().empty() ? "(no sessions)\n" : "");
 }
 
@@ -178,6 +212,7 @@ std::string format_pools(v1::ListPoolsResponse const& response)
                "HANDLES",
                "CAPACITY",
                "IN USE",
+               "SHARED",
                "HIGH WATER",
                "ALLOCS",
                "TOTAL ALLOCS",
@@ -197,6 +232,7 @@ std::string format_pools(v1::ListPoolsResponse const& response)
                handles.empty() ? "-" : handles,
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
+               shared_text(p.shared_bytes(), p.shared_buffers()),
                human_bytes(p.high_water_bytes()),
                std::to_string(p.allocation_count()),
                std::to_string(p.total_allocations()),
@@ -204,13 +240,25 @@ std::string format_pools(v1::ListPoolsResponse const& response)
                p.has_backend_reserved_bytes() ? human_bytes(p.backend_reserved_bytes()) : "-",
                p.has_backend_used_bytes() ? human_bytes(p.backend_used_bytes()) : "-"});
   }
-  return pools.str(
-      {false, true, false, false, false, false, true, true, true, true, true, true, true, true});
+  // Figures right-aligned; POOL, BACKEND, GPU, PCI BUS ID and HANDLES are text.
+  std::vector<bool> right_aligned(15, true);
+  for (auto text : {0, 2, 3, 4, 5}) { right_aligned[text] = false; }
+  return pools.str(right_aligned);
 }
 
 std::string format_sessions(v1::ListSessionsResponse const& response, std::int64_t now_unix_ms)
 {
-  table sessions({"SESSION", "PID", "UID", "GID", "COMMAND", "CLIENT", "BYTES", "ALLOCS", "AGE"});
+  table sessions({"SESSION",
+                  "PID",
+                  "UID",
+                  "GID",
+                  "COMMAND",
+                  "CLIENT",
+                  "BYTES",
+                  "SHARED",
+                  "BUFFERS",
+                  "ALLOCS",
+                  "AGE"});
   for (auto const& s : response.sessions()) {
     sessions.add(
         {std::to_string(s.session_id()),
@@ -220,10 +268,12 @@ std::string format_sessions(v1::ListSessionsResponse const& response, std::int64
          s.command(),
          s.client_name().empty() ? "-" : s.client_name(),
          human_bytes(s.bytes()),
+         human_bytes(s.shared_bytes()),
+         std::to_string(s.buffers_held()),
          std::to_string(s.allocation_count()),
          human_duration(std::chrono::seconds((now_unix_ms - s.started_unix_ms()) / 1000))});
   }
-  auto out = sessions.str({true, true, true, true, false, false, true, true, true});
+  auto out = sessions.str({true, true, true, true, false, false, true, true, true, true, true});
   if (response.sessions().empty()) { out += "(no sessions)\n"; }
   return out;
 }
@@ -242,6 +292,62 @@ std::string format_trim(v1::TrimResponse const& response)
                                                     : "-"});
   }
   return pools.str({false, true, true, true, true});
+}
+
+void sort_buffers(v1::ListBuffersResponse* response)
+{
+  auto* buffers = response->mutable_buffers();
+  std::sort(buffers->begin(), buffers->end(), [](v1::BufferInfo const& a, v1::BufferInfo const& b) {
+    if (a.name() != b.name()) { return a.name() < b.name(); }
+    return a.buffer_id() < b.buffer_id();
+  });
+}
+
+std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t now_unix_ms)
+{
+  table buffers({"NAME",
+                 "ID",
+                 "POOL",
+                 "BYTES",
+                 "RESERVED",
+                 "CREATOR UID",
+                 "CREATOR PID",
+                 "GID",
+                 "HOLDERS",
+                 "STATE",
+                 "PERSISTENT",
+                 "AGE"});
+  for (auto const& b : response.buffers()) {
+    buffers.add({b.name(),
+                 std::to_string(b.buffer_id()),
+                 b.pool_name().empty() ? std::to_string(b.pool_id()) : b.pool_name(),
+                 human_bytes(b.size()),
+                 human_bytes(b.reserved_bytes()),
+                 std::to_string(b.creator_uid()),
+                 std::to_string(b.creator_pid()),
+                 b.has_gid() ? std::to_string(b.gid()) : "-",
+                 std::to_string(b.holders()),
+                 state_name(b.state()),
+                 b.persistent() ? "yes" : "no",
+                 human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000))});
+  }
+  auto out =
+      buffers.str({false, true, false, true, true, true, true, true, true, false, false, true});
+  if (response.buffers().empty()) { out += "(no buffers)\n"; }
+  return out;
+}
+
+std::string format_delete(std::string const& name, v1::DeleteBufferResponse const& response)
+{
+  auto out           = "deleted '" + name + "' (the name is free again); ";
+  auto const holders = response.holders();
+  if (holders == 0) {
+    out += "no session held it, so its memory is back in its pool";
+  } else {
+    out += "its memory goes back when its " + std::to_string(holders) +
+           (holders == 1 ? " holder closes it" : " holders close it");
+  }
+  return out + "\n";
 }
 
 std::string format_health(v1::HealthResponse const& h)

@@ -25,6 +25,15 @@ std::string format_pools(v1::ListPoolsResponse const& pools);
 std::string format_sessions(v1::ListSessionsResponse const& sessions, std::int64_t now_unix_ms);
 /// What each pool gave back.
 std::string format_trim(v1::TrimResponse const& trim);
+/// The named shared buffers, in the order given (sort_buffers); `now_unix_ms`
+/// gives their age.
+std::string format_buffers(v1::ListBuffersResponse const& buffers, std::int64_t now_unix_ms);
+/// Orders the buffers by name (then id: a deleted buffer still held keeps its
+/// name beside a new buffer that took it).
+void sort_buffers(v1::ListBuffersResponse* buffers);
+/// What deleting buffer `name` did: "deleted 'x'; its memory goes back when
+/// its 2 holders close it".
+std::string format_delete(std::string const& name, v1::DeleteBufferResponse const& response);
 /// One "key  value" line per figure.
 std::string format_health(v1::HealthResponse const& health);
 

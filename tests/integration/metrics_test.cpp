@@ -5,6 +5,8 @@
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 
+#include <rmmd/shared_buffer.hpp>
+
 #include <httplib.h>
 
 #include <gmock/gmock.h>
@@ -20,6 +22,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::string> lines_of(std::string const& text)
 {
@@ -170,8 +173,9 @@ TEST_F(Metrics, ScrapeShowsPoolsSessionsUidsAndCallsByCode)
 
 TEST_F(Metrics, PromtoolAcceptsTheScrape)
 {
-  auto pool = session_.host_pool().id;
-  auto a    = session_.allocate(pool, 1 << 20, 0);
+  auto pool   = session_.host_pool().id;
+  auto a      = session_.allocate(pool, 1 << 20, 0);
+  auto shared = rmmd::shared_buffer::create(session_, "b", 4096, {.pool = "host"});
   EXPECT_THROW((void)session_.allocate(pool, 0, 0), rmmd::logic_error);
   auto const text = scrape();
   session_.free(a.id);
@@ -186,6 +190,67 @@ TEST_F(Metrics, PromtoolAcceptsTheScrape)
   auto const said = check.read_all();
   EXPECT_EQ(check.wait(), 0) << said << "\n--- the scrape:\n" << text;
   EXPECT_EQ(said, "") << text;
+}
+
+TEST_F(Metrics, SharedBuffersArePerPoolWithoutASeriesPerName)
+{
+  auto consumer = daemon_.open_session("consumer");
+  auto weights =
+      rmmd::shared_buffer::create(session_, "secret-team/model/w0", 1 << 20, {.pool = "host"});
+  weights.publish();
+  auto opened = rmmd::shared_buffer::open(consumer, "secret-team/model/w0");
+  auto twice  = rmmd::shared_buffer::open(consumer, "secret-team/model/w0");  // one holder
+  auto draft  = rmmd::shared_buffer::create(session_, "secret-team/draft", 4096, {.pool = "host"});
+  // What the pool reserved for them, as the daemon reports it.
+  v1::ListBuffersResponse listed;
+  auto ctx = session_.impl().context();
+  ASSERT_TRUE(session_.impl().stub().ListBuffers(ctx.get(), {}, &listed).ok());
+  ASSERT_EQ(listed.buffers_size(), 2);
+  auto const reserved = listed.buffers(0).reserved_bytes() + listed.buffers(1).reserved_bytes();
+  EXPECT_GE(reserved, (1u << 20) + 4096);
+  EXPECT_THROW((void)rmmd::shared_buffer::open(consumer, "secret-team/missing"),
+               rmmd::not_found_error);
+
+  auto const text = scrape();
+  for (auto const& line : std::vector<std::string>{
+           "# TYPE rmmd_pool_shared_buffers gauge",
+           "# TYPE rmmd_pool_shared_bytes gauge",
+           "# TYPE rmmd_pool_shared_buffer_holders gauge",
+           "rmmd_pool_shared_buffers{pool=\"host\"} 2",
+           "rmmd_pool_shared_bytes{pool=\"host\"} " + std::to_string(reserved),
+           // The producer holds both, the consumer one (twice: it counts once).
+           "rmmd_pool_shared_buffer_holders{pool=\"host\"} 3",
+           // Part of what the pool lends; not allocations.
+           "rmmd_pool_in_use_bytes{pool=\"host\"} " + std::to_string(reserved),
+           "rmmd_pool_live_allocations{pool=\"host\"} 0",
+           // The client library sends these on the session socket.
+           "rmmd_session_calls_total{method=\"CreateBuffer\",code=\"OK\"} 2",
+           "rmmd_session_calls_total{method=\"PublishBuffer\",code=\"OK\"} 1",
+           "rmmd_session_calls_total{method=\"OpenBuffer\",code=\"OK\"} 2",
+           "rmmd_session_calls_total{method=\"OpenBuffer\",code=\"NOT_FOUND\"} 1",
+           "rmmd_grpc_requests_total{method=\"ListBuffers\",code=\"OK\"} 1",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+  // Names are unbounded and may say more than an operator wants scraped:
+  // no series carries one (rmmctl buffers lists them).
+  EXPECT_THAT(text, Not(HasSubstr("secret-team"))) << text;
+  EXPECT_THAT(text, Not(HasSubstr("buffer=\""))) << text;
+
+  opened.close();
+  twice.close();
+  weights.close();
+  draft.close();
+  auto const after = scrape();
+  for (auto const& line : std::vector<std::string>{
+           "rmmd_pool_shared_buffers{pool=\"host\"} 0",
+           "rmmd_pool_shared_bytes{pool=\"host\"} 0",
+           "rmmd_pool_shared_buffer_holders{pool=\"host\"} 0",
+           "rmmd_pool_in_use_bytes{pool=\"host\"} 0",
+           "rmmd_session_calls_total{method=\"CloseBuffer\",code=\"OK\"} 4",
+       }) {
+    EXPECT_THAT(after, HasSubstr(line + "\n"));
+  }
 }
 
 TEST(MetricsWithManySessions, OnlyTheTopSessionsHaveSeriesSoTheScrapeStaysBounded)

@@ -45,6 +45,9 @@ daemon_snapshot sample_snapshot()
   host.high_water_bytes    = 8192;
   host.allocation_count    = 1;
   host.total_allocations   = 3;
+  host.shared_buffers      = 2;
+  host.shared_bytes        = 8192;
+  host.shared_holders      = 5;
   core::pool_stats gpu;
   gpu.pool.id                 = 1;
   gpu.pool.name               = "gpu0";
@@ -79,7 +82,8 @@ daemon_snapshot sample_snapshot()
   s.requests = requests.snapshot();
   request_metrics session_calls;
   session_calls.record(rpc_method::allocate, 0, 40us);
-  session_calls.record(rpc_method::free, 5, 3us);  // NOT_FOUND
+  session_calls.record(rpc_method::free, 5, 3us);         // NOT_FOUND
+  session_calls.record(rpc_method::open_buffer, 9, 4us);  // FAILED_PRECONDITION
   s.session_calls = session_calls.snapshot();
   return s;
 }
@@ -143,6 +147,9 @@ TEST(RenderPrometheus, EveryFamilyHasHelpAndTypeBeforeItsSamples)
   EXPECT_EQ(type_of["rmmd_grpc_request_duration_seconds"], "histogram");
   EXPECT_EQ(type_of["rmmd_grpc_requests_total"], "counter");
   EXPECT_EQ(type_of["rmmd_pool_allocations_total"], "counter");
+  EXPECT_EQ(type_of["rmmd_pool_shared_buffers"], "gauge");
+  EXPECT_EQ(type_of["rmmd_pool_shared_bytes"], "gauge");
+  EXPECT_EQ(type_of["rmmd_pool_shared_buffer_holders"], "gauge");
 }
 
 TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
@@ -166,6 +173,10 @@ TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
            "rmmd_pool_reserved_bytes{pool=\"gpu0\"} 33554432",
            "rmmd_pool_used_bytes{pool=\"gpu0\"} 16777216",
            "rmmd_pool_release_threshold_bytes{pool=\"gpu0\"} 8388608",
+           "rmmd_pool_shared_buffers{pool=\"host\"} 2",
+           "rmmd_pool_shared_bytes{pool=\"host\"} 8192",
+           "rmmd_pool_shared_buffer_holders{pool=\"host\"} 5",
+           "rmmd_pool_shared_buffers{pool=\"gpu0\"} 0",  // every pool, none or not
            "rmmd_session_bytes{session=\"7\",uid=\"1000\",pid=\"100\",command=\"python3\","
            "client=\"say \\\"hi\\\"\\\\now\\nnext\"} 4096",
            "rmmd_session_live_allocations{session=\"8\",uid=\"1000\",pid=\"100\",command="
@@ -295,19 +306,29 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
            "rmmd_grpc_request_duration_seconds_sum{method=\"Allocate\"} 0.002045",
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"2.5\"} 1",
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"+Inf\"} 2",
-           // Session-socket calls: their own families, Allocate and Free only.
+           // Session-socket calls: their own families, for the calls the
+           // session socket carries (Allocate, Free and four buffer calls).
            "rmmd_session_calls_total{method=\"Allocate\",code=\"OK\"} 1",
            "rmmd_session_calls_total{method=\"Free\",code=\"OK\"} 0",
            "rmmd_session_calls_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
            "rmmd_session_call_duration_seconds_bucket{method=\"Allocate\",le=\"2.5e-05\"} 0",
            "rmmd_session_call_duration_seconds_bucket{method=\"Allocate\",le=\"5e-05\"} 1",
            "rmmd_session_call_duration_seconds_count{method=\"Free\"} 1",
+           "rmmd_session_calls_total{method=\"CreateBuffer\",code=\"OK\"} 0",
+           "rmmd_session_calls_total{method=\"PublishBuffer\",code=\"OK\"} 0",
+           "rmmd_session_calls_total{method=\"OpenBuffer\",code=\"FAILED_PRECONDITION\"} 1",
+           "rmmd_session_calls_total{method=\"CloseBuffer\",code=\"OK\"} 0",
+           "rmmd_grpc_requests_total{method=\"DeleteBuffer\",code=\"OK\"} 0",
+           "rmmd_grpc_requests_total{method=\"ListBuffers\",code=\"OK\"} 0",
        }) {
     EXPECT_THAT(text, HasSubstr(line + "\n"));
   }
   // Codes that never happened.
   EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"}")));
   EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"GetStats\"")));
+  // DeleteBuffer and ListBuffers travel on gRPC only.
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"DeleteBuffer\"")));
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"ListBuffers\"")));
 }
 
 TEST(RenderPrometheus, AdmissionRefusalsByLimitAndWaitingConnections)
