@@ -49,7 +49,8 @@ TEST(ShareExamplesGpu, ConsumersStartedFirstReadWhatTheProducerCopiedBeforePubli
   producer.close_stdin();
   EXPECT_EQ(producer.wait(30s), 0);
   EXPECT_TRUE(eventually([&] {
-    for (auto const& p : daemon.stats().pools()) {
+    auto const stats = daemon.stats();
+    for (auto const& p : stats.pools()) {
       if (p.shared_buffers() != 0) { return false; }
     }
     return true;
