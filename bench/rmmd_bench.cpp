@@ -1,9 +1,10 @@
-// rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issue 5).
+// rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
+// and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,b,b2,c,d,e,f]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
-// sections a) to e) (bench/README.md says what each one is), prints a table
+// sections a) to f) (bench/README.md says what each one is), prints a table
 // per section with the issue's targets beside the figures, and writes every
 // figure to FILE.json. Exit status: 0 when every section ran (a missed target
 // is a result, not a failure), 1 when a section failed (the JSON says which
@@ -18,6 +19,10 @@
 //   rmmd_bench --gpu-slug                      prints the GPU's name as a file name
 //   rmmd_bench --context-rss                   section e's reference: a CUDA context and
 //                                              one exportable RMM pool, nothing else
+//   rmmd_bench --share-producer NAME BYTES     section f's rmmd producer
+//   rmmd_bench --ipc-producer BYTES            section f's cudaIpcGetMemHandle producer
+//   rmmd_bench --share-consumer METHOD BYTES REPS WARMUP SECONDS ARG
+//                                              section f's consumer processes
 
 #include "bench/bench_support.hpp"
 
@@ -26,6 +31,7 @@
 
 #include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
 
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>
@@ -55,11 +61,13 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace rmmd::bench {
@@ -109,6 +117,9 @@ std::string format(char const* fmt, ...)
 
 std::string size_name(std::size_t bytes)
 {
+  if (bytes >= (std::size_t{1} << 30) && bytes % (std::size_t{1} << 30) == 0) {
+    return std::to_string(bytes >> 30) + " GiB";
+  }
   if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
     return std::to_string(bytes >> 20) + " MiB";
   }
@@ -315,6 +326,12 @@ struct config {
   std::size_t kill_trials{10};
   std::size_t kill_hold_bytes{std::size_t{256} << 20};
   std::size_t leases{10000};
+  // f) named shared buffers
+  std::vector<std::size_t> share_sizes{std::size_t{64} << 20, std::size_t{4} << 30};
+  std::vector<int> share_consumers{1, 8};
+  std::size_t share_reps{200};
+  std::size_t share_copy_reps{20};
+  std::size_t share_warmup{5};
 
   static config make(bool quick)
   {
@@ -331,6 +348,9 @@ struct config {
       c.worker_seconds     = 0.5;
       c.setup_sessions     = 10;
       c.kill_trials        = 3;
+      c.share_reps         = 30;
+      c.share_copy_reps    = 3;
+      c.share_warmup       = 2;
     }
     return c;
   }
@@ -972,15 +992,15 @@ int worker_main(client_kind kind, std::size_t bytes, double seconds)
 }
 
 /// Reads lines from `p` until one of the helper protocol's (ready, done,
-/// holding, error: anything else a library printed is skipped); throws naming
-/// `who` unless it starts with `want`.
-std::string expect_line(child_process& p,
-                        std::string const& who,
-                        std::string const& want,
-                        steady::time_point deadline)
+/// holding, error, samples, first: anything else a library printed is
+/// skipped); throws naming `who` and `want` at EOF or the deadline.
+std::string next_protocol_line(child_process& p,
+                               std::string const& who,
+                               std::string const& want,
+                               steady::time_point deadline)
 {
   auto is_protocol = [](std::string const& l) {
-    for (char const* w : {"ready", "done ", "holding", "error "}) {
+    for (char const* w : {"ready", "done ", "holding", "error ", "samples ", "first "}) {
       if (l.rfind(w, 0) == 0) { return true; }
     }
     return false;
@@ -993,10 +1013,20 @@ std::string expect_line(child_process& p,
         who + " (pid " + std::to_string(p.pid()) + ") sent no '" + want + "' line " +
         (status ? "and exited with status " + std::to_string(*status) : "before its deadline"));
   }
-  if (line->rfind(want, 0) != 0) {
-    throw bench_error(who + " (pid " + std::to_string(p.pid()) + ") said: " + *line);
-  }
   return *line;
+}
+
+/// The next protocol line of `p`; throws naming `who` unless it starts with `want`.
+std::string expect_line(child_process& p,
+                        std::string const& who,
+                        std::string const& want,
+                        steady::time_point deadline)
+{
+  auto line = next_protocol_line(p, who, want, deadline);
+  if (line.rfind(want, 0) != 0) {
+    throw bench_error(who + " (pid " + std::to_string(p.pid()) + ") said: " + line);
+  }
+  return line;
 }
 
 void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
@@ -1327,6 +1357,550 @@ void section_rss(config const& cfg,
   std::fflush(stdout);
 }
 
+// ------------------------------------------- f) named shared buffers (issue 12)
+
+// A producer process creates and writes one buffer; consumer processes time
+// the cycle every consumer's start-up pays: open it (to a pointer they can
+// use), read from it, close it. Against the same consumers without rmmd:
+// legacy CUDA IPC of the producer's cudaMalloc buffer, and a copy of the
+// bytes from a pinned host copy into an allocation of their own.
+
+constexpr double share_open_target_ms = 1.0;    // open p50, every size
+constexpr double share_speedup_target = 100.0;  // x the host copy's p50, at 4 GiB
+constexpr unsigned char share_fill    = 0x5a;   // what the producers write
+constexpr std::uint64_t share_word    = 0x5a5a5a5a5a5a5a5aULL;
+
+/// How a consumer of section f gets the producer's bytes.
+enum class share_method { rmmd, rmmd_grpc, cuda_ipc, host_copy };
+
+std::string method_name(share_method m)
+{
+  switch (m) {
+    case share_method::rmmd:
+      return "rmmd";
+    case share_method::rmmd_grpc:
+      return "rmmd_grpc";
+    case share_method::cuda_ipc:
+      return "cuda_ipc";
+    case share_method::host_copy:
+      return "host_copy";
+  }
+  return "?";
+}
+
+std::optional<share_method> parse_method(std::string const& s)
+{
+  for (auto m : {share_method::rmmd,
+                 share_method::rmmd_grpc,
+                 share_method::cuda_ipc,
+                 share_method::host_copy}) {
+    if (s == method_name(m)) { return m; }
+  }
+  return std::nullopt;
+}
+
+std::string to_hex(void const* data, std::size_t n)
+{
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const b = static_cast<unsigned char const*>(data)[i];
+    out += digits[b >> 4];
+    out += digits[b & 0xf];
+  }
+  return out;
+}
+
+bool from_hex(std::string const& text, void* out, std::size_t n)
+{
+  if (text.size() != 2 * n) { return false; }
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') { return c - '0'; }
+    if (c >= 'a' && c <= 'f') { return c - 'a' + 10; }
+    return -1;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    int const hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) { return false; }
+    static_cast<unsigned char*>(out)[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  return true;
+}
+
+/// Returns when stdin closes (the bench is done with this helper).
+void wait_for_stdin_eof()
+{
+  char buf[256];
+  while (true) {
+    auto n = ::read(STDIN_FILENO, buf, sizeof(buf));
+    if (n == 0 || (n < 0 && errno != EINTR)) { return; }
+  }
+}
+
+int helper_failed(std::exception const& e)
+{
+  std::string what = e.what();
+  std::replace(what.begin(), what.end(), '\n', ' ');
+  say("error " + what);
+  return 1;
+}
+
+/// Section f's rmmd producer: creates NAME (BYTES) in GPU 0's pool, writes it
+/// (cudaMemsetAsync) and publishes it on its stream; says "ready CREATE_NS
+/// WRITE_AND_PUBLISH_NS" once the daemon has it published, closes it when
+/// its stdin closes.
+int share_producer_main(std::string const& name, std::size_t bytes)
+{
+  die_with_parent();
+  try {
+    BENCH_CUDA(cudaSetDevice(0));
+    BENCH_CUDA(cudaFree(nullptr));
+    auto s = open_session("rmmd-bench-share-producer");
+    stream_holder stream;
+    auto const t0 = steady::now();
+    auto buffer   = rmmd::shared_buffer::create(s, name, bytes, {.device = 0});
+    auto const t1 = steady::now();
+    BENCH_CUDA(cudaMemsetAsync(buffer.data(), share_fill, bytes, stream.get()));
+    buffer.publish(cuda::stream_ref{stream.get()});
+    BENCH_CUDA(cudaStreamSynchronize(stream.get()));
+    // A host function sent the publication without waiting for a reply; the
+    // daemon answers a session's calls in order, so this round trip's answer
+    // comes after the publication is done.
+    if (auto status = s.impl().ping(); !status.ok()) {
+      throw bench_error("Ping after the publication failed: " + status.error_message());
+    }
+    auto const t2 = steady::now();
+    say(format("ready %.0f %.0f", ns_between(t0, t1), ns_between(t1, t2)));
+    wait_for_stdin_eof();
+    buffer.close(cuda::stream_ref{stream.get()});
+    BENCH_CUDA(cudaStreamSynchronize(stream.get()));
+    return 0;
+  } catch (std::exception const& e) {
+    return helper_failed(e);
+  }
+}
+
+/// Section f's legacy producer: cudaMalloc BYTES, write them, export the
+/// buffer with cudaIpcGetMemHandle; says "ready HANDLE_HEX", frees it when
+/// its stdin closes.
+int ipc_producer_main(std::size_t bytes)
+{
+  die_with_parent();
+  try {
+    BENCH_CUDA(cudaSetDevice(0));
+    void* p = nullptr;
+    BENCH_CUDA(cudaMalloc(&p, bytes));
+    BENCH_CUDA(cudaMemset(p, share_fill, bytes));
+    BENCH_CUDA(cudaDeviceSynchronize());
+    cudaIpcMemHandle_t handle{};
+    BENCH_CUDA(cudaIpcGetMemHandle(&handle, p));
+    say("ready " + to_hex(&handle, sizeof(handle)));
+    wait_for_stdin_eof();
+    cudaFree(p);
+    return 0;
+  } catch (std::exception const& e) {
+    return helper_failed(e);
+  }
+}
+
+std::string ns_list(std::vector<double> const& ns)
+{
+  std::string out;
+  for (double v : ns) { out += format(" %.0f", v); }
+  return out;
+}
+
+/// Section f's consumer: sets up (CUDA context, stream; a session for rmmd;
+/// the pinned host copy and its own allocation for host_copy), says "ready",
+/// and on "go" runs WARMUP + REPS cycles (host_copy: 1 + REPS copies), up to
+/// SECONDS once one is measured: open, read 8 bytes on its stream and check
+/// them, close. Then "samples KIND NS..." for open, open_and_read, close and
+/// close_and_sync, "first NS" (the first open), and "done MEASURED".
+/// ARG: the buffer's name (rmmd), the handle in hex (cuda_ipc), "-" (host_copy).
+int share_consumer_main(share_method method,
+                        std::size_t bytes,
+                        std::size_t reps,
+                        std::size_t warmup,
+                        double seconds,
+                        std::string const& arg)
+{
+  die_with_parent();
+  void* pinned = nullptr;
+  void* own    = nullptr;
+  struct freer {
+    void*& pinned;
+    void*& own;
+    ~freer()
+    {
+      if (own != nullptr) { cudaFree(own); }
+      if (pinned != nullptr) { cudaFreeHost(pinned); }
+    }
+  } free_at_exit{pinned, own};
+  try {
+    BENCH_CUDA(cudaSetDevice(0));
+    BENCH_CUDA(cudaFree(nullptr));
+    stream_holder stream;
+    std::optional<rmmd::session> session;
+    cudaIpcMemHandle_t handle{};
+    switch (method) {
+      case share_method::rmmd:
+      case share_method::rmmd_grpc:
+        session.emplace(open_session("rmmd-bench-share-consumer",
+                                     method == share_method::rmmd_grpc
+                                         ? call_transport::grpc
+                                         : call_transport::session_socket));
+        break;
+      case share_method::cuda_ipc:
+        if (!from_hex(arg, &handle, sizeof(handle))) {
+          throw bench_error("not a cudaIpcMemHandle_t in hex: " + arg);
+        }
+        break;
+      case share_method::host_copy:
+        BENCH_CUDA(cudaMallocHost(&pinned, bytes));
+        std::memset(pinned, share_fill, bytes);
+        BENCH_CUDA(cudaMalloc(&own, bytes));
+        break;
+    }
+    say("ready");
+    if (!wait_for_stdin_line(std::chrono::milliseconds(180'000))) { return 3; }
+
+    std::uint64_t word = 0;
+    auto read_word     = [&](void const* p) {
+      word = 0;
+      BENCH_CUDA(cudaMemcpyAsync(&word, p, sizeof(word), cudaMemcpyDeviceToHost, stream.get()));
+      BENCH_CUDA(cudaStreamSynchronize(stream.get()));
+      if (word != share_word) {
+        throw bench_error(format("read %016llx, not what the producer wrote",
+                                 static_cast<unsigned long long>(word)));
+      }
+    };
+    std::vector<double> open_ns, read_ns, close_ns, close_sync_ns;
+    double first_ns  = 0;
+    auto const total = (method == share_method::host_copy ? 1 : warmup) + reps;
+    auto const stop  = steady::now() + std::chrono::duration_cast<steady::duration>(
+                                          std::chrono::duration<double>(seconds));
+    std::size_t measured = 0;
+    for (std::size_t i = 0; i < total; ++i) {
+      steady::time_point t0, t1, t2, t3, t4, t5;
+      if (method == share_method::host_copy) {
+        t0 = steady::now();
+        BENCH_CUDA(cudaMemcpyAsync(own, pinned, bytes, cudaMemcpyHostToDevice, stream.get()));
+        BENCH_CUDA(cudaStreamSynchronize(stream.get()));
+        t1 = steady::now();
+        read_word(own);
+        t2 = t3 = t4 = t5 = steady::now();
+      } else if (method == share_method::cuda_ipc) {
+        void* p = nullptr;
+        t0      = steady::now();
+        BENCH_CUDA(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+        t1 = steady::now();
+        read_word(p);
+        t2 = t3 = steady::now();
+        BENCH_CUDA(cudaIpcCloseMemHandle(p));
+        t4 = t5 = steady::now();
+      } else {
+        t0          = steady::now();
+        auto buffer = rmmd::shared_buffer::open(*session, arg);
+        t1          = steady::now();
+        read_word(buffer.data());
+        t2 = t3 = steady::now();
+        buffer.close(cuda::stream_ref{stream.get()});
+        t4 = steady::now();
+        BENCH_CUDA(cudaStreamSynchronize(stream.get()));
+        t5 = steady::now();
+      }
+      if (i == 0) { first_ns = ns_between(t0, t1); }
+      if (i + reps >= total) {
+        open_ns.push_back(ns_between(t0, t1));
+        read_ns.push_back(ns_between(t0, t2));
+        close_ns.push_back(ns_between(t3, t4));
+        close_sync_ns.push_back(ns_between(t3, t5));
+        ++measured;
+      }
+      if (measured > 0 && steady::now() >= stop) { break; }
+    }
+    say("samples open" + ns_list(open_ns));
+    say("samples open_and_read" + ns_list(read_ns));
+    say("samples close" + ns_list(close_ns));
+    say("samples close_and_sync" + ns_list(close_sync_ns));
+    say(format("first %.0f", first_ns));
+    say(format("done %zu", measured));
+    return 0;
+  } catch (std::exception const& e) {
+    return helper_failed(e);
+  }
+}
+
+/// What N consumers of one method measured, all together.
+struct share_samples {
+  std::map<std::string, std::vector<double>> ns;  // by KIND of the samples lines
+  std::vector<double> first_ns;
+  std::size_t measured{};
+  std::size_t asked{};  // reps per consumer x consumers
+};
+
+share_samples run_share_consumers(config const& cfg,
+                                  share_method method,
+                                  std::size_t bytes,
+                                  int consumers,
+                                  std::string const& arg,
+                                  std::vector<std::string> const& env)
+{
+  auto const reps     = method == share_method::host_copy ? cfg.share_copy_reps : cfg.share_reps;
+  auto const budget_s = static_cast<double>(cfg.cell_budget.count());
+  std::vector<std::unique_ptr<child_process>> procs;
+  for (int i = 0; i < consumers; ++i) {
+    procs.push_back(
+        std::make_unique<child_process>(std::vector<std::string>{self_path(),
+                                                                 "--share-consumer",
+                                                                 method_name(method),
+                                                                 std::to_string(bytes),
+                                                                 std::to_string(reps),
+                                                                 std::to_string(cfg.share_warmup),
+                                                                 format("%g", budget_s),
+                                                                 arg},
+                                        env));
+  }
+  auto who = [](std::size_t i) { return "consumer " + std::to_string(i); };
+  // Set-up may pin and fill GiBs of host memory (host_copy).
+  auto const ready_by = steady::now() + 180s;
+  for (std::size_t i = 0; i < procs.size(); ++i) {
+    expect_line(*procs[i], who(i), "ready", ready_by);
+  }
+  for (auto& p : procs) { p->write_line("go"); }
+  share_samples out;
+  out.asked          = reps * procs.size();
+  auto const done_by = steady::now() + cfg.cell_budget + 120s;
+  for (std::size_t i = 0; i < procs.size(); ++i) {
+    while (true) {
+      auto line = next_protocol_line(*procs[i], who(i), "done", done_by);
+      std::istringstream words(line);
+      std::string word;
+      words >> word;
+      if (word == "samples") {
+        std::string kind;
+        words >> kind;
+        double v   = 0;
+        auto& list = out.ns[kind];
+        while (words >> v) { list.push_back(v); }
+      } else if (word == "first") {
+        double v = 0;
+        words >> v;
+        out.first_ns.push_back(v);
+      } else if (word == "done") {
+        std::size_t n = 0;
+        words >> n;
+        out.measured += n;
+        break;
+      } else {
+        throw bench_error(who(i) + " (pid " + std::to_string(procs[i]->pid()) + ") said: " + line);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < procs.size(); ++i) {
+    if (auto rc = procs[i]->finish(30s); rc != 0) {
+      throw bench_error(who(i) + " exited with status " + std::to_string(rc));
+    }
+  }
+  return out;
+}
+
+void section_sharing(config const& cfg, daemon_process& daemon, run_state& st)
+{
+  std::printf(
+      "\nf) named shared buffers: a producer process creates and writes one buffer; 1 or %d "
+      "consumer processes at once open it, read 8 bytes on their stream, close it (us; "
+      "open = to a usable pointer). Without rmmd: cudaIpcOpenMemHandle of the producer's "
+      "cudaMalloc buffer, and a copy from a pinned host copy into the consumer's own cudaMalloc "
+      "buffer (the copy alone)\n",
+      cfg.share_consumers.back());
+  auto& out = *st.doc.mutable_sharing();
+  out.set_reps(u32(cfg.share_reps));
+  out.set_copy_reps(u32(cfg.share_copy_reps));
+  out.set_warmup(u32(cfg.share_warmup));
+  auto env = self_env();
+  env.push_back("RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string());
+  std::printf("%-10s %5s %7s %6s %10s %10s %10s %10s %10s %10s\n",
+              "method",
+              "procs",
+              "size",
+              "reps",
+              "open p50",
+              "open p99",
+              "+read p50",
+              "close p50",
+              "+sync p50",
+              "1st open");
+  std::fflush(stdout);
+
+  // Row index of each cell by (method, size, consumers), for the targets.
+  std::map<std::tuple<share_method, std::size_t, int>, int> rows;
+  auto cell = [&](share_method method,
+                  std::size_t bytes,
+                  int consumers,
+                  std::string const& arg,
+                  std::string const& skipped) {
+    rows[{method, bytes, consumers}] = out.cells_size();
+    auto& row                        = *out.add_cells();
+    row.set_method(method_name(method));
+    row.set_size_bytes(static_cast<double>(bytes));
+    row.set_consumers(u32(static_cast<std::size_t>(consumers)));
+    if (!skipped.empty()) {
+      row.set_error(skipped);
+      return;
+    }
+    try {
+      auto got  = run_share_consumers(cfg, method, bytes, consumers, arg, env);
+      auto open = summarize(got.ns["open"]), read = summarize(got.ns["open_and_read"]),
+           close = summarize(got.ns["close"]), close_sync = summarize(got.ns["close_and_sync"]),
+           first = summarize(got.first_ns);
+      auto set   = [](results::Latency& l, summary const& s) {
+        l.set_p50_us(s.p50_us);
+        l.set_p99_us(s.p99_us);
+      };
+      row.set_reps(u32(got.measured));
+      row.set_cut_short_by_budget(got.measured < got.asked);
+      set(*row.mutable_open(), open);
+      set(*row.mutable_open_and_read(), read);
+      bool const opens = method != share_method::host_copy;
+      if (opens) {
+        set(*row.mutable_close(), close);
+        set(*row.mutable_close_and_sync(), close_sync);
+        row.set_first_open_p50_us(first.p50_us);
+      }
+      std::printf("%-10s %5d %7s %6zu %10.1f %10.1f %10.1f %10s %10s %10s%s\n",
+                  method_name(method).c_str(),
+                  consumers,
+                  size_name(bytes).c_str(),
+                  got.measured,
+                  open.p50_us,
+                  open.p99_us,
+                  read.p50_us,
+                  opens ? format("%.1f", close.p50_us).c_str() : "-",
+                  opens ? format("%.1f", close_sync.p50_us).c_str() : "-",
+                  opens ? format("%.1f", first.p50_us).c_str() : "-",
+                  got.measured < got.asked ? "  (cut short by the time budget)" : "");
+    } catch (std::exception const& e) {
+      row.set_error(e.what());
+      st.error(
+          "f " + method_name(method) + " " + size_name(bytes) + " x" + std::to_string(consumers),
+          e.what());
+    }
+    std::fflush(stdout);
+  };
+
+  for (auto bytes : cfg.share_sizes) {
+    // rmmd: one producer per size, then every consumer count, both transports.
+    {
+      auto const name    = format("rmmd-bench/share/%zu", bytes);
+      auto& producer_row = *out.add_producers();
+      producer_row.set_size_bytes(static_cast<double>(bytes));
+      std::optional<child_process> producer;
+      std::string skipped;
+      try {
+        producer.emplace(
+            std::vector<std::string>{self_path(), "--share-producer", name, std::to_string(bytes)},
+            env);
+        auto line = expect_line(*producer, "the rmmd producer", "ready", steady::now() + 120s);
+        double create_ns = 0, publish_ns = 0;
+        if (std::sscanf(line.c_str(), "ready %lf %lf", &create_ns, &publish_ns) != 2) {
+          throw bench_error("the rmmd producer said: " + line);
+        }
+        producer_row.set_create_ms(create_ns / 1e6);
+        producer_row.set_write_and_publish_ms(publish_ns / 1e6);
+        std::printf("  rmmd producer, %s: create %.3f ms, write + publish + sync %.3f ms\n",
+                    size_name(bytes).c_str(),
+                    create_ns / 1e6,
+                    publish_ns / 1e6);
+      } catch (std::exception const& e) {
+        producer_row.set_error(e.what());
+        st.error("f rmmd producer " + size_name(bytes), e.what());
+        skipped = "no rmmd producer: " + std::string(e.what());
+      }
+      for (int n : cfg.share_consumers) {
+        for (auto m : {share_method::rmmd, share_method::rmmd_grpc}) {
+          cell(m, bytes, n, name, skipped);
+        }
+      }
+      if (producer) {
+        producer->close_stdin();
+        if (auto rc = producer->finish(30s); rc != 0) {
+          st.error("f rmmd producer " + size_name(bytes),
+                   "exited with status " + std::to_string(rc));
+        }
+      }
+    }
+    // Legacy CUDA IPC of a cudaMalloc buffer.
+    {
+      std::optional<child_process> producer;
+      std::string handle, skipped;
+      try {
+        producer.emplace(
+            std::vector<std::string>{self_path(), "--ipc-producer", std::to_string(bytes)}, env);
+        auto line = expect_line(*producer, "the CUDA IPC producer", "ready ", steady::now() + 120s);
+        handle    = line.substr(6);
+      } catch (std::exception const& e) {
+        st.error("f cuda_ipc producer " + size_name(bytes), e.what());
+        skipped = "no CUDA IPC producer: " + std::string(e.what());
+      }
+      for (int n : cfg.share_consumers) { cell(share_method::cuda_ipc, bytes, n, handle, skipped); }
+      if (producer) {
+        producer->close_stdin();
+        producer->finish(30s);
+      }
+    }
+    // Each consumer copies its own pinned host copy into its own allocation.
+    for (int n : cfg.share_consumers) { cell(share_method::host_copy, bytes, n, "-", {}); }
+  }
+
+  // The targets: rmmd's open (calls on the session socket, the default).
+  auto p50_of = [&](share_method m, std::size_t bytes, int n) -> std::optional<double> {
+    auto it = rows.find({m, bytes, n});
+    if (it == rows.end()) { return std::nullopt; }
+    auto const& row = out.cells(it->second);
+    if (row.has_error() || !row.open().has_p50_us()) { return std::nullopt; }
+    return row.open().p50_us();
+  };
+  auto const largest = *std::max_element(cfg.share_sizes.begin(), cfg.share_sizes.end());
+  for (auto bytes : cfg.share_sizes) {
+    for (int n : cfg.share_consumers) {
+      auto const open = p50_of(share_method::rmmd, bytes, n);
+      if (!open) { continue; }
+      auto& row = *out.mutable_cells(rows.at({share_method::rmmd, bytes, n}));
+      target_row t{format("rmmd open p50, %s, %d consumer(s)", size_name(bytes).c_str(), n),
+                   *open / 1000.0,
+                   true,
+                   share_open_target_ms,
+                   "ms"};
+      auto verdict          = st.check(t);
+      *row.mutable_target() = target_result(t);
+      std::printf("  %-44s %10.3f ms  (target <= %g ms: %s)\n",
+                  t.what.c_str(),
+                  t.measured,
+                  share_open_target_ms,
+                  verdict.c_str());
+      auto const copy = p50_of(share_method::host_copy, bytes, n);
+      if (!copy || *open <= 0) { continue; }
+      row.set_host_copy_over_open_p50(*copy / *open);
+      if (bytes != largest) { continue; }
+      target_row speedup{
+          format("host copy p50 / rmmd open p50, %s, %d consumer(s)", size_name(bytes).c_str(), n),
+          *copy / *open,
+          false,
+          share_speedup_target,
+          "x"};
+      verdict                       = st.check(speedup);
+      *row.mutable_speedup_target() = target_result(speedup);
+      std::printf("  %-44s %10.0f x   (target >= %g x: %s)\n",
+                  speedup.what.c_str(),
+                  speedup.measured,
+                  share_speedup_target,
+                  verdict.c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
 // ------------------------------------------- main
 
 std::string gpu_slug(std::string const& name)
@@ -1424,6 +1998,8 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
+  std::vector<std::string> const all_sections{"a", "b", "b2", "c", "d", "e", "f"};
+  std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()
       ->check(CLI::ExistingFile);
@@ -1434,6 +2010,13 @@ int bench_main(int argc, char** argv)
   app.add_option("--max-seconds", max_seconds, "Kill everything and exit 3 after this long")
       ->capture_default_str()
       ->check(CLI::Range(10, 3600));
+  app.add_option("--sections",
+                 sections,
+                 "The sections to run, comma-separated (bench/README.md); b takes the direct "
+                 "path's figures from a")
+      ->delimiter(',')
+      ->check(CLI::IsMember(all_sections))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (CLI::ParseError const& e) {
@@ -1477,6 +2060,12 @@ int bench_main(int argc, char** argv)
   st.doc.set_command(command);
   st.doc.set_started_utc(utc_now());
   st.doc.set_quick(quick);
+  auto const selected = [&](std::string const& name) {
+    return std::find(sections.begin(), sections.end(), name) != sections.end();
+  };
+  for (auto const& name : all_sections) {
+    if (selected(name)) { st.doc.add_sections(name); }
+  }
   auto& c = *st.doc.mutable_config();
   c.set_pairs(u32(cfg.pairs));
   c.set_pairs_direct_64mib(u32(cfg.pairs_direct_64mib));
@@ -1512,14 +2101,20 @@ int bench_main(int argc, char** argv)
   rmmd::session session(
       rmmd::session::options{.runtime_dir = daemon.runtime_dir(), .client_name = "rmmd-bench"});
   (void)session.device_pool(0);  // throws, naming the pools, if GPU 0 has none
-  std::printf("rmmd_bench on %s (driver %s), rmmd pid %d%s\n",
+  std::string section_list;
+  for (auto const& name : st.doc.sections()) {
+    section_list += (section_list.empty() ? "" : ",") + name;
+  }
+  std::printf("rmmd_bench on %s (driver %s), rmmd pid %d%s, sections %s\n",
               gpu_name.c_str(),
               driver_version().c_str(),
               static_cast<int>(daemon.pid()),
-              quick ? ", --quick" : "");
+              quick ? ", --quick" : "",
+              section_list.c_str());
   std::fflush(stdout);
 
   auto guarded = [&](char const* name, auto&& body) {
+    if (!selected(name)) { return; }
     try {
       if (!daemon.alive()) {
         throw bench_error("rmmd has exited; its log ends:\n" + daemon.log_tail());
@@ -1539,8 +2134,9 @@ int bench_main(int argc, char** argv)
   guarded("c", [&] { section_processes(cfg, daemon, st); });
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
+  guarded("f", [&] { section_sharing(cfg, daemon, st); });
 
-  std::printf("\nTargets (issue 5)\n");
+  std::printf("\nTargets (issues 5 and 12)\n");
   for (auto const& t : st.targets) {
     std::printf("  %-4s %-52s %12.3f %s  (%s %g %s)\n",
                 t.pass() ? "pass" : "MISS",
@@ -1623,6 +2219,34 @@ int internal_main(int argc, char** argv)
       return usage("--worker fast|direct|direct-grpc BYTES SECONDS");
     }
     return worker_main(*m, bytes, seconds);
+  }
+  if (mode == "--share-producer") {
+    char* end  = nullptr;
+    auto bytes = argc == 4 ? std::strtoull(argv[3], &end, 10) : 0;
+    if (argc != 4 || *end != '\0' || bytes == 0) { return usage("--share-producer NAME BYTES"); }
+    return share_producer_main(argv[2], bytes);
+  }
+  if (mode == "--ipc-producer") {
+    char* end  = nullptr;
+    auto bytes = argc == 3 ? std::strtoull(argv[2], &end, 10) : 0;
+    if (argc != 3 || *end != '\0' || bytes == 0) { return usage("--ipc-producer BYTES"); }
+    return ipc_producer_main(bytes);
+  }
+  if (mode == "--share-consumer") {
+    constexpr char const* text =
+        "--share-consumer rmmd|rmmd_grpc|cuda_ipc|host_copy BYTES REPS WARMUP SECONDS ARG";
+    if (argc != 8) { return usage(text); }
+    auto method = parse_method(argv[2]);
+    char *e1, *e2, *e3, *e4;
+    auto bytes   = std::strtoull(argv[3], &e1, 10);
+    auto reps    = std::strtoull(argv[4], &e2, 10);
+    auto warmup  = std::strtoull(argv[5], &e3, 10);
+    auto seconds = std::strtod(argv[6], &e4);
+    if (!method || *e1 != '\0' || *e2 != '\0' || *e3 != '\0' || *e4 != '\0' || bytes == 0 ||
+        reps == 0 || seconds <= 0) {
+      return usage(text);
+    }
+    return share_consumer_main(*method, bytes, reps, warmup, seconds, argv[7]);
   }
   if (mode == "--holder") {
     if (argc != 4) { return usage("--holder fast|direct BYTES"); }

@@ -17,7 +17,9 @@ std::filesystem::path program_path(std::string const& name)
       {"rmmctl", "client/rmmctl"},
       {"rmmd_test_client", "tests/rmmd_test_client"},
       {"rmmd_soak_client", "tests/rmmd_soak_client"},
-      {"rmmd_hello", "examples/rmmd_hello"}};
+      {"rmmd_hello", "examples/rmmd_hello"},
+      {"rmmd_share_producer", "examples/rmmd_share_producer"},
+      {"rmmd_share_consumer", "examples/rmmd_share_consumer"}};
   for (auto [program, relative] : in_build_tree) {
     if (name == program) { return std::filesystem::path(RMMD_BUILD_DIR) / relative; }
   }
