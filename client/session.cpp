@@ -67,7 +67,9 @@ int connect_session_socket(std::filesystem::path const& dir)
 
 [[noreturn]] void throw_status(grpc::Status const& status, std::string_view what)
 {
-  auto message = "rmmd: " + std::string(what) + ": " + status.error_message();
+  // An empty `what`: the daemon's message names the request itself.
+  auto message = what.empty() ? "rmmd: " + status.error_message()
+                              : "rmmd: " + std::string(what) + ": " + status.error_message();
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       throw rmmd::logic_error(message);

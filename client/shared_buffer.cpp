@@ -215,6 +215,19 @@ bool session_impl::detach_buffer(std::uint64_t id) noexcept
 
 namespace {
 
+/// Whether the daemon's message for a refused buffer call begins with the
+/// request ("open buffer 'x': ..."), so that the client need not say it again
+/// (a transport error, a timeout, does not).
+bool daemon_names_it(grpc::Status const& status)
+{
+  auto const& m = status.error_message();
+  for (char const* prefix :
+       {"create buffer ", "open buffer ", "publish buffer ", "delete buffer "}) {
+    if (m.rfind(prefix, 0) == 0) { return true; }
+  }
+  return false;
+}
+
 /// Gives back an open or create whose memory this process could not reach.
 void close_unreachable(session const& s, std::uint64_t id) noexcept
 {
@@ -267,7 +280,7 @@ shared_buffer shared_buffer::create(session const& s,
   v1::BufferGrant grant;
   auto& impl = s.impl();
   if (auto status = impl.create_buffer(request, &grant); !status.ok()) {
-    detail::throw_status(status, what);
+    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
   }
   shared_buffer out;
   try {
@@ -299,7 +312,7 @@ shared_buffer shared_buffer::open(session const& s,
   v1::BufferGrant grant;
   auto& impl = s.impl();
   if (auto status = impl.open_buffer(std::string(name), wait, &grant); !status.ok()) {
-    detail::throw_status(status, what);
+    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
   }
   shared_buffer out;
   try {
@@ -330,7 +343,7 @@ std::size_t shared_buffer::remove(session const& s, std::string_view name)
   v1::DeleteBufferResponse response;
   auto ctx = impl.context();
   if (auto status = impl.stub().DeleteBuffer(ctx.get(), request, &response); !status.ok()) {
-    detail::throw_status(status, what);
+    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
   }
   return response.holders();
 }
@@ -421,7 +434,8 @@ void shared_buffer::publish()
                                    "': only the process that created it may publish it");
   }
   if (auto status = session_->impl().publish_buffer(id_); !status.ok()) {
-    detail::throw_status(status, "publish buffer '" + name_ + "'");
+    detail::throw_status(
+        status, daemon_names_it(status) ? std::string() : "publish buffer '" + name_ + "'");
   }
 }
 

@@ -267,6 +267,7 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
   auto const key = std::string(name);
+  bool waited    = false;
   while (true) {
     auto s_it = sessions_.find(session);
     if (s_it == sessions_.end()) { return session_gone(request); }
@@ -297,10 +298,24 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
           ": it is not published yet (its creator is still writing it); open it with a "
           "wait, or after its creator publishes it"));
     }
-    if (draining_ || sessions_closed_) {
-      return absl::UnavailableError(absl::StrCat(request, ": the daemon is draining for shutdown"));
+    if (std::chrono::steady_clock::now() >= wait_until) {
+      if (waited) {
+        return absl::Status(
+            waitable.code(),
+            absl::StrCat(request,
+                         waitable.code() == absl::StatusCode::kNotFound
+                             ? ": no buffer had this name by the end of the wait"
+                             : ": it was still not published at the end of the wait",
+                         " (see `rmmctl buffers`)"));
+      }
+      return waitable;
     }
-    if (std::chrono::steady_clock::now() >= wait_until) { return waitable; }
+    // No wait outlives the drain: the daemon is about to stop.
+    if (draining_ || sessions_closed_) {
+      return absl::UnavailableError(
+          absl::StrCat(request, ": the daemon is draining for shutdown; it stopped the wait"));
+    }
+    waited = true;
     buffers_changed_.wait_until(lock, wait_until);
   }
 }

@@ -119,7 +119,7 @@ TEST(ShareExamples, AConsumerWithoutAProducerSaysSo)
   std::vector<std::string> env{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
   auto r = run_consumer("examples/test/nobody", "0.2", env);
   EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("no buffer has this name")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("no buffer had this name by the end of the wait")) << r.out;
 }
 
 }  // namespace
