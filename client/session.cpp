@@ -165,7 +165,8 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
   // waits with its own deadline) and its close ends the session.
   timeval none{};
   ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-  session_calls_ = welcome.session_calls() && options.lease_calls == call_transport::session_socket;
+  daemon_takes_calls_ = welcome.session_calls();
+  session_calls_ = daemon_takes_calls_ && options.lease_calls == call_transport::session_socket;
 
   grpc::ChannelArguments args;
   if (welcome.max_message_bytes() > 0) {
@@ -336,7 +337,9 @@ void session_impl::send_releases_locked(std::vector<queued_call>& calls) noexcep
   calls.clear();
 }
 
-grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
+grpc::Status session_impl::call(v1::SessionCall& call,
+                                v1::SessionReply* reply,
+                                std::vector<int>* fds)
 {
   call_lock lock(*this);
   {
@@ -349,7 +352,7 @@ grpc::Status session_impl::call(v1::SessionCall& call, v1::SessionReply* reply)
     }
     send_releases_locked(calls);
   }
-  auto status = call_locked(call, reply);
+  auto status = call_locked(call, reply, fds);
   // Leases granted to calls that had given up waiting: nobody will free them
   // but us (they would count against our quota until the session ends).
   while (!orphans_.empty()) {
@@ -402,23 +405,30 @@ grpc::Status session_impl::timed_out() const
               " ms"};
 }
 
-grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* reply)
+grpc::Status session_impl::call_locked(v1::SessionCall& call,
+                                       v1::SessionReply* reply,
+                                       std::vector<int>* fds)
 {
   auto const deadline = std::chrono::steady_clock::now() + options.call_timeout;
   if (auto sent = send_locked(call, deadline); !sent.ok()) { return sent; }
   std::array<char, 4096> buffer;  // replies are far smaller; left uninitialised
+  std::array<int, 4> attached{};  // a BufferFd answer brings one fd
   while (true) {
     if (!wait_socket(POLLIN, deadline)) { return timed_out(); }
-    ssize_t n;
-    do {
-      n = ::recv(socket_fd_, buffer.data(), buffer.size(), MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
+    auto const got = fd_passing::receive_datagram(socket_fd_, buffer, attached, MSG_DONTWAIT);
+    auto const n   = got.bytes;
+    // Whatever fds did not come with this call's answer are not ours to keep.
+    auto drop_fds = [&] { fd_passing::close_fds(attached, got.fd_count); };
     if (n < 0 && errno == EAGAIN) { continue; }
-    if (n <= 0) { return {grpc::StatusCode::UNAVAILABLE, "the daemon closed the session"}; }
+    if (n <= 0) {
+      drop_fds();
+      return {grpc::StatusCode::UNAVAILABLE, "the daemon closed the session"};
+    }
     auto const read = read_reply(std::span(buffer.data(), static_cast<std::size_t>(n)),
                                  call.tag(),
                                  call.call_case(),
                                  *reply);
+    if (read.kind != reply_kind::answer || fds == nullptr) { drop_fds(); }
     if (read.kind == reply_kind::invalid) { return read.status; }
     if (read.kind == reply_kind::earlier) {
       // The answer to an earlier call that did not wait: a Free sent with
@@ -433,6 +443,7 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call, v1::SessionReply* 
       }
       continue;
     }
+    if (fds != nullptr) { fds->assign(attached.begin(), attached.begin() + got.fd_count); }
     return read.status;
   }
 }

@@ -4,7 +4,11 @@
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/welcome_parser.hpp"
+#include "tools/gpu/vmm.hpp"
 #include "tools/names/buffer_name.hpp"
+#include "tools/socket/fd_passing.hpp"
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -147,6 +151,60 @@ grpc::Status session_impl::close_buffer(std::uint64_t id)
   return stub_->CloseBuffer(ctx.get(), request, &response);
 }
 
+int session_impl::buffer_fd(std::uint64_t id)
+{
+  if (!daemon_takes_calls_) {
+    throw rmmd::logic_error(
+        "rmmd: this daemon takes no calls on the session socket, the only way an fd travels; "
+        "import CUDA buffers by fabric handle (session::options::import_by_fabric)");
+  }
+  v1::SessionCall c;
+  c.mutable_buffer_fd()->set_buffer_id(id);
+  v1::SessionReply reply;
+  std::vector<int> fds;
+  auto status = call(c, &reply, &fds);
+  if (status.ok() && (fds.size() != 1 || reply.buffer_fd().fd_index() != 0)) {
+    fd_passing::close_fds(fds, fds.size());
+    status = {grpc::StatusCode::INTERNAL,
+              "the daemon's reply brought " + std::to_string(fds.size()) + " fds, not one"};
+  }
+  if (!status.ok()) { throw_status(status, "fd of buffer " + std::to_string(id)); }
+  return fds.front();
+}
+
+namespace {
+
+/// Makes `device` current while it lives, and the previous one again after.
+class device_scope {
+ public:
+  explicit device_scope(int device)
+  {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) {
+      if (auto err = cudaSetDevice(device); err != cudaSuccess) {
+        cudaGetLastError();
+        throw rmm::bad_alloc(std::string("rmmd: cudaSetDevice: ") + cudaGetErrorName(err));
+      }
+      restore_ = previous_ >= 0;
+    }
+  }
+  device_scope(device_scope const&)            = delete;
+  device_scope& operator=(device_scope const&) = delete;
+  ~device_scope()
+  {
+    if (restore_) { cudaSetDevice(previous_); }
+  }
+
+ private:
+  int previous_{-1};
+  bool restore_{false};
+};
+
+}  // namespace
+
 void* session_impl::attach_buffer(v1::BufferGrant const& grant)
 {
   std::vector<pool_shape> shapes;
@@ -177,6 +235,8 @@ void* session_impl::attach_buffer(v1::BufferGrant const& grant)
     }
     if (base == nullptr) { base = host_pool_base(pool.id); }
     data = base + grant.host().offset();
+  } else if (grant.has_vmm()) {
+    return attach_allocation(grant, pool);
   } else {
     if (pools()[pool.id].device < 0) {
       throw rmmd::logic_error("rmmd: buffer " + in_quotes(grant.name()) + " is on GPU " +
@@ -201,14 +261,101 @@ void* session_impl::attach_buffer(v1::BufferGrant const& grant)
   return data;
 }
 
-bool session_impl::detach_buffer(std::uint64_t id) noexcept
+void* session_impl::attach_allocation(v1::BufferGrant const& grant, pool_info const& pool)
+{
+  // REQUIRES: buffers_mutex_ held (by attach_buffer).
+  auto const device = pools()[pool.id].device;
+  if (device < 0) {
+    throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
+                            ", which this process cannot see");
+  }
+  std::string why;
+  auto const& api = gpu::vmm(&why);
+  if (!api) { throw rmm::bad_alloc("rmmd: open buffer '" + grant.name() + "': " + why); }
+  device_scope on(device);
+  auto const& v = grant.vmm();
+  auto failed   = [&](char const* what, CUresult r) {
+    return rmm::bad_alloc("rmmd: mapping buffer '" + grant.name() + "' (" +
+                          std::to_string(v.allocation_bytes()) + " bytes): " + what + ": " +
+                          api->name(r));
+  };
+  CUmemGenericAllocationHandle handle{};
+  if (options.import_by_fabric && !v.fabric_handle().empty()) {
+    CUmemFabricHandle fabric{};
+    std::memcpy(&fabric, v.fabric_handle().data(), sizeof(fabric));
+    if (auto r = api->import_handle(&handle, &fabric, CU_MEM_HANDLE_TYPE_FABRIC);
+        r != CUDA_SUCCESS) {
+      throw failed("cuMemImportFromShareableHandle (fabric)", r);
+    }
+  } else {
+    if (!v.has_fd()) {
+      throw rmmd::logic_error("rmmd: buffer '" + grant.name() +
+                              "' comes by fabric handle only; set session::options::"
+                              "import_by_fabric");
+    }
+    int fd = buffer_fd(grant.buffer_id());
+    auto r = api->import_handle(&handle,
+                                reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fd);  // the import holds the allocation now
+    if (r != CUDA_SUCCESS) { throw failed("cuMemImportFromShareableHandle (posix fd)", r); }
+  }
+  auto const bytes  = v.allocation_bytes();
+  auto const prop   = gpu::device_allocation(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  std::size_t grain = 0;
+  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r != CUDA_SUCCESS || grain == 0) {
+    api->mem_release(handle);
+    throw failed("cuMemGetAllocationGranularity", r);
+  }
+  CUdeviceptr address{};
+  if (auto r = api->address_reserve(&address, bytes, grain, 0, 0); r != CUDA_SUCCESS) {
+    api->mem_release(handle);
+    throw failed("cuMemAddressReserve", r);
+  }
+  if (auto r = api->map(address, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    throw failed("cuMemMap", r);
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (auto r = api->set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
+    api->unmap(address, bytes);
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    throw failed("cuMemSetAccess", r);
+  }
+  auto* data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+  buffers_.emplace(grant.buffer_id(),
+                   buffer_view{.data         = data,
+                               .pool_id      = grant.pool_id(),
+                               .refs         = 1,
+                               .vmm_handle   = handle,
+                               .mapped_bytes = bytes});
+  return data;
+}
+
+std::optional<session_impl::buffer_view> session_impl::detach_buffer(std::uint64_t id) noexcept
 {
   std::lock_guard lock(buffers_mutex_);
   auto it = buffers_.find(id);
-  if (it == buffers_.end()) { return false; }
-  if (--it->second.refs > 0) { return false; }
+  if (it == buffers_.end()) { return std::nullopt; }
+  if (--it->second.refs > 0) { return std::nullopt; }
+  auto view = it->second;
   buffers_.erase(it);
-  return true;
+  return view;
+}
+
+void session_impl::unmap_allocation(buffer_view const& view) noexcept
+{
+  auto const& api = gpu::vmm();
+  if (!api) { return; }
+  auto const address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(view.data));
+  api->unmap(address, view.mapped_bytes);
+  api->address_free(address, view.mapped_bytes);
+  api->mem_release(static_cast<CUmemGenericAllocationHandle>(view.vmm_handle));
 }
 
 }  // namespace detail
@@ -464,7 +611,7 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     return;
   }
   auto& impl      = session_->impl();
-  bool const last = impl.detach_buffer(id_);
+  auto const view = impl.detach_buffer(id_);  // set when this was the last open here
   bool const host = [&] {
     try {
       return is_host();
@@ -473,12 +620,22 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     }
   }();
   using call = detail::session_impl::queued_call;
-  // Another open in this process keeps the import: only the hold goes.
-  bool sent = !last && !host;
-  if (sent) { send_close(impl); }
-  if (last && !host) {
-    // CUDA's rule: the import goes before the daemon may free the memory, in
-    // the stream's order; the close follows it there.
+  if (!view || host) {
+    // Another open in this process keeps the import (only the hold goes),
+    // or host memory: what the stream does with it is done before anyone
+    // else may have the bytes.
+    if (host) { synchronize(stream); }
+    send_close(impl);
+  } else if (view->vmm_handle != 0) {
+    // The buffer's own allocation: unmapping is a CUDA call, which a host
+    // function may not make, so the stream is waited for here.
+    synchronize(stream);
+    detail::session_impl::unmap_allocation(*view);
+    send_close(impl);
+  } else {
+    // A pool pointer (from daemons before 0.1's own allocations). CUDA's
+    // rule: the import goes before the daemon may free the memory, in the
+    // stream's order; the close follows it there.
     if (auto err = cudaFreeAsync(data_, stream.get()); err != cudaSuccess) {
       cudaGetLastError();
       if (!detail::cuda_is_going(err)) {
@@ -491,25 +648,28 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
       reset();
       return;
     }
-    sent = detail::buffer_job::launch(
-        impl, stream.get(), call{.what = call::kind::close_buffer, .id = id_});
-  }
-  if (!sent) {
-    // Host memory (or no host function): whatever the stream does with it
-    // must be done before anyone else may have the bytes.
-    auto err = cudaStreamSynchronize(stream.get());
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      if (!host || (err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver)) {
-        std::fprintf(stderr,
-                     "rmmd: closing buffer '%s': cudaStreamSynchronize: %s\n",
-                     name_.c_str(),
-                     cudaGetErrorName(err));
-      }
+    if (!detail::buffer_job::launch(
+            impl, stream.get(), call{.what = call::kind::close_buffer, .id = id_})) {
+      synchronize(stream);
+      send_close(impl);
     }
-    send_close(impl);
   }
   reset();
+}
+
+void shared_buffer::synchronize(cuda::stream_ref stream) const noexcept
+{
+  auto err = cudaStreamSynchronize(stream.get());
+  if (err == cudaSuccess) { return; }
+  cudaGetLastError();
+  // A host buffer in a process without a GPU has no stream to wait for.
+  if (err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver &&
+      !detail::cuda_is_going(err)) {
+    std::fprintf(stderr,
+                 "rmmd: closing buffer '%s': cudaStreamSynchronize: %s\n",
+                 name_.c_str(),
+                 cudaGetErrorName(err));
+  }
 }
 
 void shared_buffer::send_close(detail::session_impl& impl) const noexcept

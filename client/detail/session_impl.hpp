@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -102,13 +103,24 @@ class session_impl {
     void* data{};
     std::uint32_t pool_id{};
     std::size_t refs{};
+    /// A CUDA buffer's own allocation, mapped here (0: a pool pointer or
+    /// host memory): the driver's handle and the mapped bytes.
+    std::uint64_t vmm_handle{};
+    std::size_t mapped_bytes{};
   };
   /// The view of `grant`'s buffer: the existing one (one more ref), or a new
   /// import. Throws as error.hpp says (the caller closes the open then).
   void* attach_buffer(v1::BufferGrant const& grant);
-  /// Drops one ref; returns true when it was the last (the caller then frees
-  /// a CUDA import in stream order before the close goes out).
-  bool detach_buffer(std::uint64_t id) noexcept;
+  /// Drops one ref; returns the view when it was the last (the caller then
+  /// lets go of a CUDA import, in stream order, before the close goes out).
+  std::optional<buffer_view> detach_buffer(std::uint64_t id) noexcept;
+  /// Unmaps and releases a view of a buffer's own allocation (vmm_handle set).
+  /// REQUIRES: the work of every stream that used it is done.
+  static void unmap_allocation(buffer_view const& view) noexcept;
+  /// The fd of a buffer's own allocation (BufferFd on the session socket,
+  /// whatever transport the other calls take: only it carries fds). The
+  /// caller owns it. Throws as error.hpp says.
+  int buffer_fd(std::uint64_t id);
 
   /// One round trip on the session socket that changes nothing.
   /// FAILED_PRECONDITION when the daemon answers no session calls.
@@ -155,7 +167,9 @@ class session_impl {
  private:
   /// Sends `call` (with a fresh tag) and waits for its reply, both within
   /// call_timeout; then frees any orphans.
-  grpc::Status call(v1::SessionCall& call, v1::SessionReply* reply);
+  grpc::Status call(v1::SessionCall& call,
+                    v1::SessionReply* reply,
+                    std::vector<int>* fds = nullptr);
   /// Holds call_mutex_; on release, sends the frees that host functions
   /// queued meanwhile (they could not take the socket while it was held).
   class call_lock;
@@ -165,7 +179,11 @@ class session_impl {
   grpc::Status buffer_call(v1::SessionCall& call, v1::SessionReply* reply);
   /// Sends queued frees while there are any and the socket is free.
   void drain_releases() noexcept;
-  grpc::Status call_locked(v1::SessionCall& call, v1::SessionReply* reply);
+  /// `fds`: where the fds attached to the answer go (the caller's to close);
+  /// null: any are closed.
+  grpc::Status call_locked(v1::SessionCall& call,
+                           v1::SessionReply* reply,
+                           std::vector<int>* fds = nullptr);
   grpc::Status send_locked(v1::SessionCall& call, std::chrono::steady_clock::time_point deadline);
   /// Waits for `events` on the session socket: false once the deadline passed.
   [[nodiscard]] bool wait_socket(short events,
@@ -174,6 +192,7 @@ class session_impl {
 
   int socket_fd_{-1};
   bool session_calls_{false};
+  bool daemon_takes_calls_{false};  // the welcome said session_calls (whatever options chose)
   std::mutex call_mutex_;  // one call at a time on the socket
   std::uint64_t last_tag_{};
   std::vector<std::uint64_t> orphans_;  // allocations granted after their call timed out
@@ -191,6 +210,8 @@ class session_impl {
   std::unordered_map<std::uint32_t, std::pair<std::byte*, std::size_t>> mappings_;
   std::unordered_map<std::uint32_t, cudaMemPool_t> cuda_pools_;
   std::unordered_set<std::uint32_t> pinned_;  // host pools registered with CUDA
+  /// attach_buffer() for a buffer's own allocation. Holds buffers_mutex_.
+  void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool);
   std::mutex buffers_mutex_;
   std::unordered_map<std::uint64_t, buffer_view> buffers_;  // by buffer id
 };

@@ -52,6 +52,8 @@ v1::SessionReply::ReplyCase reply_for(v1::SessionCall::CallCase call)
       return v1::SessionReply::kOpenBuffer;
     case v1::SessionCall::kCloseBuffer:
       return v1::SessionReply::kCloseBuffer;
+    case v1::SessionCall::kBufferFd:
+      return v1::SessionReply::kBufferFd;
     case v1::SessionCall::CALL_NOT_SET:
       break;
   }
@@ -188,6 +190,19 @@ grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
     return invalid("has " + std::to_string(grant.size()) + " bytes");
   }
   if (!pool.host_pool) {
+    if (grant.has_vmm()) {
+      auto const& v = grant.vmm();
+      if (v.allocation_bytes() < grant.size()) {
+        return invalid("maps " + std::to_string(v.allocation_bytes()) + " bytes, fewer than its " +
+                       std::to_string(grant.size()));
+      }
+      if (!v.has_fd() && v.fabric_handle().empty()) { return invalid("carries no handle"); }
+      if (!v.fabric_handle().empty() && v.fabric_handle().size() != 64) {
+        return invalid("has a fabric handle of " + std::to_string(v.fabric_handle().size()) +
+                       " bytes, not 64");
+      }
+      return grpc::Status::OK;
+    }
     if (!grant.has_cuda()) { return invalid("carries no CUDA export data"); }
     return grpc::Status::OK;
   }

@@ -81,7 +81,7 @@ daemon_core::~daemon_core()
   // Persistent buffers stay until deleted or the daemon stops: it stops.
   std::lock_guard lock(mutex_);
   for (auto& [id, b] : buffers_) {
-    if (!b->creating) { pools_[b->pool]->backend->deallocate(b->block); }
+    if (!b->creating) { pools_[b->pool]->backend->deallocate_shared(b->block); }
   }
   buffers_.clear();
   buffer_names_.clear();

@@ -219,6 +219,12 @@ class daemon_core {
   /// persistent, and a creator's close before publishing frees it always.
   absl::Status close_buffer(session_id session, buffer_id id);
 
+  /// The fd of buffer `id`'s own allocation (owned by the backend: send a
+  /// copy), for a session that holds it. NOT_FOUND when it holds none,
+  /// FAILED_PRECONDITION when the buffer has no fd (host pools: the offset
+  /// in the pool's memfd is all it needs).
+  absl::StatusOr<int> buffer_fd(session_id session, buffer_id id) const;
+
   /// Takes the name away; the memory goes after the last holder. Returns how
   /// many sessions hold it still. NOT_FOUND, PERMISSION_DENIED (neither the
   /// creator's uid nor root).

@@ -35,6 +35,12 @@ struct backend_allocation {
   std::uint64_t offset{};                ///< host backend: offset into the shared fd
   void* address{};                       ///< cuda backend: the pointer in the daemon
   std::vector<std::byte> export_data{};  ///< cuda backend: pointer export data
+  /// allocate_shared() of the cuda backend: the allocation's own posix fd
+  /// (owned by the backend), its fabric handle (empty without one) and the
+  /// driver's handle of it.
+  int fd{-1};
+  std::vector<std::byte> fabric_handle{};
+  std::uint64_t driver_handle{};
 };
 
 /// What the backend itself reports (CUDA's own pool attributes), beside the
@@ -66,6 +72,20 @@ class pool_backend {
 
   /// REQUIRES: `block` came from allocate() on this backend and was not freed.
   virtual void deallocate(backend_allocation const& block) noexcept = 0;
+
+  /// The memory of a named shared buffer: what allocate() gives unless the
+  /// backend has a better way for memory that many processes import (the
+  /// cuda backend: an allocation of its own, exported by its own fd).
+  virtual absl::StatusOr<backend_allocation> allocate_shared(std::size_t bytes,
+                                                             std::size_t alignment)
+  {
+    return allocate(bytes, alignment);
+  }
+  /// REQUIRES: `block` came from allocate_shared() and was not freed.
+  virtual void deallocate_shared(backend_allocation const& block) noexcept
+  {
+    deallocate(block);
+  }
 
   /// What allocate(bytes) reserves when it succeeds (its rounding), so that
   /// the core can charge that while the backend works. `bytes` if unknown.

@@ -171,7 +171,7 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   p.in_use += charge;
   uid_bytes_[uid] += charge;
   lock.unlock();
-  auto block = p.backend->allocate(bytes, alignment);
+  auto block = p.backend->allocate_shared(bytes, alignment);
   lock.lock();
 
   // Take the estimate back; charge what the backend reserved, if it may stay.
@@ -203,13 +203,13 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
     return absl::Status(block.status().code(), absl::StrCat(what, ": ", block.status().message()));
   }
   if (creator == nullptr) {
-    p.backend->deallocate(*block);
+    p.backend->deallocate_shared(*block);
     forget();
     return session_gone(absl::StrCat(request, " (it closed during the call)"));
   }
   auto const reserved = block->bytes;
   if (refusal_locked(p, *creator, reserved, what)) {
-    p.backend->deallocate(*block);
+    p.backend->deallocate_shared(*block);
     forget();
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: rounded up to %s by the pool's alignment, it exceeds the pool limit or a quota; ask "
@@ -335,6 +335,26 @@ absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) const
+{
+  std::lock_guard lock(mutex_);
+  auto const request = absl::StrFormat("fd of buffer %d", id);
+  auto s_it          = sessions_.find(session);
+  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto it = buffers_.find(id);
+  if (it == buffers_.end() || !s_it->second->holds.contains(id) || it->second->creating) {
+    return absl::NotFoundError(
+        absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
+  }
+  if (it->second->block.fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(request,
+                     ": it has no fd of its own (a host pool's buffer is an offset in "
+                     "the pool's memfd)"));
+  }
+  return it->second->block.fd;
+}
+
 absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::string_view name)
 {
   std::lock_guard lock(mutex_);
@@ -429,7 +449,7 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
   if (b.creating || !b.holders.empty()) { return false; }
   if (b.persistent && b.state == buffer_state::published) { return false; }
   auto& p = *pools_[b.pool];
-  p.backend->deallocate(b.block);
+  p.backend->deallocate_shared(b.block);
   p.in_use -= b.charge;
   if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
     u->second -= b.charge;

@@ -511,15 +511,17 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     // End of file (a zero-length datagram reads the same), or an error.
     if (n <= 0) { return false; }
 
+    std::vector<int> fds;  // owned by the backends: the client gets copies
     auto reply = handle_call(
         core_,
         s.session,
         {.bytes = std::span(buffer.data(), static_cast<std::size_t>(n)), .truncated = truncated},
         options_.max_call_bytes,
-        options_.call_metrics);
+        options_.call_metrics,
+        &fds);
     if (!reply) { continue; }  // a Free that asked for no reply, done
     // Connections are non-blocking (accept4): a full socket fails at once.
-    if (!send_message(s.fd, *reply, {})) {
+    if (!send_message(s.fd, *reply, fds)) {
       // Full socket: the client sends calls without reading the replies.
       log::limited(unread_lines,
                    log::level::warning,

@@ -84,7 +84,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        core::session_id session,
                                        datagram_view call_bytes,
                                        std::size_t max_call_bytes,
-                                       metrics::request_metrics* call_metrics)
+                                       metrics::request_metrics* call_metrics,
+                                       std::vector<int>* fds)
 {
   using metrics::rpc_method;
   auto const start = std::chrono::steady_clock::now();
@@ -150,10 +151,22 @@ std::optional<std::string> handle_call(core::daemon_core& core,
         status = core.close_buffer(session, call.close_buffer().buffer_id());
         if (status.ok()) { reply.mutable_close_buffer(); }
         break;
+      case v1::SessionCall::kBufferFd: {
+        auto fd = core.buffer_fd(session, call.buffer_fd().buffer_id());
+        status  = fd.status();
+        if (fd.ok() && fds == nullptr) {
+          status = absl::FailedPreconditionError("this connection cannot carry fds");
+        } else if (fd.ok()) {
+          fds->push_back(*fd);
+          reply.mutable_buffer_fd()->set_fd_index(0);
+        }
+        break;
+      }
       default:
         status = absl::UnimplementedError(
             "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
-            "publish_buffer, open_buffer, close_buffer): the client is newer than the daemon");
+            "publish_buffer, open_buffer, close_buffer, buffer_fd): the client is newer than the "
+            "daemon");
     }
   }
   if (!status.ok()) { set_error(status, reply.mutable_error()); }

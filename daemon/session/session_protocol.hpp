@@ -74,10 +74,15 @@ hello_answer handle_hello(core::daemon_core& core,
 /// (`max_call_bytes`: the reader's buffer), not a SessionCall or naming no known call is answered
 /// INVALID_ARGUMENT or UNIMPLEMENTED; the session goes on. Every call but Ping is counted in
 /// `call_metrics` unless it is null.
+///
+/// A BufferFd answer names an fd (owned by the backend) that must travel
+/// with the reply: it is put in `fds` (none is answered FAILED_PRECONDITION
+/// when `fds` is null).
 std::optional<std::string> handle_call(core::daemon_core& core,
                                        core::session_id session,
                                        datagram_view call,
                                        std::size_t max_call_bytes,
-                                       metrics::request_metrics* call_metrics);
+                                       metrics::request_metrics* call_metrics,
+                                       std::vector<int>* fds = nullptr);
 
 }  // namespace rmmd::session

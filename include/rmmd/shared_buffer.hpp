@@ -109,9 +109,11 @@ class shared_buffer {
   /// published already.
   void publish();
 
-  /// Lets go of the buffer in `stream`'s order: this process's import is
-  /// freed on `stream` (CUDA pools; host pools: the stream is synchronised)
-  /// and the daemon hears of the close once the stream has passed it. The
+  /// Lets go of the buffer after the work queued on `stream`: the stream is
+  /// synchronised, this process's mapping of the buffer undone (the last open
+  /// here), and the daemon told. (A CUDA buffer is an allocation of its own,
+  /// whose unmapping is a CUDA call that a stream's host function may not
+  /// make; so close() waits for the stream, where a free does not.) The
   /// memory goes back when the last holder is gone (unless persistent).
   /// Never throws; the buffer is empty afterwards.
   void close(cuda::stream_ref stream) noexcept;
@@ -174,6 +176,7 @@ class shared_buffer {
  private:
   void reset() noexcept;
   void send_close(detail::session_impl& impl) const noexcept;
+  void synchronize(cuda::stream_ref stream) const noexcept;
 
   std::optional<session> session_;
   void* data_{};

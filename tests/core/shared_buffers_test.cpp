@@ -464,6 +464,17 @@ TEST_F(SharedBuffers, AWaitingOpenEndsAtItsDeadlineOrTheDrainOrItsSessionsEnd)
   EXPECT_EQ(draining.get().status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(SharedBuffers, OnlyAHolderAsksForTheFdAndAHostBufferHasNone)
+{
+  auto producer = open(peer(alice));
+  auto made     = core_->create_buffer(producer, "fd", 0, MiB, {});
+  ASSERT_TRUE(made.ok());
+  EXPECT_EQ(core_->buffer_fd(producer, made->id).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // an offset in the pool's memfd
+  EXPECT_EQ(core_->buffer_fd(open(peer(alice)), made->id).status().code(),
+            absl::StatusCode::kNotFound);  // holds none
+}
+
 TEST_F(SharedBuffers, TheDaemonsStopFreesPersistentBuffers)
 {
   auto producer = open(peer(alice));

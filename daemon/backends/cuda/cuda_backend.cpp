@@ -1,5 +1,7 @@
 #include "daemon/backends/cuda/cuda_backend.hpp"
 
+#include "tools/gpu/vmm.hpp"
+
 #include <absl/strings/str_format.h>
 #include <rmm/error.hpp>
 
@@ -157,6 +159,70 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
   // an event that the core saw complete; a dead client's imports died with it.
   cudaSetDevice(options_.device);
   mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+}
+
+absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size_t bytes,
+                                                                       std::size_t alignment)
+{
+  std::string why;
+  auto const& api = gpu::vmm(&why);
+  if (!api) { return absl::FailedPreconditionError(why); }
+  if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
+  }
+  auto const types = static_cast<CUmemAllocationHandleType>(
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric_.empty() ? 0 : CU_MEM_HANDLE_TYPE_FABRIC));
+  auto const prop   = gpu::device_allocation(options_.device, types);
+  std::size_t grain = 0;
+  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      r != CUDA_SUCCESS || grain == 0) {
+    return absl::InternalError("cuMemGetAllocationGranularity: " + api->name(r));
+  }
+  if (alignment > grain) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "alignment %d is larger than the %d bytes a shared buffer's allocation is aligned to",
+        alignment,
+        grain));
+  }
+  auto const size = (bytes + grain - 1) / grain * grain;
+  CUmemGenericAllocationHandle handle{};
+  if (auto r = api->mem_create(&handle, size, &prop, 0); r != CUDA_SUCCESS) {
+    auto message = absl::StrFormat("cuMemCreate of %d bytes: %s", size, api->name(r));
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? absl::ResourceExhaustedError(message)
+                                         : absl::InternalError(message);
+  }
+  core::backend_allocation block{.bytes = size, .driver_handle = handle};
+  auto fail = [&](std::string what, CUresult r) {
+    if (block.fd >= 0) { ::close(block.fd); }
+    api->mem_release(handle);
+    return absl::InternalError(what + ": " + api->name(r));
+  };
+  if (auto r = api->export_handle(&block.fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      r != CUDA_SUCCESS) {
+    block.fd = -1;
+    return fail("cuMemExportToShareableHandle (posix fd)", r);
+  }
+  if (!fabric_.empty()) {
+    CUmemFabricHandle fabric{};
+    if (auto r = api->export_handle(&fabric, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+        r != CUDA_SUCCESS) {
+      return fail("cuMemExportToShareableHandle (fabric)", r);
+    }
+    auto const* p = reinterpret_cast<std::byte const*>(&fabric);
+    block.fabric_handle.assign(p, p + sizeof(fabric));
+  }
+  return block;
+}
+
+void cuda_backend::deallocate_shared(core::backend_allocation const& block) noexcept
+{
+  // Importers hold the allocation until they release their import (the
+  // driver counts them): the daemon's release only drops its own share.
+  if (block.fd >= 0) { ::close(block.fd); }
+  if (auto const& api = gpu::vmm()) {
+    cudaSetDevice(options_.device);
+    api->mem_release(static_cast<CUmemGenericAllocationHandle>(block.driver_handle));
+  }
 }
 
 /// An interprocess event of a client, opened in the daemon. Destroying it

@@ -53,6 +53,13 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
+  /// A shared buffer: one allocation of its own (cuMemCreate), exported by
+  /// its own posix fd (and fabric handle where the pool has one), which
+  /// importers map in a fraction of a pool pointer's import time
+  /// (tools/gpu/vmm.hpp says why). Rounded up to the driver's granularity.
+  absl::StatusOr<core::backend_allocation> allocate_shared(std::size_t bytes,
+                                                           std::size_t alignment) override;
+  void deallocate_shared(core::backend_allocation const& block) noexcept override;
   /// `bytes` rounded up to 256.
   [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
   {
