@@ -2007,6 +2007,12 @@ int bench_main(int argc, char** argv)
   app.add_flag("--quick", quick, "Fewer pairs and trials (a smoke run, about a minute)");
   app.add_option("--cuda-pool-bytes", pool_bytes, "rmmd's --cuda-pool-bytes")
       ->capture_default_str();
+  std::string buffer_memory = "pool";
+  app.add_option("--cuda-shared-buffer-memory",
+                 buffer_memory,
+                 "rmmd's --cuda-shared-buffer-memory (section f: pool or own)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"pool", "own"}));
   app.add_option("--max-seconds", max_seconds, "Kill everything and exit 3 after this long")
       ->capture_default_str()
       ->check(CLI::Range(10, 3600));
@@ -2094,7 +2100,11 @@ int bench_main(int argc, char** argv)
   std::string gpu_name;
   *st.doc.mutable_gpu() = gpu_result(gpu_name);
 
-  std::vector<std::string> daemon_args{"--backend=cuda", "--cuda-pool-bytes", pool_bytes};
+  std::vector<std::string> daemon_args{"--backend=cuda",
+                                       "--cuda-pool-bytes",
+                                       pool_bytes,
+                                       "--cuda-shared-buffer-memory",
+                                       buffer_memory};
   daemon_process daemon(bench_daemon(rmmd_path, daemon_args, std::chrono::seconds(60)));
   for (auto const& arg : daemon.argv()) { st.doc.mutable_daemon()->add_argv(arg); }
   auto const rss_fresh = rss_bytes(daemon.pid());

@@ -25,8 +25,15 @@ namespace {
 using ::testing::StartsWith;
 
 enum class import_by { posix_fd, fabric };
+/// --cuda-shared-buffer-memory: a pointer of the pool, or an allocation of its own.
+enum class buffer_memory { pool, own };
 
-class DeviceSharedBuffers : public ::testing::TestWithParam<import_by> {
+struct case_params {
+  import_by import{};
+  buffer_memory memory{};
+};
+
+class DeviceSharedBuffers : public ::testing::TestWithParam<case_params> {
  protected:
   void SetUp() override
   {
@@ -37,7 +44,7 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<import_by> {
     auto s    = daemon_->open_session();
     auto pool = s.device_pool(0);
     pool_id_  = pool.id;
-    if (GetParam() == import_by::fabric && !pool.has_fabric_handle) {
+    if (GetParam().import == import_by::fabric && !pool.has_fabric_handle) {
       GTEST_SKIP() << "the daemon's pool exports no fabric handle: no IMEX channel "
                       "(/dev/nvidia-caps-imex-channels/channel0) on this host";
     }
@@ -48,7 +55,7 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<import_by> {
   {
     std::vector<std::string> argv{program_path("rmmd_share_client").string()};
     argv.insert(argv.end(), args.begin(), args.end());
-    if (GetParam() == import_by::fabric) { argv.push_back("--fabric"); }
+    if (GetParam().import == import_by::fabric) { argv.push_back("--fabric"); }
     return std::make_unique<child_process>(argv, env_);
   }
 
@@ -158,7 +165,7 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
   constexpr std::size_t bytes = std::size_t{1} << 20;
   session::options o;
   o.runtime_dir      = daemon_->runtime_dir();
-  o.import_by_fabric = GetParam() == import_by::fabric;
+  o.import_by_fabric = GetParam().import == import_by::fabric;
   session s(o);
   auto made = shared_buffer::create(s, "gpu/twice", bytes);
   ASSERT_EQ(cudaMemset(made.data(), 7, bytes), cudaSuccess);
@@ -182,9 +189,15 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
 
 INSTANTIATE_TEST_SUITE_P(Imports,
                          DeviceSharedBuffers,
-                         ::testing::Values(import_by::posix_fd, import_by::fabric),
+                         ::testing::Values(case_params{import_by::posix_fd, buffer_memory::pool},
+                                           case_params{import_by::fabric, buffer_memory::pool},
+                                           case_params{import_by::posix_fd, buffer_memory::own},
+                                           case_params{import_by::fabric, buffer_memory::own}),
                          [](auto const& info) {
-                           return info.param == import_by::fabric ? "Fabric" : "PosixFd";
+                           return std::string(info.param.import == import_by::fabric ? "Fabric"
+                                                                                     : "PosixFd") +
+                                  (info.param.memory == buffer_memory::own ? "OwnAllocation"
+                                                                           : "PoolPointer");
                          });
 
 }  // namespace

@@ -164,6 +164,7 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
 absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size_t bytes,
                                                                        std::size_t alignment)
 {
+  if (!options_.vmm_buffers) { return allocate(bytes, alignment); }
   std::string why;
   auto const& api = gpu::vmm(&why);
   if (!api) { return absl::FailedPreconditionError(why); }
@@ -216,6 +217,10 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size
 
 void cuda_backend::deallocate_shared(core::backend_allocation const& block) noexcept
 {
+  if (block.driver_handle == 0) {  // a pointer of the pool
+    deallocate(block);
+    return;
+  }
   // Importers hold the allocation until they release their import (the
   // driver counts them): the daemon's release only drops its own share.
   if (block.fd >= 0) { ::close(block.fd); }

@@ -23,6 +23,9 @@ struct cuda_pool_options {
   /// Also export a fabric handle. REQUIRES: probe_fabric() said it works on
   /// this device (a failed fabric export makes the pool's destruction crash).
   bool fabric{false};
+  /// Shared buffers as allocations of their own (allocate_shared), not
+  /// pointers of the pool (--cuda-shared-buffer-memory=own).
+  bool vmm_buffers{false};
 };
 
 /// One CUDA memory pool: an RMM cuda_async_memory_resource created with the
