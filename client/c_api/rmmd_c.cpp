@@ -288,8 +288,11 @@ rmmd_status rmmd_session_stats_json(rmmd_session_t session, char** json)
       rmmd::detail::throw_status(status, "stats");
     }
     std::string out;
+    // As rmmctl stats --json prints it: zeros too (protobuf leaves fields at
+    // their default out otherwise, pool 0's id among them).
     google::protobuf::util::JsonPrintOptions print;
-    print.preserve_proto_field_names = true;
+    print.always_print_primitive_fields = true;
+    print.preserve_proto_field_names    = true;
     if (!google::protobuf::util::MessageToJsonString(stats, &out, print).ok()) {
       throw rmm::bad_alloc("rmmd: stats: could not write JSON");
     }
