@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 
 static_assert(RMMD_VERSION == RMMD_PROJECT_VERSION_NUMBER,
@@ -61,6 +62,18 @@ rmmd_status fail(rmmd_status status, std::string message)
   return status;
 }
 
+/// `what` without the C++ type names rmm::bad_alloc and rmm::out_of_memory
+/// put before the message ("std::bad_alloc: out_of_memory: rmmd: ..."): the
+/// status already says which it is.
+std::string words(char const* what)
+{
+  std::string_view text(what);
+  for (std::string_view prefix : {"std::bad_alloc: ", "out_of_memory: "}) {
+    if (text.substr(0, prefix.size()) == prefix) { text.remove_prefix(prefix.size()); }
+  }
+  return std::string(text);
+}
+
 /// The status and message of the exception in flight (DESIGN.md's table).
 rmmd_status from_exception() noexcept
 {
@@ -75,16 +88,16 @@ rmmd_status from_exception() noexcept
   } catch (rmmd::logic_error const& e) {
     return fail(RMMD_ERROR_INVALID_ARGUMENT, e.what());
   } catch (rmmd::permission_error const& e) {
-    return fail(RMMD_ERROR_PERMISSION_DENIED, e.what());
+    return fail(RMMD_ERROR_PERMISSION_DENIED, words(e.what()));
   } catch (rmmd::session_error const& e) {
-    return fail(RMMD_ERROR_SESSION, e.what());
+    return fail(RMMD_ERROR_SESSION, words(e.what()));
   } catch (rmm::out_of_memory const& e) {
-    return fail(RMMD_ERROR_OUT_OF_MEMORY, e.what());
+    return fail(RMMD_ERROR_OUT_OF_MEMORY, words(e.what()));
   } catch (std::bad_alloc const& e) {
     // std::bad_alloc itself (the heap): out of memory too.
     return fail(RMMD_ERROR_OUT_OF_MEMORY, std::string("rmmd: ") + e.what());
   } catch (std::exception const& e) {
-    return fail(RMMD_ERROR_INTERNAL, e.what());
+    return fail(RMMD_ERROR_INTERNAL, words(e.what()));
   } catch (...) {
     return fail(RMMD_ERROR_INTERNAL, "rmmd: an unknown exception");
   }
