@@ -2,12 +2,12 @@
 
 Three ways, from the most to the least recommended:
 
-1. A ``torch.cuda.MemPool`` over rmmd (:func:`rmmd_mem_pool`): PyTorch's own
-   caching allocator works on top of rmmd's memory for what is allocated
-   inside ``with torch.cuda.use_mem_pool(pool):``; the rest of the process
-   keeps PyTorch's default allocator. PyTorch's caching, its statistics
-   (``torch.cuda.memory_stats``), ``empty_cache`` and its out-of-memory
-   error all keep working.
+1. A ``torch.cuda.MemPool`` over rmmd (:func:`rmmd_mem_pool`, entered with
+   :func:`use_mem_pool`): PyTorch's own caching allocator works on top of
+   rmmd's memory for what is allocated inside the block; the rest of the
+   process keeps PyTorch's default allocator. PyTorch's caching, its
+   statistics (``torch.cuda.memory_stats``), ``empty_cache`` and its
+   out-of-memory error all keep working.
 2. rmmd as the whole process's allocator (:func:`use_rmmd_as_allocator`,
    before the first CUDA allocation): every tensor comes from rmmd, with
    rmmd's slab mode as the only cache. ``torch.cuda.memory_stats`` does not
@@ -27,10 +27,11 @@ This module imports without PyTorch; its functions need it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from .. import _lib
 from .._errors import PreconditionError, Status, check
@@ -42,6 +43,7 @@ FREE_FN_NAME = "rmmd_torch_free"
 _lock = threading.Lock()
 _configured: tuple[str | None, int] | None = None
 _allocator: Any = None
+_default_pool: Any = None
 
 
 def _torch() -> Any:
@@ -118,12 +120,14 @@ def rmmd_mem_pool(
     caching allocator on top::
 
         pool = rmmd_mem_pool()
-        with torch.cuda.use_mem_pool(pool):
+        with use_mem_pool(pool):            # or torch.cuda.use_mem_pool(pool)
             model = Model().cuda()          # parameters, activations, ...
 
     Tensors allocated inside the ``with`` block come from rmmd (and go back
     to the pool's cache when freed; ``torch.cuda.empty_cache()`` returns
     cached segments to rmmd). Keep the pool alive while its tensors live.
+    Backward passes allocate on autograd's threads, outside the pool, unless
+    entered through :func:`use_mem_pool`.
     `kwargs` go to ``torch.cuda.MemPool`` (e.g. ``use_on_oom``). When rmmd
     cannot lend more, PyTorch frees its cache, retries, and raises
     ``torch.OutOfMemoryError``; :func:`last_error` says what rmmd said.
@@ -131,6 +135,47 @@ def rmmd_mem_pool(
     configure(runtime_dir, mode)
     torch = _torch()
     return torch.cuda.MemPool(rmmd_allocator().allocator(), **kwargs)
+
+
+def default_mem_pool() -> Any:
+    """The process's rmmd MemPool, made at the first call by
+    :func:`rmmd_mem_pool` (with the settings of :func:`configure`)."""
+    global _default_pool
+    if _default_pool is None:
+        pool = rmmd_mem_pool()
+        with _lock:
+            if _default_pool is None:
+                _default_pool = pool
+    return _default_pool
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: Any = None, device: Any = None, backward: bool = True) -> Iterator[Any]:
+    """``torch.cuda.use_mem_pool`` over an rmmd MemPool, backward passes
+    included::
+
+        with use_mem_pool():
+            loss = model(x).sum()
+            loss.backward()               # gradients from rmmd too
+
+    `pool`: a MemPool from :func:`rmmd_mem_pool`; ``None``: the process's
+    (:func:`default_mem_pool`). PyTorch routes a pool's allocations by
+    thread, and autograd runs the backward of CUDA work on its own device
+    threads, which do not see the pool (PyTorch issue 167353): with
+    `backward` (the default) backward passes started inside the block run
+    in the calling thread instead
+    (``torch.autograd.set_multithreading_enabled(False)``), so their
+    tensors come from the pool too. Yields the pool.
+    """
+    torch = _torch()
+    if pool is None:
+        pool = default_mem_pool()
+    with torch.cuda.use_mem_pool(pool, device=device):
+        if backward:
+            with torch.autograd.grad_mode.set_multithreading_enabled(False):
+                yield pool
+        else:
+            yield pool
 
 
 def use_rmmd_as_allocator(
@@ -201,10 +246,12 @@ def last_error() -> str:
 
 __all__ = [
     "configure",
+    "default_mem_pool",
     "last_error",
     "library_path",
     "memory_stats",
     "rmmd_allocator",
     "rmmd_mem_pool",
+    "use_mem_pool",
     "use_rmmd_as_allocator",
 ]
