@@ -71,19 +71,25 @@ class Owner(Protocol):
 _live: dict[int, tuple[Structure, Any, Owner]] = {}
 
 
-def _release(address: int) -> None:
+def _release(address: int, _live: dict = _live) -> None:  # type: ignore[type-arg]
     entry = _live.pop(address, None)
     if entry is not None:
         entry[2]._dlpack_released()
 
 
+# The callbacks below may run while the interpreter exits (a tensor freed
+# then): they reach what they need through default arguments, not module
+# globals, and never let an exception out (ctypes would print it).
 _DELETER_T = CFUNCTYPE(None, c_void_p)
 
 
 @_DELETER_T
-def _deleter(address: int | None) -> None:  # called by the consumer
-    if address:
-        _release(address)
+def _deleter(address: int | None, _release: Any = _release) -> None:  # called by the consumer
+    try:
+        if address:
+            _release(address)
+    except BaseException:  # noqa: BLE001
+        pass
 
 
 _DELETER_ADDRESS = ctypes.cast(_deleter, c_void_p).value
@@ -111,15 +117,24 @@ _DESTRUCTOR_T = CFUNCTYPE(None, c_void_p)
 
 
 @_DESTRUCTOR_T
-def _capsule_destructor(capsule: int | None) -> None:
+def _capsule_destructor(
+    capsule: int | None,
+    _names: tuple = (_NAME, _NAME_VERSIONED),  # type: ignore[type-arg]
+    _is_valid: Any = _capsule_is_valid,
+    _get_pointer: Any = _capsule_get_pointer,
+    _release: Any = _release,
+) -> None:
     # A consumer that took the tensor renamed the capsule ("used_dltensor"):
     # then the tensor is the consumer's to delete. Otherwise nobody took it.
-    if not capsule:
-        return
-    for name in (_NAME, _NAME_VERSIONED):
-        if _capsule_is_valid(capsule, name):
-            _release(_capsule_get_pointer(capsule, name))
+    try:
+        if not capsule:
             return
+        for name in _names:
+            if _is_valid(capsule, name):
+                _release(_get_pointer(capsule, name))
+                return
+    except BaseException:  # noqa: BLE001
+        pass
 
 
 _DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, c_void_p).value

@@ -9,12 +9,13 @@ import signal
 from typing import Any
 
 import pytest
-from conftest import SCRIPTS, Daemon, need_module, read_line, run_python, start_python, wait_until
+from conftest import REPO, SCRIPTS, Daemon, need_module, read_line, run_python, start_python, wait_until
 
 pytestmark = pytest.mark.gpu
 
 TORCH = str(SCRIPTS / "torch_client.py")
 CUPY = str(SCRIPTS / "cupy_client.py")
+EXAMPLES = REPO / "examples" / "python"
 WAYS = ["mempool", "allocator"]
 MODES = ["slab", "direct"]
 
@@ -136,3 +137,20 @@ def test_a_buffer_pytorch_fills_is_read_by_cupy_through_dlpack(gpu_daemon: Daemo
     assert producer.returncode == 0 and err == "", err
     _, err = consumer.communicate(timeout=60)
     assert err == "", err
+
+
+@pytest.mark.parametrize(
+    "example, needs, says",
+    [
+        ("torch_mempool.py", ["torch"], "rmmd lent"),
+        ("torch_allocator.py", ["torch"], "through rmmd:"),
+        ("cupy_allocator.py", ["cupy"], "the daemon counts"),
+        ("share_torch_to_cupy.py", ["torch", "cupy"], "without a copy: ok"),
+    ],
+)
+def test_the_examples_run(gpu_daemon: Daemon, example: str, needs: list[str], says: str) -> None:
+    for module in needs:
+        need_module(module)
+    out = run_python([str(EXAMPLES / example)], gpu_daemon.env())
+    assert says in out.stdout, out.stdout
+    assert out.stderr == "", out.stderr

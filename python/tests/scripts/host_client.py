@@ -61,7 +61,9 @@ def main(argv: list[str]) -> int:
         np.asarray(a)[:] = 1
         b = rmmd.SharedBuffer.create(session, f"leave/{cmd}", 4096, pool=session.host_pool)
         b.publish()
-        kept = (session, r, a, b)  # module-level references, freed at exit
+        # Module-level references, freed while the interpreter exits: the
+        # objects, and views of them (numpy arrays over DLPack among them).
+        kept = (session, r, a, b, np.from_dlpack(a), np.from_dlpack(b), np.asarray(b))
         globals()["kept"] = kept
         if cmd == "raise":
             raise RuntimeError("boom")
