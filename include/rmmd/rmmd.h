@@ -190,7 +190,7 @@ RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name
  * thread. Under a torch.cuda.MemPool PyTorch's caching allocator then empties
  * its cache, retries and raises torch.OutOfMemoryError; as the whole
  * process's allocator (change_current_allocator) PyTorch does not check the
- * pointer (torch/csrc/cuda/CUDAPluggableAllocator.cpp, up to 2.11 at least):
+ * pointer (torch/csrc/cuda/CUDAPluggableAllocator.cpp in the 2.x sources read):
  * the tensor gets address 0 (docs/python.md). Nothing is printed at exit
  * and nothing is left behind. */
 RMMD_API void* rmmd_torch_malloc(size_t size, int device, void* stream);
