@@ -45,3 +45,16 @@ def test_the_framework_modules_import_without_their_framework() -> None:
     out = run_python(["-c", code], dict(os.environ))
     assert "rmmd.allocators.torch needs PyTorch" in out.stdout
     assert "rmmd.allocators.cupy needs CuPy" in out.stdout
+
+
+def test_a_library_beside_the_package_comes_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from conftest import PYTHON_DIR
+
+    shutil.copytree(PYTHON_DIR / "rmmd", tmp_path / "rmmd")
+    (tmp_path / "rmmd" / "lib").mkdir()
+    shutil.copy2(LIBRARY, tmp_path / "rmmd" / "lib" / "librmmd_c.so")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), RMMD_LIBRARY="/nonexistent/librmmd_c.so")
+    out = run_python(["-c", "import rmmd; print(rmmd.library_path())"], env)
+    assert out.stdout.strip() == str(tmp_path / "rmmd" / "lib" / "librmmd_c.so")
