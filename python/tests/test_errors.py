@@ -123,3 +123,22 @@ def test_session_error_without_a_daemon(tmp_path) -> None:  # type: ignore[no-un
         rmmd.Session(runtime_dir=str(tmp_path))
     check(e, rmmd.Status.SESSION)
     assert str(tmp_path) in str(e.value)
+
+
+def test_every_status_has_its_exception() -> None:
+    from rmmd._errors import error_for
+
+    expected = {
+        3: rmmd.InvalidArgumentError, 5: rmmd.NotFoundError, 6: rmmd.AlreadyExistsError,
+        7: rmmd.PermissionError, 8: rmmd.OutOfMemoryError, 9: rmmd.PreconditionError,
+        13: rmmd.InternalError, 14: rmmd.SessionError,
+    }
+    lib = rmmd._lib.load()
+    for status, cls in expected.items():
+        e = error_for(status, "rmmd: why")
+        assert type(e) is cls and e.status == status and str(e) == "rmmd: why"
+        # The names are the C ABI's.
+        assert lib.rmmd_status_name(status).decode() == f"RMMD_ERROR_{rmmd.Status(status).name}"
+    unknown = error_for(42, "rmmd: why")
+    assert type(unknown) is rmmd.InternalError and unknown.status is None
+    assert "status 42" in str(unknown)
