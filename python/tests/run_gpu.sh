@@ -13,8 +13,8 @@
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: python/tests/run_gpu.sh BUNDLE_DIR [pytest args]" >&2; exit 2; }
 bundle=$(cd "$1" && pwd); shift
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+tests_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck disable=SC1091
-source "$bundle/env"   # LD_LIBRARY_PATH: the bundle's libraries, which librmmd_c.so needs
+source "$bundle/env"   # (it sets $here) LD_LIBRARY_PATH: the bundle's libraries, which librmmd_c.so needs
 export RMMD_LIBRARY="$bundle/bin/librmmd_c.so" RMMD_DAEMON="$bundle/bin/rmmd" RMMD_RMMCTL="$bundle/bin/rmmctl"
-exec "${RMMD_PYTHON:-/opt/torch/.venv/bin/python}" -m pytest -p no:cacheprovider -q -rs "$here" "$@"
+exec "${RMMD_PYTHON:-/opt/torch/.venv/bin/python}" -m pytest -p no:cacheprovider -q -rs "$tests_dir" "$@"
