@@ -6,9 +6,12 @@
 #     runtimes come with build-essential)
 #   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0)
 #     and the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger)
+#   - a second venv (.venv-py) with pytest and numpy, for the Python package's
+#     tests (python/tests); kept apart so the build's venv stays as it is
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${RMMD_VENV:-$root/.venv}
+py_venv=${RMMD_PY_VENV:-$root/.venv-py}
 
 debs=(build-essential pkg-config ninja-build
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -18,7 +21,8 @@ debs=(build-essential pkg-config ninja-build
       systemd     # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
       prometheus  # for promtool: the metrics test checks the scrape with it
       clang-14 libclang-rt-14-dev  # the fuzz preset: clang and its libFuzzer/ASan runtimes
-      llvm-14)    # llvm-symbolizer: the sanitizers' stack traces with file and line
+      llvm-14     # llvm-symbolizer: the sanitizers' stack traces with file and line
+      python3-venv)  # python3 -m venv, for both venvs
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -42,4 +46,13 @@ if ! "$venv/bin/python" -c 'import importlib.metadata as m; v=m.version("librmm-
   echo "setup: installing $want_rmm and cmake>=4 into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$want_rmm" 'cmake>=4.0,<5'
 fi
-echo "setup: ready (cmake: $("$venv/bin/cmake" --version | head -1))"
+
+if [ ! -x "$py_venv/bin/python" ]; then
+  echo "setup: creating $py_venv (the Python tests' venv)"
+  python3 -m venv "$py_venv"
+fi
+if ! "$py_venv/bin/python" -c 'import pytest, numpy' 2>/dev/null; then
+  echo "setup: installing pytest and numpy into $py_venv"
+  "$py_venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
+fi
+echo "setup: ready (cmake: $("$venv/bin/cmake" --version | head -1); python tests: $("$py_venv/bin/python" --version))"

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 
 static_assert(RMMD_VERSION == RMMD_PROJECT_VERSION_NUMBER,
@@ -61,6 +62,18 @@ rmmd_status fail(rmmd_status status, std::string message)
   return status;
 }
 
+/// `what` without the C++ type names rmm::bad_alloc and rmm::out_of_memory
+/// put before the message ("std::bad_alloc: out_of_memory: rmmd: ..."): the
+/// status already says which it is.
+std::string words(char const* what)
+{
+  std::string_view text(what);
+  for (std::string_view prefix : {"std::bad_alloc: ", "out_of_memory: "}) {
+    if (text.substr(0, prefix.size()) == prefix) { text.remove_prefix(prefix.size()); }
+  }
+  return std::string(text);
+}
+
 /// The status and message of the exception in flight (DESIGN.md's table).
 rmmd_status from_exception() noexcept
 {
@@ -75,16 +88,16 @@ rmmd_status from_exception() noexcept
   } catch (rmmd::logic_error const& e) {
     return fail(RMMD_ERROR_INVALID_ARGUMENT, e.what());
   } catch (rmmd::permission_error const& e) {
-    return fail(RMMD_ERROR_PERMISSION_DENIED, e.what());
+    return fail(RMMD_ERROR_PERMISSION_DENIED, words(e.what()));
   } catch (rmmd::session_error const& e) {
-    return fail(RMMD_ERROR_SESSION, e.what());
+    return fail(RMMD_ERROR_SESSION, words(e.what()));
   } catch (rmm::out_of_memory const& e) {
-    return fail(RMMD_ERROR_OUT_OF_MEMORY, e.what());
+    return fail(RMMD_ERROR_OUT_OF_MEMORY, words(e.what()));
   } catch (std::bad_alloc const& e) {
     // std::bad_alloc itself (the heap): out of memory too.
     return fail(RMMD_ERROR_OUT_OF_MEMORY, std::string("rmmd: ") + e.what());
   } catch (std::exception const& e) {
-    return fail(RMMD_ERROR_INTERNAL, e.what());
+    return fail(RMMD_ERROR_INTERNAL, words(e.what()));
   } catch (...) {
     return fail(RMMD_ERROR_INTERNAL, "rmmd: an unknown exception");
   }
@@ -288,8 +301,11 @@ rmmd_status rmmd_session_stats_json(rmmd_session_t session, char** json)
       rmmd::detail::throw_status(status, "stats");
     }
     std::string out;
+    // As rmmctl stats --json prints it: zeros too (protobuf leaves fields at
+    // their default out otherwise, pool 0's id among them).
     google::protobuf::util::JsonPrintOptions print;
-    print.preserve_proto_field_names = true;
+    print.always_print_primitive_fields = true;
+    print.preserve_proto_field_names    = true;
     if (!google::protobuf::util::MessageToJsonString(stats, &out, print).ok()) {
       throw rmm::bad_alloc("rmmd: stats: could not write JSON");
     }

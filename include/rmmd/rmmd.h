@@ -186,9 +186,13 @@ RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name
  * One process-wide session and one device resource per device, made at the
  * first allocation from $RMMD_RUNTIME_DIR and $RMMD_TORCH_MODE ("slab", the
  * default, or "direct"), or from rmmd_torch_configure() called before it.
- * A failure returns NULL (PyTorch raises its out-of-memory error); the
- * reason is rmmd_last_error_message() of that thread. Nothing is printed at
- * exit and nothing is left behind. */
+ * A failure returns NULL; the reason is rmmd_last_error_message() of that
+ * thread. Under a torch.cuda.MemPool PyTorch's caching allocator then empties
+ * its cache, retries and raises torch.OutOfMemoryError; as the whole
+ * process's allocator (change_current_allocator) PyTorch does not check the
+ * pointer (torch/csrc/cuda/CUDAPluggableAllocator.cpp in the 2.x sources read):
+ * the tensor gets address 0 (docs/python.md). Nothing is printed at exit
+ * and nothing is left behind. */
 RMMD_API void* rmmd_torch_malloc(size_t size, int device, void* stream);
 RMMD_API void rmmd_torch_free(void* ptr, size_t size, int device, void* stream);
 /* runtime_dir NULL: $RMMD_RUNTIME_DIR or /run/rmmd. FAILED_PRECONDITION once

@@ -1,0 +1,89 @@
+"""rmmd from Python: sessions with the node's rmmd daemon, host and device
+memory lent by it, named shared buffers, and allocators for PyTorch and CuPy.
+
+Pure Python over rmmd's C ABI (``librmmd_c.so``, loaded with ctypes): one
+package serves every Python 3 version. ``docs/python.md`` is the guide.
+
+    import rmmd, numpy
+    with rmmd.Session(client_name="example") as session:
+        host = session.host_resource()
+        a = host.allocation(1 << 20)
+        numpy.asarray(a)[:4] = [1, 2, 3, 4]      # the shared memory, no copy
+
+Framework allocators live in their own modules, imported when asked for:
+``rmmd.allocators.torch`` and ``rmmd.allocators.cupy``.
+"""
+
+from __future__ import annotations
+
+from . import _lib
+from ._buffer import SharedBuffer
+from ._errors import (
+    AlreadyExistsError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfMemoryError,
+    PermissionError,
+    PreconditionError,
+    SessionError,
+    Status,
+)
+from ._memory import Memory
+from ._resource import (
+    Allocation,
+    DeviceAllocation,
+    DeviceResource,
+    HostAllocation,
+    HostResource,
+    MemoryResource,
+    ResourceStats,
+)
+from ._session import Pool, Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "Allocation",
+    "DeviceAllocation",
+    "DeviceResource",
+    "Error",
+    "HostAllocation",
+    "HostResource",
+    "InternalError",
+    "InvalidArgumentError",
+    "Memory",
+    "MemoryResource",
+    "NotFoundError",
+    "OutOfMemoryError",
+    "PermissionError",
+    "Pool",
+    "PreconditionError",
+    "ResourceStats",
+    "Session",
+    "SessionError",
+    "SharedBuffer",
+    "Status",
+    "library_path",
+    "library_version",
+]
+
+
+def library_path() -> str:
+    """The path of the librmmd_c.so this package loaded."""
+    return _lib.path()
+
+
+def library_version() -> str:
+    """The loaded librmmd_c.so's version ("0.1.0")."""
+    return _lib.load().rmmd_version().decode()
+
+# Public classes show as rmmd.X (in tracebacks, reprs and docs), not as the
+# private module that defines them.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj

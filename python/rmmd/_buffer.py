@@ -1,0 +1,268 @@
+"""rmmd.SharedBuffer: named shared buffers (docs/sharing.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import TYPE_CHECKING, Any
+
+from . import _lib
+from ._common import exiting, positive_size, stream_handle
+from ._errors import InvalidArgumentError, PreconditionError, check
+from ._memory import Memory
+from ._session import Pool, pool_name
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+_MAX_WAIT_MS = 2**32 - 1
+
+
+class SharedBuffer(Memory):
+    """One hold of a named shared buffer by this process: the creator's,
+    from :meth:`create`, or a consumer's, from :meth:`open`.
+
+    A producer creates a buffer under a name, writes it, and publishes it;
+    any allowed process opens it by name and uses the same bytes, without a
+    copy. The daemon frees it when the last holder lets go (``close()``, or
+    the holder's exit, even by SIGKILL), unless it was created persistent.
+
+    Device buffers are handed to frameworks through
+    ``__cuda_array_interface__`` and DLPack (``torch.from_dlpack(buf)``,
+    ``cupy.from_dlpack(buf)``); host buffers through the buffer protocol,
+    ``__array_interface__`` and DLPack (``numpy.asarray(buf)``,
+    ``numpy.from_dlpack(buf)``). Each view keeps the buffer object alive;
+    ``close()`` waits for tensors made through DLPack before letting go.
+
+    "Read-only" for consumers is a contract, not enforced: CUDA cannot map
+    an imported range read-only (docs/sharing.md).
+
+    One object is not to be used from two threads at once.
+    """
+
+    def __init__(self) -> None:  # use create() or open()
+        raise TypeError("rmmd: make a SharedBuffer with SharedBuffer.create() or SharedBuffer.open()")
+
+    @classmethod
+    def _wrap(cls, session: "Session", handle: int, name: str) -> "SharedBuffer":
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._session = session
+        self._name = name
+        self._close_pending: int | None = None
+        lib = _lib.load()
+        self._close_fn = lib.rmmd_buffer_close
+        try:
+            ptr = ctypes.c_void_p()
+            check(lib.rmmd_buffer_pointer(handle, ctypes.byref(ptr)))
+            size = ctypes.c_size_t()
+            check(lib.rmmd_buffer_size(handle, ctypes.byref(size)))
+            ident = ctypes.c_uint64()
+            check(lib.rmmd_buffer_id(handle, ctypes.byref(ident)))
+            device = ctypes.c_int()
+            check(lib.rmmd_buffer_device(handle, ctypes.byref(device)))
+        except BaseException:
+            self._handle = None
+            lib.rmmd_buffer_destroy(handle)
+            raise
+        self._ptr = ptr.value or 0
+        self._nbytes = size.value
+        self._id = ident.value
+        self._device = device.value
+        self._ready_stream = None
+        self._stream: int | None = None
+        return self
+
+    @classmethod
+    def create(
+        cls,
+        session: "Session",
+        name: str,
+        nbytes: int,
+        pool: str | Pool | None = None,
+        device: int | None = None,
+        persistent: bool = False,
+        gid: int | None = None,
+        alignment: int = 256,
+    ) -> "SharedBuffer":
+        """Creates `nbytes` bytes named `name` (1-255 bytes of
+        ``[A-Za-z0-9._/-]``), held by this process and seen by no other until
+        :meth:`publish`. The memory is ready on every stream.
+
+        Args:
+            pool: the pool (name or Pool; ``session.host_pool`` for shared
+                host memory); ``None``: the CUDA pool of `device`.
+            device: this process's CUDA ordinal whose pool to use when `pool`
+                is None; ``None``: the current device.
+            persistent: keep it after its last holder is gone, until deleted
+                (``SharedBuffer.delete``, ``rmmctl buffers delete NAME``) or
+                the daemon stops.
+            gid: members of this group may open it too (else: this uid and root).
+            alignment: a power of two up to the pool's ``max_alignment``.
+
+        Raises:
+            InvalidArgumentError: a bad name, size, alignment or pool.
+            AlreadyExistsError: the name is taken.
+            OutOfMemoryError: a quota or the pool is full.
+            PermissionError, SessionError.
+        """
+        options = _lib.BufferOptions(
+            size=ctypes.sizeof(_lib.BufferOptions),
+            pool=pool_name(pool),
+            device=-1 if device is None else int(device),
+            persistent=1 if persistent else 0,
+            has_gid=0 if gid is None else 1,
+            gid=0 if gid is None else int(gid),
+            alignment=int(alignment),
+        )
+        handle = _lib.buffer_t()
+        check(
+            _lib.load().rmmd_buffer_create(
+                session._require(), _name(name), positive_size(nbytes), ctypes.byref(options), ctypes.byref(handle)
+            )
+        )
+        buf = cls._wrap(session, handle.value, name)
+        buf._creator = True
+        return buf
+
+    @classmethod
+    def open(cls, session: "Session", name: str, wait: float = 0.0) -> "SharedBuffer":
+        """Opens the published buffer `name`. With `wait` (seconds), waits up
+        to that long for it to be created and published; without, fails at
+        once when it is missing or unpublished.
+
+        Raises:
+            NotFoundError: no buffer has the name (or the wait ended first).
+            PreconditionError: not published yet (or the wait ended first).
+            PermissionError: this uid or gid may not open it.
+            SessionError: the daemon is gone or draining.
+        """
+        if wait < 0 or math.isnan(wait):
+            raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
+        wait_ms = min(_MAX_WAIT_MS, int(math.ceil(wait * 1000)))
+        handle = _lib.buffer_t()
+        check(_lib.load().rmmd_buffer_open(session._require(), _name(name), wait_ms, ctypes.byref(handle)))
+        buf = cls._wrap(session, handle.value, name)
+        buf._creator = False
+        return buf
+
+    @staticmethod
+    def delete(session: "Session", name: str) -> int:
+        """Deletes the buffer `name`: the name is free at once, the memory
+        goes after the last holder. Returns how many sessions hold it still.
+
+        Raises:
+            NotFoundError: no buffer has the name.
+            PermissionError: only the creator's uid and root may delete it.
+        """
+        holders = ctypes.c_size_t()
+        check(_lib.load().rmmd_buffer_delete(session._require(), _name(name), ctypes.byref(holders)))
+        return holders.value
+
+    # -- what it is ---------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def id(self) -> int:
+        """The daemon's id for it (``rmmctl buffers`` shows it)."""
+        return self._id
+
+    @property
+    def session(self) -> "Session":
+        return self._session
+
+    @property
+    def stream(self) -> int | None:
+        """The stream :meth:`close` uses by default: :meth:`publish`'s."""
+        return self._stream
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def _live(self) -> bool:
+        return self._handle is not None and self._close_pending is None
+
+    def _require(self) -> int:
+        if self._handle is None or self._close_pending is not None:
+            raise InvalidArgumentError(f"rmmd: shared buffer '{self._name}' was closed")
+        return self._handle
+
+    # -- publish and close --------------------------------------------------
+
+    def publish(self, stream: Any = None) -> None:
+        """Publishes the buffer: other sessions may open it from then on.
+
+        Without `stream`, now: the writes are complete (host writes, or a
+        synchronised stream). With `stream`, once that stream has done what
+        is queued on it so far (the creator's writes): this returns at once
+        and a host function on the stream tells the daemon; the stream
+        becomes the buffer's stream (for ``close()``, and what
+        ``__cuda_array_interface__`` and ``__dlpack__`` order consumers
+        after). Creator only.
+
+        Raises:
+            PreconditionError: not the creator, or published already.
+        """
+        handle = self._require()
+        if not self._creator:
+            raise PreconditionError(
+                f"rmmd: shared buffer '{self._name}' was opened, not created, by this "
+                "process: only its creator publishes it"
+            )
+        lib = _lib.load()
+        if stream is None:
+            check(lib.rmmd_buffer_publish(handle))
+        else:
+            s = stream_handle(stream)
+            check(lib.rmmd_buffer_publish_on_stream(handle, s or None))
+            self._stream = s
+            if not self.is_host:
+                self._ready_stream = s
+
+    def close(self, stream: Any = None) -> None:
+        """Lets go of this hold in `stream`'s order (``None``: the publish
+        stream, else the legacy default stream; host buffers without a
+        stream: at once). The memory goes back when the last holder is gone
+        (unless persistent). While tensors made from it through DLPack live,
+        the close happens when the last of them goes. Idempotent."""
+        if self._handle is None:
+            return
+        s = self._stream if stream is None else stream_handle(stream)
+        if self._exports > 0:
+            self._close_pending = s or 0
+            return
+        handle, self._handle = self._handle, None
+        check(self._close_fn(handle, s or None))
+
+    def _dlpack_released(self) -> None:
+        super()._dlpack_released()
+        if self._exports == 0 and self._close_pending is not None and self._handle and not exiting():
+            handle, self._handle = self._handle, None
+            self._close_fn(handle, self._close_pending or None)
+
+    def __enter__(self) -> "SharedBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle and not exiting():
+            self._handle = None
+            self._close_fn(handle, self._stream or None)
+
+    def __repr__(self) -> str:
+        where = "host" if self.is_host else f"device {self._device}"
+        state = " closed" if self._handle is None else ""
+        return f"<rmmd.SharedBuffer '{self._name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
+
+
+def _name(name: str) -> bytes:
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"rmmd: a shared buffer's name is a str, not {name!r}")
+    return name.encode()

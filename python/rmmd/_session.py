@@ -1,0 +1,254 @@
+"""rmmd.Session: one session with the node's daemon (rmmd::session)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _lib
+from ._common import exiting
+from ._errors import InvalidArgumentError, NotFoundError, SessionError, check
+
+if TYPE_CHECKING:
+    from ._resource import DeviceResource, HostResource
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One of the daemon's pools, as this process sees it (``rmmctl pools``)."""
+
+    id: int
+    name: str
+    backend: str
+    """``"cuda"`` or ``"host"``."""
+    device: int
+    """This process's CUDA ordinal of the pool's GPU (matched by UUID, so
+    ``CUDA_VISIBLE_DEVICES`` may renumber); -1 for host pools and for a GPU
+    this process cannot see."""
+    capacity_bytes: int
+    max_alignment: int
+    pinnable: bool = False
+    """Host pools: usable page-locked, from the GPU too."""
+    has_fabric_handle: bool = False
+    gpu_uuid: str = ""
+    pci_bus_id: str = ""
+
+    @property
+    def is_host(self) -> bool:
+        return self.backend == "host"
+
+    @classmethod
+    def _from_json(cls, d: dict[str, Any]) -> "Pool":
+        known = {f: d[f] for f in cls.__dataclass_fields__ if f in d}
+        return cls(**known)
+
+
+# The 64-bit fields of rmmd.v1.Stats, which protobuf's JSON mapping writes as
+# strings; stats() gives them as ints.
+_INT64_FIELDS = frozenset(
+    {
+        "capacity_bytes",
+        "max_alignment",
+        "in_use_bytes",
+        "high_water_bytes",
+        "allocation_count",
+        "total_allocations",
+        "backend_reserved_bytes",
+        "backend_used_bytes",
+        "release_threshold_bytes",
+        "carved_bytes",
+        "carved_allocations",
+        "shared_buffers",
+        "shared_bytes",
+        "shared_holders",
+        "session_id",
+        "bytes",
+        "started_unix_ms",
+        "buffers_held",
+    }
+)
+
+
+def _ints(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (int(v) if k in _INT64_FIELDS and isinstance(v, str) else _ints(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
+
+
+class Session:
+    """A session with the node's rmmd daemon: what every resource and shared
+    buffer is made from.
+
+    The daemon knows the process by the session socket's peer credentials,
+    counts what the session holds against its quotas, and frees it all when
+    the session ends (``close()``, or the process's exit, even by SIGKILL).
+
+    Args:
+        runtime_dir: the daemon's runtime directory; ``None``:
+            ``$RMMD_RUNTIME_DIR``, else ``/run/rmmd``.
+        client_name: shown by ``rmmctl stats`` beside the session.
+        use_grpc: send Allocate and Free as gRPC calls instead of datagrams on
+            the session socket.
+        import_by_fabric: import CUDA pools by fabric handle (needs an IMEX
+            channel).
+        call_timeout_ms: how long one call to the daemon may take; 0: 30 s.
+
+    Raises:
+        SessionError: no daemon answers there, or it refused the session.
+        PermissionError: this uid or gid may not use the daemon.
+
+    A Session may be used from several threads; it must not be closed while
+    another thread uses it. Resources and buffers made from it keep the
+    daemon's session open until they are gone too.
+    """
+
+    def __init__(
+        self,
+        runtime_dir: str | None = None,
+        client_name: str | None = None,
+        use_grpc: bool = False,
+        import_by_fabric: bool = False,
+        call_timeout_ms: int = 0,
+    ) -> None:
+        self._handle: int | None = None
+        lib = _lib.load()
+        options = _lib.SessionOptions(
+            size=ctypes.sizeof(_lib.SessionOptions),
+            runtime_dir=None if runtime_dir is None else str(runtime_dir).encode(),
+            client_name=None if client_name is None else client_name.encode(),
+            use_grpc=1 if use_grpc else 0,
+            import_by_fabric=1 if import_by_fabric else 0,
+            call_timeout_ms=int(call_timeout_ms),
+        )
+        handle = _lib.session_t()
+        check(lib.rmmd_session_create(ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle.value
+        self._destroy = lib.rmmd_session_destroy
+        self._pools: list[Pool] | None = None
+
+    # -- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Ends this object's share of the session: the daemon closes it once
+        every resource and buffer made from it is gone too. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle:
+            check(self._destroy(handle))
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle and not exiting():
+            self._handle = None
+            self._destroy(handle)
+
+    def _require(self) -> int:
+        if self._handle is None:
+            raise SessionError("rmmd: this Session was closed")
+        return self._handle
+
+    # -- what it is ---------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        """The daemon's id for this session (``rmmctl stats`` shows it)."""
+        value = ctypes.c_uint64()
+        check(_lib.load().rmmd_session_id(self._require(), ctypes.byref(value)))
+        return value.value
+
+    @property
+    def pools(self) -> list[Pool]:
+        """The daemon's pools (from the session's welcome)."""
+        if self._pools is None:
+            out = ctypes.c_void_p()
+            check(_lib.load().rmmd_session_pools_json(self._require(), ctypes.byref(out)))
+            self._pools = [Pool._from_json(p) for p in json.loads(_lib.take_string(out.value))]
+        return list(self._pools)
+
+    def pool(self, name: str) -> Pool:
+        """The pool named `name`; NotFoundError if there is none."""
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise NotFoundError(
+            f"rmmd: no pool is named '{name}'; the daemon serves: "
+            + ", ".join(p.name for p in self.pools)
+        )
+
+    @property
+    def host_pool(self) -> Pool:
+        """The first host pool (every daemon serves one)."""
+        for p in self.pools:
+            if p.is_host:
+                return p
+        raise NotFoundError("rmmd: the daemon serves no host pool")
+
+    def stats(self) -> dict[str, Any]:
+        """The daemon's stats, as ``rmmctl stats --json`` prints them
+        (``rmmd.v1.Stats``: ``pools`` and ``sessions``), with the 64-bit
+        counts as ints."""
+        out = ctypes.c_void_p()
+        check(_lib.load().rmmd_session_stats_json(self._require(), ctypes.byref(out)))
+        return _ints(json.loads(_lib.take_string(out.value)))
+
+    def session_stats(self) -> dict[str, Any] | None:
+        """This session's entry in :meth:`stats` (``None`` if it is missing)."""
+        me = self.id
+        for s in self.stats().get("sessions", []):
+            if s.get("session_id") == me:
+                return s
+        return None
+
+    # -- resources ----------------------------------------------------------
+
+    def host_resource(self, pool: str | Pool | None = None, pinned: bool = False) -> "HostResource":
+        """A resource of shared host memory (rmmd::host_memory_resource, or
+        rmmd::pinned_host_memory_resource with `pinned`: page-locked, so
+        the GPU reaches it too). `pool`: a host pool (name or Pool); ``None``:
+        the first."""
+        from ._resource import HostResource
+
+        return HostResource(self, pool=pool, pinned=pinned)
+
+    def device_resource(
+        self, device: int | None = None, mode: str = "slab", pool: str | Pool | None = None
+    ) -> "DeviceResource":
+        """A resource of device memory (rmmd::ipc_memory_resource) from the
+        CUDA pool of `device` (``None``: the current device) or the pool
+        named `pool`. `mode`: ``"slab"`` (carve allocations out of leased
+        slabs in this process: fast) or ``"direct"`` (one daemon allocation
+        each: for few, large or long-lived buffers)."""
+        from ._resource import DeviceResource
+
+        return DeviceResource(self, device=device, mode=mode, pool=pool)
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return "<rmmd.Session closed>"
+        return f"<rmmd.Session id={self.id}>"
+
+
+def pool_name(pool: str | Pool | None) -> bytes | None:
+    if pool is None:
+        return None
+    if isinstance(pool, Pool):
+        return pool.name.encode()
+    if isinstance(pool, str):
+        return pool.encode()
+    raise InvalidArgumentError(f"rmmd: pool must be a name or a Pool, not {pool!r}")

@@ -1,0 +1,123 @@
+"""CuPy over rmmd: an allocator for ``cupy.cuda.set_allocator``::
+
+    import cupy
+    from rmmd.allocators.cupy import rmmd_allocator
+    cupy.cuda.set_allocator(rmmd_allocator())
+    x = cupy.arange(1 << 20)     # device memory lent by the node's rmmd
+
+Each CuPy allocation is one allocation of an rmmd device resource (slab
+mode by default: carved in this process out of slabs leased from the
+daemon, so it costs about what CuPy's own pool does), made on CuPy's current
+stream and freed on it when CuPy lets the memory go.
+
+This module imports without CuPy; the allocator needs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from .. import _lib
+from .._common import exiting
+from .._errors import InvalidArgumentError, check
+
+if TYPE_CHECKING:
+    from .._resource import DeviceResource
+    from .._session import Session
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"rmmd.allocators.cupy needs CuPy, which does not import here ({e})"
+        ) from e
+    return cupy
+
+
+class _Lease:
+    """Owns one allocation for CuPy's UnownedMemory; frees it when CuPy
+    drops the memory."""
+
+    __slots__ = ("resource", "ptr", "nbytes", "stream")
+
+    def __init__(self, resource: "DeviceResource", ptr: int, nbytes: int, stream: int) -> None:
+        self.resource = resource
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.stream = stream
+
+    def __del__(self) -> None:
+        r = self.resource
+        handle = r._handle
+        if handle and self.ptr and not exiting():
+            r._deallocate(handle, self.ptr, self.nbytes, 256, self.stream or None)
+
+
+def rmmd_allocator(
+    session: "Session | None" = None, device: int | None = None, mode: str = "slab"
+) -> Callable[[int], Any]:
+    """A function for ``cupy.cuda.set_allocator``: ``nbytes -> cupy.cuda.MemoryPointer``.
+
+    Args:
+        session: the session to allocate through; ``None``: one made at the
+            first allocation (``rmmd.Session(client_name="cupy")``).
+        device: the only CUDA device to allocate on; ``None``: the current
+            device of each call (one resource per device).
+        mode: ``"slab"`` or ``"direct"`` (see ``Session.device_resource``).
+
+    The function raises ``rmmd.OutOfMemoryError`` (a ``MemoryError``) when
+    rmmd cannot lend the memory. Its attributes ``session`` and
+    ``resources`` (device -> DeviceResource) show what it made.
+    """
+    cupy = _cupy()
+    from .._resource import mode_value
+    from .._session import Session
+
+    mode_value(mode)  # a bad mode fails here, not at the first allocation
+    lock = threading.Lock()
+    resources: dict[int, DeviceResource] = {}
+    state: dict[str, Any] = {"session": session}
+    allocate_c = _lib.load().rmmd_allocate
+    get_device = cupy.cuda.runtime.getDevice
+    current_stream = cupy.cuda.get_current_stream
+    unowned = cupy.cuda.UnownedMemory
+    memory_pointer = cupy.cuda.MemoryPointer
+    c_void_p = ctypes.c_void_p
+    byref = ctypes.byref
+
+    def resource_for(dev: int) -> "DeviceResource":
+        with lock:
+            r = resources.get(dev)
+            if r is None:
+                if device is not None and dev != device:
+                    raise InvalidArgumentError(
+                        f"rmmd: this allocator serves CUDA device {device}; the current device is {dev}"
+                    )
+                s = state["session"]
+                if s is None:
+                    s = state["session"] = Session(client_name="cupy")
+                    allocate.session = s  # type: ignore[attr-defined]
+                r = resources[dev] = s.device_resource(device=dev, mode=mode)
+            return r
+
+    def allocate(nbytes: int) -> Any:
+        dev = get_device()
+        r = resources.get(dev) or resource_for(dev)
+        stream = current_stream().ptr
+        out = c_void_p()
+        status = allocate_c(r._handle, nbytes, 256, stream or None, byref(out))
+        if status:
+            check(status)
+        ptr = out.value or 0
+        return memory_pointer(unowned(ptr, nbytes, _Lease(r, ptr, nbytes, stream), dev), 0)
+
+    allocate.resources = resources  # type: ignore[attr-defined]
+    allocate.session = session  # type: ignore[attr-defined]
+    return allocate
+
+
+__all__ = ["rmmd_allocator"]

@@ -1,0 +1,257 @@
+"""PyTorch over rmmd: device memory for tensors from the node's daemon.
+
+Three ways, from the most to the least recommended:
+
+1. A ``torch.cuda.MemPool`` over rmmd (:func:`rmmd_mem_pool`, entered with
+   :func:`use_mem_pool`): PyTorch's own caching allocator works on top of
+   rmmd's memory for what is allocated inside the block; the rest of the
+   process keeps PyTorch's default allocator. PyTorch's caching, its
+   statistics (``torch.cuda.memory_stats``), ``empty_cache`` and its
+   out-of-memory error all keep working.
+2. rmmd as the whole process's allocator (:func:`use_rmmd_as_allocator`,
+   before the first CUDA allocation): every tensor comes from rmmd, with
+   rmmd's slab mode as the only cache. ``torch.cuda.memory_stats`` does not
+   work then; :func:`memory_stats` reports what PyTorch allocated.
+3. Shared buffers as tensors (``torch.from_dlpack(rmmd.SharedBuffer...)``),
+   beside either of the above or alone.
+
+Both allocators go through rmmd's C ABI (``rmmd_torch_malloc`` and
+``rmmd_torch_free`` of librmmd_c.so, loaded by
+``torch.cuda.memory.CUDAPluggableAllocator``): one process-wide session
+(client name ``torch``) and one resource per device, made at the first
+allocation; the process's exit prints nothing and the daemon reclaims what
+the session held.
+
+This module imports without PyTorch; its functions need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from typing import Any, Iterator
+
+from .. import _lib
+from .._errors import PreconditionError, Status, check
+from .._resource import mode_value
+
+ALLOC_FN_NAME = "rmmd_torch_malloc"
+FREE_FN_NAME = "rmmd_torch_free"
+
+_lock = threading.Lock()
+_configured: tuple[str | None, int] | None = None
+_allocator: Any = None
+_default_pool: Any = None
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"rmmd.allocators.torch needs PyTorch, which does not import here ({e})"
+        ) from e
+    return torch
+
+
+def library_path() -> str:
+    """The librmmd_c.so that PyTorch loads (the one this package loaded)."""
+    return _lib.path()
+
+
+def configure(runtime_dir: str | os.PathLike[str] | None = None, mode: str | None = None) -> None:
+    """Chooses the daemon and the mode of the process-wide session that
+    PyTorch's allocations go through; must come before the first of them
+    (the functions below call it).
+
+    Args:
+        runtime_dir: the daemon's runtime directory; ``None``:
+            ``$RMMD_RUNTIME_DIR``, else ``/run/rmmd``.
+        mode: ``"slab"`` (carve allocations out of leased slabs in this
+            process: as fast as PyTorch's own allocator) or ``"direct"`` (one
+            daemon allocation per tensor: a round trip each, for few large
+            tensors); ``None``: ``$RMMD_TORCH_MODE``, else slab.
+
+    Raises:
+        PreconditionError: PyTorch already allocated through rmmd with other
+            settings.
+        InvalidArgumentError: an unknown mode.
+    """
+    global _configured
+    if runtime_dir is None and mode is None:
+        return  # the environment decides, at the first allocation
+    m = mode_value(mode if mode is not None else os.environ.get("RMMD_TORCH_MODE") or "slab")
+    want = (None if runtime_dir is None else os.fspath(runtime_dir), m)
+    with _lock:
+        if _configured == want:
+            return
+        lib = _lib.load()
+        status = lib.rmmd_torch_configure(None if want[0] is None else want[0].encode(), m)
+        if status == Status.FAILED_PRECONDITION:
+            raise PreconditionError(
+                "rmmd: PyTorch has allocated through rmmd already"
+                + ("" if _configured is None else f" with runtime_dir={_configured[0]!r}")
+                + "; its daemon and mode are set: configure rmmd before the first allocation",
+                status=Status.FAILED_PRECONDITION,
+            )
+        check(status)
+        _configured = want
+
+
+def rmmd_allocator() -> Any:
+    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over rmmd (one per
+    process)."""
+    global _allocator
+    torch = _torch()
+    with _lock:
+        if _allocator is None:
+            _allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                library_path(), ALLOC_FN_NAME, FREE_FN_NAME
+            )
+        return _allocator
+
+
+def rmmd_mem_pool(
+    runtime_dir: str | os.PathLike[str] | None = None, mode: str | None = None, **kwargs: Any
+) -> Any:
+    """A ``torch.cuda.MemPool`` whose memory comes from rmmd, with PyTorch's
+    caching allocator on top::
+
+        pool = rmmd_mem_pool()
+        with use_mem_pool(pool):            # or torch.cuda.use_mem_pool(pool)
+            model = Model().cuda()          # parameters, activations, ...
+
+    Tensors allocated inside the ``with`` block come from rmmd (and go back
+    to the pool's cache when freed; ``torch.cuda.empty_cache()`` returns
+    cached segments to rmmd). Keep the pool alive while its tensors live.
+    Backward passes allocate on autograd's threads, outside the pool, unless
+    entered through :func:`use_mem_pool`.
+    `kwargs` go to ``torch.cuda.MemPool`` (e.g. ``use_on_oom``). When rmmd
+    cannot lend more, PyTorch frees its cache, retries, and raises
+    ``torch.OutOfMemoryError``; :func:`last_error` says what rmmd said.
+    """
+    configure(runtime_dir, mode)
+    torch = _torch()
+    return torch.cuda.MemPool(rmmd_allocator().allocator(), **kwargs)
+
+
+def default_mem_pool() -> Any:
+    """The process's rmmd MemPool, made at the first call by
+    :func:`rmmd_mem_pool` (with the settings of :func:`configure`)."""
+    global _default_pool
+    if _default_pool is None:
+        pool = rmmd_mem_pool()
+        with _lock:
+            if _default_pool is None:
+                _default_pool = pool
+    return _default_pool
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: Any = None, device: Any = None, backward: bool = True) -> Iterator[Any]:
+    """``torch.cuda.use_mem_pool`` over an rmmd MemPool, backward passes
+    included::
+
+        with use_mem_pool():
+            loss = model(x).sum()
+            loss.backward()               # gradients from rmmd too
+
+    `pool`: a MemPool from :func:`rmmd_mem_pool`; ``None``: the process's
+    (:func:`default_mem_pool`). PyTorch routes a pool's allocations by
+    thread, and autograd runs the backward of CUDA work on its own device
+    threads, which do not see the pool (PyTorch issue 167353): with
+    `backward` (the default) backward passes started inside the block run
+    in the calling thread instead
+    (``torch.autograd.set_multithreading_enabled(False)``), so their
+    tensors come from the pool too. Yields the pool.
+    """
+    torch = _torch()
+    if pool is None:
+        pool = default_mem_pool()
+    with torch.cuda.use_mem_pool(pool, device=device):
+        if backward:
+            with torch.autograd.grad_mode.set_multithreading_enabled(False):
+                yield pool
+        else:
+            yield pool
+
+
+def use_rmmd_as_allocator(
+    runtime_dir: str | os.PathLike[str] | None = None, mode: str | None = None
+) -> Any:
+    """Makes rmmd the allocator of every CUDA tensor of this process
+    (``torch.cuda.memory.change_current_allocator``). Call it before the
+    process's first CUDA allocation. Returns the allocator.
+
+    Raises:
+        PreconditionError: PyTorch has allocated CUDA memory already.
+    """
+    configure(runtime_dir, mode)
+    torch = _torch()
+    allocator = rmmd_allocator()
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise PreconditionError(
+            "rmmd: use_rmmd_as_allocator() must run before the process's first CUDA "
+            f"allocation ({e})",
+            status=Status.FAILED_PRECONDITION,
+        ) from e
+    return allocator
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """What PyTorch allocated through rmmd on `device` (``None``: the
+    current device), which ``torch.cuda.memory_stats`` cannot report under a
+    pluggable allocator: ``allocated_bytes`` (live), ``allocation_count``
+    (live), ``high_water_bytes``, ``total_allocations``; zeros before the
+    first allocation. Under a MemPool these count the segments PyTorch's
+    cache took from rmmd, not its tensors. What the session holds from the
+    daemon (slabs included) is in ``rmmctl stats`` under client ``torch``.
+    """
+    if device is None:
+        device = _torch().cuda.current_device()
+    index = getattr(device, "index", device)
+    if index is None:
+        index = _torch().cuda.current_device()
+    s = _lib.ResourceStats(size=ctypes.sizeof(_lib.ResourceStats))
+    status = _lib.load().rmmd_torch_get_stats(int(index), ctypes.byref(s))
+    if status == Status.NOT_FOUND:
+        return {
+            "allocated_bytes": 0,
+            "allocation_count": 0,
+            "high_water_bytes": 0,
+            "total_allocations": 0,
+            "device": int(index),
+        }
+    check(status)
+    return {
+        "allocated_bytes": s.allocated_bytes,
+        "allocation_count": s.allocation_count,
+        "high_water_bytes": s.high_water_bytes,
+        "total_allocations": s.total_allocations,
+        "device": s.device,
+    }
+
+
+def last_error() -> str:
+    """What rmmd said about the calling thread's last failed call (an
+    allocation PyTorch made on this thread that rmmd refused, say); "" if
+    none failed."""
+    raw = _lib.load().rmmd_last_error_message()
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+__all__ = [
+    "configure",
+    "default_mem_pool",
+    "last_error",
+    "library_path",
+    "memory_stats",
+    "rmmd_allocator",
+    "rmmd_mem_pool",
+    "use_mem_pool",
+    "use_rmmd_as_allocator",
+]

@@ -1,0 +1,125 @@
+"""A PyTorch client process for the GPU tests (RMMD_RUNTIME_DIR names the
+daemon). Prints one line of JSON when it has done its part; `hold` and
+`produce` then wait for a line on stdin.
+
+  hold WAY MODE MIB        a MIB-MiB tensor through rmmd; wait; exit
+  train WAY MODE STEPS     a small transformer's losses (WAY default: PyTorch's own allocator)
+  oom WAY MODE GIB         ask for more than the pool has; say what happened
+  leave WAY MODE [raise]   allocate and compute, then exit (or raise) without cleaning up
+  produce NAME MIB         a shared buffer on GPU 0 filled by PyTorch through DLPack
+
+WAY: mempool (a torch.cuda.MemPool over rmmd) or allocator (rmmd for the
+whole process); MODE: slab or direct.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import rmmd
+from rmmd.allocators import torch as rmmd_torch
+
+
+def say(**what: object) -> None:
+    print(json.dumps(what), flush=True)
+
+
+def with_rmmd(way: str, mode: str):  # type: ignore[no-untyped-def]
+    """A context manager under which tensors come from rmmd."""
+    import contextlib
+
+    if way == "allocator":
+        rmmd_torch.use_rmmd_as_allocator(mode=mode)
+        return contextlib.nullcontext()
+    if way == "mempool":
+        pool = rmmd_torch.rmmd_mem_pool(mode=mode)
+        globals()["_pool"] = pool  # alive as long as its tensors
+        return rmmd_torch.use_mem_pool(pool)  # backward passes included
+    if way == "default":
+        return contextlib.nullcontext()
+    raise SystemExit(f"unknown way {way}")
+
+
+def train(steps: int) -> list[float]:
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    layer = torch.nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256, dropout=0.0,
+                                             batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2), torch.nn.Linear(128, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(16, 64, 128, generator=gen).cuda()
+        y = torch.randint(0, 10, (16, 64), generator=gen).cuda()
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 10), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0]
+    if cmd == "hold":
+        way, mode, mib = argv[1], argv[2], int(argv[3])
+        with with_rmmd(way, mode):
+            t = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+            t.fill_(7)
+            torch.cuda.synchronize()
+        stats = rmmd_torch.memory_stats(0)
+        say(pid=os.getpid(), data_ptr=t.data_ptr(), sum=int(t[:4096].sum().item()), rmmd_stats=stats)
+        sys.stdin.readline()
+    elif cmd == "train":
+        way, mode, steps = argv[1], argv[2], int(argv[3])
+        # Backward in this thread whatever the way (the MemPool needs it: see
+        # rmmd.allocators.torch.use_mem_pool), so the ways differ only in
+        # where memory comes from.
+        with with_rmmd(way, mode), torch.autograd.grad_mode.set_multithreading_enabled(False):
+            losses = train(steps)
+        say(losses=losses, rmmd_stats=rmmd_torch.memory_stats(0) if way != "default" else None)
+    elif cmd == "oom":
+        way, mode, gib = argv[1], argv[2], int(argv[3])
+        with with_rmmd(way, mode):
+            torch.ones(1 << 20, device="cuda")  # the session exists
+            try:
+                t = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+            except Exception as e:  # noqa: BLE001 (the test wants to see which)
+                say(raised=type(e).__name__, oom=isinstance(e, torch.OutOfMemoryError),
+                    message=str(e), last_error=rmmd_torch.last_error())
+                return 0
+            # No exception: say where the tensor is (touching it could fault).
+            say(raised=None, data_ptr=t.data_ptr(), last_error=rmmd_torch.last_error())
+            os._exit(0)  # no CUDA work on a tensor that may be at address 0
+    elif cmd == "leave":
+        way, mode = argv[1], argv[2]
+        with with_rmmd(way, mode):
+            kept = [torch.randn(1 << k, device="cuda") for k in range(10, 24)]
+            total = sum(float(t.sum().item()) for t in kept)
+        globals()["kept"] = kept  # freed, if at all, while the interpreter exits
+        if "raise" in argv:
+            raise RuntimeError(f"boom {total:.1f}")
+    elif cmd == "produce":
+        name, mib = argv[1], int(argv[2])
+        session = rmmd.Session(client_name="torch-producer")
+        buf = rmmd.SharedBuffer.create(session, name, mib << 20, device=0)
+        t = torch.from_dlpack(buf).view(torch.float32)
+        t.copy_(torch.arange(t.numel(), dtype=torch.float32, device="cuda"))
+        stream = torch.cuda.current_stream()
+        buf.publish(stream)  # once the stream has written it
+        say(ptr=buf.ptr, data_ptr=t.data_ptr(), id=buf.id, nbytes=buf.nbytes)
+        sys.stdin.readline()
+        del t
+        buf.close()
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

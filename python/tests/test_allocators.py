@@ -1,0 +1,139 @@
+"""The framework modules' own logic, on any machine: CuPy's allocator over a
+host resource standing in for a device one, with a stand-in CuPy; the
+PyTorch entry points' configuration and failure path, with a stand-in
+PyTorch. (test_gpu.py runs the real frameworks on a GPU.)"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import types
+from typing import Any
+
+import pytest
+from conftest import Daemon, run_python
+
+import rmmd
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    class Stream:
+        ptr = 0
+
+    def unowned(ptr: int, size: int, owner: Any, device_id: int) -> Any:
+        return types.SimpleNamespace(ptr=ptr, size=size, owner=owner, device_id=device_id)
+
+    def memory_pointer(mem: Any, offset: int) -> Any:
+        return types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
+
+    cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        get_current_stream=lambda: Stream(),
+        UnownedMemory=unowned,
+        MemoryPointer=memory_pointer,
+    )
+    fake = types.SimpleNamespace(cuda=cuda)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake
+
+
+def test_the_cupy_allocator_frees_when_cupy_lets_go(
+    fake_cupy: Any, session: rmmd.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rmmd.allocators.cupy import rmmd_allocator
+
+    made: list[rmmd.MemoryResource] = []
+
+    def host_instead(self: rmmd.Session, device: int | None = None, mode: str = "slab", pool: Any = None) -> Any:
+        r = self.host_resource()
+        made.append(r)
+        return r
+
+    monkeypatch.setattr(rmmd.Session, "device_resource", host_instead)
+    allocate = rmmd_allocator(session=session)
+    p = allocate(1 << 16)
+    assert p.ptr != 0 and p.mem.size == 1 << 16 and p.mem.device_id == 0
+    (r,) = made
+    assert allocate.resources == {0: r}
+    assert r.stats().allocation_count == 1
+    q = allocate(0)
+    assert q.ptr == 0
+    del p, q
+    gc.collect()
+    assert r.stats().allocation_count == 0
+    with pytest.raises(rmmd.OutOfMemoryError):
+        allocate(1 << 30)  # more than the pool
+
+
+def test_the_cupy_allocator_for_one_device_refuses_another(
+    fake_cupy: Any, session: rmmd.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rmmd.allocators.cupy import rmmd_allocator
+
+    monkeypatch.setattr(rmmd.Session, "device_resource", lambda self, **kw: self.host_resource())
+    allocate = rmmd_allocator(session=session, device=1)
+    with pytest.raises(rmmd.InvalidArgumentError, match="serves CUDA device 1"):
+        allocate(256)
+    with pytest.raises(rmmd.InvalidArgumentError, match="'slab'"):
+        rmmd_allocator(session=session, mode="carve")
+
+
+TORCH_SCRIPT = r"""
+import ctypes, json, sys, types
+calls = []
+class Pluggable:
+    def __init__(self, path, alloc, free):
+        calls.append(("pluggable", path, alloc, free))
+    def allocator(self):
+        return "the _cuda_CUDAAllocator"
+def change_current_allocator(a):
+    calls.append(("change", type(a).__name__))
+    if len(calls) > 2:
+        raise RuntimeError("Can't swap an already initialized allocator")
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(
+    memory=types.SimpleNamespace(CUDAPluggableAllocator=Pluggable, change_current_allocator=change_current_allocator),
+    MemPool=lambda allocator, **kw: ("MemPool", allocator, kw),
+    current_device=lambda: 0)
+sys.modules["torch"] = torch
+import rmmd
+from rmmd.allocators import torch as rt
+out = {}
+out["zeros"] = rt.memory_stats()
+rt.configure(runtime_dir=sys.argv[1], mode="direct")
+rt.configure(runtime_dir=sys.argv[1], mode="direct")  # the same again: nothing to do
+out["pool"] = list(rt.rmmd_mem_pool(use_on_oom=True))
+rt.use_rmmd_as_allocator()
+try:
+    rt.use_rmmd_as_allocator()
+except rmmd.PreconditionError as e:
+    out["second"] = str(e)
+out["calls"] = calls
+lib = rmmd._lib.load()
+for name in (rt.ALLOC_FN_NAME, rt.FREE_FN_NAME):
+    getattr(lib, name)  # the names PyTorch looks up exist
+# No GPU here: the first allocation fails, and says why, on this thread.
+out["ptr"] = lib.rmmd_torch_malloc(1024, 0, None)
+out["last_error"] = rt.last_error()
+lib.rmmd_torch_free(None, 0, 0, None)
+try:
+    rt.configure(runtime_dir=sys.argv[1], mode="slab")
+except rmmd.PreconditionError as e:
+    out["late"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_the_torch_entry_points(daemon: Daemon) -> None:
+    out = json.loads(run_python(["-c", TORCH_SCRIPT, str(daemon.runtime_dir)], dict(os.environ)).stdout)
+    assert out["zeros"] == {"allocated_bytes": 0, "allocation_count": 0, "high_water_bytes": 0,
+                            "total_allocations": 0, "device": 0}
+    assert out["calls"][0] == ["pluggable", rmmd.library_path(), "rmmd_torch_malloc", "rmmd_torch_free"]
+    assert out["pool"] == ["MemPool", "the _cuda_CUDAAllocator", {"use_on_oom": True}]
+    assert [c[0] for c in out["calls"]] == ["pluggable", "change", "change"]  # one allocator object
+    assert "before the process's first CUDA allocation" in out["second"]
+    assert out["ptr"] is None and out["last_error"].startswith("rmmd: ")
+    assert "configure rmmd before the first allocation" in out["late"]
