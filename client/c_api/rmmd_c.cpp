@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -583,6 +584,13 @@ void* rmmd_torch_malloc(size_t size, int device, void* stream)
     if (ptr != nullptr) { note_allocation(r, size); }
   });
   return status == RMMD_SUCCESS ? ptr : nullptr;
+}
+
+void* rmmd_torch_malloc_or_raise(size_t size, int device, void* stream)
+{
+  void* ptr = rmmd_torch_malloc(size, device, stream);
+  if (ptr == nullptr && size != 0) { throw std::runtime_error(last_error); }
+  return ptr;
 }
 
 void rmmd_torch_free(void* ptr, size_t size, int device, void* stream)

@@ -38,6 +38,9 @@ from .._errors import PreconditionError, Status, check
 from .._resource import mode_value
 
 ALLOC_FN_NAME = "rmmd_torch_malloc"
+# The whole process's allocator: PyTorch does not check the pointer there, so
+# this one raises (a C++ exception, RuntimeError in Python) instead of NULL.
+RAISING_ALLOC_FN_NAME = "rmmd_torch_malloc_or_raise"
 FREE_FN_NAME = "rmmd_torch_free"
 
 _lock = threading.Lock()
@@ -190,7 +193,9 @@ def use_rmmd_as_allocator(
     """
     configure(runtime_dir, mode)
     torch = _torch()
-    allocator = rmmd_allocator()
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        library_path(), RAISING_ALLOC_FN_NAME, FREE_FN_NAME
+    )
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
