@@ -46,6 +46,7 @@ FREE_FN_NAME = "rmmd_torch_free"
 _lock = threading.Lock()
 _configured: tuple[str | None, int] | None = None
 _allocator: Any = None
+_raising_allocator: Any = None  # the whole process's (use_rmmd_as_allocator)
 _default_pool: Any = None
 
 
@@ -191,11 +192,15 @@ def use_rmmd_as_allocator(
     Raises:
         PreconditionError: PyTorch has allocated CUDA memory already.
     """
+    global _raising_allocator
     configure(runtime_dir, mode)
     torch = _torch()
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        library_path(), RAISING_ALLOC_FN_NAME, FREE_FN_NAME
-    )
+    with _lock:
+        if _raising_allocator is None:
+            _raising_allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                library_path(), RAISING_ALLOC_FN_NAME, FREE_FN_NAME
+            )
+        allocator = _raising_allocator
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
