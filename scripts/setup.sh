@@ -15,6 +15,7 @@ debs=(build-essential pkg-config ninja-build
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
       libcpp-httplib-dev libcli11-dev
       file        # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
+      patchelf    # the package's private libraries find each other ($ORIGIN run paths)
       systemd     # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
       prometheus  # for promtool: the metrics test checks the scrape with it
       clang-14 libclang-rt-14-dev  # the fuzz preset: clang and its libFuzzer/ASan runtimes
