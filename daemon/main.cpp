@@ -523,6 +523,7 @@ int main(int argc, char** argv)
   daemon_flags flags;
   CLI::App app{"rmmd: lends memory from node-wide pools to the processes of this node"};
   app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", "rmmd " + std::string(rmmd::service::daemon_version()));
   app.add_option("--config",
                  flags.config_path,
                  "Configuration file (protobuf text format, see docs/configuration.md); if the "

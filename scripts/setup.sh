@@ -4,8 +4,9 @@
 #   - Debian packages (gRPC, protobuf, abseil, GoogleTest, libsystemd, promtool,
 #     clang 14 with libFuzzer for the fuzzers, ...; GCC's ASan, UBSan and TSan
 #     runtimes come with build-essential)
-#   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0)
-#     and the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger)
+#   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0),
+#     the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger) and
+#     kubernetes-validate (scripts/validate-manifests.sh)
 #   - a second venv (.venv-py) with pytest and numpy, for the Python package's
 #     tests (python/tests); kept apart so the build's venv stays as it is
 set -euo pipefail
@@ -18,6 +19,7 @@ debs=(build-essential pkg-config ninja-build
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
       libcpp-httplib-dev libcli11-dev
       file        # CPack's DEB generator (scripts/package.sh) runs file and dpkg-shlibdeps
+      patchelf    # the package's private libraries find each other ($ORIGIN run paths)
       systemd     # systemd-analyze verify and systemd-sysusers, for the deploy/ tests
       prometheus  # for promtool: the metrics test checks the scrape with it
       clang-14 libclang-rt-14-dev  # the fuzz preset: clang and its libFuzzer/ASan runtimes
@@ -37,6 +39,8 @@ fi
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "setup: the CUDA 13 toolkit is expected at /usr/local/cuda" >&2; exit 1; }
 
 want_rmm='librmm-cu13==26.10.*'
+# Pinned: its schemas (Kubernetes 1.25 to 1.37) come with the release.
+want_kv=1.37.0
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv"
   python3 -m venv "$venv"
@@ -45,6 +49,10 @@ if ! "$venv/bin/python" -c 'import importlib.metadata as m; v=m.version("librmm-
    || ! "$venv/bin/cmake" --version 2>/dev/null | grep -qE 'version [4-9]\.'; then
   echo "setup: installing $want_rmm and cmake>=4 into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$want_rmm" 'cmake>=4.0,<5'
+fi
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('kubernetes-validate') == '$want_kv'" 2>/dev/null; then
+  echo "setup: installing kubernetes-validate==$want_kv into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "kubernetes-validate==$want_kv"
 fi
 
 if [ ! -x "$py_venv/bin/python" ]; then

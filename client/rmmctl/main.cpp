@@ -134,6 +134,7 @@ int main(int argc, char** argv)
       "Exit codes: 0 success; 1 the daemon reported an error (or another failure); 2 bad usage;\n"
       "3 no daemon answers at the runtime directory (or it is shutting down); 4 permission "
       "denied."};
+  app.set_version_flag("--version", "rmmctl " RMMD_VERSION);
   app.require_subcommand(1, 1);
   app.fallthrough();  // the options below work after the command too
   std::string runtime_dir = rmmd::session::default_runtime_dir().string();

@@ -76,3 +76,38 @@ expect_relocatable_runpaths() {
     fi
   done < <(elf_files "$1")
 }
+
+# The libraries every Debian 12 and Ubuntu 22.04/24.04 system has, which a
+# package may leave to the system: glibc's, GCC's, libsystemd; and the CUDA
+# driver's, which is the node's.
+system_libraries='^(ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libutil\.so\.1|libresolv\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libsystemd\.so\.0|libcuda\.so\.1)$'
+
+# expect_self_contained DIR: every library that an ELF file under DIR needs
+# is either one of $system_libraries or lies in one of that file's own run
+# path directories (so the loader finds it there, whatever the system has).
+expect_self_contained() {
+  local f needed origin rp entry dirs found
+  while read -r f; do
+    origin=$(dirname "$f")
+    rp=$(readelf -d "$f" | sed -n 's/.*(R.*PATH).*\[\(.*\)\]/\1/p')
+    IFS=: read -ra dirs <<<"${rp//\$ORIGIN/$origin}"
+    while read -r needed; do
+      [[ $needed =~ $system_libraries ]] && continue
+      found=
+      for entry in "${dirs[@]}"; do
+        [ -e "$entry/$needed" ] && found=$entry && break
+      done
+      [ -n "$found" ] || fail "$f needs $needed, which is neither in its run path (${rp:-none}) nor on every system"
+    done < <(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  done < <(elf_files "$1")
+}
+
+# highest_symbol_version DIR PREFIX: "PREFIX_X.Y FILE", the highest version of
+# the PREFIX_ symbols (GLIBC, GLIBCXX) that an ELF file under DIR needs.
+highest_symbol_version() {
+  local f
+  while read -r f; do
+    { objdump -T "$f" | grep -oE "\\b$2_[0-9]+(\\.[0-9]+)*\\b" || true; } | sort -uV | tail -1 |
+      sed "s|\$| $f|"
+  done < <(elf_files "$1") | sort -V | tail -1
+}
