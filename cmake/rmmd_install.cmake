@@ -58,6 +58,13 @@ set_target_properties(rmmd_client PROPERTIES
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
   EXPORT_NAME client
   INSTALL_RPATH "$ORIGIN/rmmd")
+# The C ABI (include/rmmd/rmmd.h): beside librmmd_client, which it links, on
+# the system's library path, where Python's ctypes and PyTorch's pluggable
+# allocator load it by name.
+set_target_properties(rmmd_c PROPERTIES
+  VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+  EXPORT_NAME c
+  INSTALL_RPATH "$ORIGIN;$ORIGIN/rmmd")
 # Its gRPC and protobuf are the bundled ones beside it. CMake can only rewrite
 # a run path that the build gave the library, and this one needs none in the
 # build tree (its dependencies are the system's): $ORIGIN there too.
@@ -67,7 +74,7 @@ set_target_properties(rmmd_proto PROPERTIES BUILD_RPATH "$ORIGIN" INSTALL_RPATH 
 install(TARGETS rmmd rmmctl
   RUNTIME_DEPENDENCY_SET rmmd_bundled
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
-install(TARGETS rmmd_client EXPORT rmmdTargets
+install(TARGETS rmmd_client rmmd_c EXPORT rmmdTargets
   RUNTIME_DEPENDENCY_SET rmmd_bundled
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev)
 # Linked privately by librmmd_client (and by the programs): not part of the
@@ -110,7 +117,8 @@ install(CODE "
 
 # --- the client's headers and CMake and pkg-config packages (rmmd-dev) --------
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/rmmd
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.hpp")
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.hpp"
+  PATTERN "*.h")
 install(EXPORT rmmdTargets NAMESPACE rmmd:: DESTINATION ${RMMD_CMAKEDIR} COMPONENT dev)
 
 # The client's headers include RMM's (and through them CCCL's, NVTX's and
@@ -157,7 +165,9 @@ set(RMMD_PC_DEFINITIONS
     -DTHRUST_HOST_SYSTEM=THRUST_HOST_SYSTEM_CPP -DTHRUST_IGNORE_ABI_NAMESPACE_ERROR)
 list(JOIN RMMD_PC_DEFINITIONS " " RMMD_PC_DEFINITIONS)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/rmmd.pc.in ${PROJECT_BINARY_DIR}/rmmd.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/rmmd.pc
+# The C ABI's: C programs need neither RMM's headers nor CUDA's.
+configure_file(${PROJECT_SOURCE_DIR}/cmake/rmmd-c.pc.in ${PROJECT_BINARY_DIR}/rmmd-c.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/rmmd.pc ${PROJECT_BINARY_DIR}/rmmd-c.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 
 # --- systemd, config, docs ----------------------------------------------------

@@ -40,7 +40,8 @@ list "$deb" >"$scratch/files.txt"
 list "$dev" >"$scratch/dev-files.txt"
 
 for f in /usr/bin/rmmd /usr/bin/rmmctl /usr/lib/systemd/system/rmmd.service \
-  /usr/lib/sysusers.d/rmmd.conf /usr/lib/librmmd_client.so.0 /usr/lib/rmmd/librmmd_proto.so \
+  /usr/lib/sysusers.d/rmmd.conf /usr/lib/librmmd_client.so.0 /usr/lib/librmmd_c.so.0 \
+  /usr/lib/rmmd/librmmd_proto.so \
   /usr/lib/rmmd/librmm.so /usr/lib/rmmd/librapids_logger.so /usr/lib/rmmd/libcudart.so.13 \
   /usr/lib/rmmd/libgrpc++.so.1.51 /usr/lib/rmmd/libprotobuf.so.32 /usr/lib/rmmd/libssl.so.3 \
   /usr/share/doc/rmmd/third-party/libgrpc29/copyright /usr/share/doc/rmmd/third-party/librmm/LICENSE; do
@@ -50,6 +51,8 @@ for f in /usr/include/rmmd/session.hpp /usr/include/rmmd/host_memory_resource.hp
   /usr/include/rmmd/ipc_memory_resource.hpp /usr/lib/librmmd_client.so \
   /usr/lib/cmake/rmmd/rmmdConfig.cmake /usr/lib/cmake/rmmd/rmmdConfigVersion.cmake \
   /usr/lib/cmake/rmmd/rmmdTargets.cmake /usr/lib/pkgconfig/rmmd.pc \
+  /usr/include/rmmd/rmmd.h /usr/include/rmmd/shared_buffer.hpp /usr/lib/librmmd_c.so \
+  /usr/lib/pkgconfig/rmmd-c.pc \
   /usr/lib/rmmd/rmm/include/rmm/device_buffer.hpp /usr/lib/rmmd/rmm/lib64/cmake/rmm/rmm-config.cmake \
   /usr/lib/rmmd/rmm/lib64/librmm.so /usr/lib/rmmd/rapids_logger/lib64/librapids_logger.so; do
   grep -qxF "$f" "$scratch/dev-files.txt" || fail "rmmd-dev lacks $f"

@@ -128,6 +128,12 @@ printf '%s\n' "${pc_cflags[@]}" | defines >"$scratch/defines-pc.txt"
 diff -u "$scratch/defines-cmake.txt" "$scratch/defines-pc.txt" ||
   fail "rmmd.pc's definitions (+) are not the ones CMake's packages give a client (-): update RMMD_PC_DEFINITIONS"
 
+echo "--- a C program against the C ABI, with pkg-config (rmmd-c.pc) and cc alone"
+read -ra c_cflags <<<"$(pkg-config --cflags rmmd-c)"
+read -ra c_libs <<<"$(pkg-config --libs rmmd-c)"
+run_logged "$scratch/c-consumer-build.log" "${CC:-cc}" -std=c11 -Wall -Wextra -Werror \
+  "$here/consumer/c_consumer.c" "${c_cflags[@]}" "${c_libs[@]}" -o "$scratch/rmmd_c_consumer"
+
 echo "--- no daemon: the consumer's session fails, saying so"
 mkdir -p "$scratch/run"
 rc=0
@@ -165,6 +171,10 @@ run_logged "$scratch/consumer-pc-run.log" "$scratch/rmmd_consumer_pc" "$scratch/
 cat "$scratch/consumer-pc-run.log"
 expect_line "$scratch/consumer-pc-run.log" "^rmmd_consumer: session [0-9]+, pool '.+': 1048576 bytes .*: ok$" \
   "the pkg-config consumer allocated through the installed daemon"
+run_logged "$scratch/c-consumer-run.log" "$scratch/rmmd_c_consumer" "$scratch/run"
+cat "$scratch/c-consumer-run.log"
+expect_line "$scratch/c-consumer-run.log" "^rmmd_c_consumer: session [0-9]+, library [0-9.]+: ok$" \
+  "the C program used the installed daemon through the C ABI"
 ldd "$scratch/rmmd_consumer_pc" >"$scratch/consumer-pc-ldd.txt"
 expect_line "$scratch/consumer-pc-ldd.txt" "librmm\\.so => $prefix/lib/pkgconfig/\\.\\./\\.\\./lib/rmmd/librmm\\.so" \
   "the pkg-config consumer runs with the bundled librmm"
