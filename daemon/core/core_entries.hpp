@@ -49,7 +49,7 @@ struct daemon_core::buffer_entry {
   pool_id pool{};
   std::size_t size{};        // asked for
   std::size_t charge{};      // charged to the pool and the uid (while creating: the estimate)
-  backend_allocation block;  // empty while `creating`
+  shared_allocation block;  // empty while `creating`
   bool creating{true};       // the backend is allocating, without the lock
   buffer_state state{buffer_state::writing};
   bool persistent{false};

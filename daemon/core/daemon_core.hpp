@@ -82,7 +82,7 @@ struct buffer_grant {
   pool_id pool{};
   std::string name;
   std::size_t size{};  ///< bytes the creator asked for
-  backend_allocation block;
+  shared_allocation block;
   buffer_state state{};
   bool persistent{false};
 };

@@ -35,12 +35,18 @@ struct backend_allocation {
   std::uint64_t offset{};                ///< host backend: offset into the shared fd
   void* address{};                       ///< cuda backend: the pointer in the daemon
   std::vector<std::byte> export_data{};  ///< cuda backend: pointer export data
-  /// allocate_shared() of the cuda backend: the allocation's own posix fd
-  /// (owned by the backend), its fabric handle (empty without one) and the
-  /// driver's handle of it.
-  int fd{-1};
-  std::vector<std::byte> fabric_handle{};
-  std::uint64_t driver_handle{};
+};
+
+/// A named shared buffer's memory: a block, and, where the backend gives a
+/// buffer an allocation of its own (the cuda backend with
+/// --cuda-shared-buffer-memory=own), that allocation's handles. Apart from
+/// backend_allocation so that the ledger's leases, of which there may be
+/// millions, do not carry them.
+struct shared_allocation {
+  backend_allocation block{};
+  int fd{-1};                              ///< its own posix fd (owned by the backend), or -1
+  std::vector<std::byte> fabric_handle{};  ///< its own fabric handle, or empty
+  std::uint64_t driver_handle{};           ///< the driver's handle of it, or 0
 };
 
 /// What the backend itself reports (CUDA's own pool attributes), beside the
@@ -76,15 +82,17 @@ class pool_backend {
   /// The memory of a named shared buffer: what allocate() gives unless the
   /// backend has a better way for memory that many processes import (the
   /// cuda backend: an allocation of its own, exported by its own fd).
-  virtual absl::StatusOr<backend_allocation> allocate_shared(std::size_t bytes,
-                                                             std::size_t alignment)
+  virtual absl::StatusOr<shared_allocation> allocate_shared(std::size_t bytes,
+                                                            std::size_t alignment)
   {
-    return allocate(bytes, alignment);
+    auto block = allocate(bytes, alignment);
+    if (!block.ok()) { return block.status(); }
+    return shared_allocation{.block = *std::move(block)};
   }
-  /// REQUIRES: `block` came from allocate_shared() and was not freed.
-  virtual void deallocate_shared(backend_allocation const& block) noexcept
+  /// REQUIRES: `memory` came from allocate_shared() and was not freed.
+  virtual void deallocate_shared(shared_allocation const& memory) noexcept
   {
-    deallocate(block);
+    deallocate(memory.block);
   }
 
   /// What allocate(bytes) reserves when it succeeds (its rounding), so that

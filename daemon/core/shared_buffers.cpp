@@ -207,7 +207,7 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
     forget();
     return session_gone(absl::StrCat(request, " (it closed during the call)"));
   }
-  auto const reserved = block->bytes;
+  auto const reserved = block->block.bytes;
   if (refusal_locked(p, *creator, reserved, what)) {
     p.backend->deallocate_shared(*block);
     forget();

@@ -135,17 +135,19 @@ void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
   out->set_name(in.name);
   out->set_state(to_proto(in.state));
   out->set_persistent(in.persistent);
-  if (in.block.fd >= 0 || !in.block.fabric_handle.empty()) {
+  auto const& memory = in.block;
+  if (memory.fd >= 0 || !memory.fabric_handle.empty()) {
     auto* vmm = out->mutable_vmm();
-    vmm->set_allocation_bytes(in.block.bytes);
-    vmm->set_has_fd(in.block.fd >= 0);
-    if (!in.block.fabric_handle.empty()) {
-      vmm->set_fabric_handle(in.block.fabric_handle.data(), in.block.fabric_handle.size());
+    vmm->set_allocation_bytes(memory.block.bytes);
+    vmm->set_has_fd(memory.fd >= 0);
+    if (!memory.fabric_handle.empty()) {
+      vmm->set_fabric_handle(memory.fabric_handle.data(), memory.fabric_handle.size());
     }
-  } else if (in.block.export_data.empty()) {
-    out->mutable_host()->set_offset(in.block.offset);
+  } else if (memory.block.export_data.empty()) {
+    out->mutable_host()->set_offset(memory.block.offset);
   } else {
-    out->mutable_cuda()->set_export_data(in.block.export_data.data(), in.block.export_data.size());
+    out->mutable_cuda()->set_export_data(memory.block.export_data.data(),
+                                         memory.block.export_data.size());
   }
 }
 

@@ -139,7 +139,7 @@ TEST_F(SharedBuffers, OnlyTheCreatorSeesABufferUntilItIsPublished)
   auto opened = core_->open_buffer(consumer, "weights");
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->id, made->id);
-  EXPECT_EQ(opened->block.offset, made->block.offset);  // the same bytes
+  EXPECT_EQ(opened->block.block.offset, made->block.block.offset);  // the same bytes
   EXPECT_EQ(opened->state, buffer_state::published);
   ASSERT_EQ(core_->list_buffers(consumer)->size(), 1u);
   EXPECT_EQ(core_->list_buffers(consumer)->front().holders, 2u);
@@ -212,7 +212,7 @@ TEST_F(SharedBuffers, APersistentBufferOutlivesEveryHolderUntilDeleted)
   auto restarted = open(peer(alice));
   auto reopened  = core_->open_buffer(restarted, "model/w");
   ASSERT_TRUE(reopened.ok());
-  EXPECT_EQ(reopened->block.offset, made->block.offset);
+  EXPECT_EQ(reopened->block.block.offset, made->block.block.offset);
   EXPECT_TRUE(reopened->persistent);
   core_->close_session(restarted);
   EXPECT_FALSE(pool_is_empty());

@@ -161,10 +161,10 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
   mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
 }
 
-absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size_t bytes,
-                                                                       std::size_t alignment)
+absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_t bytes,
+                                                                      std::size_t alignment)
 {
-  if (!options_.vmm_buffers) { return allocate(bytes, alignment); }
+  if (!options_.vmm_buffers) { return pool_backend::allocate_shared(bytes, alignment); }
   std::string why;
   auto const& api = gpu::vmm(&why);
   if (!api) { return absl::FailedPreconditionError(why); }
@@ -192,7 +192,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size
     return r == CUDA_ERROR_OUT_OF_MEMORY ? absl::ResourceExhaustedError(message)
                                          : absl::InternalError(message);
   }
-  core::backend_allocation block{.bytes = size, .driver_handle = handle};
+  core::shared_allocation block{.block = {.bytes = size}, .driver_handle = handle};
   auto fail = [&](std::string what, CUresult r) {
     if (block.fd >= 0) { ::close(block.fd); }
     api->mem_release(handle);
@@ -215,10 +215,10 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate_shared(std::size
   return block;
 }
 
-void cuda_backend::deallocate_shared(core::backend_allocation const& block) noexcept
+void cuda_backend::deallocate_shared(core::shared_allocation const& block) noexcept
 {
   if (block.driver_handle == 0) {  // a pointer of the pool
-    deallocate(block);
+    deallocate(block.block);
     return;
   }
   // Importers hold the allocation until they release their import (the

@@ -60,9 +60,9 @@ class cuda_backend final : public core::pool_backend {
   /// its own posix fd (and fabric handle where the pool has one), which
   /// importers map in a fraction of a pool pointer's import time
   /// (tools/gpu/vmm.hpp says why). Rounded up to the driver's granularity.
-  absl::StatusOr<core::backend_allocation> allocate_shared(std::size_t bytes,
-                                                           std::size_t alignment) override;
-  void deallocate_shared(core::backend_allocation const& block) noexcept override;
+  absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
+                                                          std::size_t alignment) override;
+  void deallocate_shared(core::shared_allocation const& memory) noexcept override;
   /// `bytes` rounded up to 256.
   [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
   {
