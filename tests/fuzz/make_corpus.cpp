@@ -77,8 +77,48 @@ std::string session_input(bool allowed, std::string const& h, std::vector<std::s
   return out;
 }
 
+std::string buffer_call(std::uint64_t tag, int kind, std::string name, std::uint64_t id = 0)
+{
+  v1::SessionCall c;
+  c.set_tag(tag);
+  switch (kind) {
+    case 0:  // create, persistent
+      c.mutable_create_buffer()->set_name(name);
+      c.mutable_create_buffer()->set_pool_id(0);
+      c.mutable_create_buffer()->set_size(65536);
+      c.mutable_create_buffer()->set_persistent(true);
+      break;
+    case 1:
+      c.mutable_publish_buffer()->set_buffer_id(id);
+      c.set_reply_only_on_error(true);
+      break;
+    case 2:
+      c.mutable_open_buffer()->set_name(name);
+      break;
+    case 3:
+      c.mutable_close_buffer()->set_buffer_id(id);
+      c.set_reply_only_on_error(true);
+      break;
+    default:
+      c.mutable_buffer_fd()->set_buffer_id(id);
+  }
+  return c.SerializeAsString();
+}
+
 void session_corpus(fs::path const& dir)
 {
+  write(dir,
+        "shared_buffers",
+        session_input(true,
+                      hello(),
+                      {buffer_call(1, 0, "team/w0"),
+                       buffer_call(2, 2, "team/w0"),
+                       buffer_call(3, 1, "team/w0", 1),
+                       buffer_call(4, 2, "team/w0"),
+                       buffer_call(5, 3, "team/w0", 1),
+                       buffer_call(6, 4, "team/w0", 1),
+                       buffer_call(7, 0, "bad//name"),
+                       buffer_call(8, 1, "", 99)}));
   write(dir,
         "allocate_free_ping",
         session_input(true,

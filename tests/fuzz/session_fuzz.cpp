@@ -77,8 +77,11 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         !call.truncated &&
         parsed.ParseFromArray(call.bytes.data(), static_cast<int>(call.bytes.size()));
     if (!reply) {
-      // Only a Free that asked for no reply and succeeded goes unanswered.
-      RMMD_FUZZ_CHECK(valid && parsed.has_free() && parsed.reply_only_on_error());
+      // Only a Free, PublishBuffer or CloseBuffer that asked for no reply and
+      // succeeded goes unanswered.
+      RMMD_FUZZ_CHECK(
+          valid && parsed.reply_only_on_error() &&
+          (parsed.has_free() || parsed.has_publish_buffer() || parsed.has_close_buffer()));
       continue;
     }
     v1::SessionReply r;
@@ -94,8 +97,28 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
       RMMD_FUZZ_CHECK(a.has_host() && a.size() >= parsed.allocate().size());
       RMMD_FUZZ_CHECK(a.host().offset() + a.size() <= pools[pool].capacity_bytes);
     }
+    for (auto const* g : {r.has_create_buffer() ? &r.create_buffer() : nullptr,
+                          r.has_open_buffer() ? &r.open_buffer() : nullptr}) {
+      if (g == nullptr) { continue; }
+      // A host pool's buffer lies inside its pool too.
+      auto const pools = core.pools();
+      RMMD_FUZZ_CHECK(g->pool_id() < pools.size() && g->has_host());
+      RMMD_FUZZ_CHECK(g->host().offset() + g->size() <= pools[g->pool_id()].capacity_bytes);
+    }
   }
   core.close_session(id);
+  // Persistent buffers outlive their sessions, until deleted: delete them,
+  // then nothing may be left.
+  auto cleaner = core.open_session(peer, "fuzz", "cleaner");
+  RMMD_FUZZ_CHECK(cleaner.ok());
+  auto left = core.list_buffers(cleaner->id);
+  RMMD_FUZZ_CHECK(left.ok());
+  for (auto const& b : *left) {
+    RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
+    RMMD_FUZZ_CHECK(core.delete_buffer(cleaner->id, b.name).ok());
+  }
+  core.close_session(cleaner->id);
+  RMMD_FUZZ_CHECK(core.buffers().empty());
   RMMD_FUZZ_CHECK(fuzz::ledger_is_empty(core));
   return 0;
 }
