@@ -657,6 +657,7 @@ stats_snapshot daemon_core::stats() const
   }
   for (auto const& [id, b] : buffers_) {
     if (b->creating) { continue; }
+    out.uid_shared_bytes[b->creator_uid] += b->charge;
     auto& ps = out.pools[b->pool];
     ++ps.shared_buffers;
     ps.shared_bytes += b->charge;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -149,6 +150,10 @@ struct buffer_info {
 struct stats_snapshot {
   std::vector<pool_stats> pools{};
   std::vector<session_info> sessions{};
+  /// Bytes of the shared buffers each uid created and that are not freed yet
+  /// (charged to that uid's quota beside its sessions' leases, even after
+  /// the creating session ended). Uids without any are absent.
+  std::map<uid_t, std::size_t> uid_shared_bytes{};
 };
 
 }  // namespace rmmd::core

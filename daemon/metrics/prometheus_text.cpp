@@ -362,6 +362,12 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   e.gauge_per("rmmd_uid_bytes", "Bytes the sessions of a uid hold.", uids, uid, [](auto const& kv) {
     return kv.second.bytes;
   });
+  e.gauge_per("rmmd_uid_shared_bytes",
+              "Bytes of the shared buffers a uid created and that are not freed yet: charged to "
+              "its quota beside rmmd_uid_bytes, also after the creating session ended.",
+              s.stats.uid_shared_bytes,
+              uid,
+              [](auto const& kv) { return static_cast<std::uint64_t>(kv.second); });
   e.gauge_per("rmmd_uid_live_allocations",
               "Live allocations the sessions of a uid hold.",
               uids,

@@ -312,6 +312,7 @@ TEST_F(SharedBuffers, TheCreatorsUidIsChargedOnceHoweverManyOpen)
   // The charge stays with the uid after its creator left, until it is freed.
   core_->close_session(producer);
   core_->close_session(other_alice);
+  EXPECT_EQ(core_->stats().uid_shared_bytes.at(alice), 6 * MiB);
   EXPECT_EQ(core_->allocate(open(peer(alice)), 0, 3 * MiB, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
   for (auto c : consumers) { core_->close_session(c); }

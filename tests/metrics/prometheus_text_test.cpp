@@ -276,6 +276,18 @@ TEST(RenderPrometheus, TopSessionsZeroShowsNoSessionSeries)
   EXPECT_THAT(text, HasSubstr("rmmd_uid_bytes{uid=\"1000\"} 10240\n"));
 }
 
+TEST(RenderPrometheus, SharedBytesAreChargedToTheCreatorsUidWithoutASession)
+{
+  auto snapshot                         = many_sessions(2, 1);
+  snapshot.stats.uid_shared_bytes[1000] = 8 << 20;
+  snapshot.stats.uid_shared_bytes[2000] = 1 << 20;  // its creator's session has ended
+  auto const text                       = render_prometheus(snapshot, render_options{});
+  EXPECT_THAT(text, HasSubstr("# TYPE rmmd_uid_shared_bytes gauge\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_uid_shared_bytes{uid=\"1000\"} 8388608\n"));
+  EXPECT_THAT(text, HasSubstr("rmmd_uid_shared_bytes{uid=\"2000\"} 1048576\n"));
+  EXPECT_EQ(series_count(text, "rmmd_uid_bytes"), 1u);  // leases: uid 1000's sessions only
+}
+
 TEST(RenderPrometheus, TiesInBytesKeepTheOldestSessions)
 {
   auto snapshot = many_sessions(6, 1);
