@@ -193,7 +193,7 @@ class session_impl {
   int socket_fd_{-1};
   bool session_calls_{false};
   bool daemon_takes_calls_{false};  // the welcome said session_calls (whatever options chose)
-  std::mutex call_mutex_;  // one call at a time on the socket
+  std::mutex call_mutex_;           // one call at a time on the socket
   std::uint64_t last_tag_{};
   std::vector<std::uint64_t> orphans_;  // allocations granted after their call timed out
   std::shared_ptr<release_queue> releases_ = std::make_shared<release_queue>();

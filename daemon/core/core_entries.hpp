@@ -47,10 +47,10 @@ struct daemon_core::buffer_entry {
   buffer_id id{};
   std::string name;
   pool_id pool{};
-  std::size_t size{};        // asked for
-  std::size_t charge{};      // charged to the pool and the uid (while creating: the estimate)
+  std::size_t size{};       // asked for
+  std::size_t charge{};     // charged to the pool and the uid (while creating: the estimate)
   shared_allocation block;  // empty while `creating`
-  bool creating{true};       // the backend is allocating, without the lock
+  bool creating{true};      // the backend is allocating, without the lock
   buffer_state state{buffer_state::writing};
   bool persistent{false};
   std::optional<gid_t> gid;
