@@ -164,11 +164,13 @@ int session_impl::buffer_fd(std::uint64_t id)
   std::vector<int> fds;
   auto status = call(c, &reply, &fds);
   if (status.ok() && (fds.size() != 1 || reply.buffer_fd().fd_index() != 0)) {
-    fd_passing::close_fds(fds, fds.size());
     status = {grpc::StatusCode::INTERNAL,
               "the daemon's reply brought " + std::to_string(fds.size()) + " fds, not one"};
   }
-  if (!status.ok()) { throw_status(status, "fd of buffer " + std::to_string(id)); }
+  if (!status.ok()) {
+    fd_passing::close_fds(fds, fds.size());  // whatever came with a refusal is not ours
+    throw_status(status, "fd of buffer " + std::to_string(id));
+  }
   return fds.front();
 }
 
@@ -231,7 +233,14 @@ void* session_impl::attach_buffer(v1::BufferGrant const& grant)
         cudaGetLastError();
         devices = 0;
       }
-      if (devices > 0) { base = pinned_host_pool_base(pool.id); }
+      if (devices > 0) {
+        try {
+          base = pinned_host_pool_base(pool.id);
+        } catch (rmm::bad_alloc const&) {
+          // Not page-locked (RLIMIT_MEMLOCK, no usable driver): the plain
+          // mapping serves all the same, as in a process without a GPU.
+        }
+      }
     }
     if (base == nullptr) { base = host_pool_base(pool.id); }
     data = base + grant.host().offset();
@@ -416,7 +425,7 @@ shared_buffer shared_buffer::create(session const& s,
                              pool.name + "': larger than the pool's capacity of " +
                              std::to_string(pool.capacity_bytes) + " bytes");
   }
-  detail::watch_process_exit();
+  s.impl().watch_exit_once();
   v1::CreateBufferRequest request;
   request.set_name(std::string(name));
   request.set_pool_id(pool.id);
@@ -455,7 +464,7 @@ shared_buffer shared_buffer::open(session const& s,
   if (auto problem = names::buffer_name_problem(name)) {
     throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
   }
-  detail::watch_process_exit();
+  s.impl().watch_exit_once();
   v1::BufferGrant grant;
   auto& impl = s.impl();
   if (auto status = impl.open_buffer(std::string(name), wait, &grant); !status.ok()) {

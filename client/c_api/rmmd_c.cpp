@@ -94,6 +94,14 @@ rmmd_status from_exception() noexcept
     return fail(RMMD_ERROR_SESSION, words(e.what()));
   } catch (rmm::out_of_memory const& e) {
     return fail(RMMD_ERROR_OUT_OF_MEMORY, words(e.what()));
+  } catch (rmm::bad_alloc const& e) {
+    // error.hpp's "anything else": a CUDA or system error, named. (It
+    // derives from std::bad_alloc, which must not make it out of memory.)
+    return fail(RMMD_ERROR_INTERNAL, words(e.what()));
+  } catch (rmm::logic_error const& e) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT, words(e.what()));
+  } catch (std::logic_error const& e) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT, words(e.what()));
   } catch (std::bad_alloc const& e) {
     // std::bad_alloc itself (the heap): out of memory too.
     return fail(RMMD_ERROR_OUT_OF_MEMORY, std::string("rmmd: ") + e.what());
@@ -127,8 +135,11 @@ template <typename Struct>
 std::optional<Struct> read_struct(Struct const* in, Struct defaults)
 {
   if (in == nullptr) { return defaults; }
-  if (in->size < sizeof(std::size_t) || in->size > sizeof(Struct)) { return std::nullopt; }
-  std::memcpy(&defaults, in, in->size);
+  // One layout of each struct so far: a size that is not its size would cut
+  // a field (a pointer) in half. A later rmmd.h that adds fields will list
+  // each released size here.
+  if (in->size != sizeof(Struct)) { return std::nullopt; }
+  std::memcpy(&defaults, in, sizeof(Struct));
   return defaults;
 }
 
@@ -570,6 +581,17 @@ struct torch_allocator {
   }
 };
 
+/// The PyTorch entry points' allocation: the status, and the pointer in *ptr.
+rmmd_status torch_allocate(std::size_t size, int device, void* stream, void** ptr) noexcept
+{
+  return guarded([&] {
+    auto& r = torch_allocator::get().resource(device);
+    *ptr    = std::get<rmmd::ipc_memory_resource>(r.mr).allocate(
+        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size, 256);
+    if (*ptr != nullptr) { note_allocation(r, size); }
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -588,8 +610,10 @@ void* rmmd_torch_malloc(size_t size, int device, void* stream)
 
 void* rmmd_torch_malloc_or_raise(size_t size, int device, void* stream)
 {
-  void* ptr = rmmd_torch_malloc(size, device, stream);
-  if (ptr == nullptr && size != 0) { throw std::runtime_error(last_error); }
+  void* ptr = nullptr;
+  if (torch_allocate(size, device, stream, &ptr) != RMMD_SUCCESS) {
+    throw std::runtime_error(last_error);
+  }
   return ptr;
 }
 

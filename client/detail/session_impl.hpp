@@ -5,6 +5,8 @@
 
 #include <rmmd/session.hpp>
 
+#include "client/detail/process_exit.hpp"
+
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
 #include <grpcpp/grpcpp.h>
@@ -142,6 +144,13 @@ class session_impl {
   /// Sends the sum of what the resources of `pool_id` carved. Holds carved_mutex_.
   std::vector<std::uint32_t> send_carved_locked(std::uint32_t pool_id);
 
+  /// Registers the process-exit watch (process_exit.hpp) once per session,
+  /// not once per buffer: each registration is an atexit entry.
+  void watch_exit_once() noexcept
+  {
+    std::call_once(exit_watched_, watch_process_exit);
+  }
+
   /// The session's credential, as sent in `rmmd-token` metadata.
   [[nodiscard]] std::string const& token_hex() const noexcept
   {
@@ -199,6 +208,7 @@ class session_impl {
   std::shared_ptr<release_queue> releases_ = std::make_shared<release_queue>();
   std::vector<pool_info> pools_;
   std::once_flag devices_mapped_;
+  std::once_flag exit_watched_;
   std::string token_hex_;
   std::vector<int> pool_fds_;                // by pool id, -1 where the pool has no fd
   std::vector<std::string> fabric_handles_;  // by pool id, empty where none

@@ -70,6 +70,7 @@ class SharedBuffer(Memory):
         self._id = ident.value
         self._device = device.value
         self._ready_stream = None
+        self._stream_owner: Any = None  # keeps the publish stream's object alive
         self._stream: int | None = None
         return self
 
@@ -220,6 +221,9 @@ class SharedBuffer(Memory):
             s = stream_handle(stream)
             check(lib.rmmd_buffer_publish_on_stream(handle, s or None))
             self._stream = s
+            # The stream object too: a CuPy or CUDA Python stream destroys its
+            # handle when collected, and close() uses it later.
+            self._stream_owner = stream
             if not self.is_host:
                 self._ready_stream = s
 

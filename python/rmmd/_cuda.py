@@ -41,6 +41,8 @@ def _find() -> ctypes.CDLL:
             ("cudaStreamWaitEvent", c_int, [c_void_p, c_void_p, c_uint]),
             ("cudaEventDestroy", c_int, [c_void_p]),
             ("cudaGetErrorName", c_char_p, [c_int]),
+            ("cudaGetDevice", c_int, [POINTER(c_int)]),
+            ("cudaSetDevice", c_int, [c_int]),
         ):
             fn = getattr(lib, name)
             fn.restype = restype
@@ -55,21 +57,33 @@ def _check(lib: ctypes.CDLL, err: int, what: str) -> None:
         raise InternalError(f"rmmd: {what} failed: {(name or b'?').decode()}")
 
 
-def order_after(consumer: int, producer: int) -> None:
+def order_after(consumer: int, producer: int, device: int) -> None:
     """Makes work queued on stream `consumer` from now on wait for what is
-    queued on stream `producer` so far, without blocking the host."""
+    queued on stream `producer` so far, without blocking the host. Both are
+    streams of CUDA device `device` (the memory's), which is made current
+    meanwhile: an event must be recorded on a stream of its own device, and
+    the default streams (handles 1 and 2) are the current device's."""
     if consumer == producer:
         return
     lib = _find()
-    event = c_void_p()
-    _check(lib, lib.cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING),
-           "cudaEventCreateWithFlags")
+    previous = c_int(-1)
+    _check(lib, lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
+    switch = previous.value != device
+    if switch:
+        _check(lib, lib.cudaSetDevice(device), "cudaSetDevice")
     try:
-        _check(lib, lib.cudaEventRecord(event, c_void_p(producer or None)), "cudaEventRecord")
-        _check(lib, lib.cudaStreamWaitEvent(c_void_p(consumer or None), event, 0),
-               "cudaStreamWaitEvent")
+        event = c_void_p()
+        _check(lib, lib.cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING),
+               "cudaEventCreateWithFlags")
+        try:
+            _check(lib, lib.cudaEventRecord(event, c_void_p(producer or None)), "cudaEventRecord")
+            _check(lib, lib.cudaStreamWaitEvent(c_void_p(consumer or None), event, 0),
+                   "cudaStreamWaitEvent")
+        finally:
+            lib.cudaEventDestroy(event)
     finally:
-        lib.cudaEventDestroy(event)
+        if switch:
+            lib.cudaSetDevice(previous.value)
 
 
 def device_count() -> int:

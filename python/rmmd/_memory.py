@@ -152,7 +152,7 @@ class Memory:
             )
         if not self.is_host and self._ready_stream is not None and stream != -1:
             consumer = 1 if stream is None else stream_handle(stream) or 1
-            _cuda.order_after(consumer, self._ready_stream or 1)
+            _cuda.order_after(consumer, self._ready_stream or 1, self._device)
         device_type, device_id = self.__dlpack_device__()
         self._exports += 1
         return _dlpack.export(

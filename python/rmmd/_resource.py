@@ -220,6 +220,9 @@ class Allocation(Memory):
     ) -> None:
         self._resource: MemoryResource | None = None
         self._stream = stream_handle(stream)
+        # Its free uses the stream later: keep a CuPy or CUDA Python stream
+        # object, which destroys its handle when collected, alive till then.
+        self._stream_owner = stream
         self._alignment = int(alignment)
         self._nbytes = positive_size(nbytes)
         self._ptr = resource.allocate(self._nbytes, self._alignment, self._stream)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, gpu_count
 
 import rmmd
 
@@ -105,6 +105,22 @@ def test_out_of_memory_by_quota(fresh_daemon) -> None:  # type: ignore[no-untype
         check(e, rmmd.Status.OUT_OF_MEMORY)
         a.free()
         r.allocation(512 << 10).free()  # room again
+
+
+def test_a_cuda_error_is_internal_not_out_of_memory(fresh_daemon) -> None:  # type: ignore[no-untyped-def]
+    # rmm::bad_alloc (a CUDA error, named) derives from std::bad_alloc: it
+    # must not read as out of memory. Page-locking a pinnable pool fails in
+    # a process without a usable GPU; with one it works, and there is
+    # nothing to check.
+    if gpu_count() > 0:
+        pytest.skip("page-locking works here: no CUDA error to map")
+    d = fresh_daemon("--backend", "host", "--host-pool-bytes", "16MiB", "--host-pool-pinned", "on")
+    with rmmd.Session(runtime_dir=str(d.runtime_dir)) as s:
+        with pytest.raises(rmmd.InternalError, match="page-locking") as e:
+            s.host_resource(pinned=True)
+        check(e, rmmd.Status.INTERNAL)
+        assert not isinstance(e.value, MemoryError)
+        assert "std::bad_alloc" not in str(e.value)
 
 
 def test_permission_denied(fresh_daemon) -> None:  # type: ignore[no-untyped-def]

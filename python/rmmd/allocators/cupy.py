@@ -42,13 +42,18 @@ class _Lease:
     """Owns one allocation for CuPy's UnownedMemory; frees it when CuPy
     drops the memory."""
 
-    __slots__ = ("resource", "ptr", "nbytes", "stream")
+    __slots__ = ("resource", "ptr", "nbytes", "stream", "stream_owner")
 
-    def __init__(self, resource: "DeviceResource", ptr: int, nbytes: int, stream: int) -> None:
+    def __init__(
+        self, resource: "DeviceResource", ptr: int, nbytes: int, stream: int, stream_owner: Any
+    ) -> None:
         self.resource = resource
         self.ptr = ptr
         self.nbytes = nbytes
         self.stream = stream
+        # The free runs on `stream` later: a cupy.cuda.Stream destroys its
+        # handle when collected, so the lease keeps the object alive.
+        self.stream_owner = stream_owner
 
     def __del__(self) -> None:
         r = self.resource
@@ -107,13 +112,14 @@ def rmmd_allocator(
     def allocate(nbytes: int) -> Any:
         dev = get_device()
         r = resources.get(dev) or resource_for(dev)
-        stream = current_stream().ptr
+        owner = current_stream()
+        stream = owner.ptr
         out = c_void_p()
         status = allocate_c(r._handle, nbytes, 256, stream or None, byref(out))
         if status:
             check(status)
         ptr = out.value or 0
-        return memory_pointer(unowned(ptr, nbytes, _Lease(r, ptr, nbytes, stream), dev), 0)
+        return memory_pointer(unowned(ptr, nbytes, _Lease(r, ptr, nbytes, stream, owner), dev), 0)
 
     allocate.resources = resources  # type: ignore[attr-defined]
     allocate.session = session  # type: ignore[attr-defined]
