@@ -384,6 +384,20 @@ bool daemon_names_it(grpc::Status const& status)
   return false;
 }
 
+/// Throws rmmd::logic_error when `name` breaks the rule, before any request.
+void check_name(std::string const& what, std::string_view name)
+{
+  if (auto problem = names::buffer_name_problem(name)) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
+  }
+}
+
+/// Throws what error.hpp gives for a refused buffer call `what`.
+[[noreturn]] void refused(grpc::Status const& status, std::string const& what)
+{
+  detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
+}
+
 /// Gives back an open or create whose memory this process could not reach.
 void close_unreachable(session const& s, std::uint64_t id) noexcept
 {
@@ -402,9 +416,7 @@ shared_buffer shared_buffer::create(session const& s,
                                     shared_buffer_options const& options)
 {
   auto const what = "create buffer '" + std::string(name) + "'";
-  if (auto problem = names::buffer_name_problem(name)) {
-    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
-  }
+  check_name(what, name);
   if (bytes == 0) {
     throw rmmd::logic_error("rmmd: " + what + ": size 0 is not allowed; ask for at least 1 byte");
   }
@@ -434,26 +446,10 @@ shared_buffer shared_buffer::create(session const& s,
   request.set_persistent(options.persistent);
   if (options.gid) { request.set_gid(*options.gid); }
   v1::BufferGrant grant;
-  auto& impl = s.impl();
-  if (auto status = impl.create_buffer(request, &grant); !status.ok()) {
-    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
+  if (auto status = s.impl().create_buffer(request, &grant); !status.ok()) {
+    refused(status, what);
   }
-  shared_buffer out;
-  try {
-    out.data_ = impl.attach_buffer(grant);
-  } catch (...) {
-    close_unreachable(s, grant.buffer_id());
-    throw;
-  }
-  out.session_    = s;
-  out.size_       = grant.size();
-  out.id_         = grant.buffer_id();
-  out.pool_id_    = grant.pool_id();
-  out.name_       = grant.name();
-  out.creator_    = true;
-  out.persistent_ = grant.persistent();
-  if (pool.backend == backend_kind::cuda) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
-  return out;
+  return attached(s, grant, true);
 }
 
 shared_buffer shared_buffer::open(session const& s,
@@ -461,18 +457,20 @@ shared_buffer shared_buffer::open(session const& s,
                                   std::chrono::milliseconds wait)
 {
   auto const what = "open buffer '" + std::string(name) + "'";
-  if (auto problem = names::buffer_name_problem(name)) {
-    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
-  }
+  check_name(what, name);
   s.impl().watch_exit_once();
   v1::BufferGrant grant;
-  auto& impl = s.impl();
-  if (auto status = impl.open_buffer(std::string(name), wait, &grant); !status.ok()) {
-    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
+  if (auto status = s.impl().open_buffer(std::string(name), wait, &grant); !status.ok()) {
+    refused(status, what);
   }
+  return attached(s, grant, false);
+}
+
+shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& grant, bool creator)
+{
   shared_buffer out;
   try {
-    out.data_ = impl.attach_buffer(grant);
+    out.data_ = s.impl().attach_buffer(grant);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
@@ -482,6 +480,7 @@ shared_buffer shared_buffer::open(session const& s,
   out.id_         = grant.buffer_id();
   out.pool_id_    = grant.pool_id();
   out.name_       = grant.name();
+  out.creator_    = creator;
   out.persistent_ = grant.persistent();
   if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
   return out;
@@ -490,16 +489,14 @@ shared_buffer shared_buffer::open(session const& s,
 std::size_t shared_buffer::remove(session const& s, std::string_view name)
 {
   auto const what = "delete buffer '" + std::string(name) + "'";
-  if (auto problem = names::buffer_name_problem(name)) {
-    throw rmmd::logic_error("rmmd: " + what + ": " + *problem);
-  }
+  check_name(what, name);
   auto& impl = s.impl();
   v1::DeleteBufferRequest request;
   request.set_name(std::string(name));
   v1::DeleteBufferResponse response;
   auto ctx = impl.context();
   if (auto status = impl.stub().DeleteBuffer(ctx.get(), request, &response); !status.ok()) {
-    detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
+    refused(status, what);
   }
   return response.holders();
 }
@@ -590,8 +587,7 @@ void shared_buffer::publish()
                                    "': only the process that created it may publish it");
   }
   if (auto status = session_->impl().publish_buffer(id_); !status.ok()) {
-    detail::throw_status(
-        status, daemon_names_it(status) ? std::string() : "publish buffer '" + name_ + "'");
+    refused(status, "publish buffer '" + name_ + "'");
   }
 }
 

@@ -236,6 +236,9 @@ class daemon_core {
   /// Every buffer, deleted ones still held included (metrics, tests).
   [[nodiscard]] std::vector<buffer_info> buffers() const;
 
+  /// Opens waiting now for a buffer to appear or be published.
+  [[nodiscard]] std::size_t waiting_opens() const;
+
  private:
   struct pool_entry;
   struct session_entry;
@@ -293,6 +296,7 @@ class daemon_core {
   std::map<buffer_id, std::unique_ptr<buffer_entry>> buffers_;
   std::unordered_map<std::string, buffer_id> buffer_names_;  // named buffers only (not deleted)
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
+  std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
   std::jthread fence_reaper_;  // last: stops (and joins) before the rest is destroyed
 };
 

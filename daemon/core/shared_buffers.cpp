@@ -316,7 +316,9 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
           absl::StrCat(request, ": the daemon is draining for shutdown; it stopped the wait"));
     }
     waited = true;
+    ++waiting_opens_;
     buffers_changed_.wait_until(lock, wait_until);
+    --waiting_opens_;
   }
 }
 
@@ -401,6 +403,12 @@ absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(session_id se
     if (visible) { out.push_back(buffer_info_locked(*b)); }
   }
   return out;
+}
+
+std::size_t daemon_core::waiting_opens() const
+{
+  std::lock_guard lock(mutex_);
+  return waiting_opens_;
 }
 
 std::vector<buffer_info> daemon_core::buffers() const

@@ -31,6 +31,10 @@
 
 namespace rmmd {
 
+namespace v1 {
+class BufferGrant;  // the wire message (rmmd/v1/rmmd.pb.h); only declared here
+}
+
 /// What a creator chooses beyond name and size.
 struct shared_buffer_options {
   /// The pool by name (`rmmctl pools`). Empty: the CUDA pool of `device`.
@@ -174,6 +178,8 @@ class shared_buffer {
   }
 
  private:
+  /// This process's view of a buffer the daemon granted (by create or open).
+  static shared_buffer attached(session const& s, v1::BufferGrant const& grant, bool creator);
   void reset() noexcept;
   void send_close(detail::session_impl& impl) const noexcept;
   void synchronize(cuda::stream_ref stream) const noexcept;

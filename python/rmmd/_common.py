@@ -6,7 +6,7 @@ import atexit
 import sys
 from typing import Any
 
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, check
 
 # Set once the interpreter begins to exit: objects freed from then on leave
 # their memory to the process's end (the daemon reclaims what a session held
@@ -67,3 +67,34 @@ def positive_size(nbytes: int, what: str = "nbytes") -> int:
     if n < 0:
         raise InvalidArgumentError(f"rmmd: {what} is negative ({n})")
     return n
+
+
+class OwnsHandle:
+    """An object that owns one C ABI handle (``self._handle``, freed with
+    ``self._destroy``): ``close()`` (idempotent), ``closed``, a ``with``
+    block, and a quiet free when collected (none while the interpreter
+    exits: the process's end closes the session)."""
+
+    _handle: Any = None
+    _destroy: Any = None
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle:
+            check(self._destroy(handle))
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle and not exiting():
+            self._handle = None
+            self._destroy(handle)

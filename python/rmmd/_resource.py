@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _lib
-from ._common import exiting, positive_size, stream_handle
+from ._common import OwnsHandle, exiting, positive_size, stream_handle
 from ._errors import InvalidArgumentError, check
 from ._memory import Memory
 from ._session import Pool, pool_name
@@ -44,7 +44,7 @@ class ResourceStats:
         )
 
 
-class MemoryResource:
+class MemoryResource(OwnsHandle):
     """A memory resource over one of the daemon's pools: stream-ordered
     ``allocate``/``deallocate`` of raw pointers (as RMM's resources), and
     :meth:`allocation` for an object that frees itself.
@@ -135,25 +135,10 @@ class MemoryResource:
     def close(self) -> None:
         """Gives back everything still allocated from this resource (its
         allocations must not be used afterwards). Idempotent."""
-        handle, self._handle = self._handle, None
-        if handle:
-            check(self._destroy(handle))
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
+        super().close()
 
     def __enter__(self) -> "MemoryResource":
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle and not exiting():
-            self._handle = None
-            self._destroy(handle)
 
     def __repr__(self) -> str:
         return f"<rmmd.{type(self).__name__} device={self._device}{' closed' if self.closed else ''}>"

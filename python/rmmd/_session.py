@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _lib
-from ._common import exiting
+from ._common import OwnsHandle
 from ._errors import InvalidArgumentError, NotFoundError, SessionError, check
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def _ints(value: Any) -> Any:
     return value
 
 
-class Session:
+class Session(OwnsHandle):
     """A session with the node's rmmd daemon: what every resource and shared
     buffer is made from.
 
@@ -138,25 +138,10 @@ class Session:
     def close(self) -> None:
         """Ends this object's share of the session: the daemon closes it once
         every resource and buffer made from it is gone too. Idempotent."""
-        handle, self._handle = self._handle, None
-        if handle:
-            check(self._destroy(handle))
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
+        super().close()
 
     def __enter__(self) -> "Session":
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle and not exiting():
-            self._handle = None
-            self._destroy(handle)
 
     def _require(self) -> int:
         if self._handle is None:

@@ -90,6 +90,17 @@ class SharedBuffers : public ::testing::Test {
     return out;
   }
 
+  /// Waits (up to 20 s) until `n` opens wait in the core.
+  bool opens_waiting(std::size_t n) const
+  {
+    auto const deadline = std::chrono::steady_clock::now() + 20s;
+    while (core_->waiting_opens() != n) {
+      if (std::chrono::steady_clock::now() > deadline) { return false; }
+      std::this_thread::yield();
+    }
+    return true;
+  }
+
   std::unique_ptr<daemon_core> core_;
 };
 
@@ -431,7 +442,7 @@ TEST_F(SharedBuffers, AWaitingOpenReturnsWhenTheBufferIsPublished)
   auto waiting  = std::async(std::launch::async, [&] {
     return core_->open_buffer(consumer, "later", std::chrono::steady_clock::now() + 20s);
   });
-  std::this_thread::sleep_for(20ms);  // let it wait for a name that does not exist yet
+  ASSERT_TRUE(opens_waiting(1));  // it waits for a name that does not exist yet
   auto made = core_->create_buffer(producer, "later", 0, MiB, {});
   ASSERT_TRUE(made.ok());
   EXPECT_EQ(waiting.wait_for(50ms), std::future_status::timeout);  // created, not published
@@ -452,7 +463,7 @@ TEST_F(SharedBuffers, AWaitingOpenEndsAtItsDeadlineOrTheDrainOrItsSessionsEnd)
   auto closing = std::async(std::launch::async, [&] {
     return core_->open_buffer(consumer, "never", std::chrono::steady_clock::now() + 60s);
   });
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(opens_waiting(1));
   core_->close_session(consumer);
   EXPECT_EQ(closing.get().status().code(), absl::StatusCode::kUnauthenticated);
 
@@ -460,7 +471,7 @@ TEST_F(SharedBuffers, AWaitingOpenEndsAtItsDeadlineOrTheDrainOrItsSessionsEnd)
   auto draining = std::async(std::launch::async, [&] {
     return core_->open_buffer(other, "never", std::chrono::steady_clock::now() + 60s);
   });
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(opens_waiting(1));
   core_->stop_new_sessions();
   EXPECT_EQ(draining.get().status().code(), absl::StatusCode::kUnavailable);
 }
