@@ -69,11 +69,6 @@ std::string in_quotes(std::string_view name)
 
 }  // namespace
 
-grpc::Status session_impl::buffer_call(v1::SessionCall& c, v1::SessionReply* reply)
-{
-  return call(c, reply);
-}
-
 grpc::Status session_impl::create_buffer(v1::CreateBufferRequest const& request,
                                          v1::BufferGrant* grant)
 {
@@ -82,7 +77,7 @@ grpc::Status session_impl::create_buffer(v1::CreateBufferRequest const& request,
     v1::SessionCall c;
     *c.mutable_create_buffer() = request;
     v1::SessionReply reply;
-    status = buffer_call(c, &reply);
+    status = call(c, &reply);
     if (status.ok()) { *grant = std::move(*reply.mutable_create_buffer()); }
   } else {
     auto ctx = context();
@@ -101,7 +96,7 @@ grpc::Status session_impl::open_buffer(std::string const& name,
     v1::SessionCall c;
     *c.mutable_open_buffer() = request;
     v1::SessionReply reply;
-    auto status = buffer_call(c, &reply);
+    auto status = call(c, &reply);
     if (status.ok()) {
       *grant = std::move(*reply.mutable_open_buffer());
       return status;
@@ -127,7 +122,7 @@ grpc::Status session_impl::publish_buffer(std::uint64_t id)
     v1::SessionCall c;
     c.mutable_publish_buffer()->set_buffer_id(id);
     v1::SessionReply reply;
-    return buffer_call(c, &reply);
+    return call(c, &reply);
   }
   v1::PublishBufferRequest request;
   request.set_buffer_id(id);
@@ -142,7 +137,7 @@ grpc::Status session_impl::close_buffer(std::uint64_t id)
     v1::SessionCall c;
     c.mutable_close_buffer()->set_buffer_id(id);
     v1::SessionReply reply;
-    return buffer_call(c, &reply);
+    return call(c, &reply);
   }
   v1::CloseBufferRequest request;
   request.set_buffer_id(id);

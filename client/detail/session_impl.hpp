@@ -184,8 +184,6 @@ class session_impl {
   class call_lock;
   /// Sends the queued calls. Holds call_mutex_ and releases_->mutex.
   void send_releases_locked(std::vector<queued_call>& calls) noexcept;
-  /// Sends `call` and waits for its reply, on the session socket.
-  grpc::Status buffer_call(v1::SessionCall& call, v1::SessionReply* reply);
   /// Sends queued frees while there are any and the socket is free.
   void drain_releases() noexcept;
   /// `fds`: where the fds attached to the answer go (the caller's to close);
