@@ -2007,7 +2007,7 @@ int bench_main(int argc, char** argv)
   app.add_flag("--quick", quick, "Fewer pairs and trials (a smoke run, about a minute)");
   app.add_option("--cuda-pool-bytes", pool_bytes, "rmmd's --cuda-pool-bytes")
       ->capture_default_str();
-  std::string buffer_memory = "pool";
+  std::string buffer_memory = "own";
   app.add_option("--cuda-shared-buffer-memory",
                  buffer_memory,
                  "rmmd's --cuda-shared-buffer-memory (section f: pool or own)")

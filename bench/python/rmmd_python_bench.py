@@ -21,13 +21,15 @@ is the median of its runs' figures. The first and last losses are recorded
 (the same for every way: same seeds, same work).
 
 cupy: allocate/free pairs (cupy.empty then del) at 1 KiB, 64 KiB and 1 MiB,
-with CuPy's default memory pool and with rmmd's CuPy allocator (slab mode),
-each in its own process, --runs times; per size the median over runs of a
-run's mean pair time.
+with CuPy's default memory pool, with CuPy's MemoryPool over rmmd
+(rmmd_memory_pool, slab mode: `rmmd_pool`) and with rmmd's CuPy allocator
+(rmmd_allocator, slab mode, every allocation from rmmd: `rmmd`), each in its
+own process, --runs times; per size the median over runs of a run's mean
+pair time.
 
 Targets (printed pass / MISS, and in the JSON): mempool and allocator step
-time <= 1.02x default; CuPy pairs through rmmd <= 1.5x CuPy's pool at each
-size.
+time <= 1.02x default; CuPy pairs through rmmd (both ways) <= 1.5x CuPy's
+pool at each size.
 
 It starts its own daemon (--rmmd, default $RMMD_DAEMON or build/daemon/rmmd:
 `--runtime-dir <temp> --backend cuda --cuda-pool-bytes 48GiB`, ready at
@@ -130,6 +132,10 @@ def cupy_worker(a: argparse.Namespace) -> dict[str, Any]:
         from rmmd.allocators.cupy import rmmd_allocator
 
         cupy.cuda.set_allocator(rmmd_allocator(mode="slab"))
+    elif a.way == "rmmd_pool":
+        from rmmd.allocators.cupy import rmmd_memory_pool
+
+        cupy.cuda.set_allocator(rmmd_memory_pool(mode="slab").malloc)
     out: dict[str, Any] = {"way": a.way, "pair_us": {}}
     for size in CUPY_SIZES:
         for _ in range(a.pairs // 10):  # warm-up: the pool (or the slab) is there
@@ -290,7 +296,7 @@ def main() -> int:
                         results["targets"].append({"name": f"torch {w} step / default", "value": ratio,
                                                    "limit": TARGET_STEP_RATIO, "pass": ratio <= TARGET_STEP_RATIO})
         if "cupy" in sections:
-            cruns: dict[str, list[dict[str, Any]]] = {"default": [], "rmmd": []}
+            cruns: dict[str, list[dict[str, Any]]] = {"default": [], "rmmd_pool": [], "rmmd": []}
             for _ in range(a.runs):
                 for w in cruns:
                     try:
@@ -303,10 +309,12 @@ def main() -> int:
                         "pair_us": {str(s): statistics.median(r["pair_us"][str(s)] for r in rs) for s in CUPY_SIZES},
                         "runs": rs,
                     }
-            if cruns["default"] and cruns["rmmd"]:
+            for w in ("rmmd_pool", "rmmd"):
+                if not (cruns["default"] and cruns[w]):
+                    continue
                 for s in CUPY_SIZES:
-                    ratio = results["cupy"]["rmmd"]["pair_us"][str(s)] / results["cupy"]["default"]["pair_us"][str(s)]
-                    results["targets"].append({"name": f"cupy pair {s} B rmmd / cupy pool", "value": ratio,
+                    ratio = results["cupy"][w]["pair_us"][str(s)] / results["cupy"]["default"]["pair_us"][str(s)]
+                    results["targets"].append({"name": f"cupy pair {s} B {w} / cupy pool", "value": ratio,
                                                "limit": TARGET_CUPY_RATIO, "pass": ratio <= TARGET_CUPY_RATIO})
     finally:
         if daemon is not None:

@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
-"""CuPy with its device memory from the node's rmmd.
+"""CuPy with its device memory from the node's rmmd: CuPy's own memory pool,
+its blocks lent by rmmd (rmmd_allocator() instead makes every allocation an
+rmmd allocation; docs/python.md says when to pick which).
 
     RMMD_RUNTIME_DIR=/tmp/rmmd python examples/python/cupy_allocator.py
 """
 
 import cupy
 
-from rmmd.allocators.cupy import rmmd_allocator
+import rmmd
+from rmmd.allocators.cupy import rmmd_memory_pool
 
 
 def main() -> None:
-    allocate = rmmd_allocator()  # a session of its own (client "cupy"), slab mode
-    cupy.cuda.set_allocator(allocate)
+    session = rmmd.Session(client_name="cupy")
+    pool = rmmd_memory_pool(session)  # slab mode
+    cupy.cuda.set_allocator(pool.malloc)
     a = cupy.random.default_rng(0).random((4096, 4096), dtype=cupy.float32)
     b = a @ a.T
     print(f"trace {float(cupy.trace(b)):.1f}")
-    stats = allocate.resources[cupy.cuda.runtime.getDevice()].stats()
     print(
-        f"through rmmd: {stats.allocated_bytes / 2**20:.0f} MiB live in "
-        f"{stats.allocation_count} arrays, {stats.high_water_bytes / 2**20:.0f} MiB at most"
+        f"CuPy's pool: {pool.used_bytes() / 2**20:.0f} MiB in use of "
+        f"{pool.total_bytes() / 2**20:.0f} MiB, every block from rmmd"
     )
-    me = allocate.session.session_stats()  # the daemon's view of this session
+    me = session.session_stats()  # the daemon's view of this session
     print(f"the daemon counts {me['bytes'] / 2**20:.0f} MiB for session {me['session_id']}")
+    del a, b
+    pool.free_all_blocks()  # cached blocks back to rmmd now, not at exit
 
 
 if __name__ == "__main__":

@@ -72,6 +72,14 @@ done
 [ $# -eq 1 ] || usage
 bundle=$(cd "$1" && pwd) || exit 2
 
+# The check is about what an installed rmmd finds on its own: a service, or an
+# operator's login shell, has no LD_LIBRARY_PATH pointing at another copy of
+# rmmd's libraries (a gpu-bundle's env sets one, and it wins over the RUNPATH).
+if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+  echo "note: LD_LIBRARY_PATH=$LD_LIBRARY_PATH is unset for this check"
+  unset LD_LIBRARY_PATH
+fi
+
 passed=0 failed=0 skipped=0
 pass() { echo "PASS: $*"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }

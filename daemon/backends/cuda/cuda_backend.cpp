@@ -165,9 +165,10 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_
                                                                       std::size_t alignment)
 {
   if (!options_.vmm_buffers) { return pool_backend::allocate_shared(bytes, alignment); }
-  std::string why;
-  auto const& api = gpu::vmm(&why);
-  if (!api) { return absl::FailedPreconditionError(why); }
+  auto const& api = gpu::vmm();
+  // A driver without the virtual memory API (none we support) still shares
+  // buffers: as pointers of the pool.
+  if (!api) { return pool_backend::allocate_shared(bytes, alignment); }
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }

@@ -1,8 +1,12 @@
 """A CuPy client process for the GPU tests (RMMD_RUNTIME_DIR names the
 daemon). Prints one line of JSON when it has done its part.
 
-  hold MODE MIB     arrays through rmmd's CuPy allocator; wait for stdin; exit
-  consume NAME      open a shared buffer (waiting for it) and read it through DLPack
+  hold WAY MODE MIB   arrays through rmmd; wait for stdin; exit
+  oom WAY GIB         ask for more than the pool has; say what happened
+  consume NAME        open a shared buffer (waiting for it) and read it through DLPack
+
+WAY: allocator (rmmd_allocator: every allocation from rmmd) or pool
+(rmmd_memory_pool: CuPy's MemoryPool over rmmd); MODE: slab or direct.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import sys
 import cupy
 
 import rmmd
-from rmmd.allocators.cupy import rmmd_allocator
+from rmmd.allocators import cupy as rmmd_cupy
+from rmmd.allocators.cupy import rmmd_allocator, rmmd_memory_pool
 
 
 def say(**what: object) -> None:
@@ -24,18 +29,41 @@ def say(**what: object) -> None:
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "hold":
-        mode, mib = argv[1], int(argv[2])
-        allocate = rmmd_allocator(mode=mode)
-        cupy.cuda.set_allocator(allocate)
+        way, mode, mib = argv[1], argv[2], int(argv[3])
+        session = rmmd.Session(client_name="cupy")
+        if way == "pool":
+            pool = rmmd_memory_pool(session, mode=mode)
+            cupy.cuda.set_allocator(pool.malloc)
+        else:
+            allocate = rmmd_allocator(session, mode=mode)
+            cupy.cuda.set_allocator(allocate)
         a = cupy.arange((mib << 20) // 4, dtype=cupy.float32)
         b = cupy.ones_like(a)
         c = a + b
         expected = float(((mib << 20) // 4) * ((mib << 20) // 4 + 1) / 2)
         ok = abs(float(c.sum(dtype=cupy.float64)) - expected) < 1e-6 * expected
-        stats = allocate.resources[cupy.cuda.runtime.getDevice()].stats()
-        say(pid=os.getpid(), ok=ok, ptr=int(a.data.ptr), session=allocate.session.id,
-            allocated_bytes=stats.allocated_bytes)
+        if way == "pool":
+            held = pool.total_bytes()  # every byte of CuPy's pool came from rmmd
+        else:
+            held = allocate.resources[cupy.cuda.runtime.getDevice()].stats().allocated_bytes
+        say(pid=os.getpid(), ok=ok, ptr=int(a.data.ptr), session=session.id, rmmd_bytes=held)
         sys.stdin.readline()
+    elif cmd == "oom":
+        way, gib = argv[1], int(argv[2])
+        if way == "pool":
+            pool = rmmd_memory_pool()
+            cupy.cuda.set_allocator(pool.malloc)
+        else:
+            cupy.cuda.set_allocator(rmmd_allocator())
+        cupy.ones(1 << 20)  # the session exists
+        try:
+            cupy.empty(gib << 30, dtype=cupy.uint8)
+        except Exception as e:  # noqa: BLE001 (the test wants to see which)
+            say(raised=type(e).__module__ + "." + type(e).__name__,
+                memory_error=isinstance(e, MemoryError), message=str(e),
+                last_error=rmmd_cupy.last_error())
+            return 0
+        say(raised=None)
     elif cmd == "consume":
         name = argv[1]
         session = rmmd.Session(client_name="cupy-consumer")
