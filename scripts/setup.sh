@@ -6,7 +6,8 @@
 #     runtimes come with build-essential)
 #   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0),
 #     the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger) and
-#     kubernetes-validate (scripts/validate-manifests.sh)
+#     kubernetes-validate (scripts/validate-manifests.sh) and matplotlib
+#     (bench/plot_results.py, the charts of docs/benchmarks.md)
 #   - a second venv (.venv-py) with pytest and numpy, for the Python package's
 #     tests (python/tests); kept apart so the build's venv stays as it is
 set -euo pipefail
@@ -53,6 +54,13 @@ fi
 if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('kubernetes-validate') == '$want_kv'" 2>/dev/null; then
   echo "setup: installing kubernetes-validate==$want_kv into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "kubernetes-validate==$want_kv"
+fi
+
+# Pinned: the committed charts (docs/images) are redrawn the same way.
+want_mpl=3.11.2
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('matplotlib') == '$want_mpl'" 2>/dev/null; then
+  echo "setup: installing matplotlib==$want_mpl into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "matplotlib==$want_mpl"
 fi
 
 if [ ! -x "$py_venv/bin/python" ]; then

@@ -1,0 +1,703 @@
+#!/usr/bin/env python3
+"""Turns rmmd_bench results into PNG charts (bench/README.md, "Charts").
+
+  bench/plot_results.py RESULTS.json [RESULTS.json ...] [--out DIR] [--prefix P]
+
+RESULTS.json is what rmmd_bench --out writes (bench/bench_results.proto,
+message Run, in protobuf's JSON mapping). Each file gives the charts of the
+sections it holds, named <prefix>-<chart>.png in DIR (docs/images by
+default); the prefix is the file's name without ".json" (scripts/bench.sh
+names a full run after the GPU, e.g. nvidia-h100-80gb-hbm3), or --prefix
+with one file. The charts, and the section each reads:
+
+  pairs      a   allocate+deallocate pair p50 (p99 dotted) by size, per resource;
+                 a8 (threads > 1), where present, as a second panel
+  processes  c   aggregate pairs/s by client process count, per mode, with
+                 section b2's one-thread rate (the driver's pace) for reference
+  memory     e,h the daemon's resident memory and bytes per lease / per session
+  mobility   g   one trial's timeline: request, each client's give-back, success
+  sharing    f   shared buffer open p50 (p99 as a whisker) by size and consumer
+                 count: rmmd against legacy CUDA IPC and a host copy
+
+A target is drawn as a dashed line where its section has one. A chart whose
+section is absent from the file is skipped with a line saying so; that is
+not an error. Exit status: 0 when every file was read (whatever was
+skipped), 1 when a file cannot be read or is not a bench result (nothing is
+written then), 2 on a bad command line or without matplotlib
+(scripts/setup.sh installs it into .venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+SCHEMA = "rmmd-bench/1"
+DPI = 100
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "images"
+
+# Section a's resources, in the order the bench runs them: label and colour.
+RESOURCES = {
+    "cuda_async": ("cuda_async (in-process baseline)", "#444444"),
+    "rmmd_direct": ("rmmd direct (session socket)", "#d62728"),
+    "rmmd_direct_grpc": ("rmmd direct (gRPC)", "#ff9896"),
+    "rmmd_fast": ("rmmd fast (slab)", "#1f77b4"),
+    "rmm_pool": ("RMM pool over cuda_async (in-process)", "#2ca02c"),
+}
+# Section c's modes.
+MODES = {
+    "fast": ("fast (slab)", "#1f77b4"),
+    "direct": ("direct (session socket)", "#d62728"),
+    "direct-grpc": ("direct (gRPC)", "#ff9896"),
+}
+# Section f's methods.
+METHODS = {
+    "rmmd": ("rmmd open (session socket)", "#1f77b4"),
+    "rmmd_grpc": ("rmmd open (gRPC)", "#aec7e8"),
+    "cuda_ipc": ("cudaIpcOpenMemHandle (legacy IPC)", "#2ca02c"),
+    "host_copy": ("copy from pinned host memory", "#7f7f7f"),
+}
+FALLBACK_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+
+
+class ResultsError(Exception):
+    """A results file that cannot be read or is not an rmmd_bench result."""
+
+
+class Skip(Exception):
+    """A chart whose section the file lacks; the message says why."""
+
+
+def fmt_bytes(n: float) -> str:
+    """256 -> '256 B', 65536 -> '64 KiB', 4294967296 -> '4 GiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_rate(v: float) -> str:
+    """Pairs per second, short: 18.7 M, 23.3 k, 950."""
+    if v >= 1e6:
+        return f"{v / 1e6:.3g} M"
+    if v >= 1e3:
+        return f"{v / 1e3:.3g} k"
+    return f"{v:.3g}"
+
+
+def number(v: Any) -> float | None:
+    """A measured figure, or None where the bench left it out."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def label_and_colour(table: dict, name: str, index: int) -> tuple[str, str]:
+    if name in table:
+        return table[name]
+    return name, FALLBACK_COLOURS[index % len(FALLBACK_COLOURS)]
+
+
+def parse_limit(text: str) -> tuple[str, float] | None:
+    """'<= 1.5 x', '>= 5e+06 pairs/s', '<= 1' -> ('<=', 1.5) ... ; None if not a limit."""
+    m = re.match(r"\s*(<=|>=|<|>)\s*([-+0-9.eE]+)", text or "")
+    if not m:
+        return None
+    try:
+        return m.group(1), float(m.group(2))
+    except ValueError:
+        return None
+
+
+def load(path: Path) -> dict:
+    """The results of one run, checked to be an rmmd_bench results file."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read it: {e.strerror}") from None
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsError(
+            f"{path}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "give a file written by rmmd_bench --out") from None
+    if not isinstance(run, dict):
+        raise ResultsError(f"{path}: the JSON is a {type(run).__name__}, not an object; "
+                           "give a file written by rmmd_bench --out")
+    if run.get("schema") != SCHEMA:
+        raise ResultsError(f"{path}: schema is {run.get('schema')!r}, not {SCHEMA!r}: "
+                           "not an rmmd_bench results file (bench/bench_results.proto)")
+    return run
+
+
+def gpu_title(run: dict) -> str:
+    gpu = run.get("gpu") or {}
+    name = gpu.get("name") or "unknown GPU"
+    when = (run.get("started_utc") or "")[:10]
+    quick = ", --quick" if run.get("quick") else ""
+    return f"{name}{' (' + when + quick + ')' if when else ''}"
+
+
+def targets_named(run: dict, *words: str) -> list[dict]:
+    """The run's target rows whose `what` holds every word (case-insensitive)."""
+    out = []
+    for t in run.get("targets") or []:
+        what = (t.get("what") or "").lower()
+        if all(w.lower() in what for w in words):
+            out.append(t)
+    return out
+
+
+def pass_text(ok: Any) -> str:
+    return "pass" if ok else "MISS"
+
+
+def log_y(ax, subs: tuple = (1.0, 2.0, 5.0), fmt: Callable[[float], str] | None = None) -> None:
+    """A log y axis labelled in plain numbers at subs x 10^n (1, 2, 5, 10, 20, ... by default)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v) if fmt else f"{v:,.6g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+# --- charts ------------------------------------------------------------------
+# Each takes the run and matplotlib's pyplot and returns a figure, or raises
+# Skip saying which section it lacks.
+
+
+def pair_cells(rows: list) -> dict[tuple[str, int], list[tuple[float, float, float | None]]]:
+    """(resource, threads) -> [(size, p50, p99)] for the rows with a p50, by size."""
+    series: dict[tuple[str, int], list] = {}
+    for row in rows:
+        p50 = number(row.get("p50_us"))
+        size = number(row.get("size_bytes"))
+        if p50 is None or size is None or not size:
+            continue
+        key = (row.get("resource") or "?", int(row.get("threads") or 1))
+        series.setdefault(key, []).append((size, p50, number(row.get("p99_us"))))
+    for points in series.values():
+        points.sort()
+    return series
+
+
+def ratio_targets(run: dict, threads: int) -> list[tuple[str, str, float, set[str], str]]:
+    """Section a's ratio targets: (resource, reference, limit, sizes, text).
+
+    They read "fast p50 / cuda_async p50 at 256 B" (limit "<= 1.5"): the line
+    to draw is limit x the reference's p50 at those sizes.
+    """
+    found: dict[tuple[str, str, float], tuple[set, str]] = {}
+    for t in run.get("targets") or []:
+        what = t.get("what") or ""
+        m = re.match(r"\s*(\S+) p50 / (\S+) p50 at (\d+ [KMG]?i?B)\b(.*)$", what)
+        limit = parse_limit(t.get("limit") or "")
+        if not m or not limit:
+            continue
+        rest = m.group(4)
+        tm = re.search(r"(\d+) threads?", rest)
+        if (int(tm.group(1)) if tm else 1) != threads:
+            continue
+        res, ref = m.group(1), m.group(2)
+        res = {"fast": "rmmd_fast", "direct": "rmmd_direct", "pool": "rmm_pool"}.get(res, res)
+        ref = {"fast": "rmmd_fast", "pool": "rmm_pool", "baseline": "cuda_async"}.get(ref, ref)
+        key = (res, ref, limit[1])
+        sizes, _ = found.get(key, (set(), ""))
+        sizes.add(m.group(3))
+        found[key] = (sizes, f"{limit[0]} {limit[1]:g}x {ref} p50")
+    return [(r, ref, lim, sizes, text) for (r, ref, lim), (sizes, text) in found.items()]
+
+
+# The resources that carve in-process: their pairs cost about a microsecond,
+# drawn again on a linear axis, where section a's ratio targets are read.
+IN_PROCESS = ("cuda_async", "rmmd_fast", "rmm_pool")
+
+
+def draw_pairs_panel(ax, run: dict, series: dict, threads: int, resources: list[str],
+                     logarithmic: bool, targets: bool) -> None:
+    sizes: set[float] = set()
+    for res in resources:
+        points = series.get((res, threads))
+        if not points:
+            continue
+        label, colour = label_and_colour(RESOURCES, res, len(sizes))
+        xs = [p[0] for p in points]
+        sizes.update(xs)
+        ax.plot(xs, [p[1] for p in points], "o-", color=colour, label=f"{label} p50", lw=1.8)
+        p99 = [(p[0], p[2]) for p in points if p[2] is not None]
+        if p99:
+            ax.plot([p[0] for p in p99], [p[1] for p in p99], "x:", color=colour, alpha=0.55,
+                    lw=1.2, ms=5)
+    # Targets: limit x the reference's p50 at each size the target covers.
+    for res, ref, limit, target_sizes, text in ratio_targets(run, threads) if targets else []:
+        if res not in resources:
+            continue
+        ref_points = {fmt_bytes(p[0]): p for p in series.get((ref, threads), [])}
+        pts = sorted(ref_points[s] for s in target_sizes if s in ref_points)
+        if not pts:
+            continue
+        colour = label_and_colour(RESOURCES, res, 0)[1]
+        ax.plot([p[0] for p in pts], [limit * p[1] for p in pts], "--", color=colour, lw=1.5,
+                label=f"target: {RESOURCES.get(res, (res,))[0]} {text}")
+    ax.set_xscale("log", base=2)
+    if logarithmic:
+        log_y(ax)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xticks(sorted(sizes), [fmt_bytes(s) for s in sorted(sizes)])
+    ax.minorticks_off()
+    ax.set_xlabel("allocation size")
+    ax.set_ylabel("allocate + deallocate pair (us)")
+    ax.grid(True, which="major", alpha=0.3)
+    # Below the axes: the lines may be anywhere in the panel.
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+              title="solid: p50; dotted x: p99", title_fontsize=7.5)
+
+
+def chart_pairs(run: dict, plt) -> Any:
+    series = pair_cells(run.get("pairs") or [])
+    # Section a8 (issue 14): multi-threaded pairs, in their own list or in `pairs`
+    # with a `threads` field.
+    for key in ("threaded_pairs", "pairs_threads", "pairs_a8", "fast_threads_pairs"):
+        for k, v in pair_cells(run.get(key) or []).items():
+            series.setdefault(k, v)
+    if not series:
+        raise Skip("no section a (pairs) figures in this file")
+    known = list(RESOURCES) + sorted({r for r, _ in series} - set(RESOURCES))
+    one_thread = [r for r in known if (r, 1) in series]
+    # Panels: every resource (log), then the in-process ones per thread count (linear).
+    panels: list[tuple[str, int, list[str], bool]] = []
+    if one_thread:
+        panels.append(("every resource, 1 thread", 1, one_thread, True))
+    for threads in sorted({t for _, t in series}):
+        carving = [r for r in known if (r, threads) in series and
+                   (r in IN_PROCESS or r not in RESOURCES and threads > 1)]
+        if carving and (threads > 1 or len(carving) < len(one_thread)):
+            panels.append((f"in-process carving, {threads} thread{'s' if threads > 1 else ''}"
+                           " (linear)", threads, carving, False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels) + 1, 6.4), squeeze=False)
+    for ax, (title, threads, resources, logarithmic) in zip(axes[0], panels):
+        # Ratio targets on the linear panels, where they can be read (or the only panel).
+        draw_pairs_panel(ax, run, series, threads, resources, logarithmic,
+                         targets=not logarithmic or len(panels) == 1)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"Section a: allocate+deallocate pair latency, {gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def chart_processes(run: dict, plt) -> Any:
+    rows = run.get("processes") or []
+    series: dict[str, list] = {}
+    targets: dict[str, tuple[str, tuple[str, float]]] = {}
+    for row in rows:
+        rate = number(row.get("aggregate_pairs_per_s"))
+        n = row.get("processes")
+        mode = row.get("mode") or "?"
+        if rate is not None and n:
+            series.setdefault(mode, []).append((n, rate))
+        limit = parse_limit((row.get("target") or {}).get("target", ""))
+        if limit:
+            targets[mode] = (row["target"]["target"], limit)
+    if not series:
+        raise Skip("no section c (processes) figures in this file")
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    counts: set[int] = set()
+    order = list(MODES) + sorted(set(series) - set(MODES))
+    for i, mode in enumerate(order):
+        points = sorted(series.get(mode, []))
+        if not points:
+            continue
+        label, colour = label_and_colour(MODES, mode, i)
+        counts.update(p[0] for p in points)
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=label,
+                lw=1.8)
+        last = points[-1]
+        ax.annotate(fmt_rate(last[1]) + "/s", last, textcoords="offset points", xytext=(6, -3),
+                    fontsize=8, color=colour)
+    # Section b2: the daemon's CUDA work per direct pair on one thread, the driver's pace.
+    b2 = {r.get("threads"): number(r.get("pairs_per_s"))
+          for r in run.get("daemon_side_pairs") or []}
+    b2_rate = b2.get(1)
+    if b2_rate:
+        ax.axhline(b2_rate, color="#d62728", ls=":", lw=1.2,
+                   label="b2: daemon's CUDA work per direct pair, 1 thread "
+                   f"({fmt_rate(b2_rate)}/s)")
+    for mode, (text, (op, value)) in targets.items():
+        colour = label_and_colour(MODES, mode, 0)[1]
+        m = re.search(r"([0-9.]+)\s*x\s*b2", text)
+        if m and b2_rate:  # a target stated against b2's rate ("... 0.75 x b2")
+            value = float(m.group(1)) * b2_rate
+        ax.axhline(value, color=colour, ls="--", lw=1.3,
+                   label=f"target, {label_and_colour(MODES, mode, 0)[0]} at {max(counts)}: "
+                   f"{text if m else op + ' ' + fmt_rate(value) + ' pairs/s'}")
+    ax.set_xscale("log", base=2)
+    log_y(ax, fmt=fmt_rate)
+    ax.set_xticks(sorted(counts), [str(c) for c in sorted(counts)])
+    ax.minorticks_off()
+    size = rows[0].get("size_bytes")
+    secs = rows[0].get("seconds_each")
+    ax.set_xlabel("client processes at once")
+    ax.set_ylabel("aggregate pairs/s (all processes)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="center right", framealpha=0.9)
+    ax.set_title(f"Section c: throughput by process count, {fmt_bytes(size or 0)} pairs, "
+                 f"{secs:g} s each\n{gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def per_item_figures(node: Any, path: str = "") -> list[tuple[str, str, float, dict]]:
+    """Every `*per_lease_bytes` / `*per_session_bytes` figure under node.
+
+    (where, "lease" or "session", bytes, the object holding it): section e's
+    and whatever section h calls its rows, without depending on their names.
+    """
+    out = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            where = f"{path}.{k}" if path else k
+            if isinstance(v, (dict, list)):
+                out += per_item_figures(v, where)
+            elif number(v) is not None and k.endswith("per_lease_bytes"):
+                out.append((path, "lease", float(v), node))
+            elif number(v) is not None and k.endswith("per_session_bytes"):
+                out.append((path, "session", float(v), node))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            name = None
+            if isinstance(v, dict):
+                name = v.get("pool") or v.get("backend") or v.get("what")
+            out += per_item_figures(v, f"{path}[{name or i}]")
+    return out
+
+
+def item_label(path: str, node: dict) -> str:
+    """A readable name for where a per-item figure came from: its path and counts."""
+    bits = [path]
+    for k in ("leases", "sessions"):
+        if number(node.get(k)):
+            bits.append(f"{node[k]:,.0f} {k}")
+    return ", ".join(bits)
+
+
+def chart_memory(run: dict, plt) -> Any:
+    rss = run.get("daemon_rss") or {}
+    rss_keys = ("idle_fresh_bytes", "idle_after_load_bytes", "with_leases_bytes",
+                "after_free_bytes")
+    rss_bars = [(k, number(rss.get(k))) for k in rss_keys]
+    rss_bars = [(k, v) for k, v in rss_bars if v is not None]
+    per = per_item_figures({k: v for k, v in run.items() if k not in ("targets", "config")})
+    if all(path == "daemon_rss" for path, *_ in per):
+        per = []  # section e's one figure is in its own panel's title: no panel for it alone
+    if not rss_bars and not per:
+        raise Skip("no section e (daemon_rss) or h (per lease / per session) figures in this file")
+
+    panels = int(bool(rss_bars)) + int(bool(per))
+    fig, axes = plt.subplots(1, panels, figsize=(1.5 + 6.5 * panels, 5.4), squeeze=False)
+    axes = list(axes[0])
+    if rss_bars:
+        ax = axes.pop(0)
+        names = {"idle_fresh_bytes": "idle, at start", "idle_after_load_bytes": "idle, after a-d",
+                 "with_leases_bytes": f"with {rss.get('leases', 0):,} leases",
+                 "after_free_bytes": "after freeing them"}
+        ys = range(len(rss_bars))
+        mib = [v / (1 << 20) for _, v in rss_bars]
+        ax.barh(list(ys), mib, color="#1f77b4", height=0.6)
+        for y, v in zip(ys, mib):
+            ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)
+        ax.set_yticks(list(ys), [names[k] for k, _ in rss_bars])
+        ax.invert_yaxis()
+        for key, style, text in (("cuda_context_process_bytes", ":", "bare process + CUDA context"),
+                                 ("cuda_context_and_pool_process_bytes", "-.",
+                                  "+ one exportable pool (the floor)")):
+            v = number(rss.get(key))
+            if v is not None:
+                ax.axvline(v / (1 << 20), color="#7f7f7f", ls=style, lw=1.2,
+                           label=f"{text}: {v / (1 << 20):.1f} MiB")
+        t = rss.get("target") or {}
+        limit = parse_limit(t.get("target", ""))
+        if limit and "MiB" in t.get("target", ""):
+            ax.axvline(limit[1], color="#d62728", ls="--", lw=1.4,
+                       label=f"target {t['target']} with leases: {pass_text(t.get('pass'))}")
+        ax.set_xlabel("daemon resident memory, VmRSS (MiB)")
+        per_lease = number(rss.get("per_lease_bytes"))
+        ax.set_title("Section e: daemon RSS" +
+                     (f" ({per_lease:,.0f} B per lease)" if per_lease else ""), fontsize=10)
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+                  framealpha=0.9)
+        ax.grid(True, axis="x", alpha=0.3)
+    if per:
+        ax = axes.pop(0)
+        labels = [f"per {kind}: {item_label(path, node)}" for path, kind, _, node in per]
+        values = [v for _, _, v, _ in per]
+        colours = ["#1f77b4" if kind == "lease" else "#9467bd" for _, kind, _, _ in per]
+        ys = list(range(len(per)))
+        ax.barh(ys, values, color=colours, height=0.6)
+        for y, v in zip(ys, values):
+            ax.text(v, y, f" {v:,.0f} B", va="center", fontsize=8)
+        ax.set_yticks(ys, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("daemon memory above its idle RSS, per item (bytes, log)")
+        drawn = set()
+        for kind, colour in (("lease", "#1f77b4"), ("session", "#9467bd")):
+            for t in targets_named(run, "per " + kind):
+                limit = parse_limit(t.get("limit") or "")
+                if limit and t.get("unit") in ("B", "bytes") and (kind, limit[1]) not in drawn:
+                    drawn.add((kind, limit[1]))
+                    ax.axvline(limit[1], color=colour, ls="--", lw=1.4,
+                               label=f"target per {kind} {t['limit']} B")
+                elif limit and t.get("unit") == "KiB" and (kind, limit[1]) not in drawn:
+                    drawn.add((kind, limit[1]))
+                    ax.axvline(limit[1] * 1024, color=colour, ls="--", lw=1.4,
+                               label=f"target per {kind} {t['limit']} KiB")
+        if drawn:
+            ax.legend(fontsize=7.5, loc="lower right", framealpha=0.9)
+        ax.set_title("Memory per lease and per session", fontsize=10)
+        ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.suptitle(f"Daemon memory, {gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def find_mobility(run: dict) -> dict | None:
+    for key, value in run.items():
+        if "mobil" in key and isinstance(value, dict):
+            return value
+    return None
+
+
+def time_ms(event: dict) -> float | None:
+    """An event's time in ms after the request: its first *_ms (or *_us) figure."""
+    for k, v in event.items():
+        if k.endswith("_ms") and number(v) is not None:
+            return float(v)
+    for k, v in event.items():
+        if k.endswith("_us") and number(v) is not None:
+            return float(v) / 1000
+    return None
+
+
+def chart_mobility(run: dict, plt) -> Any:
+    section = find_mobility(run)
+    if section is None:
+        raise Skip("no section g (memory mobility) in this file")
+    timeline = section.get("timeline")
+    if isinstance(timeline, dict):
+        events = timeline.get("events") or []
+        request = number(timeline.get("request_ms")) or 0.0
+        success = number(timeline.get("success_ms"))
+    else:
+        events, request, success = timeline or [], 0.0, number(section.get("success_ms"))
+    points = []
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        t = time_ms(e)
+        if t is None:
+            continue
+        what = str(e.get("event") or e.get("what") or e.get("kind") or "")
+        who = e.get("client", e.get("session", e.get("pid")))
+        points.append((t, what, who, number(e.get("bytes"))))
+    if not points and success is None:
+        raise Skip("section g has no timeline events in this file")
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    def client_order(name: str) -> tuple:
+        return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+    clients = sorted({str(p[2]) for p in points if p[2] is not None}, key=client_order)
+    daemon_row = any(p[2] is None for p in points)
+    row = {c: i + int(daemon_row) for i, c in enumerate(clients)}
+    ax.axvline(request, color="#444444", lw=1.5, label=f"request at {request:g} ms")
+    for t, what, who, nbytes in points:
+        low = what.lower()
+        if "request" in low and who is None:
+            continue
+        if "success" in low or "granted" in low:
+            success = t if success is None else success
+            continue
+        y = row.get(str(who), 0)
+        ax.plot([t], [y], "o", color="#2ca02c", ms=6)
+        if nbytes:
+            ax.annotate(fmt_bytes(nbytes), (t, y), textcoords="offset points", xytext=(5, 3),
+                        fontsize=7)
+    if success is not None:
+        ax.axvline(success, color="#1f77b4", lw=1.8,
+                   label=f"request succeeds at {success:.1f} ms")
+    for t in targets_named(run, "mobility") + targets_named(run, "give", "back"):
+        limit = parse_limit(t.get("limit") or "")
+        if limit and t.get("unit") == "ms":
+            ax.axvline(request + limit[1], color="#d62728", ls="--", lw=1.4,
+                       label=f"target: {t.get('what')} {t['limit']} ms: "
+                       f"{pass_text(t.get('pass'))}")
+            break
+    ax.plot([], [], "o", color="#2ca02c", label="a client gives idle slabs back")
+    ax.set_yticks(([0] if daemon_row else []) + [row[c] for c in clients],
+                  (["daemon"] if daemon_row else []) + [f"client {c}" for c in clients],
+                  fontsize=7 if len(clients) > 10 else 9)
+    ax.set_ylim(-0.7, len(clients) - 1 + int(daemon_row) + 0.7)
+    ax.set_xlabel("time since the request (ms)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    ax.set_title(f"Section g: memory that moves, one trial\n{gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def chart_sharing(run: dict, plt) -> Any:
+    sharing = run.get("sharing") or {}
+    cells = [c for c in sharing.get("cells") or []
+             if number((c.get("open") or {}).get("p50_us")) is not None]
+    if not cells:
+        raise Skip("no section f (shared buffers) figures in this file")
+    groups = sorted({(number(c.get("size_bytes")) or 0, c.get("consumers") or 0) for c in cells})
+    methods = [m for m in METHODS if any(c.get("method") == m for c in cells)]
+    methods += sorted({c.get("method") for c in cells} - set(methods))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    for i, method in enumerate(methods):
+        label, colour = label_and_colour(METHODS, method, i)
+        xs, p50s, whisk = [], [], []
+        for g, (size, consumers) in enumerate(groups):
+            cell = next((c for c in cells if c.get("method") == method and
+                         number(c.get("size_bytes")) == size and c.get("consumers") == consumers),
+                        None)
+            if cell is None:
+                continue
+            p50 = cell["open"]["p50_us"] / 1000
+            p99 = number(cell["open"].get("p99_us"))
+            xs.append(g - 0.4 + width * (i + 0.5))
+            p50s.append(p50)
+            whisk.append(max(0.0, p99 / 1000 - p50) if p99 is not None else 0.0)
+        ax.bar(xs, p50s, width=width * 0.92, color=colour, label=label,
+               yerr=[[0] * len(whisk), whisk], error_kw={"elinewidth": 0.8, "capsize": 2,
+                                                         "ecolor": "#555555"})
+    limits = {parse_limit((c.get("target") or {}).get("target", "")) for c in cells} - {None}
+    for op, value in sorted(limits):
+        unit_ms = value  # section f's open targets are in ms ("<= 1 ms")
+        ax.axhline(unit_ms, color="#d62728", ls="--", lw=1.4,
+                   label=f"target: rmmd open p50 {op} {value:g} ms")
+    log_y(ax, subs=(1.0,))
+    ax.set_xticks(range(len(groups)),
+                  [f"{fmt_bytes(s)}\n{n} consumer{'s' if n != 1 else ''}" for s, n in groups])
+    ax.set_xlabel("buffer size, consumer processes at once")
+    ax.set_ylabel("open to a usable pointer, p50 (ms; whisker: p99)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", framealpha=0.9)
+    ax.set_title(f"Section f: opening a shared buffer\n{gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+CHARTS: list[tuple[str, Callable]] = [
+    ("pairs", chart_pairs),
+    ("processes", chart_processes),
+    ("memory", chart_memory),
+    ("mobility", chart_mobility),
+    ("sharing", chart_sharing),
+]
+
+
+def render(fig, plt) -> bytes:
+    """The figure as a 256-colour PNG.
+
+    A chart has a few flat colours: as a palette image it is a third of the
+    size of matplotlib's RGBA PNG and looks the same, and the charts are
+    committed (docs/images).
+    """
+    from PIL import Image  # matplotlib's own dependency
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    finally:
+        plt.close(fig)
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(
+        colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+def write(path: Path, data: bytes) -> None:
+    """Writes a chart through a temporary file: no half-written chart under its name."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="plot_results.py",
+        description="Turns rmmd_bench results JSON files into PNG charts.")
+    parser.add_argument("results", nargs="+", type=Path, help="a file written by rmmd_bench --out")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="where to write the PNGs (default: docs/images of this checkout)")
+    parser.add_argument("--prefix", help="the charts' name prefix (default: the file's name "
+                        "without .json); only with one file")
+    args = parser.parse_args(argv)
+    if args.prefix is not None and len(args.results) != 1:
+        parser.error("--prefix names the charts of one file; give one RESULTS.json with it")
+    if args.prefix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.prefix):
+        parser.error(f"--prefix {args.prefix!r}: use letters, digits, '.', '_' and '-' only")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: exists and is not a directory")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"plot_results: cannot import matplotlib into {sys.executable} ({e}); "
+              "scripts/setup.sh installs it into .venv", file=sys.stderr)
+        return 2
+
+    # Read every file and draw every chart before writing anything: a file that
+    # cannot be read or drawn changes nothing.
+    charts: list[tuple[str, Path, bytes]] = []
+    try:
+        runs = [(path, load(path)) for path in args.results]
+        for path, run in runs:
+            prefix = args.prefix or path.name.removesuffix(".json")
+            for name, chart in CHARTS:
+                try:
+                    png = render(chart(run, plt), plt)
+                    charts.append((f"{path.name}: {name}", args.out / f"{prefix}-{name}.png", png))
+                except Skip as why:
+                    print(f"{path.name}: {name}: skipped: {why}")
+                except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                    raise ResultsError(
+                        f"{path}: cannot draw its {name} chart: {type(e).__name__}: {e} "
+                        "(a field of an unexpected type? bench/bench_results.proto has the "
+                        "schema)") from None
+    except ResultsError as e:
+        print(f"plot_results: {e}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for what, target, data in charts:
+        write(target, data)
+        print(f"{what}: {target} ({len(data) / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
