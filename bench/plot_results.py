@@ -22,9 +22,10 @@ with one file. The charts, and the section each reads:
 A target is drawn as a dashed line where its section has one. A chart whose
 section is absent from the file is skipped with a line saying so; that is
 not an error. Exit status: 0 when every file was read (whatever was
-skipped), 1 when a file cannot be read or is not a bench result (nothing is
-written then), 2 on a bad command line or without matplotlib
-(scripts/setup.sh installs it into .venv).
+skipped), 1 when a file cannot be read, is not a bench result or holds a
+field of another type than the schema's (nothing is written then), 2 on a
+bad command line or without matplotlib (scripts/setup.sh installs it into
+.venv).
 """
 
 from __future__ import annotations
@@ -662,6 +663,13 @@ def main(argv: list[str]) -> int:
         parser.error(f"--prefix {args.prefix!r}: use letters, digits, '.', '_' and '-' only")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out}: exists and is not a directory")
+    # Read every file and draw every chart before writing anything: a file that
+    # cannot be read or drawn changes nothing.
+    try:
+        runs = [(path, load(path)) for path in args.results]
+    except ResultsError as e:
+        print(f"plot_results: {e}", file=sys.stderr)
+        return 1
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -670,28 +678,22 @@ def main(argv: list[str]) -> int:
         print(f"plot_results: cannot import matplotlib into {sys.executable} ({e}); "
               "scripts/setup.sh installs it into .venv", file=sys.stderr)
         return 2
-
-    # Read every file and draw every chart before writing anything: a file that
-    # cannot be read or drawn changes nothing.
     charts: list[tuple[str, Path, bytes]] = []
-    try:
-        runs = [(path, load(path)) for path in args.results]
-        for path, run in runs:
-            prefix = args.prefix or path.name.removesuffix(".json")
-            for name, chart in CHARTS:
-                try:
-                    png = render(chart(run, plt), plt)
-                    charts.append((f"{path.name}: {name}", args.out / f"{prefix}-{name}.png", png))
-                except Skip as why:
-                    print(f"{path.name}: {name}: skipped: {why}")
-                except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-                    raise ResultsError(
-                        f"{path}: cannot draw its {name} chart: {type(e).__name__}: {e} "
-                        "(a field of an unexpected type? bench/bench_results.proto has the "
-                        "schema)") from None
-    except ResultsError as e:
-        print(f"plot_results: {e}", file=sys.stderr)
-        return 1
+    for path, run in runs:
+        prefix = args.prefix or path.name.removesuffix(".json")
+        for name, chart in CHARTS:
+            try:
+                png = render(chart(run, plt), plt)
+            except Skip as why:
+                print(f"{path.name}: {name}: skipped: {why}")
+                continue
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                print(f"plot_results: {path}: cannot draw its {name} chart: "
+                      f"{type(e).__name__}: {e} (a field of an unexpected type? "
+                      "bench/bench_results.proto has the schema); nothing written",
+                      file=sys.stderr)
+                return 1
+            charts.append((f"{path.name}: {name}", args.out / f"{prefix}-{name}.png", png))
     args.out.mkdir(parents=True, exist_ok=True)
     for what, target, data in charts:
         write(target, data)
