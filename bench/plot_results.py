@@ -10,14 +10,16 @@ default); the prefix is the file's name without ".json" (scripts/bench.sh
 names a full run after the GPU, e.g. nvidia-h100-80gb-hbm3), or --prefix
 with one file. The charts, and the section each reads:
 
-  pairs      a   allocate+deallocate pair p50 (p99 dotted) by size, per resource;
-                 a8 (threads > 1), where present, as a second panel
-  processes  c   aggregate pairs/s by client process count, per mode, with
-                 section b2's one-thread rate (the driver's pace) for reference
-  memory     e,h the daemon's resident memory and bytes per lease / per session
-  mobility   g   one trial's timeline: request, each client's give-back, success
-  sharing    f   shared buffer open p50 (p99 as a whisker) by size and consumer
-                 count: rmmd against legacy CUDA IPC and a host copy
+  pairs         a   allocate+deallocate pair p50 (p99 dotted) by size per resource:
+                    every resource on a log axis, the in-process ones on a linear one
+  fast-vs-pool  a8  slab mode against RMM's pool in one process, per thread count
+  processes     c   aggregate pairs/s by client process count per mode, with
+                    section b2's one-thread rate (the driver's pace)
+  memory        e,h the daemon's resident memory; bytes per lease and per session
+  scale         h   set-up, stats, scrape and reclaim times with many sessions
+  mobility      g   one trial's timeline: request, each client's give-back, success
+  sharing       f   shared buffer open p50 (p99 as a whisker) by size and consumer
+                    count: rmmd against legacy CUDA IPC and a host copy
 
 A target is drawn as a dashed line where its section has one. A chart whose
 section is absent from the file is skipped with a line saying so; that is
@@ -162,14 +164,16 @@ def pass_text(ok: Any) -> str:
     return "pass" if ok else "MISS"
 
 
-def log_y(ax, subs: tuple = (1.0, 2.0, 5.0), fmt: Callable[[float], str] | None = None) -> None:
-    """A log y axis labelled in plain numbers at subs x 10^n (1, 2, 5, 10, 20, ... by default)."""
+def log_axis(ax, which: str = "y", subs: tuple = (1.0, 2.0, 5.0),
+             fmt: Callable[[float], str] | None = None) -> None:
+    """A log axis labelled in plain numbers at subs x 10^n (1, 2, 5, 10, 20, ... by default)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v) if fmt else f"{v:,.6g}"))
-    ax.yaxis.set_minor_locator(NullLocator())
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    (ax.set_yscale if which == "y" else ax.set_xscale)("log")
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v) if fmt else f"{v:,.6g}"))
+    axis.set_minor_locator(NullLocator())
 
 
 # --- charts ------------------------------------------------------------------
@@ -177,22 +181,38 @@ def log_y(ax, subs: tuple = (1.0, 2.0, 5.0), fmt: Callable[[float], str] | None 
 # Skip saying which section it lacks.
 
 
-def pair_cells(rows: list) -> dict[tuple[str, int], list[tuple[float, float, float | None]]]:
-    """(resource, threads) -> [(size, p50, p99)] for the rows with a p50, by size."""
-    series: dict[tuple[str, int], list] = {}
+def limit_value(target: Any) -> tuple[str, float, str] | None:
+    """A Target ({"target": "<= 16 KiB", "pass": ...}) as (op, value in its base unit, text).
+
+    KiB, MiB and GiB become bytes; other units ("x", "ms", "pairs/s") stay.
+    """
+    text = target.get("target", "") if isinstance(target, dict) else ""
+    limit = parse_limit(text)
+    if not limit:
+        return None
+    scale = 1.0
+    for unit, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+        if re.search(rf"\b{unit}\b", text):
+            scale = float(factor)
+    return limit[0], limit[1] * scale, text
+
+
+def pair_series(rows: list) -> dict[str, list[tuple[float, float, float | None]]]:
+    """Section a: resource -> [(size, p50, p99)] for the rows with a p50, by size."""
+    series: dict[str, list] = {}
     for row in rows:
         p50 = number(row.get("p50_us"))
         size = number(row.get("size_bytes"))
-        if p50 is None or size is None or not size:
+        if p50 is None or not size:
             continue
-        key = (row.get("resource") or "?", int(row.get("threads") or 1))
-        series.setdefault(key, []).append((size, p50, number(row.get("p99_us"))))
+        series.setdefault(row.get("resource") or "?", []).append(
+            (size, p50, number(row.get("p99_us"))))
     for points in series.values():
         points.sort()
     return series
 
 
-def ratio_targets(run: dict, threads: int) -> list[tuple[str, str, float, set[str], str]]:
+def ratio_targets(run: dict) -> list[tuple[str, str, float, set[str], str]]:
     """Section a's ratio targets: (resource, reference, limit, sizes, text).
 
     They read "fast p50 / cuda_async p50 at 256 B" (limit "<= 1.5"): the line
@@ -200,18 +220,13 @@ def ratio_targets(run: dict, threads: int) -> list[tuple[str, str, float, set[st
     """
     found: dict[tuple[str, str, float], tuple[set, str]] = {}
     for t in run.get("targets") or []:
-        what = t.get("what") or ""
-        m = re.match(r"\s*(\S+) p50 / (\S+) p50 at (\d+ [KMG]?i?B)\b(.*)$", what)
+        m = re.match(r"\s*(\S+) p50 / (\S+) p50 at (\d+ [KMG]?i?B)$", t.get("what") or "")
         limit = parse_limit(t.get("limit") or "")
         if not m or not limit:
             continue
-        rest = m.group(4)
-        tm = re.search(r"(\d+) threads?", rest)
-        if (int(tm.group(1)) if tm else 1) != threads:
-            continue
-        res, ref = m.group(1), m.group(2)
-        res = {"fast": "rmmd_fast", "direct": "rmmd_direct", "pool": "rmm_pool"}.get(res, res)
-        ref = {"fast": "rmmd_fast", "pool": "rmm_pool", "baseline": "cuda_async"}.get(ref, ref)
+        res = {"fast": "rmmd_fast", "direct": "rmmd_direct", "pool": "rmm_pool"}.get(
+            m.group(1), m.group(1))
+        ref = {"fast": "rmmd_fast", "pool": "rmm_pool"}.get(m.group(2), m.group(2))
         key = (res, ref, limit[1])
         sizes, _ = found.get(key, (set(), ""))
         sizes.add(m.group(3))
@@ -219,80 +234,106 @@ def ratio_targets(run: dict, threads: int) -> list[tuple[str, str, float, set[st
     return [(r, ref, lim, sizes, text) for (r, ref, lim), (sizes, text) in found.items()]
 
 
+def plot_p50_p99(ax, points: list, label: str, colour: str) -> None:
+    """A p50 line (solid, dots) and its p99 (dotted, crosses) in the same colour."""
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour,
+            label=f"{label} p50", lw=1.8)
+    p99 = [(p[0], p[2]) for p in points if p[2] is not None]
+    if p99:
+        ax.plot([p[0] for p in p99], [p[1] for p in p99], "x:", color=colour, alpha=0.55, lw=1.2,
+                ms=5)
+
+
+def size_axis(ax, sizes: set[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(sizes), [fmt_bytes(s) for s in sorted(sizes)])
+    ax.minorticks_off()
+    ax.set_xlabel("allocation size")
+
+
+def legend_below(ax, below: float = 0.13, **kwargs) -> None:
+    """The legend under the axes (below: its top, in axes heights): lines may be anywhere."""
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=2, **kwargs)
+
+
 # The resources that carve in-process: their pairs cost about a microsecond,
 # drawn again on a linear axis, where section a's ratio targets are read.
 IN_PROCESS = ("cuda_async", "rmmd_fast", "rmm_pool")
 
 
-def draw_pairs_panel(ax, run: dict, series: dict, threads: int, resources: list[str],
-                     logarithmic: bool, targets: bool) -> None:
-    sizes: set[float] = set()
-    for res in resources:
-        points = series.get((res, threads))
-        if not points:
-            continue
-        label, colour = label_and_colour(RESOURCES, res, len(sizes))
-        xs = [p[0] for p in points]
-        sizes.update(xs)
-        ax.plot(xs, [p[1] for p in points], "o-", color=colour, label=f"{label} p50", lw=1.8)
-        p99 = [(p[0], p[2]) for p in points if p[2] is not None]
-        if p99:
-            ax.plot([p[0] for p in p99], [p[1] for p in p99], "x:", color=colour, alpha=0.55,
-                    lw=1.2, ms=5)
-    # Targets: limit x the reference's p50 at each size the target covers.
-    for res, ref, limit, target_sizes, text in ratio_targets(run, threads) if targets else []:
-        if res not in resources:
-            continue
-        ref_points = {fmt_bytes(p[0]): p for p in series.get((ref, threads), [])}
-        pts = sorted(ref_points[s] for s in target_sizes if s in ref_points)
-        if not pts:
-            continue
-        colour = label_and_colour(RESOURCES, res, 0)[1]
-        ax.plot([p[0] for p in pts], [limit * p[1] for p in pts], "--", color=colour, lw=1.5,
-                label=f"target: {RESOURCES.get(res, (res,))[0]} {text}")
-    ax.set_xscale("log", base=2)
-    if logarithmic:
-        log_y(ax)
-    else:
-        ax.set_ylim(bottom=0)
-    ax.set_xticks(sorted(sizes), [fmt_bytes(s) for s in sorted(sizes)])
-    ax.minorticks_off()
-    ax.set_xlabel("allocation size")
-    ax.set_ylabel("allocate + deallocate pair (us)")
-    ax.grid(True, which="major", alpha=0.3)
-    # Below the axes: the lines may be anywhere in the panel.
-    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
-              title="solid: p50; dotted x: p99", title_fontsize=7.5)
-
-
 def chart_pairs(run: dict, plt) -> Any:
-    series = pair_cells(run.get("pairs") or [])
-    # Section a8 (issue 14): multi-threaded pairs, in their own list or in `pairs`
-    # with a `threads` field.
-    for key in ("threaded_pairs", "pairs_threads", "pairs_a8", "fast_threads_pairs"):
-        for k, v in pair_cells(run.get(key) or []).items():
-            series.setdefault(k, v)
+    series = pair_series(run.get("pairs") or [])
     if not series:
         raise Skip("no section a (pairs) figures in this file")
-    known = list(RESOURCES) + sorted({r for r, _ in series} - set(RESOURCES))
-    one_thread = [r for r in known if (r, 1) in series]
-    # Panels: every resource (log), then the in-process ones per thread count (linear).
-    panels: list[tuple[str, int, list[str], bool]] = []
-    if one_thread:
-        panels.append(("every resource, 1 thread", 1, one_thread, True))
-    for threads in sorted({t for _, t in series}):
-        carving = [r for r in known if (r, threads) in series and
-                   (r in IN_PROCESS or r not in RESOURCES and threads > 1)]
-        if carving and (threads > 1 or len(carving) < len(one_thread)):
-            panels.append((f"in-process carving, {threads} thread{'s' if threads > 1 else ''}"
-                           " (linear)", threads, carving, False))
+    order = [r for r in RESOURCES if r in series] + sorted(set(series) - set(RESOURCES))
+    carving = [r for r in order if r in IN_PROCESS]
+    panels = [("every resource", order, True)]
+    if carving and len(carving) < len(order):
+        panels.append(("in-process carving (linear axis)", carving, False))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels) + 1, 6.4), squeeze=False)
-    for ax, (title, threads, resources, logarithmic) in zip(axes[0], panels):
-        # Ratio targets on the linear panels, where they can be read (or the only panel).
-        draw_pairs_panel(ax, run, series, threads, resources, logarithmic,
-                         targets=not logarithmic or len(panels) == 1)
+    for ax, (title, resources, logarithmic) in zip(axes[0], panels):
+        sizes: set[float] = set()
+        for i, res in enumerate(resources):
+            label, colour = label_and_colour(RESOURCES, res, i)
+            plot_p50_p99(ax, series[res], label, colour)
+            sizes.update(p[0] for p in series[res])
+        # Targets where they can be read: the linear panel, or the only one.
+        for res, ref, limit, target_sizes, text in ratio_targets(run):
+            if res not in resources or (logarithmic and len(panels) > 1):
+                continue
+            ref_points = {fmt_bytes(p[0]): p for p in series.get(ref, [])}
+            pts = sorted(ref_points[s] for s in target_sizes if s in ref_points)
+            if pts:
+                ax.plot([p[0] for p in pts], [limit * p[1] for p in pts], "--",
+                        color=label_and_colour(RESOURCES, res, 0)[1], lw=1.5,
+                        label=f"target: {RESOURCES.get(res, (res,))[0]} {text}")
+        size_axis(ax, sizes)
+        if logarithmic:
+            log_axis(ax)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_ylabel("allocate + deallocate pair (us)")
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_title(title, fontsize=10)
-    fig.suptitle(f"Section a: allocate+deallocate pair latency, {gpu_title(run)}", fontsize=11)
+        legend_below(ax, title="solid: p50; dotted x: p99", title_fontsize=7.5)
+    fig.suptitle(f"Section a: allocate+deallocate pair latency, one thread, {gpu_title(run)}",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def chart_fast_vs_pool(run: dict, plt) -> Any:
+    rows = [r for r in run.get("fast_vs_pool") or [] if number(r.get("fast_p50_us")) is not None
+            and number(r.get("pool_p50_us")) is not None and number(r.get("size_bytes"))]
+    if not rows:
+        raise Skip("no section a8 (fast_vs_pool) figures in this file")
+    thread_counts = sorted({int(r.get("threads") or 1) for r in rows})
+    fig, axes = plt.subplots(1, len(thread_counts), figsize=(5.4 * len(thread_counts) + 1, 6.2),
+                             squeeze=False)
+    for ax, threads in zip(axes[0], thread_counts):
+        mine = sorted((r for r in rows if int(r.get("threads") or 1) == threads),
+                      key=lambda r: r["size_bytes"])
+        sizes = {float(r["size_bytes"]) for r in mine}
+        for res, key in (("rmmd_fast", "fast"), ("rmm_pool", "pool")):
+            label, colour = RESOURCES[res]
+            plot_p50_p99(ax, [(float(r["size_bytes"]), r[f"{key}_p50_us"],
+                               number(r.get(f"{key}_p99_us"))) for r in mine], label, colour)
+        limited = [(r, limit_value(r.get("target"))) for r in mine]
+        limited = [(r, lv) for r, lv in limited if lv]
+        if limited:
+            passed = sum(1 for r, _ in limited if r["target"].get("pass"))
+            ax.plot([float(r["size_bytes"]) for r, _ in limited],
+                    [lv[1] * r["pool_p50_us"] for r, lv in limited], "--", color="#1f77b4",
+                    lw=1.5, label=f"target: fast p50 {limited[0][1][0]} {limited[0][1][1]:g}x "
+                    f"pool p50 ({passed} of {len(limited)} sizes pass)")
+        size_axis(ax, sizes)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("allocate + deallocate pair (us)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"{threads} thread{'s' if threads != 1 else ''} of one process", fontsize=10)
+        legend_below(ax, title="solid: p50; dotted x: p99", title_fontsize=7.5)
+    fig.suptitle(f"Section a8: slab mode against RMM's pool in one process, {gpu_title(run)}",
+                 fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -300,32 +341,23 @@ def chart_pairs(run: dict, plt) -> Any:
 def chart_processes(run: dict, plt) -> Any:
     rows = run.get("processes") or []
     series: dict[str, list] = {}
-    targets: dict[str, tuple[str, tuple[str, float]]] = {}
     for row in rows:
         rate = number(row.get("aggregate_pairs_per_s"))
-        n = row.get("processes")
-        mode = row.get("mode") or "?"
-        if rate is not None and n:
-            series.setdefault(mode, []).append((n, rate))
-        limit = parse_limit((row.get("target") or {}).get("target", ""))
-        if limit:
-            targets[mode] = (row["target"]["target"], limit)
+        if rate is not None and row.get("processes"):
+            series.setdefault(row.get("mode") or "?", []).append((row["processes"], rate))
     if not series:
         raise Skip("no section c (processes) figures in this file")
-    fig, ax = plt.subplots(figsize=(8, 5.2))
+    fig, ax = plt.subplots(figsize=(8, 5.6))
     counts: set[int] = set()
-    order = list(MODES) + sorted(set(series) - set(MODES))
+    order = [m for m in MODES if m in series] + sorted(set(series) - set(MODES))
     for i, mode in enumerate(order):
-        points = sorted(series.get(mode, []))
-        if not points:
-            continue
+        points = sorted(series[mode])
         label, colour = label_and_colour(MODES, mode, i)
         counts.update(p[0] for p in points)
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=label,
                 lw=1.8)
-        last = points[-1]
-        ax.annotate(fmt_rate(last[1]) + "/s", last, textcoords="offset points", xytext=(6, -3),
-                    fontsize=8, color=colour)
+        ax.annotate(fmt_rate(points[-1][1]) + "/s", points[-1], textcoords="offset points",
+                    xytext=(6, -3), fontsize=8, color=colour)
     # Section b2: the daemon's CUDA work per direct pair on one thread, the driver's pace.
     b2 = {r.get("threads"): number(r.get("pairs_per_s"))
           for r in run.get("daemon_side_pairs") or []}
@@ -334,140 +366,182 @@ def chart_processes(run: dict, plt) -> Any:
         ax.axhline(b2_rate, color="#d62728", ls=":", lw=1.2,
                    label="b2: daemon's CUDA work per direct pair, 1 thread "
                    f"({fmt_rate(b2_rate)}/s)")
-    for mode, (text, (op, value)) in targets.items():
-        colour = label_and_colour(MODES, mode, 0)[1]
-        m = re.search(r"([0-9.]+)\s*x\s*b2", text)
-        if m and b2_rate:  # a target stated against b2's rate ("... 0.75 x b2")
-            value = float(m.group(1)) * b2_rate
-        ax.axhline(value, color=colour, ls="--", lw=1.3,
-                   label=f"target, {label_and_colour(MODES, mode, 0)[0]} at {max(counts)}: "
-                   f"{text if m else op + ' ' + fmt_rate(value) + ' pairs/s'}")
+    for row in rows:
+        label, colour = label_and_colour(MODES, row.get("mode") or "?", 0)
+        at = f"target, {label} at {row.get('processes')}"
+        lv = limit_value(row.get("target"))
+        if lv:
+            ax.axhline(lv[1], color=colour, ls="--", lw=1.3,
+                       label=f"{at}: {lv[0]} {fmt_rate(lv[1])} pairs/s: "
+                       f"{pass_text(row['target'].get('pass'))}")
+        lv = limit_value(row.get("b2_target"))
+        if lv and b2_rate:  # stated against b2's one-thread rate of the same run
+            ax.axhline(lv[1] * b2_rate, color=colour, ls="-.", lw=1.3,
+                       label=f"{at}: {lv[0]} {lv[1]:g}x b2 = {fmt_rate(lv[1] * b2_rate)}/s: "
+                       f"{pass_text(row['b2_target'].get('pass'))}")
     ax.set_xscale("log", base=2)
-    log_y(ax, fmt=fmt_rate)
+    log_axis(ax, fmt=fmt_rate)
     ax.set_xticks(sorted(counts), [str(c) for c in sorted(counts)])
     ax.minorticks_off()
-    size = rows[0].get("size_bytes")
-    secs = rows[0].get("seconds_each")
+    size, secs = rows[0].get("size_bytes") or 0, rows[0].get("seconds_each") or 0
     ax.set_xlabel("client processes at once")
     ax.set_ylabel("aggregate pairs/s (all processes)")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="center right", framealpha=0.9)
-    ax.set_title(f"Section c: throughput by process count, {fmt_bytes(size or 0)} pairs, "
+    legend_below(ax)
+    ax.set_title(f"Section c: throughput by process count, {fmt_bytes(size)} pairs, "
                  f"{secs:g} s each\n{gpu_title(run)}", fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def per_item_figures(node: Any, path: str = "") -> list[tuple[str, str, float, dict]]:
-    """Every `*per_lease_bytes` / `*per_session_bytes` figure under node.
-
-    (where, "lease" or "session", bytes, the object holding it): section e's
-    and whatever section h calls its rows, without depending on their names.
-    """
-    out = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            where = f"{path}.{k}" if path else k
-            if isinstance(v, (dict, list)):
-                out += per_item_figures(v, where)
-            elif number(v) is not None and k.endswith("per_lease_bytes"):
-                out.append((path, "lease", float(v), node))
-            elif number(v) is not None and k.endswith("per_session_bytes"):
-                out.append((path, "session", float(v), node))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            name = None
-            if isinstance(v, dict):
-                name = v.get("pool") or v.get("backend") or v.get("what")
-            out += per_item_figures(v, f"{path}[{name or i}]")
-    return out
-
-
-def item_label(path: str, node: dict) -> str:
-    """A readable name for where a per-item figure came from: its path and counts."""
-    bits = [path]
-    for k in ("leases", "sessions"):
-        if number(node.get(k)):
-            bits.append(f"{node[k]:,.0f} {k}")
-    return ", ".join(bits)
+def bar_panel(ax, rows: list[tuple[str, float, str]], unit: Callable[[float], str],
+              colour: str) -> None:
+    """Horizontal bars (name, value, note), top to bottom, each labelled with its value."""
+    ys = list(range(len(rows)))
+    ax.barh(ys, [v for _, v, _ in rows], color=colour, height=0.6)
+    for y, (_, v, note) in zip(ys, rows):
+        ax.text(v, y, f" {unit(v)}{note}", va="center", fontsize=8)
+    ax.set_yticks(ys, [name for name, _, _ in rows], fontsize=8.5)
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
 
 
 def chart_memory(run: dict, plt) -> Any:
     rss = run.get("daemon_rss") or {}
-    rss_keys = ("idle_fresh_bytes", "idle_after_load_bytes", "with_leases_bytes",
-                "after_free_bytes")
-    rss_bars = [(k, number(rss.get(k))) for k in rss_keys]
-    rss_bars = [(k, v) for k, v in rss_bars if v is not None]
-    per = per_item_figures({k: v for k, v in run.items() if k not in ("targets", "config")})
-    if all(path == "daemon_rss" for path, *_ in per):
-        per = []  # section e's one figure is in its own panel's title: no panel for it alone
-    if not rss_bars and not per:
-        raise Skip("no section e (daemon_rss) or h (per lease / per session) figures in this file")
-
-    panels = int(bool(rss_bars)) + int(bool(per))
-    fig, axes = plt.subplots(1, panels, figsize=(1.5 + 6.5 * panels, 5.4), squeeze=False)
-    axes = list(axes[0])
-    if rss_bars:
-        ax = axes.pop(0)
-        names = {"idle_fresh_bytes": "idle, at start", "idle_after_load_bytes": "idle, after a-d",
-                 "with_leases_bytes": f"with {rss.get('leases', 0):,} leases",
-                 "after_free_bytes": "after freeing them"}
-        ys = range(len(rss_bars))
-        mib = [v / (1 << 20) for _, v in rss_bars]
-        ax.barh(list(ys), mib, color="#1f77b4", height=0.6)
-        for y, v in zip(ys, mib):
-            ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)
-        ax.set_yticks(list(ys), [names[k] for k, _ in rss_bars])
-        ax.invert_yaxis()
-        for key, style, text in (("cuda_context_process_bytes", ":", "bare process + CUDA context"),
-                                 ("cuda_context_and_pool_process_bytes", "-.",
-                                  "+ one exportable pool (the floor)")):
-            v = number(rss.get(key))
-            if v is not None:
-                ax.axvline(v / (1 << 20), color="#7f7f7f", ls=style, lw=1.2,
-                           label=f"{text}: {v / (1 << 20):.1f} MiB")
-        t = rss.get("target") or {}
-        limit = parse_limit(t.get("target", ""))
-        if limit and "MiB" in t.get("target", ""):
-            ax.axvline(limit[1], color="#d62728", ls="--", lw=1.4,
-                       label=f"target {t['target']} with leases: {pass_text(t.get('pass'))}")
-        ax.set_xlabel("daemon resident memory, VmRSS (MiB)")
-        per_lease = number(rss.get("per_lease_bytes"))
-        ax.set_title("Section e: daemon RSS" +
-                     (f" ({per_lease:,.0f} B per lease)" if per_lease else ""), fontsize=10)
-        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
-                  framealpha=0.9)
-        ax.grid(True, axis="x", alpha=0.3)
-    if per:
-        ax = axes.pop(0)
-        labels = [f"per {kind}: {item_label(path, node)}" for path, kind, _, node in per]
-        values = [v for _, _, v, _ in per]
-        colours = ["#1f77b4" if kind == "lease" else "#9467bd" for _, kind, _, _ in per]
-        ys = list(range(len(per)))
-        ax.barh(ys, values, color=colours, height=0.6)
-        for y, v in zip(ys, values):
-            ax.text(v, y, f" {v:,.0f} B", va="center", fontsize=8)
-        ax.set_yticks(ys, labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xscale("log")
-        ax.set_xlabel("daemon memory above its idle RSS, per item (bytes, log)")
-        drawn = set()
-        for kind, colour in (("lease", "#1f77b4"), ("session", "#9467bd")):
-            for t in targets_named(run, "per " + kind):
-                limit = parse_limit(t.get("limit") or "")
-                if limit and t.get("unit") in ("B", "bytes") and (kind, limit[1]) not in drawn:
-                    drawn.add((kind, limit[1]))
-                    ax.axvline(limit[1], color=colour, ls="--", lw=1.4,
-                               label=f"target per {kind} {t['limit']} B")
-                elif limit and t.get("unit") == "KiB" and (kind, limit[1]) not in drawn:
-                    drawn.add((kind, limit[1]))
-                    ax.axvline(limit[1] * 1024, color=colour, ls="--", lw=1.4,
-                               label=f"target per {kind} {t['limit']} KiB")
-        if drawn:
-            ax.legend(fontsize=7.5, loc="lower right", framealpha=0.9)
-        ax.set_title("Memory per lease and per session", fontsize=10)
-        ax.grid(True, axis="x", which="major", alpha=0.3)
+    scale = run.get("scale") or {}
+    rss_keys = (("idle_fresh_bytes", "idle, at start"),
+                ("idle_after_load_bytes", "idle, after a-d"),
+                ("with_leases_bytes", f"with {rss.get('leases') or 0:,} leases"),
+                ("after_free_bytes", "after freeing them"))
+    rss_bars = [(name, number(rss.get(k)) / (1 << 20), k) for k, name in rss_keys
+                if number(rss.get(k)) is not None]
+    # Bytes per lease: section e's (10,000 direct CUDA leases), section h's.
+    per_lease = []
+    if number(rss.get("per_lease_bytes")) is not None:
+        per_lease.append((f"e: CUDA pool, {rss.get('leases') or 0:,} leases",
+                          rss["per_lease_bytes"], "e"))
+    for key in ("host_leases", "cuda_leases"):
+        part = scale.get(key) or {}
+        if number(part.get("per_lease_bytes")) is not None:
+            per_lease.append((f"h: {part.get('pool') or key} pool, {part.get('leases') or 0:,} "
+                              "leases", part["per_lease_bytes"], key))
+    sessions = scale.get("sessions") or {}
+    per_session = number(sessions.get("per_session_bytes"))
+    if not rss_bars and not per_lease and per_session is None:
+        raise Skip("no section e (daemon_rss) or h (scale) memory figures in this file")
+    # Section e alone: its per-lease figure goes in its panel's title, not a panel.
+    lease_panel = any(key != "e" for *_, key in per_lease)
+    panels = [p for p, shown in (("rss", rss_bars), ("lease", lease_panel),
+                                 ("session", per_session is not None)) if shown]
+    widths = {"rss": 5.2, "lease": 4.4, "session": 2.8}
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.6 + sum(widths[p] for p in panels), 5.6),
+                             squeeze=False, width_ratios=[widths[p] for p in panels])
+    for ax, panel in zip(axes[0], panels):
+        if panel == "rss":
+            bar_panel(ax, [(name, v, "") for name, v, _ in rss_bars], lambda v: f"{v:.1f}",
+                      "#1f77b4")
+            for key, style, text in (("cuda_context_process_bytes", ":",
+                                      "bare process + CUDA context"),
+                                     ("cuda_context_and_pool_process_bytes", "-.",
+                                      "+ one exportable pool (the floor)")):
+                v = number(rss.get(key))
+                if v is not None:
+                    ax.axvline(v / (1 << 20), color="#7f7f7f", ls=style, lw=1.2,
+                               label=f"{text}: {v / (1 << 20):.1f} MiB")
+            lv = limit_value(rss.get("target"))
+            if lv:
+                ax.axvline(lv[1] / (1 << 20), color="#d62728", ls="--", lw=1.4,
+                           label=f"target with leases {lv[2]}: "
+                           f"{pass_text(rss['target'].get('pass'))}")
+            ax.set_xlabel("daemon resident memory, VmRSS (MiB)")
+            v = number(rss.get("per_lease_bytes"))
+            ax.set_title("Section e: daemon RSS" + (f" ({v:,.0f} B per lease)" if v else ""),
+                         fontsize=10)
+        elif panel == "lease":
+            bar_panel(ax, [(name, v, "") for name, v, _ in per_lease], lambda v: f"{v:,.0f} B",
+                      "#1f77b4")
+            drawn = set()
+            for key in ("host_leases", "cuda_leases"):
+                part = scale.get(key) or {}
+                lv = limit_value(part.get("target"))
+                if lv and lv[1] not in drawn:
+                    drawn.add(lv[1])
+                    ax.axvline(lv[1], color="#d62728", ls="--", lw=1.4,
+                               label=f"target per lease {lv[2]}")
+            log_axis(ax, "x")
+            ax.set_xlabel("bytes per live lease (log)")
+            ax.set_title("Daemon RSS above idle, per lease", fontsize=10)
+        else:
+            label = f"h: {sessions.get('sessions') or 0:,} sessions"
+            if sessions.get("processes"):
+                label += f"\nin {sessions['processes']:,} processes"
+            bar_panel(ax, [(label, per_session / 1024, "")], lambda v: f"{v:,.1f} KiB", "#9467bd")
+            lv = limit_value(sessions.get("per_session_target"))
+            if lv:
+                ax.axvline(lv[1] / 1024, color="#d62728", ls="--", lw=1.4,
+                           label=f"target {lv[2]}: "
+                           f"{pass_text(sessions['per_session_target'].get('pass'))}")
+                ax.set_xlim(0, max(lv[1], per_session) / 1024 * 1.35)
+            ax.set_xlabel("KiB per open session")
+            ax.set_title("... per session", fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            legend_below(ax)
     fig.suptitle(f"Daemon memory, {gpu_title(run)}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def chart_scale(run: dict, plt) -> Any:
+    """Section h's timings with many sessions and leases, each against its target."""
+    scale = run.get("scale") or {}
+    sessions = scale.get("sessions") or {}
+    n = f"{sessions.get('sessions') or 0:,}"
+    rows = []  # (label, ms, target)
+
+    def add(label: str, value: Any, target: Any) -> None:
+        if number(value) is not None:
+            rows.append((label, float(value), target))
+
+    for key, text in (("setup_with_all_open", f"session set-up p99, {n} open"),
+                      ("setup_ramp", f"session set-up p99, while opening {n}")):
+        p99_us = number((sessions.get(key) or {}).get("p99_us"))
+        target = sessions.get("setup_target") if key == "setup_with_all_open" else None
+        add(text, p99_us / 1000 if p99_us is not None else None, target)
+    for key, text in (("get_stats_top", "GetStats, top sessions"),
+                      ("get_stats_all", "GetStats, every session"),
+                      ("rmmctl_stats", "rmmctl stats (a process)"),
+                      ("metrics_scrape", "/metrics scrape")):
+        call = sessions.get(key) or {}
+        size = number(call.get("bytes"))
+        add(f"{text}, max{', ' + fmt_bytes(size) if size else ''}", call.get("max_ms"),
+            call.get("target"))
+    for key in ("host_close", "cuda_close"):
+        close = scale.get(key) or {}
+        add(f"SIGKILL to memory back, {close.get('pool') or key} pool, "
+            f"{close.get('leases') or 0:,} leases, max", close.get("max_ms"), close.get("target"))
+    if not rows:
+        raise Skip("no section h (scale) timings in this file")
+    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.5 * len(rows)))
+    notes = []
+    for _, _, target in rows:
+        lv = limit_value(target)
+        notes.append(f" ({lv[2]}: {pass_text(target.get('pass'))})" if lv else "")
+    bar_panel(ax, [(label, v, note) for (label, v, _), note in zip(rows, notes)],
+              lambda v: f"{v:,.3g} ms", "#1f77b4")
+    marked = False
+    for y, (_, _, target) in enumerate(rows):
+        lv = limit_value(target)
+        if lv:
+            ax.plot([lv[1]], [y], marker="|", ms=22, mew=2.5, color="#d62728", ls="none",
+                    label=None if marked else "target (each row's own)")
+            marked = True
+    log_axis(ax, "x")
+    ends = [v for _, v, _ in rows] + [lv[1] for lv in map(limit_value, (t for *_, t in rows)) if lv]
+    ax.set_xlim(right=max(ends) * 12)  # room for each bar's text
+    ax.set_xlabel("milliseconds (log)")
+    if marked:
+        legend_below(ax)
+    ax.set_title(f"Section h: a busy node, {n} sessions\n{gpu_title(run)}", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -589,7 +663,7 @@ def chart_sharing(run: dict, plt) -> Any:
         unit_ms = value  # section f's open targets are in ms ("<= 1 ms")
         ax.axhline(unit_ms, color="#d62728", ls="--", lw=1.4,
                    label=f"target: rmmd open p50 {op} {value:g} ms")
-    log_y(ax, subs=(1.0,))
+    log_axis(ax, subs=(1.0,))
     ax.set_xticks(range(len(groups)),
                   [f"{fmt_bytes(s)}\n{n} consumer{'s' if n != 1 else ''}" for s, n in groups])
     ax.set_xlabel("buffer size, consumer processes at once")
@@ -603,8 +677,10 @@ def chart_sharing(run: dict, plt) -> Any:
 
 CHARTS: list[tuple[str, Callable]] = [
     ("pairs", chart_pairs),
+    ("fast-vs-pool", chart_fast_vs_pool),
     ("processes", chart_processes),
     ("memory", chart_memory),
+    ("scale", chart_scale),
     ("mobility", chart_mobility),
     ("sharing", chart_sharing),
 ]

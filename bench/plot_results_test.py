@@ -11,8 +11,8 @@ ctest) where that Python cannot import matplotlib.
   - a file of sections a8, g and h gives their charts;
   - a file without sections gives no chart and exits 0, saying why per chart;
   - bad input (a missing file, not JSON, not a bench result, a field of
-    another type, bad arguments) exits non-zero with a message naming the file and writes nothing, even
-    beside a good file;
+    another type, bad arguments) exits non-zero with a message naming the
+    file and writes nothing, even beside a good file;
   - every chart docs/benchmarks.md shows is committed in docs/images.
 """
 
@@ -32,7 +32,7 @@ SCRIPT = HERE / "plot_results.py"
 RESULTS = sorted((HERE / "results").glob("*.json"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 150 * 1024
-CHARTS = ("pairs", "processes", "memory", "mobility", "sharing")
+CHARTS = ("pairs", "fast-vs-pool", "processes", "memory", "scale", "mobility", "sharing")
 
 
 def plot(*args: str | Path) -> subprocess.CompletedProcess:
@@ -78,8 +78,11 @@ class PlotResultsTest(unittest.TestCase):
             prefix = path.name.removesuffix(".json")
             expected = {
                 "pairs": bool(run.get("pairs")),
+                "fast-vs-pool": bool(run.get("fast_vs_pool")),
                 "processes": bool(run.get("processes")),
-                "memory": bool(run.get("daemon_rss")),
+                "memory": bool(run.get("daemon_rss") or run.get("scale")),
+                "scale": bool(run.get("scale")),
+                "mobility": bool(run.get("mobility")),
                 "sharing": bool((run.get("sharing") or {}).get("cells")),
             }
             for chart, present in expected.items():
@@ -96,29 +99,39 @@ class PlotResultsTest(unittest.TestCase):
         self.assertGreaterEqual(written, 4)  # pairs, processes, memory of a full run; sharing
 
     def test_sections_a8_g_h(self) -> None:
-        pairs = [{"resource": r, "size_bytes": s, "threads": t, "p50_us": p, "p99_us": p * 1.3}
-                 for t in (1, 8) for s in (256, 65536, 1 << 20)
-                 for r, p in (("rmmd_fast", 1.1 * t), ("rmm_pool", 1.0 * t))]
+        passing = {"target": "<= 100 ms", "pass": True}
         run = minimal_run(
-            pairs=pairs,
+            fast_vs_pool=[{"threads": t, "size_bytes": size, "rounds": 10,
+                           "target": {"target": "<= 1.05 x", "pass": t == 1},
+                           "fast_p50_us": 1.02 * t, "fast_p99_us": 1.5 * t,
+                           "pool_p50_us": 1.0 * t, "pool_p99_us": 1.4 * t}
+                          for t in (1, 8) for size in (256, 65536, 1 << 20)],
+            processes=[{"mode": "direct", "processes": n, "size_bytes": 256, "seconds_each": 2,
+                        "aggregate_pairs_per_s": 2e4 * n ** 0.3} for n in (1, 16)],
+            daemon_side_pairs=[{"threads": 1, "pairs_per_s": 4e4}],
             mobility={"timeline": {"request_ms": 0, "success_ms": 12.5, "events": [
                 {"event": "give_back", "client": i, "at_ms": 1.0 + i, "bytes": 64 << 20}
                 for i in range(16)]}},
-            memory_scale={"rows": [
-                {"pool": "host", "leases": 1000000, "per_lease_bytes": 96.0},
-                {"pool": "cuda", "leases": 100000, "per_lease_bytes": 120.0},
-                {"sessions": 1000, "per_session_bytes": 9000.0}]},
-            targets=[{"what": "fast p50 / rmm_pool p50 at 256 B, 8 threads", "unit": "x",
-                      "limit": "<= 1.05", "pass": False, "measured": 1.1},
-                     {"what": "memory per lease, host pool", "unit": "B", "limit": "<= 128",
-                      "pass": True, "measured": 96},
-                     {"what": "mobility request to success p50", "unit": "ms", "limit": "<= 50",
-                      "pass": True, "measured": 12.5}])
+            scale={
+                "host_leases": {"pool": "host", "leases": 1000000, "per_lease_bytes": 94.0,
+                                "target": {"target": "<= 128 B", "pass": True}},
+                "cuda_leases": {"pool": "cuda", "leases": 100000, "per_lease_bytes": 130.0,
+                                "target": {"target": "<= 128 B", "pass": False}},
+                "sessions": {"sessions": 1000, "processes": 10, "per_session_bytes": 9000.0,
+                             "per_session_target": {"target": "<= 16 KiB", "pass": True},
+                             "setup_with_all_open": {"p50_us": 150, "p99_us": 700},
+                             "setup_target": {"target": "<= 2 ms", "pass": True},
+                             "get_stats_top": {"target": passing, "p50_ms": 2, "max_ms": 3},
+                             "metrics_scrape": {"target": passing, "max_ms": 14, "bytes": 3e4}},
+                "cuda_close": {"pool": "cuda", "leases": 100000, "max_ms": 20,
+                               "target": {"target": "<= 50 ms", "pass": True}}})
+        # The 16-process direct row judged against b2's one-thread rate (issue 14).
+        run["processes"][1]["b2_target"] = {"target": ">= 0.75 x", "pass": False}
         result = plot(self.write("synthetic.json", run), "--out", self.dir)
         self.assertEqual(result.returncode, 0, result.stderr)
-        for chart in ("pairs", "memory", "mobility"):
+        for chart in ("fast-vs-pool", "processes", "memory", "scale", "mobility"):
             self.assert_png(self.dir / f"synthetic-{chart}.png")
-        self.assertIn("processes: skipped: no section c", result.stdout)
+        self.assertIn("pairs: skipped: no section a", result.stdout)
         self.assertIn("sharing: skipped: no section f", result.stdout)
 
     def test_no_sections(self) -> None:
@@ -145,9 +158,9 @@ class PlotResultsTest(unittest.TestCase):
         other = self.write("other.json", {"schema": "something-else/2"})
         self.assert_refused([good, other],
                             f"{other}: schema is 'something-else/2', not 'rmmd-bench/1'")
-        odd = self.write("odd.json", minimal_run(processes=[
-            {"mode": "fast", "processes": 1, "aggregate_pairs_per_s": 5.0, "target": "oops"}]))
-        self.assert_refused([good, odd], f"{odd}: cannot draw its processes chart: AttributeError")
+        odd = self.write("odd.json", minimal_run(fast_vs_pool=[
+            {"threads": "eight", "size_bytes": 256, "fast_p50_us": 1.0, "pool_p50_us": 1.0}]))
+        self.assert_refused([good, odd], f"{odd}: cannot draw its fast-vs-pool chart: ValueError")
         array = self.write("array.json", "[1, 2]")
         self.assert_refused([array], f"{array}: the JSON is a list, not an object")
         self.assert_refused([good, good, "--prefix", "p"], "--prefix names the charts of one file",
