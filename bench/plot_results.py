@@ -547,85 +547,103 @@ def chart_scale(run: dict, plt) -> Any:
 
 
 def find_mobility(run: dict) -> dict | None:
+    """Section g's member of the results ("mobility", "memory_mobility", ...)."""
     for key, value in run.items():
         if "mobil" in key and isinstance(value, dict):
             return value
     return None
 
 
-def time_ms(event: dict) -> float | None:
-    """An event's time in ms after the request: its first *_ms (or *_us) figure."""
+TIME_KEY = re.compile(r"^(.*?)_?(ms|us)$")
+
+
+def times_of(event: dict) -> list[tuple[str, float]]:
+    """An event's times in ms, by name: {"client": 3, "asked_ms": 0.4, "gave_back_us": 2100}
+    -> [("asked", 0.4), ("gave back", 2.1)]."""
+    out = []
     for k, v in event.items():
-        if k.endswith("_ms") and number(v) is not None:
-            return float(v)
-    for k, v in event.items():
-        if k.endswith("_us") and number(v) is not None:
-            return float(v) / 1000
-    return None
+        m = TIME_KEY.match(k)
+        if m and number(v) is not None:
+            name = (m.group(1) or "at").replace("_", " ")
+            out.append((name, float(v) / (1000 if m.group(2) == "us" else 1)))
+    return out
+
+
+def mobility_timeline(section: dict) -> tuple[float, float | None, list[dict]]:
+    """(request ms, success ms or None, per-client events) of section g's one trial.
+
+    Read without depending on the exact field names: the timeline is the
+    section's `timeline` (or the section); its request and success times are
+    its `request*` and `success*`/`granted*`/`served*` times; its events are
+    the objects of its lists, each with a client, its times and its bytes.
+    """
+    timeline = section.get("timeline", section)
+    if isinstance(timeline, list):
+        timeline = {"events": timeline}
+    request, success = 0.0, None
+    for name, t in times_of(timeline):
+        if name.startswith("request"):
+            request = t
+        elif name.startswith(("success", "granted", "served", "succeeded")):
+            success = t
+    events = [e for v in timeline.values() if isinstance(v, list) for e in v
+              if isinstance(e, dict)]
+    return request, success, events
 
 
 def chart_mobility(run: dict, plt) -> Any:
     section = find_mobility(run)
     if section is None:
         raise Skip("no section g (memory mobility) in this file")
-    timeline = section.get("timeline")
-    if isinstance(timeline, dict):
-        events = timeline.get("events") or []
-        request = number(timeline.get("request_ms")) or 0.0
-        success = number(timeline.get("success_ms"))
-    else:
-        events, request, success = timeline or [], 0.0, number(section.get("success_ms"))
-    points = []
+    request, success, events = mobility_timeline(section)
+    rows = []  # (who, [(name, t)], bytes)
     for e in events:
-        if not isinstance(e, dict):
-            continue
-        t = time_ms(e)
-        if t is None:
-            continue
-        what = str(e.get("event") or e.get("what") or e.get("kind") or "")
-        who = e.get("client", e.get("session", e.get("pid")))
-        points.append((t, what, who, number(e.get("bytes"))))
-    if not points and success is None:
-        raise Skip("section g has no timeline events in this file")
-    fig, ax = plt.subplots(figsize=(8, 5.2))
-    def client_order(name: str) -> tuple:
-        return (0, int(name), "") if name.isdigit() else (1, 0, name)
+        times = times_of(e)
+        who = next((e[k] for k in ("client", "session", "pid", "process", "index") if k in e), None)
+        if times:
+            rows.append((str(who) if who is not None else f"#{len(rows)}", times,
+                         number(e.get("bytes") or e.get("given_back_bytes"))))
+    if not rows and success is None:
+        raise Skip("section g has no timeline in this file")
 
-    clients = sorted({str(p[2]) for p in points if p[2] is not None}, key=client_order)
-    daemon_row = any(p[2] is None for p in points)
-    row = {c: i + int(daemon_row) for i, c in enumerate(clients)}
-    ax.axvline(request, color="#444444", lw=1.5, label=f"request at {request:g} ms")
-    for t, what, who, nbytes in points:
-        low = what.lower()
-        if "request" in low and who is None:
-            continue
-        if "success" in low or "granted" in low:
-            success = t if success is None else success
-            continue
-        y = row.get(str(who), 0)
-        ax.plot([t], [y], "o", color="#2ca02c", ms=6)
+    def order(row: tuple) -> tuple:
+        return (0, int(row[0]), "") if row[0].isdigit() else (1, 0, row[0])
+
+    rows.sort(key=order)
+    fig, ax = plt.subplots(figsize=(8.5, 2.4 + 0.22 * max(len(rows), 8)))
+    markers = {}
+    shapes = ["o", "s", "^", "D", "v"]
+    colours = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    for y, (_, times, nbytes) in enumerate(rows):
+        for name, t in times:
+            if name not in markers:
+                markers[name] = (shapes[len(markers) % 5], colours[len(markers) % 5])
+            shape, colour = markers[name]
+            ax.plot([t], [y], shape, color=colour, ms=5.5, ls="none")
         if nbytes:
-            ax.annotate(fmt_bytes(nbytes), (t, y), textcoords="offset points", xytext=(5, 3),
-                        fontsize=7)
+            ax.annotate(fmt_bytes(nbytes), (max(t for _, t in times), y),
+                        textcoords="offset points", xytext=(5, -3), fontsize=7)
+    for name, (shape, colour) in markers.items():
+        ax.plot([], [], shape, color=colour, ls="none", label=f"client: {name}")
+    ax.axvline(request, color="#444444", lw=1.5, label=f"request at {request:g} ms")
     if success is not None:
         ax.axvline(success, color="#1f77b4", lw=1.8,
-                   label=f"request succeeds at {success:.1f} ms")
-    for t in targets_named(run, "mobility") + targets_named(run, "give", "back"):
-        limit = parse_limit(t.get("limit") or "")
-        if limit and t.get("unit") == "ms":
-            ax.axvline(request + limit[1], color="#d62728", ls="--", lw=1.4,
-                       label=f"target: {t.get('what')} {t['limit']} ms: "
-                       f"{pass_text(t.get('pass'))}")
-            break
-    ax.plot([], [], "o", color="#2ca02c", label="a client gives idle slabs back")
-    ax.set_yticks(([0] if daemon_row else []) + [row[c] for c in clients],
-                  (["daemon"] if daemon_row else []) + [f"client {c}" for c in clients],
-                  fontsize=7 if len(clients) > 10 else 9)
-    ax.set_ylim(-0.7, len(clients) - 1 + int(daemon_row) + 0.7)
+                   label=f"request succeeds at {success:,.3g} ms")
+    lv = limit_value(section.get("target"))
+    if lv:
+        ax.axvline(request + lv[1], color="#d62728", ls="--", lw=1.4,
+                   label=f"target: request to success {lv[2]} (p50)")
+    p50 = next((t for name, t in times_of(section) if "p50" in name), None)
+    ax.set_yticks(range(len(rows)), [f"client {who}" for who, *_ in rows],
+                  fontsize=7 if len(rows) > 10 else 9)
+    ax.set_ylim(-0.7, max(len(rows), 1) - 0.3)
+    ax.invert_yaxis()
     ax.set_xlabel("time since the request (ms)")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    ax.set_title(f"Section g: memory that moves, one trial\n{gpu_title(run)}", fontsize=11)
+    legend_below(ax, below=0.1 if len(rows) > 8 else 0.15)
+    ax.set_title("Section g: memory that moves, one trial" +
+                 (f" (request to success p50 over the trials: {p50:,.3g} ms)" if p50 else "") +
+                 f"\n{gpu_title(run)}", fontsize=10.5)
     fig.tight_layout()
     return fig
 
