@@ -630,6 +630,10 @@ def chart_mobility(run: dict, plt) -> Any:
         ax.axvline(success, color="#1f77b4", lw=1.8,
                    label=f"request succeeds at {success:,.3g} ms")
     lv = limit_value(section.get("target"))
+    if not lv:  # else the run's target row for it, if it has one in ms
+        row = next((t for t in targets_named(run, "success") if t.get("unit") == "ms"), None)
+        limit = parse_limit(row.get("limit") or "") if row else None
+        lv = (limit[0], limit[1], f"{row['limit']} ms") if limit else None
     if lv:
         ax.axvline(request + lv[1], color="#d62728", ls="--", lw=1.4,
                    label=f"target: request to success {lv[2]} (p50)")
