@@ -136,6 +136,9 @@ def load(path: Path) -> dict:
     if not isinstance(run, dict):
         raise ResultsError(f"{path}: the JSON is a {type(run).__name__}, not an object; "
                            "give a file written by rmmd_bench --out")
+    if "schema" not in run:
+        raise ResultsError(f"{path}: no \"schema\" member: not an rmmd_bench results file "
+                           f"(bench/bench_results.proto; its files have \"schema\": {SCHEMA!r})")
     if run.get("schema") != SCHEMA:
         raise ResultsError(f"{path}: schema is {run.get('schema')!r}, not {SCHEMA!r}: "
                            "not an rmmd_bench results file (bench/bench_results.proto)")

@@ -5,7 +5,7 @@ ctest runs this as bench.plot_results (label unit) with the Python of .venv,
 where scripts/setup.sh installs matplotlib; exit status 77 (a skip, for
 ctest) where that Python cannot import matplotlib.
 
-  - every results file committed in bench/results gives the charts of the
+  - every rmmd_bench results file in bench/results gives the charts of the
     sections it holds, each a non-empty PNG under 150 KB, and says which it
     skipped;
   - a file of sections a8, g and h gives their charts;
@@ -29,7 +29,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCRIPT = HERE / "plot_results.py"
-RESULTS = sorted((HERE / "results").glob("*.json"))
+# rmmd_bench's results (bench/python's files, of another schema, are not charted).
+RESULTS = sorted(p for p in (HERE / "results").glob("*.json")
+                 if json.loads(p.read_text()).get("schema") == "rmmd-bench/1")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 150 * 1024
 CHARTS = ("pairs", "fast-vs-pool", "processes", "memory", "scale", "mobility", "sharing")
@@ -161,6 +163,8 @@ class PlotResultsTest(unittest.TestCase):
         odd = self.write("odd.json", minimal_run(fast_vs_pool=[
             {"threads": "eight", "size_bytes": 256, "fast_p50_us": 1.0, "pool_p50_us": 1.0}]))
         self.assert_refused([good, odd], f"{odd}: cannot draw its fast-vs-pool chart: ValueError")
+        schemaless = self.write("python.json", {"gpu": {}, "torch": {}})
+        self.assert_refused([good, schemaless], f"{schemaless}: no \"schema\" member")
         array = self.write("array.json", "[1, 2]")
         self.assert_refused([array], f"{array}: the JSON is a list, not an object")
         self.assert_refused([good, good, "--prefix", "p"], "--prefix names the charts of one file",
