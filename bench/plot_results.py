@@ -146,8 +146,11 @@ def load(path: Path) -> dict:
 
 
 def gpu_title(run: dict) -> str:
+    """What ran it, for a title: the GPU's name (or the host's, without one) and the date."""
     gpu = run.get("gpu") or {}
-    name = gpu.get("name") or "unknown GPU"
+    host = run.get("host") or {}
+    name = gpu.get("name") or (f"no GPU (host {host['hostname']}, {host.get('cpus', '?')} CPUs)"
+                               if host.get("hostname") else "unknown GPU")
     when = (run.get("started_utc") or "")[:10]
     quick = ", --quick" if run.get("quick") else ""
     return f"{name}{' (' + when + quick + ')' if when else ''}"
@@ -405,7 +408,7 @@ def bar_panel(ax, rows: list[tuple[str, float, str]], unit: Callable[[float], st
     for y, (_, v, note) in zip(ys, rows):
         ax.text(v, y, f" {unit(v)}{note}", va="center", fontsize=8)
     ax.set_yticks(ys, [name for name, _, _ in rows], fontsize=8.5)
-    ax.invert_yaxis()
+    ax.set_ylim(max(len(rows), 3) - 0.5, -0.5)  # top to bottom; one bar is not a wall
     ax.grid(True, axis="x", alpha=0.3)
 
 
@@ -471,8 +474,8 @@ def chart_memory(run: dict, plt) -> Any:
                     drawn.add(lv[1])
                     ax.axvline(lv[1], color="#d62728", ls="--", lw=1.4,
                                label=f"target per lease {lv[2]}")
-            log_axis(ax, "x")
-            ax.set_xlabel("bytes per live lease (log)")
+            ax.set_xlim(0, max([v for _, v, _ in per_lease] + list(drawn)) * 1.3)
+            ax.set_xlabel("bytes per live lease")
             ax.set_title("Daemon RSS above idle, per lease", fontsize=10)
         else:
             label = f"h: {sessions.get('sessions') or 0:,} sessions"
@@ -520,8 +523,10 @@ def chart_scale(run: dict, plt) -> Any:
             call.get("target"))
     for key in ("host_close", "cuda_close"):
         close = scale.get(key) or {}
-        add(f"SIGKILL to memory back, {close.get('pool') or key} pool, "
-            f"{close.get('leases') or 0:,} leases, max", close.get("max_ms"), close.get("target"))
+        most = number(close.get("max_ms"))
+        add(f"SIGKILL to memory back, {close.get('pool') or key} pool,\n"
+            f"{close.get('leases') or 0:,} leases, p50{f' (max {most:,.3g} ms)' if most else ''}",
+            close.get("p50_ms"), close.get("target"))
     if not rows:
         raise Skip("no section h (scale) timings in this file")
     fig, ax = plt.subplots(figsize=(9, 2.2 + 0.5 * len(rows)))
@@ -538,9 +543,9 @@ def chart_scale(run: dict, plt) -> Any:
             ax.plot([lv[1]], [y], marker="|", ms=22, mew=2.5, color="#d62728", ls="none",
                     label=None if marked else "target (each row's own)")
             marked = True
-    log_axis(ax, "x")
+    log_axis(ax, "x", subs=(1.0,))
     ends = [v for _, v, _ in rows] + [lv[1] for lv in map(limit_value, (t for *_, t in rows)) if lv]
-    ax.set_xlim(right=max(ends) * 12)  # room for each bar's text
+    ax.set_xlim(right=max(ends) * 30)  # room for each bar's text
     ax.set_xlabel("milliseconds (log)")
     if marked:
         legend_below(ax)
