@@ -257,9 +257,9 @@ def size_axis(ax, sizes: set[float]) -> None:
     ax.set_xlabel("allocation size")
 
 
-def legend_below(ax, below: float = 0.13, **kwargs) -> None:
+def legend_below(ax, below: float = 0.13, ncol: int = 2, **kwargs) -> None:
     """The legend under the axes (below: its top, in axes heights): lines may be anywhere."""
-    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=2, **kwargs)
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=ncol, **kwargs)
 
 
 # The resources that carve in-process: their pairs cost about a microsecond,
@@ -599,27 +599,43 @@ def mobility_timeline(section: dict) -> tuple[float, float | None, list[dict]]:
     return request, success, events
 
 
+def mobility_target(run: dict, section: dict) -> tuple[str, float, str] | None:
+    """Section g's time target: its own, else the run's target row for it ("g) ... p50", ms)."""
+    lv = limit_value(section.get("target"))
+    if lv:
+        return lv
+    for t in run.get("targets") or []:
+        what = (t.get("what") or "").lower()
+        limit = parse_limit(t.get("limit") or "")
+        if limit and t.get("unit") == "ms" and (what.startswith("g)") or "mobil" in what):
+            return limit[0], limit[1], f"{t['limit']} ms"
+    return None
+
+
 def chart_mobility(run: dict, plt) -> Any:
     section = find_mobility(run)
     if section is None:
         raise Skip("no section g (memory mobility) in this file")
     request, success, events = mobility_timeline(section)
-    rows = []  # (who, [(name, t)], bytes)
+    slab = number(section.get("slab_bytes"))
+    rows = []  # (who, [(name, t)], bytes); a client not asked has no times
     for e in events:
-        times = times_of(e)
-        who = next((e[k] for k in ("client", "session", "pid", "process", "index") if k in e), None)
-        if times:
-            rows.append((str(who) if who is not None else f"#{len(rows)}", times,
-                         number(e.get("bytes") or e.get("given_back_bytes"))))
-    if not rows and success is None:
-        raise Skip("section g has no timeline in this file")
+        who = next((e[k] for k in ("client", "session", "pid", "process", "index") if k in e),
+                   f"#{len(rows)}")
+        rows.append((str(who), times_of(e), number(e.get("bytes")) or slab))
+    trials = [float(t) for t in section.get("trial_ms") or [] if number(t) is not None]
+    if not any(times for _, times, _ in rows) and success is None and not trials:
+        raise Skip("section g has neither a timeline nor trial times in this file")
 
     def order(row: tuple) -> tuple:
         return (0, int(row[0]), "") if row[0].isdigit() else (1, 0, row[0])
 
     rows.sort(key=order)
-    fig, ax = plt.subplots(figsize=(8.5, 2.4 + 0.22 * max(len(rows), 8)))
-    markers = {}
+    lv = mobility_target(run, section)
+    height = 2.6 + 0.22 * max(len(rows), 8)
+    fig, (ax, tax) = plt.subplots(1, 2, figsize=(10.5, height), width_ratios=[3.2, 1])
+    # Left: the last trial's timeline, a row per client.
+    markers: dict[str, tuple[str, str]] = {}
     shapes = ["o", "s", "^", "D", "v"]
     colours = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
     for y, (_, times, nbytes) in enumerate(rows):
@@ -628,34 +644,49 @@ def chart_mobility(run: dict, plt) -> Any:
                 markers[name] = (shapes[len(markers) % 5], colours[len(markers) % 5])
             shape, colour = markers[name]
             ax.plot([t], [y], shape, color=colour, ms=5.5, ls="none")
-        if nbytes:
+        if times and nbytes:
             ax.annotate(fmt_bytes(nbytes), (max(t for _, t in times), y),
                         textcoords="offset points", xytext=(5, -3), fontsize=7)
     for name, (shape, colour) in markers.items():
-        ax.plot([], [], shape, color=colour, ls="none", label=f"client: {name}")
-    ax.axvline(request, color="#444444", lw=1.5, label=f"request at {request:g} ms")
+        ax.plot([], [], shape, color=colour, ls="none", label=f"client {name}")
+    ax.axvline(request, color="#444444", lw=1.5, label=f"request sent at {request:g} ms")
     if success is not None:
-        ax.axvline(success, color="#1f77b4", lw=1.8,
-                   label=f"request succeeds at {success:,.3g} ms")
-    lv = limit_value(section.get("target"))
-    if not lv:  # else the run's target row for it, if it has one in ms
-        row = next((t for t in targets_named(run, "success") if t.get("unit") == "ms"), None)
-        limit = parse_limit(row.get("limit") or "") if row else None
-        lv = (limit[0], limit[1], f"{row['limit']} ms") if limit else None
-    if lv:
-        ax.axvline(request + lv[1], color="#d62728", ls="--", lw=1.4,
-                   label=f"target: request to success {lv[2]} (p50)")
-    p50 = next((t for name, t in times_of(section) if "p50" in name), None)
-    ax.set_yticks(range(len(rows)), [f"client {who}" for who, *_ in rows],
+        ax.axvline(success, color="#1f77b4", lw=1.8, label=f"answered at {success:,.3g} ms")
+    ax.set_yticks(range(len(rows)), [f"client {who}" + ("" if times else " (not asked)")
+                                      for who, times, _ in rows],
                   fontsize=7 if len(rows) > 10 else 9)
-    ax.set_ylim(-0.7, max(len(rows), 1) - 0.3)
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the request (ms)")
+    ax.set_ylim(max(len(rows), 1) - 0.3, -0.7)
+    ax.set_xlabel("time since the request was sent (ms)")
     ax.grid(True, axis="x", alpha=0.3)
     legend_below(ax, below=0.1 if len(rows) > 8 else 0.15)
-    ax.set_title("Section g: memory that moves, one trial" +
-                 (f" (request to success p50 over the trials: {p50:,.3g} ms)" if p50 else "") +
-                 f"\n{gpu_title(run)}", fontsize=10.5)
+    what = [f"{section['clients']} slab clients" if section.get("clients") else "",
+            f"{fmt_bytes(slab)} idle slab each" if slab else "",
+            f"request {fmt_bytes(section['request_bytes'])}" if section.get("request_bytes")
+            else ""]
+    ax.set_title("the last trial" + (f": {', '.join(w for w in what if w)}" if any(what) else ""),
+                 fontsize=9.5)
+    # Right: every trial, request to answer, against the target.
+    if trials:
+        xs = [(i % 5 - 2) * 0.06 for i in range(len(trials))]
+        tax.plot(xs, trials, "o", color="#1f77b4", ms=5, alpha=0.8, ls="none")
+    p50 = number(section.get("p50_ms"))
+    if p50 is not None:
+        tax.axhline(p50, color="#1f77b4", lw=1.5, label=f"p50 {p50:,.3g} ms")
+    if lv:
+        tax.axhline(lv[1], color="#d62728", ls="--", lw=1.4,
+                    label=f"target p50 {lv[2]}" + (f": {pass_text(p50 <= lv[1])}"
+                                                   if p50 is not None else ""))
+    refused = section.get("refused")
+    tax.set_xlim(-0.5, 0.5)
+    tax.set_xticks([])
+    tax.set_ylim(bottom=0)
+    tax.set_ylabel("request to answer (ms)")
+    tax.grid(True, axis="y", alpha=0.3)
+    tax.set_title(f"{len(trials)} trials" + (f", {refused} refused" if refused is not None
+                                               else ""), fontsize=9.5)
+    if tax.get_legend_handles_labels()[0]:
+        legend_below(tax, below=0.04, ncol=1)
+    fig.suptitle(f"Section g: memory that moves, {gpu_title(run)}", fontsize=11)
     fig.tight_layout()
     return fig
 
