@@ -17,7 +17,8 @@ with one file. The charts, and the section each reads:
                     section b2's one-thread rate (the driver's pace)
   memory        e,h the daemon's resident memory; bytes per lease and per session
   scale         h   set-up, stats, scrape and reclaim times with many sessions
-  mobility      g   one trial's timeline: request, each client's give-back, success
+  mobility      g   the last trial's timeline (each client asked, gave back; the
+                    answer) beside every trial's time, its p50 and the target
   sharing       f   shared buffer open p50 (p99 as a whisker) by size and consumer
                     count: rmmd against legacy CUDA IPC and a host copy
 
