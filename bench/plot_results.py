@@ -14,7 +14,8 @@ with one file. The charts, and the section each reads:
                     every resource on a log axis, the in-process ones on a linear one
   fast-vs-pool  a8  slab mode against RMM's pool in one process, per thread count
   processes     c   aggregate pairs/s by client process count per mode, with
-                    section b2's one-thread rate (the driver's pace)
+                    section b2's one-thread rate (the driver's pace); c2's
+                    16 direct processes on one GPU and over two as markers
   memory        e,h the daemon's resident memory; bytes per lease and per session
   scale         h   set-up, stats, scrape and reclaim times with many sessions
   mobility      g   the last trial's timeline (each client asked, gave back; the
@@ -61,6 +62,9 @@ MODES = {
     "fast": ("fast (slab)", "#1f77b4"),
     "direct": ("direct (session socket)", "#d62728"),
     "direct-grpc": ("direct (gRPC)", "#ff9896"),
+    # Section c2 (two GPUs): 16 direct processes on GPU 0, then over GPUs 0 and 1.
+    "direct-1gpu": ("c2: direct, all on GPU 0", "#8c564b"),
+    "direct-2gpu": ("c2: direct, over GPUs 0 and 1", "#9467bd"),
 }
 # Section f's methods.
 METHODS = {
@@ -361,6 +365,10 @@ def chart_processes(run: dict, plt) -> Any:
         points = sorted(series[mode])
         label, colour = label_and_colour(MODES, mode, i)
         counts.update(p[0] for p in points)
+        if len(points) == 1:  # one count (c2's): a marker, its rate in the legend
+            ax.plot([points[0][0]], [points[0][1]], "D", color=colour, ms=7, ls="none",
+                    label=f"{label} ({points[0][0]}): {fmt_rate(points[0][1])}/s")
+            continue
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=label,
                 lw=1.8)
         ax.annotate(fmt_rate(points[-1][1]) + "/s", points[-1], textcoords="offset points",

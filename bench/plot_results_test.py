@@ -8,7 +8,7 @@ ctest) where that Python cannot import matplotlib.
   - every rmmd_bench results file in bench/results gives the charts of the
     sections it holds, each a non-empty PNG under 150 KB, and says which it
     skipped;
-  - a file of sections a8, g and h gives their charts;
+  - a file of sections a8, c2, g and h gives their charts;
   - a file without sections gives no chart and exits 0, saying why per chart;
   - bad input (a missing file, not JSON, not a bench result, a field of
     another type, bad arguments) exits non-zero with a message naming the
@@ -109,7 +109,11 @@ class PlotResultsTest(unittest.TestCase):
                            "pool_p50_us": 1.0 * t, "pool_p99_us": 1.4 * t}
                           for t in (1, 8) for size in (256, 65536, 1 << 20)],
             processes=[{"mode": "direct", "processes": n, "size_bytes": 256, "seconds_each": 2,
-                        "aggregate_pairs_per_s": 2e4 * n ** 0.3} for n in (1, 16)],
+                        "aggregate_pairs_per_s": 2e4 * n ** 0.3} for n in (1, 16)] +
+                      # Section c2's rows: one count each.
+                      [{"mode": m, "processes": 16, "size_bytes": 256, "seconds_each": 2,
+                        "aggregate_pairs_per_s": r}
+                       for m, r in (("direct-1gpu", 2.4e4), ("direct-2gpu", 4.5e4))],
             daemon_side_pairs=[{"threads": 1, "pairs_per_s": 4e4}],
             mobility={"clients": 16, "slab_bytes": 64 << 20, "request_bytes": 256 << 20,
                       "trials": 5, "trial_ms": [3.0, 4.5, 2.2, 6.1, 3.3], "p50_ms": 3.3,
