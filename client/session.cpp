@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <array>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
