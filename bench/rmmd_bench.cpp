@@ -1,7 +1,7 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
 // and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,b,b2,c,d,e,f]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
 // sections a) to f) (bench/README.md says what each one is), prints a table
@@ -14,7 +14,8 @@
 // The same binary is its own helper process (started with posix_spawn, never
 // a plain fork after CUDA started):
 //   rmmd_bench --exporter                      section b's exporter (socket on fd 3)
-//   rmmd_bench --worker MODE SIZE SECONDS      section c's client processes
+//   rmmd_bench --worker MODE SIZE SECONDS [DEVICE]
+//                                              section c's (and c2's) client processes
 //   rmmd_bench --holder MODE BYTES             section d's process to SIGKILL
 //   rmmd_bench --gpu-slug                      prints the GPU's name as a file name
 //   rmmd_bench --context-rss                   section e's reference: a CUDA context and
@@ -562,8 +563,8 @@ bool receive(int fd, T& out, std::chrono::milliseconds timeout, int* got_fd = nu
   return whole;
 }
 
-/// A posix-fd exportable pool on GPU 0 with release threshold 0, as rmmd's
-/// pools are by default.
+/// A posix-fd exportable pool on GPU 0 with `release_threshold` (0, as rmmd's
+/// pools are by default, unless --cuda-release-threshold says otherwise).
 cudaError_t make_exportable_pool(cudaMemPool_t* pool, std::uint64_t release_threshold = 0)
 {
   cudaMemPoolProps props{};
