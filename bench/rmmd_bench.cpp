@@ -1,7 +1,7 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
 // and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,b,b2,c,d,e,f]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
 // sections a) to f) (bench/README.md says what each one is), prints a table
@@ -14,7 +14,8 @@
 // The same binary is its own helper process (started with posix_spawn, never
 // a plain fork after CUDA started):
 //   rmmd_bench --exporter                      section b's exporter (socket on fd 3)
-//   rmmd_bench --worker MODE SIZE SECONDS      section c's client processes
+//   rmmd_bench --worker MODE SIZE SECONDS [DEVICE]
+//                                              section c's (and c2's) client processes
 //   rmmd_bench --holder MODE BYTES             section d's process to SIGKILL
 //   rmmd_bench --gpu-slug                      prints the GPU's name as a file name
 //   rmmd_bench --context-rss                   section e's reference: a CUDA context and
@@ -25,6 +26,7 @@
 //                                              section f's consumer processes
 
 #include "bench/bench_support.hpp"
+#include "bench/section_a8.hpp"
 
 #include "client/detail/session_impl.hpp"
 #include "tools/socket/fd_passing.hpp"
@@ -89,6 +91,7 @@ constexpr double fast_ratio_target       = 1.5;  // x cuda_async p50, 256 B to 1
 constexpr double direct_steps_target     = 1.3;  // x the sum of the bare steps
 constexpr double fast_aggregate_target   = 5e6;  // pairs/s, 16 processes
 constexpr double direct_aggregate_target = 5e4;
+constexpr double direct_over_b2_target   = 0.75;  // issue 14: 16 direct processes / b2, 1 thread
 constexpr double setup_target_ms         = 2.0;
 constexpr double reclaim_target_ms       = 50.0;
 constexpr double rss_target_bytes        = 64.0 * 1024 * 1024;
@@ -326,6 +329,8 @@ struct config {
   std::size_t kill_trials{10};
   std::size_t kill_hold_bytes{std::size_t{256} << 20};
   std::size_t leases{10000};
+  // The daemon's pools' and b2's cudaMemPoolAttrReleaseThreshold (0: rmmd's default).
+  std::uint64_t release_threshold{0};
   // f) named shared buffers
   std::vector<std::size_t> share_sizes{std::size_t{64} << 20, std::size_t{4} << 30};
   std::vector<int> share_consumers{1, 8};
@@ -558,9 +563,9 @@ bool receive(int fd, T& out, std::chrono::milliseconds timeout, int* got_fd = nu
   return whole;
 }
 
-/// A posix-fd exportable pool on GPU 0 with release threshold 0, as rmmd's
-/// pools are by default.
-cudaError_t make_exportable_pool(cudaMemPool_t* pool)
+/// A posix-fd exportable pool on GPU 0 with `release_threshold` (0, as rmmd's
+/// pools are by default, unless --cuda-release-threshold says otherwise).
+cudaError_t make_exportable_pool(cudaMemPool_t* pool, std::uint64_t release_threshold = 0)
 {
   cudaMemPoolProps props{};
   props.allocType     = cudaMemAllocationTypePinned;
@@ -568,8 +573,7 @@ cudaError_t make_exportable_pool(cudaMemPool_t* pool)
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id   = 0;
   if (auto e = cudaMemPoolCreate(pool, &props); e != cudaSuccess) { return e; }
-  std::uint64_t threshold = 0;
-  return cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+  return cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &release_threshold);
 }
 
 int exporter_main()
@@ -880,7 +884,7 @@ void section_daemon_side(config const& cfg, run_state& st)
   std::printf("%7s %12s %12s %14s\n", "threads", "pairs", "pairs/s", "us per pair");
   BENCH_CUDA(cudaSetDevice(0));
   cudaMemPool_t pool{};
-  BENCH_CUDA(make_exportable_pool(&pool));
+  BENCH_CUDA(make_exportable_pool(&pool, cfg.release_threshold));
   struct pool_closer {
     cudaMemPool_t p;
     ~pool_closer()
@@ -951,11 +955,11 @@ void section_daemon_side(config const& cfg, run_state& st)
 // A client process of section c: a session and a resource of `mode`, a
 // warm-up, "ready"; then, on the line "go" from the bench, pairs of `bytes`
 // for `seconds`, and "done PAIRS NANOSECONDS".
-int worker_main(client_kind kind, std::size_t bytes, double seconds)
+int worker_main(client_kind kind, std::size_t bytes, double seconds, int device = 0)
 {
   die_with_parent();
   try {
-    BENCH_CUDA(cudaSetDevice(0));
+    BENCH_CUDA(cudaSetDevice(device));
     auto s  = open_session("rmmd-bench-worker", kind.transport);
     auto mr = make_ipc_resource(s, kind.mode);
     stream_holder stream;
@@ -1029,11 +1033,20 @@ std::string expect_line(child_process& p,
   return line;
 }
 
-void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
+/// Section c; and, with `devices` (c2), 16 direct processes only, worker i
+/// on GPU devices[i % size], its row's mode "direct-Ngpu".
+void section_processes(config const& cfg,
+                       daemon_process& daemon,
+                       run_state& st,
+                       std::vector<int> const& devices = {})
 {
-  std::printf("\nc) N client processes at once against the one daemon, %s pairs for %.1f s each\n",
-              size_name(cfg.worker_bytes).c_str(),
-              cfg.worker_seconds);
+  bool const spread = !devices.empty();
+  if (!spread) {
+    std::printf(
+        "\nc) N client processes at once against the one daemon, %s pairs for %.1f s each\n",
+        size_name(cfg.worker_bytes).c_str(),
+        cfg.worker_seconds);
+  }
   std::printf("%-11s %6s %14s %12s %14s %10s  %s\n",
               "mode",
               "procs",
@@ -1044,10 +1057,14 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
               "target (16 procs)");
   auto env = self_env();
   env.push_back("RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string());
-  for (auto kind : {fast_client, direct_client, direct_grpc_client}) {
-    for (int n : cfg.process_counts) {
+  auto const kinds  = spread
+                          ? std::vector<client_kind>{direct_client}
+                          : std::vector<client_kind>{fast_client, direct_client, direct_grpc_client};
+  auto const counts = spread ? std::vector<int>{16} : cfg.process_counts;
+  for (auto kind : kinds) {
+    for (int n : counts) {
       auto& row = *st.doc.add_processes();
-      row.set_mode(kind_name(kind));
+      row.set_mode(kind_name(kind) + (spread ? "-" + std::to_string(devices.size()) + "gpu" : ""));
       row.set_processes(u32(static_cast<std::size_t>(n)));
       row.set_size_bytes(u32(cfg.worker_bytes));
       row.set_seconds_each(cfg.worker_seconds);
@@ -1055,11 +1072,14 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
         std::vector<std::unique_ptr<child_process>> workers;
         for (int i = 0; i < n; ++i) {
           workers.push_back(std::make_unique<child_process>(
-              std::vector<std::string>{self_path(),
-                                       "--worker",
-                                       kind_name(kind),
-                                       std::to_string(cfg.worker_bytes),
-                                       format("%g", cfg.worker_seconds)},
+              std::vector<std::string>{
+                  self_path(),
+                  "--worker",
+                  kind_name(kind),
+                  std::to_string(cfg.worker_bytes),
+                  format("%g", cfg.worker_seconds),
+                  std::to_string(spread ? devices[static_cast<std::size_t>(i) % devices.size()]
+                                        : 0)},
               env));
         }
         auto const ready_by = steady::now() + 180s;
@@ -1100,7 +1120,7 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
         double wall = seconds_between(t0, t1);
         std::string verdict;
         // The gRPC transport is shown for comparison; the target is the default's.
-        if (n == 16 && kind.transport == call_transport::session_socket) {
+        if (n == 16 && kind.transport == call_transport::session_socket && !spread) {
           bool fast    = kind.mode == allocation_mode::slab;
           double limit = fast ? fast_aggregate_target : direct_aggregate_target;
           target_row t{kind_name(kind) + " aggregate pairs/s, 16 processes",
@@ -1110,6 +1130,26 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                        "pairs/s"};
           verdict               = format(">= %.0f %s", limit, st.check(t).c_str());
           *row.mutable_target() = target_result(t);
+          // Issue 14: the direct path at the driver's pace, b2's one thread in this run.
+          if (!fast) {
+            double b2_rate = 0;
+            for (auto const& b2 : st.doc.daemon_side_pairs()) {
+              if (b2.threads() == 1 && b2.has_pairs_per_s()) { b2_rate = b2.pairs_per_s(); }
+            }
+            if (b2_rate > 0) {
+              target_row r{"direct aggregate pairs/s, 16 processes / b2 one thread",
+                           aggregate / b2_rate,
+                           false,
+                           direct_over_b2_target,
+                           "x b2"};
+              verdict += format(
+                  "; %.2fx b2 >= %.2f %s", r.measured, direct_over_b2_target, st.check(r).c_str());
+              row.set_over_b2_one_thread(r.measured);
+              *row.mutable_b2_target() = target_result(r);
+            } else {
+              verdict += "; no b2 figure in this run (run b2 with c)";
+            }
+          }
         }
         row.set_pairs(static_cast<double>(pairs));
         row.set_aggregate_pairs_per_s(aggregate);
@@ -1117,7 +1157,7 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
         row.set_daemon_cpu_s(cpu1 - cpu0);
         row.set_daemon_cpu_per_wall((cpu1 - cpu0) / wall);
         std::printf("%-11s %6d %14llu %12.0f %14.3f %10.2f  %s\n",
-                    kind_name(kind).c_str(),
+                    row.mode().c_str(),
                     n,
                     static_cast<unsigned long long>(pairs),
                     aggregate,
@@ -1126,7 +1166,8 @@ void section_processes(config const& cfg, daemon_process& daemon, run_state& st)
                     verdict.c_str());
       } catch (std::exception const& e) {
         row.set_error(e.what());
-        st.error("c " + kind_name(kind) + " x" + std::to_string(n), e.what());
+        st.error(std::string(spread ? "c2 " : "c ") + row.mode() + " x" + std::to_string(n),
+                 e.what());
       }
       std::fflush(stdout);
     }
@@ -1998,7 +2039,7 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
-  std::vector<std::string> const all_sections{"a", "b", "b2", "c", "d", "e", "f"};
+  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f"};
   std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()
@@ -2013,6 +2054,12 @@ int bench_main(int argc, char** argv)
                  "rmmd's --cuda-shared-buffer-memory (section f: pool or own)")
       ->capture_default_str()
       ->check(CLI::IsMember({"pool", "own"}));
+  std::uint64_t release_threshold = 0;
+  app.add_option("--cuda-release-threshold",
+                 release_threshold,
+                 "Bytes: rmmd's --cuda-release-threshold and b2's pool's (0, rmmd's default, "
+                 "gives memory back at every synchronisation)")
+      ->capture_default_str();
   app.add_option("--max-seconds", max_seconds, "Kill everything and exit 3 after this long")
       ->capture_default_str()
       ->check(CLI::Range(10, 3600));
@@ -2057,7 +2104,11 @@ int bench_main(int argc, char** argv)
   ::signal(SIGPIPE, SIG_IGN);
   ::alarm(static_cast<unsigned>(max_seconds));
 
-  auto const cfg     = config::make(quick);
+  auto const cfg = [&] {
+    auto c              = config::make(quick);
+    c.release_threshold = release_threshold;
+    return c;
+  }();
   auto const started = steady::now();
   run_state st;
   std::string command;
@@ -2087,6 +2138,9 @@ int bench_main(int argc, char** argv)
   c.set_kill_trials(u32(cfg.kill_trials));
   c.set_kill_hold_bytes(u32(cfg.kill_hold_bytes));
   c.set_leases(u32(cfg.leases));
+  if (cfg.release_threshold != 0) {
+    c.set_cuda_release_threshold_bytes(static_cast<double>(cfg.release_threshold));
+  }
   utsname uts{};
   ::uname(&uts);
   char host[256]{};
@@ -2105,6 +2159,10 @@ int bench_main(int argc, char** argv)
                                        pool_bytes,
                                        "--cuda-shared-buffer-memory",
                                        buffer_memory};
+  if (release_threshold != 0) {
+    daemon_args.push_back("--cuda-release-threshold");
+    daemon_args.push_back(std::to_string(release_threshold));
+  }
   daemon_process daemon(bench_daemon(rmmd_path, daemon_args, std::chrono::seconds(60)));
   for (auto const& arg : daemon.argv()) { st.doc.mutable_daemon()->add_argv(arg); }
   auto const rss_fresh = rss_bytes(daemon.pid());
@@ -2139,9 +2197,34 @@ int bench_main(int argc, char** argv)
                                                     .client_name = "rmmd-bench-grpc",
                                                     .lease_calls = call_transport::grpc});
   guarded("a", [&] { pair_p50 = section_pairs(cfg, session, grpc_session, st); });
+  guarded("a8", [&] {
+    fast_vs_pool_options o;
+    if (cfg.quick) {
+      o.warmup = 20;
+      o.pairs  = 300;
+      o.rounds = 2;
+    }
+    auto const got = section_fast_vs_pool(session, o, st.doc);
+    for (auto const& t : got.targets) {
+      st.targets.push_back({t.what, t.measured, true, fast_vs_pool_target, "x"});
+    }
+    for (auto const& e : got.errors) { st.error("a8", e); }
+  });
   guarded("b", [&] { section_steps(cfg, session, pair_p50, st); });
   guarded("b2", [&] { section_daemon_side(cfg, st); });
   guarded("c", [&] { section_processes(cfg, daemon, st); });
+  guarded("c2", [&] {
+    std::string why;
+    if (visible_gpus(why) < 2) {
+      std::printf("\nc2) skipped: it needs 2 GPUs, %d visible\n", visible_gpus(why));
+      return;
+    }
+    std::printf(
+        "\nc2) 16 direct client processes, all on GPU 0, then spread over GPUs 0 and 1 "
+        "(worker i on GPU i %% 2): does the driver serialise per device?\n");
+    section_processes(cfg, daemon, st, {0});
+    section_processes(cfg, daemon, st, {0, 1});
+  });
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
   guarded("f", [&] { section_sharing(cfg, daemon, st); });
@@ -2219,16 +2302,21 @@ int internal_main(int argc, char** argv)
     return 0;
   }
   if (mode == "--worker") {
-    if (argc != 5) { return usage("--worker fast|direct|direct-grpc BYTES SECONDS"); }
+    if (argc != 5 && argc != 6) {
+      return usage("--worker fast|direct|direct-grpc BYTES SECONDS [DEVICE]");
+    }
     auto m = parse_kind(argv[2]);
     char* end1;
     char* end2;
+    char* end3   = nullptr;
     auto bytes   = std::strtoull(argv[3], &end1, 10);
     auto seconds = std::strtod(argv[4], &end2);
-    if (!m || *end1 != '\0' || *end2 != '\0' || bytes == 0 || seconds <= 0) {
-      return usage("--worker fast|direct|direct-grpc BYTES SECONDS");
+    auto device  = argc == 6 ? std::strtol(argv[5], &end3, 10) : 0;
+    if (!m || *end1 != '\0' || *end2 != '\0' || (end3 != nullptr && *end3 != '\0') || bytes == 0 ||
+        seconds <= 0 || device < 0) {
+      return usage("--worker fast|direct|direct-grpc BYTES SECONDS [DEVICE]");
     }
-    return worker_main(*m, bytes, seconds);
+    return worker_main(*m, bytes, seconds, static_cast<int>(device));
   }
   if (mode == "--share-producer") {
     char* end  = nullptr;

@@ -77,7 +77,8 @@ void slab_carver::abandon() noexcept
     keeper_.request_stop();
     keeper_.join();
   }
-  std::unique_lock lock(pool_mutex_);
+  std::lock_guard lock(pool_mutex_);
+  users_.fetch_or(closed, std::memory_order_relaxed);
   static_cast<void>(pool_.release());
 }
 
@@ -95,15 +96,40 @@ slab_carver::~slab_carver()
   // The session's other resources of this pool report on without this one.
   owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   trim();
-  if (pool_ != nullptr && carved_count_.load() != 0) {
+  if (pool_ != nullptr && carved_count() != 0) {
     std::fprintf(stderr,
                  "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
                  "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
                  owner_.pool().name.c_str(),
-                 carved_count_.load(),
-                 carved_bytes_.load());
+                 carved_count(),
+                 carved_bytes());
     static_cast<void>(pool_.release());
   }
+}
+
+std::size_t slab_carver::carved_count() const noexcept
+{
+  return static_cast<std::size_t>((users_.load(std::memory_order_relaxed) & count_mask) >>
+                                  count_shift);
+}
+
+std::size_t slab_carver::carved_bytes() const noexcept
+{
+  return static_cast<std::size_t>((users_.load(std::memory_order_relaxed) & units_mask)
+                                  << unit_shift);
+}
+
+void slab_carver::open_pool()
+{
+  std::lock_guard lock(pool_mutex_);
+  if ((users_.load(std::memory_order_relaxed) & closed) == 0) { return; }  // another thread did
+  if (pool_ == nullptr) {
+    // The first slab is leased here; later ones as RMM's pool grows.
+    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
+                                                            owner_.options().slab_bytes);
+  }
+  // Release: a carving call that sees the bit clear sees pool_.
+  users_.fetch_and(~closed, std::memory_order_release);
 }
 
 void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
@@ -113,29 +139,28 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
                             owner_.pool().name + "': alignment " + std::to_string(alignment) +
                             " is larger than the 256 bytes CUDA pools guarantee");
   }
-  failed_lease = nullptr;
+  auto const mine = carving(bytes);
   try {
     for (;;) {
-      {
-        std::shared_lock lock(pool_mutex_);
-        if (pool_ != nullptr) {
-          void* ptr = pool_->allocate(stream, bytes, alignment);
-          carved_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-          carved_count_.fetch_add(1, std::memory_order_relaxed);
-          return ptr;
+      // Counted before the pool is touched, so trim() cannot take it meanwhile.
+      if ((users_.fetch_add(mine, std::memory_order_acquire) & closed) == 0) [[likely]] {
+        try {
+          return pool_->allocate(stream, bytes, alignment);
+        } catch (...) {
+          users_.fetch_sub(mine, std::memory_order_release);
+          throw;
         }
       }
-      std::unique_lock lock(pool_mutex_);
-      if (pool_ == nullptr) {
-        // The first slab is leased here; later ones as RMM's pool grows.
-        pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
-                                                                owner_.options().slab_bytes);
-      }
+      users_.fetch_sub(mine, std::memory_order_release);
+      open_pool();
     }
   } catch (rmm::out_of_memory const&) {
     // A slab lease failed because the session is over (the daemon is gone),
     // not because memory ran out: say so, as the direct mode does.
     if (auto lost = std::exchange(failed_lease, nullptr)) { std::rethrow_exception(lost); }
+    throw;
+  } catch (...) {
+    failed_lease = nullptr;  // set only on the way to a throw: cleared there, not per call
     throw;
   }
 }
@@ -145,19 +170,24 @@ void slab_carver::deallocate(cuda::stream_ref stream,
                              std::size_t bytes,
                              std::size_t alignment) noexcept
 {
-  std::shared_lock lock(pool_mutex_);
-  if (pool_ == nullptr) { return; }
+  // `ptr` is counted in users_ until the end of this call: pool_ stays.
+  if (pool_ == nullptr) { return; }  // abandoned, or destroyed with this still carved
   pool_->deallocate(stream, ptr, bytes, alignment);
-  carved_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
-  carved_count_.fetch_sub(1, std::memory_order_relaxed);
+  users_.fetch_sub(carving(bytes), std::memory_order_release);
 }
 
 std::size_t slab_carver::trim() noexcept
 {
   std::unique_ptr<rmm::mr::pool_memory_resource> idle;
   {
-    std::unique_lock lock(pool_mutex_);
-    if (pool_ == nullptr || carved_count_.load() != 0) { return 0; }
+    std::lock_guard lock(pool_mutex_);
+    if (pool_ == nullptr) { return 0; }
+    // Only a count of zero closes: nothing carved, no allocate() under way;
+    // those that come now find it closed and wait for this lock.
+    std::uint64_t idle_users = 0;
+    if (!users_.compare_exchange_strong(idle_users, closed, std::memory_order_acquire)) {
+      return 0;
+    }
     idle = std::move(pool_);
   }
   auto const bytes = idle->pool_size();
@@ -212,11 +242,11 @@ void slab_carver::keep(std::stop_token stop) noexcept
   std::unique_lock lock(keeper_mutex_);
   while (!keeper_wake_.wait_for(lock, stop, tick, [] { return false; }) && !stop.stop_requested()) {
     auto const now   = clock::now();
-    auto const bytes = carved_bytes_.load(std::memory_order_relaxed);
-    auto const count = carved_count_.load(std::memory_order_relaxed);
+    auto const bytes = carved_bytes();
+    auto const count = carved_count();
     bool holding     = false;
     {
-      std::shared_lock pool_lock(pool_mutex_);
+      std::lock_guard pool_lock(pool_mutex_);
       holding = pool_ != nullptr;
     }
     if (count != 0) { idle_since = now; }

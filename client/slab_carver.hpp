@@ -11,9 +11,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <stop_token>
 #include <thread>
 
@@ -41,17 +41,46 @@ class slab_carver {
   /// Gives the slabs back if nothing is carved from them; returns their bytes.
   std::size_t trim() noexcept;
 
+  /// What is carved now (the keeper reports it): allocations not yet freed
+  /// (allocate() calls under way included), and their bytes as RMM's pool
+  /// carves them (rounded up to 256 bytes).
+  [[nodiscard]] std::size_t carved_count() const noexcept;
+  [[nodiscard]] std::size_t carved_bytes() const noexcept;
+
  private:
   /// The keeper: reports carved usage (when it changes, and every second while
   /// slabs are held, to hear of pressure), and trims when idle or pressed.
   void keep(std::stop_token stop) noexcept;
+  /// allocate() when users_ says closed: makes the pool (leasing its first
+  /// slab) unless another thread did, and opens it.
+  void open_pool();
+
+  // users_, from the top bit down: `closed` (pool_ may not be used: there is
+  // none yet, or trim() is taking it; allocate() then takes open_pool()'s
+  // way), the count of carved allocations (28 bits: 268 M), and their bytes
+  // in units of 256 (35 bits: 8 TiB).
+  static constexpr std::uint64_t closed     = std::uint64_t{1} << 63;
+  static constexpr unsigned count_shift     = 35;
+  static constexpr std::uint64_t one_carved = std::uint64_t{1} << count_shift;
+  static constexpr std::uint64_t units_mask = one_carved - 1;
+  static constexpr std::uint64_t count_mask = (closed - 1) & ~units_mask;
+  static constexpr unsigned unit_shift      = 8;  // RMM's pool carves in 256 bytes
+  [[nodiscard]] static constexpr std::uint64_t carving(std::size_t bytes) noexcept
+  {
+    return one_carved + ((std::uint64_t{bytes} + (1u << unit_shift) - 1) >> unit_shift);
+  }
 
   ipc_memory_resource_impl& owner_;
-  // Shared for allocate/deallocate, exclusive to create or drop the pool.
-  std::shared_mutex pool_mutex_;
+  /// The carver's whole bookkeeping per call is one atomic add to this word
+  /// (allocate() adds carving(bytes) before it touches the pool, deallocate()
+  /// takes it off after). While it counts anyone, pool_ stays: trim() takes
+  /// the pool only by closing a word of zero. So carving calls take no lock
+  /// of ours (RMM's pool has its own), and the keeper reads the figures it
+  /// reports from the same word.
+  alignas(64) std::atomic<std::uint64_t> users_{closed};
+  /// Makes and takes pool_ (never held by a carving call).
+  alignas(64) std::mutex pool_mutex_;
   std::unique_ptr<rmm::mr::pool_memory_resource> pool_;
-  std::atomic<std::size_t> carved_bytes_{0};
-  std::atomic<std::size_t> carved_count_{0};
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
   std::jthread keeper_;  // last: stops before the rest goes

@@ -363,7 +363,7 @@ absl::Status daemon_core::free(session_id session,
                                allocation_id id,
                                std::span<std::byte const> release_fence)
 {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   auto const* l = ledger_.find(id);
   if (l == nullptr) {
     return absl::NotFoundError(absl::StrFormat(
@@ -381,7 +381,29 @@ absl::Status daemon_core::free(session_id session,
         id));
   }
   if (release_fence.empty()) {
-    release_lease_locked(id);
+    // The backend's free (CUDA: cudaFreeAsync, which waits for the driver's
+    // lock while another thread's export holds it) runs without the core's
+    // lock, as allocate()'s backend work does, so that the other calls go on
+    // meanwhile. The lease leaves the ledger first (nobody else can free it
+    // now), and its bytes stay charged until the backend has them back: no
+    // allocation counts on memory the backend does not have yet.
+    auto const owner = sessions_.find(session);
+    if (owner == sessions_.end()) {  // not while the lease is found: close_session frees both
+      release_lease_locked(id);
+      return absl::OkStatus();
+    }
+    auto const uid      = owner->second->peer.uid;
+    auto const freed    = ledger_.erase(id);
+    auto* const backend = pools_[freed.pool]->backend.get();
+    lock.unlock();
+    backend->deallocate(freed.block);
+    lock.lock();
+    auto& p        = *pools_[freed.pool];
+    auto const now = sessions_.find(session);  // the session may have closed meanwhile
+    auto* const s  = now == sessions_.end() ? nullptr : now->second.get();
+    charge_locked(p, s, uid, freed.pool, freed.block.bytes, -1);
+    --p.live;
+    if (s != nullptr) { --s->count; }
     return absl::OkStatus();
   }
   auto& p    = *pools_[l->pool];

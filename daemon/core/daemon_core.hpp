@@ -4,11 +4,13 @@
 // It knows nothing of gRPC, protobuf or sockets; adapters translate.
 //
 // Thread safety: every public member may be called from any thread; one mutex
-// serialises them and every backend call but one: allocate() lets go of it
+// serialises them and every backend call but two: allocate() lets go of it
 // while the backend allocates (tens of us for a CUDA pool), having counted the
 // bytes against the pool and quotas first, and takes those back (and frees the
 // block) if the call fails in the end, so a rejected request never leaves
-// partial state behind.
+// partial state behind; and free() (without a release fence) lets go of it
+// while the backend frees, having taken the lease out of the ledger, and
+// uncharges the bytes once the backend has them back.
 //
 // Errors are absl::Status with the codes of DESIGN.md's error table.
 

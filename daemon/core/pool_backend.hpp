@@ -56,10 +56,10 @@ struct backend_usage {
   std::uint64_t used_bytes{};      ///< memory of that in allocations
 };
 
-/// A source of memory. allocate(), trim() and usage() must be thread-safe:
-/// the core calls them without its lock, from several threads at once and
-/// beside any other call (trim() never beside another trim()). The core
-/// serialises every other call.
+/// A source of memory. allocate(), deallocate(), trim() and usage() must be
+/// thread-safe: the core calls them without its lock, from several threads at
+/// once and beside any other call (trim() never beside another trim()). The
+/// core serialises every other call.
 class pool_backend {
  public:
   pool_backend()                               = default;

@@ -40,8 +40,9 @@ pool_config host_config()
   return pool_config{.name = "host", .device = -1, .handle_types = {handle_type::host_offset}};
 }
 
-/// A host_backend whose allocate() waits, once armed, until the test opens
-/// the gate: an allocation held in the middle, as a slow CUDA export would be.
+/// A host_backend whose allocate() (or, armed so, deallocate()) waits, once
+/// armed, until the test opens the gate: an allocation held in the middle,
+/// as a slow CUDA export would be, or a free waiting for the driver.
 class gated_backend final : public pool_backend {
  public:
   explicit gated_backend(std::size_t bytes) : inner_("gated", bytes) {}
@@ -64,19 +65,23 @@ class gated_backend final : public pool_backend {
   }
   void deallocate(backend_allocation const& block) noexcept override
   {
+    if (free_armed_.exchange(false)) {
+      entered_.set_value();
+      gate_.wait();
+    }
     ++deallocations;
     inner_.deallocate(block);
   }
 
-  /// The next allocate() stops until open() is called; returns a future
-  /// that is ready once it has stopped there.
-  std::future<void> arm()
+  /// The next allocate() (`on_free`: deallocate()) stops until open() is
+  /// called; returns a future that is ready once it has stopped there.
+  std::future<void> arm(bool on_free = false)
   {
-    entered_   = {};
-    opened_    = {};
-    gate_      = opened_.get_future().share();
-    open_done_ = false;
-    armed_     = true;
+    entered_                         = {};
+    opened_                          = {};
+    gate_                            = opened_.get_future().share();
+    open_done_                       = false;
+    (on_free ? free_armed_ : armed_) = true;
     return entered_.get_future();
   }
   /// Lets the held allocate() go on (once; later calls do nothing).
@@ -100,6 +105,7 @@ class gated_backend final : public pool_backend {
  private:
   backends::host::host_backend inner_;
   std::atomic<bool> armed_{false};
+  std::atomic<bool> free_armed_{false};
   std::atomic<bool> open_done_{false};
   std::promise<void> entered_;
   std::promise<void> opened_;
@@ -180,6 +186,63 @@ TEST_F(CoreDuringAnAllocation, ASessionClosedMeanwhileGetsNothingAndLeaksNothing
   EXPECT_EQ(grant.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(grant.status().message(), HasSubstr("closed"));
   EXPECT_EQ(backend_->deallocations.load(), 1);  // the block went back
+  auto const stats = core_.stats();
+  EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
+  EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);
+  EXPECT_TRUE(stats.sessions.empty());
+}
+
+TEST_F(CoreDuringAnAllocation, AFreeLetsGoOfTheLockWhileTheBackendFrees)
+{
+  auto lease = core_.allocate(session_, pool_, 256 * 1024, 0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto entered = backend_->arm(/*on_free=*/true);
+  auto freeing =
+      std::async(std::launch::async, [&] { return core_.free(session_, lease->id, {}); });
+  entered.wait();
+  gated_backend::open_at_exit guard{backend_};
+  // The backend frees; the core answers meanwhile, and still counts the
+  // bytes (the backend does not have them back yet) but not the lease.
+  auto other = std::async(std::launch::async, [&] {
+    auto session = open();
+    auto theirs  = core_.allocate(session, pool_, 4096, 0);
+    return theirs.ok() && core_.free(session, theirs->id, {}).ok();
+  });
+  if (other.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    backend_->open();  // before `other` waits for its call at the end of the scope
+    FAIL() << "another session's calls waited for the backend's free";
+  }
+  EXPECT_TRUE(other.get());
+  EXPECT_EQ(core_.stats().pools.at(0).in_use_bytes, 256u * 1024);
+  // Freed twice meanwhile: the ledger has it no more.
+  EXPECT_EQ(core_.free(session_, lease->id, {}).code(), absl::StatusCode::kNotFound);
+  backend_->open();
+  EXPECT_TRUE(freeing.get().ok());
+  auto const stats = core_.stats();
+  EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
+  EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);
+  // The session's quota is whole again.
+  auto again = core_.allocate(session_, pool_, 1 * MiB, 0);
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+TEST_F(CoreDuringAnAllocation, ASessionClosedDuringAFreeLeaksNothing)
+{
+  auto lease = core_.allocate(session_, pool_, 4096, 0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto entered = backend_->arm(/*on_free=*/true);
+  auto freeing =
+      std::async(std::launch::async, [&] { return core_.free(session_, lease->id, {}); });
+  entered.wait();
+  gated_backend::open_at_exit guard{backend_};
+  auto closing = std::async(std::launch::async, [&] { core_.close_session(session_); });
+  if (closing.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    backend_->open();
+    FAIL() << "closing the session waited for the backend's free";
+  }
+  backend_->open();
+  EXPECT_TRUE(freeing.get().ok());
+  EXPECT_EQ(backend_->deallocations.load(), 1);  // once, by the free
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
   EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);

@@ -1,0 +1,243 @@
+// Section a8 of rmmd_bench: slab mode against RMM's pool, 1 and 8 threads.
+//
+// Both resources carve with the same RMM code (pool_memory_resource); what
+// slab mode adds per call is its own bookkeeping. Section a compares them
+// with one thread, one resource after the other; a 5% target needs more
+// care: here the two resources alternate round by round (so drift in clock
+// speed or in other load falls on both), and T threads, each on its own
+// non-blocking stream, start together at a barrier and time every pair.
+
+#include "bench/section_a8.hpp"
+
+#include "bench/bench_support.hpp"
+
+#include <rmmd/ipc_memory_resource.hpp>
+
+#include <rmm/mr/cuda_async_memory_resource.hpp>
+#include <rmm/mr/pool_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+#include <cuda/stream>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace rmmd::bench {
+namespace {
+
+void check(cudaError_t e, char const* call)
+{
+  if (e != cudaSuccess) {
+    throw bench_error(std::string(call) + " failed: " + cudaGetErrorName(e));
+  }
+}
+
+std::string size_text(std::size_t bytes)
+{
+  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
+    return std::to_string(bytes >> 20) + " MiB";
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) { return std::to_string(bytes >> 10) + " KiB"; }
+  return std::to_string(bytes) + " B";
+}
+
+/// T non-blocking streams, one per thread, shared by both resources.
+class streams {
+ public:
+  explicit streams(int count) : streams_(static_cast<std::size_t>(count))
+  {
+    for (auto& s : streams_) {
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+  }
+  streams(streams const&)            = delete;
+  streams& operator=(streams const&) = delete;
+  ~streams()
+  {
+    for (auto s : streams_) {
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+  }
+  [[nodiscard]] cudaStream_t operator[](std::size_t i) const noexcept
+  {
+    return streams_[i];
+  }
+
+ private:
+  std::vector<cudaStream_t> streams_;
+};
+
+struct round_result {
+  std::vector<double> ns;  // every timed pair of every thread
+  double wall_s{};         // first start to last end
+};
+
+/// One round: `threads` threads, each on its stream, warm up, wait at the
+/// barrier, then time `pairs` pairs each.
+template <typename Resource>
+round_result run_round(
+    Resource& mr, streams const& s, int threads, std::size_t bytes, fast_vs_pool_options const& o)
+{
+  std::vector<std::vector<double>> per_thread(static_cast<std::size_t>(threads));
+  std::vector<steady::time_point> ends(static_cast<std::size_t>(threads));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  std::atomic<int> warm{0};
+  std::atomic<bool> go{false};
+  steady::time_point start;
+  auto body = [&](std::size_t t) {
+    try {
+      check(cudaSetDevice(0), "cudaSetDevice");
+      cuda::stream_ref ref{s[t]};
+      for (std::size_t i = 0; i < o.warmup; ++i) {
+        void* p = mr.allocate(ref, bytes, o.alignment);
+        mr.deallocate(ref, p, bytes, o.alignment);
+      }
+      auto& ns = per_thread[t];
+      ns.reserve(o.pairs);
+      warm.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {}
+      for (std::size_t i = 0; i < o.pairs; ++i) {
+        auto const t0 = steady::now();
+        void* p       = mr.allocate(ref, bytes, o.alignment);
+        mr.deallocate(ref, p, bytes, o.alignment);
+        ns.push_back(static_cast<double>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - t0).count()));
+      }
+      ends[t] = steady::now();
+    } catch (...) {
+      errors[t] = std::current_exception();
+      warm.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) { pool.emplace_back(body, static_cast<std::size_t>(t)); }
+  while (warm.load() < threads) { std::this_thread::yield(); }
+  start = steady::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) { th.join(); }
+  for (int t = 0; t < threads; ++t) {
+    check(cudaStreamSynchronize(s[static_cast<std::size_t>(t)]), "cudaStreamSynchronize");
+  }
+  for (auto const& e : errors) {
+    if (e) { std::rethrow_exception(e); }
+  }
+  round_result out;
+  for (auto& ns : per_thread) { out.ns.insert(out.ns.end(), ns.begin(), ns.end()); }
+  out.wall_s =
+      std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+  return out;
+}
+
+}  // namespace
+
+fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
+                                          fast_vs_pool_options const& o,
+                                          results::Run& doc)
+{
+  std::printf(
+      "\na8) slab mode against RMM's pool in one process: T threads, each on its own stream, "
+      "%zu pairs each per round, %zu rounds alternating the two resources\n",
+      o.pairs,
+      o.rounds);
+  std::printf("%7s %7s %11s %11s %12s %11s %11s %12s %8s  %s\n",
+              "threads",
+              "size",
+              "slab p50",
+              "slab p99",
+              "slab pairs/s",
+              "pool p50",
+              "pool p99",
+              "pool pairs/s",
+              "slab/pool",
+              "target");
+  check(cudaSetDevice(0), "cudaSetDevice");
+  ipc_resource_options slab_options;
+  slab_options.mode = allocation_mode::slab;
+  ipc_memory_resource fast(session, 0, slab_options);
+  rmm::mr::cuda_async_memory_resource upstream{};
+  rmm::mr::pool_memory_resource pool(upstream, std::size_t{256} << 20);
+
+  fast_vs_pool_outcome out;
+  char limit[32];
+  std::snprintf(limit, sizeof(limit), "<= %g x", fast_vs_pool_target);
+  for (int threads : o.threads) {
+    streams s(threads);
+    for (auto bytes : o.sizes) {
+      auto& row = *doc.add_fast_vs_pool();
+      row.set_threads(static_cast<std::uint32_t>(threads));
+      row.set_size_bytes(static_cast<std::uint32_t>(bytes));
+      row.set_rounds(static_cast<std::uint32_t>(o.rounds));
+      try {
+        std::vector<double> fast_ns, pool_ns;
+        double fast_pairs = 0, fast_wall = 0, pool_pairs = 0, pool_wall = 0;
+        for (std::size_t r = 0; r < o.rounds; ++r) {
+          auto fast_round = [&] {
+            auto got = run_round(fast, s, threads, bytes, o);
+            fast_pairs += static_cast<double>(got.ns.size());
+            fast_wall += got.wall_s;
+            fast_ns.insert(fast_ns.end(), got.ns.begin(), got.ns.end());
+          };
+          auto pool_round = [&] {
+            auto got = run_round(pool, s, threads, bytes, o);
+            pool_pairs += static_cast<double>(got.ns.size());
+            pool_wall += got.wall_s;
+            pool_ns.insert(pool_ns.end(), got.ns.begin(), got.ns.end());
+          };
+          if (r % 2 == 0) {
+            fast_round();
+            pool_round();
+          } else {
+            pool_round();
+            fast_round();
+          }
+        }
+        auto const f     = summarize(fast_ns);
+        auto const p     = summarize(pool_ns);
+        auto const ratio = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
+        bool const pass  = ratio <= fast_vs_pool_target;
+        auto what        = "slab p50 / pool p50, " + std::to_string(threads) + " thread" +
+                    (threads == 1 ? "" : "s") + ", " + size_text(bytes);
+        out.targets.push_back({what, ratio});
+        row.mutable_target()->set_target(limit);
+        row.mutable_target()->set_pass(pass);
+        row.set_pairs_each(static_cast<std::uint32_t>(f.count));
+        row.set_fast_p50_us(f.p50_us);
+        row.set_fast_p99_us(f.p99_us);
+        row.set_fast_pairs_per_s(fast_wall > 0 ? fast_pairs / fast_wall : 0);
+        row.set_pool_p50_us(p.p50_us);
+        row.set_pool_p99_us(p.p99_us);
+        row.set_pool_pairs_per_s(pool_wall > 0 ? pool_pairs / pool_wall : 0);
+        row.set_fast_over_pool_p50(ratio);
+        std::printf("%7d %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f  <= %.2fx %s\n",
+                    threads,
+                    size_text(bytes).c_str(),
+                    f.p50_us,
+                    f.p99_us,
+                    row.fast_pairs_per_s(),
+                    p.p50_us,
+                    p.p99_us,
+                    row.pool_pairs_per_s(),
+                    ratio,
+                    fast_vs_pool_target,
+                    pass ? "pass" : "MISS");
+      } catch (std::exception const& e) {
+        row.set_error(e.what());
+        out.errors.push_back(std::to_string(threads) + " threads " + size_text(bytes) + ": " +
+                             e.what());
+        std::printf("%7d %7s  ERROR: %s\n", threads, size_text(bytes).c_str(), e.what());
+      }
+      std::fflush(stdout);
+    }
+  }
+  return out;
+}
+
+}  // namespace rmmd::bench

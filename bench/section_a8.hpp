@@ -1,0 +1,48 @@
+#pragma once
+
+// Section a8 of rmmd_bench (issue 14): slab mode's allocate+deallocate pair
+// against RMM's own pool_memory_resource over cuda_async_memory_resource, in
+// one process, with 1 and with 8 threads (bench/README.md).
+
+#include "bench/bench_results.pb.h"
+
+#include <rmmd/session.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace rmmd::bench {
+
+/// slab p50 / pool p50 at every size and thread count.
+constexpr double fast_vs_pool_target = 1.05;
+
+struct fast_vs_pool_options {
+  std::vector<int> threads{1, 8};
+  std::vector<std::size_t> sizes{256, std::size_t{64} << 10, std::size_t{1} << 20};
+  std::size_t warmup{200};  // per thread, each round
+  std::size_t pairs{2000};  // timed, per thread, each round
+  std::size_t rounds{5};    // the two resources alternate, round by round
+  std::size_t alignment{256};
+};
+
+/// One target of the section, as measured (`<= fast_vs_pool_target`).
+struct fast_vs_pool_target_row {
+  std::string what;
+  double measured{};
+};
+
+struct fast_vs_pool_outcome {
+  std::vector<fast_vs_pool_target_row> targets;
+  std::vector<std::string> errors;  // "cell: what went wrong", one per failed cell
+};
+
+/// Measures every cell on GPU 0 through `session` (slab mode, the session's
+/// pool of GPU 0), prints its table and appends its rows to
+/// `doc.fast_vs_pool` (a cell that fails has its `error`). Throws when a
+/// resource cannot be made.
+fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
+                                          fast_vs_pool_options const& options,
+                                          results::Run& doc);
+
+}  // namespace rmmd::bench
