@@ -42,8 +42,9 @@ class slab_carver {
   std::size_t trim() noexcept;
 
  private:
-  /// The keeper: reports carved usage (when it changes, and every second while
-  /// slabs are held, to hear of pressure), and trims when idle or pressed.
+  /// The keeper: reports carved usage and its slabs (when they change, and
+  /// every second while slabs are held, to hear of pressure), and trims when
+  /// idle, pressed, or asked by the daemon (a reclaim request: at once).
   void keep(std::stop_token stop) noexcept;
 
   ipc_memory_resource_impl& owner_;
@@ -52,8 +53,11 @@ class slab_carver {
   std::unique_ptr<rmm::mr::pool_memory_resource> pool_;
   std::atomic<std::size_t> carved_bytes_{0};
   std::atomic<std::size_t> carved_count_{0};
+  std::atomic<std::size_t> slab_bytes_{0};  // leased by the pool from the daemon
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
+  bool reclaim_asked_{false};  // guarded by keeper_mutex_: the daemon asked for idle slabs
+  std::uint64_t reclaim_watch_{};
   std::jthread keeper_;  // last: stops before the rest goes
 };
 
