@@ -439,11 +439,25 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
   auto& p            = *pools_[pool];
   auto const room    = p.capacity - std::min(p.capacity, p.in_use);
   auto const lacking = charge - std::min(charge, room);
-  std::vector<session_id> asked;
+  // Only as many sessions as the room needs, those with the most first: the
+  // others keep their slabs (and their fast path) for their next allocation.
+  std::vector<std::pair<std::size_t, session_id>> holders;
   for (auto const& [id, s] : sessions_) {
     if (id == requester) { continue; }
     auto c = s->carved.find(pool);
-    if (c != s->carved.end() && c->second.reclaimable_bytes > 0) { asked.push_back(id); }
+    if (c == s->carved.end() || c->second.reclaimable_bytes == 0) { continue; }
+    auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
+    if (auto r = idle_of(c->second, held).reclaimable; r > 0) { holders.emplace_back(r, id); }
+  }
+  std::sort(holders.begin(), holders.end(), [](auto const& a, auto const& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<session_id> asked;
+  std::size_t promised = 0;
+  for (auto const& [bytes, id] : holders) {
+    if (promised >= lacking) { break; }
+    asked.push_back(id);
+    promised += bytes;
   }
   auto const deadline = std::chrono::steady_clock::now() + options_.reclaim_timeout;
   ++p.reclaim_waits;

@@ -315,7 +315,8 @@ class daemon_core {
                                   pool_id pool,
                                   session_id requester,
                                   std::size_t charge) const;
-  /// Asks the sessions holding reclaimable slabs of `pool` to give them back,
+  /// Asks sessions holding reclaimable slabs of `pool` to give them back (as
+  /// many as the room needs, those with the most first),
   /// then waits until the pool has room for `charge`, the deadline, the
   /// session's end or a drain. Lets go of the lock while it notifies and
   /// waits. Returns whether the room is there.

@@ -123,7 +123,7 @@ TEST_F(Reclaim, AnAllocationOnlyOtherSessionsIdleSlabsCanServeSucceeds)
   EXPECT_LT(std::chrono::steady_clock::now() - start, 400ms);
   {
     std::lock_guard lock(mutex_);
-    ASSERT_EQ(asked_.size(), 2u);  // both idle sessions, never the requester
+    ASSERT_EQ(asked_.size(), 2u);  // both were needed; never the requester
     for (auto const& r : asked_) {
       EXPECT_NE(r.session, c);
       EXPECT_EQ(r.pool, pool_);
@@ -135,6 +135,20 @@ TEST_F(Reclaim, AnAllocationOnlyOtherSessionsIdleSlabsCanServeSucceeds)
   EXPECT_EQ(stats.reclaim_served, 1u);
   EXPECT_EQ(stats.reclaim_refused, 0u);
   EXPECT_EQ(stats.in_use_bytes, 48 * MiB);
+}
+
+TEST_F(Reclaim, OnlyAsManySessionsAsTheRoomNeedsAreAskedTheLargestFirst)
+{
+  auto a = open(1000), b = open(1001), c = open(1002);
+  hold_slab(a, 16 * MiB);
+  hold_slab(b, 48 * MiB);
+  answer_by_giving_back();
+  auto lease = core_.allocate(c, pool_, 8 * MiB, 0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  std::lock_guard lock(mutex_);
+  ASSERT_EQ(asked_.size(), 1u);
+  EXPECT_EQ(asked_[0].session, b);
+  EXPECT_EQ(asked_[0].bytes, 8 * MiB);
 }
 
 TEST_F(Reclaim, ARequestIdleSlabsCannotServeIsRefusedAtOnceAsBefore)
