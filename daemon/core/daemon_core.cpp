@@ -210,6 +210,23 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                                   std::size_t alignment,
                                                   reclaim_policy policy)
 {
+  bool waited = false;
+  auto result = allocate_once(session, pool, bytes, alignment, policy, waited);
+  if (waited) {
+    std::lock_guard lock(mutex_);
+    auto& p = *pools_[pool];
+    ++(result.ok() ? p.reclaim_served : p.reclaim_refused);
+  }
+  return result;
+}
+
+absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
+                                                       pool_id pool,
+                                                       std::size_t bytes,
+                                                       std::size_t alignment,
+                                                       reclaim_policy policy,
+                                                       bool& waited)
+{
   std::unique_lock lock(mutex_);
   if (draining_) {
     return absl::UnavailableError(
@@ -274,6 +291,8 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (refused && policy != reclaim_policy::refuse && !quota_refusal_locked(*s, charge, what) &&
       reclaim_could_serve_locked(p, pool, session, charge)) {
     if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+    ++p.reclaim_waits;
+    waited = true;
     wait_for_reclaim_locked(lock, pool, session, charge);
     if (draining_) {
       return absl::UnavailableError(
@@ -306,6 +325,20 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);
+      // The ledger had room but the backend found none (a host pool too
+      // fragmented for the request): more idle slabs back may make a range.
+      // Ask for the request's size once more, then start over, refusing at
+      // once if the backend still fails.
+      if (policy != reclaim_policy::refuse && options_.reclaim_timeout.count() > 0 &&
+          reclaim_notify_ && !draining_ && reclaimable_locked(pool, session) > 0) {
+        if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+        if (!waited) { ++p.reclaim_waits; }
+        waited = true;
+        wait_for_reclaim_locked(lock, pool, session, charge, charge);
+        lock.unlock();
+        bool again_waited = false;  // it does not: it refuses when short
+        return allocate_once(session, pool, bytes, alignment, reclaim_policy::refuse, again_waited);
+      }
     }
     return absl::Status(block.status().code(),
                         absl::StrFormat("allocate %s from pool '%s': %s",
@@ -434,11 +467,12 @@ bool daemon_core::reclaim_could_serve_locked(pool_entry const& p,
 bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
                                           pool_id pool,
                                           session_id requester,
-                                          std::size_t charge)
+                                          std::size_t charge,
+                                          std::size_t ask_for)
 {
   auto& p            = *pools_[pool];
   auto const room    = p.capacity - std::min(p.capacity, p.in_use);
-  auto const lacking = charge - std::min(charge, room);
+  auto const lacking = ask_for > 0 ? ask_for : charge - std::min(charge, room);
   // Only as many sessions as the room needs, those with the most first: the
   // others keep their slabs (and their fast path) for their next allocation.
   std::vector<std::pair<std::size_t, session_id>> holders;
@@ -460,22 +494,25 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
     promised += bytes;
   }
   auto const deadline = std::chrono::steady_clock::now() + options_.reclaim_timeout;
-  ++p.reclaim_waits;
   ++reclaim_waiters_;
   auto notify = reclaim_notify_;
   lock.unlock();
   for (auto id : asked) { notify(id, pool, lacking); }
   lock.lock();
-  auto has_room = [&] { return charge <= p.capacity - std::min(p.capacity, p.in_use); };
+  auto const in_use_before = p.in_use;
+  auto has_room            = [&] {
+    if (ask_for > 0) {  // the ledger had room: wait for what was promised
+      return in_use_before - std::min(in_use_before, p.in_use) >= promised;
+    }
+    return charge <= p.capacity - std::min(p.capacity, p.in_use);
+  };
   // Not "until the reports say nothing idle is left": a session reports
   // after it sent its Frees, but the report (gRPC) may be handled before the
   // Frees (the session socket) are.
   room_changed_.wait_until(
       lock, deadline, [&] { return has_room() || draining_ || !sessions_.contains(requester); });
   --reclaim_waiters_;
-  bool const served = has_room();
-  ++(served ? p.reclaim_served : p.reclaim_refused);
-  return served;
+  return has_room();
 }
 
 void daemon_core::room_changed_locked() noexcept

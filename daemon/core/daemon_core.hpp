@@ -320,10 +320,20 @@ class daemon_core {
   /// then waits until the pool has room for `charge`, the deadline, the
   /// session's end or a drain. Lets go of the lock while it notifies and
   /// waits. Returns whether the room is there.
+  /// With `ask_for` (the ledger had room, the backend did not): asks for
+  /// that many bytes and waits until what it asked for is back.
   bool wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
                                pool_id pool,
                                session_id requester,
-                               std::size_t charge);
+                               std::size_t charge,
+                               std::size_t ask_for = 0);
+  /// allocate() but for the reclaim counters; `waited` is set once it waited.
+  absl::StatusOr<lease_grant> allocate_once(session_id session,
+                                            pool_id pool,
+                                            std::size_t bytes,
+                                            std::size_t alignment,
+                                            reclaim_policy policy,
+                                            bool& waited);
   void room_changed_locked() noexcept;
   /// Why `charge` more bytes for session `s` in pool `p` would break a quota
   /// or overrun the pool (`what`: the request, for the message), if it would.

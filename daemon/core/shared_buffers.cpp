@@ -152,9 +152,13 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
       return *refused;
     }
     if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+    ++p.reclaim_waits;
     wait_for_reclaim_locked(lock, pool, session, charge);
     lock.unlock();
-    return create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
+    auto created = create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
+    lock.lock();
+    ++(created.ok() ? p.reclaim_served : p.reclaim_refused);
+    return created;
   }
 
   // Take the name and the bytes, then let the backend allocate without the

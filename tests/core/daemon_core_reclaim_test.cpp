@@ -151,6 +151,30 @@ TEST_F(Reclaim, OnlyAsManySessionsAsTheRoomNeedsAreAskedTheLargestFirst)
   EXPECT_EQ(asked_[0].bytes, 8 * MiB);
 }
 
+TEST_F(Reclaim, WhenTheSlabsThatCameBackAreNotOneRangeItAsksForMore)
+{
+  // Host pool, in order: A's slab, a direct lease, B's slab, C's slab. The
+  // two largest slabs (A's and B's) make room in the ledger but no 24 MiB
+  // range; C's makes one with B's.
+  auto a = open(1000), b = open(1001), c = open(1002), d = open(1000);
+  hold_slab(a, 16 * MiB);
+  ASSERT_TRUE(core_.allocate(d, pool_, 8 * MiB, 0).ok());
+  hold_slab(b, 16 * MiB);
+  hold_slab(c, 8 * MiB);
+  answer_by_giving_back();
+  auto lease = core_.allocate(d, pool_, 24 * MiB, 0);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  {
+    std::lock_guard lock(mutex_);
+    ASSERT_EQ(asked_.size(), 3u);
+    EXPECT_EQ(asked_[2].session, c);
+  }
+  auto stats = pool_now();
+  EXPECT_EQ(stats.reclaim_waits, 1u);
+  EXPECT_EQ(stats.reclaim_served, 1u);
+  EXPECT_EQ(stats.reclaim_refused, 0u);
+}
+
 TEST_F(Reclaim, ARequestIdleSlabsCannotServeIsRefusedAtOnceAsBefore)
 {
   auto a = open(1000), b = open(1001), c = open(1002);
