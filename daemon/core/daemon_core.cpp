@@ -475,34 +475,45 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
   auto const lacking = ask_for > 0 ? ask_for : charge - std::min(charge, room);
   // Only as many sessions as the room needs, those with the most first: the
   // others keep their slabs (and their fast path) for their next allocation.
-  std::vector<std::pair<std::size_t, session_id>> holders;
+  struct holder {
+    std::size_t reclaimable;
+    session_id id;
+    std::size_t held;  // in the pool, now
+  };
+  std::vector<holder> holders;
   for (auto const& [id, s] : sessions_) {
     if (id == requester) { continue; }
     auto c = s->carved.find(pool);
     if (c == s->carved.end() || c->second.reclaimable_bytes == 0) { continue; }
     auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
-    if (auto r = idle_of(c->second, held).reclaimable; r > 0) { holders.emplace_back(r, id); }
+    if (auto r = idle_of(c->second, held).reclaimable; r > 0) { holders.push_back({r, id, held}); }
   }
-  std::sort(holders.begin(), holders.end(), [](auto const& a, auto const& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  std::sort(holders.begin(), holders.end(), [](holder const& a, holder const& b) {
+    return a.reclaimable != b.reclaimable ? a.reclaimable > b.reclaimable : a.id < b.id;
   });
-  std::vector<session_id> asked;
+  std::vector<holder> asked;
   std::size_t promised = 0;
-  for (auto const& [bytes, id] : holders) {
+  for (auto const& h : holders) {
     if (promised >= lacking) { break; }
-    asked.push_back(id);
-    promised += bytes;
+    asked.push_back(h);
+    promised += h.reclaimable;
   }
   auto const deadline = std::chrono::steady_clock::now() + options_.reclaim_timeout;
   ++reclaim_waiters_;
   auto notify = reclaim_notify_;
   lock.unlock();
-  for (auto id : asked) { notify(id, pool, lacking); }
+  for (auto const& h : asked) { notify(h.id, pool, lacking); }
   lock.lock();
-  auto const in_use_before = p.in_use;
-  auto has_room            = [&] {
-    if (ask_for > 0) {  // the ledger had room: wait for what was promised
-      return in_use_before - std::min(in_use_before, p.in_use) >= promised;
+  auto has_room = [&] {
+    if (ask_for > 0) {
+      // The ledger had room: wait until each session asked gave back what it
+      // reported (or ended).
+      return std::all_of(asked.begin(), asked.end(), [&](holder const& h) {
+        auto s = sessions_.find(h.id);
+        if (s == sessions_.end()) { return true; }
+        auto const now = s->second->pool_bytes.contains(pool) ? s->second->pool_bytes.at(pool) : 0;
+        return now + h.reclaimable <= h.held;
+      });
     }
     return charge <= p.capacity - std::min(p.capacity, p.in_use);
   };

@@ -101,21 +101,31 @@ TEST(MemoryThatMoves, AnAllocationOnlyOtherProcessesIdleSlabsCanServeSucceeds)
   // Served as soon as slabs came back: well before the 10 s deadline, and
   // with no idle_trim anywhere (these clients never trim by themselves).
   EXPECT_LT(millis(answer), 2000.0) << answer;
-  // Two of the three are enough for 24 MiB: only two are asked.
+  // Two of the three make room in the ledger for 24 MiB, and only two are
+  // asked at first; the host pool's allocator may want a larger free range
+  // than the request (it rounds sizes up), and then the daemon asks the
+  // third too. A client asked once more after it gave everything back says
+  // "gave-back 0".
   int gave_back = 0;
   for (auto& c : idle) {
     c->close_stdin();
-    auto line = c->read_line().value_or("(nothing)");
-    if (line == "gave-back " + std::to_string(16 * MiB)) {
-      ++gave_back;
-      line = c->read_line().value_or("(nothing)");
+    bool gave = false;
+    while (true) {
+      auto line = c->read_line().value_or("(nothing)");
+      if (line == "gave-back " + std::to_string(16 * MiB)) {
+        gave = true;
+        continue;
+      }
+      if (line == "gave-back 0") { continue; }
+      EXPECT_EQ(line, "done");
+      break;
     }
-    EXPECT_EQ(line, "done");
+    gave_back += gave ? 1 : 0;
     EXPECT_EQ(c->wait(), 0);
   }
-  EXPECT_EQ(gave_back, 2);
+  EXPECT_GE(gave_back, 2);
   auto after = daemon.stats();
-  EXPECT_EQ(after.pools(0).in_use_bytes(), 24 * MiB);  // the third's slabs went with its session
+  EXPECT_EQ(after.pools(0).in_use_bytes(), 24 * MiB);  // the rest went with the sessions
   EXPECT_EQ(after.pools(0).reclaim_waits(), 1u);
   EXPECT_EQ(after.pools(0).reclaim_served(), 1u);
   EXPECT_EQ(after.pools(0).idle_bytes(), 0u);
