@@ -1,10 +1,10 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
 // and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f,g]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
-// sections a) to f) (bench/README.md says what each one is), prints a table
+// sections a) to g) (bench/README.md says what each one is), prints a table
 // per section with the issue's targets beside the figures, and writes every
 // figure to FILE.json. Exit status: 0 when every section ran (a missed target
 // is a result, not a failure), 1 when a section failed (the JSON says which
@@ -24,9 +24,11 @@
 //   rmmd_bench --ipc-producer BYTES            section f's cudaIpcGetMemHandle producer
 //   rmmd_bench --share-consumer METHOD BYTES REPS WARMUP SECONDS ARG
 //                                              section f's consumer processes
+//   rmmd_bench --mobility-worker SLAB_BYTES    section g's slab clients (section_g.cpp)
 
 #include "bench/bench_support.hpp"
 #include "bench/section_a8.hpp"
+#include "bench/section_g.hpp"
 
 #include "client/detail/session_impl.hpp"
 #include "tools/socket/fd_passing.hpp"
@@ -2039,7 +2041,7 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
-  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f"};
+  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f", "g"};
   std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()
@@ -2228,8 +2230,24 @@ int bench_main(int argc, char** argv)
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
   guarded("f", [&] { section_sharing(cfg, daemon, st); });
+  guarded("g", [&] {
+    // Memory that moves (section_g.cpp), with a daemon of its own.
+    auto const g = section_mobility(mobility_config{.trials = quick ? 5 : 20},
+                                    rmmd_path,
+                                    self_path(),
+                                    self_env(),
+                                    st.doc.mutable_mobility());
+    st.check({.what     = "g) idle slabs reach a request: p50",
+              .measured = g.p50_ms,
+              .limit    = 50,
+              .unit     = "ms"});
+    st.check({.what     = "g) requests idle slabs could serve, refused",
+              .measured = static_cast<double>(g.refused),
+              .limit    = 0,
+              .unit     = "requests"});
+  });
 
-  std::printf("\nTargets (issues 5 and 12)\n");
+  std::printf("\nTargets (issues 5, 12 and 14)\n");
   for (auto const& t : st.targets) {
     std::printf("  %-4s %-52s %12.3f %s  (%s %g %s)\n",
                 t.pass() ? "pass" : "MISS",
@@ -2300,6 +2318,12 @@ int internal_main(int argc, char** argv)
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { return 2; }
     std::printf("%s\n", gpu_slug(prop.name).c_str());
     return 0;
+  }
+  if (mode == "--mobility-worker") {
+    char* end  = nullptr;
+    auto bytes = argc == 3 ? std::strtoull(argv[2], &end, 10) : 0;
+    if (argc != 3 || *end != '\0' || bytes == 0) { return usage("--mobility-worker SLAB_BYTES"); }
+    return mobility_worker_main(bytes);
   }
   if (mode == "--worker") {
     if (argc != 5 && argc != 6) {

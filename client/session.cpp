@@ -10,6 +10,7 @@
 #include <rmm/process_is_exiting.hpp>
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -189,6 +190,12 @@ session_impl::session_impl(session::options opts) : options(std::move(opts))
 
 session_impl::~session_impl()
 {
+  if (reader_.joinable()) {
+    reader_.request_stop();
+    ::eventfd_write(reader_wake_fd_, 1);
+    reader_.join();
+  }
+  if (reader_wake_fd_ >= 0) { ::close(reader_wake_fd_); }
   {
     // The host functions of shared buffers close what their stream stopped
     // using: the daemon may free a buffer only after that, so they must have
@@ -349,28 +356,123 @@ grpc::Status session_impl::call(v1::SessionCall& call,
                                 v1::SessionReply* reply,
                                 std::vector<int>* fds)
 {
-  call_lock lock(*this);
+  grpc::Status status;
+  std::vector<std::uint32_t> reclaims;
   {
-    // Frees that streams reached go first: the daemon handles a session's
-    // calls in order, so this call sees their memory back.
-    std::vector<queued_call> calls;
+    call_lock lock(*this);
     {
-      std::lock_guard queue_lock(releases_->mutex);
-      calls.swap(releases_->calls);
+      // Frees that streams reached go first: the daemon handles a session's
+      // calls in order, so this call sees their memory back.
+      std::vector<queued_call> calls;
+      {
+        std::lock_guard queue_lock(releases_->mutex);
+        calls.swap(releases_->calls);
+      }
+      send_releases_locked(calls);
     }
-    send_releases_locked(calls);
+    status = call_locked(call, reply, fds);
+    // Leases granted to calls that had given up waiting: nobody will free them
+    // but us (they would count against our quota until the session ends).
+    while (!orphans_.empty()) {
+      v1::SessionCall free_call;
+      free_call.mutable_free()->set_allocation_id(orphans_.back());
+      orphans_.pop_back();
+      v1::SessionReply ignored;
+      static_cast<void>(call_locked(free_call, &ignored));
+    }
+    reclaims.swap(reclaims_heard_);
   }
-  auto status = call_locked(call, reply, fds);
-  // Leases granted to calls that had given up waiting: nobody will free them
-  // but us (they would count against our quota until the session ends).
-  while (!orphans_.empty()) {
-    v1::SessionCall free_call;
-    free_call.mutable_free()->set_allocation_id(orphans_.back());
-    orphans_.pop_back();
-    v1::SessionReply ignored;
-    static_cast<void>(call_locked(free_call, &ignored));
-  }
+  if (!reclaims.empty()) { run_reclaim_watches(reclaims); }
   return status;
+}
+
+void session_impl::take_unasked_locked(v1::SessionReply const& reply,
+                                       std::vector<std::uint32_t>& reclaims)
+{
+  if (reply.has_reclaim()) {
+    reclaims.push_back(reply.reclaim().pool_id());
+  } else if (reply.has_error()) {
+    // The answer to an earlier call that did not wait: a Free sent with
+    // free_later() that failed, or a call that timed out.
+    std::fprintf(stderr,
+                 "rmmd: an earlier call on the session socket failed: %s\n",
+                 reply.error().message().c_str());
+  } else if (reply.has_allocate()) {
+    // A lease granted to a call that timed out is ours to give back.
+    orphans_.push_back(reply.allocate().allocation_id());
+  }
+}
+
+void session_impl::run_reclaim_watches(std::vector<std::uint32_t> const& reclaims) noexcept
+{
+  std::lock_guard lock(watches_mutex_);
+  for (auto const& [id, w] : watches_) {
+    if (std::find(reclaims.begin(), reclaims.end(), w.pool_id) == reclaims.end()) { continue; }
+    try {
+      w.on_request(w.pool_id);
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "rmmd: answering the daemon's reclaim request: %s\n", e.what());
+    }
+  }
+}
+
+std::uint64_t session_impl::watch_reclaims(std::uint32_t pool_id,
+                                           std::function<void(std::uint32_t)> on_request)
+{
+  std::lock_guard lock(watches_mutex_);
+  if (!reader_.joinable()) {
+    reader_wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (reader_wake_fd_ < 0) {
+      throw rmm::bad_alloc(std::string("rmmd: eventfd for the session's reader: ") +
+                           std::strerror(errno));
+    }
+    reader_ = std::jthread([this](std::stop_token stop) { read_unasked(std::move(stop)); });
+  }
+  auto const id = next_watch_++;
+  watches_.emplace(id, reclaim_watch{.pool_id = pool_id, .on_request = std::move(on_request)});
+  return id;
+}
+
+void session_impl::unwatch_reclaims(std::uint64_t watch_id) noexcept
+{
+  std::lock_guard lock(watches_mutex_);
+  watches_.erase(watch_id);
+}
+
+void session_impl::read_unasked(std::stop_token stop) noexcept
+{
+  std::array<char, 4096> buffer;
+  std::array<int, 4> attached{};
+  while (!stop.stop_requested()) {
+    std::array<pollfd, 2> watched{pollfd{.fd = socket_fd_, .events = POLLIN, .revents = 0},
+                                  pollfd{.fd = reader_wake_fd_, .events = POLLIN, .revents = 0}};
+    if (::poll(watched.data(), watched.size(), -1) < 0) {
+      if (errno == EINTR) { continue; }
+      return;
+    }
+    if (watched[1].revents != 0) { return; }
+    // The daemon is gone: the next call says so.
+    if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) { return; }
+    if ((watched[0].revents & POLLIN) == 0) { continue; }
+    std::vector<std::uint32_t> reclaims;
+    try {
+      // A call in progress reads its own reply (and whatever came before it):
+      // this waits for it, then takes what is left.
+      call_lock lock(*this);
+      while (true) {
+        auto const got = fd_passing::receive_datagram(socket_fd_, buffer, attached, MSG_DONTWAIT);
+        fd_passing::close_fds(attached, got.fd_count);
+        if (got.bytes < 0 && errno == EINTR) { continue; }
+        if (got.bytes <= 0) { break; }  // nothing more now, or closed (poll says so next)
+        v1::SessionReply reply;
+        if (!reply.ParseFromArray(buffer.data(), static_cast<int>(got.bytes))) { continue; }
+        take_unasked_locked(reply, reclaims);
+      }
+    } catch (std::exception const&) {
+      continue;  // out of memory: the request's deadline passes, nothing worse
+    }
+    if (!reclaims.empty()) { run_reclaim_watches(reclaims); }
+  }
 }
 
 bool session_impl::wait_socket(short events, std::chrono::steady_clock::time_point deadline) const
@@ -444,16 +546,8 @@ grpc::Status session_impl::call_locked(v1::SessionCall& call,
     if (read.kind != reply_kind::answer || fds == nullptr) { drop_fds(); }
     if (read.kind == reply_kind::invalid) { return read.status; }
     if (read.kind == reply_kind::earlier) {
-      // The answer to an earlier call that did not wait: a Free sent with
-      // free_later() that failed, or a call that timed out. A lease granted
-      // to the latter is ours to give back.
-      if (reply->has_error()) {
-        std::fprintf(stderr,
-                     "rmmd: an earlier call on the session socket failed: %s\n",
-                     reply->error().message().c_str());
-      } else if (reply->has_allocate()) {
-        orphans_.push_back(reply->allocate().allocation_id());
-      }
+      // A reclaim request, or the late answer to an earlier call.
+      take_unasked_locked(*reply, reclaims_heard_);
       continue;
     }
     if (fds != nullptr) { fds->assign(attached.begin(), attached.begin() + got.fd_count); }
@@ -526,6 +620,8 @@ std::vector<std::uint32_t> session_impl::send_carved_locked(std::uint32_t pool_i
   for (auto const& [reporter, u] : carved_[pool_id]) {
     sum.bytes += u.bytes;
     sum.allocation_count += u.allocation_count;
+    sum.slab_bytes += u.slab_bytes;
+    sum.reclaimable_bytes += u.reclaimable_bytes;
   }
   return send_usage({sum});
 }
@@ -810,6 +906,17 @@ std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const
   return impl_->send_usage(usage);
 }
 
+std::uint64_t session::watch_reclaims(std::uint32_t pool_id,
+                                      std::function<void(std::uint32_t)> on_request) const
+{
+  return impl_->watch_reclaims(pool_id, std::move(on_request));
+}
+
+void session::unwatch_reclaims(std::uint64_t watch_id) const noexcept
+{
+  impl_->unwatch_reclaims(watch_id);
+}
+
 namespace detail {
 
 std::vector<std::uint32_t> session_impl::send_usage(std::vector<carved_usage> const& usage)
@@ -820,6 +927,8 @@ std::vector<std::uint32_t> session_impl::send_usage(std::vector<carved_usage> co
     p->set_pool_id(u.pool_id);
     p->set_bytes(u.bytes);
     p->set_allocation_count(u.allocation_count);
+    p->set_slab_bytes(u.slab_bytes);
+    p->set_reclaimable_bytes(u.reclaimable_bytes);
   }
   v1::UsageReply reply;
   auto ctx    = context();

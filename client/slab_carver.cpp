@@ -25,20 +25,26 @@ thread_local std::exception_ptr failed_lease;
 /// Copyable (RMM keeps it in an any_resource); the owner outlives the pool.
 class direct_upstream {
  public:
-  explicit direct_upstream(ipc_memory_resource_impl* owner) : owner_(owner) {}
+  direct_upstream(ipc_memory_resource_impl* owner, std::atomic<std::size_t>* slab_bytes)
+      : owner_(owner), slab_bytes_(slab_bytes)
+  {
+  }
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
     try {
-      return owner_->lease(stream, bytes, alignment);
+      void* ptr = owner_->lease(stream, bytes, alignment);
+      slab_bytes_->fetch_add(bytes, std::memory_order_relaxed);
+      return ptr;
     } catch (rmmd::session_error const&) {
       failed_lease = std::current_exception();
       throw;
     }
   }
-  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t, std::size_t) noexcept
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
     owner_->unlease(stream, ptr);
+    slab_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
   }
   void* allocate_sync(std::size_t bytes, std::size_t alignment)
   {
@@ -57,6 +63,7 @@ class direct_upstream {
 
  private:
   ipc_memory_resource_impl* owner_;
+  std::atomic<std::size_t>* slab_bytes_;
 };
 
 static_assert(cuda::mr::resource_with<direct_upstream, cuda::mr::device_accessible>);
@@ -67,12 +74,22 @@ constexpr std::size_t max_alignment = 256;
 }  // namespace
 
 slab_carver::slab_carver(ipc_memory_resource_impl& owner)
-    : owner_(owner), keeper_([this](std::stop_token stop) { keep(std::move(stop)); })
+    : owner_(owner),
+      reclaim_watch_(owner.get_session().watch_reclaims(owner.pool().id,
+                                                        [this](std::uint32_t) {
+                                                          {
+                                                            std::lock_guard lock(keeper_mutex_);
+                                                            reclaim_asked_ = true;
+                                                          }
+                                                          keeper_wake_.notify_all();
+                                                        })),
+      keeper_([this](std::stop_token stop) { keep(std::move(stop)); })
 {
 }
 
 void slab_carver::abandon() noexcept
 {
+  owner_.get_session().unwatch_reclaims(reclaim_watch_);
   if (keeper_.joinable()) {
     keeper_.request_stop();
     keeper_.join();
@@ -84,6 +101,7 @@ void slab_carver::abandon() noexcept
 
 slab_carver::~slab_carver()
 {
+  owner_.get_session().unwatch_reclaims(reclaim_watch_);
   if (keeper_.joinable()) {
     keeper_.request_stop();
     keeper_.join();
@@ -125,8 +143,8 @@ void slab_carver::open_pool()
   if ((users_.load(std::memory_order_relaxed) & closed) == 0) { return; }  // another thread did
   if (pool_ == nullptr) {
     // The first slab is leased here; later ones as RMM's pool grows.
-    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_},
-                                                            owner_.options().slab_bytes);
+    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(
+        direct_upstream{&owner_, &slab_bytes_}, owner_.options().slab_bytes);
   }
   // Release: a carving call that sees the bit clear sees pool_.
   users_.fetch_and(~closed, std::memory_order_release);
@@ -235,32 +253,48 @@ void slab_carver::keep(std::stop_token stop) noexcept
       idle_trim / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
   // Its CUDA calls (trim) are for the pool's device.
   cudaSetDevice(owner_.pool().device);
-  std::size_t reported_bytes = 0, reported_count = 0;
+  std::size_t reported_bytes = 0, reported_count = 0, reported_slabs = 0;
   auto last_report = clock::now();
   auto idle_since  = clock::now();
   bool reporting   = true;  // until the daemon is gone
+  auto const pool  = owner_.pool().id;
+  // What the daemon hears: carved bytes, the slabs, and the slabs it may ask
+  // back (all of them while nothing is carved: RMM's pool gives back all or none).
+  auto usage = [&](std::size_t bytes, std::size_t count, std::size_t slabs) {
+    return carved_usage{.pool_id           = pool,
+                        .bytes             = bytes,
+                        .allocation_count  = count,
+                        .slab_bytes        = slabs,
+                        .reclaimable_bytes = count == 0 ? slabs : 0};
+  };
   std::unique_lock lock(keeper_mutex_);
-  while (!keeper_wake_.wait_for(lock, stop, tick, [] { return false; }) && !stop.stop_requested()) {
+  while (!stop.stop_requested()) {
+    keeper_wake_.wait_for(lock, stop, tick, [this] { return reclaim_asked_; });
+    if (stop.stop_requested()) { break; }
+    bool const asked = std::exchange(reclaim_asked_, false);
     auto const now   = clock::now();
     auto const bytes = carved_bytes();
     auto const count = carved_count();
+    auto const slabs = slab_bytes_.load(std::memory_order_relaxed);
     bool holding     = false;
     {
       std::lock_guard pool_lock(pool_mutex_);
       holding = pool_ != nullptr;
     }
     if (count != 0) { idle_since = now; }
-    bool pressed       = false;
-    bool const changed = bytes != reported_bytes || count != reported_count;
-    if (reporting && (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
+    // Asked by the daemon (another session waits): give back first, report after.
+    bool pressed = asked;
+    bool const changed =
+        bytes != reported_bytes || count != reported_count || slabs != reported_slabs;
+    if (!asked && reporting &&
+        (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
       try {
-        auto const trim_pools = owner_.get_session().impl().report_carved(
-            this,
-            carved_usage{.pool_id = owner_.pool().id, .bytes = bytes, .allocation_count = count});
-        pressed =
-            std::find(trim_pools.begin(), trim_pools.end(), owner_.pool().id) != trim_pools.end();
+        auto const trim_pools =
+            owner_.get_session().impl().report_carved(this, usage(bytes, count, slabs));
+        pressed        = std::find(trim_pools.begin(), trim_pools.end(), pool) != trim_pools.end();
         reported_bytes = bytes;
         reported_count = count;
+        reported_slabs = slabs;
         last_report    = now;
       } catch (rmmd::session_error const&) {
         reporting = false;  // the daemon is gone; the next allocation says so
@@ -270,12 +304,33 @@ void slab_carver::keep(std::stop_token stop) noexcept
       }
     }
     if (holding && count == 0 && (pressed || now - idle_since >= idle_trim)) {
-      if (trim() > 0 && reporting) {
-        try {
-          static_cast<void>(owner_.get_session().impl().report_carved(
-              this, carved_usage{.pool_id = owner_.pool().id, .bytes = 0, .allocation_count = 0}));
-        } catch (std::exception const&) {
-        }
+      static_cast<void>(trim());
+    }
+    if (asked && reporting) {
+      // What is left (nothing, or slabs something is carved from), so that
+      // the daemon stops waiting for this session.
+      auto const left_bytes = carved_bytes();
+      auto const left_count = carved_count();
+      auto const left_slabs = slab_bytes_.load(std::memory_order_relaxed);
+      try {
+        static_cast<void>(owner_.get_session().impl().report_carved(
+            this, usage(left_bytes, left_count, left_slabs)));
+        reported_bytes = left_bytes;
+        reported_count = left_count;
+        reported_slabs = left_slabs;
+        last_report    = now;
+      } catch (std::exception const&) {
+      }
+    } else if (holding && slab_bytes_.load(std::memory_order_relaxed) != reported_slabs &&
+               reporting) {
+      // Trimmed: say so now rather than at the next tick.
+      try {
+        auto const left_slabs = slab_bytes_.load(std::memory_order_relaxed);
+        static_cast<void>(owner_.get_session().impl().report_carved(
+            this, usage(carved_bytes(), carved_count(), left_slabs)));
+        reported_slabs = left_slabs;
+        last_report    = now;
+      } catch (std::exception const&) {
       }
     }
   }

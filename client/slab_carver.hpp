@@ -48,8 +48,9 @@ class slab_carver {
   [[nodiscard]] std::size_t carved_bytes() const noexcept;
 
  private:
-  /// The keeper: reports carved usage (when it changes, and every second while
-  /// slabs are held, to hear of pressure), and trims when idle or pressed.
+  /// The keeper: reports carved usage and its slabs (when they change, and
+  /// every second while slabs are held, to hear of pressure), and trims when
+  /// idle, pressed, or asked by the daemon (a reclaim request: at once).
   void keep(std::stop_token stop) noexcept;
   /// allocate() when users_ says closed: makes the pool (leasing its first
   /// slab) unless another thread did, and opens it.
@@ -81,8 +82,11 @@ class slab_carver {
   /// Makes and takes pool_ (never held by a carving call).
   alignas(64) std::mutex pool_mutex_;
   std::unique_ptr<rmm::mr::pool_memory_resource> pool_;
+  std::atomic<std::size_t> slab_bytes_{0};  // leased by the pool from the daemon
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
+  bool reclaim_asked_{false};  // guarded by keeper_mutex_: the daemon asked for idle slabs
+  std::uint64_t reclaim_watch_{};
   std::jthread keeper_;  // last: stops before the rest goes
 };
 

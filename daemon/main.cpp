@@ -65,6 +65,7 @@ struct daemon_flags {
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
+  int reclaim_timeout_ms{0};
   std::string metrics_address;
   std::size_t metrics_top_sessions{10};
   std::string log_level{"info"};
@@ -173,6 +174,9 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
   if (given("--max-message-bytes")) { s.max_message_bytes = flags.max_message_bytes; }
   if (given("--drain-timeout-ms")) {
     s.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  }
+  if (given("--reclaim-timeout-ms")) {
+    s.reclaim_timeout = std::chrono::milliseconds(flags.reclaim_timeout_ms);
   }
   if (given("--metrics-address")) { s.metrics_address = flags.metrics_address; }
   if (given("--metrics-top-sessions")) { s.metrics_top_sessions = flags.metrics_top_sessions; }
@@ -612,6 +616,11 @@ int main(int argc, char** argv)
                  flags.drain_timeout_ms,
                  "Time live sessions get to finish after SIGTERM")
       ->check(CLI::Range(0, 3600000));
+  app.add_option("--reclaim-timeout-ms",
+                 flags.reclaim_timeout_ms,
+                 "How long a request that finds its pool short waits for fast-path clients to "
+                 "give back idle slabs (default 200; 0: refuse at once)")
+      ->check(CLI::Range(0, 60000));
   app.add_option(
       "--metrics-address",
       flags.metrics_address,
@@ -679,7 +688,9 @@ int main(int argc, char** argv)
   if (lock_runtime_dir(dir) < 0) { return 1; }
 
   rmmd::core::daemon_core core(
-      rmmd::core::core_options{.access = settings.access, .quotas = settings.quotas});
+      rmmd::core::core_options{.access          = settings.access,
+                               .quotas          = settings.quotas,
+                               .reclaim_timeout = settings.reclaim_timeout});
   if (!add_pools(
           core, pool_plan(settings, flags), flags.backend, flags.shared_buffer_memory == "own")) {
     return 1;

@@ -17,8 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -144,6 +146,11 @@ class session_impl {
   /// Sends the sum of what the resources of `pool_id` carved. Holds carved_mutex_.
   std::vector<std::uint32_t> send_carved_locked(std::uint32_t pool_id);
 
+  /// See session::watch_reclaims.
+  std::uint64_t watch_reclaims(std::uint32_t pool_id,
+                               std::function<void(std::uint32_t)> on_request);
+  void unwatch_reclaims(std::uint64_t watch_id) noexcept;
+
   /// Registers the process-exit watch (process_exit.hpp) once per session,
   /// not once per buffer: each registration is an atexit entry.
   void watch_exit_once() noexcept
@@ -192,6 +199,15 @@ class session_impl {
                            v1::SessionReply* reply,
                            std::vector<int>* fds = nullptr);
   grpc::Status send_locked(v1::SessionCall& call, std::chrono::steady_clock::time_point deadline);
+  /// A datagram that answers no call in progress: a ReclaimRequest (its pool
+  /// is put in `reclaims`), or a late reply (an error is printed, a lease
+  /// granted is an orphan to free). Holds call_mutex_.
+  void take_unasked_locked(v1::SessionReply const& reply, std::vector<std::uint32_t>& reclaims);
+  /// Runs the watches of each pool in `reclaims`. Holds no call_mutex_.
+  void run_reclaim_watches(std::vector<std::uint32_t> const& reclaims) noexcept;
+  /// The thread that reads the session socket while no call does, so that a
+  /// ReclaimRequest is heard at once: it polls the socket and wake_fd_.
+  void read_unasked(std::stop_token stop) noexcept;
   /// Waits for `events` on the session socket: false once the deadline passed.
   [[nodiscard]] bool wait_socket(short events,
                                  std::chrono::steady_clock::time_point deadline) const;
@@ -222,6 +238,16 @@ class session_impl {
   void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool);
   std::mutex buffers_mutex_;
   std::unordered_map<std::uint64_t, buffer_view> buffers_;  // by buffer id
+  struct reclaim_watch {
+    std::uint32_t pool_id{};
+    std::function<void(std::uint32_t)> on_request;
+  };
+  std::mutex watches_mutex_;  // held while a watch runs, so unwatch waits for it
+  std::uint64_t next_watch_{1};
+  std::unordered_map<std::uint64_t, reclaim_watch> watches_;
+  std::vector<std::uint32_t> reclaims_heard_;  // guarded by call_mutex_: read by a call, to run
+  int reader_wake_fd_{-1};                     // eventfd: stops read_unasked
+  std::jthread reader_;                        // started by the first watch
 };
 
 }  // namespace rmmd::detail

@@ -140,6 +140,14 @@ std::string carved_text(std::uint64_t bytes, std::uint64_t allocations)
   return human_bytes(bytes) + " in " + std::to_string(allocations);
 }
 
+/// Slab bytes not carved (part of IN USE), and of those the slabs with
+/// nothing carved that the daemon may ask back: "-" when none.
+std::string idle_text(std::uint64_t idle, std::uint64_t reclaimable)
+{
+  if (idle == 0) { return "-"; }
+  return human_bytes(idle) + " (" + human_bytes(reclaimable) + " free)";
+}
+
 /// A pool's named shared buffers (part of IN USE): "-" when it has none.
 std::string shared_text(std::uint64_t bytes, std::uint64_t buffers)
 {
@@ -156,6 +164,7 @@ std::string format_stats(v1::Stats const& stats)
                "CAPACITY",
                "IN USE",
                "CARVED",
+               "IDLE",
                "SHARED",
                "HIGH WATER",
                "ALLOCS",
@@ -169,6 +178,7 @@ std::string format_stats(v1::Stats const& stats)
                human_bytes(p.pool().capacity_bytes()),
                human_bytes(p.in_use_bytes()),
                carved_text(p.carved_bytes(), p.carved_allocations()),
+               idle_text(p.idle_bytes(), p.reclaimable_bytes()),
                shared_text(p.shared_bytes(), p.shared_buffers()),
                human_bytes(p.high_water_bytes()),
                std::to_string(p.allocation_count()),
@@ -182,6 +192,7 @@ std::string format_stats(v1::Stats const& stats)
                   "CLIENT",
                   "BYTES",
                   "CARVED",
+                  "IDLE",
                   "SHARED",
                   "BUFFERS",
                   "ALLOCS"});
@@ -193,12 +204,14 @@ std::string format_stats(v1::Stats const& stats)
                   s.client_name().empty() ? "-" : s.client_name(),
                   human_bytes(s.bytes()),
                   carved_text(s.carved_bytes(), s.carved_allocations()),
+                  idle_text(s.idle_bytes(), s.reclaimable_bytes()),
                   human_bytes(s.shared_bytes()),
                   std::to_string(s.buffers_held()),
                   std::to_string(s.allocation_count())});
   }
-  return pools.str({false, true, false, false, true, true, true, true, true, true, true, true}) +
-         "\n" + sessions.str({true, true, true, false, false, true, true, true, true, true}) +
+  return pools.str(
+             {false, true, false, false, true, true, true, true, true, true, true, true, true}) +
+         "\n" + sessions.str({true, true, true, false, false, true, true, true, true, true, true}) +
          (stats.sessions().empty() ? "(no sessions)\n" : "");
 }
 
@@ -255,6 +268,7 @@ std::string format_sessions(v1::ListSessionsResponse const& response, std::int64
                   "COMMAND",
                   "CLIENT",
                   "BYTES",
+                  "IDLE",
                   "SHARED",
                   "BUFFERS",
                   "ALLOCS",
@@ -268,12 +282,14 @@ std::string format_sessions(v1::ListSessionsResponse const& response, std::int64
          s.command(),
          s.client_name().empty() ? "-" : s.client_name(),
          human_bytes(s.bytes()),
+         idle_text(s.idle_bytes(), s.reclaimable_bytes()),
          human_bytes(s.shared_bytes()),
          std::to_string(s.buffers_held()),
          std::to_string(s.allocation_count()),
          human_duration(std::chrono::seconds((now_unix_ms - s.started_unix_ms()) / 1000))});
   }
-  auto out = sessions.str({true, true, true, true, false, false, true, true, true, true, true});
+  auto out =
+      sessions.str({true, true, true, true, false, false, true, true, true, true, true, true});
   if (response.sessions().empty()) { out += "(no sessions)\n"; }
   return out;
 }

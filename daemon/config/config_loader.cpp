@@ -31,6 +31,7 @@ using info_tree = pb::TextFormat::ParseInfoTree;
 /// Longest drain an operator may ask for (systemd's TimeoutStopSec must cover it).
 constexpr std::uint32_t max_drain_ms      = 3'600'000;
 constexpr std::uint32_t max_hello_ms      = 600'000;
+constexpr std::uint32_t max_reclaim_ms    = 60'000;
 constexpr std::uint64_t min_message_bytes = 4096;
 /// Largest admission limit: far above any node's processes, and below any fd limit.
 constexpr std::uint32_t max_admission_limit = 1'000'000;
@@ -670,6 +671,18 @@ class validator {
               max_hello_ms);
       }
       s.hello_timeout = std::chrono::milliseconds(config_.hello_timeout_ms());
+    }
+    if (config_.has_reclaim_timeout_ms()) {
+      if (config_.reclaim_timeout_ms() > max_reclaim_ms) {
+        error(root_,
+              "reclaim_timeout_ms",
+              -1,
+              "reclaim_timeout_ms %d is longer than the most allowed, %d (one minute); give 0 "
+              "to refuse a short pool's requests at once",
+              config_.reclaim_timeout_ms(),
+              max_reclaim_ms);
+      }
+      s.reclaim_timeout = std::chrono::milliseconds(config_.reclaim_timeout_ms());
     }
     if (config_.has_max_message_bytes()) {
       auto bytes = config_.max_message_bytes();

@@ -82,6 +82,8 @@ struct daemon_settings {
   session::admission_limits admission;
   std::chrono::milliseconds drain_timeout{5000};
   std::chrono::milliseconds hello_timeout{2000};
+  /// See core_options::reclaim_timeout.
+  std::chrono::milliseconds reclaim_timeout{core::default_reclaim_timeout};
   std::size_t max_message_bytes{64 * 1024};
   std::string metrics_address;  ///< "HOST:PORT"; empty: no metrics endpoint
   /// Sessions with metrics series of their own (the top ones by bytes).

@@ -26,6 +26,9 @@ struct daemon_core::pool_entry {
   std::size_t live{};  // leases
   std::uint64_t total{};
   std::chrono::steady_clock::time_point pressure_until{};
+  std::uint64_t reclaim_waits{};  // see pool_stats
+  std::uint64_t reclaim_served{};
+  std::uint64_t reclaim_refused{};
 };
 
 struct daemon_core::session_entry {

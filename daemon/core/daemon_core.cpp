@@ -37,7 +37,19 @@ std::string bytes_text(std::size_t bytes)
   return absl::StrFormat("%d bytes", bytes);
 }
 
+constexpr char const* held_message = "held: waiting for idle slabs to come back";
+
 }  // namespace
+
+absl::Status held_for_reclaim()
+{
+  return absl::AbortedError(held_message);
+}
+
+bool is_held_for_reclaim(absl::Status const& status)
+{
+  return status.code() == absl::StatusCode::kAborted && status.message() == held_message;
+}
 
 bool access_policy::allows(peer_credentials const& peer) const
 {
@@ -85,6 +97,12 @@ daemon_core::~daemon_core()
   }
   buffers_.clear();
   buffer_names_.clear();
+}
+
+void daemon_core::set_reclaim_notifier(reclaim_notifier notify)
+{
+  std::lock_guard lock(mutex_);
+  reclaim_notify_ = std::move(notify);
 }
 
 pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
@@ -167,6 +185,7 @@ void daemon_core::close_session(session_id id) noexcept
   for (auto& pool : pools_) { pool->backend->forget_session(id); }
   by_token_.erase(it->second->token_hex);
   sessions_.erase(it);
+  room_changed_locked();  // its leases are back, and its idle slabs gone from the count
 }
 
 absl::StatusOr<session_id> daemon_core::authenticate(std::string_view token_hex) const
@@ -188,7 +207,25 @@ absl::StatusOr<session_id> daemon_core::authenticate(std::string_view token_hex)
 absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                                   pool_id pool,
                                                   std::size_t bytes,
-                                                  std::size_t alignment)
+                                                  std::size_t alignment,
+                                                  reclaim_policy policy)
+{
+  bool waited = false;
+  auto result = allocate_once(session, pool, bytes, alignment, policy, waited);
+  if (waited) {
+    std::lock_guard lock(mutex_);
+    auto& p = *pools_[pool];
+    ++(result.ok() ? p.reclaim_served : p.reclaim_refused);
+  }
+  return result;
+}
+
+absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
+                                                       pool_id pool,
+                                                       std::size_t bytes,
+                                                       std::size_t alignment,
+                                                       reclaim_policy policy,
+                                                       bool& waited)
 {
   std::unique_lock lock(mutex_);
   if (draining_) {
@@ -201,7 +238,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (s_it == sessions_.end()) {
     return absl::UnauthenticatedError("allocate: the session is closed; open a new session");
   }
-  auto& s = *s_it->second;
+  auto* s = s_it->second.get();
   if (pool >= pools_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "allocate %s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl stats`)",
@@ -241,13 +278,32 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
           ? bytes_text(bytes)
           : absl::StrCat(bytes_text(bytes), " (", bytes_text(charge), " once rounded up)");
   auto const what = absl::StrFormat("allocate %s from pool '%s'", asked, p.config.name);
-  auto refused    = refusal_locked(p, s, charge, what);
+  auto refused    = refusal_locked(p, *s, charge, what);
   // Leases freed with an event count until the reaper sees the event: before
   // refusing for want of room, reap what has passed and look again. (Not on
   // every request: that would poll every pending event under the lock.)
   if (refused && !fenced_.empty()) {
     reap_fences_locked();
-    refused = refusal_locked(p, s, charge, what);
+    refused = refusal_locked(p, *s, charge, what);
+  }
+  // Short of room that other sessions' idle slabs would make: ask them for
+  // those and wait for the room rather than refuse (DESIGN.md, the fast path).
+  if (refused && policy != reclaim_policy::refuse && !quota_refusal_locked(*s, charge, what) &&
+      reclaim_could_serve_locked(p, pool, session, charge)) {
+    if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+    ++p.reclaim_waits;
+    waited = true;
+    wait_for_reclaim_locked(lock, pool, session, charge);
+    if (draining_) {
+      return absl::UnavailableError(
+          absl::StrCat(what, ": the daemon is draining for shutdown; no new allocations"));
+    }
+    s_it = sessions_.find(session);
+    if (s_it == sessions_.end()) {
+      return absl::UnauthenticatedError("allocate: the session closed during the call");
+    }
+    s       = s_it->second.get();
+    refused = refusal_locked(p, *s, charge, what);
   }
   if (refused) { return *refused; }
 
@@ -255,8 +311,8 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   // pointer export: tens of us) runs without the lock, so that the calls of
   // other sessions go on meanwhile. The bytes asked for are counted first, so
   // that concurrent requests cannot together overrun a quota or the pool.
-  auto const uid = s.peer.uid;
-  charge_locked(p, &s, uid, pool, charge, +1);
+  auto const uid = s->peer.uid;
+  charge_locked(p, s, uid, pool, charge, +1);
   lock.unlock();
   auto block = p.backend->allocate(bytes, alignment);
   lock.lock();
@@ -269,6 +325,20 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);
+      // The ledger had room but the backend found none (a host pool too
+      // fragmented for the request): more idle slabs back may make a range.
+      // Ask for the request's size once more, then start over, refusing at
+      // once if the backend still fails.
+      if (policy != reclaim_policy::refuse && options_.reclaim_timeout.count() > 0 &&
+          reclaim_notify_ && !draining_ && reclaimable_locked(pool, session) > 0) {
+        if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+        if (!waited) { ++p.reclaim_waits; }
+        waited = true;
+        wait_for_reclaim_locked(lock, pool, session, charge, charge);
+        lock.unlock();
+        bool again_waited = false;  // it does not: it refuses when short
+        return allocate_once(session, pool, bytes, alignment, reclaim_policy::refuse, again_waited);
+      }
     }
     return absl::Status(block.status().code(),
                         absl::StrFormat("allocate %s from pool '%s': %s",
@@ -309,6 +379,22 @@ std::optional<absl::Status> daemon_core::refusal_locked(pool_entry& p,
                                                         std::size_t charge,
                                                         std::string const& what)
 {
+  if (auto quota = quota_refusal_locked(s, charge, what)) { return quota; }
+  if (charge > p.capacity - std::min(p.capacity, p.in_use)) {
+    signal_pressure_locked(p);
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: the pool has %s of %s in use; retry later or use another pool",
+                        what,
+                        bytes_text(p.in_use),
+                        bytes_text(p.capacity)));
+  }
+  return std::nullopt;
+}
+
+std::optional<absl::Status> daemon_core::quota_refusal_locked(session_entry const& s,
+                                                              std::size_t charge,
+                                                              std::string const& what) const
+{
   auto const session_limit = options_.quotas.per_session_bytes;
   auto const session_used  = s.bytes + s.shared_bytes;
   if (session_limit != 0 && charge > session_limit - std::min(session_limit, session_used)) {
@@ -332,15 +418,117 @@ std::optional<absl::Status> daemon_core::refusal_locked(pool_entry& p,
         bytes_text(uid_used),
         bytes_text(uid_limit)));
   }
-  if (charge > p.capacity - std::min(p.capacity, p.in_use)) {
-    signal_pressure_locked(p);
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("%s: the pool has %s of %s in use; retry later or use another pool",
-                        what,
-                        bytes_text(p.in_use),
-                        bytes_text(p.capacity)));
-  }
   return std::nullopt;
+}
+
+namespace {
+
+/// A session's report for one pool, held against what it holds there now
+/// (it may have given slabs back since it last reported).
+struct idle_slabs {
+  std::size_t idle{};
+  std::size_t reclaimable{};
+};
+
+idle_slabs idle_of(carved_usage const& c, std::size_t held)
+{
+  auto const slabs  = std::min(c.slab_bytes, held);
+  auto const carved = std::min(c.bytes, slabs);
+  auto const idle   = slabs - carved;
+  return {.idle = idle, .reclaimable = std::min(c.reclaimable_bytes, idle)};
+}
+
+}  // namespace
+
+std::size_t daemon_core::reclaimable_locked(pool_id pool, session_id requester) const
+{
+  std::size_t total = 0;
+  for (auto const& [id, s] : sessions_) {
+    if (id == requester) { continue; }
+    auto c = s->carved.find(pool);
+    if (c == s->carved.end() || c->second.reclaimable_bytes == 0) { continue; }
+    auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
+    total += idle_of(c->second, held).reclaimable;
+  }
+  return total;
+}
+
+bool daemon_core::reclaim_could_serve_locked(pool_entry const& p,
+                                             pool_id pool,
+                                             session_id requester,
+                                             std::size_t charge) const
+{
+  if (options_.reclaim_timeout.count() <= 0 || !reclaim_notify_ || draining_) { return false; }
+  auto const room = p.capacity - std::min(p.capacity, p.in_use);
+  if (charge <= room) { return false; }  // not short of room
+  return reclaimable_locked(pool, requester) >= charge - room;
+}
+
+bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
+                                          pool_id pool,
+                                          session_id requester,
+                                          std::size_t charge,
+                                          std::size_t ask_for)
+{
+  auto& p            = *pools_[pool];
+  auto const room    = p.capacity - std::min(p.capacity, p.in_use);
+  auto const lacking = ask_for > 0 ? ask_for : charge - std::min(charge, room);
+  // Only as many sessions as the room needs, those with the most first: the
+  // others keep their slabs (and their fast path) for their next allocation.
+  struct holder {
+    std::size_t reclaimable;
+    session_id id;
+    std::size_t held;  // in the pool, now
+  };
+  std::vector<holder> holders;
+  for (auto const& [id, s] : sessions_) {
+    if (id == requester) { continue; }
+    auto c = s->carved.find(pool);
+    if (c == s->carved.end() || c->second.reclaimable_bytes == 0) { continue; }
+    auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
+    if (auto r = idle_of(c->second, held).reclaimable; r > 0) { holders.push_back({r, id, held}); }
+  }
+  std::sort(holders.begin(), holders.end(), [](holder const& a, holder const& b) {
+    return a.reclaimable != b.reclaimable ? a.reclaimable > b.reclaimable : a.id < b.id;
+  });
+  std::vector<holder> asked;
+  std::size_t promised = 0;
+  for (auto const& h : holders) {
+    if (promised >= lacking) { break; }
+    asked.push_back(h);
+    promised += h.reclaimable;
+  }
+  auto const deadline = std::chrono::steady_clock::now() + options_.reclaim_timeout;
+  ++reclaim_waiters_;
+  auto notify = reclaim_notify_;
+  lock.unlock();
+  for (auto const& h : asked) { notify(h.id, pool, lacking); }
+  lock.lock();
+  auto has_room = [&] {
+    if (ask_for > 0) {
+      // The ledger had room: wait until each session asked gave back what it
+      // reported (or ended).
+      return std::all_of(asked.begin(), asked.end(), [&](holder const& h) {
+        auto s = sessions_.find(h.id);
+        if (s == sessions_.end()) { return true; }
+        auto const now = s->second->pool_bytes.contains(pool) ? s->second->pool_bytes.at(pool) : 0;
+        return now + h.reclaimable <= h.held;
+      });
+    }
+    return charge <= p.capacity - std::min(p.capacity, p.in_use);
+  };
+  // Not "until the reports say nothing idle is left": a session reports
+  // after it sent its Frees, but the report (gRPC) may be handled before the
+  // Frees (the session socket) are.
+  room_changed_.wait_until(
+      lock, deadline, [&] { return has_room() || draining_ || !sessions_.contains(requester); });
+  --reclaim_waiters_;
+  return has_room();
+}
+
+void daemon_core::room_changed_locked() noexcept
+{
+  if (reclaim_waiters_ > 0) { room_changed_.notify_all(); }
 }
 
 void daemon_core::charge_locked(
@@ -357,6 +545,7 @@ void daemon_core::charge_locked(
   auto u = uid_bytes_.try_emplace(uid, 0).first;
   apply(u->second);
   if (u->second == 0) { uid_bytes_.erase(u); }
+  if (sign < 0) { room_changed_locked(); }
 }
 
 absl::Status daemon_core::free(session_id session,
@@ -501,6 +690,7 @@ void daemon_core::release_lease_locked(allocation_id id) noexcept
     u->second -= bytes;
     if (u->second == 0) { uid_bytes_.erase(u); }
   }
+  room_changed_locked();
 }
 
 session_info daemon_core::info_locked(session_entry const& s) const
@@ -517,6 +707,9 @@ session_info daemon_core::info_locked(session_entry const& s) const
   for (auto const& [pool, c] : s.carved) {
     info.carved_bytes += c.bytes;
     info.carved_allocations += c.allocation_count;
+    auto const idle = idle_of(c, s.pool_bytes.contains(pool) ? s.pool_bytes.at(pool) : 0);
+    info.idle_bytes += idle.idle;
+    info.reclaimable_bytes += idle.reclaimable;
   }
   return info;
 }
@@ -543,19 +736,44 @@ absl::StatusOr<std::vector<pool_id>> daemon_core::report_usage(
           absl::StrFormat("report usage: pool '%s' appears twice; report each pool once",
                           pools_[u.pool]->config.name));
     }
-    auto const held = s.pool_bytes.contains(u.pool) ? s.pool_bytes.at(u.pool) : 0;
+    auto const held  = s.pool_bytes.contains(u.pool) ? s.pool_bytes.at(u.pool) : 0;
+    auto const& name = pools_[u.pool]->config.name;
     if (u.bytes > held) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "report usage: %s in %d allocations carved from pool '%s', but the session holds "
           "%s there",
           bytes_text(u.bytes),
           u.allocation_count,
-          pools_[u.pool]->config.name,
+          name,
           bytes_text(held)));
+    }
+    if (u.slab_bytes > held) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: %s of slabs in pool '%s', but the session holds %s there",
+                          bytes_text(u.slab_bytes),
+                          name,
+                          bytes_text(held)));
+    }
+    if (u.slab_bytes != 0 && u.bytes > u.slab_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: %s carved from %s of slabs in pool '%s'; a session "
+                          "carves only from its slabs",
+                          bytes_text(u.bytes),
+                          bytes_text(u.slab_bytes),
+                          name));
+    }
+    if (u.reclaimable_bytes > u.slab_bytes - std::min(u.slab_bytes, u.bytes)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "report usage: %s of slabs with nothing carved in pool '%s', but only %s of its %s of "
+          "slabs there are not carved",
+          bytes_text(u.reclaimable_bytes),
+          name,
+          bytes_text(u.slab_bytes - std::min(u.slab_bytes, u.bytes)),
+          bytes_text(u.slab_bytes)));
     }
   }
   for (auto const& u : usage) {
-    if (u.bytes == 0 && u.allocation_count == 0) {
+    if (u.bytes == 0 && u.allocation_count == 0 && u.slab_bytes == 0) {
       s.carved.erase(u.pool);
     } else {
       s.carved[u.pool] = u;
@@ -669,12 +887,18 @@ stats_snapshot daemon_core::stats() const
         .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt,
         .release_threshold_bytes =
             release ? std::optional<std::uint64_t>(*release) : std::nullopt});
+    out.pools.back().reclaim_waits   = p.reclaim_waits;
+    out.pools.back().reclaim_served  = p.reclaim_served;
+    out.pools.back().reclaim_refused = p.reclaim_refused;
   }
   for (auto const& [id, s] : sessions_) {
     for (auto const& [pool, c] : s->carved) {
       auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
       out.pools[pool].carved_bytes += std::min(c.bytes, held);
       out.pools[pool].carved_allocations += c.allocation_count;
+      auto const idle = idle_of(c, held);
+      out.pools[pool].idle_bytes += idle.idle;
+      out.pools[pool].reclaimable_bytes += idle.reclaimable;
     }
   }
   for (auto const& [id, b] : buffers_) {
@@ -715,6 +939,7 @@ void daemon_core::begin_drain()
   std::lock_guard lock(mutex_);
   draining_ = true;
   buffers_changed_.notify_all();  // waiting opens answer UNAVAILABLE
+  room_changed_.notify_all();     // and requests waiting for idle slabs
 }
 
 bool daemon_core::draining() const

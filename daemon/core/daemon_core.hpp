@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,7 +65,34 @@ struct core_options {
   /// Besides root, the one uid whose sessions may make admin requests (trim):
   /// by default the daemon's own.
   uid_t admin_uid{::geteuid()};
+  /// How long a request that finds its pool short waits for other sessions to
+  /// give back idle slabs that could serve it (see allocate()); 0: it is
+  /// refused at once.
+  std::chrono::milliseconds reclaim_timeout{default_reclaim_timeout};
 };
+
+/// What a request that finds its pool short does when other sessions hold
+/// idle slabs there that could serve it (see daemon_core::allocate).
+enum class reclaim_policy : std::uint8_t {
+  /// Asks them to give those back and waits (up to reclaim_timeout) for the
+  /// room: for callers whose thread may block.
+  wait,
+  /// Changes nothing and answers `held_for_reclaim()`: the caller makes the
+  /// request again with `wait` from a thread that may block.
+  hand_off,
+  /// Refuses at once, as if no session held idle slabs.
+  refuse,
+};
+
+/// The answer of a request made with reclaim_policy::hand_off that would
+/// wait (never sent to a client).
+[[nodiscard]] absl::Status held_for_reclaim();
+[[nodiscard]] bool is_held_for_reclaim(absl::Status const& status);
+
+/// Asks session `session` to give back its idle slabs of `pool` now: `bytes`
+/// is what the waiting request still lacks. Must not block (it sends one
+/// datagram); called without the core's lock.
+using reclaim_notifier = std::function<void(session_id session, pool_id pool, std::size_t bytes)>;
 
 /// 128 random bits, the session's bearer credential on the gRPC socket.
 using session_token = std::array<std::byte, 16>;
@@ -99,6 +128,10 @@ class daemon_core {
   daemon_core& operator=(daemon_core const&) = delete;
   ~daemon_core();
 
+  /// Who carries reclaim requests to sessions (the session listener). Call
+  /// before serving requests; without one, a short pool refuses at once.
+  void set_reclaim_notifier(reclaim_notifier notify);
+
   /// Adds a pool served by `backend`. Call before serving requests.
   pool_id add_pool(pool_config config, std::unique_ptr<pool_backend> backend);
 
@@ -121,10 +154,18 @@ class daemon_core {
   /// INVALID_ARGUMENT (size 0, too large, bad alignment, unknown pool),
   /// RESOURCE_EXHAUSTED (quota, pool limit, backend out of memory),
   /// UNAVAILABLE (draining), UNAUTHENTICATED (session gone).
+  ///
+  /// When the pool lacks room for the request but other sessions report idle
+  /// slabs there (slabs with nothing carved) that would make enough, it asks
+  /// them through the reclaim notifier to give those back and waits, up to
+  /// options.reclaim_timeout, for the room (`policy`); then it allocates, or
+  /// refuses as it would have at once. A request that idle slabs cannot serve
+  /// is refused at once. The wait holds no lock: other calls go on.
   absl::StatusOr<lease_grant> allocate(session_id session,
                                        pool_id pool,
                                        std::size_t bytes,
-                                       std::size_t alignment);
+                                       std::size_t alignment,
+                                       reclaim_policy policy = reclaim_policy::wait);
 
   /// NOT_FOUND (unknown id, or already freed), PERMISSION_DENIED (held by
   /// another session).
@@ -195,12 +236,14 @@ class daemon_core {
   /// ALREADY_EXISTS (the name is taken), RESOURCE_EXHAUSTED (quota, pool,
   /// larger than the pool),
   /// UNAVAILABLE (draining). The backend allocates without the lock; the name
-  /// is taken meanwhile.
+  /// is taken meanwhile. A pool short of room waits for idle slabs as in
+  /// allocate() (`policy`), with the name not yet taken.
   absl::StatusOr<buffer_grant> create_buffer(session_id session,
                                              std::string_view name,
                                              pool_id pool,
                                              std::size_t bytes,
-                                             buffer_options const& options);
+                                             buffer_options const& options,
+                                             reclaim_policy policy = reclaim_policy::wait);
 
   /// Opens `id` to every allowed session and wakes those waiting for it.
   /// NOT_FOUND (no such buffer), FAILED_PRECONDITION (not the creating
@@ -261,6 +304,39 @@ class daemon_core {
                      std::size_t bytes,
                      int sign) noexcept;
   void signal_pressure_locked(pool_entry& pool);
+  /// Why the session's or its uid's quota cannot take `charge` more, if so.
+  std::optional<absl::Status> quota_refusal_locked(session_entry const& s,
+                                                   std::size_t charge,
+                                                   std::string const& what) const;
+  /// Idle slab bytes that sessions other than `requester` could give back in
+  /// pool `pool` (what they last reported as reclaimable).
+  std::size_t reclaimable_locked(pool_id pool, session_id requester) const;
+  /// Whether a request charging `charge` to pool `p` for session `requester`
+  /// lacks room that other sessions' idle slabs could make: then worth a wait.
+  bool reclaim_could_serve_locked(pool_entry const& p,
+                                  pool_id pool,
+                                  session_id requester,
+                                  std::size_t charge) const;
+  /// Asks sessions holding reclaimable slabs of `pool` to give them back (as
+  /// many as the room needs, those with the most first),
+  /// then waits until the pool has room for `charge`, the deadline, the
+  /// session's end or a drain. Lets go of the lock while it notifies and
+  /// waits. Returns whether the room is there.
+  /// With `ask_for` (the ledger had room, the backend did not): asks for
+  /// that many bytes and waits until what it asked for is back.
+  bool wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
+                               pool_id pool,
+                               session_id requester,
+                               std::size_t charge,
+                               std::size_t ask_for = 0);
+  /// allocate() but for the reclaim counters; `waited` is set once it waited.
+  absl::StatusOr<lease_grant> allocate_once(session_id session,
+                                            pool_id pool,
+                                            std::size_t bytes,
+                                            std::size_t alignment,
+                                            reclaim_policy policy,
+                                            bool& waited);
+  void room_changed_locked() noexcept;
   /// Why `charge` more bytes for session `s` in pool `p` would break a quota
   /// or overrun the pool (`what`: the request, for the message), if it would.
   std::optional<absl::Status> refusal_locked(pool_entry& p,
@@ -299,7 +375,10 @@ class daemon_core {
   std::unordered_map<std::string, buffer_id> buffer_names_;  // named buffers only (not deleted)
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
-  std::jthread fence_reaper_;  // last: stops (and joins) before the rest is destroyed
+  reclaim_notifier reclaim_notify_;                          // set before serving
+  std::condition_variable room_changed_;  // a pool got room, a session's end, a drain
+  std::size_t reclaim_waiters_{};         // requests waiting on room_changed_
+  std::jthread fence_reaper_;             // last: stops (and joins) before the rest is destroyed
 };
 
 }  // namespace rmmd::core

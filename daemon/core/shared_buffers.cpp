@@ -84,7 +84,8 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
                                                         std::string_view name,
                                                         pool_id pool,
                                                         std::size_t bytes,
-                                                        buffer_options const& options)
+                                                        buffer_options const& options,
+                                                        reclaim_policy policy)
 {
   std::unique_lock lock(mutex_);
   auto const request = absl::StrFormat("create buffer %s", shown_name(name));
@@ -142,7 +143,23 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   auto const charge = std::max(bytes, p.backend->reserved_size(bytes));
   auto const what =
       absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
-  if (auto refused = refusal_locked(p, s, charge, what)) { return *refused; }
+  if (auto refused = refusal_locked(p, s, charge, what)) {
+    // As allocate() does: short of room that other sessions' idle slabs would
+    // make, it asks them and waits, then starts over (the name may be taken
+    // by then), refusing at once if the pool is still short.
+    if (policy == reclaim_policy::refuse || quota_refusal_locked(s, charge, what) ||
+        !reclaim_could_serve_locked(p, pool, session, charge)) {
+      return *refused;
+    }
+    if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
+    ++p.reclaim_waits;
+    wait_for_reclaim_locked(lock, pool, session, charge);
+    lock.unlock();
+    auto created = create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
+    lock.lock();
+    ++(created.ok() ? p.reclaim_served : p.reclaim_refused);
+    return created;
+  }
 
   // Take the name and the bytes, then let the backend allocate without the
   // lock (a large CUDA allocation takes a while). Until it is done the buffer
@@ -181,6 +198,7 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   }();
   auto uncharge = [&](std::size_t amount) {
     p.in_use -= amount;
+    room_changed_locked();
     if (auto u = uid_bytes_.find(uid); u != uid_bytes_.end()) {
       u->second -= amount;
       if (u->second == 0) { uid_bytes_.erase(u); }
@@ -459,6 +477,7 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
   auto& p = *pools_[b.pool];
   p.backend->deallocate_shared(b.block);
   p.in_use -= b.charge;
+  room_changed_locked();
   if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
     u->second -= b.charge;
     if (u->second == 0) { uid_bytes_.erase(u); }

@@ -23,6 +23,10 @@ using buffer_id     = std::uint64_t;
 /// Alignment used when a request asks for none (RMM's CUDA_ALLOCATION_ALIGNMENT).
 inline constexpr std::size_t default_alignment = 256;
 
+/// How long a request that finds its pool short waits, by default, for other
+/// sessions to give back idle slabs (core_options::reclaim_timeout).
+inline constexpr std::chrono::milliseconds default_reclaim_timeout{200};
+
 enum class backend_kind : std::uint8_t { host, cuda };
 
 enum class handle_type : std::uint8_t { posix_fd, fabric, host_offset };
@@ -79,6 +83,18 @@ struct pool_stats {
   std::optional<std::uint64_t> backend_used_bytes{};  ///< e.g. cudaMemPoolAttrUsedMemCurrent
   std::size_t carved_bytes{};  ///< reported by fast-path sessions, part of in_use_bytes
   std::size_t carved_allocations{};
+  /// Fast-path sessions' slab bytes not carved (part of in_use_bytes), as
+  /// they last reported them; of those, the bytes of slabs with nothing
+  /// carved, which a session gives back when asked (reclaimable).
+  std::size_t idle_bytes{};
+  std::size_t reclaimable_bytes{};
+  /// Requests that found the pool short and waited for other sessions to give
+  /// idle slabs back (see core_options::reclaim_timeout): all of them, those
+  /// the returned slabs served, and those refused after it (at the deadline, or once the idle slabs
+  /// no longer sufficed).
+  std::uint64_t reclaim_waits{};
+  std::uint64_t reclaim_served{};
+  std::uint64_t reclaim_refused{};
   std::optional<std::uint64_t> release_threshold_bytes{};  ///< where the backend has one
   std::size_t shared_buffers{};                            ///< named shared buffers in the pool
   std::size_t shared_bytes{};    ///< their reserved bytes, part of in_use_bytes
@@ -90,6 +106,12 @@ struct carved_usage {
   pool_id pool{};
   std::size_t bytes{};
   std::size_t allocation_count{};
+  /// The bytes of its slabs there (carved or not; 0 from clients that do not
+  /// say), and of those the bytes of slabs with nothing carved, which the
+  /// session gives back at once when asked (a session reporting any answers
+  /// reclaim requests: see daemon_core::set_reclaim_notifier).
+  std::size_t slab_bytes{};
+  std::size_t reclaimable_bytes{};
 };
 
 /// What trimming one pool gave back.
@@ -111,6 +133,8 @@ struct session_info {
   std::chrono::system_clock::time_point started{};
   std::size_t carved_bytes{};  ///< see pool_stats
   std::size_t carved_allocations{};
+  std::size_t idle_bytes{};  ///< see pool_stats
+  std::size_t reclaimable_bytes{};
   std::size_t shared_bytes{};  ///< buffers it created and holds, charged beside `bytes`
   std::size_t buffers_held{};  ///< shared buffers it holds
 };

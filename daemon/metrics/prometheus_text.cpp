@@ -233,6 +233,41 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       pools,
       pool,
       [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.carved_bytes); });
+  e.gauge_per("rmmd_pool_idle_bytes",
+              "Bytes of fast-path sessions' slabs not carved, as they last reported them (part of "
+              "in_use).",
+              pools,
+              pool,
+              [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.idle_bytes); });
+  e.gauge_per(
+      "rmmd_pool_reclaimable_bytes",
+      "Of rmmd_pool_idle_bytes, the bytes of slabs with nothing carved, which their sessions "
+      "give back when a request finds the pool short.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.reclaimable_bytes); });
+  e.gauge_per(
+      "rmmd_pool_reclaim_waits_total",
+      "Requests that found the pool short and waited for other sessions' idle slabs.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return p.reclaim_waits; },
+      "counter");
+  e.gauge_per(
+      "rmmd_pool_reclaim_served_total",
+      "Of rmmd_pool_reclaim_waits_total, the requests the returned slabs made room for.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return p.reclaim_served; },
+      "counter");
+  e.gauge_per(
+      "rmmd_pool_reclaim_refused_total",
+      "Of rmmd_pool_reclaim_waits_total, the requests still short at reclaim_timeout (or a "
+      "drain), refused.",
+      pools,
+      pool,
+      [](core::pool_stats const& p) { return p.reclaim_refused; },
+      "counter");
   e.gauge_per(
       "rmmd_pool_high_water_bytes",
       "Most bytes the pool has had lent out at once since the daemon started.",
@@ -340,6 +375,13 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       listed,
       session,
       [](core::session_info const* i) { return static_cast<std::uint64_t>(i->allocation_count); });
+  e.gauge_per(
+      "rmmd_session_idle_bytes",
+      "Bytes of a fast-path session's slabs not carved, as it last reported them; only the "
+      "sessions holding the most bytes.",
+      listed,
+      session,
+      [](core::session_info const* i) { return static_cast<std::uint64_t>(i->idle_bytes); });
   e.family("rmmd_unlisted_sessions",
            "gauge",
            "Live sessions without rmmd_session_* series of their own (beyond the top "

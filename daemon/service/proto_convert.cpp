@@ -61,6 +61,8 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
   out->set_allocation_count(in.allocation_count);
   out->set_carved_bytes(in.carved_bytes);
   out->set_carved_allocations(in.carved_allocations);
+  out->set_idle_bytes(in.idle_bytes);
+  out->set_reclaimable_bytes(in.reclaimable_bytes);
   out->set_shared_bytes(in.shared_bytes);
   out->set_buffers_held(in.buffers_held);
   out->set_started_unix_ms(
@@ -82,6 +84,11 @@ void to_proto(core::pool_stats const& p, v1::PoolStats* out)
   out->set_shared_buffers(p.shared_buffers);
   out->set_shared_bytes(p.shared_bytes);
   out->set_shared_holders(p.shared_holders);
+  out->set_idle_bytes(p.idle_bytes);
+  out->set_reclaimable_bytes(p.reclaimable_bytes);
+  out->set_reclaim_waits(p.reclaim_waits);
+  out->set_reclaim_served(p.reclaim_served);
+  out->set_reclaim_refused(p.reclaim_refused);
 }
 
 void to_proto(core::stats_snapshot const& in, v1::Stats* out)

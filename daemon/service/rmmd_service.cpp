@@ -78,8 +78,11 @@ grpc::Status rmmd_service::ReportUsage(grpc::ServerContext* context,
     std::vector<core::carved_usage> usage;
     usage.reserve(static_cast<std::size_t>(request->pools_size()));
     for (auto const& p : request->pools()) {
-      usage.push_back(core::carved_usage{
-          .pool = p.pool_id(), .bytes = p.bytes(), .allocation_count = p.allocation_count()});
+      usage.push_back(core::carved_usage{.pool              = p.pool_id(),
+                                         .bytes             = p.bytes(),
+                                         .allocation_count  = p.allocation_count(),
+                                         .slab_bytes        = p.slab_bytes(),
+                                         .reclaimable_bytes = p.reclaimable_bytes()});
     }
     auto trim = core_.report_usage(*session, usage);
     if (!trim.ok()) { return to_grpc_status(trim.status()); }

@@ -182,6 +182,9 @@ void session_listener::start()
   if (::epoll_ctl(calls_epoll_, EPOLL_CTL_ADD, calls_wake_fd_, &wake) != 0) {
     throw_errno("epoll_ctl");
   }
+  core_.set_reclaim_notifier([this](core::session_id session,
+                                    core::pool_id pool,
+                                    std::size_t bytes) { push_reclaim(session, pool, bytes); });
   for (std::size_t i = 0; i < std::max<std::size_t>(options_.call_threads, 1); ++i) {
     call_threads_.emplace_back([this] { run_calls(); });
   }
@@ -203,6 +206,12 @@ void session_listener::stop() noexcept
   thread_.join();
   for (auto& t : call_threads_) { t.join(); }
   call_threads_.clear();
+  {
+    // Calls held for idle slabs end by the core's reclaim_timeout.
+    std::unique_lock lock(held_mutex_);
+    held_done_.wait(lock, [this] { return held_threads_ == 0; });
+  }
+  core_.set_reclaim_notifier({});
   std::vector<open_session*> left;
   for (auto const& [key, s] : open_) { left.push_back(key); }
   for (auto* s : left) { end_session(s); }
@@ -439,6 +448,7 @@ void session_listener::serve_calls_of(int fd,
   {
     std::lock_guard lock(open_mutex_);
     open_.emplace(s, std::move(owned));
+    by_session_.emplace(session, s);
   }
   epoll_event ev{};
   ev.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
@@ -459,6 +469,7 @@ void session_listener::end_session(open_session* s) noexcept
     if (it == open_.end()) { return; }
     owned = std::move(it->second);
     open_.erase(it);
+    by_session_.erase(s->session);
   }
   ::epoll_ctl(calls_epoll_, EPOLL_CTL_DEL, s->fd, nullptr);
   ::close(s->fd);
@@ -483,22 +494,99 @@ void session_listener::run_calls() noexcept
     if (n <= 0 || ev.data.ptr == nullptr) { continue; }  // the stop eventfd
     auto* s = static_cast<open_session*>(ev.data.ptr);
     std::unique_lock turn(s->turn);
-    bool keep = (ev.events & (EPOLLHUP | EPOLLERR)) == 0;
-    if (keep && (ev.events & EPOLLIN) != 0) { keep = answer_calls(*s, buffer); }
-    // A peer that hung up hears no replies: its session ends now.
-    if (keep && (ev.events & EPOLLRDHUP) != 0) { keep = false; }
-    if (keep) {
-      epoll_event again{};
-      again.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
-      again.data.ptr = s;
-      keep           = ::epoll_ctl(calls_epoll_, EPOLL_CTL_MOD, s->fd, &again) == 0;
+    auto outcome = (ev.events & (EPOLLHUP | EPOLLERR)) == 0 ? turn_end::rearm : turn_end::end;
+    std::vector<char> held_call;
+    if (outcome == turn_end::rearm && (ev.events & EPOLLIN) != 0) {
+      outcome = answer_calls(*s, buffer, held_call);
     }
+    // A peer that hung up hears no replies: its session ends now.
+    if (outcome == turn_end::rearm && (ev.events & EPOLLRDHUP) != 0) { outcome = turn_end::end; }
+    if (outcome == turn_end::rearm && !rearm(*s)) { outcome = turn_end::end; }
     turn.unlock();  // before end_session() deletes it
-    if (!keep) { end_session(s); }
+    if (outcome == turn_end::end) { end_session(s); }
+    // Its connection stays unwatched (its next calls wait, in order) until
+    // the held call is answered.
+    if (outcome == turn_end::held) { hold(s, std::move(held_call)); }
   }
 }
 
-bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) noexcept
+bool session_listener::rearm(open_session& s) noexcept
+{
+  epoll_event again{};
+  again.events   = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  again.data.ptr = &s;
+  return ::epoll_ctl(calls_epoll_, EPOLL_CTL_MOD, s.fd, &again) == 0;
+}
+
+void session_listener::hold(open_session* s, std::vector<char> call) noexcept
+{
+  {
+    std::lock_guard lock(held_mutex_);
+    ++held_threads_;
+  }
+  std::shared_ptr<std::vector<char>> owned;
+  try {
+    owned = std::make_shared<std::vector<char>>(std::move(call));
+    std::thread([this, s, owned] { answer_held(s, std::move(*owned)); }).detach();
+  } catch (std::exception const&) {
+    // No thread to spare: this one waits (at most reclaim_timeout).
+    answer_held(s, owned ? std::move(*owned) : std::move(call));
+  }
+}
+
+void session_listener::answer_held(open_session* s, std::vector<char> call) noexcept
+{
+  std::unique_lock turn(s->turn);
+  auto outcome = turn_end::rearm;
+  try {
+    std::vector<int> fds;
+    auto reply = handle_call(core_,
+                             s->session,
+                             {.bytes = std::span(call.data(), call.size())},
+                             options_.max_call_bytes,
+                             options_.call_metrics,
+                             &fds);
+    if (reply && !send_message(s->fd, *reply, fds)) { outcome = turn_end::end; }
+    std::vector<char> buffer(options_.max_call_bytes);
+    std::vector<char> next;
+    if (outcome == turn_end::rearm) { outcome = answer_calls(*s, buffer, next); }
+    if (outcome == turn_end::held) {
+      turn.unlock();
+      hold(s, std::move(next));
+    }
+  } catch (std::exception const&) {
+    outcome = turn_end::end;
+  }
+  if (outcome == turn_end::rearm && !rearm(*s)) { outcome = turn_end::end; }
+  if (turn.owns_lock()) { turn.unlock(); }
+  if (outcome == turn_end::end) { end_session(s); }
+  std::lock_guard lock(held_mutex_);
+  --held_threads_;
+  held_done_.notify_all();
+}
+
+void session_listener::push_reclaim(core::session_id session,
+                                    core::pool_id pool,
+                                    std::size_t bytes) noexcept
+{
+  try {
+    v1::SessionReply push;
+    push.mutable_reclaim()->set_pool_id(pool);
+    push.mutable_reclaim()->set_bytes(bytes);
+    auto const message = push.SerializeAsString();
+    std::lock_guard lock(open_mutex_);  // end_session() closes the fd only after it let go
+    auto it = by_session_.find(session);
+    if (it == by_session_.end()) { return; }
+    // Non-blocking: a client that reads nothing loses the request, not the daemon a thread.
+    static_cast<void>(::send(it->second->fd, message.data(), message.size(), MSG_NOSIGNAL));
+  } catch (std::exception const&) {
+    // Out of memory: the waiting request is refused at its deadline.
+  }
+}
+
+session_listener::turn_end session_listener::answer_calls(open_session& s,
+                                                          std::vector<char>& buffer,
+                                                          std::vector<char>& held_call) noexcept
 {
   // A few calls per turn, then the connection goes back in the set (it stays
   // readable), so one busy session cannot starve the others.
@@ -507,18 +595,30 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
     if (n < 0 && errno == EINTR) { continue; }
     // Nothing more now; or the kernel is short of memory: try again later
     // rather than end a session whose memory may be in use on a GPU.
-    if (n < 0 && (errno == EAGAIN || errno == ENOBUFS || errno == ENOMEM)) { return true; }
+    if (n < 0 && (errno == EAGAIN || errno == ENOBUFS || errno == ENOMEM)) {
+      return turn_end::rearm;
+    }
     // End of file (a zero-length datagram reads the same), or an error.
-    if (n <= 0) { return false; }
+    if (n <= 0) { return turn_end::end; }
 
     std::vector<int> fds;  // owned by the backends: the client gets copies
+    bool held  = false;
     auto reply = handle_call(
         core_,
         s.session,
         {.bytes = std::span(buffer.data(), static_cast<std::size_t>(n)), .truncated = truncated},
         options_.max_call_bytes,
         options_.call_metrics,
-        &fds);
+        &fds,
+        &held);
+    if (held) {
+      try {
+        held_call.assign(buffer.data(), buffer.data() + n);
+      } catch (std::exception const&) {
+        return turn_end::end;
+      }
+      return turn_end::held;
+    }
     if (!reply) { continue; }  // a Free that asked for no reply, done
     // Connections are non-blocking (accept4): a full socket fails at once.
     if (!send_message(s.fd, *reply, fds)) {
@@ -528,10 +628,10 @@ bool session_listener::answer_calls(open_session& s, std::vector<char>& buffer) 
                    "session %d (pid %d) does not read its replies; ending it",
                    s.session,
                    s.pid);
-      return false;
+      return turn_end::end;
     }
   }
-  return true;
+  return turn_end::rearm;
 }
 
 }  // namespace rmmd::session

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -89,13 +90,33 @@ class session_listener {
 
  private:
   struct open_session;
+  /// How a call thread's turn with a connection ended.
+  enum class turn_end : std::uint8_t {
+    rearm,  ///< answered what was there: watch the connection again
+    end,    ///< the session is over
+    held,   ///< a call waits for idle slabs: a thread of its own answers it
+  };
 
   void run() noexcept;
   /// Hands a welcomed connection to the call threads.
   void serve_calls_of(int fd, core::session_id session, core::peer_credentials const& peer);
   void run_calls() noexcept;
-  /// Answers what `s` has sent; false when the session is over.
-  bool answer_calls(open_session& s, std::vector<char>& buffer) noexcept;
+  /// Answers what `s` has sent. A call held for idle slabs is left in
+  /// `held_call` (its bytes) with the turn ended `held`.
+  turn_end answer_calls(open_session& s,
+                        std::vector<char>& buffer,
+                        std::vector<char>& held_call) noexcept;
+  /// Watches `s`'s connection again (EPOLLONESHOT); false if it cannot.
+  bool rearm(open_session& s) noexcept;
+  /// On a thread of its own (the caller's turn on `s` passes to it): answers
+  /// `call`, which waits for other sessions to give idle slabs back, then
+  /// goes on with `s`'s next calls as a call thread would.
+  void answer_held(open_session* s, std::vector<char> call) noexcept;
+  /// Hands `call` of `s` to a new thread running answer_held().
+  void hold(open_session* s, std::vector<char> call) noexcept;
+  /// The reclaim notifier given to the core: a ReclaimRequest datagram to
+  /// the session, without waiting (a full socket drops it).
+  void push_reclaim(core::session_id session, core::pool_id pool, std::size_t bytes) noexcept;
   void end_session(open_session* s) noexcept;
 
   core::daemon_core& core_;
@@ -108,6 +129,10 @@ class session_listener {
   std::vector<std::thread> call_threads_;
   std::mutex open_mutex_;
   std::unordered_map<open_session*, std::unique_ptr<open_session>> open_;
+  std::unordered_map<core::session_id, open_session*> by_session_;  // guarded by open_mutex_
+  std::mutex held_mutex_;
+  std::condition_variable held_done_;
+  std::size_t held_threads_{};  // guarded by held_mutex_; stop() waits for 0
   std::atomic<bool> stop_accepting_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<std::size_t> open_sessions_{0};

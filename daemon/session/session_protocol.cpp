@@ -85,8 +85,10 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        datagram_view call_bytes,
                                        std::size_t max_call_bytes,
                                        metrics::request_metrics* call_metrics,
-                                       std::vector<int>* fds)
+                                       std::vector<int>* fds,
+                                       bool* held)
 {
+  auto const policy = held == nullptr ? core::reclaim_policy::wait : core::reclaim_policy::hand_off;
   using metrics::rpc_method;
   auto const start = std::chrono::steady_clock::now();
   v1::SessionReply reply;
@@ -106,7 +108,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kAllocate: {
         method        = rpc_method::allocate;
         auto const& r = call.allocate();
-        auto grant    = core.allocate(session, r.pool_id(), r.size(), r.alignment());
+        auto grant    = core.allocate(session, r.pool_id(), r.size(), r.alignment(), policy);
         status        = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
         break;
@@ -127,8 +129,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kCreateBuffer: {
         method        = rpc_method::create_buffer;
         auto const& r = call.create_buffer();
-        auto grant =
-            core.create_buffer(session, r.name(), r.pool_id(), r.size(), service::from_proto(r));
+        auto grant    = core.create_buffer(
+            session, r.name(), r.pool_id(), r.size(), service::from_proto(r), policy);
         status = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_create_buffer()); }
         break;
@@ -168,6 +170,10 @@ std::optional<std::string> handle_call(core::daemon_core& core,
             "publish_buffer, open_buffer, close_buffer, buffer_fd): the client is newer than the "
             "daemon");
     }
+  }
+  if (held != nullptr && core::is_held_for_reclaim(status)) {
+    *held = true;  // counted when it is made, by the thread that may wait
+    return std::nullopt;
   }
   if (!status.ok()) { set_error(status, reply.mutable_error()); }
   if (method && call_metrics != nullptr) {

@@ -78,11 +78,18 @@ hello_answer handle_hello(core::daemon_core& core,
 /// A BufferFd answer names an fd (owned by the backend) that must travel
 /// with the reply: it is put in `fds` (none is answered FAILED_PRECONDITION
 /// when `fds` is null).
+///
+/// An Allocate or CreateBuffer that finds its pool short waits for other
+/// sessions' idle slabs (daemon_core::allocate) when `held` is null. When it
+/// is not, such a call is not made: `*held` is set, nothing is answered
+/// (nullopt), and the caller hands the same datagram again, with `held`
+/// null, to a thread that may wait.
 std::optional<std::string> handle_call(core::daemon_core& core,
                                        core::session_id session,
                                        datagram_view call,
                                        std::size_t max_call_bytes,
                                        metrics::request_metrics* call_metrics,
-                                       std::vector<int>* fds = nullptr);
+                                       std::vector<int>* fds = nullptr,
+                                       bool* held            = nullptr);
 
 }  // namespace rmmd::session

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +48,12 @@ struct carved_usage {
   std::uint32_t pool_id{};
   std::size_t bytes{};
   std::size_t allocation_count{};
+  /// Its slabs of that pool, carved or not (0: not said; idle = slab_bytes -
+  /// bytes), and of those the bytes of slabs with nothing carved, which the
+  /// session gives back when the daemon asks: a session that reports any must
+  /// watch for those requests (watch_reclaims).
+  std::size_t slab_bytes{};
+  std::size_t reclaimable_bytes{};
 };
 
 /// How a session sends its Allocate and Free calls.
@@ -128,6 +135,19 @@ class session {
   /// report for those pools). Returns the ids of the pools under pressure,
   /// whose idle slabs should go back now.
   std::vector<std::uint32_t> report_usage(std::vector<carved_usage> const& usage) const;
+
+  /// For whatever keeps idle memory leased (a slab-mode resource): runs
+  /// `on_request(pool_id)` each time the daemon asks this session to give
+  /// back, now, its slabs of `pool_id` with nothing carved, because another
+  /// session's request waits for the room. It runs on a thread of the
+  /// session's (started by the first watch; it reads the session socket while
+  /// no call does) or on the thread of a call that read the request, so it
+  /// must not block: wake the thread that gives the slabs back (as Frees) and
+  /// reports its usage again. Returns the watch's id for unwatch_reclaims().
+  std::uint64_t watch_reclaims(std::uint32_t pool_id,
+                               std::function<void(std::uint32_t)> on_request) const;
+  /// Ends a watch; once it returns, its on_request is not running and will not run.
+  void unwatch_reclaims(std::uint64_t watch_id) const noexcept;
 
   /// This process's mapping of a host pool, made once per session.
   /// REQUIRES: pool_id names a host pool.

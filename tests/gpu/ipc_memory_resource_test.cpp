@@ -436,10 +436,43 @@ TEST_F(IpcMemoryResource, AKilledFastPathClientsSlabsGoBackToThePool)
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
 }
 
+TEST(SlabMode, IdleSlabsOfAnotherSessionServeARequestAtOnce)
+{
+  // Memory that moves (issue 14): the daemon asks the hoarder for its idle
+  // slab and holds the request until it is back, instead of refusing it.
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "512MiB", "--reclaim-timeout-ms", "10000"});
+  auto hoarder = daemon.open_session("hoarder");
+  rmmd::ipc_memory_resource slab_mr(hoarder, 0, slabs(256 * MiB, 1h));  // never idle-trims
+  cuda::stream_ref stream{cudaStream_t{}};
+  slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
+  stream.sync();
+  // Its keeper reports the idle slab within a tick.
+  ASSERT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon.stats(), 0);
+    return p.in_use_bytes() == 256 * MiB && p.reclaimable_bytes() == 256 * MiB &&
+           p.idle_bytes() == 256 * MiB;
+  })) << gpu_pool(daemon.stats(), 0).DebugString();
+
+  auto needy = daemon.open_session("needy");
+  rmmd::ipc_memory_resource direct_mr(needy, 0, direct);
+  auto const start = std::chrono::steady_clock::now();
+  void* big        = direct_mr.allocate(stream, 384 * MiB, 256);  // does not fit beside the slab
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);        // not the 10 s deadline
+  auto after = gpu_pool(daemon.stats(), 0);
+  EXPECT_EQ(after.reclaim_served(), 1u);
+  EXPECT_EQ(after.idle_bytes(), 0u);
+  direct_mr.deallocate(stream, big, 384 * MiB, 256);
+  // The hoarder carves on: a new slab, leased as it needs one.
+  slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
+  stream.sync();
+}
+
 TEST(SlabMode, IdleSlabsGoBackWhenThePoolIsUnderPressure)
 {
   REQUIRE_GPUS(1);
-  daemon_process daemon({"--cuda-pool-bytes", "512MiB"});
+  // Without reclaim requests (reclaim_timeout 0): the older, slower way.
+  daemon_process daemon({"--cuda-pool-bytes", "512MiB", "--reclaim-timeout-ms", "0"});
   auto hoarder = daemon.open_session("hoarder");
   rmmd::ipc_memory_resource slab_mr(hoarder, 0, slabs(256 * MiB, 1h));  // never idle-trims
   cuda::stream_ref stream{cudaStream_t{}};

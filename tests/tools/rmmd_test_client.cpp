@@ -14,6 +14,17 @@
 //       exits 0 (or 1).
 //   rmmd_test_client slab-hold BYTES VALUE
 //       the same through the fast path (allocation_mode::slab).
+//   rmmd_test_client idle-slabs COUNT BYTES
+//       a slab client at rest, on the host pool: leases COUNT blocks of BYTES
+//       (its "slabs"), reports them as slabs with nothing carved, watches for
+//       the daemon's reclaim requests and prints "ready". Asked, it frees them
+//       all, reports that, and prints "gave-back BYTES". Exits 0 ("done")
+//       once stdin closes.
+//   rmmd_test_client allocate BYTES
+//       one allocation of BYTES from the host pool in a session of its own:
+//       prints "allocated MS" (the milliseconds the request took), or
+//       "refused MS MESSAGE" for rmm::out_of_memory; then waits for stdin to
+//       close and exits 0.
 //   rmmd_test_client write OFFSET:BYTES:SEED...
 //       opens its own session, maps the host pool and writes each range's
 //       pattern (in memory another process allocated); prints "written N".
@@ -62,14 +73,18 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -105,6 +120,80 @@ int hold(std::size_t bytes, std::uint64_t seed, int count)
   }
   std::printf("freed\n");
   return status;
+}
+
+int idle_slabs(int count, std::size_t bytes)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "idle-slabs"});
+  auto const pool = s.host_pool().id;
+  std::vector<std::uint64_t> slabs;
+  for (int i = 0; i < count; ++i) { slabs.push_back(s.allocate(pool, bytes, 0).id); }
+  auto report = [&](std::size_t held) {
+    static_cast<void>(s.report_usage(
+        {rmmd::carved_usage{.pool_id = pool, .slab_bytes = held, .reclaimable_bytes = held}}));
+  };
+  report(slabs.size() * bytes);
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool asked = false, done = false;
+  auto const watch = s.watch_reclaims(pool, [&](std::uint32_t) {
+    {
+      std::lock_guard lock(mutex);
+      asked = true;
+    }
+    wake.notify_all();
+  });
+  std::thread input([&] {
+    std::string line;
+    while (std::getline(std::cin, line)) {}
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+    }
+    wake.notify_all();
+  });
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::unique_lock lock(mutex);
+  while (true) {
+    wake.wait(lock, [&] { return asked || done; });
+    if (done) { break; }
+    asked = false;
+    lock.unlock();
+    auto const given = slabs.size() * bytes;
+    for (auto id : slabs) { s.free(id); }
+    slabs.clear();
+    report(0);
+    std::printf("gave-back %zu\n", given);
+    std::fflush(stdout);
+    lock.lock();
+  }
+  lock.unlock();
+  input.join();
+  s.unwatch_reclaims(watch);
+  std::printf("done\n");
+  return 0;
+}
+
+int allocate_once(std::size_t bytes)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "allocate-once"});
+  auto const pool  = s.host_pool().id;
+  auto const start = std::chrono::steady_clock::now();
+  auto ms          = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  try {
+    static_cast<void>(s.allocate(pool, bytes, 0));
+    std::printf("allocated %.1f\n", ms());
+  } catch (rmm::out_of_memory const& e) {
+    std::printf("refused %.1f %s\n", ms(), e.what());
+  }
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  return 0;
 }
 
 int device_hold(std::size_t bytes, int value, rmmd::allocation_mode mode)
@@ -343,6 +432,12 @@ int main(int argc, char** argv)
       return device_hold(std::stoull(argv[2]), std::stoi(argv[3]), rmmd::allocation_mode::slab);
     }
     if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
+    if (argc == 4 && std::strcmp(argv[1], "idle-slabs") == 0) {
+      return idle_slabs(std::stoi(argv[2]), std::stoull(argv[3]));
+    }
+    if (argc == 3 && std::strcmp(argv[1], "allocate") == 0) {
+      return allocate_once(std::stoull(argv[2]));
+    }
     if (argc >= 2 && std::strcmp(argv[1], "write") == 0) {
       return write_patterns(argc - 2, argv + 2);
     }
@@ -364,6 +459,7 @@ int main(int argc, char** argv)
                "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | "
                "slab-hold BYTES VALUE | write "
                "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES | "
-               "device-identity | device-churn COUNT BYTES | exit-with-static KIND\n");
+               "device-identity | device-churn COUNT BYTES | exit-with-static KIND | idle-slabs "
+               "COUNT BYTES | allocate BYTES\n");
   return 2;
 }
