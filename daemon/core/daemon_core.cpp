@@ -13,6 +13,7 @@
 #include <cstring>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 namespace rmmd::core {
@@ -162,7 +163,7 @@ void daemon_core::close_session(session_id id) noexcept
   // before closing (the client library does), or it died, and its imports
   // died with it.
   std::erase_if(fenced_, [id](auto const& entry) { return entry.second.session == id; });
-  for (auto lease_id : ledger_.held_by(id)) { release_lease_locked(lease_id); }
+  release_all_leases_locked(*it->second);
   release_buffers_of_locked(*it->second);
   for (auto& pool : pools_) { pool->backend->forget_session(id); }
   by_token_.erase(it->second->token_hex);
@@ -291,11 +292,9 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
         p.config.name,
         bytes_text(reserved)));
   }
-  auto id = ledger_.record(lease{.owner           = session,
-                                 .pool            = pool,
-                                 .requested_bytes = bytes,
-                                 .block           = *block,
-                                 .created         = std::chrono::steady_clock::now()});
+  auto id = ledger_.record(
+      session,
+      lease{.pool = pool, .bytes = reserved, .offset = block->offset, .address = block->address});
   charge_locked(p, now, uid, pool, reserved, +1);
   p.high_water = std::max(p.high_water, p.in_use);
   ++p.live;
@@ -364,15 +363,16 @@ absl::Status daemon_core::free(session_id session,
                                std::span<std::byte const> release_fence)
 {
   std::lock_guard lock(mutex_);
-  auto const* l = ledger_.find(id);
+  auto const* l = ledger_.find(session, id);
   if (l == nullptr) {
+    if (ledger_.owner_of(id)) {
+      return absl::PermissionDeniedError(
+          absl::StrFormat("free allocation %d: it is held by another session; a session can free "
+                          "only what it holds",
+                          id));
+    }
     return absl::NotFoundError(absl::StrFormat(
         "free allocation %d: no such allocation (never allocated, or already freed)", id));
-  }
-  if (l->owner != session) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "free allocation %d: it is held by another session; a session can free only what it holds",
-        id));
   }
   if (fenced_.contains(id)) {
     return absl::NotFoundError(absl::StrFormat(
@@ -381,7 +381,7 @@ absl::Status daemon_core::free(session_id session,
         id));
   }
   if (release_fence.empty()) {
-    release_lease_locked(id);
+    release_lease_locked(session, id);
     return absl::OkStatus();
   }
   auto& p    = *pools_[l->pool];
@@ -393,7 +393,7 @@ absl::Status daemon_core::free(session_id session,
             "free allocation %d of pool '%s': %s", id, p.config.name, fence.status().message()));
   }
   if ((*fence)->passed()) {
-    release_lease_locked(id);
+    release_lease_locked(session, id);
     return absl::OkStatus();
   }
   fenced_.emplace(id, fenced_release{.session = session, .fence = *std::move(fence)});
@@ -411,9 +411,10 @@ std::size_t daemon_core::reap_fences_locked() noexcept
 {
   for (auto it = fenced_.begin(); it != fenced_.end();) {
     if (it->second.fence->passed()) {
-      auto const id = it->first;
-      it            = fenced_.erase(it);
-      release_lease_locked(id);
+      auto const id      = it->first;
+      auto const session = it->second.session;
+      it                 = fenced_.erase(it);
+      release_lease_locked(session, id);
     } else {
       ++it;
     }
@@ -455,23 +456,26 @@ void daemon_core::run_fence_reaper(std::stop_token stop)
     std::size_t released = 0;
     for (auto id : passed) {
       // Gone meanwhile if its session closed (which released the lease).
-      if (fenced_.erase(id) == 0) { continue; }
-      release_lease_locked(id);
+      auto f = fenced_.find(id);
+      if (f == fenced_.end()) { continue; }
+      auto const session = f->second.session;
+      fenced_.erase(f);
+      release_lease_locked(session, id);
       ++released;
     }
     interval = released > 0 ? fastest : std::min(interval * 2, slowest);
   }
 }
 
-void daemon_core::release_lease_locked(allocation_id id) noexcept
+void daemon_core::release_lease_locked(session_id session, allocation_id id) noexcept
 {
-  auto l     = ledger_.erase(id);
+  auto l     = ledger_.erase(session, id);
   auto& p    = *pools_[l.pool];
-  auto bytes = l.block.bytes;
-  p.backend->deallocate(l.block);
+  auto bytes = l.bytes;
+  p.backend->deallocate(l.block());
   p.in_use -= bytes;
   --p.live;
-  if (auto s = sessions_.find(l.owner); s != sessions_.end()) {
+  if (auto s = sessions_.find(session); s != sessions_.end()) {
     s->second->bytes -= bytes;
     s->second->pool_bytes[l.pool] -= bytes;
     --s->second->count;
@@ -479,6 +483,36 @@ void daemon_core::release_lease_locked(allocation_id id) noexcept
     u->second -= bytes;
     if (u->second == 0) { uid_bytes_.erase(u); }
   }
+}
+
+void daemon_core::release_all_leases_locked(session_entry& s) noexcept
+{
+  auto const leases = ledger_.take_all(s.id);
+  if (leases.empty()) { return; }
+  // One batch per pool, so that a backend frees 100,000 leases in one go (the
+  // host backend: one range and one hole per run of adjacent blocks) rather
+  // than lease by lease under the lock.
+  std::vector<std::vector<backend_allocation>> by_pool(pools_.size());
+  std::vector<std::size_t> bytes(pools_.size());
+  for (auto const& [id, l] : leases) {
+    by_pool[l.pool].push_back(l.block());
+    bytes[l.pool] += l.bytes;
+  }
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    if (by_pool[i].empty()) { continue; }
+    auto& p = *pools_[i];
+    p.backend->deallocate_many(by_pool[i]);
+    p.in_use -= bytes[i];
+    p.live -= by_pool[i].size();
+    s.pool_bytes[static_cast<pool_id>(i)] -= bytes[i];
+    total += bytes[i];
+  }
+  s.bytes -= total;
+  s.count -= leases.size();
+  auto u = uid_bytes_.find(s.peer.uid);
+  u->second -= total;
+  if (u->second == 0) { uid_bytes_.erase(u); }
 }
 
 session_info daemon_core::info_locked(session_entry const& s) const
@@ -628,7 +662,7 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
   return out;
 }
 
-stats_snapshot daemon_core::stats() const
+stats_snapshot daemon_core::stats(std::optional<std::size_t> top_sessions) const
 {
   auto descriptions = pools();
   std::lock_guard lock(mutex_);
@@ -663,7 +697,16 @@ stats_snapshot daemon_core::stats() const
     ps.shared_bytes += b->charge;
     ps.shared_holders += b->holders.size();
   }
-  for (auto const& [id, s] : sessions_) { out.sessions.push_back(info_locked(*s)); }
+  out.session_count = sessions_.size();
+  if (top_sessions) {
+    auto listing             = top_sessions_locked(*top_sessions);
+    out.sessions             = std::move(listing.sessions);
+    out.unlisted_bytes       = listing.unlisted_bytes;
+    out.unlisted_allocations = listing.unlisted_allocations;
+  } else {
+    out.sessions.reserve(sessions_.size());
+    for (auto const& [id, s] : sessions_) { out.sessions.push_back(info_locked(*s)); }
+  }
   return out;
 }
 
@@ -671,7 +714,36 @@ std::vector<session_info> daemon_core::sessions() const
 {
   std::lock_guard lock(mutex_);
   std::vector<session_info> out;
+  out.reserve(sessions_.size());
   for (auto const& [id, s] : sessions_) { out.push_back(info_locked(*s)); }
+  return out;
+}
+
+session_listing daemon_core::top_sessions(std::size_t n) const
+{
+  std::lock_guard lock(mutex_);
+  return top_sessions_locked(n);
+}
+
+session_listing daemon_core::top_sessions_locked(std::size_t n) const
+{
+  // Order the entries, and copy out (strings and all) only those shown.
+  std::vector<session_entry const*> order;
+  order.reserve(sessions_.size());
+  for (auto const& [id, s] : sessions_) { order.push_back(s.get()); }
+  auto const shown = std::min(n, order.size());
+  auto const first = order.begin() + static_cast<std::ptrdiff_t>(shown);
+  std::partial_sort(
+      order.begin(), first, order.end(), [](session_entry const* a, session_entry const* b) {
+        return std::tuple(b->bytes, b->count, a->id) < std::tuple(a->bytes, a->count, b->id);
+      });
+  session_listing out{.session_count = sessions_.size()};
+  out.sessions.reserve(shown);
+  for (auto it = order.begin(); it != first; ++it) { out.sessions.push_back(info_locked(**it)); }
+  for (auto it = first; it != order.end(); ++it) {
+    out.unlisted_bytes += (*it)->bytes;
+    out.unlisted_allocations += (*it)->count;
+  }
   return out;
 }
 
