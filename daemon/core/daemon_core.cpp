@@ -5,6 +5,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <malloc.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -32,6 +33,10 @@ session_token random_token()
   }
   return token;
 }
+
+/// Leases a closing session must have held for close_session() to give the
+/// heap back to the kernel (malloc_trim costs about a millisecond).
+constexpr std::size_t big_session_leases = 10000;
 
 std::string bytes_text(std::size_t bytes)
 {
@@ -156,18 +161,26 @@ absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
 
 void daemon_core::close_session(session_id id) noexcept
 {
-  std::lock_guard lock(mutex_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) { return; }
-  // Its fences are dropped unpassed: either the client waited for its streams
-  // before closing (the client library does), or it died, and its imports
-  // died with it.
-  std::erase_if(fenced_, [id](auto const& entry) { return entry.second.session == id; });
-  release_all_leases_locked(*it->second);
-  release_buffers_of_locked(*it->second);
-  for (auto& pool : pools_) { pool->backend->forget_session(id); }
-  by_token_.erase(it->second->token_hex);
-  sessions_.erase(it);
+  std::size_t leases = 0;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) { return; }
+    // Its fences are dropped unpassed: either the client waited for its streams
+    // before closing (the client library does), or it died, and its imports
+    // died with it.
+    std::erase_if(fenced_, [id](auto const& entry) { return entry.second.session == id; });
+    leases = ledger_.held_count(id);
+    release_all_leases_locked(*it->second);
+    release_buffers_of_locked(*it->second);
+    for (auto& pool : pools_) { pool->backend->forget_session(id); }
+    by_token_.erase(it->second->token_hex);
+    sessions_.erase(it);
+  }
+  // A session that held many leases leaves megabytes of freed tables and
+  // batches in the heap, which glibc keeps (measured: 50 MiB kept after a
+  // million leases went): give them back to the kernel, without the lock.
+  if (leases >= big_session_leases) { ::malloc_trim(0); }
 }
 
 absl::StatusOr<session_id> daemon_core::authenticate(std::string_view token_hex) const
@@ -494,6 +507,9 @@ void daemon_core::release_all_leases_locked(session_entry& s) noexcept
   // than lease by lease under the lock.
   std::vector<std::vector<backend_allocation>> by_pool(pools_.size());
   std::vector<std::size_t> bytes(pools_.size());
+  std::vector<std::size_t> count(pools_.size());
+  for (auto const& [id, l] : leases) { ++count[l.pool]; }
+  for (std::size_t i = 0; i < pools_.size(); ++i) { by_pool[i].reserve(count[i]); }
   for (auto const& [id, l] : leases) {
     by_pool[l.pool].push_back(l.block());
     bytes[l.pool] += l.bytes;
