@@ -1,10 +1,10 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
 // and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,b,b2,c,d,e,f]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,b,b2,c,d,e,f,h]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
-// sections a) to f) (bench/README.md says what each one is), prints a table
+// sections a) to h) (bench/README.md says what each one is), prints a table
 // per section with the issue's targets beside the figures, and writes every
 // figure to FILE.json. Exit status: 0 when every section ran (a missed target
 // is a result, not a failure), 1 when a section failed (the JSON says which
@@ -23,8 +23,12 @@
 //   rmmd_bench --ipc-producer BYTES            section f's cudaIpcGetMemHandle producer
 //   rmmd_bench --share-consumer METHOD BYTES REPS WARMUP SECONDS ARG
 //                                              section f's consumer processes
+//   rmmd_bench --raw-leases / --raw-sessions   section h's (section_h.hpp)
+//
+// Without a GPU, `--sections h` runs section h's host figures alone.
 
 #include "bench/bench_support.hpp"
+#include "bench/section_h.hpp"
 
 #include "client/detail/session_impl.hpp"
 #include "tools/socket/fd_passing.hpp"
@@ -1998,7 +2002,7 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
-  std::vector<std::string> const all_sections{"a", "b", "b2", "c", "d", "e", "f"};
+  std::vector<std::string> const all_sections{"a", "b", "b2", "c", "d", "e", "f", "h"};
   std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()
@@ -2031,10 +2035,20 @@ int bench_main(int argc, char** argv)
   }
 
   std::string why;
+  if (visible_gpus(why) == 0 && sections == std::vector<std::string>{"h"}) {
+    std::string command;
+    for (int i = 0; i < argc; ++i) { command += (i ? " " : "") + std::string(argv[i]); }
+    ::signal(SIGPIPE, SIG_IGN);
+    return section_scale_without_gpu(
+        {.rmmd = rmmd_path, .self = self_path(), .helper_env = self_env(), .quick = quick},
+        out_path,
+        command);
+  }
   if (visible_gpus(why) == 0) {
     std::fprintf(stderr,
                  "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
-                 "a GPU: run it on the GPU host (bench/README.md).\n",
+                 "a GPU: run it on the GPU host (bench/README.md); `--sections h` alone runs "
+                 "section h's host figures without one.\n",
                  why.c_str());
     return 2;
   }
@@ -2145,8 +2159,19 @@ int bench_main(int argc, char** argv)
   guarded("d", [&] { section_setup_and_reclaim(cfg, daemon, session, st); });
   guarded("e", [&] { section_rss(cfg, daemon, session, rss_fresh, st); });
   guarded("f", [&] { section_sharing(cfg, daemon, st); });
+  guarded("h", [&] {
+    auto const targets = section_scale({.rmmd        = rmmd_path,
+                                        .self        = self_path(),
+                                        .helper_env  = self_env(),
+                                        .quick       = quick,
+                                        .cuda_daemon = &daemon},
+                                       *st.doc.mutable_scale());
+    for (auto const& t : targets) {
+      (void)st.check(target_row{t.what, t.measured, t.at_most, t.limit, t.unit});
+    }
+  });
 
-  std::printf("\nTargets (issues 5 and 12)\n");
+  std::printf("\nTargets (issues 5, 12 and 14)\n");
   for (auto const& t : st.targets) {
     std::printf("  %-4s %-52s %12.3f %s  (%s %g %s)\n",
                 t.pass() ? "pass" : "MISS",
@@ -2193,6 +2218,7 @@ int internal_main(int argc, char** argv)
     return 2;
   };
   if (mode == "--exporter") { return exporter_main(); }
+  if (int rc = section_scale_helper_main(argc, argv); rc >= 0) { return rc; }
   if (mode == "--context-rss") {
     // What any process that owns a CUDA pool pays, rmmd or not: the context,
     // and an RMM pool with posix-fd export (as rmmd makes), one allocation made.
