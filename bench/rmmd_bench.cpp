@@ -1,10 +1,10 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run (issues 5
 // and 12).
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f,g]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f,g,h]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
-// sections a) to g) (bench/README.md says what each one is), prints a table
+// sections a) to h) (bench/README.md says what each one is), prints a table
 // per section with the issue's targets beside the figures, and writes every
 // figure to FILE.json. Exit status: 0 when every section ran (a missed target
 // is a result, not a failure), 1 when a section failed (the JSON says which
@@ -25,10 +25,14 @@
 //   rmmd_bench --share-consumer METHOD BYTES REPS WARMUP SECONDS ARG
 //                                              section f's consumer processes
 //   rmmd_bench --mobility-worker SLAB_BYTES    section g's slab clients (section_g.cpp)
+//   rmmd_bench --raw-leases / --raw-sessions   section h's (section_h.hpp)
+//
+// Without a GPU, `--sections h` runs section h's host figures alone.
 
 #include "bench/bench_support.hpp"
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
+#include "bench/section_h.hpp"
 
 #include "client/detail/session_impl.hpp"
 #include "tools/socket/fd_passing.hpp"
@@ -2041,7 +2045,7 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
-  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f", "g"};
+  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f", "g", "h"};
   std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()
@@ -2080,10 +2084,20 @@ int bench_main(int argc, char** argv)
   }
 
   std::string why;
+  if (visible_gpus(why) == 0 && sections == std::vector<std::string>{"h"}) {
+    std::string command;
+    for (int i = 0; i < argc; ++i) { command += (i ? " " : "") + std::string(argv[i]); }
+    ::signal(SIGPIPE, SIG_IGN);
+    return section_scale_without_gpu(
+        {.rmmd = rmmd_path, .self = self_path(), .helper_env = self_env(), .quick = quick},
+        out_path,
+        command);
+  }
   if (visible_gpus(why) == 0) {
     std::fprintf(stderr,
                  "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
-                 "a GPU: run it on the GPU host (bench/README.md).\n",
+                 "a GPU: run it on the GPU host (bench/README.md); `--sections h` alone runs "
+                 "section h's host figures without one.\n",
                  why.c_str());
     return 2;
   }
@@ -2246,6 +2260,17 @@ int bench_main(int argc, char** argv)
               .limit    = 0,
               .unit     = "requests"});
   });
+  guarded("h", [&] {
+    auto const targets = section_scale({.rmmd        = rmmd_path,
+                                        .self        = self_path(),
+                                        .helper_env  = self_env(),
+                                        .quick       = quick,
+                                        .cuda_daemon = &daemon},
+                                       *st.doc.mutable_scale());
+    for (auto const& t : targets) {
+      (void)st.check(target_row{t.what, t.measured, t.at_most, t.limit, t.unit});
+    }
+  });
 
   std::printf("\nTargets (issues 5, 12 and 14)\n");
   for (auto const& t : st.targets) {
@@ -2294,6 +2319,7 @@ int internal_main(int argc, char** argv)
     return 2;
   };
   if (mode == "--exporter") { return exporter_main(); }
+  if (int rc = section_scale_helper_main(argc, argv); rc >= 0) { return rc; }
   if (mode == "--context-rss") {
     // What any process that owns a CUDA pool pays, rmmd or not: the context,
     // and an RMM pool with posix-fd export (as rmmd makes), one allocation made.

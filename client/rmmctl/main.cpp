@@ -1,8 +1,8 @@
 // rmmctl: the operator's view of the node's rmmd.
 //
 //   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
-//   COMMAND: stats | pools | sessions | buffers | health | trim [--pool NAME|ID]...
-//            | buffers delete NAME
+//   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all] | buffers | health
+//            | trim [--pool NAME|ID]... | buffers delete NAME
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
 // (or another failure), 2 bad usage, 3 no daemon answers at the runtime
@@ -53,17 +53,50 @@ std::string local_time()
   return buf;
 }
 
-/// Leaves rmmctl's own session out of a list of sessions: it is an artefact
-/// of asking.
-template <typename Sessions>
-void drop_session(Sessions* sessions, std::uint64_t id)
+/// Which sessions stats and sessions list: the `top` holding the most bytes
+/// (the daemon orders them), or every one by id.
+struct session_choice {
+  std::uint32_t top{20};
+  bool all{false};
+};
+
+/// Leaves rmmctl's own session out of a reply listing sessions (Stats,
+/// ListSessionsResponse): it is an artefact of asking, so it is not counted
+/// in session_count either. rmmctl asked for one more than `choice.top`, so
+/// that its own session does not take another's place: the rest is cut.
+template <typename Reply>
+void drop_own_session(Reply* reply, std::uint64_t id, session_choice const& choice)
 {
+  auto* sessions = reply->mutable_sessions();
   for (int i = 0; i < sessions->size(); ++i) {
     if (sessions->Get(i).session_id() == id) {
       sessions->DeleteSubrange(i, 1);
-      return;
+      break;
     }
   }
+  if (reply->session_count() > 0) { reply->set_session_count(reply->session_count() - 1); }
+  if (!choice.all && sessions->size() > static_cast<int>(choice.top)) {
+    for (int i = static_cast<int>(choice.top); i < sessions->size(); ++i) {
+      reply->set_unlisted_session_bytes(reply->unlisted_session_bytes() + sessions->Get(i).bytes());
+      reply->set_unlisted_session_allocations(reply->unlisted_session_allocations() +
+                                              sessions->Get(i).allocation_count());
+    }
+    sessions->DeleteSubrange(static_cast<int>(choice.top),
+                             sessions->size() - static_cast<int>(choice.top));
+  }
+}
+
+/// Adds --top and --all to a command that lists sessions.
+void add_session_choice(CLI::App* command, session_choice& choice)
+{
+  auto* top = command
+                  ->add_option("--top",
+                               choice.top,
+                               "List the N sessions holding the most bytes, most first (a line "
+                               "says how many more there are)")
+                  ->capture_default_str()
+                  ->check(CLI::Range(1, 1000000));
+  command->add_flag("--all", choice.all, "List every session, by id")->excludes(top);
 }
 
 /// One frame of a command: the text to print (a table, or JSON on one line or
@@ -161,7 +194,10 @@ int main(int argc, char** argv)
   auto* stats    = app.add_subcommand("stats", "Pools and sessions with what each holds");
   auto* pools    = app.add_subcommand("pools", "Every pool: configuration, usage, driver figures");
   auto* sessions = app.add_subcommand("sessions", "The live sessions: who, and what they hold");
-  auto* buffers  = app.add_subcommand(
+  session_choice stats_choice, sessions_choice;
+  add_session_choice(stats, stats_choice);
+  add_session_choice(sessions, sessions_choice);
+  auto* buffers = app.add_subcommand(
       "buffers", "Named shared buffers: name, pool, bytes, creator, holders, state, persistence");
   auto* buffers_delete = buffers->add_subcommand(
       "delete",
@@ -199,11 +235,13 @@ int main(int argc, char** argv)
       return print_frames("stats", out, [&](bool one_line) {
         auto& s    = daemon.session();
         auto& impl = s.impl();
+        rmmd::v1::GetStatsRequest request;
+        if (!stats_choice.all) { request.set_top_sessions(stats_choice.top + 1); }
         rmmd::v1::Stats reply;
         auto ctx    = impl.context();
-        auto status = impl.stub().GetStats(ctx.get(), rmmd::v1::GetStatsRequest{}, &reply);
+        auto status = impl.stub().GetStats(ctx.get(), request, &reply);
         if (!status.ok()) { throw call_failed(status, "stats"); }
-        drop_session(reply.mutable_sessions(), s.id());
+        drop_own_session(&reply, s.id(), stats_choice);
         return out.json ? json(reply, one_line) : format_stats(reply);
       });
     }
@@ -221,11 +259,13 @@ int main(int argc, char** argv)
       return print_frames("sessions", out, [&](bool one_line) {
         auto& s    = daemon.session();
         auto& impl = s.impl();
+        rmmd::v1::ListSessionsRequest request;
+        if (!sessions_choice.all) { request.set_top_sessions(sessions_choice.top + 1); }
         rmmd::v1::ListSessionsResponse reply;
         auto ctx    = impl.context();
-        auto status = impl.stub().ListSessions(ctx.get(), rmmd::v1::ListSessionsRequest{}, &reply);
+        auto status = impl.stub().ListSessions(ctx.get(), request, &reply);
         if (!status.ok()) { throw call_failed(status, "sessions"); }
-        drop_session(reply.mutable_sessions(), s.id());
+        drop_own_session(&reply, s.id(), sessions_choice);
         return out.json ? json(reply, one_line) : format_sessions(reply, now_unix_ms());
       });
     }

@@ -155,6 +155,20 @@ std::string shared_text(std::uint64_t bytes, std::uint64_t buffers)
   return human_bytes(bytes) + " in " + std::to_string(buffers);
 }
 
+/// The line under a table of sessions that leaves some out: how many more
+/// there are and what they hold. Empty when none is left out.
+template <typename Reply>
+std::string unlisted_sessions_line(Reply const& reply)
+{
+  auto const listed = static_cast<std::uint64_t>(reply.sessions_size());
+  if (reply.session_count() <= listed) { return ""; }
+  auto const more = reply.session_count() - listed;
+  return "... and " + std::to_string(more) + (more == 1 ? " more session" : " more sessions") +
+         " holding " + human_bytes(reply.unlisted_session_bytes()) + " in " +
+         std::to_string(reply.unlisted_session_allocations()) +
+         " allocations (--top N lists more, --all every one)\n";
+}
+
 std::string format_stats(v1::Stats const& stats)
 {
   table pools({"POOL",
@@ -212,7 +226,8 @@ std::string format_stats(v1::Stats const& stats)
   return pools.str(
              {false, true, false, false, true, true, true, true, true, true, true, true, true}) +
          "\n" + sessions.str({true, true, true, false, false, true, true, true, true, true, true}) +
-         (stats.sessions().empty() ? "(no sessions)\n" : "");
+         (stats.sessions().empty() && stats.session_count() == 0 ? "(no sessions)\n" : "") +
+         unlisted_sessions_line(stats);
 }
 
 std::string format_pools(v1::ListPoolsResponse const& response)
@@ -290,8 +305,8 @@ std::string format_sessions(v1::ListSessionsResponse const& response, std::int64
   }
   auto out =
       sessions.str({true, true, true, true, false, false, true, true, true, true, true, true});
-  if (response.sessions().empty()) { out += "(no sessions)\n"; }
-  return out;
+  if (response.sessions().empty() && response.session_count() == 0) { out += "(no sessions)\n"; }
+  return out + unlisted_sessions_line(response);
 }
 
 std::string format_trim(v1::TrimResponse const& response)

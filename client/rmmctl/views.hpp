@@ -17,7 +17,8 @@ std::string human_bytes(std::uint64_t bytes);
 /// "3d 04h", "1h 02m", "5m 07s", "42s".
 std::string human_duration(std::chrono::seconds duration);
 
-/// The pools and sessions of `stats` as two aligned tables.
+/// The pools and sessions of `stats` as two aligned tables; a line under the
+/// sessions says how many more there are (session_count) and what they hold.
 std::string format_stats(v1::Stats const& stats);
 /// Every pool with its configuration and usage.
 std::string format_pools(v1::ListPoolsResponse const& pools);

@@ -171,9 +171,23 @@ struct buffer_info {
   std::chrono::system_clock::time_point created{};
 };
 
+/// Some of the live sessions (see daemon_core::sessions), and what the rest
+/// hold together.
+struct session_listing {
+  std::vector<session_info> sessions{};
+  std::size_t session_count{};         ///< live sessions, listed or not
+  std::size_t unlisted_bytes{};        ///< `bytes` of the sessions not listed
+  std::size_t unlisted_allocations{};  ///< `allocation_count` of those
+};
+
 struct stats_snapshot {
   std::vector<pool_stats> pools{};
+  /// Every session (by id), or those holding the most (see
+  /// daemon_core::stats).
   std::vector<session_info> sessions{};
+  std::size_t session_count{};         ///< live sessions, listed or not
+  std::size_t unlisted_bytes{};        ///< `bytes` of the sessions not listed
+  std::size_t unlisted_allocations{};  ///< `allocation_count` of those
   /// Bytes of the shared buffers each uid created and that are not freed yet
   /// (charged to that uid's quota beside its sessions' leases, even after
   /// the creating session ended). Uids without any are absent.

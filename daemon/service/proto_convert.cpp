@@ -95,6 +95,17 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
 {
   for (auto const& p : in.pools) { to_proto(p, out->add_pools()); }
   for (auto const& s : in.sessions) { to_proto(s, out->add_sessions()); }
+  out->set_session_count(in.session_count);
+  out->set_unlisted_session_bytes(in.unlisted_bytes);
+  out->set_unlisted_session_allocations(in.unlisted_allocations);
+}
+
+void to_proto(core::session_listing const& in, v1::ListSessionsResponse* out)
+{
+  for (auto const& s : in.sessions) { to_proto(s, out->add_sessions()); }
+  out->set_session_count(in.session_count);
+  out->set_unlisted_session_bytes(in.unlisted_bytes);
+  out->set_unlisted_session_allocations(in.unlisted_allocations);
 }
 
 void to_proto(core::pool_trim const& in, v1::PoolTrim* out)

@@ -15,6 +15,7 @@ void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescriptio
 void to_proto(core::session_info const& in, v1::SessionInfo* out);
 void to_proto(core::pool_stats const& in, v1::PoolStats* out);
 void to_proto(core::stats_snapshot const& in, v1::Stats* out);
+void to_proto(core::session_listing const& in, v1::ListSessionsResponse* out);
 void to_proto(core::pool_trim const& in, v1::PoolTrim* out);
 void to_proto(core::lease_grant const& in, v1::AllocateResponse* out);
 void to_proto(core::buffer_grant const& in, v1::BufferGrant* out);

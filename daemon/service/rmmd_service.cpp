@@ -92,25 +92,34 @@ grpc::Status rmmd_service::ReportUsage(grpc::ServerContext* context,
 }
 
 grpc::Status rmmd_service::GetStats(grpc::ServerContext* context,
-                                    v1::GetStatsRequest const*,
+                                    v1::GetStatsRequest const* request,
                                     v1::Stats* response)
 {
   return observed(requests_, rpc_method::get_stats, [&] {
     auto session = caller(*context);
     if (!session.ok()) { return to_grpc_status(session.status()); }
-    to_proto(core_.stats(), response);
+    auto const top = request->has_top_sessions()
+                         ? std::optional<std::size_t>(request->top_sessions())
+                         : std::nullopt;
+    to_proto(core_.stats(top), response);
     return grpc::Status::OK;
   });
 }
 
 grpc::Status rmmd_service::ListSessions(grpc::ServerContext* context,
-                                        v1::ListSessionsRequest const*,
+                                        v1::ListSessionsRequest const* request,
                                         v1::ListSessionsResponse* response)
 {
   return observed(requests_, rpc_method::list_sessions, [&] {
     auto session = caller(*context);
     if (!session.ok()) { return to_grpc_status(session.status()); }
-    for (auto const& s : core_.sessions()) { to_proto(s, response->add_sessions()); }
+    if (request->has_top_sessions()) {
+      to_proto(core_.top_sessions(request->top_sessions()), response);
+      return grpc::Status::OK;
+    }
+    auto all = core_.sessions();
+    response->set_session_count(all.size());
+    for (auto const& s : all) { to_proto(s, response->add_sessions()); }
     return grpc::Status::OK;
   });
 }
@@ -122,7 +131,7 @@ grpc::Status rmmd_service::ListPools(grpc::ServerContext* context,
   return observed(requests_, rpc_method::list_pools, [&] {
     auto session = caller(*context);
     if (!session.ok()) { return to_grpc_status(session.status()); }
-    for (auto const& p : core_.stats().pools) { to_proto(p, response->add_pools()); }
+    for (auto const& p : core_.stats(0).pools) { to_proto(p, response->add_pools()); }
     return grpc::Status::OK;
   });
 }

@@ -57,6 +57,7 @@ struct backend_counters {
   std::size_t live_blocks{};
   std::size_t live_bytes{};
   std::size_t allocate_calls{};
+  std::size_t batches{};  ///< deallocate_many() calls
   /// The next `failures` allocate() calls answer this status instead.
   absl::Status failure{};
   int failures{};
@@ -121,6 +122,15 @@ class observed_backend final : public pool_backend {
     --counters_->live_blocks;
     counters_->live_bytes -= block.bytes;
     inner_.deallocate(block);
+  }
+  void deallocate_many(std::span<backend_allocation const> blocks) noexcept override
+  {
+    ++counters_->batches;
+    for (auto const& block : blocks) {
+      --counters_->live_blocks;
+      counters_->live_bytes -= block.bytes;
+    }
+    inner_.deallocate_many(blocks);
   }
   absl::StatusOr<std::unique_ptr<release_fence>> open_fence(
       session_id, std::span<std::byte const> bytes) override
@@ -448,6 +458,85 @@ TEST_F(CoreWithPool, ClosingASessionFreesEverythingItHeld)
   EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
   EXPECT_EQ(backend_->live_blocks, 0u);
   EXPECT_EQ(core_.session_count(), 0u);
+}
+
+TEST_F(CoreWithPool, ClosingASessionFreesItsLeasesInOneBatchPerPool)
+{
+  auto other = open(1001);
+  auto kept  = core_.allocate(other, pool_, 256, 0);
+  ASSERT_TRUE(kept.ok());
+  std::vector<allocation_id> ids;
+  for (int i = 0; i < 5000; ++i) {
+    auto grant = core_.allocate(session_, pool_, 1 + i % 700, 0);
+    ASSERT_TRUE(grant.ok()) << grant.status();
+    ids.push_back(grant->id);
+  }
+  // Some freed one by one first, some of them in the middle of the run.
+  for (int i = 100; i < 200; ++i) { ASSERT_TRUE(core_.free(session_, ids[i]).ok()); }
+  EXPECT_EQ(backend_->batches, 0u);
+  core_.close_session(session_);
+  EXPECT_EQ(backend_->batches, 1u);
+  EXPECT_EQ(backend_->live_blocks, 1u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 256u);
+  EXPECT_EQ(pool_stats_now().allocation_count, 1u);
+  // Their ids are gone with them; the other session's lease is not.
+  EXPECT_EQ(core_.free(other, ids[0]).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core_.allocate(other, pool_, pool_size - 256, 0).ok());
+  EXPECT_TRUE(core_.free(other, kept->id).ok());
+  core_.close_session(other);
+  EXPECT_EQ(backend_->batches, 2u);
+  EXPECT_EQ(backend_->live_blocks, 0u);
+  EXPECT_EQ(pool_stats_now().in_use_bytes, 0u);
+}
+
+TEST_F(CoreWithPool, TopSessionsListsThoseHoldingTheMostAndSumsTheRest)
+{
+  auto b = open(1001);
+  auto c = open(1000);
+  auto d = open(1001);
+  ASSERT_TRUE(core_.allocate(b, pool_, 4 * MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(c, pool_, MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(c, pool_, MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(d, pool_, 2 * MiB, 0).ok());
+  ASSERT_TRUE(core_.allocate(session_, pool_, 256, 0).ok());
+
+  auto top = core_.top_sessions(2);
+  ASSERT_EQ(top.sessions.size(), 2u);
+  EXPECT_EQ(top.sessions[0].id, b);
+  // c and d hold 2 MiB each: more allocations first.
+  EXPECT_EQ(top.sessions[1].id, c);
+  EXPECT_EQ(top.session_count, 4u);
+  EXPECT_EQ(top.unlisted_bytes, 2 * MiB + 256);
+  EXPECT_EQ(top.unlisted_allocations, 2u);
+
+  // Ties on bytes and allocations: the oldest first.
+  ASSERT_TRUE(core_.allocate(d, pool_, 256, 0).ok());
+  ASSERT_TRUE(core_.allocate(session_, pool_, 2 * MiB, 0).ok());
+  auto all = core_.top_sessions(10);
+  ASSERT_EQ(all.sessions.size(), 4u);
+  EXPECT_EQ(all.sessions[0].id, b);
+  EXPECT_EQ(all.sessions[1].id, session_);
+  EXPECT_EQ(all.sessions[2].id, d);
+  EXPECT_EQ(all.sessions[3].id, c);
+  EXPECT_EQ(all.unlisted_bytes, 0u);
+
+  auto none = core_.top_sessions(0);
+  EXPECT_TRUE(none.sessions.empty());
+  EXPECT_EQ(none.session_count, 4u);
+  EXPECT_EQ(none.unlisted_allocations, 7u);
+
+  // Stats: the same choice, or every session by id as before.
+  auto stats = core_.stats(1);
+  ASSERT_EQ(stats.sessions.size(), 1u);
+  EXPECT_EQ(stats.sessions[0].id, b);
+  EXPECT_EQ(stats.session_count, 4u);
+  EXPECT_EQ(stats.unlisted_bytes, 6 * MiB + 512);
+  auto every = core_.stats();
+  ASSERT_EQ(every.sessions.size(), 4u);
+  EXPECT_EQ(every.sessions[0].id, session_);
+  EXPECT_EQ(every.sessions[3].id, d);
+  EXPECT_EQ(every.session_count, 4u);
+  EXPECT_EQ(every.unlisted_bytes, 0u);
 }
 
 // ---------------------------------------------------------------------------

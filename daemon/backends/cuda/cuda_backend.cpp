@@ -161,6 +161,16 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
   mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
 }
 
+void cuda_backend::deallocate_many(std::span<core::backend_allocation const> blocks) noexcept
+{
+  // A closing session's leases, all on the pool's stream: each is one
+  // cudaFreeAsync, which the driver serialises; nothing to batch but the rest.
+  cudaSetDevice(options_.device);
+  for (auto const& block : blocks) {
+    mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+  }
+}
+
 absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_t bytes,
                                                                       std::size_t alignment)
 {

@@ -56,6 +56,8 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
+  /// deallocate() of each block, with the device made current once.
+  void deallocate_many(std::span<core::backend_allocation const> blocks) noexcept override;
   /// A shared buffer: one allocation of its own (cuMemCreate), exported by
   /// its own posix fd (and fabric handle where the pool has one), which
   /// importers map in a fraction of a pool pointer's import time

@@ -15,6 +15,7 @@
 #include <limits>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace rmmd::backends::host {
 namespace {
@@ -128,6 +129,64 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
   return core::backend_allocation{.bytes = r->size, .offset = r->offset};
 }
 
+void host_backend::deallocate(core::backend_allocation const& block) noexcept
+{
+  std::lock_guard lock(mutex_);
+  auto const now_free = ranges_.release({.offset = block.offset, .size = block.bytes});
+  if (pinnable_) { return; }  // clients' pinned mappings must keep these very pages
+  clear_locked(block.offset, block.offset + block.bytes, now_free);
+}
+
+// A closing session's leases: adjacent blocks (a session's allocations made
+// one after another mostly are) go back as one range, and each free range
+// they end up in is cleared once, over the span of the blocks in it: at most
+// one hole and two partial-page writes per range, not per block. Bytes of
+// that span that were free before are zeros already, so clearing them again
+// changes nothing.
+void host_backend::deallocate_many(std::span<core::backend_allocation const> blocks) noexcept
+{
+  if (blocks.empty()) { return; }
+  std::vector<offset_allocator::range> runs;
+  try {
+    runs.reserve(blocks.size());
+  } catch (...) {  // no memory for the batch: one by one, as deallocate() would
+    for (auto const& block : blocks) { deallocate(block); }
+    return;
+  }
+  for (auto const& block : blocks) {
+    runs.push_back({.offset = block.offset, .size = block.bytes});
+  }
+  std::sort(
+      runs.begin(), runs.end(), [](auto const& a, auto const& b) { return a.offset < b.offset; });
+  std::size_t n = 0;
+  for (auto const& r : runs) {
+    if (n > 0 && runs[n - 1].offset + runs[n - 1].size == r.offset) {
+      runs[n - 1].size += r.size;
+    } else {
+      runs[n++] = r;
+    }
+  }
+  runs.resize(n);
+
+  std::lock_guard lock(mutex_);
+  for (auto const& r : runs) { ranges_.release(r); }
+  if (pinnable_) { return; }
+  // The runs in one free range: clear from the first one's start to the last
+  // one's end, once per range.
+  for (std::size_t i = 0; i < runs.size();) {
+    auto const free     = ranges_.free_range_at(runs[i].offset);
+    auto const free_end = free.offset + free.size;
+    auto end            = runs[i].offset + runs[i].size;
+    std::size_t j       = i + 1;
+    while (j < runs.size() && runs[j].offset < free_end) {
+      end = runs[j].offset + runs[j].size;
+      ++j;
+    }
+    clear_locked(runs[i].offset, end, free);
+    i = j;
+  }
+}
+
 // What a new holder reads: zeros over its whole range. The invariant behind it
 // is that every free byte of the file is zero. A fresh memfd is all zeros, and
 // on each release
@@ -142,16 +201,13 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
 // as a client stops writing its block before it frees it (the client resource
 // frees in stream order); nothing stops a client that has mapped the pool from
 // writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
-void host_backend::deallocate(core::backend_allocation const& block) noexcept
+void host_backend::clear_locked(std::uint64_t block_begin,
+                                std::uint64_t block_end,
+                                offset_allocator::range now_free) noexcept
 {
-  std::lock_guard lock(mutex_);
-  auto const now_free = ranges_.release({.offset = block.offset, .size = block.bytes});
-  if (pinnable_) { return; }  // clients' pinned mappings must keep these very pages
-  auto const page        = page_size();
-  auto const block_begin = block.offset;
-  auto const block_end   = block.offset + block.bytes;
-  auto const free_begin  = now_free.offset;
-  auto const free_end    = now_free.offset + now_free.size;
+  auto const page       = page_size();
+  auto const free_begin = now_free.offset;
+  auto const free_end   = now_free.offset + now_free.size;
 
   // The pages the block touches, less a first or last one not entirely free.
   auto punch_begin = align_down(block_begin, page);

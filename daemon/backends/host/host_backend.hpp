@@ -4,7 +4,9 @@
 #include "daemon/core/pool_backend.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 
 namespace rmmd::backends::host {
@@ -44,6 +46,9 @@ class host_backend final : public core::pool_backend {
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
                                                     std::size_t alignment) override;
   void deallocate(core::backend_allocation const& block) noexcept override;
+  /// Sorts the blocks, gives each run of adjacent ones back as one range and
+  /// clears each free range they end up in once (see deallocate()).
+  void deallocate_many(std::span<core::backend_allocation const> blocks) noexcept override;
   /// `bytes` rounded up to 256.
   [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
   {
@@ -55,6 +60,13 @@ class host_backend final : public core::pool_backend {
   }
 
  private:
+  /// Punches the pages of [begin, end) that lie wholly in `now_free` (the
+  /// free range that now holds it) and writes zeros over the rest of it.
+  /// REQUIRES: mutex_ held; [begin, end) inside `now_free`; not pinnable.
+  void clear_locked(std::uint64_t begin,
+                    std::uint64_t end,
+                    offset_allocator::range now_free) noexcept;
+
   int fd_{-1};
   std::mutex mutex_;  // guards ranges_ and the file's free pages
   offset_allocator ranges_;

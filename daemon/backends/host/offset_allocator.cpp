@@ -96,4 +96,13 @@ offset_allocator::range offset_allocator::release(range r)
   return range{.offset = it->first, .size = it->second};
 }
 
+offset_allocator::range offset_allocator::free_range_at(std::uint64_t offset) const
+{
+  auto it = free_.upper_bound(offset);
+  assert(it != free_.begin());  // nothing free at or before `offset`
+  --it;
+  assert(offset < it->first + it->second);
+  return range{.offset = it->first, .size = it->second};
+}
+
 }  // namespace rmmd::backends::host

@@ -33,6 +33,9 @@ class offset_allocator {
   /// REQUIRES: `r` came from allocate() and was not released.
   range release(range r);
 
+  /// The free range that contains `offset`. REQUIRES: `offset` is free.
+  [[nodiscard]] range free_range_at(std::uint64_t offset) const;
+
   [[nodiscard]] std::size_t capacity() const noexcept
   {
     return capacity_;

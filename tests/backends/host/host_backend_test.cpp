@@ -279,6 +279,77 @@ TEST(HostBackend, AnIdlePoolHoldsNoMemoryAndReadsZeros)
   EXPECT_TRUE(m.all_equal(0, pool_size, 0));
 }
 
+TEST(HostBackend, ManyBlocksFreedAtOnceReadZerosAndSpareTheirNeighbours)
+{
+  // A closing session's leases: every other block of a run (so the batch has
+  // many runs, some sharing pages with live neighbours), then a whole run.
+  host_backend b("batch", pool_size);
+  mapping m(b.shareable_fd());
+  std::vector<core::backend_allocation> blocks;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 2000; ++i) {
+    auto block = b.allocate(1 + rng() % (3 * KiB), 256);
+    ASSERT_TRUE(block.ok());
+    std::memset(m.at(block->offset), 0x6b, block->bytes);
+    blocks.push_back(*block);
+  }
+  std::vector<core::backend_allocation> freed, kept;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    ((i % 2 == 0 || (i > 1000 && i < 1500)) ? freed : kept).push_back(blocks[i]);
+  }
+  std::shuffle(freed.begin(), freed.end(), rng);  // in no particular order
+  b.deallocate_many(freed);
+  for (auto const& block : kept) {
+    EXPECT_TRUE(m.all_equal(block.offset, block.bytes, 0x6b)) << block.offset;
+  }
+  for (auto const& block : freed) {
+    EXPECT_TRUE(m.all_equal(block.offset, block.bytes, 0)) << block.offset;
+  }
+  // Every freed byte is free again: the pool takes them back in one piece
+  // once the rest goes too.
+  b.deallocate_many(kept);
+  auto all = b.allocate(pool_size, 1);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(m.all_equal(0, pool_size, 0));
+  b.deallocate_many({});  // nothing to do
+}
+
+TEST(HostBackend, ManyBlocksFreedAtOnceGiveTheirPagesBack)
+{
+  if (shmem_uses_huge_pages()) {
+    GTEST_SKIP() << "shmem uses transparent huge pages here, and a partial punch of a huge page "
+                    "zeroes it rather than freeing it";
+  }
+  host_backend b("batch-pages", pool_size);
+  mapping m(b.shareable_fd());
+  std::vector<core::backend_allocation> blocks;
+  for (int i = 0; i < 10000; ++i) {
+    auto block = b.allocate(256, 256);
+    ASSERT_TRUE(block.ok());
+    std::memset(m.at(block->offset), 0x11, block->bytes);
+    blocks.push_back(*block);
+  }
+  EXPECT_GE(allocated_bytes(b.shareable_fd()), 10000 * 256u);
+  b.deallocate_many(blocks);
+  EXPECT_EQ(allocated_bytes(b.shareable_fd()), 0u);
+}
+
+TEST(HostBackend, APinnablePoolFreesManyBlocksWithoutTouchingThem)
+{
+  host_backend b("batch-pinnable", pool_size, true);
+  mapping m(b.shareable_fd());
+  std::vector<core::backend_allocation> blocks;
+  for (int i = 0; i < 100; ++i) {
+    auto block = b.allocate(1000, 256);
+    ASSERT_TRUE(block.ok());
+    std::memset(m.at(block->offset), 0x5a, block->bytes);
+    blocks.push_back(*block);
+  }
+  b.deallocate_many(blocks);
+  for (auto const& block : blocks) { EXPECT_TRUE(m.all_equal(block.offset, block.bytes, 0x5a)); }
+  EXPECT_TRUE(b.allocate(pool_size, 1).ok());
+}
+
 TEST(HostBackend, AFullPoolIsResourceExhausted)
 {
   host_backend b("full", pool_size);

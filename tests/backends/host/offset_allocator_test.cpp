@@ -262,5 +262,21 @@ TEST(OffsetAllocator, RandomWorkloadMatchesAReferenceModel)
   EXPECT_EQ(a.free_bytes(), capacity);
 }
 
+TEST(OffsetAllocator, FindsTheFreeRangeHoldingAnOffset)
+{
+  offset_allocator a(4096, 256);
+  auto x = a.allocate(256, 256);
+  auto y = a.allocate(512, 256);
+  auto z = a.allocate(256, 256);
+  ASSERT_TRUE(x && y && z);
+  a.release(*y);
+  auto r = a.free_range_at(y->offset + 300);
+  EXPECT_EQ(r.offset, y->offset);
+  EXPECT_EQ(r.size, 512u);
+  auto tail = a.free_range_at(4095);
+  EXPECT_EQ(tail.offset, z->offset + 256);
+  EXPECT_EQ(tail.size, 4096 - tail.offset);
+}
+
 }  // namespace
 }  // namespace rmmd::backends::host
