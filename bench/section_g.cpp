@@ -172,19 +172,32 @@ mobility_outcome section_mobility(mobility_config const& cfg,
   }
   std::map<std::size_t, std::int64_t> asked;  // by worker: when it heard the request
   // Every worker leases (or keeps) its slab, idle; then the daemon must have
-  // heard so from each (its keeper reports within a tick, 250 ms).
+  // heard so from each (its keeper reports within a tick, 250 ms). A worker
+  // the daemon asked late (a second round of asks, sent while the request was
+  // being served) may give its slab back after saying "filled": then fill
+  // again, up to 10 s.
   auto fill = [&] {
-    for (auto& w : workers) { w->write_line("fill"); }
-    auto const deadline = steady::now() + 120s;
-    for (std::size_t i = 0; i < clients; ++i) {
-      next_line(*workers[i], i, "filled", asked, deadline);
-    }
     auto const reported_by = steady::now() + 10s;
-    while (pool_of(stats_of(observer), pool).reclaimable_bytes() != pool_bytes) {
-      if (steady::now() > reported_by) {
-        throw bench_error("the slab clients did not report their idle slabs within 10 s");
+    while (true) {
+      for (auto& w : workers) { w->write_line("fill"); }
+      auto const deadline = steady::now() + 120s;
+      for (std::size_t i = 0; i < clients; ++i) {
+        next_line(*workers[i], i, "filled", asked, deadline);
       }
-      std::this_thread::sleep_for(2ms);  // no event announces a report: poll the ledger
+      auto const refill_at = steady::now() + 500ms;
+      while (steady::now() < refill_at) {
+        if (pool_of(stats_of(observer), pool).reclaimable_bytes() == pool_bytes) { return; }
+        std::this_thread::sleep_for(2ms);  // no event announces a report: poll the ledger
+      }
+      if (steady::now() > reported_by) {
+        std::string held;
+        auto const now_held = stats_of(observer);
+        for (auto const& s : now_held.sessions()) {
+          held += " pid " + std::to_string(s.pid()) + ": " + std::to_string(s.bytes() >> 20) +
+                  " MiB held, " + std::to_string(s.reclaimable_bytes() >> 20) + " MiB reclaimable;";
+        }
+        throw bench_error("the slab clients did not report their idle slabs within 10 s:" + held);
+      }
     }
   };
 

@@ -114,27 +114,22 @@ slab_carver::~slab_carver()
   // The session's other resources of this pool report on without this one.
   owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   trim();
-  if (pool_ != nullptr && carved_count() != 0) {
+  if (auto const left = carved(); pool_ != nullptr && left.count != 0) {
     std::fprintf(stderr,
                  "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
                  "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
                  owner_.pool().name.c_str(),
-                 carved_count(),
-                 carved_bytes());
+                 left.count,
+                 left.bytes);
     static_cast<void>(pool_.release());
   }
 }
 
-std::size_t slab_carver::carved_count() const noexcept
+slab_carver::carved_figures slab_carver::carved() const noexcept
 {
-  return static_cast<std::size_t>((users_.load(std::memory_order_relaxed) & count_mask) >>
-                                  count_shift);
-}
-
-std::size_t slab_carver::carved_bytes() const noexcept
-{
-  return static_cast<std::size_t>((users_.load(std::memory_order_relaxed) & units_mask)
-                                  << unit_shift);
+  auto const word = users_.load(std::memory_order_relaxed);
+  return {.count = static_cast<std::size_t>((word & count_mask) >> count_shift),
+          .bytes = static_cast<std::size_t>((word & units_mask) << unit_shift)};
 }
 
 void slab_carver::open_pool()
@@ -143,8 +138,8 @@ void slab_carver::open_pool()
   if ((users_.load(std::memory_order_relaxed) & closed) == 0) { return; }  // another thread did
   if (pool_ == nullptr) {
     // The first slab is leased here; later ones as RMM's pool grows.
-    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(
-        direct_upstream{&owner_, &slab_bytes_}, owner_.options().slab_bytes);
+    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_, &slab_bytes_},
+                                                            owner_.options().slab_bytes);
   }
   // Release: a carving call that sees the bit clear sees pool_.
   users_.fetch_and(~closed, std::memory_order_release);
@@ -272,11 +267,14 @@ void slab_carver::keep(std::stop_token stop) noexcept
     keeper_wake_.wait_for(lock, stop, tick, [this] { return reclaim_asked_; });
     if (stop.stop_requested()) { break; }
     bool const asked = std::exchange(reclaim_asked_, false);
-    auto const now   = clock::now();
-    auto const bytes = carved_bytes();
-    auto const count = carved_count();
-    auto const slabs = slab_bytes_.load(std::memory_order_relaxed);
-    bool holding     = false;
+    // Not held while it works: the reclaim watch takes it to wake the keeper,
+    // and runs on a thread (the session's reader, or a call's) that may hold
+    // the session's watch list while this thread's report waits for it.
+    lock.unlock();
+    auto const now            = clock::now();
+    auto const [count, bytes] = carved();
+    auto const slabs          = slab_bytes_.load(std::memory_order_relaxed);
+    bool holding              = false;
     {
       std::lock_guard pool_lock(pool_mutex_);
       holding = pool_ != nullptr;
@@ -309,9 +307,8 @@ void slab_carver::keep(std::stop_token stop) noexcept
     if (asked && reporting) {
       // What is left (nothing, or slabs something is carved from), so that
       // the daemon stops waiting for this session.
-      auto const left_bytes = carved_bytes();
-      auto const left_count = carved_count();
-      auto const left_slabs = slab_bytes_.load(std::memory_order_relaxed);
+      auto const [left_count, left_bytes] = carved();
+      auto const left_slabs               = slab_bytes_.load(std::memory_order_relaxed);
       try {
         static_cast<void>(owner_.get_session().impl().report_carved(
             this, usage(left_bytes, left_count, left_slabs)));
@@ -326,13 +323,15 @@ void slab_carver::keep(std::stop_token stop) noexcept
       // Trimmed: say so now rather than at the next tick.
       try {
         auto const left_slabs = slab_bytes_.load(std::memory_order_relaxed);
+        auto const left       = carved();
         static_cast<void>(owner_.get_session().impl().report_carved(
-            this, usage(carved_bytes(), carved_count(), left_slabs)));
+            this, usage(left.bytes, left.count, left_slabs)));
         reported_slabs = left_slabs;
         last_report    = now;
       } catch (std::exception const&) {
       }
     }
+    lock.lock();
   }
 }
 

@@ -44,8 +44,21 @@ class slab_carver {
   /// What is carved now (the keeper reports it): allocations not yet freed
   /// (allocate() calls under way included), and their bytes as RMM's pool
   /// carves them (rounded up to 256 bytes).
-  [[nodiscard]] std::size_t carved_count() const noexcept;
-  [[nodiscard]] std::size_t carved_bytes() const noexcept;
+  struct carved_figures {
+    std::size_t count{};
+    std::size_t bytes{};
+  };
+  /// Both from one read of the word, so that they agree (a count of 0 with
+  /// bytes left would be a report the daemon refuses).
+  [[nodiscard]] carved_figures carved() const noexcept;
+  [[nodiscard]] std::size_t carved_count() const noexcept
+  {
+    return carved().count;
+  }
+  [[nodiscard]] std::size_t carved_bytes() const noexcept
+  {
+    return carved().bytes;
+  }
 
  private:
   /// The keeper: reports carved usage and its slabs (when they change, and

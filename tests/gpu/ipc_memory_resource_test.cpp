@@ -463,6 +463,10 @@ TEST(SlabMode, IdleSlabsOfAnotherSessionServeARequestAtOnce)
   EXPECT_EQ(after.reclaim_served(), 1u);
   EXPECT_EQ(after.idle_bytes(), 0u);
   direct_mr.deallocate(stream, big, 384 * MiB, 256);
+  stream.sync();
+  // The free travels on the needy's socket without a reply: the hoarder's
+  // next lease (on its own socket) may come first unless we wait for it.
+  ASSERT_TRUE(eventually([&] { return gpu_pool(daemon.stats(), 0).in_use_bytes() == 0; }));
   // The hoarder carves on: a new slab, leased as it needs one.
   slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
   stream.sync();
