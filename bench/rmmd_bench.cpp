@@ -2045,7 +2045,8 @@ int bench_main(int argc, char** argv)
   std::string rmmd_path, out_path, pool_bytes = "16GiB";
   bool quick      = false;
   int max_seconds = 540;
-  std::vector<std::string> const all_sections{"a", "a8", "b", "b2", "c", "c2", "d", "e", "f", "g", "h"};
+  std::vector<std::string> const all_sections{
+      "a", "a8", "b", "b2", "c", "c2", "d", "e", "f", "g", "h"};
   std::vector<std::string> sections = all_sections;
   app.add_option("--rmmd", rmmd_path, "The rmmd binary to start")
       ->required()

@@ -38,11 +38,11 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<case_params> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    daemon_ = std::make_unique<daemon_process>(std::vector<std::string>{
-        "--cuda-pool-bytes",
-        "8GiB",
-        "--cuda-shared-buffer-memory",
-        GetParam().memory == buffer_memory::own ? "own" : "pool"});
+    daemon_ = std::make_unique<daemon_process>(
+        std::vector<std::string>{"--cuda-pool-bytes",
+                                 "8GiB",
+                                 "--cuda-shared-buffer-memory",
+                                 GetParam().memory == buffer_memory::own ? "own" : "pool"});
     env_      = {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()};
     auto s    = daemon_->open_session();
     auto pool = s.device_pool(0);
