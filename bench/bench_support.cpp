@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -125,6 +126,31 @@ std::string results_json(results::Run const& run)
     throw bench_error("writing the results as JSON failed: " + status.ToString());
   }
   return out;
+}
+
+void print_targets(std::string const& title,
+                   std::vector<target_row> const& targets,
+                   results::Run& run)
+{
+  std::printf("\n%s\n", title.c_str());
+  for (auto const& t : targets) {
+    std::printf("  %-4s %-60s %12.3f %s  (%s %g %s)\n",
+                t.pass() ? "pass" : "MISS",
+                t.what.c_str(),
+                t.measured,
+                t.unit.c_str(),
+                t.at_most ? "<=" : ">=",
+                t.limit,
+                t.unit.c_str());
+    std::ostringstream limit;
+    limit << (t.at_most ? "<= " : ">= ") << t.limit;
+    auto& row = *run.add_targets();
+    row.set_what(t.what);
+    row.set_measured(t.measured);
+    row.set_unit(t.unit);
+    row.set_limit(limit.str());
+    row.set_pass(t.pass());
+  }
 }
 
 }  // namespace rmmd::bench

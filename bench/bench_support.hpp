@@ -30,6 +30,26 @@ class bench_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// One target as measured; print_targets shows it pass or MISS and records
+/// it in the run.
+struct target_row {
+  std::string what;
+  double measured{};
+  bool at_most{true};  ///< else: at least
+  double limit{};
+  std::string unit;
+  [[nodiscard]] bool pass() const
+  {
+    return at_most ? measured <= limit : measured >= limit;
+  }
+};
+
+/// Prints `title` and a line per target (pass or MISS beside the figure) and
+/// adds each to `run`'s targets.
+void print_targets(std::string const& title,
+                   std::vector<target_row> const& targets,
+                   results::Run& run);
+
 // Processes and the daemon come from tools/process, shared with the tests.
 using tools::child_process;
 using tools::daemon_process;

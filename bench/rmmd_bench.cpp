@@ -29,6 +29,7 @@
 //
 // Without a GPU, `--sections h` runs section h's host figures alone.
 
+#include "bench/bench_session.hpp"
 #include "bench/bench_support.hpp"
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
@@ -218,16 +219,6 @@ void say(std::string const& line)
   std::fflush(stdout);
 }
 
-v1::Stats get_stats(rmmd::session const& s)
-{
-  auto& impl = s.impl();
-  v1::Stats out;
-  auto ctx    = impl.context();
-  auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &out);
-  if (!status.ok()) { throw bench_error("GetStats failed: " + status.error_message()); }
-  return out;
-}
-
 std::uint64_t pool_in_use(v1::Stats const& stats, std::uint32_t pool_id)
 {
   for (auto const& p : stats.pools()) {
@@ -270,18 +261,6 @@ class stream_holder {
 // ---------------------------------------------------------------- results
 
 /// One target of the issue, as measured.
-struct target_row {
-  std::string what;
-  double measured{};
-  bool at_most{true};  // else: at least
-  double limit{};
-  std::string unit;
-  [[nodiscard]] bool pass() const
-  {
-    return at_most ? measured <= limit : measured >= limit;
-  }
-};
-
 struct run_state {
   results::Run doc;
   std::vector<target_row> targets;
@@ -2268,28 +2247,10 @@ int bench_main(int argc, char** argv)
                                         .quick       = quick,
                                         .cuda_daemon = &daemon},
                                        *st.doc.mutable_scale());
-    for (auto const& t : targets) {
-      (void)st.check(target_row{t.what, t.measured, t.at_most, t.limit, t.unit});
-    }
+    for (auto const& t : targets) { (void)st.check(t); }
   });
 
-  std::printf("\nTargets (issues 5, 12 and 14)\n");
-  for (auto const& t : st.targets) {
-    std::printf("  %-4s %-52s %12.3f %s  (%s %g %s)\n",
-                t.pass() ? "pass" : "MISS",
-                t.what.c_str(),
-                t.measured,
-                t.unit.c_str(),
-                t.at_most ? "<=" : ">=",
-                t.limit,
-                t.unit.c_str());
-    auto& row = *st.doc.add_targets();
-    row.set_what(t.what);
-    row.set_measured(t.measured);
-    row.set_unit(t.unit);
-    row.set_limit(std::string(t.at_most ? "<= " : ">= ") + format("%g", t.limit));
-    row.set_pass(t.pass());
-  }
+  print_targets("Targets (issues 5, 12 and 14)", st.targets, st.doc);
   for (auto const& e : st.errors) { st.doc.add_errors(e); }
   st.doc.set_seconds(seconds_between(started, steady::now()));
   st.doc.set_daemon_log_tail(daemon.log_tail(40));

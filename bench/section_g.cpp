@@ -1,5 +1,6 @@
 #include "bench/section_g.hpp"
 
+#include "bench/bench_session.hpp"
 #include "bench/bench_support.hpp"
 #include "client/detail/session_impl.hpp"
 
@@ -32,16 +33,6 @@ std::int64_t now_ns()
 {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch())
       .count();
-}
-
-v1::Stats stats_of(rmmd::session const& s)
-{
-  auto& impl = s.impl();
-  v1::Stats out;
-  auto ctx    = impl.context();
-  auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &out);
-  if (!status.ok()) { throw bench_error("GetStats failed: " + status.error_message()); }
-  return out;
 }
 
 v1::PoolStats pool_of(v1::Stats const& stats, std::uint32_t id)
@@ -157,7 +148,7 @@ mobility_outcome section_mobility(mobility_config const& cfg,
   rmmd::session observer(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
                                                 .client_name = "rmmd-bench-g-observer"});
   auto const pool = requester.device_pool(0).id;
-  if (pool_of(stats_of(observer), pool).pool().capacity_bytes() != pool_bytes) {
+  if (pool_of(get_stats(observer), pool).pool().capacity_bytes() != pool_bytes) {
     throw bench_error("the GPU 0 pool's capacity is not the " + std::to_string(pool_bytes) +
                       " bytes asked for (a GPU with less memory?)");
   }
@@ -186,12 +177,12 @@ mobility_outcome section_mobility(mobility_config const& cfg,
       }
       auto const refill_at = steady::now() + 500ms;
       while (steady::now() < refill_at) {
-        if (pool_of(stats_of(observer), pool).reclaimable_bytes() == pool_bytes) { return; }
+        if (pool_of(get_stats(observer), pool).reclaimable_bytes() == pool_bytes) { return; }
         std::this_thread::sleep_for(2ms);  // no event announces a report: poll the ledger
       }
       if (steady::now() > reported_by) {
         std::string held;
-        auto const now_held = stats_of(observer);
+        auto const now_held = get_stats(observer);
         for (auto const& s : now_held.sessions()) {
           held += " pid " + std::to_string(s.pid()) + ": " + std::to_string(s.bytes() >> 20) +
                   " MiB held, " + std::to_string(s.reclaimable_bytes() >> 20) + " MiB reclaimable;";
@@ -219,7 +210,7 @@ mobility_outcome section_mobility(mobility_config const& cfg,
         std::map<pid_t, std::size_t> worker_pids;
         for (std::size_t i = 0; i < clients; ++i) { worker_pids[workers[i]->pid()] = i; }
         while (!done.load()) {
-          auto const stats = stats_of(observer);
+          auto const stats = get_stats(observer);
           auto const t     = now_ns();
           for (auto const& s : stats.sessions()) {
             if (worker_pids.contains(s.pid()) && s.bytes() == 0 && !gave_back.contains(s.pid())) {
@@ -286,7 +277,7 @@ mobility_outcome section_mobility(mobility_config const& cfg,
       c->set_gave_back_ms(ms_between(t_request, g->second));
     }
   }
-  auto const pool_after = pool_of(stats_of(observer), pool);
+  auto const pool_after = pool_of(get_stats(observer), pool);
   out->set_reclaim_waits(static_cast<std::uint32_t>(pool_after.reclaim_waits()));
   out->set_reclaim_served(static_cast<std::uint32_t>(pool_after.reclaim_served()));
 

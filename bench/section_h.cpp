@@ -80,12 +80,12 @@ double mib(double bytes)
   return bytes / (1 << 20);
 }
 
-char const* verdict(scale_target const& t)
+char const* verdict(target_row const& t)
 {
   return t.pass() ? "pass" : "MISS";
 }
 
-results::Target target_of(scale_target const& t)
+results::Target target_of(target_row const& t)
 {
   results::Target out;
   std::ostringstream limit;
@@ -285,7 +285,7 @@ void measure_leases(scale_options const& o,
                     std::size_t count,
                     std::size_t holders,
                     results::ScaleLeases& out,
-                    std::vector<scale_target>& targets)
+                    std::vector<target_row>& targets)
 {
   out.set_pool(kind);
   out.set_leases(static_cast<std::uint32_t>(count));
@@ -308,12 +308,11 @@ void measure_leases(scale_options const& o,
   auto const per =
       (static_cast<double>(rss) - static_cast<double>(idle)) / static_cast<double>(count);
   out.set_per_lease_bytes(per);
-  scale_target t{
-      "daemon RSS per live lease, " + kind + " pool, " + std::to_string(count) + " leases",
-      per,
-      true,
-      lease_target_bytes,
-      "B"};
+  target_row t{"daemon RSS per live lease, " + kind + " pool, " + std::to_string(count) + " leases",
+               per,
+               true,
+               lease_target_bytes,
+               "B"};
   *out.mutable_target() = target_of(t);
   targets.push_back(t);
   std::printf(
@@ -349,7 +348,7 @@ void measure_close(scale_options const& o,
                    std::size_t count,
                    std::size_t trials,
                    results::ScaleClose& out,
-                   std::vector<scale_target>& targets)
+                   std::vector<target_row>& targets)
 {
   out.set_pool(kind);
   out.set_leases(static_cast<std::uint32_t>(count));
@@ -377,12 +376,12 @@ void measure_close(scale_options const& o,
   out.set_trials(static_cast<std::uint32_t>(ms.size()));
   out.set_p50_ms(p50);
   out.set_max_ms(ms.back());
-  scale_target t{"SIGKILL of a session holding " + std::to_string(count) + " " + kind +
-                     " leases to memory back, p50",
-                 p50,
-                 true,
-                 close_target_ms,
-                 "ms"};
+  target_row t{"SIGKILL of a session holding " + std::to_string(count) + " " + kind +
+                   " leases to memory back, p50",
+               p50,
+               true,
+               close_target_ms,
+               "ms"};
   *out.mutable_target() = target_of(t);
   targets.push_back(t);
   std::printf(
@@ -427,15 +426,15 @@ void time_calls(std::size_t calls, results::ScaleCall& out, Call&& call)
 
 void judge_call(std::string const& what,
                 results::ScaleCall& out,
-                std::vector<scale_target>& targets,
+                std::vector<target_row>& targets,
                 bool size_target)
 {
-  scale_target t{what + ", max", out.max_ms(), true, listing_target_ms, "ms"};
+  target_row t{what + ", max", out.max_ms(), true, listing_target_ms, "ms"};
   *out.mutable_target() = target_of(t);
   targets.push_back(t);
   std::string size_verdict;
   if (size_target) {
-    scale_target s{what + ", size", out.bytes() / 1024, true, listing_target_bytes / 1024, "KiB"};
+    target_row s{what + ", size", out.bytes() / 1024, true, listing_target_bytes / 1024, "KiB"};
     targets.push_back(s);
     size_verdict = std::string(", size target <= 64 KiB: ") + verdict(s);
   }
@@ -454,7 +453,7 @@ void measure_sessions(scale_options const& o,
                       daemon_process const& daemon,
                       observer const& obs,
                       results::ScaleSessions& out,
-                      std::vector<scale_target>& targets)
+                      std::vector<target_row>& targets)
 {
   out.set_sessions(static_cast<std::uint32_t>(c.sessions));
   out.set_processes(static_cast<std::uint32_t>(c.session_processes));
@@ -483,11 +482,11 @@ void measure_sessions(scale_options const& o,
   auto const per =
       (static_cast<double>(rss) - static_cast<double>(idle)) / static_cast<double>(c.sessions);
   out.set_per_session_bytes(per);
-  scale_target per_t{"daemon RSS per open session, " + std::to_string(c.sessions) + " sessions",
-                     per / 1024,
-                     true,
-                     session_target_bytes / 1024,
-                     "KiB"};
+  target_row per_t{"daemon RSS per open session, " + std::to_string(c.sessions) + " sessions",
+                   per / 1024,
+                   true,
+                   session_target_bytes / 1024,
+                   "KiB"};
   *out.mutable_per_session_target() = target_of(per_t);
   targets.push_back(per_t);
   auto const ramp_summary = summarize(ramp);
@@ -515,11 +514,11 @@ void measure_sessions(scale_options const& o,
   out.set_setup_probes(static_cast<std::uint32_t>(probes.size()));
   out.mutable_setup_with_all_open()->set_p50_us(probe_summary.p50_us);
   out.mutable_setup_with_all_open()->set_p99_us(probe_summary.p99_us);
-  scale_target setup_t{"session set-up with " + std::to_string(c.sessions) + " open, p99",
-                       probe_summary.p99_us / 1000,
-                       true,
-                       setup_target_ms,
-                       "ms"};
+  target_row setup_t{"session set-up with " + std::to_string(c.sessions) + " open, p99",
+                     probe_summary.p99_us / 1000,
+                     true,
+                     setup_target_ms,
+                     "ms"};
   *out.mutable_setup_target() = target_of(setup_t);
   targets.push_back(setup_t);
   std::printf(
@@ -614,10 +613,10 @@ void part(std::string const& name, Body&& body, std::string* error)
 
 }  // namespace
 
-std::vector<scale_target> section_scale(scale_options const& o, results::Scale& out)
+std::vector<target_row> section_scale(scale_options const& o, results::Scale& out)
 {
   auto const c = counts::make(o.quick);
-  std::vector<scale_target> targets;
+  std::vector<target_row> targets;
   std::printf("\nh) a busy node: %zu sessions, %zu leases on a host pool, %zu on the CUDA pool\n",
               c.sessions,
               c.host_leases,
@@ -783,32 +782,14 @@ int section_scale_without_gpu(scale_options const& o,
   run.mutable_host()->set_cpus(std::thread::hardware_concurrency());
   std::printf("rmmd_bench without a GPU: section h's host figures only%s\n",
               o.quick ? ", --quick" : "");
-  std::vector<scale_target> targets;
+  std::vector<target_row> targets;
   try {
     targets = section_scale(o, *run.mutable_scale());
   } catch (std::exception const& e) {
     run.add_errors(std::string("h: ") + e.what());
     std::printf("  ERROR (h): %s\n", e.what());
   }
-  std::printf("\nTargets (issue 14)\n");
-  for (auto const& t : targets) {
-    std::printf("  %-4s %-60s %12.3f %s  (%s %g %s)\n",
-                t.pass() ? "pass" : "MISS",
-                t.what.c_str(),
-                t.measured,
-                t.unit.c_str(),
-                t.at_most ? "<=" : ">=",
-                t.limit,
-                t.unit.c_str());
-    auto& row = *run.add_targets();
-    row.set_what(t.what);
-    row.set_measured(t.measured);
-    row.set_unit(t.unit);
-    std::ostringstream limit;
-    limit << (t.at_most ? "<= " : ">= ") << t.limit;
-    row.set_limit(limit.str());
-    row.set_pass(t.pass());
-  }
+  print_targets("Targets (issue 14)", targets, run);
   run.set_seconds(seconds_between(started, steady::now()));
   std::ofstream file(out_path, std::ios::trunc);
   file << results_json(run);

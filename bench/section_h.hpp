@@ -16,20 +16,6 @@
 
 namespace rmmd::bench {
 
-/// One target of section h as measured: rmmd_bench prints and records it
-/// with the other sections' targets.
-struct scale_target {
-  std::string what;
-  double measured{};
-  bool at_most{true};  ///< else: at least
-  double limit{};
-  std::string unit;
-  [[nodiscard]] bool pass() const
-  {
-    return at_most ? measured <= limit : measured >= limit;
-  }
-};
-
 struct scale_options {
   /// The rmmd binary: the section starts a host-only daemon of its own from
   /// it, and runs the `rmmctl` found beside it (or in ../client/).
@@ -45,7 +31,7 @@ struct scale_options {
 
 /// Runs section h, filling `out` (each part records its own error there and
 /// the section goes on); returns the targets it measured.
-std::vector<scale_target> section_scale(scale_options const& options, results::Scale& out);
+std::vector<target_row> section_scale(scale_options const& options, results::Scale& out);
 
 /// The helper modes of section h:
 ///   rmmd_bench --raw-leases RUNTIME_DIR host|cuda COUNT BYTES

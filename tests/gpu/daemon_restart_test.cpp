@@ -9,6 +9,7 @@
 #include "client/detail/session_impl.hpp"
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/text.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/pinned_host_memory_resource.hpp>
@@ -42,14 +43,6 @@ std::unique_ptr<tools::daemon_process> start_rmmd(std::filesystem::path const& d
       .dir_prefix  = "rmmd-restart-gpu-",
       .runtime_dir = dir,
       .log_to_file = true});
-}
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { lines.push_back(line); }
-  return lines;
 }
 
 /// True if all `bytes` at `p` (device or host memory) hold `value`.

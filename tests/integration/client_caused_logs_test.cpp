@@ -5,6 +5,7 @@
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/integration/logged_daemon.hpp"
+#include "tests/tools/text.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -57,14 +58,6 @@ v1::SessionWelcome send_hello(std::filesystem::path const& dir, std::string cons
   }
   ::close(fd);
   return welcome;
-}
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { out.push_back(line); }
-  return out;
 }
 
 /// Reads the log until a session's "opened" line: every line written before

@@ -10,6 +10,7 @@
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/pattern.hpp"
+#include "tests/tools/text.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
 
@@ -49,14 +50,6 @@ rmmd::session open_session(std::filesystem::path const& dir,
 {
   return rmmd::session(rmmd::session::options{
       .runtime_dir = dir, .client_name = std::move(name), .lease_calls = calls});
-}
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { lines.push_back(line); }
-  return lines;
 }
 
 struct held_buffer {

@@ -4,6 +4,7 @@
 
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/text.hpp"
 
 #include <rmmd/shared_buffer.hpp>
 
@@ -23,14 +24,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { out.push_back(line); }
-  return out;
-}
 
 /// promtool on PATH, or empty.
 std::string find_promtool()

@@ -5,6 +5,7 @@
 // buffers`, `stats` and `pools`.
 
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/text.hpp"
 
 #include <rmmd/shared_buffer.hpp>
 
@@ -71,23 +72,6 @@ std::vector<std::string> in(daemon_process const& d, std::vector<std::string> ar
 {
   args.insert(args.begin(), {"--runtime-dir", d.runtime_dir().string()});
   return args;
-}
-
-template <typename Message>
-Message parse_json(std::string const& text)
-{
-  Message m;
-  auto status = google::protobuf::util::JsonStringToMessage(text, &m);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << text;
-  return m;
-}
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { out.push_back(line); }
-  return out;
 }
 
 /// A daemon with one client ("worker") holding 1 MiB and 64 KiB, as a node

@@ -8,6 +8,7 @@
 
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/text.hpp"
 #include "tools/socket/raw_session.hpp"
 
 #include <google/protobuf/util/json_util.h>
@@ -50,23 +51,6 @@ ctl_result rmmctl(daemon_process const& d, std::vector<std::string> args)
   return r;
 }
 
-template <typename Message>
-Message parse_json(std::string const& text)
-{
-  Message m;
-  auto status = google::protobuf::util::JsonStringToMessage(text, &m);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << text;
-  return m;
-}
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { out.push_back(line); }
-  return out;
-}
-
 /// The first column of a table's rows (the header and notes left out).
 std::vector<std::string> first_column(std::string const& table)
 {
@@ -85,22 +69,22 @@ std::vector<std::string> first_column(std::string const& table)
 
 /// Waits, with a deadline, until `pool`'s figures are `bytes` in `count`
 /// allocations; false if they never were.
-bool eventually(daemon_process const& d,
-                std::uint32_t pool,
-                std::uint64_t bytes,
-                std::uint64_t count)
+bool pool_reaches(daemon_process const& d,
+                  std::uint32_t pool,
+                  std::uint64_t bytes,
+                  std::uint64_t count)
 {
-  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto const s = d.stats();
-    for (auto const& p : s.pools()) {
-      if (p.pool().id() == pool && p.in_use_bytes() == bytes && p.allocation_count() == count) {
-        return true;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  return eventually(
+      [&] {
+        auto const s = d.stats();
+        for (auto const& p : s.pools()) {
+          if (p.pool().id() == pool) {
+            return p.in_use_bytes() == bytes && p.allocation_count() == count;
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(20));
 }
 
 /// Thirty sessions; session i (from 1) holds i leases of 4 KiB.
@@ -299,14 +283,14 @@ TEST(ManyLeases, ASessionHolding100000LeasesGivesEverythingBackWhenItCloses)
     EXPECT_EQ(in_use(stats, pool), (1u << 20) + n * per);
     EXPECT_EQ(stats.pools(0).allocation_count(), n + 1);
   }  // the connection closes: the daemon frees the session's leases
-  EXPECT_TRUE(eventually(daemon, pool, 1 << 20, 1));
+  EXPECT_TRUE(pool_reaches(daemon, pool, 1 << 20, 1));
   // The other session's lease is untouched, and what came back is one free
   // range again: the rest of the pool in one allocation.
   auto const rest = other.allocate(pool, (std::size_t{64} << 20) - (1 << 20), 0);
-  EXPECT_TRUE(eventually(daemon, pool, std::uint64_t{64} << 20, 2));
+  EXPECT_TRUE(pool_reaches(daemon, pool, std::uint64_t{64} << 20, 2));
   other.free(rest.id);
   other.free(kept.id);
-  EXPECT_TRUE(eventually(daemon, pool, 0, 0));
+  EXPECT_TRUE(pool_reaches(daemon, pool, 0, 0));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "daemon/metrics/prometheus_text.hpp"
 #include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
+#include "tests/tools/text.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -17,17 +18,11 @@
 namespace rmmd::metrics {
 namespace {
 
+using rmmd::test::lines_of;
+
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::vector<std::string> lines_of(std::string const& text)
-{
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) { out.push_back(line); }
-  return out;
-}
 
 daemon_snapshot sample_snapshot()
 {
