@@ -598,14 +598,17 @@ extern "C" {
 
 void* rmmd_torch_malloc(size_t size, int device, void* stream)
 {
-  void* ptr   = nullptr;
-  auto status = guarded([&] {
-    auto& r = torch_allocator::get().resource(device);
-    ptr     = std::get<rmmd::ipc_memory_resource>(r.mr).allocate(
-        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, size, 256);
-    if (ptr != nullptr) { note_allocation(r, size); }
-  });
-  return status == RMMD_SUCCESS ? ptr : nullptr;
+  void* ptr = nullptr;
+  return torch_allocate(size, device, stream, &ptr) == RMMD_SUCCESS ? ptr : nullptr;
+}
+
+rmmd_status rmmd_torch_allocate(size_t size, int device, void* stream, void** ptr)
+{
+  if (ptr == nullptr) { return null_argument("ptr"); }
+  void* got         = nullptr;
+  auto const status = torch_allocate(size, device, stream, &got);
+  if (status == RMMD_SUCCESS) { *ptr = got; }
+  return status;
 }
 
 void* rmmd_torch_malloc_or_raise(size_t size, int device, void* stream)

@@ -194,13 +194,19 @@ RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name
  * the tensor gets address 0 (docs/python.md). Nothing is printed at exit
  * and nothing is left behind. */
 RMMD_API void* rmmd_torch_malloc(size_t size, int device, void* stream);
-/* The same, for the whole process's allocator: a failure throws a C++
- * std::runtime_error with rmmd's message instead of returning NULL (which
- * PyTorch would turn into a tensor at address 0). PyTorch's bindings raise
- * it as RuntimeError("rmmd: ... out of memory ..."). The one function of this
- * header that throws: only for C++ callers that expect it (PyTorch). */
+/* The same, for the whole process's allocator where the Python package's
+ * shim (below) cannot be built: a failure throws a C++ std::runtime_error
+ * with rmmd's message instead of returning NULL (which PyTorch would turn
+ * into a tensor at address 0). PyTorch's bindings raise it as
+ * RuntimeError("rmmd: ..."). The one function of this header that throws:
+ * only for C++ callers that expect it (PyTorch). */
 RMMD_API void* rmmd_torch_malloc_or_raise(size_t size, int device, void* stream);
 RMMD_API void rmmd_torch_free(void* ptr, size_t size, int device, void* stream);
+/* The allocation of both, with its status (RMMD_ERROR_OUT_OF_MEMORY, ...):
+ * for an allocate function compiled against PyTorch that throws PyTorch's
+ * own out-of-memory type (rmmd/allocators/_torch_oom.cpp of the Python
+ * package, which use_rmmd_as_allocator() builds on the node). */
+RMMD_API rmmd_status rmmd_torch_allocate(size_t size, int device, void* stream, void** ptr);
 /* runtime_dir NULL: $RMMD_RUNTIME_DIR or /run/rmmd. FAILED_PRECONDITION once
  * the first allocation was made. */
 RMMD_API rmmd_status rmmd_torch_configure(char const* runtime_dir, rmmd_allocation_mode mode);

@@ -129,6 +129,7 @@ _PROTOTYPES = {
     "rmmd_buffer_delete": (status_t, [session_t, c_char_p, POINTER(c_size_t)]),
     "rmmd_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "rmmd_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+    "rmmd_torch_allocate": (status_t, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),
     "rmmd_torch_configure": (status_t, [c_char_p, c_int]),
     "rmmd_torch_get_stats": (status_t, [c_int, POINTER(ResourceStats)]),
 }

@@ -106,15 +106,22 @@ out["zeros"] = rt.memory_stats()
 rt.configure(runtime_dir=sys.argv[1], mode="direct")
 rt.configure(runtime_dir=sys.argv[1], mode="direct")  # the same again: nothing to do
 out["pool"] = list(rt.rmmd_mem_pool(use_on_oom=True))
-rt.use_rmmd_as_allocator()
+import warnings
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    rt.use_rmmd_as_allocator()
+out["warnings"] = [str(w.message) for w in said]
 try:
     rt.use_rmmd_as_allocator()
 except rmmd.PreconditionError as e:
     out["second"] = str(e)
 out["calls"] = calls
 lib = rmmd._lib.load()
-for name in (rt.ALLOC_FN_NAME, rt.RAISING_ALLOC_FN_NAME, rt.FREE_FN_NAME):
-    getattr(lib, name)  # the names PyTorch looks up exist
+for name in (rt.ALLOC_FN_NAME, rt.RAISING_ALLOC_FN_NAME, rt.FREE_FN_NAME, "rmmd_torch_allocate"):
+    getattr(lib, name)  # the names PyTorch and the shim look up exist
+got = ctypes.c_void_p(1234)
+out["allocate"] = [lib.rmmd_torch_allocate(1024, 0, None, ctypes.byref(got)), got.value]
+out["allocate_null"] = lib.rmmd_torch_allocate(1024, 0, None, None)
 # No GPU here: the first allocation fails, and says why, on this thread.
 out["ptr"] = lib.rmmd_torch_malloc(1024, 0, None)
 out["last_error"] = rt.last_error()
@@ -133,10 +140,18 @@ def test_the_torch_entry_points(daemon: Daemon) -> None:
                             "total_allocations": 0, "device": 0}
     assert out["calls"][0] == ["pluggable", rmmd.library_path(), "rmmd_torch_malloc", "rmmd_torch_free"]
     assert out["pool"] == ["MemPool", "the _cuda_CUDAAllocator", {"use_on_oom": True}]
-    # The MemPool's allocator, then the whole process's (the raising malloc), once.
+    # The MemPool's allocator, then the whole process's, once: this fake
+    # torch has no headers to build the shim against, so a warning says so
+    # and the raising malloc of librmmd_c.so stands in.
     assert out["calls"][1] == [
         "pluggable", rmmd.library_path(), "rmmd_torch_malloc_or_raise", "rmmd_torch_free"
     ]
+    assert len(out["warnings"]) == 1 and "raises RuntimeError, not torch.OutOfMemoryError" in (
+        out["warnings"][0]
+    ), out["warnings"]
+    # The shim's entry point: a status, nothing written on failure.
+    assert out["allocate"][0] != 0 and out["allocate"][1] == 1234, out["allocate"]
+    assert out["allocate_null"] == rmmd.Status.INVALID_ARGUMENT
     assert [c[0] for c in out["calls"]] == ["pluggable", "pluggable", "change", "change"]
     assert "before the process's first CUDA allocation" in out["second"]
     assert out["ptr"] is None and out["last_error"].startswith("rmmd: ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,15 +82,32 @@ def test_out_of_memory_in_a_mempool_is_pytorchs_error(torch_daemon: Daemon) -> N
     assert said["last_error"].startswith("rmmd: "), said  # what rmmd said, on that thread
 
 
-def test_out_of_memory_with_rmmd_as_the_allocator_raises(torch_daemon: Daemon) -> None:
-    # rmmd_torch_malloc_or_raise throws std::runtime_error through PyTorch's
-    # CUDAPluggableAllocator (which would not check a NULL); PyTorch turns it
-    # into RuntimeError. Only PyTorch's own allocator, as under a MemPool,
-    # raises torch.OutOfMemoryError (a RuntimeError too).
-    said = json.loads(run_python([TORCH, "oom", "allocator", "direct", "16"], torch_daemon.env()).stdout)
-    print(said)  # pytest -rA shows which
-    assert said["raised"] in ("RuntimeError", "OutOfMemoryError"), said
-    assert "rmmd: " in said["message"], said
+def test_out_of_memory_with_rmmd_as_the_allocator_is_pytorchs_error(
+    torch_daemon: Daemon, tmp_path: Path
+) -> None:
+    # use_rmmd_as_allocator() builds its allocate function against this
+    # PyTorch (an empty cache: built here), which throws c10::OutOfMemoryError.
+    env = torch_daemon.env(RMMD_CACHE_DIR=str(tmp_path))
+    out = run_python([TORCH, "oom", "allocator", "direct", "16"], env)
+    said = json.loads(out.stdout)
+    assert said["raised"] == "OutOfMemoryError" and said["oom"], said
+    assert said["message"].startswith("rmmd: ") and "capacity" in said["message"], said
+    assert out.stderr == "", out.stderr  # no warning: the shim was built
+    assert [p.name for p in tmp_path.glob("torch_oom-*.so")], list(tmp_path.iterdir())
+    # The second process finds it in the cache.
+    said = json.loads(run_python([TORCH, "oom", "allocator", "slab", "16"], env).stdout)
+    assert said["raised"] == "OutOfMemoryError" and "rmmd: " in said["message"], said
+
+
+def test_without_a_compiler_rmmd_as_the_allocator_warns_and_raises_runtime_error(
+    torch_daemon: Daemon, tmp_path: Path
+) -> None:
+    env = torch_daemon.env(RMMD_CACHE_DIR=str(tmp_path), CXX="/bin/false")
+    out = run_python([TORCH, "oom", "allocator", "direct", "16"], env)
+    said = json.loads(out.stdout)
+    assert said["raised"] == "RuntimeError" and "rmmd: " in said["message"], said
+    assert "building the PyTorch shim failed" in out.stderr and "RuntimeWarning" in out.stderr
+    assert not list(tmp_path.glob("torch_oom-*.so")) and not list(tmp_path.glob(".*"))
 
 
 @pytest.mark.parametrize("mode", MODES)

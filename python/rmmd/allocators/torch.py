@@ -20,7 +20,9 @@ Both allocators go through rmmd's C ABI (``rmmd_torch_malloc`` and
 ``torch.cuda.memory.CUDAPluggableAllocator``): one process-wide session
 (client name ``torch``) and one resource per device, made at the first
 allocation; the process's exit prints nothing and the daemon reclaims what
-the session held.
+the session held. The whole-process way allocates through a few lines of
+C++ built on the node against this PyTorch (:func:`build_oom_shim`), the
+only way to raise ``torch.OutOfMemoryError`` from outside PyTorch.
 
 This module imports without PyTorch; its functions need it.
 """
@@ -29,8 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
+import shutil
+import subprocess
+import sys
 import threading
+import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 from .. import _lib
@@ -39,9 +47,13 @@ from .._resource import mode_value
 
 ALLOC_FN_NAME = "rmmd_torch_malloc"
 # The whole process's allocator: PyTorch does not check the pointer there, so
-# this one raises (a C++ exception, RuntimeError in Python) instead of NULL.
+# it must raise instead of returning NULL. The shim built on the node raises
+# torch.OutOfMemoryError; without it, librmmd_c.so's raising malloc throws a
+# std::runtime_error, RuntimeError in Python.
+OOM_ALLOC_FN_NAME = "rmmd_torch_malloc_oom"
 RAISING_ALLOC_FN_NAME = "rmmd_torch_malloc_or_raise"
 FREE_FN_NAME = "rmmd_torch_free"
+_SHIM_SOURCE = Path(__file__).with_name("_torch_oom.cpp")
 
 _lock = threading.Lock()
 _configured: tuple[str | None, int] | None = None
@@ -182,12 +194,109 @@ def use_mem_pool(pool: Any = None, device: Any = None, backward: bool = True) ->
             yield pool
 
 
+def _cache_dir() -> Path:
+    if os.environ.get("RMMD_CACHE_DIR"):
+        return Path(os.environ["RMMD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rmmd"
+
+
+def build_oom_shim() -> str:
+    """Builds (once per PyTorch, rmmd library and compiler; cached) the
+    allocate function that :func:`use_rmmd_as_allocator` loads, and returns
+    its path.
+
+    It is ``_torch_oom.cpp`` of this package, compiled against the running
+    PyTorch's headers and libc10 and linked to :func:`library_path`: when
+    rmmd refuses an allocation it throws PyTorch's own C++ out-of-memory type,
+    which Python sees as ``torch.OutOfMemoryError`` with rmmd's message. The
+    compiler is ``$CXX``, else ``c++``, else ``g++`` (a few seconds); the
+    cache is ``$RMMD_CACHE_DIR``, else ``$XDG_CACHE_HOME/rmmd``, else
+    ``~/.cache/rmmd``. Run ``python -m rmmd.allocators.torch`` to build it
+    ahead, in an image say.
+
+    Raises:
+        RuntimeError: no compiler, or it failed (its command and output are
+            in the message).
+    """
+    torch = _torch()
+    if not getattr(torch, "__file__", None):
+        raise RuntimeError("rmmd: the torch module has no __file__, so no headers to build against")
+    torch_dir = Path(torch.__file__).resolve().parent
+    include, torch_lib = torch_dir / "include", torch_dir / "lib"
+    lib = Path(library_path()).resolve()
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    abi = int(bool(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", True)))
+    source = _SHIM_SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join(
+            [source, str(torch.__version__).encode(), bytes(torch_dir), bytes(lib),
+             str(cxx).encode(), str(abi).encode()]
+        )
+    ).hexdigest()[:16]
+    out = _cache_dir() / f"torch_oom-{key}.so"
+    if out.exists():
+        return str(out)
+    if cxx is None:
+        raise RuntimeError("rmmd: no C++ compiler to build the PyTorch shim (set $CXX or install g++)")
+    if not (include / "c10" / "util" / "Exception.h").exists():
+        raise RuntimeError(f"rmmd: PyTorch's C++ headers are not in {include}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}")
+    said = []
+    try:
+        for std in ("c++20", "c++17"):  # newer PyTorch headers need C++20
+            command = [
+                cxx, f"-std={std}", "-O2", "-fPIC", "-shared",
+                f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-isystem", str(include),
+                str(_SHIM_SOURCE), "-o", str(tmp),
+                f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}",
+                str(lib), f"-Wl,-rpath,{lib.parent}",
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode == 0:
+                os.replace(tmp, out)  # atomic: ranks that build at once agree
+                return str(out)
+            said.append(f"$ {' '.join(command)}\n{done.stderr.strip()[-2000:]}")
+    finally:
+        tmp.unlink(missing_ok=True)
+    raise RuntimeError("rmmd: building the PyTorch shim failed:\n" + "\n".join(said))
+
+
+def _whole_process_allocator(torch: Any) -> Any:
+    """The shim's allocator, else (with a warning) librmmd_c.so's raising
+    malloc."""
+    if os.environ.get("RMMD_TORCH_OOM_SHIM", "1") != "0":
+        try:
+            return torch.cuda.memory.CUDAPluggableAllocator(
+                build_oom_shim(), OOM_ALLOC_FN_NAME, FREE_FN_NAME
+            )
+        except (OSError, RuntimeError) as e:
+            warnings.warn(
+                f"{e}\nrmmd: an allocation rmmd refuses raises RuntimeError, not "
+                "torch.OutOfMemoryError (RMMD_TORCH_OOM_SHIM=0 chooses that quietly)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return torch.cuda.memory.CUDAPluggableAllocator(
+        library_path(), RAISING_ALLOC_FN_NAME, FREE_FN_NAME
+    )
+
+
 def use_rmmd_as_allocator(
     runtime_dir: str | os.PathLike[str] | None = None, mode: str | None = None
 ) -> Any:
     """Makes rmmd the allocator of every CUDA tensor of this process
     (``torch.cuda.memory.change_current_allocator``). Call it before the
     process's first CUDA allocation. Returns the allocator.
+
+    An allocation rmmd refuses for want of memory raises
+    ``torch.OutOfMemoryError`` with rmmd's message, other refusals
+    ``RuntimeError``. That takes the allocate function :func:`build_oom_shim`
+    builds the first time (a C++ compiler and PyTorch's headers, a few
+    seconds); where it cannot be built, a ``RuntimeWarning`` says why and
+    every refusal raises ``RuntimeError`` (``RMMD_TORCH_OOM_SHIM=0``: that
+    way, without trying).
 
     Raises:
         PreconditionError: PyTorch has allocated CUDA memory already.
@@ -197,9 +306,7 @@ def use_rmmd_as_allocator(
     torch = _torch()
     with _lock:
         if _raising_allocator is None:
-            _raising_allocator = torch.cuda.memory.CUDAPluggableAllocator(
-                library_path(), RAISING_ALLOC_FN_NAME, FREE_FN_NAME
-            )
+            _raising_allocator = _whole_process_allocator(torch)
         allocator = _raising_allocator
     try:
         torch.cuda.memory.change_current_allocator(allocator)
@@ -255,6 +362,7 @@ def last_error() -> str:
 
 
 __all__ = [
+    "build_oom_shim",
     "configure",
     "default_mem_pool",
     "last_error",
@@ -265,3 +373,12 @@ __all__ = [
     "use_mem_pool",
     "use_rmmd_as_allocator",
 ]
+
+
+if __name__ == "__main__":
+    # python -m rmmd.allocators.torch: build the shim now (an image's build
+    # step, say) and say where it is.
+    try:
+        print(build_oom_shim())
+    except RuntimeError as e:
+        sys.exit(str(e))
