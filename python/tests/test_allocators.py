@@ -156,3 +156,103 @@ def test_the_torch_entry_points(daemon: Daemon) -> None:
     assert "before the process's first CUDA allocation" in out["second"]
     assert out["ptr"] is None and out["last_error"].startswith("rmmd: ")
     assert "configure rmmd before the first allocation" in out["late"]
+
+
+# A stand-in PyTorch install for build_oom_shim(): c10's exception types as
+# the shim uses them, and an empty libc10.so to link against.
+FAKE_C10_HEADER = r"""
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+namespace c10 {
+struct SourceLocation { const char* function; const char* file; std::uint32_t line; };
+class Error : public std::runtime_error {
+ public:
+  Error(SourceLocation, std::string msg) : std::runtime_error(std::move(msg)) {}
+};
+class OutOfMemoryError : public Error { using Error::Error; };
+}  // namespace c10
+"""
+
+# Calls the built shim as PyTorch would and says what it threw.
+SHIM_CALLER = r"""
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <cstdio>
+int main(int argc, char** argv) {
+  void* shim = dlopen(argv[1], RTLD_NOW);
+  if (!shim) { std::printf("dlopen: %s\n", dlerror()); return 1; }
+  auto malloc_fn = reinterpret_cast<void* (*)(std::size_t, int, void*)>(dlsym(shim, "rmmd_torch_malloc_oom"));
+  auto free_fn = dlsym(shim, "rmmd_torch_free");  // PyTorch finds it through the shim
+  if (!malloc_fn || !free_fn) { std::printf("missing symbol\n"); return 1; }
+  try {
+    malloc_fn(1024, 0, nullptr);
+    std::printf("no throw\n");
+  } catch (c10::OutOfMemoryError const& e) {
+    std::printf("OutOfMemoryError %s\n", e.what());
+  } catch (c10::Error const& e) {
+    std::printf("Error %s\n", e.what());
+  }
+  return 0;
+}
+"""
+
+SHIM_SCRIPT = r"""
+import json, sys, types
+torch = types.ModuleType("torch")
+torch.__file__ = sys.argv[1] + "/__init__.py"
+torch.__version__ = sys.argv[2]
+torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+sys.modules["torch"] = torch
+from rmmd.allocators import torch as rt
+print(json.dumps({"path": rt.build_oom_shim()}))
+"""
+
+
+@pytest.fixture
+def fake_torch_dir(tmp_path: Any) -> Any:
+    import shutil
+    import subprocess
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here")
+    root = tmp_path / "torch"
+    (root / "include" / "c10" / "util").mkdir(parents=True)
+    (root / "include" / "c10" / "util" / "Exception.h").write_text(FAKE_C10_HEADER)
+    (root / "lib").mkdir()
+    subprocess.run(["c++", "-shared", "-fPIC", "-x", "c++", "/dev/null", "-o", str(root / "lib" / "libc10.so")],
+                   check=True)  # fmt: skip
+    return root
+
+
+def test_the_oom_shim_is_built_once_and_throws_pytorchs_types(
+    daemon: Daemon, fake_torch_dir: Any, tmp_path: Any
+) -> None:
+    import subprocess
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, RMMD_CACHE_DIR=str(cache), RMMD_RUNTIME_DIR=str(daemon.runtime_dir))
+    env.pop("CXX", None)
+    first = json.loads(run_python(["-c", SHIM_SCRIPT, str(fake_torch_dir), "2.11.0"], env).stdout)["path"]
+    assert os.path.dirname(first) == str(cache) and os.path.exists(first)
+    assert sorted(p.name for p in cache.iterdir()) == [os.path.basename(first)]  # no temporary left
+    # Cached: found again without a compiler.
+    again = json.loads(
+        run_python(["-c", SHIM_SCRIPT, str(fake_torch_dir), "2.11.0"], dict(env, CXX="/bin/false")).stdout
+    )["path"]
+    assert again == first
+    # Another PyTorch version is another shim; a broken compiler says so.
+    out = run_python(["-c", SHIM_SCRIPT, str(fake_torch_dir), "2.12.0"], dict(env, CXX="/bin/false"), check=False)
+    assert out.returncode != 0 and "building the PyTorch shim failed" in out.stderr, out.stderr
+    out = run_python(["-c", SHIM_SCRIPT, str(fake_torch_dir), "2.12.0"], dict(env, CXX="/no/such/c++"), check=False)
+    assert out.returncode != 0 and "/no/such/c++" in out.stderr, out.stderr
+    # The shim over librmmd_c.so: no GPU here, so the first allocation fails
+    # and the shim throws c10::Error (not the out-of-memory type) with rmmd's message.
+    caller = tmp_path / "caller"
+    (tmp_path / "caller.cpp").write_text(SHIM_CALLER)
+    subprocess.run(["c++", "-std=c++17", "-I", str(fake_torch_dir / "include"), str(tmp_path / "caller.cpp"),
+                    "-o", str(caller), "-ldl"], check=True)  # fmt: skip
+    said = subprocess.run([str(caller), first], env=env, capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert said.stdout.startswith("Error rmmd: "), said.stdout

@@ -202,7 +202,7 @@ def _cache_dir() -> Path:
 
 
 def build_oom_shim() -> str:
-    """Builds (once per PyTorch, rmmd library and compiler; cached) the
+    """Builds (once per PyTorch and rmmd library; cached) the
     allocate function that :func:`use_rmmd_as_allocator` loads, and returns
     its path.
 
@@ -230,8 +230,7 @@ def build_oom_shim() -> str:
     source = _SHIM_SOURCE.read_bytes()
     key = hashlib.sha256(
         b"\0".join(
-            [source, str(torch.__version__).encode(), bytes(torch_dir), bytes(lib),
-             str(cxx).encode(), str(abi).encode()]
+            [source, str(torch.__version__).encode(), bytes(torch_dir), bytes(lib), str(abi).encode()]
         )
     ).hexdigest()[:16]
     out = _cache_dir() / f"torch_oom-{key}.so"
@@ -253,7 +252,10 @@ def build_oom_shim() -> str:
                 f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}",
                 str(lib), f"-Wl,-rpath,{lib.parent}",
             ]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+            except OSError as e:  # no such compiler, say
+                raise RuntimeError(f"rmmd: building the PyTorch shim failed: {cxx}: {e}") from e
             if done.returncode == 0:
                 os.replace(tmp, out)  # atomic: ranks that build at once agree
                 return str(out)
