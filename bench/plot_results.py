@@ -335,8 +335,9 @@ def chart_fast_vs_pool(run: dict, plt) -> Any:
             passed = sum(1 for r, _ in limited if r["target"].get("pass"))
             ax.plot([float(r["size_bytes"]) for r, _ in limited],
                     [lv[1] * r["pool_p50_us"] for r, lv in limited], "--", color="#1f77b4",
-                    lw=1.5, label=f"target: fast p50 {limited[0][1][0]} {limited[0][1][1]:g}x "
-                    f"pool p50 ({passed} of {len(limited)} sizes pass)")
+                    lw=1.5, label=f"{limited[0][1][1]:g}x pool p50; target: the rounds' median "
+                    f"slab/pool {limited[0][1][0]} {limited[0][1][1]:g}x ({passed} of {len(limited)} "
+                    "sizes pass)")
         size_axis(ax, sizes)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("allocate + deallocate pair (us)")

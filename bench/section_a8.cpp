@@ -3,9 +3,12 @@
 // Both resources carve with the same RMM code (pool_memory_resource); what
 // slab mode adds per call is its own bookkeeping. Section a compares them
 // with one thread, one resource after the other; a 5% target needs more
-// care: here the two resources alternate round by round (so drift in clock
-// speed or in other load falls on both), and T threads, each on its own
-// non-blocking stream, start together at a barrier and time every pair.
+// care: here the two resources alternate round by round, T threads, each on
+// its own non-blocking stream, start together at a barrier and time every
+// pair, and the target judges the median over the rounds of each round's
+// slab p50 / pool p50. On the H100 the p50 of all pairs pooled moved by 30%
+// between runs in either direction (0.83x to 1.42x in one cell), as the host
+// drifted: a round's two halves run back to back, so the drift falls on both.
 
 #include "bench/section_a8.hpp"
 
@@ -144,10 +147,11 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
 {
   std::printf(
       "\na8) slab mode against RMM's pool in one process: T threads, each on its own stream, "
-      "%zu pairs each per round, %zu rounds alternating the two resources\n",
+      "%zu pairs each per round, %zu rounds alternating the two resources; all/all: slab p50 / "
+      "pool p50 of every pair\n",
       o.pairs,
       o.rounds);
-  std::printf("%7s %7s %11s %11s %12s %11s %11s %12s %8s  %s\n",
+  std::printf("%7s %7s %11s %11s %12s %11s %11s %12s %8s %8s  %s\n",
               "threads",
               "size",
               "slab p50",
@@ -156,8 +160,9 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
               "pool p50",
               "pool p99",
               "pool pairs/s",
-              "slab/pool",
-              "target");
+              "all/all",
+              "rounds",
+              "target (rounds: the median of each round's slab/pool)");
   check(cudaSetDevice(0), "cudaSetDevice");
   ipc_resource_options slab_options;
   slab_options.mode = allocation_mode::slab;
@@ -176,19 +181,22 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
       row.set_size_bytes(static_cast<std::uint32_t>(bytes));
       row.set_rounds(static_cast<std::uint32_t>(o.rounds));
       try {
-        std::vector<double> fast_ns, pool_ns;
+        std::vector<double> fast_ns, pool_ns, round_ratios;
         double fast_pairs = 0, fast_wall = 0, pool_pairs = 0, pool_wall = 0;
         for (std::size_t r = 0; r < o.rounds; ++r) {
+          double fast_p50 = 0, pool_p50 = 0;
           auto fast_round = [&] {
             auto got = run_round(fast, s, threads, bytes, o);
             fast_pairs += static_cast<double>(got.ns.size());
             fast_wall += got.wall_s;
+            fast_p50 = summarize(got.ns).p50_us;
             fast_ns.insert(fast_ns.end(), got.ns.begin(), got.ns.end());
           };
           auto pool_round = [&] {
             auto got = run_round(pool, s, threads, bytes, o);
             pool_pairs += static_cast<double>(got.ns.size());
             pool_wall += got.wall_s;
+            pool_p50 = summarize(got.ns).p50_us;
             pool_ns.insert(pool_ns.end(), got.ns.begin(), got.ns.end());
           };
           if (r % 2 == 0) {
@@ -198,11 +206,15 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
             pool_round();
             fast_round();
           }
+          if (pool_p50 > 0) { round_ratios.push_back(fast_p50 / pool_p50); }
         }
-        auto const f     = summarize(fast_ns);
-        auto const p     = summarize(pool_ns);
-        auto const ratio = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
-        bool const pass  = ratio <= fast_vs_pool_target;
+        auto const f      = summarize(fast_ns);
+        auto const p      = summarize(pool_ns);
+        auto const pooled = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
+        for (auto x : round_ratios) { row.add_round_ratios(x); }
+        std::sort(round_ratios.begin(), round_ratios.end());
+        auto const ratio = round_ratios.empty() ? 0.0 : round_ratios[round_ratios.size() / 2];
+        bool const pass  = ratio > 0 && ratio <= fast_vs_pool_target;
         auto what        = "slab p50 / pool p50, " + std::to_string(threads) + " thread" +
                     (threads == 1 ? "" : "s") + ", " + size_text(bytes);
         out.targets.push_back({what, ratio});
@@ -215,8 +227,9 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
         row.set_pool_p50_us(p.p50_us);
         row.set_pool_p99_us(p.p99_us);
         row.set_pool_pairs_per_s(pool_wall > 0 ? pool_pairs / pool_wall : 0);
-        row.set_fast_over_pool_p50(ratio);
-        std::printf("%7d %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f  <= %.2fx %s\n",
+        row.set_fast_over_pool_p50(pooled);
+        row.set_median_round_ratio(ratio);
+        std::printf("%7d %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f  <= %.2fx %s\n",
                     threads,
                     size_text(bytes).c_str(),
                     f.p50_us,
@@ -225,6 +238,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
                     p.p50_us,
                     p.p99_us,
                     row.pool_pairs_per_s(),
+                    pooled,
                     ratio,
                     fast_vs_pool_target,
                     pass ? "pass" : "MISS");

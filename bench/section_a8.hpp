@@ -14,7 +14,8 @@
 
 namespace rmmd::bench {
 
-/// slab p50 / pool p50 at every size and thread count.
+/// slab p50 / pool p50 at every size and thread count: the median over the
+/// rounds of each round's ratio.
 constexpr double fast_vs_pool_target = 1.05;
 
 struct fast_vs_pool_options {
@@ -22,7 +23,7 @@ struct fast_vs_pool_options {
   std::vector<std::size_t> sizes{256, std::size_t{64} << 10, std::size_t{1} << 20};
   std::size_t warmup{200};  // per thread, each round
   std::size_t pairs{2000};  // timed, per thread, each round
-  std::size_t rounds{5};    // the two resources alternate, round by round
+  std::size_t rounds{15};   // the two resources alternate, round by round
   std::size_t alignment{256};
 };
 

@@ -181,6 +181,9 @@ SHIM_CALLER = r"""
 #include <dlfcn.h>
 #include <cstdio>
 int main(int argc, char** argv) {
+  // As in Python: the package has loaded librmmd_c.so before PyTorch loads
+  // the shim (whose DT_NEEDED is the library's soname, found loaded).
+  if (!dlopen(argv[2], RTLD_NOW)) { std::printf("dlopen: %s\n", dlerror()); return 1; }
   void* shim = dlopen(argv[1], RTLD_NOW);
   if (!shim) { std::printf("dlopen: %s\n", dlerror()); return 1; }
   auto malloc_fn = reinterpret_cast<void* (*)(std::size_t, int, void*)>(dlsym(shim, "rmmd_torch_malloc_oom"));
@@ -253,6 +256,7 @@ def test_the_oom_shim_is_built_once_and_throws_pytorchs_types(
     (tmp_path / "caller.cpp").write_text(SHIM_CALLER)
     subprocess.run(["c++", "-std=c++17", "-I", str(fake_torch_dir / "include"), str(tmp_path / "caller.cpp"),
                     "-o", str(caller), "-ldl"], check=True)  # fmt: skip
-    said = subprocess.run([str(caller), first], env=env, capture_output=True, text=True, timeout=60)
+    said = subprocess.run([str(caller), first, rmmd.library_path()], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
     assert said.returncode == 0, said.stdout + said.stderr
     assert said.stdout.startswith("Error rmmd: "), said.stdout
