@@ -23,6 +23,19 @@ mkdir -p "$out/consumer"
 cp build/package/rmmd_*.deb build/package/rmmd-dev_*.deb "$out/"
 [ "$archive" -eq 0 ] || cp build/package/rmmd-*-linux-*.tar.gz "$out/"
 cp tests/packaging/gpu_host_install_check.sh "$out/"
+# The Python package as a wheel (pure Python: pip installs it there without a
+# build or the network), built here from a copy so that the tree stays clean
+# (pip fetches setuptools for the build from PyPI, as `pip install ./python` does).
+py_build=$(mktemp -d)
+cp -r python/pyproject.toml python/README.md python/rmmd "$py_build/"
+find "$py_build" -name __pycache__ -prune -exec rm -rf {} +
+.venv/bin/python -m pip wheel --quiet --no-deps -w "$out/python" "$py_build" \
+  >build/python-wheel.log 2>&1 || {
+  cat build/python-wheel.log >&2
+  echo "gpu-install-bundle: building the Python wheel failed" >&2
+  exit 1
+}
+rm -rf "$py_build"
 cp tests/packaging/consumer/CMakeLists.txt tests/packaging/consumer/main.cpp "$out/consumer/"
 echo "gpu-install-bundle: $(du -sh "$out" | cut -f1) in $out:"
 ls -l "$out"

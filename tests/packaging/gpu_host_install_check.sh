@@ -14,6 +14,8 @@
 # tree is needed. Options:
 #   --require-gpu      no GPU is a failure, not a skip
 #   --cuda DIR         the CUDA toolkit (default /usr/local/cuda)
+#   --python PY        the Python of step 6b (default /opt/torch/.venv/bin/python
+#                      where it exists, else python3)
 #   --client-user U    the user in group rmmd who runs the client
 #                      (default rmmd-install-check; made and removed again
 #                      if it does not exist)
@@ -40,6 +42,13 @@
 #      rmmd::ipc_memory_resource; with two GPUs or more, also under
 #      CUDA_VISIBLE_DEVICES=1 (the pool of that GPU, found by UUID, or, as
 #      the shipped config has none there, a refusal that names the GPUs);
+#  6b. with python/rmmd-*.whl in BUNDLE: the Python package pip-installed
+#      from its wheel (--no-index: offline), then as the client user: it
+#      finds the .deb's librmmd_c.so on its own, a session, host memory and
+#      (with a GPU) 64 MiB of device memory; where that Python has PyTorch
+#      with CUDA, a tensor through the rmmd MemPool, and
+#      torch.OutOfMemoryError with rmmd's message under
+#      use_rmmd_as_allocator() (its shim built in the user's home);
 #   7. rmmctl stats as the client user; a user outside group rmmd refused;
 #   8. SIGTERM: the daemon drains and exits 0;
 #   9. dpkg -r, then dpkg -P: every file the packages installed is gone, and
@@ -56,11 +65,14 @@ usage() {
   exit 2
 }
 require_gpu=0 cuda=/usr/local/cuda client_user=rmmd-install-check keep_installed=0 keep_work=0
+python=/opt/torch/.venv/bin/python
+[ -x "$python" ] || python=$(command -v python3 || true)
 while [ $# -gt 0 ]; do
   case $1 in
     --require-gpu) require_gpu=1 ;;
     --cuda) cuda=${2:?}; shift ;;
     --client-user) client_user=${2:?}; shift ;;
+    --python) python=${2:?}; shift ;;
     --keep-installed) keep_installed=1 ;;
     --keep-work) keep_work=1 ;;
     -h | --help) usage ;;
@@ -481,6 +493,122 @@ elif [ "$gpus" -eq 1 ]; then
   skip "CUDA_VISIBLE_DEVICES=1: one GPU here"
 fi
 [ "$gpus" -gt 0 ] || [ "$require_gpu" -eq 0 ] || fail "--require-gpu: nvidia-smi finds no GPU"
+
+# --- 6b. the Python package, as a user in group rmmd --------------------------------
+step "6b. the Python package (its wheel) as $client_user"
+wheels=("$bundle"/python/rmmd-*.whl)
+if [ ! -f "${wheels[0]}" ]; then
+  skip "no python/rmmd-*.whl in $bundle (scripts/gpu-install-bundle.sh puts it there)"
+elif [ -z "$python" ] || ! "$python" -m pip --version >/dev/null 2>&1; then
+  skip "no Python with pip here (--python PY)"
+elif ! "$python" -m pip install --quiet --no-deps --no-index --target "$work/py" "${wheels[0]}" \
+  >"$work/pip.log" 2>&1; then
+  show "$work/pip.log"
+  fail "$python -m pip install --no-index --target ... $(basename "${wheels[0]}")"
+else
+  pass "$python -m pip install --no-index $(basename "${wheels[0]}") (pure Python: no build)"
+  chmod -R a+rX "$work/py"
+  install -d -o "$client_user" -m 0700 "$work/client-home"  # a login user's home
+  cat >"$work/check.py" <<'PY'
+import json, os, subprocess, sys
+import rmmd
+out = {"library": rmmd.library_path()}
+s = rmmd.Session(client_name="install-check-python")
+a = s.host_resource().allocation(1 << 20)
+a.free()
+out["host"] = "ok"
+if sys.argv[1] == "gpu":
+    a = s.device_resource(device=0).allocation(64 << 20)
+    out["device_ptr"] = a.ptr
+    a.free()
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if cuda:
+        from rmmd.allocators.torch import use_mem_pool
+        with use_mem_pool():
+            out["mempool_sum"] = float(torch.ones(1 << 24, device="cuda").sum().item())
+        child = """
+import torch
+from rmmd.allocators import torch as rt
+rt.use_rmmd_as_allocator()
+torch.ones(1 << 20, device="cuda")
+try:
+    torch.empty(1 << 46, dtype=torch.uint8, device="cuda")
+    print("no error")
+except torch.OutOfMemoryError as e:
+    print("OutOfMemoryError " + str(e).splitlines()[0])
+except RuntimeError as e:
+    print("RuntimeError " + str(e).splitlines()[0])
+"""
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        out["allocator"] = done.stdout.strip()
+        out["allocator_stderr"] = done.stderr[-800:]
+        cache = os.path.expanduser("~/.cache/rmmd")
+        out["shims"] = sorted(os.listdir(cache)) if os.path.isdir(cache) else []
+s.close()
+print(json.dumps(out))
+PY
+  chmod a+r "$work/check.py"
+  py_env=(HOME="$work/client-home" PYTHONPATH="$work/py" RMMD_RUNTIME_DIR="$runtime_dir")
+  # The package is pure Python: any Python 3 the client can run will do. A
+  # virtual environment whose interpreter lies under root's home cannot be.
+  client_python=
+  for candidate in "$python" /usr/bin/python3; do
+    if [ -x "$candidate" ] && as_client env "${py_env[@]}" "$candidate" -c 'import sys' >/dev/null 2>&1; then
+      client_python=$candidate
+      break
+    fi
+  done
+  [ "$client_python" = "$python" ] || [ -z "$client_python" ] ||
+    echo "note: $python does not run as $client_user; using $client_python"
+  if [ -z "$client_python" ]; then
+    skip "neither $python nor /usr/bin/python3 runs as $client_user"
+  else
+    python=$client_python
+    want=host
+    [ "$gpus" -gt 0 ] && want=gpu
+    as_client env "${py_env[@]}" "$python" "$work/check.py" "$want" >"$work/python.json" 2>"$work/python.log"
+    rc=$?
+    show "$work/python.json"
+    show "$work/python.log"
+    # field KEY: that member of the script's JSON ("" if none).
+    field() {
+      "$python" -c 'import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' \
+        "$work/python.json" "$1" 2>/dev/null
+    }
+    lib=$(field library)
+    if [ "$rc" -eq 0 ] && [[ $lib == /usr/lib/* ]] && [ "$(field host)" = ok ]; then
+      pass "import rmmd as $client_user: the .deb's $lib, a session, host memory"
+    else
+      fail "import rmmd as $client_user (exit $rc, library '$lib')"
+    fi
+    if [ "$want" = gpu ]; then
+      if [ -n "$(field device_ptr)" ]; then
+        pass "rmmd (Python): 64 MiB of device memory as $client_user"
+      else
+        fail "rmmd (Python): no device memory as $client_user"
+      fi
+      if [ -z "$(field mempool_sum)" ]; then
+        skip "no PyTorch with CUDA in $python"
+      else
+        if [ "$(field mempool_sum)" = 16777216.0 ]; then
+          pass "PyTorch: a tensor through the rmmd MemPool"
+        else
+          fail "PyTorch through the rmmd MemPool: sum $(field mempool_sum)"
+        fi
+        said=$(field allocator)
+        if [[ $said == "OutOfMemoryError rmmd: "* ]]; then
+          pass "PyTorch, use_rmmd_as_allocator(): torch.OutOfMemoryError with rmmd's message (shim: $(field shims))"
+        else
+          fail "PyTorch, use_rmmd_as_allocator(): '$said' (stderr: $(field allocator_stderr))"
+        fi
+      fi
+    fi
+  fi
+fi
 
 # --- 7. rmmctl -------------------------------------------------------------------
 step "7. rmmctl stats as $client_user; a user outside group rmmd"
