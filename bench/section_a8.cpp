@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -151,8 +152,9 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
       "pool p50 of every pair\n",
       o.pairs,
       o.rounds);
-  std::printf("%7s %7s %11s %11s %12s %11s %11s %12s %8s %8s  %s\n",
+  std::printf("%7s %5s %7s %11s %11s %12s %11s %11s %12s %8s %8s  %s\n",
               "threads",
+              "lanes",
               "size",
               "slab p50",
               "slab p99",
@@ -166,7 +168,10 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
   check(cudaSetDevice(0), "cudaSetDevice");
   ipc_resource_options slab_options;
   slab_options.mode = allocation_mode::slab;
-  ipc_memory_resource fast(session, 0, slab_options);
+  ipc_memory_resource one_lane(session, 0, slab_options);
+  // With T threads on T streams, also slab mode with a carving lane per
+  // stream (ipc_resource_options::carving_lanes), made when first needed.
+  std::map<std::size_t, std::unique_ptr<ipc_memory_resource>> with_lanes;
   rmm::mr::cuda_async_memory_resource upstream{};
   rmm::mr::pool_memory_resource pool(upstream, std::size_t{256} << 20);
 
@@ -175,80 +180,96 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
   std::snprintf(limit, sizeof(limit), "<= %g x", fast_vs_pool_target);
   for (int threads : o.threads) {
     streams s(threads);
-    for (auto bytes : o.sizes) {
-      auto& row = *doc.add_fast_vs_pool();
-      row.set_threads(static_cast<std::uint32_t>(threads));
-      row.set_size_bytes(static_cast<std::uint32_t>(bytes));
-      row.set_rounds(static_cast<std::uint32_t>(o.rounds));
-      try {
-        std::vector<double> fast_ns, pool_ns, round_ratios;
-        double fast_pairs = 0, fast_wall = 0, pool_pairs = 0, pool_wall = 0;
-        for (std::size_t r = 0; r < o.rounds; ++r) {
-          double fast_p50 = 0, pool_p50 = 0;
-          auto fast_round = [&] {
-            auto got = run_round(fast, s, threads, bytes, o);
-            fast_pairs += static_cast<double>(got.ns.size());
-            fast_wall += got.wall_s;
-            fast_p50 = summarize(got.ns).p50_us;
-            fast_ns.insert(fast_ns.end(), got.ns.begin(), got.ns.end());
-          };
-          auto pool_round = [&] {
-            auto got = run_round(pool, s, threads, bytes, o);
-            pool_pairs += static_cast<double>(got.ns.size());
-            pool_wall += got.wall_s;
-            pool_p50 = summarize(got.ns).p50_us;
-            pool_ns.insert(pool_ns.end(), got.ns.begin(), got.ns.end());
-          };
-          if (r % 2 == 0) {
-            fast_round();
-            pool_round();
-          } else {
-            pool_round();
-            fast_round();
-          }
-          if (pool_p50 > 0) { round_ratios.push_back(fast_p50 / pool_p50); }
+    std::vector<std::size_t> lane_counts{1};
+    if (threads > 1) { lane_counts.push_back(static_cast<std::size_t>(threads)); }
+    for (auto lanes : lane_counts) {
+      for (auto bytes : o.sizes) {
+        auto& row = *doc.add_fast_vs_pool();
+        row.set_threads(static_cast<std::uint32_t>(threads));
+        row.set_size_bytes(static_cast<std::uint32_t>(bytes));
+        row.set_rounds(static_cast<std::uint32_t>(o.rounds));
+        row.set_carving_lanes(static_cast<std::uint32_t>(lanes));
+        if (lanes > 1 && !with_lanes.contains(lanes)) {
+          auto options          = slab_options;
+          options.carving_lanes = lanes;
+          with_lanes.emplace(lanes, std::make_unique<ipc_memory_resource>(session, 0, options));
         }
-        auto const f      = summarize(fast_ns);
-        auto const p      = summarize(pool_ns);
-        auto const pooled = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
-        for (auto x : round_ratios) { row.add_round_ratios(x); }
-        std::sort(round_ratios.begin(), round_ratios.end());
-        auto const ratio = round_ratios.empty() ? 0.0 : round_ratios[round_ratios.size() / 2];
-        bool const pass  = ratio > 0 && ratio <= fast_vs_pool_target;
-        auto what        = "slab p50 / pool p50, " + std::to_string(threads) + " thread" +
-                    (threads == 1 ? "" : "s") + ", " + size_text(bytes);
-        out.targets.push_back({what, ratio});
-        row.mutable_target()->set_target(limit);
-        row.mutable_target()->set_pass(pass);
-        row.set_pairs_each(static_cast<std::uint32_t>(f.count));
-        row.set_fast_p50_us(f.p50_us);
-        row.set_fast_p99_us(f.p99_us);
-        row.set_fast_pairs_per_s(fast_wall > 0 ? fast_pairs / fast_wall : 0);
-        row.set_pool_p50_us(p.p50_us);
-        row.set_pool_p99_us(p.p99_us);
-        row.set_pool_pairs_per_s(pool_wall > 0 ? pool_pairs / pool_wall : 0);
-        row.set_fast_over_pool_p50(pooled);
-        row.set_median_round_ratio(ratio);
-        std::printf("%7d %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f  <= %.2fx %s\n",
-                    threads,
-                    size_text(bytes).c_str(),
-                    f.p50_us,
-                    f.p99_us,
-                    row.fast_pairs_per_s(),
-                    p.p50_us,
-                    p.p99_us,
-                    row.pool_pairs_per_s(),
-                    pooled,
-                    ratio,
-                    fast_vs_pool_target,
-                    pass ? "pass" : "MISS");
-      } catch (std::exception const& e) {
-        row.set_error(e.what());
-        out.errors.push_back(std::to_string(threads) + " threads " + size_text(bytes) + ": " +
-                             e.what());
-        std::printf("%7d %7s  ERROR: %s\n", threads, size_text(bytes).c_str(), e.what());
+        auto& fast = lanes == 1 ? one_lane : *with_lanes.at(lanes);
+        try {
+          std::vector<double> fast_ns, pool_ns, round_ratios;
+          double fast_pairs = 0, fast_wall = 0, pool_pairs = 0, pool_wall = 0;
+          for (std::size_t r = 0; r < o.rounds; ++r) {
+            double fast_p50 = 0, pool_p50 = 0;
+            auto fast_round = [&] {
+              auto got = run_round(fast, s, threads, bytes, o);
+              fast_pairs += static_cast<double>(got.ns.size());
+              fast_wall += got.wall_s;
+              fast_p50 = summarize(got.ns).p50_us;
+              fast_ns.insert(fast_ns.end(), got.ns.begin(), got.ns.end());
+            };
+            auto pool_round = [&] {
+              auto got = run_round(pool, s, threads, bytes, o);
+              pool_pairs += static_cast<double>(got.ns.size());
+              pool_wall += got.wall_s;
+              pool_p50 = summarize(got.ns).p50_us;
+              pool_ns.insert(pool_ns.end(), got.ns.begin(), got.ns.end());
+            };
+            if (r % 2 == 0) {
+              fast_round();
+              pool_round();
+            } else {
+              pool_round();
+              fast_round();
+            }
+            if (pool_p50 > 0) { round_ratios.push_back(fast_p50 / pool_p50); }
+          }
+          auto const f      = summarize(fast_ns);
+          auto const p      = summarize(pool_ns);
+          auto const pooled = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
+          for (auto x : round_ratios) { row.add_round_ratios(x); }
+          std::sort(round_ratios.begin(), round_ratios.end());
+          auto const ratio = round_ratios.empty() ? 0.0 : round_ratios[round_ratios.size() / 2];
+          bool const pass  = ratio > 0 && ratio <= fast_vs_pool_target;
+          auto what        = "slab p50 / pool p50, " + std::to_string(threads) + " thread" +
+                      (threads == 1 ? "" : "s") +
+                      (lanes == 1 ? std::string() : ", " + std::to_string(lanes) + " lanes") +
+                      ", " + size_text(bytes);
+          out.targets.push_back({what, ratio});
+          row.mutable_target()->set_target(limit);
+          row.mutable_target()->set_pass(pass);
+          row.set_pairs_each(static_cast<std::uint32_t>(f.count));
+          row.set_fast_p50_us(f.p50_us);
+          row.set_fast_p99_us(f.p99_us);
+          row.set_fast_pairs_per_s(fast_wall > 0 ? fast_pairs / fast_wall : 0);
+          row.set_pool_p50_us(p.p50_us);
+          row.set_pool_p99_us(p.p99_us);
+          row.set_pool_pairs_per_s(pool_wall > 0 ? pool_pairs / pool_wall : 0);
+          row.set_fast_over_pool_p50(pooled);
+          row.set_median_round_ratio(ratio);
+          std::printf(
+              "%7d %5zu %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f  <= %.2fx %s\n",
+              threads,
+              lanes,
+              size_text(bytes).c_str(),
+              f.p50_us,
+              f.p99_us,
+              row.fast_pairs_per_s(),
+              p.p50_us,
+              p.p99_us,
+              row.pool_pairs_per_s(),
+              pooled,
+              ratio,
+              fast_vs_pool_target,
+              pass ? "pass" : "MISS");
+        } catch (std::exception const& e) {
+          row.set_error(e.what());
+          out.errors.push_back(std::to_string(threads) + " threads " + size_text(bytes) + ": " +
+                               e.what());
+          std::printf(
+              "%7d %5zu %7s  ERROR: %s\n", threads, lanes, size_text(bytes).c_str(), e.what());
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
   return out;

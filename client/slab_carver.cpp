@@ -21,20 +21,54 @@ namespace {
 /// upstream on the allocating thread).
 thread_local std::exception_ptr failed_lease;
 
-/// What the pool leases its slabs from: the owning resource's direct path.
-/// Copyable (RMM keeps it in an any_resource); the owner outlives the pool.
+/// What a lane's pool leases its slabs from: the owning resource's direct
+/// path. Copyable (RMM keeps it in an any_resource); the owner and the lane
+/// outlive the pool.
 class direct_upstream {
  public:
-  direct_upstream(ipc_memory_resource_impl* owner, std::atomic<std::size_t>* slab_bytes)
-      : owner_(owner), slab_bytes_(slab_bytes)
+  /// `ranges`/`slots`: the lane's slab table, or null for the first lane
+  /// (whose pointers are those no other lane holds).
+  direct_upstream(ipc_memory_resource_impl* owner,
+                  std::atomic<std::size_t>* slab_bytes,
+                  std::atomic<std::uintptr_t>* ranges,
+                  std::atomic<std::size_t>* slots,
+                  std::size_t max_slabs)
+      : owner_(owner),
+        slab_bytes_(slab_bytes),
+        ranges_(ranges),
+        slots_(slots),
+        max_slabs_(max_slabs)
   {
   }
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
+    // A lane's table has room for max_slabs: past that its pool does not
+    // grow, and allocate() carves from the first lane instead.
+    std::size_t slot = max_slabs_;
+    if (ranges_ != nullptr) {
+      for (std::size_t i = 0; i < max_slabs_; ++i) {
+        if (ranges_[2 * i].load(std::memory_order_relaxed) == 0) {
+          slot = i;
+          break;
+        }
+      }
+      if (slot == max_slabs_) {
+        throw rmm::out_of_memory("rmmd: this carving lane holds as many slabs as it can track");
+      }
+    }
     try {
       void* ptr = owner_->lease(stream, bytes, alignment);
       slab_bytes_->fetch_add(bytes, std::memory_order_relaxed);
+      if (ranges_ != nullptr) {
+        // The end first: a reader that sees the begin sees its end.
+        auto const begin = reinterpret_cast<std::uintptr_t>(ptr);
+        ranges_[2 * slot + 1].store(begin + bytes, std::memory_order_release);
+        ranges_[2 * slot].store(begin, std::memory_order_release);
+        if (slots_->load(std::memory_order_relaxed) <= slot) {
+          slots_->store(slot + 1, std::memory_order_release);
+        }
+      }
       return ptr;
     } catch (rmmd::session_error const&) {
       failed_lease = std::current_exception();
@@ -43,6 +77,16 @@ class direct_upstream {
   }
   void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t) noexcept
   {
+    if (ranges_ != nullptr) {
+      auto const begin = reinterpret_cast<std::uintptr_t>(ptr);
+      for (std::size_t i = 0; i < max_slabs_; ++i) {
+        if (ranges_[2 * i].load(std::memory_order_relaxed) == begin) {
+          ranges_[2 * i].store(0, std::memory_order_release);
+          ranges_[2 * i + 1].store(0, std::memory_order_release);
+          break;
+        }
+      }
+    }
     owner_->unlease(stream, ptr);
     slab_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
   }
@@ -56,7 +100,7 @@ class direct_upstream {
   }
   bool operator==(direct_upstream const& other) const noexcept
   {
-    return owner_ == other.owner_;
+    return owner_ == other.owner_ && slab_bytes_ == other.slab_bytes_;
   }
 
   friend void get_property(direct_upstream const&, cuda::mr::device_accessible) noexcept {}
@@ -64,6 +108,9 @@ class direct_upstream {
  private:
   ipc_memory_resource_impl* owner_;
   std::atomic<std::size_t>* slab_bytes_;
+  std::atomic<std::uintptr_t>* ranges_;
+  std::atomic<std::size_t>* slots_;
+  std::size_t max_slabs_;
 };
 
 static_assert(cuda::mr::resource_with<direct_upstream, cuda::mr::device_accessible>);
@@ -73,8 +120,42 @@ constexpr std::size_t max_alignment = 256;
 
 }  // namespace
 
+namespace {
+std::size_t checked_lanes(ipc_memory_resource_impl const& owner)
+{
+  auto const n = owner.options().carving_lanes;
+  if (n < 1 || n > slab_carver::max_lanes) {
+    throw rmmd::logic_error("rmmd: carving_lanes is " + std::to_string(n) + "; it must be 1 to " +
+                            std::to_string(slab_carver::max_lanes));
+  }
+  return n;
+}
+}  // namespace
+
+bool slab_carver::lane::holds(std::uintptr_t p) const noexcept
+{
+  auto const n = slots.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const begin = ranges[2 * i].load(std::memory_order_acquire);
+    if (begin == 0 || p < begin) { continue; }
+    auto const end = ranges[2 * i + 1].load(std::memory_order_acquire);
+    // The begin read again: a slot cleared and filled between the two reads
+    // would pair an old begin with a new end.
+    if (p < end && ranges[2 * i].load(std::memory_order_acquire) == begin) { return true; }
+  }
+  return false;
+}
+
+slab_carver::carved_figures slab_carver::lane::carved() const noexcept
+{
+  auto const word = users.load(std::memory_order_relaxed);
+  return {.count = static_cast<std::size_t>((word & count_mask) >> count_shift),
+          .bytes = static_cast<std::size_t>((word & units_mask) << unit_shift)};
+}
+
 slab_carver::slab_carver(ipc_memory_resource_impl& owner)
     : owner_(owner),
+      lane_count_(checked_lanes(owner)),
       reclaim_watch_(owner.get_session().watch_reclaims(owner.pool().id,
                                                         [this](std::uint32_t) {
                                                           {
@@ -94,9 +175,12 @@ void slab_carver::abandon() noexcept
     keeper_.request_stop();
     keeper_.join();
   }
-  std::lock_guard lock(pool_mutex_);
-  users_.fetch_or(closed, std::memory_order_relaxed);
-  static_cast<void>(pool_.release());
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    auto& l = lanes_[i];
+    std::lock_guard lock(l.pool_mutex);
+    l.users.fetch_or(closed, std::memory_order_relaxed);
+    static_cast<void>(l.pool.release());
+  }
 }
 
 slab_carver::~slab_carver()
@@ -108,41 +192,102 @@ slab_carver::~slab_carver()
   }
   if (leave_everything()) {
     // No CUDA or gRPC calls now: the daemon reclaims the slabs with the session.
-    static_cast<void>(pool_.release());
+    for (std::size_t i = 0; i < lane_count_; ++i) { static_cast<void>(lanes_[i].pool.release()); }
     return;
   }
   // The session's other resources of this pool report on without this one.
   owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
   trim();
-  if (auto const left = carved(); pool_ != nullptr && left.count != 0) {
+  carved_figures left;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    auto& l = lanes_[i];
+    if (l.pool == nullptr) { continue; }
+    auto const c = l.carved();
+    left.count += c.count;
+    left.bytes += c.bytes;
+    if (c.count != 0) { static_cast<void>(l.pool.release()); }
+  }
+  if (left.count != 0) {
     std::fprintf(stderr,
                  "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
                  "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
                  owner_.pool().name.c_str(),
                  left.count,
                  left.bytes);
-    static_cast<void>(pool_.release());
   }
 }
 
 slab_carver::carved_figures slab_carver::carved() const noexcept
 {
-  auto const word = users_.load(std::memory_order_relaxed);
-  return {.count = static_cast<std::size_t>((word & count_mask) >> count_shift),
-          .bytes = static_cast<std::size_t>((word & units_mask) << unit_shift)};
+  carved_figures sum;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    auto const c = lanes_[i].carved();
+    sum.count += c.count;
+    sum.bytes += c.bytes;
+  }
+  return sum;
 }
 
-void slab_carver::open_pool()
+std::size_t slab_carver::slab_bytes() const noexcept
 {
-  std::lock_guard lock(pool_mutex_);
-  if ((users_.load(std::memory_order_relaxed) & closed) == 0) { return; }  // another thread did
-  if (pool_ == nullptr) {
-    // The first slab is leased here; later ones as RMM's pool grows.
-    pool_ = std::make_unique<rmm::mr::pool_memory_resource>(direct_upstream{&owner_, &slab_bytes_},
-                                                            owner_.options().slab_bytes);
+  std::size_t sum = 0;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    sum += lanes_[i].slab_bytes.load(std::memory_order_relaxed);
   }
-  // Release: a carving call that sees the bit clear sees pool_.
-  users_.fetch_and(~closed, std::memory_order_release);
+  return sum;
+}
+
+void slab_carver::open_pool(lane& l)
+{
+  std::lock_guard lock(l.pool_mutex);
+  if ((l.users.load(std::memory_order_relaxed) & closed) == 0) { return; }  // another thread did
+  if (l.pool == nullptr) {
+    // The first slab is leased here; later ones as RMM's pool grows. The
+    // first lane's pointers are those no other lane holds: it keeps no table.
+    bool const first = &l == &lanes_[0];
+    l.slots.store(0, std::memory_order_relaxed);  // every slot is free: its pool is gone
+    l.pool = std::make_unique<rmm::mr::pool_memory_resource>(
+        direct_upstream{&owner_,
+                        &l.slab_bytes,
+                        first ? nullptr : l.ranges.data(),
+                        first ? nullptr : &l.slots,
+                        lane::max_slabs},
+        owner_.options().slab_bytes);
+  }
+  // Release: a carving call that sees the bit clear sees the pool.
+  l.users.fetch_and(~closed, std::memory_order_release);
+}
+
+std::size_t slab_carver::lane_for(cuda::stream_ref stream, bool assign) noexcept
+{
+  if (lane_count_ == 1) { return 0; }
+  auto const key = reinterpret_cast<std::uint64_t>(stream.get()) + 1;
+  auto const h = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 58);  // 6 bits: 64 slots
+  for (std::size_t probe = 0; probe < stream_slots; ++probe) {
+    auto& slot = stream_lanes_[(h + probe) % stream_slots];
+    auto word  = slot.load(std::memory_order_acquire);
+    if (word == 0) {
+      if (!assign) { return 0; }  // not seen: no hint
+      auto const lane = next_lane_.fetch_add(1, std::memory_order_relaxed) % lane_count_;
+      if (slot.compare_exchange_strong(word, key << 8 | lane, std::memory_order_acq_rel)) {
+        return lane;
+      }
+      // Another thread took the slot meanwhile: `word` is what it wrote.
+    }
+    if (word >> 8 == key) { return static_cast<std::size_t>(word & 0xff); }
+  }
+  return assign ? h % lane_count_ : 0;  // 64 streams seen: by hash
+}
+
+std::size_t slab_carver::lane_of(void const* ptr, std::size_t hint) const noexcept
+{
+  if (lane_count_ == 1) { return 0; }
+  auto const p = reinterpret_cast<std::uintptr_t>(ptr);
+  if (hint != 0 && lanes_[hint].holds(p)) { return hint; }
+  for (std::size_t i = 1; i < lane_count_; ++i) {
+    if (i != hint && lanes_[i].holds(p)) { return i; }
+  }
+  return 0;
 }
 
 void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
@@ -152,20 +297,17 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
                             owner_.pool().name + "': alignment " + std::to_string(alignment) +
                             " is larger than the 256 bytes CUDA pools guarantee");
   }
-  auto const mine = carving(bytes);
   try {
-    for (;;) {
-      // Counted before the pool is touched, so trim() cannot take it meanwhile.
-      if ((users_.fetch_add(mine, std::memory_order_acquire) & closed) == 0) [[likely]] {
-        try {
-          return pool_->allocate(stream, bytes, alignment);
-        } catch (...) {
-          users_.fetch_sub(mine, std::memory_order_release);
-          throw;
-        }
-      }
-      users_.fetch_sub(mine, std::memory_order_release);
-      open_pool();
+    auto const lane = lane_for(stream, true);
+    if (lane == 0) [[likely]] { return carve(lanes_[0], stream, bytes, alignment); }
+    try {
+      return carve(lanes_[lane], stream, bytes, alignment);
+    } catch (rmm::out_of_memory const&) {
+      // The lane could not grow (no memory for a slab of its own, or its
+      // table is full): what the first lane holds may serve, or its lease
+      // says why not.
+      if (failed_lease) { throw; }
+      return carve(lanes_[0], stream, bytes, alignment);
     }
   } catch (rmm::out_of_memory const&) {
     // A slab lease failed because the session is over (the daemon is gone),
@@ -178,32 +320,66 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
   }
 }
 
+void* slab_carver::carve(lane& l, cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+{
+  auto const mine = carving(bytes);
+  for (;;) {
+    // Counted before the pool is touched, so trim() cannot take it meanwhile.
+    if ((l.users.fetch_add(mine, std::memory_order_acquire) & closed) == 0) [[likely]] {
+      try {
+        return l.pool->allocate(stream, bytes, alignment);
+      } catch (...) {
+        l.users.fetch_sub(mine, std::memory_order_release);
+        throw;
+      }
+    }
+    l.users.fetch_sub(mine, std::memory_order_release);
+    open_pool(l);
+  }
+}
+
 void slab_carver::deallocate(cuda::stream_ref stream,
                              void* ptr,
                              std::size_t bytes,
                              std::size_t alignment) noexcept
 {
-  // `ptr` is counted in users_ until the end of this call: pool_ stays.
-  if (pool_ == nullptr) { return; }  // abandoned, or destroyed with this still carved
-  pool_->deallocate(stream, ptr, bytes, alignment);
-  users_.fetch_sub(carving(bytes), std::memory_order_release);
+  // `ptr` is counted in its lane's word until the end of this call: the
+  // lane's pool stays.
+  auto& l = lanes_[lane_of(ptr, lane_count_ == 1 ? 0 : lane_for(stream, false))];
+  if (l.pool == nullptr) { return; }  // abandoned, or destroyed with this still carved
+  l.pool->deallocate(stream, ptr, bytes, alignment);
+  l.users.fetch_sub(carving(bytes), std::memory_order_release);
 }
 
 std::size_t slab_carver::trim() noexcept
 {
-  std::unique_ptr<rmm::mr::pool_memory_resource> idle;
-  {
-    std::lock_guard lock(pool_mutex_);
-    if (pool_ == nullptr) { return 0; }
+  return trim_lanes([](std::size_t) { return true; });
+}
+
+template <typename Pick>
+std::size_t slab_carver::trim_lanes(Pick which) noexcept
+{
+  std::array<std::unique_ptr<rmm::mr::pool_memory_resource>, max_lanes> idle;
+  bool any = false;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    if (!which(i)) { continue; }
+    auto& l = lanes_[i];
+    std::lock_guard lock(l.pool_mutex);
+    if (l.pool == nullptr) { continue; }
     // Only a count of zero closes: nothing carved, no allocate() under way;
     // those that come now find it closed and wait for this lock.
     std::uint64_t idle_users = 0;
-    if (!users_.compare_exchange_strong(idle_users, closed, std::memory_order_acquire)) {
-      return 0;
+    if (!l.users.compare_exchange_strong(idle_users, closed, std::memory_order_acquire)) {
+      continue;
     }
-    idle = std::move(pool_);
+    idle[i] = std::move(l.pool);
+    any     = true;
   }
-  auto const bytes = idle->pool_size();
+  if (!any) { return 0; }
+  std::size_t bytes = 0;
+  for (auto const& pool : idle) {
+    if (pool) { bytes += pool->pool_size(); }
+  }
   // On the pool's device (trim runs on the keeper and on users' threads),
   // whatever device the calling thread had current.
   int previous = 0;
@@ -223,7 +399,7 @@ std::size_t slab_carver::trim() noexcept
   // (each then goes back through the direct path, with a release event).
   if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
     cudaGetLastError();
-    static_cast<void>(idle.release());
+    for (auto& pool : idle) { static_cast<void>(pool.release()); }
     if (cuda_is_going(err)) { return 0; }
     std::fprintf(stderr,
                  "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
@@ -231,11 +407,13 @@ std::size_t slab_carver::trim() noexcept
                  cudaGetErrorName(err));
     return 0;
   }
-  try {
-    idle.reset();
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
-    return 0;
+  for (auto& pool : idle) {
+    try {
+      pool.reset();
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
+      bytes = 0;
+    }
   }
   return bytes;
 }
@@ -250,17 +428,28 @@ void slab_carver::keep(std::stop_token stop) noexcept
   cudaSetDevice(owner_.pool().device);
   std::size_t reported_bytes = 0, reported_count = 0, reported_slabs = 0;
   auto last_report = clock::now();
-  auto idle_since  = clock::now();
-  bool reporting   = true;  // until the daemon is gone
-  auto const pool  = owner_.pool().id;
-  // What the daemon hears: carved bytes, the slabs, and the slabs it may ask
-  // back (all of them while nothing is carved: RMM's pool gives back all or none).
+  std::array<clock::time_point, max_lanes> idle_since;
+  idle_since.fill(clock::now());
+  bool reporting  = true;  // until the daemon is gone
+  auto const pool = owner_.pool().id;
+  // The slabs the daemon may ask back: those of the lanes nothing is carved
+  // from (RMM's pool gives back all of its slabs or none).
+  auto reclaimable = [&] {
+    std::size_t sum = 0;
+    for (std::size_t i = 0; i < lane_count_; ++i) {
+      if (lanes_[i].carved().count == 0) {
+        sum += lanes_[i].slab_bytes.load(std::memory_order_relaxed);
+      }
+    }
+    return sum;
+  };
+  // What the daemon hears: carved bytes, the slabs, and the reclaimable ones.
   auto usage = [&](std::size_t bytes, std::size_t count, std::size_t slabs) {
     return carved_usage{.pool_id           = pool,
                         .bytes             = bytes,
                         .allocation_count  = count,
                         .slab_bytes        = slabs,
-                        .reclaimable_bytes = count == 0 ? slabs : 0};
+                        .reclaimable_bytes = std::min(slabs, count == 0 ? slabs : reclaimable())};
   };
   std::unique_lock lock(keeper_mutex_);
   while (!stop.stop_requested()) {
@@ -273,13 +462,16 @@ void slab_carver::keep(std::stop_token stop) noexcept
     lock.unlock();
     auto const now            = clock::now();
     auto const [count, bytes] = carved();
-    auto const slabs          = slab_bytes_.load(std::memory_order_relaxed);
+    auto const slabs          = slab_bytes();
     bool holding              = false;
-    {
-      std::lock_guard pool_lock(pool_mutex_);
-      holding = pool_ != nullptr;
+    for (std::size_t i = 0; i < lane_count_; ++i) {
+      auto& l = lanes_[i];
+      {
+        std::lock_guard pool_lock(l.pool_mutex);
+        holding = holding || l.pool != nullptr;
+      }
+      if (l.carved().count != 0) { idle_since[i] = now; }
     }
-    if (count != 0) { idle_since = now; }
     // Asked by the daemon (another session waits): give back first, report after.
     bool pressed = asked;
     bool const changed =
@@ -301,14 +493,17 @@ void slab_carver::keep(std::stop_token stop) noexcept
         last_report = now;
       }
     }
-    if (holding && count == 0 && (pressed || now - idle_since >= idle_trim)) {
-      static_cast<void>(trim());
+    if (holding) {
+      // Each lane nothing is carved from: at once when pressed, else once
+      // idle for idle_trim (trim_lanes() skips a lane that carves by then).
+      static_cast<void>(
+          trim_lanes([&](std::size_t i) { return pressed || now - idle_since[i] >= idle_trim; }));
     }
     if (asked && reporting) {
       // What is left (nothing, or slabs something is carved from), so that
       // the daemon stops waiting for this session.
       auto const [left_count, left_bytes] = carved();
-      auto const left_slabs               = slab_bytes_.load(std::memory_order_relaxed);
+      auto const left_slabs               = slab_bytes();
       try {
         static_cast<void>(owner_.get_session().impl().report_carved(
             this, usage(left_bytes, left_count, left_slabs)));
@@ -318,11 +513,10 @@ void slab_carver::keep(std::stop_token stop) noexcept
         last_report    = now;
       } catch (std::exception const&) {
       }
-    } else if (holding && slab_bytes_.load(std::memory_order_relaxed) != reported_slabs &&
-               reporting) {
+    } else if (holding && slab_bytes() != reported_slabs && reporting) {
       // Trimmed: say so now rather than at the next tick.
       try {
-        auto const left_slabs = slab_bytes_.load(std::memory_order_relaxed);
+        auto const left_slabs = slab_bytes();
         auto const left       = carved();
         static_cast<void>(owner_.get_session().impl().report_carved(
             this, usage(left.bytes, left.count, left_slabs)));

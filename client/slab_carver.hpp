@@ -8,6 +8,7 @@
 
 #include <rmm/mr/pool_memory_resource.hpp>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -21,7 +22,11 @@ namespace rmmd::detail {
 
 class slab_carver {
  public:
-  /// `owner` outlives the carver (it owns it).
+  /// The most carving lanes a resource may have (ipc_resource_options).
+  static constexpr std::size_t max_lanes = 16;
+
+  /// `owner` outlives the carver (it owns it). Throws rmmd::logic_error when
+  /// the options ask for no lane or more than max_lanes.
   explicit slab_carver(ipc_memory_resource_impl& owner);
   slab_carver(slab_carver const&)            = delete;
   slab_carver& operator=(slab_carver const&) = delete;
@@ -38,7 +43,8 @@ class slab_carver {
   /// (the process exits: the daemon reclaims them with the session).
   void abandon() noexcept;
 
-  /// Gives the slabs back if nothing is carved from them; returns their bytes.
+  /// Gives back the slabs of every lane nothing is carved from; returns
+  /// their bytes.
   std::size_t trim() noexcept;
 
   /// What is carved now (the keeper reports it): allocations not yet freed
@@ -48,8 +54,8 @@ class slab_carver {
     std::size_t count{};
     std::size_t bytes{};
   };
-  /// Both from one read of the word, so that they agree (a count of 0 with
-  /// bytes left would be a report the daemon refuses).
+  /// Each lane's from one read of its word, so that they agree (a count of 0
+  /// with bytes left would be a report the daemon refuses).
   [[nodiscard]] carved_figures carved() const noexcept;
   [[nodiscard]] std::size_t carved_count() const noexcept
   {
@@ -61,18 +67,62 @@ class slab_carver {
   }
 
  private:
+  /// One RMM pool and its bookkeeping. A resource has `carving_lanes` of them
+  /// (ipc_resource_options): allocations on a stream are carved by that
+  /// stream's lane, so that threads on different streams do not share RMM's
+  /// pool mutex.
+  struct lane {
+    /// The lane's whole bookkeeping per call is one atomic add to this word
+    /// (allocate() adds carving(bytes) before it touches the pool,
+    /// deallocate() takes it off after). While it counts anyone, `pool`
+    /// stays: trim() takes the pool only by closing a word of zero. So
+    /// carving calls take no lock of ours (RMM's pool has its own), and the
+    /// keeper reads the figures it reports from the same word.
+    alignas(64) std::atomic<std::uint64_t> users{closed};
+    /// Makes and takes `pool` (never held by a carving call).
+    alignas(64) std::mutex pool_mutex;
+    std::unique_ptr<rmm::mr::pool_memory_resource> pool;
+    std::atomic<std::size_t> slab_bytes{0};  // leased by the pool from the daemon
+    /// Lanes but the first: their slabs' address ranges, [begin, end) in
+    /// slots 2i and 2i+1, so that deallocate() finds a pointer's lane (one
+    /// not in any other lane's slabs is the first lane's). Written by the
+    /// pool's upstream (under RMM's pool mutex, or by trim() with the pool
+    /// taken), read without a lock; `slots` bounds the scan.
+    static constexpr std::size_t max_slabs = 32;
+    std::array<std::atomic<std::uintptr_t>, 2 * max_slabs> ranges{};
+    std::atomic<std::size_t> slots{0};
+    [[nodiscard]] bool holds(std::uintptr_t p) const noexcept;
+    [[nodiscard]] carved_figures carved() const noexcept;
+  };
+
   /// The keeper: reports carved usage and its slabs (when they change, and
   /// every second while slabs are held, to hear of pressure), and trims when
   /// idle, pressed, or asked by the daemon (a reclaim request: at once).
   void keep(std::stop_token stop) noexcept;
-  /// allocate() when users_ says closed: makes the pool (leasing its first
-  /// slab) unless another thread did, and opens it.
-  void open_pool();
+  /// allocate() when the lane's word says closed: makes its pool (leasing its
+  /// first slab) unless another thread did, and opens it.
+  void open_pool(lane& l);
+  /// allocate() in one lane.
+  [[nodiscard]] void* carve(lane& l,
+                            cuda::stream_ref stream,
+                            std::size_t bytes,
+                            std::size_t alignment);
+  /// The lane that carves for `stream`: streams get lanes round-robin as they
+  /// first come (`assign`; and by hash once 64 streams were seen). Without
+  /// `assign`, a stream not seen yet gets 0 (a hint only, for deallocate()).
+  [[nodiscard]] std::size_t lane_for(cuda::stream_ref stream, bool assign) noexcept;
+  /// The lane whose slab holds `ptr` (`hint` is tried first).
+  [[nodiscard]] std::size_t lane_of(void const* ptr, std::size_t hint) const noexcept;
+  /// Gives back the slabs of the lanes that `which` picks and from which
+  /// nothing is carved; returns their bytes.
+  template <typename Pick>
+  std::size_t trim_lanes(Pick which) noexcept;
+  [[nodiscard]] std::size_t slab_bytes() const noexcept;
 
-  // users_, from the top bit down: `closed` (pool_ may not be used: there is
-  // none yet, or trim() is taking it; allocate() then takes open_pool()'s
-  // way), the count of carved allocations (28 bits: 268 M), and their bytes
-  // in units of 256 (35 bits: 8 TiB).
+  // A lane's `users`, from the top bit down: `closed` (its pool may not be
+  // used: there is none yet, or trim() is taking it; allocate() then takes
+  // open_pool()'s way), the count of carved allocations (28 bits: 268 M),
+  // and their bytes in units of 256 (35 bits: 8 TiB).
   static constexpr std::uint64_t closed     = std::uint64_t{1} << 63;
   static constexpr unsigned count_shift     = 35;
   static constexpr std::uint64_t one_carved = std::uint64_t{1} << count_shift;
@@ -85,17 +135,12 @@ class slab_carver {
   }
 
   ipc_memory_resource_impl& owner_;
-  /// The carver's whole bookkeeping per call is one atomic add to this word
-  /// (allocate() adds carving(bytes) before it touches the pool, deallocate()
-  /// takes it off after). While it counts anyone, pool_ stays: trim() takes
-  /// the pool only by closing a word of zero. So carving calls take no lock
-  /// of ours (RMM's pool has its own), and the keeper reads the figures it
-  /// reports from the same word.
-  alignas(64) std::atomic<std::uint64_t> users_{closed};
-  /// Makes and takes pool_ (never held by a carving call).
-  alignas(64) std::mutex pool_mutex_;
-  std::unique_ptr<rmm::mr::pool_memory_resource> pool_;
-  std::atomic<std::size_t> slab_bytes_{0};  // leased by the pool from the daemon
+  std::size_t const lane_count_;
+  std::array<lane, max_lanes> lanes_;  // the first lane_count_ in use
+  /// Streams seen, with their lanes: (stream handle + 1) << 8 | lane, 0 if free.
+  static constexpr std::size_t stream_slots = 64;
+  std::array<std::atomic<std::uint64_t>, stream_slots> stream_lanes_{};
+  std::atomic<std::size_t> next_lane_{0};
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
   bool reclaim_asked_{false};  // guarded by keeper_mutex_: the daemon asked for idle slabs

@@ -23,6 +23,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -398,6 +399,122 @@ TEST_F(IpcMemoryResource, TwoSlabResourcesOfOneSessionReportTheirSum)
     auto p = gpu_pool(daemon_->stats(), 0);
     return p.carved_bytes() == 0 && p.in_use_bytes() == before;
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
+}
+
+rmmd::ipc_resource_options lanes(std::size_t count, std::chrono::milliseconds idle_trim)
+{
+  auto o          = slabs(8 * MiB, idle_trim);
+  o.carving_lanes = count;
+  return o;
+}
+
+TEST_F(IpcMemoryResource, CarvingLanesKeepEveryBuffersDataAndFreeOnAnyStream)
+{
+  auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  rmmd::ipc_memory_resource mr(*session_, 0, lanes(4, 1h));
+  std::vector<cudaStream_t> streams(6);
+  for (auto& s : streams) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  struct buffer {
+    std::uint8_t* p;
+    std::size_t bytes;
+    std::size_t stream;
+  };
+  std::vector<buffer> buffers;
+  std::size_t carved = 0;
+  for (int i = 0; i < 240; ++i) {
+    auto const bytes = std::size_t{4096} << (i % 9);  // 4 KiB to 1 MiB: lanes grow past a slab
+    auto const k     = static_cast<std::size_t>(i) % streams.size();
+    auto* p          = static_cast<std::uint8_t*>(mr.allocate(streams[k], bytes, 256));
+    ASSERT_EQ(cudaMemsetAsync(p, i & 0xff, bytes, streams[k]), cudaSuccess);
+    buffers.push_back({p, bytes, k});
+    carved += bytes;
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    std::vector<std::uint8_t> host(buffers[i].bytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), buffers[i].p, host.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_TRUE(std::all_of(host.begin(), host.end(), [i](auto b) { return b == (i & 0xff); }))
+        << "buffer " << i;
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == carved && p.carved_allocations() == buffers.size();
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // Every lane leased slabs of its own: more than one lane's worth.
+  EXPECT_GE(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before + 4 * 8 * MiB);
+  // Freed on another stream than the one that carved it (another lane's,
+  // mostly): each goes back to the lane whose slab holds it.
+  for (auto const& b : buffers) {
+    mr.deallocate(streams[(b.stream + 1) % streams.size()], b.p, b.bytes, 256);
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_bytes() == 0 && p.carved_allocations() == 0;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // Every lane is idle: trim() gives back every slab.
+  EXPECT_GT(mr.trim(), 4 * 8 * MiB);
+  EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == before; }))
+      << gpu_pool(daemon_->stats(), 0).DebugString();
+  for (auto s : streams) { ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess); }
+}
+
+TEST_F(IpcMemoryResource, CarvingLanesUnderEightThreadsLoseNothing)
+{
+  auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  {
+    rmmd::ipc_memory_resource mr(*session_, 0, lanes(8, 200ms));
+    constexpr int threads = 8;
+    std::vector<std::thread> pool;
+    std::atomic<int> bad{0};
+    // Each thread carves on its stream and frees on the next thread's, so
+    // that lanes free each other's pointers while they carve.
+    std::vector<cudaStream_t> streams(threads);
+    for (auto& s : streams) {
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    }
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        if (cudaSetDevice(0) != cudaSuccess) { ++bad; }
+        std::vector<std::pair<void*, std::size_t>> held;
+        for (int i = 0; i < 3000; ++i) {
+          auto const bytes = std::size_t{256} << ((i * 7 + t) % 13);  // 256 B to 1 MiB
+          held.emplace_back(mr.allocate(streams[t], bytes, 256), bytes);
+          if (held.size() > 16) {
+            auto [p, n] = held.front();
+            held.erase(held.begin());
+            mr.deallocate(streams[(t + 1) % threads], p, n, 256);
+          }
+        }
+        for (auto [p, n] : held) { mr.deallocate(streams[t], p, n, 256); }
+      });
+    }
+    for (auto& th : pool) { th.join(); }
+    EXPECT_EQ(bad.load(), 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(eventually([&] {
+      auto p = gpu_pool(daemon_->stats(), 0);
+      return p.carved_bytes() == 0 && p.carved_allocations() == 0;
+    })) << gpu_pool(daemon_->stats(), 0).DebugString();
+    // Idle for 200 ms, every lane gives its slabs back on its own.
+    EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == before; }))
+        << gpu_pool(daemon_->stats(), 0).DebugString();
+    for (auto s : streams) { ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess); }
+  }
+  EXPECT_EQ(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before);
+}
+
+TEST_F(IpcMemoryResource, CarvingLanesOutsideOneToSixteenAreRefused)
+{
+  EXPECT_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(0, 1h)), rmmd::logic_error);
+  EXPECT_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(17, 1h)), rmmd::logic_error);
+  try {
+    rmmd::ipc_memory_resource mr(*session_, 0, lanes(17, 1h));
+  } catch (rmmd::logic_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("carving_lanes is 17; it must be 1 to 16"));
+  }
 }
 
 TEST(SlabMode, QuotasCountSlabsWhole)

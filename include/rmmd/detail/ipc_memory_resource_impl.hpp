@@ -38,6 +38,15 @@ struct ipc_resource_options {
   /// Slabs go back to the daemon once nothing has been carved from them for
   /// this long.
   std::chrono::milliseconds idle_trim{std::chrono::seconds(5)};
+  /// Slab mode: how many RMM pools carve, 1 to 16. Each stream's allocations
+  /// are carved by one of them (streams take them round-robin as they first
+  /// come), so that threads allocating on different streams do not wait for
+  /// one pool's mutex: with 8 threads on 8 streams one pool makes every pair
+  /// wait (16-21 us a pair on the H100 against under 1 us alone). Each lane
+  /// leases slabs of its own (`slab_bytes` first), so more lanes hold more
+  /// idle memory; idle lanes give theirs back as one pool does. A pointer may
+  /// be freed on any stream.
+  std::size_t carving_lanes{1};
 };
 
 }  // namespace rmmd
