@@ -179,7 +179,8 @@ TEST(BenchJson, SharingCellsWriteSizesAsNumbers)
 // The files of earlier runs, written by the hand-written JSON of before:
 // every name in them is one of bench_results.proto's, and written again by
 // results_json they hold the same members with the same values.
-void drop_lists_added_empty(google::protobuf::Struct& rewritten, google::protobuf::Struct const& old)
+void drop_lists_added_empty(google::protobuf::Struct& rewritten,
+                            google::protobuf::Struct const& old)
 {
   auto& fields = *rewritten.mutable_fields();
   for (auto it = fields.begin(); it != fields.end();) {

@@ -31,16 +31,16 @@
 
 extern char** environ;
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    auto e = (x);                                                                         \
-    if (e != cudaSuccess) {                                                               \
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    auto e = (x);                                                                          \
+    if (e != cudaSuccess) {                                                                \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+      std::exit(1);                                                                        \
+    }                                                                                      \
   } while (0)
 
-using clk = std::chrono::steady_clock;
+using clk              = std::chrono::steady_clock;
 constexpr size_t bytes = 256;
 
 static int child_main(int sock, int pool_fd)
@@ -110,7 +110,8 @@ int main(int argc, char** argv)
     CK(cudaStreamDestroy(s));
   };
 
-  std::printf("clients pairs/s   (256 B; exporter work per pair as in section b2, plus the import)\n");
+  std::printf(
+      "clients pairs/s   (256 B; exporter work per pair as in section b2, plus the import)\n");
   for (int n : {0, 1, 4, 16}) {
     int const threads = n == 0 ? 1 : n;
     std::vector<int> socks(threads, -1);
@@ -140,7 +141,8 @@ int main(int argc, char** argv)
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto const start = clk::now();
-    stop = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(seconds));
+    stop =
+        start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(seconds));
     go.store(true);
     for (auto& t : pool_threads) { t.join(); }
     double const took = std::chrono::duration<double>(clk::now() - start).count();

@@ -169,7 +169,7 @@ std::string json_escape(std::string const& s)
   return out;
 }
 
-void note_allocation(rmmd_resource_s& r, std::size_t bytes)
+void note_allocation(rmmd_resource_s& r, std::size_t bytes) noexcept
 {
   auto now = r.allocated.fetch_add(bytes) + bytes;
   r.count.fetch_add(1);
@@ -581,7 +581,8 @@ struct torch_allocator {
   }
 };
 
-/// The PyTorch entry points' allocation: the status, and the pointer in *ptr.
+/// The PyTorch entry points' allocation: the status, and the pointer in *ptr (written only
+/// when it succeeds: note_allocation() does not throw).
 rmmd_status torch_allocate(std::size_t size, int device, void* stream, void** ptr) noexcept
 {
   return guarded([&] {
@@ -605,10 +606,7 @@ void* rmmd_torch_malloc(size_t size, int device, void* stream)
 rmmd_status rmmd_torch_allocate(size_t size, int device, void* stream, void** ptr)
 {
   if (ptr == nullptr) { return null_argument("ptr"); }
-  void* got         = nullptr;
-  auto const status = torch_allocate(size, device, stream, &got);
-  if (status == RMMD_SUCCESS) { *ptr = got; }
-  return status;
+  return torch_allocate(size, device, stream, ptr);  // writes *ptr only on success
 }
 
 void* rmmd_torch_malloc_or_raise(size_t size, int device, void* stream)

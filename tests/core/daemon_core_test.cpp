@@ -5,6 +5,7 @@
 
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/backends/host/host_backend.hpp"
+#include "tests/tools/child_process.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -554,12 +555,7 @@ class FencedFreeTest : public CoreWithPool {
   /// Waits, with a deadline, for the core's reaper thread to free what it may.
   bool eventually_in_use(std::size_t bytes)
   {
-    auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (pool_stats_now().in_use_bytes == bytes) { return true; }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
+    return test::eventually([&] { return pool_stats_now().in_use_bytes == bytes; });
   }
 };
 

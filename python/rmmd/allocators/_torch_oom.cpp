@@ -24,14 +24,16 @@ constexpr int rmmd_error_out_of_memory = 8;  // RMMD_ERROR_OUT_OF_MEMORY
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) void* rmmd_torch_malloc_oom(std::size_t size,
-                                                                            int device,
-                                                                            void* stream)
+                                                                              int device,
+                                                                              void* stream)
 {
   void* ptr        = nullptr;
   int const status = rmmd_torch_allocate(size, device, stream, &ptr);
   if (status == rmmd_success) { return ptr; }
   c10::SourceLocation const where{__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)};
   std::string message = rmmd_last_error_message();
-  if (status == rmmd_error_out_of_memory) { throw c10::OutOfMemoryError(where, std::move(message)); }
+  if (status == rmmd_error_out_of_memory) {
+    throw c10::OutOfMemoryError(where, std::move(message));
+  }
   throw c10::Error(where, std::move(message));
 }
