@@ -23,6 +23,11 @@ int ipc_memory_resource::current_device()
 namespace detail {
 namespace {
 
+/// Marks a packed lease's id in the lease table (the daemon's ids never come
+/// near it): its memory is part of a block the session imported once, so
+/// there is no import of its own to free.
+constexpr std::uint64_t packed_lease = std::uint64_t{1} << 63;
+
 /// What a host function needs to send one Free: it may run after the
 /// resource (at exit, after the session too), so it holds shares of both
 /// queues rather than pointers to their owners.
@@ -128,9 +133,10 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
   std::call_once(exit_watched_, watch_process_exit);
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
+  auto& impl = session_.impl();
   auto lease = [&] {
     try {
-      return session_.allocate(pool_.id, bytes, alignment);
+      return impl.lease_memory(pool_.id, bytes, alignment, true);
     } catch (rmm::out_of_memory const&) {
       // Our own frees that wait for their streams may be what is missing:
       // once they reached the daemon, ask once more.
@@ -141,22 +147,40 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
         had_pending = pending_->count != 0;
       }
       if (!had_pending || !wait_for_releases(deadline)) { throw; }
-      return session_.allocate(pool_.id, bytes, alignment);
+      return impl.lease_memory(pool_.id, bytes, alignment, true);
     }
   }();
+  if (lease.block_id != 0) {
+    // Carved by the daemon out of a block of this session's: the block is
+    // imported once, and this allocation is a place in it.
+    try {
+      auto* base = static_cast<std::byte*>(
+          impl.packed_block_base(pool_.id, lease.block_id, lease.granted.cuda_export.data()));
+      void* ptr = base + lease.block_offset;
+      leases_.add(ptr, lease.granted.id | packed_lease);
+      return ptr;
+    } catch (...) {
+      try {
+        session_.free(lease.granted.id);
+      } catch (std::exception const&) {
+        // The daemon reclaims it with the session at the latest.
+      }
+      throw;
+    }
+  }
   void* ptr = nullptr;
-  auto data = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.cuda_export.data());
+  auto data = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.granted.cuda_export.data());
   if (auto err = cudaMemPoolImportPointer(&ptr, imported_, data); err != cudaSuccess) {
     cudaGetLastError();
     try {
-      session_.free(lease.id);
+      session_.free(lease.granted.id);
     } catch (std::exception const&) {
       // The daemon reclaims it with the session at the latest.
     }
-    throw rmm::bad_alloc("rmmd: importing allocation " + std::to_string(lease.id) + " of pool '" +
-                         pool_.name + "' failed: " + cudaGetErrorName(err));
+    throw rmm::bad_alloc("rmmd: importing allocation " + std::to_string(lease.granted.id) +
+                         " of pool '" + pool_.name + "' failed: " + cudaGetErrorName(err));
   }
-  leases_.add(ptr, lease.id);
+  leases_.add(ptr, lease.granted.id);
   return ptr;
 }
 
@@ -175,6 +199,9 @@ bool ipc_memory_resource_impl::wait_for_releases(
 
 void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint64_t id) noexcept
 {
+  // A packed lease has no import of its own: only the Free waits for the stream.
+  bool const packed = (id & packed_lease) != 0;
+  id &= ~packed_lease;
   // CUDA's rule: every importer frees its import before the exporter frees the
   // allocation. The import is freed in `stream`'s order, and the daemon frees
   // only once the stream has passed that point (docs/protocol.md, section 3):
@@ -192,7 +219,9 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
                  pool_.name.c_str(),
                  cudaGetErrorName(err));
   };
-  if (auto err = cudaFreeAsync(ptr, stream); err != cudaSuccess) { return keep_leased(err); }
+  if (!packed) {
+    if (auto err = cudaFreeAsync(ptr, stream); err != cudaSuccess) { return keep_leased(err); }
+  }
   std::unique_ptr<release_job> job;
   try {
     job = std::make_unique<release_job>(

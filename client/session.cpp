@@ -213,6 +213,7 @@ session_impl::~session_impl()
   // Imports first: an imported pool must go before the fd it came from. No
   // CUDA call while the process exits: the process's end releases them.
   if (!process_is_exiting()) {
+    drop_all_blocks();  // before the socket's close lets the daemon free them
     for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
     for (auto id : pinned_) { cudaHostUnregister(mappings_.at(id).first); }
   }
@@ -304,6 +305,9 @@ void session_impl::send_releases_locked(std::vector<queued_call>& calls) noexcep
         case kind::close_buffer:
           c.mutable_close_buffer()->set_buffer_id(q.id);
           break;
+        case kind::drop_block:
+          c.mutable_blocks_dropped()->add_block_ids(q.id);
+          break;
       }
       grpc::Status sent;
       if (session_calls_) {
@@ -328,12 +332,15 @@ void session_impl::send_releases_locked(std::vector<queued_call>& calls) noexcep
             sent = stub_->CloseBuffer(ctx.get(), c.close_buffer(), &response);
             break;
           }
+          case kind::drop_block:
+            break;  // only sessions that call on the session socket get packed blocks
         }
       }
       // UNAVAILABLE: the daemon is gone, and with it the lease or the hold.
       if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
         char const* what = q.what == kind::free             ? "freeing allocation"
                            : q.what == kind::publish_buffer ? "publishing buffer"
+                           : q.what == kind::drop_block     ? "dropping packed block"
                                                             : "closing buffer";
         std::fprintf(stderr,
                      "rmmd: %s %llu failed (%s)%s\n",
@@ -358,6 +365,7 @@ grpc::Status session_impl::call(v1::SessionCall& call,
 {
   grpc::Status status;
   std::vector<std::uint32_t> reclaims;
+  std::vector<std::uint64_t> retired;
   {
     call_lock lock(*this);
     {
@@ -381,7 +389,9 @@ grpc::Status session_impl::call(v1::SessionCall& call,
       static_cast<void>(call_locked(free_call, &ignored));
     }
     reclaims.swap(reclaims_heard_);
+    retired.swap(retired_heard_);
   }
+  if (!retired.empty()) { drop_blocks(retired); }
   if (!reclaims.empty()) { run_reclaim_watches(reclaims); }
   return status;
 }
@@ -391,6 +401,9 @@ void session_impl::take_unasked_locked(v1::SessionReply const& reply,
 {
   if (reply.has_reclaim()) {
     reclaims.push_back(reply.reclaim().pool_id());
+  } else if (reply.has_retire_blocks()) {
+    auto const& ids = reply.retire_blocks().block_ids();
+    retired_heard_.insert(retired_heard_.end(), ids.begin(), ids.end());
   } else if (reply.has_error()) {
     // The answer to an earlier call that did not wait: a Free sent with
     // free_later() that failed, or a call that timed out.
@@ -420,17 +433,21 @@ std::uint64_t session_impl::watch_reclaims(std::uint32_t pool_id,
                                            std::function<void(std::uint32_t)> on_request)
 {
   std::lock_guard lock(watches_mutex_);
-  if (!reader_.joinable()) {
-    reader_wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (reader_wake_fd_ < 0) {
-      throw rmm::bad_alloc(std::string("rmmd: eventfd for the session's reader: ") +
-                           std::strerror(errno));
-    }
-    reader_ = std::jthread([this](std::stop_token stop) { read_unasked(std::move(stop)); });
-  }
+  start_reader_locked();
   auto const id = next_watch_++;
   watches_.emplace(id, reclaim_watch{.pool_id = pool_id, .on_request = std::move(on_request)});
   return id;
+}
+
+void session_impl::start_reader_locked()
+{
+  if (reader_.joinable()) { return; }
+  reader_wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (reader_wake_fd_ < 0) {
+    throw rmm::bad_alloc(std::string("rmmd: eventfd for the session's reader: ") +
+                         std::strerror(errno));
+  }
+  reader_ = std::jthread([this](std::stop_token stop) { read_unasked(std::move(stop)); });
 }
 
 void session_impl::unwatch_reclaims(std::uint64_t watch_id) noexcept
@@ -455,6 +472,7 @@ void session_impl::read_unasked(std::stop_token stop) noexcept
     if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) { return; }
     if ((watched[0].revents & POLLIN) == 0) { continue; }
     std::vector<std::uint32_t> reclaims;
+    std::vector<std::uint64_t> retired;
     try {
       // A call in progress reads its own reply (and whatever came before it):
       // this waits for it, then takes what is left.
@@ -468,9 +486,11 @@ void session_impl::read_unasked(std::stop_token stop) noexcept
         if (!reply.ParseFromArray(buffer.data(), static_cast<int>(got.bytes))) { continue; }
         take_unasked_locked(reply, reclaims);
       }
+      retired.swap(retired_heard_);
     } catch (std::exception const&) {
       continue;  // out of memory: the request's deadline passes, nothing worse
     }
+    if (!retired.empty()) { drop_blocks(retired); }
     if (!reclaims.empty()) { run_reclaim_watches(reclaims); }
   }
 }
@@ -838,16 +858,28 @@ pool_info const& session::host_pool() const
 
 lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t alignment) const
 {
+  return impl_->lease_memory(pool_id, bytes, alignment, false).granted;
+}
+
+namespace detail {
+
+session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
+                                                       std::size_t bytes,
+                                                       std::size_t alignment,
+                                                       bool may_pack)
+{
   v1::AllocateRequest request;
   request.set_pool_id(pool_id);
   request.set_size(bytes);
   request.set_alignment(alignment);
+  // Packed blocks are retired on the session socket, and dropped there.
+  request.set_may_pack(may_pack && session_calls_);
   v1::AllocateResponse response;
-  auto status = impl_->allocate(request, &response);
+  auto status = allocate(request, &response);
   if (!status.ok()) {
     detail::throw_status(status, "allocate " + std::to_string(bytes) + " bytes");
   }
-  auto const& pools = impl_->pools_unmapped();
+  auto const& pools = pools_unmapped();
   auto checked =
       pool_id < pools.size()
           ? detail::check_allocation(response,
@@ -860,12 +892,16 @@ lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t al
   if (!checked.ok()) {
     v1::FreeRequest give_back;  // not usable, and ours to free all the same
     give_back.set_allocation_id(response.allocation_id());
-    static_cast<void>(impl_->free(give_back));
+    static_cast<void>(free(give_back));
     detail::throw_status(checked, "allocate " + std::to_string(bytes) + " bytes");
   }
-  lease out{.id          = response.allocation_id(),
-            .bytes       = response.size(),
-            .host_offset = response.has_host() ? response.host().offset() : 0};
+  granted_lease granted{
+      .granted      = {.id          = response.allocation_id(),
+                       .bytes       = response.size(),
+                       .host_offset = response.has_host() ? response.host().offset() : 0},
+      .block_id     = response.block_id(),
+      .block_offset = response.block_offset()};
+  auto& out = granted.granted;
   if (response.has_cuda()) {
     auto const& data = response.cuda().export_data();
     if (data.size() != out.cuda_export.size()) {
@@ -875,8 +911,106 @@ lease session::allocate(std::uint32_t pool_id, std::size_t bytes, std::size_t al
     }
     std::memcpy(out.cuda_export.data(), data.data(), data.size());
   }
-  return out;
+  return granted;
 }
+
+void* session_impl::packed_block_base(std::uint32_t pool_id,
+                                      std::uint64_t block,
+                                      void const* export_data)
+{
+  {
+    // RetireBlocks must be heard while no call reads the socket.
+    std::lock_guard lock(watches_mutex_);
+    start_reader_locked();
+  }
+  // One import per block: the lock is held across it (once per block), so
+  // that threads whose leases lie in a block they have not seen yet do not
+  // each import it. The daemon retires a block only once it holds none of
+  // our leases, so no drop of it runs meanwhile.
+  std::lock_guard lock(packed_mutex_);
+  if (auto it = packed_.find(block); it != packed_.end()) { return it->second.base; }
+  void* base = nullptr;
+  auto data  = static_cast<cudaMemPoolPtrExportData const*>(export_data);
+  if (auto err = cudaMemPoolImportPointer(
+          &base, cuda_pool(pool_id), const_cast<cudaMemPoolPtrExportData*>(data));
+      err != cudaSuccess) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: importing packed block " + std::to_string(block) + " of pool " +
+                         std::to_string(pool_id) + " failed: " + cudaGetErrorName(err));
+  }
+  packed_.emplace(block, packed_import{.base = base, .pool_id = pool_id});
+  return base;
+}
+
+void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcept
+{
+  for (auto block : blocks) {
+    packed_import import;
+    cudaStream_t stream = nullptr;
+    int device          = 0;
+    {
+      std::lock_guard lock(packed_mutex_);
+      auto it = packed_.find(block);
+      if (it == packed_.end()) {
+        // Never imported here (its one lease's import failed): nothing to free.
+        send_when_reached(*releases_,
+                          queued_call{.what = queued_call::kind::drop_block, .id = block});
+        continue;
+      }
+      import = it->second;
+      packed_.erase(it);
+      device  = pools()[import.pool_id].device;
+      auto& s = drop_streams_[device];
+      if (s == nullptr) {
+        int previous = 0;
+        cudaGetDevice(&previous);
+        cudaSetDevice(device);
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+          cudaGetLastError();
+          s = nullptr;
+        }
+        cudaSetDevice(previous);
+      }
+      stream = s;
+    }
+    // Every lease of the block was freed, each after its stream passed its
+    // last use: the import is idle. Free it in the order of a stream of our
+    // own, wait for that, and only then may the daemon free the block.
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    auto err = stream != nullptr ? cudaFreeAsync(import.base, stream) : cudaFree(import.base);
+    if (err == cudaSuccess && stream != nullptr) { err = cudaStreamSynchronize(stream); }
+    cudaSetDevice(previous);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      std::fprintf(stderr,
+                   "rmmd: freeing the import of packed block %llu failed (%s); the daemon keeps it "
+                   "until the session closes\n",
+                   static_cast<unsigned long long>(block),
+                   cudaGetErrorName(err));
+      continue;
+    }
+    send_when_reached(*releases_, queued_call{.what = queued_call::kind::drop_block, .id = block});
+  }
+}
+
+void session_impl::drop_all_blocks() noexcept
+{
+  std::lock_guard lock(packed_mutex_);
+  for (auto const& [block, import] : packed_) {
+    cudaSetDevice(pools()[import.pool_id].device);
+    if (cudaFree(import.base) != cudaSuccess) { cudaGetLastError(); }
+  }
+  packed_.clear();
+  for (auto const& [device, stream] : drop_streams_) {
+    cudaSetDevice(device);
+    cudaStreamDestroy(stream);
+  }
+  drop_streams_.clear();
+}
+
+}  // namespace detail
 
 void session::free(std::uint64_t allocation_id) const
 {

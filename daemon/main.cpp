@@ -66,6 +66,7 @@ struct daemon_flags {
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
   int reclaim_timeout_ms{0};
+  std::size_t pack_up_to{0};
   std::string metrics_address;
   std::size_t metrics_top_sessions{10};
   std::string log_level{"info"};
@@ -178,6 +179,7 @@ bool apply_flags(CLI::App const& app, daemon_flags const& flags, config::daemon_
   if (given("--reclaim-timeout-ms")) {
     s.reclaim_timeout = std::chrono::milliseconds(flags.reclaim_timeout_ms);
   }
+  if (given("--cuda-pack-up-to")) { s.pack_up_to = flags.pack_up_to; }
   if (given("--metrics-address")) { s.metrics_address = flags.metrics_address; }
   if (given("--metrics-top-sessions")) { s.metrics_top_sessions = flags.metrics_top_sessions; }
   if (given("--log-level")) { s.log_level = parse_level(flags.log_level); }
@@ -621,6 +623,12 @@ int main(int argc, char** argv)
                  "How long a request that finds its pool short waits for fast-path clients to "
                  "give back idle slabs (default 200; 0: refuse at once)")
       ->check(CLI::Range(0, 60000));
+  app.add_option("--cuda-pack-up-to",
+                 flags.pack_up_to,
+                 "CUDA pools: carve a client's direct allocations of at most this size out of a 2 "
+                 "MiB block of its session's own, exported once (default 64KiB; 0: never)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::size_t{0}, rmmd::core::default_pack_block_size));
   app.add_option(
       "--metrics-address",
       flags.metrics_address,
@@ -687,10 +695,10 @@ int main(int argc, char** argv)
   // Held until the process ends: never closed.
   if (lock_runtime_dir(dir) < 0) { return 1; }
 
-  rmmd::core::daemon_core core(
-      rmmd::core::core_options{.access          = settings.access,
-                               .quotas          = settings.quotas,
-                               .reclaim_timeout = settings.reclaim_timeout});
+  rmmd::core::daemon_core core(rmmd::core::core_options{.access          = settings.access,
+                                                        .quotas          = settings.quotas,
+                                                        .reclaim_timeout = settings.reclaim_timeout,
+                                                        .pack_up_to      = settings.pack_up_to});
   if (!add_pools(
           core, pool_plan(settings, flags), flags.backend, flags.shared_buffer_memory == "own")) {
     return 1;

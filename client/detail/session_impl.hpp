@@ -51,14 +51,34 @@ class session_impl {
                                       v1::AllocateResponse* response);
   [[nodiscard]] grpc::Status free(v1::FreeRequest const& request);
 
+  /// A lease, and where it lies when it is packed.
+  struct granted_lease {
+    lease granted;
+    std::uint64_t block_id{};  ///< 0: an allocation of its own
+    std::uint64_t block_offset{};
+  };
+  /// Allocate, checked (session::allocate). With `may_pack` (and the session
+  /// socket), the daemon may carve a small CUDA allocation out of a packed
+  /// block (AllocateRequest.may_pack): the caller finds it with
+  /// packed_block_base(). Throws as error.hpp says.
+  granted_lease lease_memory(std::uint32_t pool_id,
+                             std::size_t bytes,
+                             std::size_t alignment,
+                             bool may_pack);
+  /// The address of packed block `block` of CUDA pool `pool_id` in this
+  /// process: imported from `export_data` (cudaMemPoolPtrExportData) the
+  /// first time, and kept until the daemon retires the block (RetireBlocks)
+  /// or the session ends. Throws rmm::bad_alloc when the import fails.
+  void* packed_block_base(std::uint32_t pool_id, std::uint64_t block, void const* export_data);
+
   /// A call a CUDA host function sends once its stream reached it: the Free
   /// of an allocation whose import the stream freed, the publication of a
   /// shared buffer whose writes the stream did, the close of a buffer whose
   /// import it freed.
   struct queued_call {
-    enum class kind : std::uint8_t { free, publish_buffer, close_buffer };
+    enum class kind : std::uint8_t { free, publish_buffer, close_buffer, drop_block };
     kind what{kind::free};
-    std::uint64_t id{};  ///< the allocation or buffer
+    std::uint64_t id{};  ///< the allocation, buffer or packed block
   };
   /// Where those calls wait to be sent. Shared with the host functions that
   /// fill it, which may run after the session is gone (while the process
@@ -203,6 +223,13 @@ class session_impl {
   /// is put in `reclaims`), or a late reply (an error is printed, a lease
   /// granted is an orphan to free). Holds call_mutex_.
   void take_unasked_locked(v1::SessionReply const& reply, std::vector<std::uint32_t>& reclaims);
+  /// Frees this process's imports of packed blocks the daemon retired, then
+  /// tells it (BlocksDropped, queued like a Free). Holds no call_mutex_.
+  void drop_blocks(std::vector<std::uint64_t> const& blocks) noexcept;
+  /// Frees every packed block's import (the session is closing). Waits for it.
+  void drop_all_blocks() noexcept;
+  /// Starts read_unasked(). Holds watches_mutex_.
+  void start_reader_locked();
   /// Runs the watches of each pool in `reclaims`. Holds no call_mutex_.
   void run_reclaim_watches(std::vector<std::uint32_t> const& reclaims) noexcept;
   /// The thread that reads the session socket while no call does, so that a
@@ -246,8 +273,16 @@ class session_impl {
   std::uint64_t next_watch_{1};
   std::unordered_map<std::uint64_t, reclaim_watch> watches_;
   std::vector<std::uint32_t> reclaims_heard_;  // guarded by call_mutex_: read by a call, to run
-  int reader_wake_fd_{-1};                     // eventfd: stops read_unasked
-  std::jthread reader_;                        // started by the first watch
+  std::vector<std::uint64_t> retired_heard_;   // guarded by call_mutex_: blocks to drop
+  struct packed_import {
+    void* base{};
+    std::uint32_t pool_id{};
+  };
+  std::mutex packed_mutex_;
+  std::unordered_map<std::uint64_t, packed_import> packed_;  // by block id
+  std::unordered_map<int, cudaStream_t> drop_streams_;       // by device; non-blocking
+  int reader_wake_fd_{-1};                                   // eventfd: stops read_unasked
+  std::jthread reader_;                                      // started by the first watch
 };
 
 }  // namespace rmmd::detail

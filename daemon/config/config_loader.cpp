@@ -684,6 +684,18 @@ class validator {
       }
       s.reclaim_timeout = std::chrono::milliseconds(config_.reclaim_timeout_ms());
     }
+    if (config_.has_pack_up_to_bytes()) {
+      if (config_.pack_up_to_bytes() > core::default_pack_block_size) {
+        error(root_,
+              "pack_up_to_bytes",
+              -1,
+              "pack_up_to_bytes %d is larger than a packed block (%d bytes); give at most that, "
+              "or 0 to give every allocation a driver allocation of its own",
+              config_.pack_up_to_bytes(),
+              core::default_pack_block_size);
+      }
+      s.pack_up_to = config_.pack_up_to_bytes();
+    }
     if (config_.has_max_message_bytes()) {
       auto bytes = config_.max_message_bytes();
       if (bytes < min_message_bytes || bytes > static_cast<std::uint64_t>(INT_MAX)) {

@@ -130,11 +130,12 @@ std::string summary(daemon_settings const& s)
                         s.admission.max_sessions_total);
   absl::StrAppendFormat(
       &out,
-      "drain %d ms, hello %d ms, reclaim %d ms, max message %d bytes, metrics %s (top %d "
-      "sessions), log level %s\n",
+      "drain %d ms, hello %d ms, reclaim %d ms, packed leases up to %d bytes, max message %d "
+      "bytes, metrics %s (top %d sessions), log level %s\n",
       s.drain_timeout.count(),
       s.hello_timeout.count(),
       s.reclaim_timeout.count(),
+      s.pack_up_to,
       s.max_message_bytes,
       s.metrics_address.empty() ? std::string("off") : s.metrics_address,
       s.metrics_top_sessions,

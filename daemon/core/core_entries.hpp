@@ -3,6 +3,7 @@
 // Private to daemon_core's translation units: what the core keeps per pool,
 // per session and per shared buffer. Guarded by daemon_core::mutex_.
 
+#include "daemon/backends/host/offset_allocator.hpp"
 #include "daemon/core/daemon_core.hpp"
 
 #include <chrono>
@@ -31,6 +32,25 @@ struct daemon_core::pool_entry {
   std::uint64_t reclaim_refused{};
 };
 
+/// A block of a CUDA pool that the daemon leases to one session and carves
+/// that session's small direct allocations out of (core_options::pack_up_to).
+/// Charged to the session like a lease of its size.
+struct packed_block {
+  block_id id{};
+  backend_allocation memory;                ///< the block, with its export data
+  backends::host::offset_allocator ranges;  ///< offsets into it (pure arithmetic)
+  std::size_t leases{};                     ///< live leases carved out of it
+  std::size_t lease_bytes{};                ///< their bytes
+  /// Asked to be dropped: nothing more is carved out of it, and it goes once
+  /// the client says it freed its import (or with the session).
+  bool retired{false};
+  std::chrono::steady_clock::time_point empty_since{};  ///< when `leases` last fell to 0
+};
+
+/// A session's packed blocks of one pool, by the block's address in the
+/// daemon (a lease's address finds its block).
+using packed_blocks = std::map<std::uintptr_t, packed_block>;
+
 struct daemon_core::session_entry {
   session_id id{};
   std::string token_hex;
@@ -44,6 +64,7 @@ struct daemon_core::session_entry {
   std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
   std::size_t shared_bytes{};                 // buffers it created and holds (charged with `bytes`)
   std::map<buffer_id, std::size_t> holds;     // buffers it holds: opens (and its create) not closed
+  std::map<pool_id, packed_blocks> packed;    // its packed blocks (charged with `bytes`)
 };
 
 struct daemon_core::buffer_entry {

@@ -91,6 +91,7 @@ daemon_core::daemon_core(core_options options)
     : options_(std::move(options)),
       fence_reaper_([this](std::stop_token stop) { run_fence_reaper(std::move(stop)); })
 {
+  options_.pack_up_to = std::min(options_.pack_up_to, options_.pack_block_size);
 }
 
 daemon_core::~daemon_core()
@@ -109,6 +110,12 @@ void daemon_core::set_reclaim_notifier(reclaim_notifier notify)
 {
   std::lock_guard lock(mutex_);
   reclaim_notify_ = std::move(notify);
+}
+
+void daemon_core::set_retire_notifier(retire_notifier notify)
+{
+  std::lock_guard lock(mutex_);
+  retire_notify_ = std::move(notify);
 }
 
 pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
@@ -222,10 +229,11 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
                                                   pool_id pool,
                                                   std::size_t bytes,
                                                   std::size_t alignment,
-                                                  reclaim_policy policy)
+                                                  reclaim_policy policy,
+                                                  bool may_pack)
 {
   bool waited = false;
-  auto result = allocate_once(session, pool, bytes, alignment, policy, waited);
+  auto result = allocate_once(session, pool, bytes, alignment, policy, may_pack, waited);
   if (waited) {
     std::lock_guard lock(mutex_);
     auto& p = *pools_[pool];
@@ -239,6 +247,7 @@ absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
                                                        std::size_t bytes,
                                                        std::size_t alignment,
                                                        reclaim_policy policy,
+                                                       bool may_pack,
                                                        bool& waited)
 {
   std::unique_lock lock(mutex_);
@@ -283,6 +292,25 @@ absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
         p.config.name,
         alignment,
         p.config.max_alignment));
+  }
+  // Small and asked for by a client that imports blocks: carved out of a
+  // block of the session's own (no driver call, no driver memory per lease).
+  if (may_pack && options_.pack_up_to > 0 && bytes <= options_.pack_up_to &&
+      alignment <= default_alignment && p.backend->kind() == backend_kind::cuda &&
+      options_.pack_block_size <= p.capacity) {
+    if (auto grant = carve_packed_locked(*s, p, pool, bytes, alignment)) {
+      return *std::move(grant);
+    }
+    if (auto made = pack_in_new_block_locked(lock, session, pool, bytes, alignment)) {
+      return *std::move(made);
+    }
+    // No room for a block: a lease of its own, below (the session may have
+    // closed while the backend tried).
+    s_it = sessions_.find(session);
+    if (s_it == sessions_.end()) {
+      return absl::UnauthenticatedError("allocate: the session closed during the call");
+    }
+    s = s_it->second.get();
   }
   // What the backend will reserve: quotas and the pool are checked, and
   // charged while the backend works, with that.
@@ -351,7 +379,8 @@ absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
         wait_for_reclaim_locked(lock, pool, session, charge, charge);
         lock.unlock();
         bool again_waited = false;  // it does not: it refuses when short
-        return allocate_once(session, pool, bytes, alignment, reclaim_policy::refuse, again_waited);
+        return allocate_once(
+            session, pool, bytes, alignment, reclaim_policy::refuse, may_pack, again_waited);
       }
     }
     return absl::Status(block.status().code(),
@@ -383,7 +412,231 @@ absl::StatusOr<lease_grant> daemon_core::allocate_once(session_id session,
   ++p.live;
   ++p.total;
   ++now->count;
-  return lease_grant{.id = id, .block = *std::move(block)};
+  return lease_grant{.id = id, .block = *std::move(block), .bytes = reserved};
+}
+
+std::optional<lease_grant> daemon_core::carve_packed_locked(
+    session_entry& s, pool_entry& p, pool_id pool, std::size_t bytes, std::size_t alignment)
+{
+  auto const blocks = s.packed.find(pool);
+  if (blocks == s.packed.end()) { return std::nullopt; }
+  for (auto& [base, b] : blocks->second) {
+    if (b.retired || b.ranges.free_bytes() < bytes) { continue; }
+    auto const range = b.ranges.allocate(bytes, alignment);
+    if (!range) { continue; }
+    ++b.leases;
+    b.lease_bytes += range->size;
+    auto const id =
+        ledger_.record(s.id,
+                       lease{.pool    = pool,
+                             .packed  = true,
+                             .bytes   = range->size,
+                             .offset  = range->offset,
+                             .address = static_cast<std::byte*>(b.memory.address) + range->offset});
+    ++p.live;
+    ++p.total;
+    ++s.count;
+    return lease_grant{.id           = id,
+                       .block        = b.memory,
+                       .packed_block = b.id,
+                       .block_offset = range->offset,
+                       .bytes        = range->size};
+  }
+  return std::nullopt;
+}
+
+std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked(
+    std::unique_lock<std::mutex>& lock,
+    session_id session,
+    pool_id pool,
+    std::size_t bytes,
+    std::size_t alignment)
+{
+  auto& p         = *pools_[pool];
+  auto* s         = sessions_.at(session).get();
+  auto const size = options_.pack_block_size;
+  // Without the side effects of a refusal (pressure): the request goes on
+  // unpacked when a block does not fit.
+  auto fits = [&](session_entry const& owner, std::size_t charge) {
+    return !quota_refusal_locked(owner, charge, "a packed block") &&
+           charge <= p.capacity - std::min(p.capacity, p.in_use);
+  };
+  if (!fits(*s, size)) { return std::nullopt; }
+  auto const uid = s->peer.uid;
+  charge_locked(p, s, uid, pool, size, +1);
+  lock.unlock();
+  auto block = p.backend->allocate(size, default_alignment);
+  lock.lock();
+  auto const it   = sessions_.find(session);
+  auto* const now = it == sessions_.end() ? nullptr : it->second.get();
+  charge_locked(p, now, uid, pool, size, -1);
+  if (!block.ok()) {
+    if (block.status().code() == absl::StatusCode::kResourceExhausted) { return std::nullopt; }
+    return absl::Status(block.status().code(),
+                        absl::StrFormat("allocate %s from pool '%s' (a packed block of %s): %s",
+                                        bytes_text(bytes),
+                                        p.config.name,
+                                        bytes_text(size),
+                                        block.status().message()));
+  }
+  if (now == nullptr) {
+    p.backend->deallocate(*block);
+    return absl::UnauthenticatedError("allocate: the session closed during the call");
+  }
+  auto const reserved = block->bytes;
+  if (!fits(*now, reserved)) {
+    p.backend->deallocate(*block);
+    return std::nullopt;
+  }
+  charge_locked(p, now, uid, pool, reserved, +1);
+  p.high_water             = std::max(p.high_water, p.in_use);
+  auto const base          = reinterpret_cast<std::uintptr_t>(block->address);
+  auto const id            = next_block_++;
+  auto& blocks             = now->packed[pool];
+  auto const [slot, added] = blocks.try_emplace(
+      base,
+      packed_block{.id     = id,
+                   .memory = *std::move(block),
+                   .ranges = backends::host::offset_allocator(reserved, default_alignment)});
+  static_cast<void>(slot);
+  static_cast<void>(added);  // a live block's address is never handed out twice
+  if (packed_blocks_++ == 0) { fences_waiting_.notify_one(); }  // the reaper starts sweeping
+  if (auto grant = carve_packed_locked(*now, p, pool, bytes, alignment)) { return *grant; }
+  return absl::InternalError(
+      absl::StrFormat("allocate %s from pool '%s': a new packed block had no room",
+                      bytes_text(bytes),
+                      p.config.name));
+}
+
+void daemon_core::unpack_locked(session_id session, lease const& l) noexcept
+{
+  auto& p = *pools_[l.pool];
+  --p.live;
+  auto const s = sessions_.find(session);
+  if (s == sessions_.end()) { return; }  // its blocks went with it
+  auto& owner = *s->second;
+  --owner.count;
+  auto const blocks = owner.packed.find(l.pool);
+  if (blocks == owner.packed.end()) { return; }
+  auto it = blocks->second.upper_bound(reinterpret_cast<std::uintptr_t>(l.address));
+  if (it == blocks->second.begin()) { return; }
+  auto& b = std::prev(it)->second;
+  b.ranges.release({.offset = l.offset, .size = l.bytes});
+  --b.leases;
+  b.lease_bytes -= l.bytes;
+  if (b.leases != 0 || b.retired || !retire_notify_) { return; }
+  b.empty_since = std::chrono::steady_clock::now();
+  // One empty block per pool stays for the session's next allocations (a
+  // session that allocates and frees one at a time would otherwise lease a
+  // block each time); more go back, and every one when room is wanted.
+  auto const wanted = reclaim_waiters_ > 0 || p.pressure_until > std::chrono::steady_clock::now();
+  auto const another_empty =
+      std::any_of(blocks->second.begin(), blocks->second.end(), [&](auto const& entry) {
+        return &entry.second != &b && !entry.second.retired && entry.second.leases == 0;
+      });
+  if (wanted || another_empty) { retire_locked(owner, l.pool, {b.id}); }
+}
+
+void daemon_core::retire_locked(session_entry& s,
+                                pool_id pool,
+                                std::vector<block_id> const& blocks) noexcept
+{
+  if (blocks.empty() || !retire_notify_) { return; }
+  for (auto& [base, b] : s.packed[pool]) {
+    if (std::find(blocks.begin(), blocks.end(), b.id) != blocks.end()) { b.retired = true; }
+  }
+  try {
+    retire_notify_(s.id, pool, blocks);
+  } catch (std::exception const&) {
+    // Out of memory: the blocks go with the session.
+  }
+}
+
+void daemon_core::retire_idle_blocks_locked() noexcept
+{
+  auto const now = std::chrono::steady_clock::now();
+  for (auto& [id, s] : sessions_) {
+    for (auto& [pool, blocks] : s->packed) {
+      std::vector<block_id> idle;
+      for (auto const& [base, b] : blocks) {
+        if (!b.retired && b.leases == 0 && now - b.empty_since >= options_.pack_idle) {
+          idle.push_back(b.id);
+        }
+      }
+      retire_locked(*s, pool, idle);
+    }
+  }
+}
+
+std::size_t daemon_core::retire_for_room_locked(pool_id pool,
+                                                session_id requester,
+                                                std::size_t wanted)
+{
+  if (!retire_notify_) { return 0; }
+  std::size_t asked = 0;
+  for (auto& [id, s] : sessions_) {
+    if (asked >= wanted) { break; }
+    if (id == requester) { continue; }
+    auto blocks = s->packed.find(pool);
+    if (blocks == s->packed.end()) { continue; }
+    std::vector<block_id> empty;
+    for (auto const& [base, b] : blocks->second) {
+      if (asked >= wanted) { break; }
+      if (b.retired || b.leases != 0) { continue; }
+      empty.push_back(b.id);
+      asked += b.memory.bytes;
+    }
+    retire_locked(*s, pool, empty);
+  }
+  return asked;
+}
+
+absl::Status daemon_core::drop_blocks(session_id session, std::span<block_id const> ids)
+{
+  std::lock_guard lock(mutex_);
+  auto s_it = sessions_.find(session);
+  if (s_it == sessions_.end()) {
+    return absl::UnauthenticatedError("drop blocks: the session is closed; open a new session");
+  }
+  auto& s = *s_it->second;
+  struct found {
+    pool_id pool;
+    std::uintptr_t base;
+  };
+  std::vector<found> dropping;
+  for (auto id : ids) {
+    std::optional<found> at;
+    for (auto const& [pool, blocks] : s.packed) {
+      for (auto const& [base, b] : blocks) {
+        if (b.id == id) { at = found{pool, base}; }
+      }
+    }
+    if (!at) {
+      return absl::NotFoundError(absl::StrFormat(
+          "drop packed block %d: this session holds no such block (never leased, or dropped "
+          "already)",
+          id));
+    }
+    if (!s.packed[at->pool].at(at->base).retired) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "drop packed block %d: the daemon has not retired it (it may still hold leases); drop "
+          "only the blocks a RetireBlocks names",
+          id));
+    }
+    dropping.push_back(*at);
+  }
+  for (auto const& [pool, base] : dropping) {
+    auto& blocks = s.packed[pool];
+    auto it      = blocks.find(base);
+    if (it == blocks.end()) { continue; }  // named twice
+    auto& p          = *pools_[pool];
+    auto const bytes = it->second.memory.bytes;
+    p.backend->deallocate(it->second.memory);
+    blocks.erase(it);
+    --packed_blocks_;
+    charge_locked(p, &s, s.peer.uid, pool, bytes, -1);
+  }
+  return absl::OkStatus();
 }
 
 std::optional<absl::Status> daemon_core::refusal_locked(pool_entry& p,
@@ -457,6 +710,11 @@ std::size_t daemon_core::reclaimable_locked(pool_id pool, session_id requester) 
   std::size_t total = 0;
   for (auto const& [id, s] : sessions_) {
     if (id == requester) { continue; }
+    if (auto blocks = s->packed.find(pool); retire_notify_ && blocks != s->packed.end()) {
+      for (auto const& [base, b] : blocks->second) {
+        if (b.leases == 0 && !b.retired) { total += b.memory.bytes; }
+      }
+    }
     auto c = s->carved.find(pool);
     if (c == s->carved.end() || c->second.reclaimable_bytes == 0) { continue; }
     auto const held = s->pool_bytes.contains(pool) ? s->pool_bytes.at(pool) : 0;
@@ -504,7 +762,8 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
     return a.reclaimable != b.reclaimable ? a.reclaimable > b.reclaimable : a.id < b.id;
   });
   std::vector<holder> asked;
-  std::size_t promised = 0;
+  // Empty packed blocks first: they cost their sessions nothing.
+  std::size_t promised = retire_for_room_locked(pool, requester, lacking);
   for (auto const& h : holders) {
     if (promised >= lacking) { break; }
     asked.push_back(h);
@@ -582,6 +841,10 @@ absl::Status daemon_core::free(session_id session,
         "passes the event given with that free)",
         id));
   }
+  if (release_fence.empty() && l->packed) {
+    release_lease_locked(session, id);  // no backend call: its block stays
+    return absl::OkStatus();
+  }
   if (release_fence.empty()) {
     // The backend's free (CUDA: cudaFreeAsync, which waits for the driver's
     // lock while another thread's export holds it) runs without the core's
@@ -657,11 +920,25 @@ void daemon_core::run_fence_reaper(std::stop_token stop)
   constexpr auto fastest = std::chrono::microseconds(50);
   constexpr auto slowest = std::chrono::microseconds(2000);
   auto interval          = fastest;
+  // It also sweeps, while sessions hold packed blocks, for empty ones that
+  // stayed longer than options.pack_idle (a few times per pack_idle).
+  auto const sweep_period = std::max<std::chrono::steady_clock::duration>(
+      std::chrono::milliseconds(1), options_.pack_idle / 4);
+  auto next_sweep = std::chrono::steady_clock::now() + sweep_period;
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
+    if (packed_blocks_ > 0 && std::chrono::steady_clock::now() >= next_sweep) {
+      retire_idle_blocks_locked();
+      next_sweep = std::chrono::steady_clock::now() + sweep_period;
+    }
     if (fenced_.empty()) {
       interval = fastest;
-      fences_waiting_.wait(lock, stop, [this] { return !fenced_.empty(); });
+      if (packed_blocks_ == 0) {
+        fences_waiting_.wait(lock, stop, [this] { return !fenced_.empty() || packed_blocks_ > 0; });
+        next_sweep = std::chrono::steady_clock::now() + sweep_period;
+      } else {
+        fences_waiting_.wait_until(lock, stop, next_sweep, [this] { return !fenced_.empty(); });
+      }
       continue;
     }
     fences_waiting_.wait_for(lock, stop, interval, [] { return false; });
@@ -693,7 +970,11 @@ void daemon_core::run_fence_reaper(std::stop_token stop)
 
 void daemon_core::release_lease_locked(session_id session, allocation_id id) noexcept
 {
-  auto l     = ledger_.erase(session, id);
+  auto l = ledger_.erase(session, id);
+  if (l.packed) {
+    unpack_locked(session, l);
+    return;
+  }
   auto& p    = *pools_[l.pool];
   auto bytes = l.bytes;
   p.backend->deallocate(l.block());
@@ -713,7 +994,7 @@ void daemon_core::release_lease_locked(session_id session, allocation_id id) noe
 void daemon_core::release_all_leases_locked(session_entry& s) noexcept
 {
   auto const leases = ledger_.take_all(s.id);
-  if (leases.empty()) { return; }
+  if (leases.empty() && s.packed.empty()) { return; }
   // One batch per pool, so that a backend frees 100,000 leases in one go (the
   // host backend: one range and one hole per run of adjacent blocks) rather
   // than lease by lease under the lock.
@@ -723,24 +1004,37 @@ void daemon_core::release_all_leases_locked(session_entry& s) noexcept
   for (auto const& [id, l] : leases) { ++count[l.pool]; }
   for (std::size_t i = 0; i < pools_.size(); ++i) { by_pool[i].reserve(count[i]); }
   for (auto const& [id, l] : leases) {
+    if (l.packed) { continue; }  // its block goes below
     by_pool[l.pool].push_back(l.block());
     bytes[l.pool] += l.bytes;
   }
+  // Its packed blocks: the client freed its imports before it closed the
+  // session, or died with them.
+  for (auto& [pool, blocks] : s.packed) {
+    packed_blocks_ -= blocks.size();
+    for (auto& [base, b] : blocks) {
+      by_pool[pool].push_back(
+          backend_allocation{.bytes = b.memory.bytes, .address = b.memory.address});
+      bytes[pool] += b.memory.bytes;
+    }
+  }
+  s.packed.clear();
   std::size_t total = 0;
   for (std::size_t i = 0; i < pools_.size(); ++i) {
-    if (by_pool[i].empty()) { continue; }
+    if (by_pool[i].empty() && count[i] == 0) { continue; }
     auto& p = *pools_[i];
     p.backend->deallocate_many(by_pool[i]);
     p.in_use -= bytes[i];
-    p.live -= by_pool[i].size();
+    p.live -= count[i];
     s.pool_bytes[static_cast<pool_id>(i)] -= bytes[i];
     total += bytes[i];
   }
   s.bytes -= total;
   s.count -= leases.size();
-  auto u = uid_bytes_.find(s.peer.uid);
-  u->second -= total;
-  if (u->second == 0) { uid_bytes_.erase(u); }
+  if (auto u = uid_bytes_.find(s.peer.uid); u != uid_bytes_.end()) {
+    u->second -= total;
+    if (u->second == 0) { uid_bytes_.erase(u); }
+  }
 }
 
 session_info daemon_core::info_locked(session_entry const& s) const
@@ -760,6 +1054,12 @@ session_info daemon_core::info_locked(session_entry const& s) const
     auto const idle = idle_of(c, s.pool_bytes.contains(pool) ? s.pool_bytes.at(pool) : 0);
     info.idle_bytes += idle.idle;
     info.reclaimable_bytes += idle.reclaimable;
+  }
+  for (auto const& [pool, blocks] : s.packed) {
+    for (auto const& [base, b] : blocks) {
+      info.idle_bytes += b.memory.bytes - b.lease_bytes;
+      if (b.leases == 0 && !b.retired) { info.reclaimable_bytes += b.memory.bytes; }
+    }
   }
   return info;
 }
@@ -889,6 +1189,16 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
       // Fast-path sessions hear of it at their next usage report and give their
       // idle slabs back too: a second trim then frees what they returned.
       signal_pressure_locked(p);
+      // Sessions' empty packed blocks too, once their clients drop them.
+      for (auto& [sid, s] : sessions_) {
+        auto blocks = s->packed.find(id);
+        if (blocks == s->packed.end()) { continue; }
+        std::vector<block_id> empty;
+        for (auto const& [base, b] : blocks->second) {
+          if (!b.retired && b.leases == 0) { empty.push_back(b.id); }
+        }
+        retire_locked(*s, id, empty);
+      }
       targets.push_back(target{.id = id, .name = p.config.name, .backend = p.backend.get()});
     }
   }
@@ -949,6 +1259,12 @@ stats_snapshot daemon_core::stats(std::optional<std::size_t> top_sessions) const
       auto const idle = idle_of(c, held);
       out.pools[pool].idle_bytes += idle.idle;
       out.pools[pool].reclaimable_bytes += idle.reclaimable;
+    }
+    for (auto const& [pool, blocks] : s->packed) {
+      for (auto const& [base, b] : blocks) {
+        out.pools[pool].idle_bytes += b.memory.bytes - b.lease_bytes;
+        if (b.leases == 0 && !b.retired) { out.pools[pool].reclaimable_bytes += b.memory.bytes; }
+      }
     }
   }
   for (auto const& [id, b] : buffers_) {

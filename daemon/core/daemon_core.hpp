@@ -69,6 +69,17 @@ struct core_options {
   /// give back idle slabs that could serve it (see allocate()); 0: it is
   /// refused at once.
   std::chrono::milliseconds reclaim_timeout{default_reclaim_timeout};
+  /// Packed leases. A CUDA pool's direct allocation of at most this many
+  /// bytes, asked for with may_pack, is carved out of a block of
+  /// pack_block_size bytes that the daemon leases to that session alone
+  /// (exported and imported once), instead of being an allocation of its own:
+  /// no driver call per allocation, and no driver memory per lease. 0: never.
+  /// pack_up_to is at most pack_block_size (the constructor lowers it).
+  std::size_t pack_up_to{default_pack_up_to};
+  std::size_t pack_block_size{default_pack_block_size};
+  /// A session keeps one empty packed block per pool this long, then it is
+  /// retired too.
+  std::chrono::milliseconds pack_idle{default_pack_idle};
 };
 
 /// What a request that finds its pool short does when other sessions hold
@@ -94,6 +105,13 @@ enum class reclaim_policy : std::uint8_t {
 /// datagram); called without the core's lock.
 using reclaim_notifier = std::function<void(session_id session, pool_id pool, std::size_t bytes)>;
 
+/// Asks session `session` to let go of its packed blocks `blocks` of `pool`,
+/// which hold none of its leases (see daemon_core::drop_blocks). Must not
+/// block and must not call the core: it may be called with the core's lock
+/// held.
+using retire_notifier =
+    std::function<void(session_id session, pool_id pool, std::vector<block_id> const& blocks)>;
+
 /// 128 random bits, the session's bearer credential on the gRPC socket.
 using session_token = std::array<std::byte, 16>;
 
@@ -104,7 +122,12 @@ struct session_grant {
 
 struct lease_grant {
   allocation_id id{};
+  /// The lease's memory; for a packed lease, the whole block (its export data
+  /// names the block), with the lease `block_offset` bytes into it.
   backend_allocation block;
+  block_id packed_block{};  ///< 0: a lease of its own
+  std::uint64_t block_offset{};
+  std::size_t bytes{};  ///< bytes reserved for the lease
 };
 
 /// A shared buffer a session now holds (by create or open), and its memory.
@@ -131,6 +154,10 @@ class daemon_core {
   /// Who carries reclaim requests to sessions (the session listener). Call
   /// before serving requests; without one, a short pool refuses at once.
   void set_reclaim_notifier(reclaim_notifier notify);
+
+  /// Who carries RetireBlocks to sessions (the session listener). Without
+  /// one, a session's empty packed blocks stay with it until it ends.
+  void set_retire_notifier(retire_notifier notify);
 
   /// Adds a pool served by `backend`. Call before serving requests.
   pool_id add_pool(pool_config config, std::unique_ptr<pool_backend> backend);
@@ -161,11 +188,25 @@ class daemon_core {
   /// options.reclaim_timeout, for the room (`policy`); then it allocates, or
   /// refuses as it would have at once. A request that idle slabs cannot serve
   /// is refused at once. The wait holds no lock: other calls go on.
+  ///
+  /// With `may_pack`, a small request to a CUDA pool (options.pack_up_to)
+  /// may be carved out of a packed block: a block the daemon leases to this
+  /// session alone, charged to it and its uid like a lease of that size, and
+  /// exported once. When no block of the session has room, a new one is
+  /// leased; when the pool or a quota has no room for a block, the request
+  /// is served as a lease of its own.
   absl::StatusOr<lease_grant> allocate(session_id session,
                                        pool_id pool,
                                        std::size_t bytes,
                                        std::size_t alignment,
-                                       reclaim_policy policy = reclaim_policy::wait);
+                                       reclaim_policy policy = reclaim_policy::wait,
+                                       bool may_pack         = false);
+
+  /// The client has freed its imports of packed blocks `blocks`, which the
+  /// daemon retired (retire_notifier): frees them. NOT_FOUND for a block the
+  /// session does not hold, FAILED_PRECONDITION for one not retired (nothing
+  /// is freed then); UNAUTHENTICATED (session gone).
+  absl::Status drop_blocks(session_id session, std::span<block_id const> blocks);
 
   /// NOT_FOUND (unknown id, or already freed), PERMISSION_DENIED (held by
   /// another session).
@@ -345,7 +386,31 @@ class daemon_core {
                                             std::size_t bytes,
                                             std::size_t alignment,
                                             reclaim_policy policy,
+                                            bool may_pack,
                                             bool& waited);
+  /// A packed lease for `s` in pool `pool` out of one of its blocks with
+  /// room, or nullopt when none has.
+  std::optional<lease_grant> carve_packed_locked(
+      session_entry& s, pool_entry& p, pool_id pool, std::size_t bytes, std::size_t alignment);
+  /// A packed lease out of a new block for session `session`, or nullopt when
+  /// there is no room for a block (the caller serves the request unpacked).
+  /// Lets go of the lock while the backend allocates.
+  std::optional<absl::StatusOr<lease_grant>> pack_in_new_block_locked(
+      std::unique_lock<std::mutex>& lock,
+      session_id session,
+      pool_id pool,
+      std::size_t bytes,
+      std::size_t alignment);
+  /// Gives a packed lease's range back to its block; retires the block when
+  /// it is empty and the session has another empty one, or room is wanted.
+  void unpack_locked(session_id session, lease const& l) noexcept;
+  /// Marks `blocks` of `pool` retired and asks `session` to drop them.
+  void retire_locked(session_entry& s, pool_id pool, std::vector<block_id> const& blocks) noexcept;
+  /// Retires other sessions' empty packed blocks of `pool` until `wanted`
+  /// bytes are asked for; returns the bytes asked for.
+  std::size_t retire_for_room_locked(pool_id pool, session_id requester, std::size_t wanted);
+  /// Retires the empty packed blocks that stayed longer than options.pack_idle.
+  void retire_idle_blocks_locked() noexcept;
   void room_changed_locked() noexcept;
   /// Why `charge` more bytes for session `s` in pool `p` would break a quota
   /// or overrun the pool (`what`: the request, for the message), if it would.
@@ -387,6 +452,9 @@ class daemon_core {
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
   reclaim_notifier reclaim_notify_;                          // set before serving
+  retire_notifier retire_notify_;                            // set before serving
+  block_id next_block_{1};
+  std::size_t packed_blocks_{};  // in every session: while any, the reaper sweeps idle ones
   std::condition_variable room_changed_;  // a pool got room, a session's end, a drain
   std::size_t reclaim_waiters_{};         // requests waiting on room_changed_
   std::jthread fence_reaper_;             // last: stops (and joins) before the rest is destroyed

@@ -17,7 +17,11 @@ namespace rmmd::core {
 /// no strings, no times.
 struct lease {
   pool_id pool{};
-  std::size_t bytes{};     ///< bytes the backend reserved
+  /// Carved out of one of its session's packed blocks (daemon_core::allocate's
+  /// may_pack): `address` lies in that block, `offset` is its place there,
+  /// and the backend has nothing of its own to free.
+  bool packed{false};
+  std::size_t bytes{};     ///< bytes the backend reserved (packed: the block's range)
   std::uint64_t offset{};  ///< backend_allocation::offset
   void* address{};         ///< backend_allocation::address
 

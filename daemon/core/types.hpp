@@ -27,6 +27,17 @@ inline constexpr std::size_t default_alignment = 256;
 /// sessions to give back idle slabs (core_options::reclaim_timeout).
 inline constexpr std::chrono::milliseconds default_reclaim_timeout{200};
 
+/// Packed leases (core_options::pack_up_to): by default a CUDA pool carves a
+/// client's direct allocations of up to 64 KiB out of blocks of 2 MiB that it
+/// leases to that session alone.
+inline constexpr std::size_t default_pack_up_to      = std::size_t{64} << 10;
+inline constexpr std::size_t default_pack_block_size = std::size_t{2} << 20;
+/// How long a session's one empty packed block per pool stays for its next
+/// small allocations before the daemon asks for it back.
+inline constexpr std::chrono::milliseconds default_pack_idle{1000};
+
+using block_id = std::uint64_t;
+
 enum class backend_kind : std::uint8_t { host, cuda };
 
 enum class handle_type : std::uint8_t { posix_fd, fabric, host_offset };

@@ -124,11 +124,15 @@ void to_proto(core::pool_trim const& in, v1::PoolTrim* out)
 void to_proto(core::lease_grant const& in, v1::AllocateResponse* out)
 {
   out->set_allocation_id(in.id);
-  out->set_size(in.block.bytes);
+  out->set_size(in.bytes);
   if (in.block.export_data.empty()) {
     out->mutable_host()->set_offset(in.block.offset);
   } else {
     out->mutable_cuda()->set_export_data(in.block.export_data.data(), in.block.export_data.size());
+  }
+  if (in.packed_block != 0) {
+    out->set_block_id(in.packed_block);
+    out->set_block_offset(in.block_offset);
   }
 }
 

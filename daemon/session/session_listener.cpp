@@ -185,6 +185,10 @@ void session_listener::start()
   core_.set_reclaim_notifier([this](core::session_id session,
                                     core::pool_id pool,
                                     std::size_t bytes) { push_reclaim(session, pool, bytes); });
+  core_.set_retire_notifier(
+      [this](core::session_id session, core::pool_id pool, std::vector<core::block_id> const& ids) {
+        push_retire(session, pool, ids);
+      });
   for (std::size_t i = 0; i < std::max<std::size_t>(options_.call_threads, 1); ++i) {
     call_threads_.emplace_back([this] { run_calls(); });
   }
@@ -212,6 +216,7 @@ void session_listener::stop() noexcept
     held_done_.wait(lock, [this] { return held_threads_ == 0; });
   }
   core_.set_reclaim_notifier({});
+  core_.set_retire_notifier({});
   std::vector<open_session*> left;
   for (auto const& [key, s] : open_) { left.push_back(key); }
   for (auto* s : left) { end_session(s); }
@@ -581,6 +586,26 @@ void session_listener::push_reclaim(core::session_id session,
     static_cast<void>(::send(it->second->fd, message.data(), message.size(), MSG_NOSIGNAL));
   } catch (std::exception const&) {
     // Out of memory: the waiting request is refused at its deadline.
+  }
+}
+
+void session_listener::push_retire(core::session_id session,
+                                   core::pool_id pool,
+                                   std::vector<core::block_id> const& blocks) noexcept
+{
+  try {
+    v1::SessionReply push;
+    push.mutable_retire_blocks()->set_pool_id(pool);
+    for (auto id : blocks) { push.mutable_retire_blocks()->add_block_ids(id); }
+    auto const message = push.SerializeAsString();
+    std::lock_guard lock(open_mutex_);
+    auto it = by_session_.find(session);
+    if (it == by_session_.end()) { return; }
+    // Non-blocking, as push_reclaim: a client that reads nothing keeps the
+    // blocks until its session ends.
+    static_cast<void>(::send(it->second->fd, message.data(), message.size(), MSG_NOSIGNAL));
+  } catch (std::exception const&) {
+    // Out of memory: the blocks go with the session.
   }
 }
 

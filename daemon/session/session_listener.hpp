@@ -117,6 +117,10 @@ class session_listener {
   /// The reclaim notifier given to the core: a ReclaimRequest datagram to
   /// the session, without waiting (a full socket drops it).
   void push_reclaim(core::session_id session, core::pool_id pool, std::size_t bytes) noexcept;
+  /// Sends a RetireBlocks to `session` (the core's retire notifier).
+  void push_retire(core::session_id session,
+                   core::pool_id pool,
+                   std::vector<core::block_id> const& blocks) noexcept;
   void end_session(open_session* s) noexcept;
 
   core::daemon_core& core_;

@@ -108,8 +108,9 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kAllocate: {
         method        = rpc_method::allocate;
         auto const& r = call.allocate();
-        auto grant    = core.allocate(session, r.pool_id(), r.size(), r.alignment(), policy);
-        status        = grant.status();
+        auto grant =
+            core.allocate(session, r.pool_id(), r.size(), r.alignment(), policy, r.may_pack());
+        status = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
         break;
       }
@@ -126,6 +127,12 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kPing:
         reply.mutable_ping();
         break;
+      case v1::SessionCall::kBlocksDropped: {
+        method          = rpc_method::free;  // a free, of blocks
+        auto const& ids = call.blocks_dropped().block_ids();
+        status          = core.drop_blocks(session, std::span(ids.data(), ids.size()));
+        break;
+      }
       case v1::SessionCall::kCreateBuffer: {
         method        = rpc_method::create_buffer;
         auto const& r = call.create_buffer();
@@ -167,8 +174,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       default:
         status = absl::UnimplementedError(
             "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
-            "publish_buffer, open_buffer, close_buffer, buffer_fd): the client is newer than the "
-            "daemon");
+            "publish_buffer, open_buffer, close_buffer, buffer_fd, blocks_dropped): the client is "
+            "newer than the daemon");
     }
   }
   if (held != nullptr && core::is_held_for_reclaim(status)) {

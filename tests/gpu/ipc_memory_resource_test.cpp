@@ -37,6 +37,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
 /// One daemon allocation per allocate(): what the tests of the direct path use.
 constexpr rmmd::ipc_resource_options direct{.mode = rmmd::allocation_mode::direct};
 
@@ -108,6 +111,79 @@ TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
     auto after = gpu_pool(daemon_->stats(), 0);
     return after.in_use_bytes() == 0u && after.backend_used_bytes() == 0u;
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
+}
+
+TEST_F(IpcMemoryResource, SmallDirectAllocationsArePackedIntoOneBlockAndKeepTheirData)
+{
+  rmmd::ipc_memory_resource mr(*session_, direct);
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<std::pair<std::uint8_t*, std::size_t>> buffers;
+  for (int i = 0; i < 200; ++i) {
+    auto const bytes = std::size_t{256} << (i % 8);  // 256 B to 32 KiB: 1.6 MB in all
+    auto* p          = static_cast<std::uint8_t*>(mr.allocate(stream, bytes, 256));
+    ASSERT_EQ(cudaMemsetAsync(p, i & 0xff, bytes, stream), cudaSuccess);
+    buffers.emplace_back(p, bytes);
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    std::vector<std::uint8_t> host(buffers[i].second);
+    ASSERT_EQ(
+        cudaMemcpyAsync(host.data(), buffers[i].first, host.size(), cudaMemcpyDeviceToHost, stream),
+        cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_TRUE(std::all_of(host.begin(), host.end(), [i](auto b) { return b == (i & 0xff); }))
+        << "buffer " << i << " was overwritten: packed leases overlap";
+  }
+  // Every allocation is a lease of the daemon's, carved out of one block of
+  // this session's: one driver allocation, exported and imported once.
+  auto const held = gpu_pool(daemon_->stats(), 0);
+  EXPECT_EQ(held.allocation_count(), buffers.size());
+  EXPECT_EQ(held.in_use_bytes(), 2 * MiB);
+  EXPECT_GE(held.backend_used_bytes(), 2 * MiB);
+  EXPECT_LT(held.backend_used_bytes(), 4 * MiB);
+  for (auto [p, bytes] : buffers) { mr.deallocate(stream, p, bytes, 256); }
+  // The Frees go out as the stream passes them; the empty block stays for a
+  // second, then the daemon retires it and the client drops its import.
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.allocation_count() == 0 && p.in_use_bytes() == 0 && p.backend_used_bytes() == 0;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // And a new block serves the next one.
+  void* again = mr.allocate(stream, 256, 256);
+  EXPECT_EQ(gpu_pool(daemon_->stats(), 0).in_use_bytes(), 2 * MiB);
+  mr.deallocate(stream, again, 256, 256);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(PackedLeases, BlocksBeyondTheOneThatStaysGoBackAtOnceAndNoneWithPackingOff)
+{
+  REQUIRE_GPUS(1);
+  for (bool packing : {true, false}) {
+    SCOPED_TRACE(packing ? "packing" : "--cuda-pack-up-to 0");
+    std::vector<std::string> flags{"--cuda-pool-bytes", "1GiB"};
+    if (!packing) { flags.insert(flags.end(), {"--cuda-pack-up-to", "0"}); }
+    daemon_process daemon(flags);
+    auto s = daemon.open_session("packed");
+    rmmd::ipc_memory_resource mr(s, direct);
+    cuda::stream_ref stream{cudaStream_t{}};
+    std::vector<void*> held;
+    for (int i = 0; i < 64; ++i) { held.push_back(mr.allocate(stream, 64 * KiB, 256)); }
+    auto const full = gpu_pool(daemon.stats(), 0);
+    EXPECT_EQ(full.allocation_count(), 64u);
+    EXPECT_EQ(full.in_use_bytes(), packing ? 4 * MiB : 64 * 64 * KiB);
+    for (auto* p : held) { mr.deallocate(stream, p, 64 * KiB, 256); }
+    if (packing) {
+      // The first block to empty stays a while; the second is retired at once.
+      EXPECT_TRUE(
+          eventually([&] { return gpu_pool(daemon.stats(), 0).in_use_bytes() <= 2 * MiB; }, 900ms))
+          << gpu_pool(daemon.stats(), 0).DebugString();
+    }
+    EXPECT_TRUE(eventually([&] {
+      auto p = gpu_pool(daemon.stats(), 0);
+      return p.in_use_bytes() == 0 && p.backend_used_bytes() == 0;
+    })) << gpu_pool(daemon.stats(), 0).DebugString();
+  }
 }
 
 TEST_F(IpcMemoryResource, WorksAsUpstreamOfRmmAdaptorsAndAsTheCurrentResource)
@@ -322,8 +398,6 @@ TEST_F(IpcMemoryResource, AClientKilledWithAFreeStillPendingGetsItsMemoryReclaim
 
 // ---------------------------------------------------------------------------
 // The fast path: allocation_mode::slab
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
 
 rmmd::ipc_resource_options slabs(std::size_t slab_bytes, std::chrono::milliseconds idle_trim)
 {
@@ -685,7 +759,9 @@ TEST(IpcMemoryResourceMultiGpu, EachDeviceHasItsPool)
     cudaPointerAttributes attrs{};
     ASSERT_EQ(cudaPointerGetAttributes(&attrs, v.data()), cudaSuccess);
     EXPECT_EQ(attrs.device, device);
-    EXPECT_EQ(gpu_pool(daemon.stats(), device).in_use_bytes(), 4096u);
+    // 4000 bytes: a packed lease, in a block of the session's on that device.
+    EXPECT_EQ(gpu_pool(daemon.stats(), device).in_use_bytes(), 2 * MiB);
+    EXPECT_EQ(gpu_pool(daemon.stats(), device).allocation_count(), 1u);
   }
   cudaSetDevice(0);
 }

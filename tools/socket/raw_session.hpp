@@ -103,17 +103,21 @@ class raw_session {
   /// `count` allocations of `bytes` from `pool`, at most `window` calls in
   /// flight (the daemon ends a session whose replies pile up unread, so keep
   /// it well under the socket's queue); their ids, in order. Throws on the
-  /// first refusal, naming it (the leases made so far stay held).
+  /// first refusal, naming it (the leases made so far stay held). With
+  /// `may_pack`, as the client library's direct resource asks (the daemon
+  /// retires no block while its leases are held, so no RetireBlocks comes).
   std::vector<std::uint64_t> allocate(std::uint32_t pool,
                                       std::uint64_t bytes,
                                       std::size_t count,
-                                      std::size_t window = 64)
+                                      std::size_t window = 64,
+                                      bool may_pack      = false)
   {
     std::vector<std::uint64_t> ids;
     ids.reserve(count);
     v1::SessionCall call;
     call.mutable_allocate()->set_pool_id(pool);
     call.mutable_allocate()->set_size(bytes);
+    call.mutable_allocate()->set_may_pack(may_pack);
     std::size_t sent = 0;
     while (ids.size() < count) {
       while (sent < count && sent - ids.size() < window) {
