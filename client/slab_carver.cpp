@@ -445,8 +445,11 @@ void slab_carver::keep(std::stop_token stop) noexcept
   };
   // What the daemon hears: carved bytes, the slabs, and the reclaimable ones.
   auto usage = [&](std::size_t bytes, std::size_t count, std::size_t slabs) {
+    // A carve is counted before its pool grows (see carve()): while a new
+    // slab is on its way, what is carved may exceed the slabs read after it.
+    // The daemon refuses such a report; the next one has the slab.
     return carved_usage{.pool_id           = pool,
-                        .bytes             = bytes,
+                        .bytes             = std::min(bytes, slabs),
                         .allocation_count  = count,
                         .slab_bytes        = slabs,
                         .reclaimable_bytes = std::min(slabs, count == 0 ? slabs : reclaimable())};
