@@ -461,8 +461,9 @@ for consumer in "${consumers[@]}"; do
   as_client "$consumer" "$runtime_dir" "${device_args[@]}" >"$work/consumer.log" 2>&1
   rc=$?
   show "$work/consumer.log"
-  if [ "$rc" -eq 0 ] && grep -q "bytes of device memory written, read back, freed: ok" "$work/consumer.log"; then
-    pass "$name: host and device memory through rmmd, as $client_user"
+  if [ "$rc" -eq 0 ] && grep -q "bytes of device memory written, read back, freed: ok" "$work/consumer.log" &&
+    grep -q "two packed direct leases written, copied, read back: ok" "$work/consumer.log"; then
+    pass "$name: host and device memory through rmmd (slab mode, and packed direct leases), as $client_user"
   elif [ "$rc" -eq 4 ] && [ "$gpus" -eq 0 ] && [ "$require_gpu" -eq 0 ]; then
     grep -q "pool '.*': 1048576 bytes written, read back, freed: ok" "$work/consumer.log" &&
       pass "$name: host memory through rmmd, as $client_user" ||

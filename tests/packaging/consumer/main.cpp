@@ -20,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -78,6 +79,29 @@ int use_device_memory(rmmd::session const& session)
       pool.name.c_str(),
       pool.gpu_uuid.c_str(),
       n * sizeof(int));
+  // Direct mode: small allocations are packed leases, carved by the daemon
+  // (another user, as deployed) out of a block this session imports once.
+  rmmd::ipc_resource_options direct_options;
+  direct_options.mode = rmmd::allocation_mode::direct;
+  rmmd::ipc_memory_resource direct_mr(session, direct_options);
+  {
+    rmm::device_uvector<int> a(1000, stream, direct_mr), b(1000, stream, direct_mr);
+    check(cudaMemcpyAsync(a.data(), host.data(), a.size() * sizeof(int), cudaMemcpyHostToDevice,
+                          stream.get()),
+          "cudaMemcpyAsync to a packed lease");
+    check(cudaMemcpyAsync(b.data(), a.data(), a.size() * sizeof(int), cudaMemcpyDeviceToDevice,
+                          stream.get()),
+          "cudaMemcpyAsync between packed leases");
+    check(cudaMemcpyAsync(back.data(), b.data(), b.size() * sizeof(int), cudaMemcpyDeviceToHost,
+                          stream.get()),
+          "cudaMemcpyAsync from a packed lease");
+    stream.sync();
+  }
+  if (!std::equal(host.begin(), host.begin() + 1000, back.begin())) {
+    std::printf("rmmd_consumer: FAILED: packed direct leases did not read back\n");
+    return 1;
+  }
+  std::printf("rmmd_consumer: two packed direct leases written, copied, read back: ok\n");
   return 0;
 }
 
