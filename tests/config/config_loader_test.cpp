@@ -110,7 +110,9 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
     metrics_address: "127.0.0.1:9464"
     metrics_top_sessions: 25
     log_level: DEBUG
+    pack_up_to_bytes: 4096
   )");
+  EXPECT_EQ(s.pack_up_to, 4096u);
   EXPECT_EQ(s.runtime_dir, "/run/rmmd-test");
   EXPECT_EQ(s.socket_group, gid_t{0});
   EXPECT_EQ(s.runtime_dir_mode, 0710u);
@@ -296,6 +298,8 @@ INSTANTIATE_TEST_SUITE_P(
                       26,
                       "no user named \"no-such-user-rmmd\""},
         semantic_case{"hello_timeout_ms: 0", 1, 1, "hello_timeout_ms 0 is out of range"},
+        semantic_case{
+            "pack_up_to_bytes: 2097153", 1, 1, "is larger than a packed block (2097152 bytes)"},
         semantic_case{"drain_timeout_ms: 3600001", 1, 1, "longer than the most allowed"},
         semantic_case{"max_message_bytes: 100", 1, 1, "max_message_bytes 100 is out of range"},
         semantic_case{"metrics_address: \"localhost\"", 1, 1, "it has no port"},

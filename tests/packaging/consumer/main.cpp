@@ -86,14 +86,14 @@ int use_device_memory(rmmd::session const& session)
   rmmd::ipc_memory_resource direct_mr(session, direct_options);
   {
     rmm::device_uvector<int> a(1000, stream, direct_mr), b(1000, stream, direct_mr);
-    check(cudaMemcpyAsync(a.data(), host.data(), a.size() * sizeof(int), cudaMemcpyHostToDevice,
-                          stream.get()),
+    check(cudaMemcpyAsync(
+              a.data(), host.data(), a.size() * sizeof(int), cudaMemcpyHostToDevice, stream.get()),
           "cudaMemcpyAsync to a packed lease");
-    check(cudaMemcpyAsync(b.data(), a.data(), a.size() * sizeof(int), cudaMemcpyDeviceToDevice,
-                          stream.get()),
+    check(cudaMemcpyAsync(
+              b.data(), a.data(), a.size() * sizeof(int), cudaMemcpyDeviceToDevice, stream.get()),
           "cudaMemcpyAsync between packed leases");
-    check(cudaMemcpyAsync(back.data(), b.data(), b.size() * sizeof(int), cudaMemcpyDeviceToHost,
-                          stream.get()),
+    check(cudaMemcpyAsync(
+              back.data(), b.data(), b.size() * sizeof(int), cudaMemcpyDeviceToHost, stream.get()),
           "cudaMemcpyAsync from a packed lease");
     stream.sync();
   }
