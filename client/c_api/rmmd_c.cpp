@@ -331,11 +331,12 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
 {
   if (session == nullptr || resource == nullptr) { return null_argument("session or resource"); }
   auto o = read_struct(options,
-                       rmmd_resource_options{.size   = sizeof(rmmd_resource_options),
-                                             .kind   = RMMD_RESOURCE_DEVICE,
-                                             .device = -1,
-                                             .pool   = nullptr,
-                                             .mode   = RMMD_MODE_SLAB});
+                       rmmd_resource_options{.size          = sizeof(rmmd_resource_options),
+                                             .kind          = RMMD_RESOURCE_DEVICE,
+                                             .device        = -1,
+                                             .pool          = nullptr,
+                                             .mode          = RMMD_MODE_SLAB,
+                                             .carving_lanes = 0});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     auto const& s         = session->session;
@@ -343,8 +344,9 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
     switch (o->kind) {
       case RMMD_RESOURCE_DEVICE: {
         rmmd::ipc_resource_options ro;
-        ro.mode     = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
-                                                  : rmmd::allocation_mode::slab;
+        ro.mode = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
+                                              : rmmd::allocation_mode::slab;
+        if (o->carving_lanes != 0) { ro.carving_lanes = o->carving_lanes; }
         auto mr     = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
                       : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
                                        : rmmd::ipc_memory_resource(s, ro);

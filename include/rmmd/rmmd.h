@@ -113,6 +113,11 @@ typedef struct rmmd_resource_options {
   int device;                /* device resources: this process's ordinal; -1: current */
   char const* pool;          /* a pool by name; NULL: by device (or the first host pool) */
   rmmd_allocation_mode mode; /* device resources */
+  /* Slab mode: carving lanes, 1 to 16 (one RMM pool per lane, a stream's
+   * allocations carved by one; for threads that allocate on several streams
+   * at once); 0: 1. Absent from callers built before 0.3 (their size is
+   * smaller): 1. */
+  unsigned carving_lanes;
 } rmmd_resource_options;
 
 RMMD_API rmmd_status rmmd_resource_create(rmmd_session_t session,

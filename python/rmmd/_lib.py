@@ -23,6 +23,7 @@ from ctypes import (
     Structure,
     c_char_p,
     c_int,
+    c_uint,
     c_size_t,
     c_uint32,
     c_uint64,
@@ -54,6 +55,7 @@ class ResourceOptions(Structure):
         ("device", c_int),
         ("pool", c_char_p),
         ("mode", c_int),
+        ("carving_lanes", c_uint),
     ]
 
 

@@ -182,13 +182,19 @@ class DeviceResource(MemoryResource):
         device: int | None = None,
         mode: str = "slab",
         pool: str | Pool | None = None,
+        lanes: int = 1,
     ) -> None:
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 16:
+            raise InvalidArgumentError(
+                f"rmmd: lanes is {lanes!r}; give 1 to 16 (one per stream that allocates at once)"
+            )
         options = _lib.ResourceOptions(
             size=ctypes.sizeof(_lib.ResourceOptions),
             kind=_lib.RESOURCE_DEVICE,
             device=-1 if device is None else int(device),
             pool=pool_name(pool),
             mode=mode_value(mode),
+            carving_lanes=lanes,
         )
         super().__init__(session, options)
         self.mode = mode

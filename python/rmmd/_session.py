@@ -217,16 +217,24 @@ class Session(OwnsHandle):
         return HostResource(self, pool=pool, pinned=pinned)
 
     def device_resource(
-        self, device: int | None = None, mode: str = "slab", pool: str | Pool | None = None
+        self,
+        device: int | None = None,
+        mode: str = "slab",
+        pool: str | Pool | None = None,
+        lanes: int = 1,
     ) -> "DeviceResource":
         """A resource of device memory (rmmd::ipc_memory_resource) from the
         CUDA pool of `device` (``None``: the current device) or the pool
         named `pool`. `mode`: ``"slab"`` (carve allocations out of leased
         slabs in this process: fast) or ``"direct"`` (one daemon allocation
-        each: for few, large or long-lived buffers)."""
+        each: for few, large or long-lived buffers; up to 64 KiB a packed
+        lease). `lanes` (slab mode, 1 to 16): carving lanes, one RMM pool
+        each, a stream's allocations carved by one, so that threads
+        allocating on several streams at once do not queue on one lock
+        (each lane leases slabs of its own)."""
         from ._resource import DeviceResource
 
-        return DeviceResource(self, device=device, mode=mode, pool=pool)
+        return DeviceResource(self, device=device, mode=mode, pool=pool, lanes=lanes)
 
     def __repr__(self) -> str:
         if self._handle is None:

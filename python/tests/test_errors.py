@@ -47,6 +47,9 @@ def test_invalid_argument(session: rmmd.Session, daemon: Daemon) -> None:
     check(e, rmmd.Status.INVALID_ARGUMENT)
     with pytest.raises(rmmd.InvalidArgumentError, match="'slab'"):
         session.device_resource(mode="fast")
+    for lanes in (0, 17, 2.0, True):
+        with pytest.raises(rmmd.InvalidArgumentError, match="give 1 to 16"):
+            session.device_resource(lanes=lanes)
     assert daemon.pool_in_use("host") == 0
 
 

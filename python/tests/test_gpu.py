@@ -156,6 +156,16 @@ def test_cupy_out_of_memory_is_a_memory_error_with_rmmds_message(
         assert said["message"] == said["last_error"], said
 
 
+def test_carving_lanes_serve_threads_on_their_own_streams(cupy_daemon: Daemon) -> None:
+    child = start_python([CUPY, "lanes", "4"], cupy_daemon.env())
+    said = json.loads(read_line(child))
+    assert said["ok"], said
+    mine = session_of(cupy_daemon, child.pid, "cupy-lanes")
+    assert int(mine["bytes"]) >= 4 * (64 << 20)  # a slab per lane, held until idle
+    _, err = child.communicate("\n", timeout=60)
+    assert child.returncode == 0 and err == "", err
+
+
 def test_a_buffer_pytorch_fills_is_read_by_cupy_through_dlpack(gpu_daemon: Daemon) -> None:
     need_module("torch")
     need_module("cupy")

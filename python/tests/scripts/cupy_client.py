@@ -4,6 +4,7 @@ daemon). Prints one line of JSON when it has done its part.
   hold WAY MODE MIB   arrays through rmmd; wait for stdin; exit
   oom WAY GIB         ask for more than the pool has; say what happened
   consume NAME        open a shared buffer (waiting for it) and read it through DLPack
+  lanes N             a slab resource with N carving lanes, N threads on N streams
 
 WAY: allocator (rmmd_allocator: every allocation from rmmd) or pool
 (rmmd_memory_pool: CuPy's MemoryPool over rmmd); MODE: slab or direct.
@@ -74,6 +75,36 @@ def main(argv: list[str]) -> int:
             say(ok=ok, ptr=buf.ptr, data_ptr=int(a.data.ptr), cai_ptr=int(cai.data.ptr),
                 id=buf.id, device=buf.device, first=float(a[1].item()))
             del a, cai
+    elif cmd == "lanes":
+        import threading
+
+        lanes = int(argv[1])
+        session = rmmd.Session(client_name="cupy-lanes")
+        resource = session.device_resource(lanes=lanes)
+        results: list[bool] = []
+
+        def work(t: int) -> None:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                held = [resource.allocation(4096 << (i % 6), stream=stream) for i in range(64)]
+                arrays = [cupy.asarray(a).view(cupy.uint8) for a in held]
+                for i, a in enumerate(arrays):
+                    a.fill((t * 64 + i) % 251)
+                ok = all(bool((a == (t * 64 + i) % 251).all()) for i, a in enumerate(arrays))
+                stream.synchronize()
+                results.append(ok)
+                del arrays
+                for a in held:
+                    a.free()
+            stream.synchronize()
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(lanes)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        say(ok=len(results) == lanes and all(results), session=session.id)
+        sys.stdin.readline()
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
