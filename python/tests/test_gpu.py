@@ -158,10 +158,13 @@ def test_cupy_out_of_memory_is_a_memory_error_with_rmmds_message(
 
 def test_carving_lanes_serve_threads_on_their_own_streams(cupy_daemon: Daemon) -> None:
     child = start_python([CUPY, "lanes", "4"], cupy_daemon.env())
-    said = json.loads(read_line(child))
-    assert said["ok"], said
+    assert json.loads(read_line(child))["holding"]
     mine = session_of(cupy_daemon, child.pid, "cupy-lanes")
-    assert int(mine["bytes"]) >= 4 * (64 << 20)  # a slab per lane, held until idle
+    assert int(mine["bytes"]) >= 4 * (64 << 20)  # each lane carves from a slab of its own
+    child.stdin.write("\n")
+    child.stdin.flush()
+    said = json.loads(read_line(child))
+    assert said["ok"], said  # no lane overwrote another's arrays
     _, err = child.communicate("\n", timeout=60)
     assert child.returncode == 0 and err == "", err
 

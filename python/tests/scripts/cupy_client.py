@@ -4,7 +4,8 @@ daemon). Prints one line of JSON when it has done its part.
   hold WAY MODE MIB   arrays through rmmd; wait for stdin; exit
   oom WAY GIB         ask for more than the pool has; say what happened
   consume NAME        open a shared buffer (waiting for it) and read it through DLPack
-  lanes N             a slab resource with N carving lanes, N threads on N streams
+  lanes N             a slab resource with N carving lanes, N threads on N streams;
+                      says when all hold their arrays, checks them after a line on stdin
 
 WAY: allocator (rmmd_allocator: every allocation from rmmd) or pool
 (rmmd_memory_pool: CuPy's MemoryPool over rmmd); MODE: slab or direct.
@@ -82,6 +83,8 @@ def main(argv: list[str]) -> int:
         session = rmmd.Session(client_name="cupy-lanes")
         resource = session.device_resource(lanes=lanes)
         results: list[bool] = []
+        holding = threading.Barrier(lanes + 1)
+        checking = threading.Barrier(lanes + 1)
 
         def work(t: int) -> None:
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -90,6 +93,8 @@ def main(argv: list[str]) -> int:
                 arrays = [cupy.asarray(a).view(cupy.uint8) for a in held]
                 for i, a in enumerate(arrays):
                     a.fill((t * 64 + i) % 251)
+                holding.wait()  # every lane has carved: each holds a slab of its own
+                checking.wait()
                 ok = all(bool((a == (t * 64 + i) % 251).all()) for i, a in enumerate(arrays))
                 stream.synchronize()
                 results.append(ok)
@@ -101,6 +106,10 @@ def main(argv: list[str]) -> int:
         threads = [threading.Thread(target=work, args=(t,)) for t in range(lanes)]
         for th in threads:
             th.start()
+        holding.wait()
+        say(holding=True, session=session.id)
+        sys.stdin.readline()
+        checking.wait()
         for th in threads:
             th.join()
         say(ok=len(results) == lanes and all(results), session=session.id)
