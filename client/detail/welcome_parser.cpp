@@ -54,7 +54,8 @@ v1::SessionReply::ReplyCase reply_for(v1::SessionCall::CallCase call)
       return v1::SessionReply::kCloseBuffer;
     case v1::SessionCall::kBufferFd:
       return v1::SessionReply::kBufferFd;
-    case v1::SessionCall::kBlocksDropped:  // sent only with reply_only_on_error
+    case v1::SessionCall::kBlocksDropped:
+      return v1::SessionReply::kBlocksDropped;
     case v1::SessionCall::CALL_NOT_SET:
       break;
   }

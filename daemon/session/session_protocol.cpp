@@ -131,6 +131,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
         method          = rpc_method::free;  // a free, of blocks
         auto const& ids = call.blocks_dropped().block_ids();
         status          = core.drop_blocks(session, std::span(ids.data(), ids.size()));
+        if (status.ok()) { reply.mutable_blocks_dropped(); }
         break;
       }
       case v1::SessionCall::kCreateBuffer: {

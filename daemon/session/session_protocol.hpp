@@ -69,8 +69,9 @@ hello_answer handle_hello(core::daemon_core& core,
                           hello_limits const& limits);
 
 /// Answers one SessionCall of `session`: the serialised SessionReply, or
-/// nullopt when nothing is to be sent (a Free, PublishBuffer or CloseBuffer
-/// with reply_only_on_error that succeeded). An OpenBuffer never waits. A call too large
+/// nullopt when nothing is to be sent (a Free, PublishBuffer, CloseBuffer or
+/// BlocksDropped with reply_only_on_error that succeeded). Any other answer
+/// carries either the error or the call's own reply. An OpenBuffer never waits. A call too large
 /// (`max_call_bytes`: the reader's buffer), not a SessionCall or naming no known call is answered
 /// INVALID_ARGUMENT or UNIMPLEMENTED; the session goes on. Every call but Ping is counted in
 /// `call_metrics` unless it is null.

@@ -77,11 +77,11 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         !call.truncated &&
         parsed.ParseFromArray(call.bytes.data(), static_cast<int>(call.bytes.size()));
     if (!reply) {
-      // Only a Free, PublishBuffer or CloseBuffer that asked for no reply and
-      // succeeded goes unanswered.
-      RMMD_FUZZ_CHECK(
-          valid && parsed.reply_only_on_error() &&
-          (parsed.has_free() || parsed.has_publish_buffer() || parsed.has_close_buffer()));
+      // Only a Free, PublishBuffer, CloseBuffer or BlocksDropped that asked
+      // for no reply and succeeded goes unanswered.
+      RMMD_FUZZ_CHECK(valid && parsed.reply_only_on_error() &&
+                      (parsed.has_free() || parsed.has_publish_buffer() ||
+                       parsed.has_close_buffer() || parsed.has_blocks_dropped()));
       continue;
     }
     v1::SessionReply r;

@@ -1,0 +1,148 @@
+// The session socket's answers, through the functions the listener calls for
+// each datagram, into a real core with a host pool: every call that succeeds
+// is answered with its own reply (never an empty one), and only the calls
+// that may ask for it (Free, PublishBuffer, CloseBuffer, BlocksDropped) go
+// unanswered when they succeed with reply_only_on_error.
+
+#include "daemon/session/session_protocol.hpp"
+#include "daemon/backends/host/host_backend.hpp"
+#include "daemon/core/daemon_core.hpp"
+#include "rmmd/v1/rmmd.pb.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace rmmd::session {
+namespace {
+
+constexpr std::size_t max_call_bytes = 4096;
+
+class SessionProtocol : public ::testing::Test {
+ protected:
+  void SetUp() override
+  {
+    core_ = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                    std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto grant = core_->open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid(), .supplementary_gids = {}},
+        "test",
+        "session-protocol");
+    ASSERT_TRUE(grant.ok()) << grant.status();
+    session_ = grant->id;
+  }
+  void TearDown() override
+  {
+    if (core_) { core_->close_session(session_); }
+  }
+
+  /// Sends `call` (with `tag`); the parsed reply, or nullopt if none came.
+  std::optional<v1::SessionReply> send(v1::SessionCall call, std::uint64_t tag)
+  {
+    call.set_tag(tag);
+    auto const bytes = call.SerializeAsString();
+    auto answer      = handle_call(*core_,
+                              session_,
+                              {.bytes = std::span(bytes.data(), bytes.size()), .truncated = false},
+                              max_call_bytes,
+                              nullptr);
+    if (!answer) { return std::nullopt; }
+    v1::SessionReply reply;
+    EXPECT_TRUE(reply.ParseFromString(*answer));
+    EXPECT_EQ(reply.tag(), tag);
+    return reply;
+  }
+
+  std::unique_ptr<core::daemon_core> core_;
+  core::session_id session_{};
+};
+
+TEST_F(SessionProtocol, EveryCallThatSucceedsIsAnsweredWithItsOwnReply)
+{
+  v1::SessionCall c;
+  c.mutable_allocate()->set_size(4096);
+  auto r = send(c, 1);
+  ASSERT_TRUE(r && r->has_allocate() && !r->has_error());
+  auto const lease = r->allocate().allocation_id();
+
+  c.Clear();
+  c.mutable_free()->set_allocation_id(lease);
+  r = send(c, 2);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kFree);
+
+  c.Clear();
+  c.mutable_ping();
+  r = send(c, 3);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kPing);
+
+  // A host pool packs nothing, so this session holds no block: dropping none
+  // succeeds, and is answered as such (an empty reply was the fuzzer's find).
+  c.Clear();
+  c.mutable_blocks_dropped();
+  r = send(c, 4);
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->has_error());
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kBlocksDropped);
+
+  c.Clear();
+  c.mutable_create_buffer()->set_name("team/a");
+  c.mutable_create_buffer()->set_size(4096);
+  r = send(c, 5);
+  ASSERT_TRUE(r && r->has_create_buffer()) << (r ? r->DebugString() : "no reply");
+  auto const buffer = r->create_buffer().buffer_id();
+
+  c.Clear();
+  c.mutable_publish_buffer()->set_buffer_id(buffer);
+  r = send(c, 6);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kPublishBuffer);
+
+  c.Clear();
+  c.mutable_open_buffer()->set_name("team/a");
+  r = send(c, 7);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kOpenBuffer);
+
+  c.Clear();
+  c.mutable_close_buffer()->set_buffer_id(r->open_buffer().buffer_id());
+  r = send(c, 8);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kCloseBuffer);
+}
+
+TEST_F(SessionProtocol, OnlyTheQuietCallsGoUnansweredAndOnlyWhenTheySucceed)
+{
+  v1::SessionCall c;
+  c.set_reply_only_on_error(true);
+  c.mutable_blocks_dropped();
+  EXPECT_FALSE(send(c, 1)) << "a quiet BlocksDropped that succeeded was answered";
+
+  c.mutable_blocks_dropped()->add_block_ids(77);  // never leased
+  auto r = send(c, 2);
+  ASSERT_TRUE(r) << "a quiet BlocksDropped that failed went unanswered";
+  EXPECT_TRUE(r->has_error());
+  EXPECT_EQ(r->error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
+
+  // Ping and Allocate carry something: reply_only_on_error does not silence
+  // them.
+  c.mutable_ping();
+  r = send(c, 3);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kPing);
+  c.mutable_allocate()->set_size(4096);
+  r = send(c, 4);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::kAllocate);
+}
+
+}  // namespace
+}  // namespace rmmd::session
