@@ -1067,7 +1067,10 @@ std::vector<std::uint32_t> session_impl::send_usage(std::vector<carved_usage> co
   v1::UsageReply reply;
   auto ctx    = context();
   auto status = stub_->ReportUsage(ctx.get(), request, &reply);
-  if (!status.ok()) { throw_status(status, "report usage"); }
+  if (!status.ok()) {
+    // The daemon's refusals name the call already; gRPC's own do not.
+    throw_status(status, status.error_message().starts_with("report usage") ? "" : "report usage");
+  }
   return {reply.trim_pool_ids().begin(), reply.trim_pool_ids().end()};
 }
 

@@ -448,11 +448,17 @@ void slab_carver::keep(std::stop_token stop) noexcept
     // A carve is counted before its pool grows (see carve()): while a new
     // slab is on its way, what is carved may exceed the slabs read after it.
     // The daemon refuses such a report; the next one has the slab.
-    return carved_usage{.pool_id           = pool,
-                        .bytes             = std::min(bytes, slabs),
-                        .allocation_count  = count,
-                        .slab_bytes        = slabs,
-                        .reclaimable_bytes = std::min(slabs, count == 0 ? slabs : reclaimable())};
+    // The lanes are read again after `bytes`: a lane whose last carving
+    // was freed meanwhile may count as reclaimable while `bytes` still holds
+    // it. Never more than the slabs not carved: else the daemon refuses the
+    // report (seen in section a8 on the H100).
+    auto const carved_bytes = std::min(bytes, slabs);
+    return carved_usage{
+        .pool_id           = pool,
+        .bytes             = carved_bytes,
+        .allocation_count  = count,
+        .slab_bytes        = slabs,
+        .reclaimable_bytes = count == 0 ? slabs : std::min(slabs - carved_bytes, reclaimable())};
   };
   std::unique_lock lock(keeper_mutex_);
   while (!stop.stop_requested()) {
@@ -492,7 +498,7 @@ void slab_carver::keep(std::stop_token stop) noexcept
       } catch (rmmd::session_error const&) {
         reporting = false;  // the daemon is gone; the next allocation says so
       } catch (std::exception const& e) {
-        std::fprintf(stderr, "rmmd: %s\n", e.what());
+        std::fprintf(stderr, "%s\n", e.what());  // "rmmd: report usage: ..."
         last_report = now;
       }
     }
