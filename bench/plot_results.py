@@ -329,6 +329,12 @@ def chart_fast_vs_pool(run: dict, plt) -> Any:
             label, colour = RESOURCES[res]
             plot_p50_p99(ax, [(float(r["size_bytes"]), r[f"{key}_p50_us"],
                                number(r.get(f"{key}_p99_us"))) for r in mine], label, colour)
+        # The pool plus slab mode's per-call bookkeeping (one lane, newer runs).
+        bookkept = [(float(r["size_bytes"]), number(r.get("bookkept_p50_us"))) for r in mine]
+        bookkept = [(x, y) for x, y in bookkept if y is not None]
+        if bookkept:
+            ax.plot([x for x, _ in bookkept], [y for _, y in bookkept], "s:", color="#7f7f7f",
+                    lw=1.4, ms=5, label="RMM pool + slab mode's per-call work p50")
         limited = [(r, limit_value(r.get("target"))) for r in mine]
         limited = [(r, lv) for r, lv in limited if lv]
         if limited:
@@ -344,7 +350,7 @@ def chart_fast_vs_pool(run: dict, plt) -> Any:
         ax.grid(True, alpha=0.3)
         ax.set_title(f"{threads} thread{'s' if threads != 1 else ''} of one process"
                      + (f", slab mode with {lanes} carving lanes" if lanes > 1 else ""), fontsize=10)
-        legend_below(ax, title="solid: p50; dotted x: p99", title_fontsize=7.5)
+        legend_below(ax, ncol=1, title="solid: p50; dotted x: p99", title_fontsize=7.5)
     fig.suptitle(f"Section a8: slab mode against RMM's pool in one process, {gpu_title(run)}",
                  fontsize=11)
     fig.tight_layout()

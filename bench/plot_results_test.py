@@ -106,7 +106,8 @@ class PlotResultsTest(unittest.TestCase):
             fast_vs_pool=[{"threads": t, "size_bytes": size, "rounds": 10,
                            "target": {"target": "<= 1.05 x", "pass": t == 1},
                            "fast_p50_us": 1.02 * t, "fast_p99_us": 1.5 * t,
-                           "pool_p50_us": 1.0 * t, "pool_p99_us": 1.4 * t}
+                           "pool_p50_us": 1.0 * t, "pool_p99_us": 1.4 * t,
+                           "bookkept_p50_us": 1.01 * t, "bookkept_over_pool": 1.01}
                           for t in (1, 8) for size in (256, 65536, 1 << 20)],
             processes=[{"mode": "direct", "processes": n, "size_bytes": 256, "seconds_each": 2,
                         "aggregate_pairs_per_s": 2e4 * n ** 0.3} for n in (1, 16)] +
