@@ -451,7 +451,8 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
                rpc_method::create_buffer,
                rpc_method::publish_buffer,
                rpc_method::open_buffer,
-               rpc_method::close_buffer});
+               rpc_method::close_buffer,
+               rpc_method::blocks_dropped});
   return e.take();
 }
 

@@ -19,7 +19,8 @@ constexpr std::array<std::string_view, rpc_method_count> method_names{"Allocate"
                                                                       "OpenBuffer",
                                                                       "CloseBuffer",
                                                                       "DeleteBuffer",
-                                                                      "ListBuffers"};
+                                                                      "ListBuffers",
+                                                                      "BlocksDropped"};
 
 constexpr std::array<std::string_view, status_code_count> code_names{"OK",
                                                                      "CANCELLED",

@@ -33,8 +33,9 @@ enum class rpc_method : std::uint8_t {
   close_buffer,
   delete_buffer,
   list_buffers,
+  blocks_dropped,  // session sockets only: a client let go of packed-lease blocks
 };
-inline constexpr std::size_t rpc_method_count = 14;
+inline constexpr std::size_t rpc_method_count = 15;
 
 /// The method's name in the service ("Allocate", "Free", ...).
 std::string_view method_name(rpc_method method) noexcept;

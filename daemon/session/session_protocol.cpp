@@ -128,7 +128,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
         reply.mutable_ping();
         break;
       case v1::SessionCall::kBlocksDropped: {
-        method          = rpc_method::free;  // a free, of blocks
+        method          = rpc_method::blocks_dropped;
         auto const& ids = call.blocks_dropped().block_ids();
         status          = core.drop_blocks(session, std::span(ids.data(), ids.size()));
         if (status.ok()) { reply.mutable_blocks_dropped(); }
@@ -190,7 +190,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
   }
   // Only calls whose reply carries nothing may go unanswered.
   bool const silent_ok = method == rpc_method::free || method == rpc_method::publish_buffer ||
-                         method == rpc_method::close_buffer;
+                         method == rpc_method::close_buffer || method == rpc_method::blocks_dropped;
   if (status.ok() && silent_ok && call.reply_only_on_error()) { return std::nullopt; }
   return reply.SerializeAsString();
 }

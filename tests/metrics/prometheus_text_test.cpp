@@ -79,6 +79,7 @@ daemon_snapshot sample_snapshot()
   session_calls.record(rpc_method::allocate, 0, 40us);
   session_calls.record(rpc_method::free, 5, 3us);         // NOT_FOUND
   session_calls.record(rpc_method::open_buffer, 9, 4us);  // FAILED_PRECONDITION
+  session_calls.record(rpc_method::blocks_dropped, 0, 2us);
   s.session_calls = session_calls.snapshot();
   return s;
 }
@@ -314,7 +315,7 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"2.5\"} 1",
            "rmmd_grpc_request_duration_seconds_bucket{method=\"Free\",le=\"+Inf\"} 2",
            // Session-socket calls: their own families, for the calls the
-           // session socket carries (Allocate, Free and four buffer calls).
+           // session socket carries (Allocate, Free, four buffer calls and BlocksDropped).
            "rmmd_session_calls_total{method=\"Allocate\",code=\"OK\"} 1",
            "rmmd_session_calls_total{method=\"Free\",code=\"OK\"} 0",
            "rmmd_session_calls_total{method=\"Free\",code=\"NOT_FOUND\"} 1",
@@ -325,6 +326,7 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
            "rmmd_session_calls_total{method=\"PublishBuffer\",code=\"OK\"} 0",
            "rmmd_session_calls_total{method=\"OpenBuffer\",code=\"FAILED_PRECONDITION\"} 1",
            "rmmd_session_calls_total{method=\"CloseBuffer\",code=\"OK\"} 0",
+           "rmmd_session_calls_total{method=\"BlocksDropped\",code=\"OK\"} 1",
            "rmmd_grpc_requests_total{method=\"DeleteBuffer\",code=\"OK\"} 0",
            "rmmd_grpc_requests_total{method=\"ListBuffers\",code=\"OK\"} 0",
        }) {

@@ -7,6 +7,7 @@
 #include "daemon/session/session_protocol.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "daemon/metrics/request_metrics.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
 #include <gtest/gtest.h>
@@ -43,7 +44,9 @@ class SessionProtocol : public ::testing::Test {
   }
 
   /// Sends `call` (with `tag`); the parsed reply, or nullopt if none came.
-  std::optional<v1::SessionReply> send(v1::SessionCall call, std::uint64_t tag)
+  std::optional<v1::SessionReply> send(v1::SessionCall call,
+                                       std::uint64_t tag,
+                                       metrics::request_metrics* calls = nullptr)
   {
     call.set_tag(tag);
     auto const bytes = call.SerializeAsString();
@@ -51,7 +54,7 @@ class SessionProtocol : public ::testing::Test {
                               session_,
                               {.bytes = std::span(bytes.data(), bytes.size()), .truncated = false},
                               max_call_bytes,
-                              nullptr);
+                              calls);
     if (!answer) { return std::nullopt; }
     v1::SessionReply reply;
     EXPECT_TRUE(reply.ParseFromString(*answer));
@@ -142,6 +145,26 @@ TEST_F(SessionProtocol, OnlyTheQuietCallsGoUnansweredAndOnlyWhenTheySucceed)
   r = send(c, 4);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->reply_case(), v1::SessionReply::kAllocate);
+}
+
+TEST_F(SessionProtocol, BlocksDroppedIsCountedApartFromFree)
+{
+  metrics::request_metrics calls;
+  v1::SessionCall c;
+  c.mutable_blocks_dropped();
+  ASSERT_TRUE(send(c, 1, &calls));
+  c.mutable_blocks_dropped()->add_block_ids(77);  // never leased: NOT_FOUND
+  ASSERT_TRUE(send(c, 2, &calls));
+
+  auto const s       = calls.snapshot();
+  auto const dropped = static_cast<std::size_t>(metrics::rpc_method::blocks_dropped);
+  auto const freed   = static_cast<std::size_t>(metrics::rpc_method::free);
+  EXPECT_EQ(s.calls[dropped][0], 1u);
+  auto const not_found = static_cast<std::size_t>(absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.calls[dropped][not_found], 1u);
+  EXPECT_EQ(s.calls[freed][0] + s.calls[freed][not_found], 0u)
+      << "a BlocksDropped was counted as a Free";
+  EXPECT_EQ(metrics::method_name(metrics::rpc_method::blocks_dropped), "BlocksDropped");
 }
 
 }  // namespace
