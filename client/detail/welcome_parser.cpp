@@ -158,13 +158,36 @@ grpc::Status check_allocation(v1::AllocateResponse const& response,
   if (response.size() < request.bytes) {
     return invalid("grants only " + std::to_string(response.size()) + " bytes");
   }
+  auto const alignment = request.alignment == 0 ? std::size_t{256} : request.alignment;
+  auto const block     = response.block_id();
+  auto const in_block  = response.block_offset();
+  if ((block != 0 || in_block != 0) && (request.host_pool || !request.may_pack)) {
+    return invalid("names packed block " + std::to_string(block) + " at offset " +
+                   std::to_string(in_block) + ", which this call did not ask for");
+  }
   if (!request.host_pool) {
     if (!response.has_cuda()) { return invalid("carries no CUDA export data"); }
+    if ((response.allocation_id() >> 63) != 0) {
+      return invalid("has allocation id " + std::to_string(response.allocation_id()) +
+                     ", not below 2^63");
+    }
+    if (block == 0) {
+      if (in_block != 0) { return invalid("has a block offset but no block"); }
+      return grpc::Status::OK;
+    }
+    if (in_block % alignment != 0) {
+      return invalid("has block offset " + std::to_string(in_block) + ", not aligned to " +
+                     std::to_string(alignment));
+    }
+    if (in_block > packed_block_bytes || response.size() > packed_block_bytes - in_block) {
+      return invalid("has " + std::to_string(response.size()) + " bytes at block offset " +
+                     std::to_string(in_block) + ", past its block's " +
+                     std::to_string(packed_block_bytes) + " bytes");
+    }
     return grpc::Status::OK;
   }
   if (!response.has_host()) { return invalid("carries no host pool offset"); }
-  auto const offset    = response.host().offset();
-  auto const alignment = request.alignment == 0 ? std::size_t{256} : request.alignment;
+  auto const offset = response.host().offset();
   if (offset % alignment != 0) {
     return invalid("has offset " + std::to_string(offset) + ", not aligned to " +
                    std::to_string(alignment));

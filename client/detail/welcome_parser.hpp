@@ -72,17 +72,25 @@ reply_result read_reply(std::span<char const> bytes,
                         v1::SessionCall::CallCase call,
                         v1::SessionReply& reply);
 
+/// The size of a block that packed leases are carved from (protocol.md,
+/// Allocate: `may_pack`).
+inline constexpr std::uint64_t packed_block_bytes = std::uint64_t{2} << 20;
+
 /// The pool an allocation was asked of, as the welcome described it.
 struct allocation_request {
   bool host_pool{};
   std::uint64_t pool_capacity{};
   std::size_t bytes{};
   std::size_t alignment{};  ///< 0: the daemon's default (256)
+  bool may_pack{};          ///< the call said may_pack: the grant may be a packed lease
 };
 
 /// Checks that `response` grants `request`: at least the bytes asked for
 /// and, from a host pool, an offset aligned as asked whose range lies in the
-/// pool; from a CUDA pool, export data. INTERNAL saying why otherwise.
+/// pool; from a CUDA pool, export data, an allocation id below 2^63 (the
+/// client marks packed leases with that bit) and, for a packed lease (only
+/// where `may_pack` was asked), a block offset aligned as asked whose range
+/// lies in the block's 2 MiB. INTERNAL saying why otherwise.
 grpc::Status check_allocation(v1::AllocateResponse const& response,
                               allocation_request const& request);
 

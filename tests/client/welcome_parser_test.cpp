@@ -13,6 +13,7 @@
 
 #include <array>
 #include <string>
+#include <tuple>
 
 namespace rmmd::detail {
 namespace {
@@ -218,6 +219,53 @@ TEST(AllocationCheck, ACudaLeaseMustCarryExportData)
   cuda.set_size(256);
   cuda.mutable_cuda()->set_export_data(std::string(64, 'x'));
   EXPECT_TRUE(check_allocation(cuda, asked).ok());
+}
+
+v1::AllocateResponse packed_lease(std::uint64_t block, std::uint64_t offset, std::uint64_t size)
+{
+  v1::AllocateResponse r;
+  r.set_allocation_id(7);
+  r.set_size(size);
+  r.mutable_cuda()->set_export_data(std::string(64, 'x'));
+  r.set_block_id(block);
+  r.set_block_offset(offset);
+  return r;
+}
+
+TEST(AllocationCheck, APackedLeaseMustLieInItsBlockAlignedAsAskedAndOnlyWhereAsked)
+{
+  allocation_request const asked{
+      .host_pool = false, .pool_capacity = 0, .bytes = 1000, .alignment = 0, .may_pack = true};
+  EXPECT_TRUE(check_allocation(packed_lease(3, 0, 1024), asked).ok());
+  EXPECT_TRUE(check_allocation(packed_lease(3, (2 << 20) - 1024, 1024), asked).ok());
+  auto not_asked     = asked;
+  not_asked.may_pack = false;
+  auto with_id_bit   = packed_lease(0, 0, 1024);
+  with_id_bit.set_allocation_id(std::uint64_t{1} << 63);
+  for (auto const& [lease, request, why] : {
+           std::tuple{packed_lease(3, 128, 1024), asked, "not aligned to 256"},
+           std::tuple{packed_lease(3, 2 << 20, 1024), asked, "past its block's 2097152 bytes"},
+           std::tuple{packed_lease(3, (2 << 20) - 768, 1024), asked, "past its block's"},
+           std::tuple{packed_lease(3, ~std::uint64_t{0} - 255, 1024), asked, "past its block's"},
+           std::tuple{packed_lease(0, 4096, 1024), asked, "a block offset but no block"},
+           std::tuple{packed_lease(3, 0, 1024), not_asked, "which this call did not ask for"},
+           std::tuple{with_id_bit, asked, "not below 2^63"},
+       }) {
+    auto const status = check_allocation(lease, request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << why;
+    EXPECT_THAT(status.error_message(), HasSubstr(why));
+  }
+  // A host pool packs nothing.
+  auto host = host_lease(0, 1024);
+  host.set_block_id(3);
+  EXPECT_THAT(check_allocation(host,
+                               {.host_pool     = true,
+                                .pool_capacity = 1 << 20,
+                                .bytes         = 1000,
+                                .alignment     = 0,
+                                .may_pack      = true})
+                  .error_message(),
+              HasSubstr("which this call did not ask for"));
 }
 
 TEST(HostPoolFd, AnFdSmallerThanThePoolIsRefused)

@@ -10,7 +10,8 @@
 //   mode bit 0 set: a reply to a call tagged 7 of kind (parameter % 4:
 //     none, allocate, free, ping), whose allocation, if any, is checked as
 //     one of 1000 bytes aligned to 256 from a 1 MiB pool, a host pool when
-//     mode bit 1 is set, a CUDA pool otherwise.
+//     mode bit 1 is set, a CUDA pool otherwise; asked with may_pack when
+//     mode bit 2 is set.
 
 #include "client/detail/welcome_parser.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
@@ -63,12 +64,24 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   RMMD_FUZZ_CHECK(result.status.ok() != reply.has_error());
   if (!result.status.ok() || call != v1::SessionCall::kAllocate) { return 0; }
   RMMD_FUZZ_CHECK(reply.has_allocate());
-  detail::allocation_request const request{
-      .host_pool = (mode & 2) != 0, .pool_capacity = 1 << 20, .bytes = 1000, .alignment = 256};
-  auto const checked = detail::check_allocation(reply.allocate(), request);
+  detail::allocation_request const request{.host_pool     = (mode & 2) != 0,
+                                           .pool_capacity = 1 << 20,
+                                           .bytes         = 1000,
+                                           .alignment     = 256,
+                                           .may_pack      = (mode & 4) != 0};
+  auto const& grant  = reply.allocate();
+  auto const checked = detail::check_allocation(grant, request);
   if (checked.ok() && request.host_pool) {
-    auto const offset = reply.allocate().host().offset();
+    auto const offset = grant.host().offset();
     RMMD_FUZZ_CHECK(offset % 256 == 0 && offset + request.bytes <= request.pool_capacity);
+  }
+  if (checked.ok() && !request.host_pool) {
+    // What the resource hands out: base + block_offset, inside the block.
+    RMMD_FUZZ_CHECK((grant.allocation_id() >> 63) == 0);
+    RMMD_FUZZ_CHECK(grant.block_id() != 0 || grant.block_offset() == 0);
+    RMMD_FUZZ_CHECK(grant.block_id() == 0 ||
+                    (request.may_pack && grant.block_offset() % 256 == 0 &&
+                     grant.block_offset() + grant.size() <= detail::packed_block_bytes));
   }
   return 0;
 }
