@@ -29,6 +29,11 @@ namespace rmmd {
 namespace detail {
 namespace {
 
+/// True on a session's reader thread (read_unasked), which may drop packed
+/// blocks and makes their device current without making the previous one
+/// current again (drop_blocks).
+thread_local bool on_reader_thread = false;
+
 std::string to_hex(std::string_view bytes)
 {
   static constexpr char digits[] = "0123456789abcdef";
@@ -458,6 +463,7 @@ void session_impl::unwatch_reclaims(std::uint64_t watch_id) noexcept
 
 void session_impl::read_unasked(std::stop_token stop) noexcept
 {
+  on_reader_thread = true;
   std::array<char, 4096> buffer;
   std::array<int, 4> attached{};
   while (!stop.stop_requested()) {
@@ -873,7 +879,8 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
   request.set_size(bytes);
   request.set_alignment(alignment);
   // Packed blocks are retired on the session socket, and dropped there.
-  request.set_may_pack(may_pack && session_calls_);
+  bool const packable = may_pack && session_calls_;
+  request.set_may_pack(packable);
   v1::AllocateResponse response;
   auto status = allocate(request, &response);
   if (!status.ok()) {
@@ -886,7 +893,8 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
                                      {.host_pool     = pools[pool_id].backend == backend_kind::host,
                                       .pool_capacity = pools[pool_id].capacity_bytes,
                                       .bytes         = bytes,
-                                      .alignment     = alignment})
+                                      .alignment     = alignment,
+                                      .may_pack      = packable})
           : grpc::Status(grpc::StatusCode::INTERNAL,
                          "the daemon granted a pool it did not describe");
   if (!checked.ok()) {
@@ -938,12 +946,56 @@ void* session_impl::packed_block_base(std::uint32_t pool_id,
     throw rmm::bad_alloc("rmmd: importing packed block " + std::to_string(block) + " of pool " +
                          std::to_string(pool_id) + " failed: " + cudaGetErrorName(err));
   }
-  packed_.emplace(block, packed_import{.base = base, .pool_id = pool_id});
+  try {
+    packed_.emplace(block, packed_import{.base = base, .pool_id = pool_id});
+  } catch (...) {
+    // Unrecorded, the import would outlive the daemon's block (a retired
+    // block never imported is dropped at once): free it, the lease with it.
+    if (cudaFree(base) != cudaSuccess) { cudaGetLastError(); }
+    throw;
+  }
   return base;
 }
 
+namespace {
+
+/// Makes `device` current for a scope where it is not already, and makes
+/// the previous one current again after it when `restore`. The reader thread
+/// is ours and passes false: its "previous" device is the default 0, and
+/// making 0 current would create a context there in a process that may
+/// never use GPU 0 (a rank of a multi-GPU job).
+class device_scope {
+ public:
+  device_scope(int device, bool restore) noexcept
+  {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = device;  // nothing to restore; try the switch all the same
+    }
+    switched_ = previous_ != device;
+    if (switched_ && cudaSetDevice(device) != cudaSuccess) { cudaGetLastError(); }
+    restore_ = restore && switched_;
+  }
+  device_scope(device_scope const&)            = delete;
+  device_scope& operator=(device_scope const&) = delete;
+  ~device_scope()
+  {
+    if (restore_) { cudaSetDevice(previous_); }
+  }
+
+ private:
+  int previous_{};
+  bool switched_{};
+  bool restore_{};
+};
+
+}  // namespace
+
 void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcept
 {
+  // At exit the daemon frees every block with the session; CUDA may be going.
+  if (process_is_exiting()) { return; }
+  bool const on_reader = on_reader_thread;
   for (auto block : blocks) {
     packed_import import;
     cudaStream_t stream = nullptr;
@@ -959,31 +1011,33 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
       }
       import = it->second;
       packed_.erase(it);
-      device  = pools()[import.pool_id].device;
-      auto& s = drop_streams_[device];
-      if (s == nullptr) {
-        int previous = 0;
-        cudaGetDevice(&previous);
-        cudaSetDevice(device);
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-          cudaGetLastError();
-          s = nullptr;
+      device = pools()[import.pool_id].device;
+      try {
+        auto& s = drop_streams_[device];
+        if (s == nullptr) {
+          device_scope scope(device, !on_reader);
+          if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+            cudaGetLastError();
+            s = nullptr;
+          }
         }
-        cudaSetDevice(previous);
+        stream = s;
+      } catch (std::bad_alloc const&) {
+        stream = nullptr;  // cudaFree below waits for the device instead
       }
-      stream = s;
     }
     // Every lease of the block was freed, each after its stream passed its
     // last use: the import is idle. Free it in the order of a stream of our
     // own, wait for that, and only then may the daemon free the block.
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device);
-    auto err = stream != nullptr ? cudaFreeAsync(import.base, stream) : cudaFree(import.base);
-    if (err == cudaSuccess && stream != nullptr) { err = cudaStreamSynchronize(stream); }
-    cudaSetDevice(previous);
+    cudaError_t err = cudaSuccess;
+    {
+      device_scope scope(device, !on_reader);
+      err = stream != nullptr ? cudaFreeAsync(import.base, stream) : cudaFree(import.base);
+      if (err == cudaSuccess && stream != nullptr) { err = cudaStreamSynchronize(stream); }
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
+      if (cuda_is_unloading(err)) { return; }  // the process is ending after all
       std::fprintf(stderr,
                    "rmmd: freeing the import of packed block %llu failed (%s); the daemon keeps it "
                    "until the session closes\n",
@@ -998,14 +1052,15 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
 void session_impl::drop_all_blocks() noexcept
 {
   std::lock_guard lock(packed_mutex_);
+  // On the thread that ends the session: its current device is the caller's.
   for (auto const& [block, import] : packed_) {
-    cudaSetDevice(pools()[import.pool_id].device);
+    device_scope scope(pools()[import.pool_id].device, true);
     if (cudaFree(import.base) != cudaSuccess) { cudaGetLastError(); }
   }
   packed_.clear();
   for (auto const& [device, stream] : drop_streams_) {
-    cudaSetDevice(device);
-    cudaStreamDestroy(stream);
+    device_scope scope(device, true);
+    if (cudaStreamDestroy(stream) != cudaSuccess) { cudaGetLastError(); }
   }
   drop_streams_.clear();
 }
