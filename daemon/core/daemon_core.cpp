@@ -15,6 +15,8 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 namespace rmmd::core {
@@ -471,7 +473,12 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
   auto* const now = it == sessions_.end() ? nullptr : it->second.get();
   charge_locked(p, now, uid, pool, size, -1);
   if (!block.ok()) {
-    if (block.status().code() == absl::StatusCode::kResourceExhausted) { return std::nullopt; }
+    if (block.status().code() == absl::StatusCode::kResourceExhausted) {
+      // The device is short (not the ledger): slab clients hear it, as they
+      // do when a lease of its own fails; the request goes on unpacked.
+      signal_pressure_locked(p);
+      return std::nullopt;
+    }
     return absl::Status(block.status().code(),
                         absl::StrFormat("allocate %s from pool '%s' (a packed block of %s): %s",
                                         bytes_text(bytes),
@@ -537,19 +544,31 @@ void daemon_core::unpack_locked(session_id session, lease const& l) noexcept
   if (wanted || another_empty) { retire_locked(owner, l.pool, {b.id}); }
 }
 
-void daemon_core::retire_locked(session_entry& s,
-                                pool_id pool,
-                                std::vector<block_id> const& blocks) noexcept
+std::size_t daemon_core::retire_locked(session_entry& s,
+                                       pool_id pool,
+                                       std::vector<block_id> const& blocks) noexcept
 {
-  if (blocks.empty() || !retire_notify_) { return; }
-  for (auto& [base, b] : s.packed[pool]) {
-    if (std::find(blocks.begin(), blocks.end(), b.id) != blocks.end()) { b.retired = true; }
-  }
+  if (blocks.empty() || !retire_notify_) { return 0; }
+  std::size_t asked = 0;
   try {
-    retire_notify_(s.id, pool, blocks);
+    asked = std::min(retire_notify_(s.id, pool, blocks), blocks.size());
   } catch (std::exception const&) {
-    // Out of memory: the blocks go with the session.
+    // Out of memory: none was asked for.
   }
+  // Only the blocks the session was asked for are retired: the others stay
+  // its own (and reclaimable), to be asked for again by the idle reaper or
+  // the next request short of room.
+  auto const first = blocks.begin();
+  auto const last  = first + static_cast<std::ptrdiff_t>(asked);
+  try {
+    std::unordered_set<block_id> const sent(first, last);
+    for (auto& [base, b] : s.packed[pool]) { b.retired = b.retired || sent.contains(b.id); }
+  } catch (std::bad_alloc const&) {
+    for (auto& [base, b] : s.packed[pool]) {
+      b.retired = b.retired || std::find(first, last, b.id) != last;
+    }
+  }
+  return asked;
 }
 
 void daemon_core::retire_idle_blocks_locked() noexcept
@@ -570,7 +589,8 @@ void daemon_core::retire_idle_blocks_locked() noexcept
 
 std::size_t daemon_core::retire_for_room_locked(pool_id pool,
                                                 session_id requester,
-                                                std::size_t wanted)
+                                                std::size_t wanted,
+                                                std::vector<retired_block>& retired)
 {
   if (!retire_notify_) { return 0; }
   std::size_t asked = 0;
@@ -580,13 +600,24 @@ std::size_t daemon_core::retire_for_room_locked(pool_id pool,
     auto blocks = s->packed.find(pool);
     if (blocks == s->packed.end()) { continue; }
     std::vector<block_id> empty;
+    std::vector<retired_block> these;
+    std::vector<std::size_t> bytes;
+    std::size_t would_ask = asked;
     for (auto const& [base, b] : blocks->second) {
-      if (asked >= wanted) { break; }
+      if (would_ask >= wanted) { break; }
       if (b.retired || b.leases != 0) { continue; }
       empty.push_back(b.id);
-      asked += b.memory.bytes;
+      these.push_back({.session = id, .base = base, .id = b.id});
+      bytes.push_back(b.memory.bytes);
+      would_ask += b.memory.bytes;
     }
-    retire_locked(*s, pool, empty);
+    // Only what the session was asked for counts: a block whose RetireBlocks
+    // could not be sent stays its own.
+    auto const sent = retire_locked(*s, pool, empty);
+    for (std::size_t i = 0; i < sent; ++i) {
+      retired.push_back(these[i]);
+      asked += bytes[i];
+    }
   }
   return asked;
 }
@@ -603,14 +634,16 @@ absl::Status daemon_core::drop_blocks(session_id session, std::span<block_id con
     pool_id pool;
     std::uintptr_t base;
   };
+  // One pass over the session's blocks, then a lookup per id: a call names
+  // up to a datagram's worth of ids, all under the core's lock.
+  std::unordered_map<block_id, found> held;
+  for (auto const& [pool, blocks] : s.packed) {
+    for (auto const& [base, b] : blocks) { held.emplace(b.id, found{pool, base}); }
+  }
   std::vector<found> dropping;
   for (auto id : ids) {
     std::optional<found> at;
-    for (auto const& [pool, blocks] : s.packed) {
-      for (auto const& [base, b] : blocks) {
-        if (b.id == id) { at = found{pool, base}; }
-      }
-    }
+    if (auto h = held.find(id); h != held.end()) { at = h->second; }
     if (!at) {
       return absl::NotFoundError(absl::StrFormat(
           "drop packed block %d: this session holds no such block (never leased, or dropped "
@@ -763,7 +796,8 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
   });
   std::vector<holder> asked;
   // Empty packed blocks first: they cost their sessions nothing.
-  std::size_t promised = retire_for_room_locked(pool, requester, lacking);
+  std::vector<retired_block> retired;
+  std::size_t promised = retire_for_room_locked(pool, requester, lacking, retired);
   for (auto const& h : holders) {
     if (promised >= lacking) { break; }
     asked.push_back(h);
@@ -778,13 +812,23 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
   auto has_room = [&] {
     if (ask_for > 0) {
       // The ledger had room: wait until each session asked gave back what it
-      // reported (or ended).
-      return std::all_of(asked.begin(), asked.end(), [&](holder const& h) {
-        auto s = sessions_.find(h.id);
+      // reported (or ended), and each block asked back was dropped.
+      auto const dropped = [&](retired_block const& r) {
+        auto s = sessions_.find(r.session);
         if (s == sessions_.end()) { return true; }
-        auto const now = s->second->pool_bytes.contains(pool) ? s->second->pool_bytes.at(pool) : 0;
-        return now + h.reclaimable <= h.held;
-      });
+        auto blocks = s->second->packed.find(pool);
+        if (blocks == s->second->packed.end()) { return true; }
+        auto b = blocks->second.find(r.base);
+        return b == blocks->second.end() || b->second.id != r.id;
+      };
+      return std::all_of(retired.begin(), retired.end(), dropped) &&
+             std::all_of(asked.begin(), asked.end(), [&](holder const& h) {
+               auto s = sessions_.find(h.id);
+               if (s == sessions_.end()) { return true; }
+               auto const now =
+                   s->second->pool_bytes.contains(pool) ? s->second->pool_bytes.at(pool) : 0;
+               return now + h.reclaimable <= h.held;
+             });
     }
     return charge <= p.capacity - std::min(p.capacity, p.in_use);
   };

@@ -106,11 +106,13 @@ enum class reclaim_policy : std::uint8_t {
 using reclaim_notifier = std::function<void(session_id session, pool_id pool, std::size_t bytes)>;
 
 /// Asks session `session` to let go of its packed blocks `blocks` of `pool`,
-/// which hold none of its leases (see daemon_core::drop_blocks). Must not
-/// block and must not call the core: it may be called with the core's lock
-/// held.
-using retire_notifier =
-    std::function<void(session_id session, pool_id pool, std::vector<block_id> const& blocks)>;
+/// which hold none of its leases (see daemon_core::drop_blocks). Returns how
+/// many of `blocks`, from the first, the session was asked for (the others
+/// could not be sent: they stay the session's to carve from, and are asked
+/// for again later). Must not block and must not call the core: it may be
+/// called with the core's lock held.
+using retire_notifier = std::function<std::size_t(
+    session_id session, pool_id pool, std::vector<block_id> const& blocks)>;
 
 /// 128 random bits, the session's bearer credential on the gRPC socket.
 using session_token = std::array<std::byte, 16>;
@@ -404,11 +406,24 @@ class daemon_core {
   /// Gives a packed lease's range back to its block; retires the block when
   /// it is empty and the session has another empty one, or room is wanted.
   void unpack_locked(session_id session, lease const& l) noexcept;
-  /// Marks `blocks` of `pool` retired and asks `session` to drop them.
-  void retire_locked(session_entry& s, pool_id pool, std::vector<block_id> const& blocks) noexcept;
+  /// Asks `session` to drop `blocks` of `pool` and marks retired those it
+  /// was asked for (the first ones: see retire_notifier); returns how many.
+  std::size_t retire_locked(session_entry& s,
+                            pool_id pool,
+                            std::vector<block_id> const& blocks) noexcept;
+  /// A packed block asked back, until its session drops it (or ends).
+  struct retired_block {
+    session_id session;
+    std::uintptr_t base;
+    block_id id;
+  };
   /// Retires other sessions' empty packed blocks of `pool` until `wanted`
-  /// bytes are asked for; returns the bytes asked for.
-  std::size_t retire_for_room_locked(pool_id pool, session_id requester, std::size_t wanted);
+  /// bytes are asked for; returns the bytes asked for, and the blocks in
+  /// `retired`.
+  std::size_t retire_for_room_locked(pool_id pool,
+                                     session_id requester,
+                                     std::size_t wanted,
+                                     std::vector<retired_block>& retired);
   /// Retires the empty packed blocks that stayed longer than options.pack_idle.
   void retire_idle_blocks_locked() noexcept;
   void room_changed_locked() noexcept;

@@ -187,7 +187,7 @@ void session_listener::start()
                                     std::size_t bytes) { push_reclaim(session, pool, bytes); });
   core_.set_retire_notifier(
       [this](core::session_id session, core::pool_id pool, std::vector<core::block_id> const& ids) {
-        push_retire(session, pool, ids);
+        return push_retire(session, pool, ids);
       });
   for (std::size_t i = 0; i < std::max<std::size_t>(options_.call_threads, 1); ++i) {
     call_threads_.emplace_back([this] { run_calls(); });
@@ -589,24 +589,36 @@ void session_listener::push_reclaim(core::session_id session,
   }
 }
 
-void session_listener::push_retire(core::session_id session,
-                                   core::pool_id pool,
-                                   std::vector<core::block_id> const& blocks) noexcept
+std::size_t session_listener::push_retire(core::session_id session,
+                                          core::pool_id pool,
+                                          std::vector<core::block_id> const& blocks) noexcept
 {
+  std::size_t sent = 0;
   try {
-    v1::SessionReply push;
-    push.mutable_retire_blocks()->set_pool_id(pool);
-    for (auto id : blocks) { push.mutable_retire_blocks()->add_block_ids(id); }
-    auto const message = push.SerializeAsString();
     std::lock_guard lock(open_mutex_);
     auto it = by_session_.find(session);
-    if (it == by_session_.end()) { return; }
-    // Non-blocking, as push_reclaim: a client that reads nothing keeps the
-    // blocks until its session ends.
-    static_cast<void>(::send(it->second->fd, message.data(), message.size(), MSG_NOSIGNAL));
+    if (it == by_session_.end()) { return blocks.size(); }  // ended: its blocks go with it
+    // A datagram the client's receive buffer holds whole (protocol.md).
+    while (sent < blocks.size()) {
+      auto const n = std::min(blocks.size() - sent, retire_ids_per_datagram);
+      v1::SessionReply push;
+      push.mutable_retire_blocks()->set_pool_id(pool);
+      for (std::size_t i = sent; i < sent + n; ++i) {
+        push.mutable_retire_blocks()->add_block_ids(blocks[i]);
+      }
+      auto const message = push.SerializeAsString();
+      // Non-blocking, as push_reclaim: what a full socket refuses is asked
+      // for again later (the core keeps those blocks unretired).
+      if (::send(it->second->fd, message.data(), message.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(message.size())) {
+        break;
+      }
+      sent += n;
+    }
   } catch (std::exception const&) {
-    // Out of memory: the blocks go with the session.
+    // Out of memory: what was not sent is asked for again later.
   }
+  return sent;
 }
 
 session_listener::turn_end session_listener::answer_calls(open_session& s,

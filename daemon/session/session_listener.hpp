@@ -30,6 +30,10 @@
 
 namespace rmmd::session {
 
+/// Block ids per RetireBlocks datagram: at most 10 bytes each, so that every
+/// one fits the 4096 bytes a client reads at once.
+inline constexpr std::size_t retire_ids_per_datagram = 256;
+
 struct listener_options {
   std::filesystem::path socket_path;
   /// A client that has not sent its hello by then is disconnected.
@@ -117,10 +121,12 @@ class session_listener {
   /// The reclaim notifier given to the core: a ReclaimRequest datagram to
   /// the session, without waiting (a full socket drops it).
   void push_reclaim(core::session_id session, core::pool_id pool, std::size_t bytes) noexcept;
-  /// Sends a RetireBlocks to `session` (the core's retire notifier).
-  void push_retire(core::session_id session,
-                   core::pool_id pool,
-                   std::vector<core::block_id> const& blocks) noexcept;
+  /// Sends RetireBlocks to `session` (the core's retire notifier), at most
+  /// retire_ids_per_datagram ids each, without waiting; returns how many
+  /// ids went out (a full socket stops it).
+  std::size_t push_retire(core::session_id session,
+                          core::pool_id pool,
+                          std::vector<core::block_id> const& blocks) noexcept;
   void end_session(open_session* s) noexcept;
 
   core::daemon_core& core_;

@@ -48,7 +48,10 @@ class counting_cuda_backend final : public pool_backend {
   {
     auto const size = (bytes + 255) / 256 * 256;
     std::lock_guard lock(mutex_);
-    if (size > capacity_ - used_) { return absl::ResourceExhaustedError("out of device memory"); }
+    auto const device = std::min(capacity_, device_limit_);
+    if (size > device - std::min(device, used_)) {
+      return absl::ResourceExhaustedError("out of device memory");
+    }
     used_ += size;
     ++allocations_;
     next_ += 64 * MiB;  // far apart: no two blocks overlap
@@ -79,9 +82,17 @@ class counting_cuda_backend final : public pool_backend {
     std::lock_guard lock(mutex_);
     return used_;
   }
+  /// Less device memory than the capacity the core counts with: as when
+  /// other processes took some of the GPU after the daemon started.
+  void set_device_limit(std::size_t bytes)
+  {
+    std::lock_guard lock(mutex_);
+    device_limit_ = bytes;
+  }
 
  private:
   std::size_t capacity_;
+  std::size_t device_limit_{SIZE_MAX};
   mutable std::mutex mutex_;
   std::size_t used_{};
   std::size_t allocations_{};
@@ -111,11 +122,14 @@ class Packing : public ::testing::Test {
     pool_      = core_.add_pool(
         pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
         std::move(owned));
-    core_.set_retire_notifier([this](session_id s, pool_id p, std::vector<block_id> const& ids) {
-      std::lock_guard lock(mutex_);
-      retired_.push_back({s, p, ids});
-      retired_changed_.notify_all();
-    });
+    core_.set_retire_notifier(
+        [this](session_id s, pool_id p, std::vector<block_id> const& ids) -> std::size_t {
+          std::lock_guard lock(mutex_);
+          if (socket_full_) { return 0; }  // as a session socket that refuses the datagram
+          retired_.push_back({s, p, ids});
+          retired_changed_.notify_all();
+          return ids.size();
+        });
   }
 
   session_id open(uid_t uid = 1000)
@@ -156,6 +170,7 @@ class Packing : public ::testing::Test {
   mutable std::mutex mutex_;
   std::condition_variable retired_changed_;
   std::vector<retirement> retired_;
+  bool socket_full_{false};  // under mutex_
 };
 
 TEST_F(Packing, SmallAllocationsOfOneSessionShareOneBlockExportedOnce)
@@ -309,6 +324,35 @@ TEST_F(QuickIdle, TheEmptyBlockThatStayedIsRetiredOnceIdle)
   EXPECT_EQ(backend_->used(), 0u);
 }
 
+TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAgain)
+{
+  auto const s = open();
+  {
+    std::lock_guard lock(mutex_);
+    socket_full_ = true;
+  }
+  auto const l = packed(s, 256);
+  ASSERT_TRUE(core_.free(s, l.id).ok());
+  std::this_thread::sleep_for(200ms);  // the reaper tried (50 ms idle), and could not send
+  EXPECT_EQ(pool().reclaimable_bytes, block) << "not asked for: still offered";
+  auto early = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  auto const again = packed(s, 256);
+  EXPECT_EQ(again.packed_block, l.packed_block) << "the session still carves from it";
+  ASSERT_TRUE(core_.free(s, again.id).ok());
+
+  {
+    std::unique_lock lock(mutex_);
+    socket_full_ = false;
+    ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return !retired_.empty(); }))
+        << "the reaper did not ask again";
+  }
+  EXPECT_THAT(retired()[0].blocks, ::testing::ElementsAre(l.packed_block));
+  ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());
+  EXPECT_EQ(pool().in_use_bytes, 0u);
+  EXPECT_EQ(backend_->used(), 0u);
+}
+
 class SmallQuota : public Packing {
  protected:
   SmallQuota()
@@ -356,6 +400,35 @@ TEST_F(SmallPool, AWaitingRequestGetsTheRoomOfAnotherSessionsEmptyBlock)
   ASSERT_EQ(retired().size(), 1u);
   EXPECT_EQ(retired()[0].session, holder);
   EXPECT_EQ(pool().reclaim_served, 1u);
+}
+
+// The ledger has room, the device does not (other processes took GPU memory
+// after the daemon sized its pool): another session's empty block is asked
+// back, and the request waits until it was dropped.
+TEST_F(Packing, AWaitingRequestGetsAnEmptyBlocksRoomWhenTheDeviceIsShort)
+{
+  auto const holder = open(1000);
+  auto const l      = packed(holder, 256);
+  ASSERT_TRUE(core_.free(holder, l.id).ok());
+  ASSERT_TRUE(retired().empty()) << "its one empty block stays";
+  backend_->set_device_limit(3 * MiB);  // 2 MiB of it in the holder's empty block
+
+  std::jthread client([&](std::stop_token stop) {
+    std::unique_lock lock(mutex_);
+    retired_changed_.wait(lock, [&] { return !retired_.empty() || stop.stop_requested(); });
+    if (retired_.empty()) { return; }
+    auto const ids = retired_.front().blocks;
+    lock.unlock();
+    std::this_thread::sleep_for(20ms);  // a client frees its import first
+    EXPECT_TRUE(core_.drop_blocks(holder, ids).ok());
+  });
+  auto const asker = open(1001);
+  core_.set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
+  auto big = core_.allocate(asker, pool_, 2 * MiB, 0);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_EQ(retired().size(), 1u);
+  EXPECT_EQ(retired()[0].session, holder);
+  EXPECT_EQ(pool().reclaim_refused, 0u);
 }
 
 }  // namespace
