@@ -302,6 +302,7 @@ void session_impl::send_releases_locked(std::vector<queued_call>& calls) noexcep
       v1::SessionCall c;
       switch (q.what) {
         case kind::free:
+          forget_packed_lease(q.id);
           c.mutable_free()->set_allocation_id(q.id);
           break;
         case kind::publish_buffer:
@@ -598,6 +599,7 @@ grpc::Status session_impl::allocate(v1::AllocateRequest const& request,
 
 grpc::Status session_impl::free(v1::FreeRequest const& request)
 {
+  forget_packed_lease(request.allocation_id());
   if (!session_calls_) {
     v1::FreeResponse response;
     auto ctx = context();
@@ -924,8 +926,15 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
 
 void* session_impl::packed_block_base(std::uint32_t pool_id,
                                       std::uint64_t block,
-                                      void const* export_data)
+                                      void const* export_data,
+                                      std::uint64_t lease)
 {
+  {
+    // Counted before the import: a lease that fails here is freed by the
+    // caller, which forgets it again.
+    std::lock_guard live(packed_live_mutex_);
+    if (packed_lease_block_.emplace(lease, block).second) { ++packed_block_live_[block]; }
+  }
   {
     // RetireBlocks must be heard while no call reads the socket.
     std::lock_guard lock(watches_mutex_);
@@ -991,12 +1000,39 @@ class device_scope {
 
 }  // namespace
 
+void session_impl::forget_packed_lease(std::uint64_t lease) noexcept
+{
+  std::lock_guard live(packed_live_mutex_);
+  auto it = packed_lease_block_.find(lease);
+  if (it == packed_lease_block_.end()) { return; }
+  if (auto b = packed_block_live_.find(it->second); b != packed_block_live_.end()) {
+    if (--b->second == 0) { packed_block_live_.erase(b); }
+  }
+  packed_lease_block_.erase(it);
+}
+
 void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcept
 {
   // At exit the daemon frees every block with the session; CUDA may be going.
   if (process_is_exiting()) { return; }
   bool const on_reader = on_reader_thread;
   for (auto block : blocks) {
+    {
+      // The daemon retires only blocks whose every Free it handled, and a
+      // Free is sent only after its stream passed the lease's last use. A
+      // block this process still uses stays imported (and the daemon keeps
+      // it) until the session ends: freeing the import under a running
+      // kernel would end the process.
+      std::lock_guard live(packed_live_mutex_);
+      if (auto b = packed_block_live_.find(block); b != packed_block_live_.end()) {
+        std::fprintf(stderr,
+                     "rmmd: the daemon asked back packed block %llu, which still holds %zu of "
+                     "this process's allocations; it stays until the session ends\n",
+                     static_cast<unsigned long long>(block),
+                     b->second);
+        continue;
+      }
+    }
     packed_import import;
     cudaStream_t stream = nullptr;
     int device          = 0;

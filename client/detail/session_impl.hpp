@@ -66,10 +66,16 @@ class session_impl {
                              std::size_t alignment,
                              bool may_pack);
   /// The address of packed block `block` of CUDA pool `pool_id` in this
-  /// process: imported from `export_data` (cudaMemPoolPtrExportData) the
-  /// first time, and kept until the daemon retires the block (RetireBlocks)
-  /// or the session ends. Throws rmm::bad_alloc when the import fails.
-  void* packed_block_base(std::uint32_t pool_id, std::uint64_t block, void const* export_data);
+  /// process, for lease `lease` in it: imported from `export_data`
+  /// (cudaMemPoolPtrExportData) the first time, and kept until the daemon
+  /// retires the block (RetireBlocks) or the session ends. The lease counts
+  /// as live in the block until its Free is sent: a RetireBlocks naming a
+  /// block with live leases (a daemon's bug) is not obeyed. Throws
+  /// rmm::bad_alloc when the import fails.
+  void* packed_block_base(std::uint32_t pool_id,
+                          std::uint64_t block,
+                          void const* export_data,
+                          std::uint64_t lease);
 
   /// A call a CUDA host function sends once its stream reached it: the Free
   /// of an allocation whose import the stream freed, the publication of a
@@ -280,9 +286,18 @@ class session_impl {
   };
   std::mutex packed_mutex_;
   std::unordered_map<std::uint64_t, packed_import> packed_;  // by block id
-  std::unordered_map<int, cudaStream_t> drop_streams_;       // by device; non-blocking
-  int reader_wake_fd_{-1};                                   // eventfd: stops read_unasked
-  std::jthread reader_;                                      // started by the first watch
+  /// The packed leases whose Free is not sent yet, and how many each block
+  /// holds. A leaf lock: held for nothing else (Frees are sent under
+  /// call_mutex_, and drop_blocks holds packed_mutex_).
+  std::mutex packed_live_mutex_;
+  std::unordered_map<std::uint64_t, std::uint64_t> packed_lease_block_;  // lease -> block
+  std::unordered_map<std::uint64_t, std::size_t> packed_block_live_;     // block -> leases
+  /// Lease `lease` is no longer live in its packed block (if it is in one):
+  /// its Free is about to be sent.
+  void forget_packed_lease(std::uint64_t lease) noexcept;
+  std::unordered_map<int, cudaStream_t> drop_streams_;  // by device; non-blocking
+  int reader_wake_fd_{-1};                              // eventfd: stops read_unasked
+  std::jthread reader_;                                 // started by the first watch
 };
 
 }  // namespace rmmd::detail
