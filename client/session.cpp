@@ -599,16 +599,32 @@ grpc::Status session_impl::allocate(v1::AllocateRequest const& request,
 
 grpc::Status session_impl::free(v1::FreeRequest const& request)
 {
-  forget_packed_lease(request.allocation_id());
+  // Before the call: a RetireBlocks that the call hears is handled before it
+  // returns, and must find this lease gone from its block.
+  auto const block = forget_packed_lease(request.allocation_id());
+  grpc::Status status;
   if (!session_calls_) {
     v1::FreeResponse response;
     auto ctx = context();
-    return stub_->Free(ctx.get(), request, &response);
+    status   = stub_->Free(ctx.get(), request, &response);
+  } else {
+    v1::SessionCall c;
+    *c.mutable_free() = request;
+    v1::SessionReply reply;
+    status = call(c, &reply);
   }
-  v1::SessionCall c;
-  *c.mutable_free() = request;
-  v1::SessionReply reply;
-  return call(c, &reply);
+  if (block != 0 && status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // Not freed (its release event is not ready): still live in its block.
+    try {
+      std::lock_guard live(packed_live_mutex_);
+      if (packed_lease_block_.emplace(request.allocation_id(), block).second) {
+        ++packed_block_live_[block];
+      }
+    } catch (std::bad_alloc const&) {
+      // Uncounted: a RetireBlocks of its block would be obeyed, as before.
+    }
+  }
+  return status;
 }
 
 grpc::Status session_impl::ping()
@@ -1000,15 +1016,17 @@ class device_scope {
 
 }  // namespace
 
-void session_impl::forget_packed_lease(std::uint64_t lease) noexcept
+std::uint64_t session_impl::forget_packed_lease(std::uint64_t lease) noexcept
 {
   std::lock_guard live(packed_live_mutex_);
   auto it = packed_lease_block_.find(lease);
-  if (it == packed_lease_block_.end()) { return; }
-  if (auto b = packed_block_live_.find(it->second); b != packed_block_live_.end()) {
+  if (it == packed_lease_block_.end()) { return 0; }
+  auto const block = it->second;
+  if (auto b = packed_block_live_.find(block); b != packed_block_live_.end()) {
     if (--b->second == 0) { packed_block_live_.erase(b); }
   }
   packed_lease_block_.erase(it);
+  return block;
 }
 
 void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcept

@@ -293,8 +293,8 @@ class session_impl {
   std::unordered_map<std::uint64_t, std::uint64_t> packed_lease_block_;  // lease -> block
   std::unordered_map<std::uint64_t, std::size_t> packed_block_live_;     // block -> leases
   /// Lease `lease` is no longer live in its packed block (if it is in one):
-  /// its Free is about to be sent.
-  void forget_packed_lease(std::uint64_t lease) noexcept;
+  /// its Free is about to be sent. Returns that block, or 0.
+  std::uint64_t forget_packed_lease(std::uint64_t lease) noexcept;
   std::unordered_map<int, cudaStream_t> drop_streams_;  // by device; non-blocking
   int reader_wake_fd_{-1};                              // eventfd: stops read_unasked
   std::jthread reader_;                                 // started by the first watch
