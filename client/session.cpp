@@ -385,6 +385,16 @@ grpc::Status session_impl::call(v1::SessionCall& call,
       send_releases_locked(calls);
     }
     status = call_locked(call, reply, fds);
+    if (status.ok() && reply != nullptr && reply->has_allocate() &&
+        reply->allocate().block_id() != 0) {
+      // A packed lease is live in its block from its grant on: a RetireBlocks
+      // this call heard (dropped below) must not take the block from under it.
+      try {
+        count_packed_lease(reply->allocate().allocation_id(), reply->allocate().block_id());
+      } catch (std::bad_alloc const&) {
+        // packed_block_base() counts it again
+      }
+    }
     // Leases granted to calls that had given up waiting: nobody will free them
     // but us (they would count against our quota until the session ends).
     while (!orphans_.empty()) {
@@ -613,13 +623,13 @@ grpc::Status session_impl::free(v1::FreeRequest const& request)
     v1::SessionReply reply;
     status = call(c, &reply);
   }
-  if (block != 0 && status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-    // Not freed (its release event is not ready): still live in its block.
+  auto const code = status.error_code();
+  if (block != 0 && (code == grpc::StatusCode::INVALID_ARGUMENT ||
+                     code == grpc::StatusCode::FAILED_PRECONDITION)) {
+    // Refused, so not freed (a release event the daemon could not use): the
+    // lease is still live in its block.
     try {
-      std::lock_guard live(packed_live_mutex_);
-      if (packed_lease_block_.emplace(request.allocation_id(), block).second) {
-        ++packed_block_live_[block];
-      }
+      count_packed_lease(request.allocation_id(), block);
     } catch (std::bad_alloc const&) {
       // Uncounted: a RetireBlocks of its block would be obeyed, as before.
     }
@@ -945,12 +955,10 @@ void* session_impl::packed_block_base(std::uint32_t pool_id,
                                       void const* export_data,
                                       std::uint64_t lease)
 {
-  {
-    // Counted before the import: a lease that fails here is freed by the
-    // caller, which forgets it again.
-    std::lock_guard live(packed_live_mutex_);
-    if (packed_lease_block_.emplace(lease, block).second) { ++packed_block_live_[block]; }
-  }
+  // Counted when its grant was read (call()); again here for a grant read
+  // otherwise. A lease that fails here is freed by the caller, which forgets
+  // it again.
+  count_packed_lease(lease, block);
   {
     // RetireBlocks must be heard while no call reads the socket.
     std::lock_guard lock(watches_mutex_);
@@ -993,19 +1001,17 @@ class device_scope {
  public:
   device_scope(int device, bool restore) noexcept
   {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = device;  // nothing to restore; try the switch all the same
-    }
-    switched_ = previous_ != device;
+    bool const known = cudaGetDevice(&previous_) == cudaSuccess;
+    if (!known) { cudaGetLastError(); }
+    switched_ = !known || previous_ != device;  // unknown: switch, restore nothing
     if (switched_ && cudaSetDevice(device) != cudaSuccess) { cudaGetLastError(); }
-    restore_ = restore && switched_;
+    restore_ = restore && known && switched_;
   }
   device_scope(device_scope const&)            = delete;
   device_scope& operator=(device_scope const&) = delete;
   ~device_scope()
   {
-    if (restore_) { cudaSetDevice(previous_); }
+    if (restore_ && cudaSetDevice(previous_) != cudaSuccess) { cudaGetLastError(); }
   }
 
  private:
@@ -1015,6 +1021,12 @@ class device_scope {
 };
 
 }  // namespace
+
+void session_impl::count_packed_lease(std::uint64_t lease, std::uint64_t block)
+{
+  std::lock_guard live(packed_live_mutex_);
+  if (packed_lease_block_.emplace(lease, block).second) { ++packed_block_live_[block]; }
+}
 
 std::uint64_t session_impl::forget_packed_lease(std::uint64_t lease) noexcept
 {
@@ -1035,27 +1047,27 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
   if (process_is_exiting()) { return; }
   bool const on_reader = on_reader_thread;
   for (auto block : blocks) {
-    {
-      // The daemon retires only blocks whose every Free it handled, and a
-      // Free is sent only after its stream passed the lease's last use. A
-      // block this process still uses stays imported (and the daemon keeps
-      // it) until the session ends: freeing the import under a running
-      // kernel would end the process.
-      std::lock_guard live(packed_live_mutex_);
-      if (auto b = packed_block_live_.find(block); b != packed_block_live_.end()) {
-        std::fprintf(stderr,
-                     "rmmd: the daemon asked back packed block %llu, which still holds %zu of "
-                     "this process's allocations; it stays until the session ends\n",
-                     static_cast<unsigned long long>(block),
-                     b->second);
-        continue;
-      }
-    }
     packed_import import;
     cudaStream_t stream = nullptr;
     int device          = 0;
     {
       std::lock_guard lock(packed_mutex_);
+      {
+        // The daemon retires only blocks whose every Free it handled, and a
+        // Free is sent only after its stream passed the lease's last use. A
+        // block this process still uses stays imported (and the daemon keeps
+        // it) until the session ends: freeing the import under a running
+        // kernel would end the process.
+        std::lock_guard live(packed_live_mutex_);
+        if (auto b = packed_block_live_.find(block); b != packed_block_live_.end()) {
+          std::fprintf(stderr,
+                       "rmmd: the daemon asked back packed block %llu, which still holds %zu of "
+                       "this process's allocations; it stays until the session ends\n",
+                       static_cast<unsigned long long>(block),
+                       b->second);
+          continue;
+        }
+      }
       auto it = packed_.find(block);
       if (it == packed_.end()) {
         // Never imported here (its one lease's import failed): nothing to free.

@@ -143,7 +143,9 @@ class session {
   /// session's (started by the first watch; it reads the session socket while
   /// no call does) or on the thread of a call that read the request, so it
   /// must not block: wake the thread that gives the slabs back (as Frees) and
-  /// reports its usage again. Returns the watch's id for unwatch_reclaims().
+  /// reports its usage again. Which device is current when it runs is not
+  /// said (the session's thread makes current whichever it needs). Returns
+  /// the watch's id for unwatch_reclaims().
   std::uint64_t watch_reclaims(std::uint32_t pool_id,
                                std::function<void(std::uint32_t)> on_request) const;
   /// Ends a watch; once it returns, its on_request is not running and will not run.
