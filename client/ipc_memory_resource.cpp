@@ -154,9 +154,9 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
     // Carved by the daemon out of a block of this session's: the block is
     // imported once, and this allocation is a place in it.
     try {
-      auto* base = static_cast<std::byte*>(impl.packed_block_base(
-          pool_.id, lease.block_id, lease.granted.cuda_export.data(), lease.granted.id));
-      void* ptr  = base + lease.block_offset;
+      auto* base = static_cast<std::byte*>(
+          impl.packed_block_base(pool_.id, lease.block_id, lease.granted.cuda_export.data()));
+      void* ptr = base + lease.block_offset;
       leases_.add(ptr, lease.granted.id | packed_lease);
       return ptr;
     } catch (...) {

@@ -1,5 +1,6 @@
 #include <rmmd/session.hpp>
 
+#include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/welcome_parser.hpp"
@@ -30,8 +31,7 @@ namespace detail {
 namespace {
 
 /// True on a session's reader thread (read_unasked), which may drop packed
-/// blocks and makes their device current without making the previous one
-/// current again (drop_blocks).
+/// blocks and keeps the device it made current for that (drop_blocks).
 thread_local bool on_reader_thread = false;
 
 std::string to_hex(std::string_view bytes)
@@ -389,10 +389,12 @@ grpc::Status session_impl::call(v1::SessionCall& call,
         reply->allocate().block_id() != 0) {
       // A packed lease is live in its block from its grant on: a RetireBlocks
       // this call heard (dropped below) must not take the block from under it.
+      // (Every packed grant comes through here: packing is asked only on the
+      // session socket.) A lease that fails later is freed, which forgets it.
       try {
         count_packed_lease(reply->allocate().allocation_id(), reply->allocate().block_id());
       } catch (std::bad_alloc const&) {
-        // packed_block_base() counts it again
+        // Uncounted: a RetireBlocks of its block would be obeyed, as before.
       }
     }
     // Leases granted to calls that had given up waiting: nobody will free them
@@ -952,13 +954,8 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
 
 void* session_impl::packed_block_base(std::uint32_t pool_id,
                                       std::uint64_t block,
-                                      void const* export_data,
-                                      std::uint64_t lease)
+                                      void const* export_data)
 {
-  // Counted when its grant was read (call()); again here for a grant read
-  // otherwise. A lease that fails here is freed by the caller, which forgets
-  // it again.
-  count_packed_lease(lease, block);
   {
     // RetireBlocks must be heard while no call reads the socket.
     std::lock_guard lock(watches_mutex_);
@@ -990,38 +987,6 @@ void* session_impl::packed_block_base(std::uint32_t pool_id,
   return base;
 }
 
-namespace {
-
-/// Makes `device` current for a scope where it is not already, and makes
-/// the previous one current again after it when `restore`. The reader thread
-/// is ours and passes false: its "previous" device is the default 0, and
-/// making 0 current would create a context there in a process that may
-/// never use GPU 0 (a rank of a multi-GPU job).
-class device_scope {
- public:
-  device_scope(int device, bool restore) noexcept
-  {
-    bool const known = cudaGetDevice(&previous_) == cudaSuccess;
-    if (!known) { cudaGetLastError(); }
-    switched_ = !known || previous_ != device;  // unknown: switch, restore nothing
-    if (switched_ && cudaSetDevice(device) != cudaSuccess) { cudaGetLastError(); }
-    restore_ = restore && known && switched_;
-  }
-  device_scope(device_scope const&)            = delete;
-  device_scope& operator=(device_scope const&) = delete;
-  ~device_scope()
-  {
-    if (restore_ && cudaSetDevice(previous_) != cudaSuccess) { cudaGetLastError(); }
-  }
-
- private:
-  int previous_{};
-  bool switched_{};
-  bool restore_{};
-};
-
-}  // namespace
-
 void session_impl::count_packed_lease(std::uint64_t lease, std::uint64_t block)
 {
   std::lock_guard live(packed_live_mutex_);
@@ -1045,7 +1010,9 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
 {
   // At exit the daemon frees every block with the session; CUDA may be going.
   if (process_is_exiting()) { return; }
-  bool const on_reader = on_reader_thread;
+  // The reader thread is ours: it keeps whichever device it made current.
+  auto const then =
+      on_reader_thread ? device_scope::afterwards::keep : device_scope::afterwards::restore;
   for (auto block : blocks) {
     packed_import import;
     cudaStream_t stream = nullptr;
@@ -1081,7 +1048,7 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
       try {
         auto& s = drop_streams_[device];
         if (s == nullptr) {
-          device_scope scope(device, !on_reader);
+          device_scope scope(device, then);
           if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
             cudaGetLastError();
             s = nullptr;
@@ -1097,7 +1064,7 @@ void session_impl::drop_blocks(std::vector<std::uint64_t> const& blocks) noexcep
     // own, wait for that, and only then may the daemon free the block.
     cudaError_t err = cudaSuccess;
     {
-      device_scope scope(device, !on_reader);
+      device_scope scope(device, then);
       err = stream != nullptr ? cudaFreeAsync(import.base, stream) : cudaFree(import.base);
       if (err == cudaSuccess && stream != nullptr) { err = cudaStreamSynchronize(stream); }
     }
@@ -1120,12 +1087,12 @@ void session_impl::drop_all_blocks() noexcept
   std::lock_guard lock(packed_mutex_);
   // On the thread that ends the session: its current device is the caller's.
   for (auto const& [block, import] : packed_) {
-    device_scope scope(pools()[import.pool_id].device, true);
+    device_scope scope(pools()[import.pool_id].device);
     if (cudaFree(import.base) != cudaSuccess) { cudaGetLastError(); }
   }
   packed_.clear();
   for (auto const& [device, stream] : drop_streams_) {
-    device_scope scope(device, true);
+    device_scope scope(device);
     if (cudaStreamDestroy(stream) != cudaSuccess) { cudaGetLastError(); }
   }
   drop_streams_.clear();

@@ -1,6 +1,7 @@
 #include <rmmd/shared_buffer.hpp>
 
 #include "client/detail/cuda_state.hpp"
+#include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/welcome_parser.hpp"
@@ -169,39 +170,6 @@ int session_impl::buffer_fd(std::uint64_t id)
   return fds.front();
 }
 
-namespace {
-
-/// Makes `device` current while it lives, and the previous one again after.
-class device_scope {
- public:
-  explicit device_scope(int device)
-  {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) {
-      if (auto err = cudaSetDevice(device); err != cudaSuccess) {
-        cudaGetLastError();
-        throw rmm::bad_alloc(std::string("rmmd: cudaSetDevice: ") + cudaGetErrorName(err));
-      }
-      restore_ = previous_ >= 0;
-    }
-  }
-  device_scope(device_scope const&)            = delete;
-  device_scope& operator=(device_scope const&) = delete;
-  ~device_scope()
-  {
-    if (restore_) { cudaSetDevice(previous_); }
-  }
-
- private:
-  int previous_{-1};
-  bool restore_{false};
-};
-
-}  // namespace
-
 void* session_impl::attach_buffer(v1::BufferGrant const& grant)
 {
   std::vector<pool_shape> shapes;
@@ -277,6 +245,9 @@ void* session_impl::attach_allocation(v1::BufferGrant const& grant, pool_info co
   auto const& api = gpu::vmm(&why);
   if (!api) { throw rmm::bad_alloc("rmmd: open buffer '" + grant.name() + "': " + why); }
   device_scope on(device);
+  if (auto err = on.error(); err != cudaSuccess) {
+    throw rmm::bad_alloc(std::string("rmmd: cudaSetDevice: ") + cudaGetErrorName(err));
+  }
   auto const& v = grant.vmm();
   auto failed   = [&](char const* what, CUresult r) {
     return rmm::bad_alloc("rmmd: mapping buffer '" + grant.name() + "' (" +

@@ -66,16 +66,13 @@ class session_impl {
                              std::size_t alignment,
                              bool may_pack);
   /// The address of packed block `block` of CUDA pool `pool_id` in this
-  /// process, for lease `lease` in it: imported from `export_data`
-  /// (cudaMemPoolPtrExportData) the first time, and kept until the daemon
-  /// retires the block (RetireBlocks) or the session ends. The lease counts
-  /// as live in the block until its Free is sent: a RetireBlocks naming a
-  /// block with live leases (a daemon's bug) is not obeyed. Throws
-  /// rmm::bad_alloc when the import fails.
-  void* packed_block_base(std::uint32_t pool_id,
-                          std::uint64_t block,
-                          void const* export_data,
-                          std::uint64_t lease);
+  /// process: imported from `export_data` (cudaMemPoolPtrExportData) the
+  /// first time, and kept until the daemon retires the block (RetireBlocks)
+  /// or the session ends. Each packed lease counts as live in its block from
+  /// its grant (call()) until its Free is sent: a RetireBlocks naming a block
+  /// with live leases (a daemon's bug) is not obeyed. Throws rmm::bad_alloc
+  /// when the import fails.
+  void* packed_block_base(std::uint32_t pool_id, std::uint64_t block, void const* export_data);
 
   /// A call a CUDA host function sends once its stream reached it: the Free
   /// of an allocation whose import the stream freed, the publication of a

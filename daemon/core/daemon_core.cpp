@@ -16,7 +16,6 @@
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace rmmd::core {
@@ -544,11 +543,11 @@ void daemon_core::unpack_locked(session_id session, lease const& l) noexcept
   if (wanted || another_empty) { retire_locked(owner, l.pool, {b.id}); }
 }
 
-std::size_t daemon_core::retire_locked(session_entry& s,
-                                       pool_id pool,
-                                       std::vector<block_id> const& blocks) noexcept
+void daemon_core::retire_locked(session_entry& s,
+                                pool_id pool,
+                                std::vector<block_id> const& blocks) noexcept
 {
-  if (blocks.empty() || !retire_notify_) { return 0; }
+  if (blocks.empty() || !retire_notify_) { return; }
   std::size_t asked = 0;
   try {
     asked = std::min(retire_notify_(s.id, pool, blocks), blocks.size());
@@ -560,15 +559,9 @@ std::size_t daemon_core::retire_locked(session_entry& s,
   // the next request short of room.
   auto const first = blocks.begin();
   auto const last  = first + static_cast<std::ptrdiff_t>(asked);
-  try {
-    std::unordered_set<block_id> const sent(first, last);
-    for (auto& [base, b] : s.packed[pool]) { b.retired = b.retired || sent.contains(b.id); }
-  } catch (std::bad_alloc const&) {
-    for (auto& [base, b] : s.packed[pool]) {
-      b.retired = b.retired || std::find(first, last, b.id) != last;
-    }
+  for (auto& [base, b] : s.packed[pool]) {
+    if (std::find(first, last, b.id) != last) { b.retired = true; }
   }
-  return asked;
 }
 
 void daemon_core::retire_idle_blocks_locked() noexcept
@@ -600,23 +593,21 @@ std::size_t daemon_core::retire_for_room_locked(pool_id pool,
     auto blocks = s->packed.find(pool);
     if (blocks == s->packed.end()) { continue; }
     std::vector<block_id> empty;
-    std::vector<retired_block> these;
-    std::vector<std::size_t> bytes;
     std::size_t would_ask = asked;
     for (auto const& [base, b] : blocks->second) {
       if (would_ask >= wanted) { break; }
       if (b.retired || b.leases != 0) { continue; }
       empty.push_back(b.id);
-      these.push_back({.session = id, .base = base, .id = b.id});
-      bytes.push_back(b.memory.bytes);
       would_ask += b.memory.bytes;
     }
     // Only what the session was asked for counts: a block whose RetireBlocks
-    // could not be sent stays its own.
-    auto const sent = retire_locked(*s, pool, empty);
-    for (std::size_t i = 0; i < sent; ++i) {
-      retired.push_back(these[i]);
-      asked += bytes[i];
+    // could not be sent stays its own (and unretired).
+    retire_locked(*s, pool, empty);
+    for (auto const& [base, b] : blocks->second) {
+      if (b.retired && std::find(empty.begin(), empty.end(), b.id) != empty.end()) {
+        retired.push_back({.session = id, .base = base, .id = b.id});
+        asked += b.memory.bytes;
+      }
     }
   }
   return asked;

@@ -407,10 +407,8 @@ class daemon_core {
   /// it is empty and the session has another empty one, or room is wanted.
   void unpack_locked(session_id session, lease const& l) noexcept;
   /// Asks `session` to drop `blocks` of `pool` and marks retired those it
-  /// was asked for (the first ones: see retire_notifier); returns how many.
-  std::size_t retire_locked(session_entry& s,
-                            pool_id pool,
-                            std::vector<block_id> const& blocks) noexcept;
+  /// was asked for (the first ones: see retire_notifier).
+  void retire_locked(session_entry& s, pool_id pool, std::vector<block_id> const& blocks) noexcept;
   /// A packed block asked back, until its session drops it (or ends).
   struct retired_block {
     session_id session;

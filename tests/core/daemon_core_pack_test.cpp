@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -125,7 +127,11 @@ class Packing : public ::testing::Test {
     core_.set_retire_notifier(
         [this](session_id s, pool_id p, std::vector<block_id> const& ids) -> std::size_t {
           std::lock_guard lock(mutex_);
-          if (socket_full_) { return 0; }  // as a session socket that refuses the datagram
+          if (socket_full_) {
+            ++refused_sends_;  // as a session socket that refuses the datagram
+            retired_changed_.notify_all();
+            return 0;
+          }
           retired_.push_back({s, p, ids});
           retired_changed_.notify_all();
           return ids.size();
@@ -163,14 +169,27 @@ class Packing : public ::testing::Test {
     std::lock_guard lock(mutex_);
     return retired_;
   }
+  /// `holder`'s client: drops the blocks it is first asked back, as the
+  /// client library does.
+  std::jthread drop_when_retired(session_id holder)
+  {
+    return std::jthread([this, holder](std::stop_token stop) {
+      std::unique_lock lock(mutex_);
+      if (!retired_changed_.wait(lock, stop, [&] { return !retired_.empty(); })) { return; }
+      auto const ids = retired_.front().blocks;
+      lock.unlock();
+      EXPECT_TRUE(core_.drop_blocks(holder, ids).ok());
+    });
+  }
 
   daemon_core core_;
   counting_cuda_backend* backend_{};
   pool_id pool_{};
   mutable std::mutex mutex_;
-  std::condition_variable retired_changed_;
+  std::condition_variable_any retired_changed_;
   std::vector<retirement> retired_;
-  bool socket_full_{false};  // under mutex_
+  bool socket_full_{false};      // under mutex_
+  std::size_t refused_sends_{};  // under mutex_
 };
 
 TEST_F(Packing, SmallAllocationsOfOneSessionShareOneBlockExportedOnce)
@@ -333,7 +352,11 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
   }
   auto const l = packed(s, 256);
   ASSERT_TRUE(core_.free(s, l.id).ok());
-  std::this_thread::sleep_for(200ms);  // the reaper tried (50 ms idle), and could not send
+  {
+    std::unique_lock lock(mutex_);
+    ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return refused_sends_ > 0; }))
+        << "the reaper did not try (50 ms idle)";
+  }
   EXPECT_EQ(pool().reclaimable_bytes, block) << "not asked for: still offered";
   auto early = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
   EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
@@ -384,16 +407,8 @@ TEST_F(SmallPool, AWaitingRequestGetsTheRoomOfAnotherSessionsEmptyBlock)
   ASSERT_TRUE(retired().empty()) << "its one empty block stays";
   EXPECT_EQ(pool().reclaimable_bytes, block);
 
-  // The holder's client: drops what it is asked to, as the client library does.
-  std::jthread client([&](std::stop_token stop) {
-    std::unique_lock lock(mutex_);
-    retired_changed_.wait(lock, [&] { return !retired_.empty() || stop.stop_requested(); });
-    if (retired_.empty()) { return; }
-    auto const ids = retired_.front().blocks;
-    lock.unlock();
-    EXPECT_TRUE(core_.drop_blocks(holder, ids).ok());
-  });
-  auto const asker = open(1001);
+  auto const client = drop_when_retired(holder);
+  auto const asker  = open(1001);
   core_.set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
   auto big = core_.allocate(asker, pool_, 3 * MiB, 0);
   ASSERT_TRUE(big.ok()) << big.status();
@@ -413,16 +428,8 @@ TEST_F(Packing, AWaitingRequestGetsAnEmptyBlocksRoomWhenTheDeviceIsShort)
   ASSERT_TRUE(retired().empty()) << "its one empty block stays";
   backend_->set_device_limit(3 * MiB);  // 2 MiB of it in the holder's empty block
 
-  std::jthread client([&](std::stop_token stop) {
-    std::unique_lock lock(mutex_);
-    retired_changed_.wait(lock, [&] { return !retired_.empty() || stop.stop_requested(); });
-    if (retired_.empty()) { return; }
-    auto const ids = retired_.front().blocks;
-    lock.unlock();
-    std::this_thread::sleep_for(20ms);  // a client frees its import first
-    EXPECT_TRUE(core_.drop_blocks(holder, ids).ok());
-  });
-  auto const asker = open(1001);
+  auto const client = drop_when_retired(holder);
+  auto const asker  = open(1001);
   core_.set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
   auto big = core_.allocate(asker, pool_, 2 * MiB, 0);
   ASSERT_TRUE(big.ok()) << big.status();
