@@ -2198,7 +2198,7 @@ int bench_main(int argc, char** argv)
     if (cfg.quick) {
       o.warmup = 20;
       o.pairs  = 300;
-      o.rounds = 2;
+      o.rounds = 4;
     }
     auto const got = section_fast_vs_pool(session, o, st.doc);
     for (auto const& t : got.targets) {

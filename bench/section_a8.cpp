@@ -1,14 +1,16 @@
 // Section a8 of rmmd_bench: slab mode against RMM's pool, 1 and 8 threads.
 //
 // Both resources carve with the same RMM code (pool_memory_resource); what
-// slab mode adds per call is its own bookkeeping. Section a compares them
-// with one thread, one resource after the other; a 5% target needs more
-// care: here the two resources alternate round by round, T threads, each on
-// its own non-blocking stream, start together at a barrier and time every
-// pair, and the target judges the median over the rounds of each round's
-// slab p50 / pool p50. On the H100 the p50 of all pairs pooled moved by 30%
-// between runs in either direction (0.83x to 1.42x in one cell), as the host
-// drifted: a round's two halves run back to back, so the drift falls on both.
+// slab mode adds per call is its own bookkeeping. A 5% target needs care with
+// a pair of about a microsecond. The p50 of all pairs pooled moved by 30%
+// between H100 runs as the host drifted, so the target judges the median
+// over rounds of each round's slab p50 / pool p50, the resources running
+// back to back within a round. Even so, one binary's bk/pool (below) read
+// 1.03x in one run and 1.18x in the next while every round made its threads
+// anew and the resources kept their places in the round. So the threads are
+// made once and pinned, one CPU each, and each resource takes every place in
+// the round in turn. A fourth resource, the pool itself again, shows what
+// the method reads where there is no difference.
 
 #include "bench/section_a8.hpp"
 
@@ -20,16 +22,20 @@
 #include <rmm/mr/pool_memory_resource.hpp>
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <sched.h>
 #include <cuda/stream>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -146,19 +152,113 @@ struct round_result {
   double wall_s{};         // first start to last end
 };
 
-/// One round: `threads` threads, each on its stream, warm up, wait at the
-/// barrier, then time `pairs` pairs each.
-template <typename Resource>
-round_result run_round(
-    Resource& mr, streams const& s, int threads, std::size_t bytes, fast_vs_pool_options const& o)
+/// The CPUs this process may run on (empty if it cannot tell).
+std::vector<int> usable_cpus()
 {
-  std::vector<std::vector<double>> per_thread(static_cast<std::size_t>(threads));
-  std::vector<steady::time_point> ends(static_cast<std::size_t>(threads));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) { return out; }
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) { out.push_back(cpu); }
+  }
+  return out;
+}
+
+/// The section's T threads, made once per thread count and kept for every
+/// round of every resource, thread t pinned to CPU `cpus[t]` when `cpus` has
+/// one for each. Rounds that made their threads anew let the scheduler place
+/// each resource's threads anew, on another core than the resource it is
+/// compared with.
+class crew {
+ public:
+  crew(int threads, std::vector<int> const& cpus)
+  {
+    for (int t = 0; t < threads; ++t) {
+      members_.emplace_back([this, t] { work(static_cast<std::size_t>(t)); });
+      if (cpus.size() >= static_cast<std::size_t>(threads)) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[static_cast<std::size_t>(t)], &set);
+        pinned_ = pthread_setaffinity_np(members_.back().native_handle(), sizeof(set), &set) == 0 &&
+                  (t == 0 || pinned_);
+      }
+    }
+  }
+  crew(crew const&)            = delete;
+  crew& operator=(crew const&) = delete;
+  ~crew()
+  {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& m : members_) { m.join(); }
+  }
+  [[nodiscard]] bool pinned() const noexcept
+  {
+    return pinned_;
+  }
+  /// Runs job(t) on every thread t; returns when all have.
+  void run(std::function<void(std::size_t)> const& job)
+  {
+    std::unique_lock lock(mutex_);
+    job_     = &job;
+    running_ = members_.size();
+    ++generation_;
+    wake_.notify_all();
+    done_.wait(lock, [&] { return running_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work(std::size_t t)
+  {
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::function<void(std::size_t)> const* job = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) { return; }
+        seen = generation_;
+        job  = job_;
+      }
+      (*job)(t);  // catches its own exceptions
+      std::lock_guard lock(mutex_);
+      if (--running_ == 0) { done_.notify_one(); }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::function<void(std::size_t)> const* job_{nullptr};
+  std::uint64_t generation_{0};
+  std::size_t running_{0};
+  bool stop_{false};
+  bool pinned_{false};
+  std::vector<std::thread> members_;  // last: they use the rest
+};
+
+/// One round of one resource on the crew: each thread, on its own stream,
+/// warms up, waits until all have, then times `pairs` pairs.
+template <typename Resource>
+round_result run_round(crew& team,
+                       Resource& mr,
+                       streams const& s,
+                       int threads,
+                       std::size_t bytes,
+                       fast_vs_pool_options const& o)
+{
+  auto const n = static_cast<std::size_t>(threads);
+  std::vector<std::vector<double>> per_thread(n);
+  std::vector<steady::time_point> starts(n), ends(n);
+  std::vector<std::exception_ptr> errors(n);
   std::atomic<int> warm{0};
-  std::atomic<bool> go{false};
-  steady::time_point start;
-  auto body = [&](std::size_t t) {
+  std::function<void(std::size_t)> const body = [&](std::size_t t) {
+    bool counted = false;
     try {
       check(cudaSetDevice(0), "cudaSetDevice");
       cuda::stream_ref ref{s[t]};
@@ -169,7 +269,9 @@ round_result run_round(
       auto& ns = per_thread[t];
       ns.reserve(o.pairs);
       warm.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) {}
+      counted = true;
+      while (warm.load(std::memory_order_acquire) < threads) {}
+      starts[t] = steady::now();
       for (std::size_t i = 0; i < o.pairs; ++i) {
         auto const t0 = steady::now();
         void* p       = mr.allocate(ref, bytes, o.alignment);
@@ -180,26 +282,29 @@ round_result run_round(
       ends[t] = steady::now();
     } catch (...) {
       errors[t] = std::current_exception();
-      warm.fetch_add(1);
+      if (!counted) { warm.fetch_add(1); }
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) { pool.emplace_back(body, static_cast<std::size_t>(t)); }
-  while (warm.load() < threads) { std::this_thread::yield(); }
-  start = steady::now();
-  go.store(true, std::memory_order_release);
-  for (auto& th : pool) { th.join(); }
-  for (int t = 0; t < threads; ++t) {
-    check(cudaStreamSynchronize(s[static_cast<std::size_t>(t)]), "cudaStreamSynchronize");
+  team.run(body);
+  for (std::size_t t = 0; t < n; ++t) {
+    check(cudaStreamSynchronize(s[t]), "cudaStreamSynchronize");
   }
   for (auto const& e : errors) {
     if (e) { std::rethrow_exception(e); }
   }
   round_result out;
   for (auto& ns : per_thread) { out.ns.insert(out.ns.end(), ns.begin(), ns.end()); }
-  out.wall_s =
-      std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - start).count();
+  out.wall_s = std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) -
+                                             *std::min_element(starts.begin(), starts.end()))
+                   .count();
   return out;
+}
+
+double median(std::vector<double> v)
+{
+  if (v.empty()) { return 0.0; }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -208,17 +313,19 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
                                           fast_vs_pool_options const& o,
                                           results::Run& doc)
 {
+  auto const cpus = usable_cpus();
   std::printf(
-      "\na8) slab mode against RMM's pool in one process: T threads, each on its own stream, "
-      "%zu pairs each per round, %zu rounds alternating the two resources; all/all: slab p50 / "
-      "pool p50 of every pair\n",
+      "\na8) slab mode against RMM's pool in one process: T threads, each on its own stream and "
+      "CPU, %zu pairs each per batch; each round one batch per resource, their order turned by "
+      "one each round, %zu rounds; all/all: slab p50 / pool p50 of every pair\n",
       o.pairs,
       o.rounds);
   std::printf(
       "    bk: RMM's pool plus what slab mode adds per call besides its pool (two out-of-line "
-      "layers, its checks, one atomic add each way), one lane only; bk/pool: the rounds' median "
-      "of bk p50 / pool p50\n");
-  std::printf("%7s %5s %7s %11s %11s %12s %11s %11s %12s %8s %8s %9s %8s  %s\n",
+      "layers, its checks, one atomic add each way); pool': the same pool again, as a resource of "
+      "its own (what the method reads as a difference where there is none); one lane only; "
+      "bk/pool, pool'/pool: the rounds' median of each round's p50 over the pool's\n");
+  std::printf("%7s %5s %7s %11s %11s %12s %11s %11s %12s %8s %8s %9s %8s %8s  %s\n",
               "threads",
               "lanes",
               "size",
@@ -232,6 +339,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
               "rounds",
               "bk p50",
               "bk/pool",
+              "pool'/pl",
               "target (rounds: the median of each round's slab/pool)");
   check(cudaSetDevice(0), "cudaSetDevice");
   ipc_resource_options slab_options;
@@ -249,6 +357,20 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
   std::snprintf(limit, sizeof(limit), "<= %g x", fast_vs_pool_target);
   for (int threads : o.threads) {
     streams s(threads);
+    // CPU 0 of the process's set is left to the main thread, the keeper and
+    // the daemon; the crew takes the next T when there are that many.
+    std::vector<int> crew_cpus;
+    if (cpus.size() > static_cast<std::size_t>(threads)) {
+      crew_cpus.assign(cpus.begin() + 1, cpus.begin() + 1 + threads);
+    }
+    crew team(threads, crew_cpus);
+    std::printf("    %d thread%s: %s\n",
+                threads,
+                threads == 1 ? "" : "s",
+                team.pinned() ? ("pinned to CPUs " + std::to_string(crew_cpus.front()) + ".." +
+                                 std::to_string(crew_cpus.back()))
+                                    .c_str()
+                              : "not pinned (too few CPUs, or the process may not pin)");
     std::vector<std::size_t> lane_counts{1};
     if (threads > 1) { lane_counts.push_back(static_cast<std::size_t>(threads)); }
     for (auto lanes : lane_counts) {
@@ -258,6 +380,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
         row.set_size_bytes(static_cast<std::uint32_t>(bytes));
         row.set_rounds(static_cast<std::uint32_t>(o.rounds));
         row.set_carving_lanes(static_cast<std::uint32_t>(lanes));
+        row.set_pinned(team.pinned());
         if (lanes > 1 && !with_lanes.contains(lanes)) {
           auto options          = slab_options;
           options.carving_lanes = lanes;
@@ -265,57 +388,57 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
         }
         auto& fast = lanes == 1 ? one_lane : *with_lanes.at(lanes);
         try {
-          std::vector<double> fast_ns, pool_ns, bk_ns, round_ratios, bk_ratios;
-          double fast_pairs = 0, fast_wall = 0, pool_pairs = 0, pool_wall = 0;
+          // What each resource measured: every pair, and each round's p50.
+          struct measured {
+            std::vector<double> ns;
+            std::vector<double> p50;
+            double pairs{};
+            double wall_s{};
+          };
+          measured fast_m, pool_m, bk_m, again_m;
+          auto batch = [&](auto& resource, measured& into) {
+            return [&, mr = &resource, m = &into] {
+              auto got = run_round(team, *mr, s, threads, bytes, o);
+              m->pairs += static_cast<double>(got.ns.size());
+              m->wall_s += got.wall_s;
+              m->p50.push_back(summarize(got.ns).p50_us);
+              m->ns.insert(m->ns.end(), got.ns.begin(), got.ns.end());
+            };
+          };
           bool const with_bk = lanes == 1;
+          std::vector<std::function<void()>> batches{batch(fast, fast_m), batch(pool, pool_m)};
+          if (with_bk) {
+            batches.push_back(batch(bookkept, bk_m));
+            batches.push_back(batch(pool, again_m));
+          }
+          // Each resource takes each place in the order as often as the
+          // others, so what a place costs (the first after a switch, say)
+          // falls on all.
           for (std::size_t r = 0; r < o.rounds; ++r) {
-            double fast_p50 = 0, pool_p50 = 0, bk_p50 = 0;
-            auto fast_round = [&] {
-              auto got = run_round(fast, s, threads, bytes, o);
-              fast_pairs += static_cast<double>(got.ns.size());
-              fast_wall += got.wall_s;
-              fast_p50 = summarize(got.ns).p50_us;
-              fast_ns.insert(fast_ns.end(), got.ns.begin(), got.ns.end());
-            };
-            auto pool_round = [&] {
-              auto got = run_round(pool, s, threads, bytes, o);
-              pool_pairs += static_cast<double>(got.ns.size());
-              pool_wall += got.wall_s;
-              pool_p50 = summarize(got.ns).p50_us;
-              pool_ns.insert(pool_ns.end(), got.ns.begin(), got.ns.end());
-            };
-            auto bk_round = [&] {
-              if (!with_bk) { return; }
-              auto got = run_round(bookkept, s, threads, bytes, o);
-              bk_p50   = summarize(got.ns).p50_us;
-              bk_ns.insert(bk_ns.end(), got.ns.begin(), got.ns.end());
-            };
-            if (r % 2 == 0) {
-              fast_round();
-              bk_round();
-              pool_round();
-            } else {
-              pool_round();
-              bk_round();
-              fast_round();
-            }
-            if (pool_p50 > 0) {
-              round_ratios.push_back(fast_p50 / pool_p50);
-              if (with_bk) { bk_ratios.push_back(bk_p50 / pool_p50); }
+            for (std::size_t i = 0; i < batches.size(); ++i) {
+              batches[(i + r) % batches.size()]();
             }
           }
-          auto const f      = summarize(fast_ns);
-          auto const p      = summarize(pool_ns);
-          auto const pooled = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
+          auto ratios = [&](measured const& m) {
+            std::vector<double> v;
+            for (std::size_t r = 0; r < m.p50.size() && r < pool_m.p50.size(); ++r) {
+              if (pool_m.p50[r] > 0) { v.push_back(m.p50[r] / pool_m.p50[r]); }
+            }
+            return v;
+          };
+          auto const round_ratios = ratios(fast_m);
+          auto const ratio        = median(round_ratios);
+          auto const bk_ratio     = median(ratios(bk_m));
+          auto const again_ratio  = median(ratios(again_m));
+          auto const f            = summarize(fast_m.ns);
+          auto const p            = summarize(pool_m.ns);
+          auto const bk           = summarize(bk_m.ns);
+          auto const pooled       = p.p50_us > 0 ? f.p50_us / p.p50_us : 0.0;
           for (auto x : round_ratios) { row.add_round_ratios(x); }
-          std::sort(round_ratios.begin(), round_ratios.end());
-          auto const ratio = round_ratios.empty() ? 0.0 : round_ratios[round_ratios.size() / 2];
-          std::sort(bk_ratios.begin(), bk_ratios.end());
-          auto const bk_ratio = bk_ratios.empty() ? 0.0 : bk_ratios[bk_ratios.size() / 2];
-          auto const bk       = summarize(bk_ns);
           if (with_bk) {
             row.set_bookkept_p50_us(bk.p50_us);
             row.set_bookkept_over_pool(bk_ratio);
+            row.set_pool_again_over_pool(again_ratio);
           }
           bool const pass = ratio > 0 && ratio <= fast_vs_pool_target;
           auto what       = "slab p50 / pool p50, " + std::to_string(threads) + " thread" +
@@ -328,14 +451,14 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
           row.set_pairs_each(static_cast<std::uint32_t>(f.count));
           row.set_fast_p50_us(f.p50_us);
           row.set_fast_p99_us(f.p99_us);
-          row.set_fast_pairs_per_s(fast_wall > 0 ? fast_pairs / fast_wall : 0);
+          row.set_fast_pairs_per_s(fast_m.wall_s > 0 ? fast_m.pairs / fast_m.wall_s : 0);
           row.set_pool_p50_us(p.p50_us);
           row.set_pool_p99_us(p.p99_us);
-          row.set_pool_pairs_per_s(pool_wall > 0 ? pool_pairs / pool_wall : 0);
+          row.set_pool_pairs_per_s(pool_m.wall_s > 0 ? pool_m.pairs / pool_m.wall_s : 0);
           row.set_fast_over_pool_p50(pooled);
           row.set_median_round_ratio(ratio);
           std::printf(
-              "%7d %5zu %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f %9s %8s  <= "
+              "%7d %5zu %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f %9s %8s %8s  <= "
               "%.2fx %s\n",
               threads,
               lanes,
@@ -350,6 +473,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
               ratio,
               with_bk ? fixed3(bk.p50_us).c_str() : "-",
               with_bk ? fixed3(bk_ratio).c_str() : "-",
+              with_bk ? fixed3(again_ratio).c_str() : "-",
               fast_vs_pool_target,
               pass ? "pass" : "MISS");
         } catch (std::exception const& e) {
