@@ -290,15 +290,19 @@ std::size_t slab_carver::lane_of(void const* ptr, std::size_t hint) const noexce
   return 0;
 }
 
+void slab_carver::refuse_alignment(std::size_t bytes, std::size_t alignment) const
+{
+  throw rmmd::logic_error("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
+                          owner_.pool().name + "': alignment " + std::to_string(alignment) +
+                          " is larger than the 256 bytes CUDA pools guarantee");
+}
+
 void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
 {
-  if (alignment > max_alignment) {
-    throw rmmd::logic_error("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
-                            owner_.pool().name + "': alignment " + std::to_string(alignment) +
-                            " is larger than the 256 bytes CUDA pools guarantee");
-  }
+  if (alignment > max_alignment) [[unlikely]] { refuse_alignment(bytes, alignment); }
   try {
-    auto const lane = lane_for(stream, true);
+    // One lane (the default) is the pair section a8 times: no call to pick it.
+    auto const lane = lane_count_ == 1 ? 0 : lane_for(stream, true);
     if (lane == 0) [[likely]] { return carve(lanes_[0], stream, bytes, alignment); }
     try {
       return carve(lanes_[lane], stream, bytes, alignment);
@@ -320,7 +324,10 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
   }
 }
 
-void* slab_carver::carve(lane& l, cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+inline void* slab_carver::carve(lane& l,
+                                cuda::stream_ref stream,
+                                std::size_t bytes,
+                                std::size_t alignment)
 {
   auto const mine = carving(bytes);
   for (;;) {
@@ -345,7 +352,7 @@ void slab_carver::deallocate(cuda::stream_ref stream,
 {
   // `ptr` is counted in its lane's word until the end of this call: the
   // lane's pool stays.
-  auto& l = lanes_[lane_of(ptr, lane_count_ == 1 ? 0 : lane_for(stream, false))];
+  auto& l = lane_count_ == 1 ? lanes_[0] : lanes_[lane_of(ptr, lane_for(stream, false))];
   if (l.pool == nullptr) { return; }  // abandoned, or destroyed with this still carved
   l.pool->deallocate(stream, ptr, bytes, alignment);
   l.users.fetch_sub(carving(bytes), std::memory_order_release);

@@ -102,11 +102,13 @@ class slab_carver {
   /// allocate() when the lane's word says closed: makes its pool (leasing its
   /// first slab) unless another thread did, and opens it.
   void open_pool(lane& l);
-  /// allocate() in one lane.
-  [[nodiscard]] void* carve(lane& l,
-                            cuda::stream_ref stream,
-                            std::size_t bytes,
-                            std::size_t alignment);
+  /// allocate() in one lane (inline: the fast path's only call is RMM's).
+  [[nodiscard, gnu::always_inline]] void* carve(lane& l,
+                                                cuda::stream_ref stream,
+                                                std::size_t bytes,
+                                                std::size_t alignment);
+  /// Throws the logic_error of an alignment above 256 bytes.
+  [[noreturn, gnu::cold]] void refuse_alignment(std::size_t bytes, std::size_t alignment) const;
   /// The lane that carves for `stream`: streams get lanes round-robin as they
   /// first come (`assign`; and by hash once 64 streams were seen). Without
   /// `assign`, a stream not seen yet gets 0 (a hint only, for deallocate()).

@@ -10,9 +10,17 @@
 // in a static was destroyed after the CUDA runtime had begun unloading
 // (cudaErrorCudartUnloading) while that flag still said no.
 
+#include <rmm/process_is_exiting.hpp>
+
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+
 namespace rmmd::detail {
+
+/// Set once exit() ran the handler below or CUDA said it is unloading (read
+/// through process_is_exiting()).
+extern std::atomic<bool> process_exit_marked;
 
 /// Registers (again) an atexit handler that marks the process as exiting.
 /// Handlers and the destructors of objects of static storage duration run in
@@ -23,9 +31,12 @@ namespace rmmd::detail {
 void watch_process_exit() noexcept;
 
 /// True once exit() has run the handler above or RMM's own, or once a CUDA
-/// call has answered cudaErrorCudartUnloading (see note_cuda_error). Never
-/// calls CUDA.
-[[nodiscard]] bool process_is_exiting() noexcept;
+/// call has answered cudaErrorCudartUnloading (see cuda_is_unloading). Never
+/// calls CUDA. Inline: every free in slab mode asks.
+[[nodiscard]] inline bool process_is_exiting() noexcept
+{
+  return process_exit_marked.load(std::memory_order_acquire) || rmm::process_is_exiting();
+}
 
 /// Returns true (and marks the process as exiting) when `err` says that the
 /// CUDA runtime is unloading: the caller then stops quietly.
