@@ -28,6 +28,16 @@ namespace {
 /// there is no import of its own to free.
 constexpr std::uint64_t packed_lease = std::uint64_t{1} << 63;
 
+/// allocate()'s refusal of more than the pool holds, out of line: the fast
+/// path then sets up no frame for building its message.
+[[noreturn, gnu::cold, gnu::noinline]] void refuse_beyond_capacity(std::size_t bytes,
+                                                                   pool_info const& pool)
+{
+  throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
+                           pool.name + "': larger than the pool's capacity of " +
+                           std::to_string(pool.capacity_bytes) + " bytes");
+}
+
 /// What a host function needs to send one Free: it may run after the
 /// resource (at exit, after the session too), so it holds shares of both
 /// queues rather than pointers to their owners.
@@ -99,12 +109,8 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
                                          std::size_t alignment)
 {
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
-  if (bytes > pool_.capacity_bytes) {
-    // Nothing could hold it: no request (and no slab leased for it).
-    throw rmm::out_of_memory("rmmd: allocate " + std::to_string(bytes) + " bytes from pool '" +
-                             pool_.name + "': larger than the pool's capacity of " +
-                             std::to_string(pool_.capacity_bytes) + " bytes");
-  }
+  // Nothing could hold it: no request (and no slab leased for it).
+  if (bytes > pool_.capacity_bytes) [[unlikely]] { refuse_beyond_capacity(bytes, pool_); }
   return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
 }
 
@@ -113,7 +119,8 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
                                           std::size_t bytes,
                                           std::size_t alignment) noexcept
 {
-  if (ptr == nullptr || process_is_exiting()) { return; }
+  // The constructor ran watch_process_exit(): our own flag is enough.
+  if (ptr == nullptr || exit_marked()) { return; }
   if (carver_) {
     carver_->deallocate(stream, ptr, bytes, alignment);
   } else {

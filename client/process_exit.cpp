@@ -1,5 +1,7 @@
 #include "client/detail/process_exit.hpp"
 
+#include <rmm/mr/per_device_resource.hpp>
+
 #include <cstdlib>
 
 namespace rmmd::detail {
@@ -17,6 +19,10 @@ void mark_exiting() noexcept
 
 void watch_process_exit() noexcept
 {
+  // RMM registers the handler behind rmm::process_is_exiting() once, right
+  // after it makes its per-device resource map: have it made now (if it was
+  // not), so that RMM's handler is registered before ours and runs after it.
+  static_cast<void>(rmm::mr::detail::get_ref_map());
   // A failed registration only loses this one chance to see the exit coming.
   static_cast<void>(std::atexit(mark_exiting));
 }
