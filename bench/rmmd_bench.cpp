@@ -2049,6 +2049,15 @@ int bench_main(int argc, char** argv)
   app.add_option("--max-seconds", max_seconds, "Kill everything and exit 3 after this long")
       ->capture_default_str()
       ->check(CLI::Range(10, 3600));
+  std::vector<int> a8_threads{1, 8};
+  app.add_option("--a8-threads", a8_threads, "Section a8's thread counts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  std::size_t a8_rounds = 0;
+  app.add_option(
+         "--a8-rounds", a8_rounds, "Section a8's rounds (0: 16, --quick 4; more for a profile)")
+      ->capture_default_str();
   app.add_option("--sections",
                  sections,
                  "The sections to run, comma-separated (bench/README.md); b takes the direct "
@@ -2200,6 +2209,8 @@ int bench_main(int argc, char** argv)
       o.pairs  = 300;
       o.rounds = 4;
     }
+    o.threads = a8_threads;
+    if (a8_rounds != 0) { o.rounds = a8_rounds; }
     auto const got = section_fast_vs_pool(session, o, st.doc);
     for (auto const& t : got.targets) {
       st.targets.push_back({t.what, t.measured, true, fast_vs_pool_target, "x"});

@@ -23,7 +23,7 @@ struct fast_vs_pool_options {
   std::vector<std::size_t> sizes{256, std::size_t{64} << 10, std::size_t{1} << 20};
   std::size_t warmup{200};  // per thread, each round
   std::size_t pairs{2000};  // timed, per thread, each round
-  std::size_t rounds{16};   // each resource takes each place in a round's order in turn
+  std::size_t rounds{24};   // each resource takes each place in a round's order in turn
   std::size_t alignment{256};
 };
 
