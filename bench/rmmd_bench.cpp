@@ -2,6 +2,7 @@
 // and 12).
 //
 //   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f,g,h]
+//              [--a8-threads 1,8] [--a8-rounds N]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), measures
 // sections a) to h) (bench/README.md says what each one is), prints a table
