@@ -193,7 +193,9 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
 
 void ipc_memory_resource_impl::unlease(cuda::stream_ref stream, void* ptr) noexcept
 {
-  if (process_is_exiting()) { return; }
+  // Reached from deallocate() or from the carver's pool giving a slab back:
+  // either way the constructor ran watch_process_exit().
+  if (exit_marked()) { return; }
   if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }
 }
 

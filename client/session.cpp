@@ -391,11 +391,7 @@ grpc::Status session_impl::call(v1::SessionCall& call,
       // this call heard (dropped below) must not take the block from under it.
       // (Every packed grant comes through here: packing is asked only on the
       // session socket.) A lease that fails later is freed, which forgets it.
-      try {
-        count_packed_lease(reply->allocate().allocation_id(), reply->allocate().block_id());
-      } catch (std::bad_alloc const&) {
-        // Uncounted: a RetireBlocks of its block would be obeyed, as before.
-      }
+      count_packed_lease(reply->allocate().allocation_id(), reply->allocate().block_id());
     }
     // Leases granted to calls that had given up waiting: nobody will free them
     // but us (they would count against our quota until the session ends).
@@ -630,11 +626,7 @@ grpc::Status session_impl::free(v1::FreeRequest const& request)
                      code == grpc::StatusCode::FAILED_PRECONDITION)) {
     // Refused, so not freed (a release event the daemon could not use): the
     // lease is still live in its block.
-    try {
-      count_packed_lease(request.allocation_id(), block);
-    } catch (std::bad_alloc const&) {
-      // Uncounted: a RetireBlocks of its block would be obeyed, as before.
-    }
+    count_packed_lease(request.allocation_id(), block);
   }
   return status;
 }
@@ -987,10 +979,16 @@ void* session_impl::packed_block_base(std::uint32_t pool_id,
   return base;
 }
 
-void session_impl::count_packed_lease(std::uint64_t lease, std::uint64_t block)
+void session_impl::count_packed_lease(std::uint64_t lease, std::uint64_t block) noexcept
 {
   std::lock_guard live(packed_live_mutex_);
-  if (packed_lease_block_.emplace(lease, block).second) { ++packed_block_live_[block]; }
+  try {
+    if (packed_lease_block_.emplace(lease, block).second) { ++packed_block_live_[block]; }
+  } catch (std::bad_alloc const&) {
+    // Uncounted (or recorded without its block's tally, which
+    // forget_packed_lease() tolerates): a RetireBlocks of its block would be
+    // obeyed, as before leases were counted.
+  }
 }
 
 std::uint64_t session_impl::forget_packed_lease(std::uint64_t lease) noexcept

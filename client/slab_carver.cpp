@@ -260,7 +260,6 @@ void slab_carver::open_pool(lane& l)
 
 std::size_t slab_carver::lane_for(cuda::stream_ref stream, bool assign) noexcept
 {
-  if (lane_count_ == 1) { return 0; }
   auto const key = reinterpret_cast<std::uint64_t>(stream.get()) + 1;
   auto const h = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 58);  // 6 bits: 64 slots
   for (std::size_t probe = 0; probe < stream_slots; ++probe) {
@@ -281,7 +280,6 @@ std::size_t slab_carver::lane_for(cuda::stream_ref stream, bool assign) noexcept
 
 std::size_t slab_carver::lane_of(void const* ptr, std::size_t hint) const noexcept
 {
-  if (lane_count_ == 1) { return 0; }
   auto const p = reinterpret_cast<std::uintptr_t>(ptr);
   if (hint != 0 && lanes_[hint].holds(p)) { return hint; }
   for (std::size_t i = 1; i < lane_count_; ++i) {

@@ -112,8 +112,10 @@ class slab_carver {
   /// The lane that carves for `stream`: streams get lanes round-robin as they
   /// first come (`assign`; and by hash once 64 streams were seen). Without
   /// `assign`, a stream not seen yet gets 0 (a hint only, for deallocate()).
+  /// For more than one lane: with one, the callers take lane 0 without a call.
   [[nodiscard]] std::size_t lane_for(cuda::stream_ref stream, bool assign) noexcept;
-  /// The lane whose slab holds `ptr` (`hint` is tried first).
+  /// The lane whose slab holds `ptr` (`hint` is tried first). For more than
+  /// one lane, as lane_for().
   [[nodiscard]] std::size_t lane_of(void const* ptr, std::size_t hint) const noexcept;
   /// Gives back the slabs of the lanes that `which` picks and from which
   /// nothing is carved; returns their bytes.

@@ -289,8 +289,9 @@ class session_impl {
   std::mutex packed_live_mutex_;
   std::unordered_map<std::uint64_t, std::uint64_t> packed_lease_block_;  // lease -> block
   std::unordered_map<std::uint64_t, std::size_t> packed_block_live_;     // block -> leases
-  /// Lease `lease` is live in packed block `block` (once, however often said).
-  void count_packed_lease(std::uint64_t lease, std::uint64_t block);
+  /// Lease `lease` is live in packed block `block` (once, however often said;
+  /// not at all when memory runs out).
+  void count_packed_lease(std::uint64_t lease, std::uint64_t block) noexcept;
   /// Lease `lease` is no longer live in its packed block (if it is in one):
   /// its Free is about to be sent. Returns that block, or 0.
   std::uint64_t forget_packed_lease(std::uint64_t lease) noexcept;
