@@ -16,6 +16,7 @@ venv=${RMMD_VENV:-$root/.venv}
 py_venv=${RMMD_PY_VENV:-$root/.venv-py}
 
 debs=(build-essential pkg-config ninja-build
+      ccache      # rebuilds in other worktrees and presets reuse unchanged objects
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
       libcpp-httplib-dev libcli11-dev
