@@ -8,6 +8,7 @@
 #include "daemon/library_logs.hpp"
 #include "daemon/log.hpp"
 #include "daemon/metrics/metrics_server.hpp"
+#include "daemon/metrics/daemon_metrics.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "daemon/session/session_listener.hpp"
 #include "tools/gpu/gpu_identity.hpp"
@@ -61,7 +62,7 @@ struct daemon_flags {
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
   std::size_t uid_quota_bytes{};
-  rmmd::session::admission_limits admission{};
+  rmmd::session_socket::admission_limits admission{};
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};
@@ -705,21 +706,20 @@ int main(int argc, char** argv)
   }
 
   auto const grpc_path = dir / "rmmd.sock";
-  rmmd::service::rmmd_service service(core);
+  // What the metrics show: the core's stats and the adapters' counters.
+  rmmd::metrics::daemon_metrics daemon_metrics(core, std::string(rmmd::service::daemon_version()));
+  rmmd::service::rmmd_service service(core, daemon_metrics.grpc_calls());
 
   // Prometheus metrics: off unless metrics_address (file or --metrics-address).
-  rmmd::metrics::admission_metrics admission_metrics;
   // A reload may change how many sessions it shows.
   std::atomic<std::size_t> metrics_top_sessions{settings.metrics_top_sessions};
   std::unique_ptr<rmmd::metrics::metrics_server> metrics;
   if (!settings.metrics_address.empty()) {
     try {
       metrics = std::make_unique<rmmd::metrics::metrics_server>(
-          settings.metrics_address, [&service, &admission_metrics, &metrics_top_sessions] {
-            auto snapshot      = service.metrics_snapshot();
-            snapshot.admission = admission_metrics.snapshot();
+          settings.metrics_address, [&daemon_metrics, &metrics_top_sessions] {
             return render_prometheus(
-                snapshot,
+                daemon_metrics.snapshot(),
                 rmmd::metrics::render_options{.top_sessions = metrics_top_sessions.load()});
           });
     } catch (std::exception const& e) {
@@ -751,16 +751,16 @@ int main(int argc, char** argv)
   }
 
   auto const session_path = dir / "rmmd-session.sock";
-  rmmd::session::session_listener listener(
+  rmmd::session_socket::session_listener listener(
       core,
-      rmmd::session::listener_options{
+      rmmd::session_socket::listener_options{
           .socket_path       = session_path,
           .hello_deadline    = settings.hello_timeout,
           .admission         = settings.admission,
           .max_message_bytes = static_cast<std::uint32_t>(settings.max_message_bytes),
           .socket_mode       = settings.socket_mode,
-          .call_metrics      = &service.session_call_metrics(),
-          .admission_metrics = &admission_metrics});
+          .call_metrics      = &daemon_metrics.session_calls(),
+          .admission_metrics = &daemon_metrics.admission()});
   try {
     listener.start();
   } catch (std::exception const& e) {

@@ -79,7 +79,7 @@ struct daemon_settings {
   bool gpu_pool_per_device{true};
 
   core::quota_limits quotas;
-  session::admission_limits admission;
+  session_socket::admission_limits admission;
   std::chrono::milliseconds drain_timeout{5000};
   std::chrono::milliseconds hello_timeout{2000};
   /// See core_options::reclaim_timeout.

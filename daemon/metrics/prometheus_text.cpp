@@ -145,34 +145,15 @@ void write_calls(exposition& e,
   }
 }
 
-}  // namespace
-
-std::string escape_label_value(std::string_view value)
+/// Labels of a pool's series.
+labels pool_labels(core::pool_stats const& p)
 {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return labels{{"pool", p.pool.name}};
 }
 
-std::string render_prometheus(daemon_snapshot const& s, render_options const& options)
+/// The daemon itself: version, uptime, drain, sessions.
+void write_daemon(exposition& e, daemon_snapshot const& s)
 {
-  exposition e;
-
   e.family("rmmd_build_info", "gauge", "Always 1; the version label says which rmmd runs.");
   e.sample("rmmd_build_info", {{"version", s.version}}, std::uint64_t{1});
   e.family("rmmd_uptime_seconds", "gauge", "Seconds since the daemon started.");
@@ -181,12 +162,15 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   e.sample("rmmd_draining", {}, std::uint64_t{s.draining ? 1u : 0u});
   e.family("rmmd_sessions", "gauge", "Live client sessions.");
   e.sample("rmmd_sessions", {}, static_cast<std::uint64_t>(s.stats.sessions.size()));
+}
 
-  // Admission: a fixed label set (the four limits), never one series per uid.
+/// Admission: a fixed label set (the four limits), never one series per uid.
+void write_admission(exposition& e, admission_snapshot const& admission)
+{
   e.family("rmmd_session_socket_pending_connections",
            "gauge",
            "Connections on the session socket that have not said hello yet.");
-  e.sample("rmmd_session_socket_pending_connections", {}, s.admission.pending_connections);
+  e.sample("rmmd_session_socket_pending_connections", {}, admission.pending_connections);
   e.family("rmmd_admission_refusals_total",
            "counter",
            "Connections and hellos the session socket refused because a limit was reached, by "
@@ -194,12 +178,14 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   for (std::size_t l = 0; l < admission_limit_count; ++l) {
     e.sample("rmmd_admission_refusals_total",
              {{"limit", std::string(limit_name(static_cast<admission_limit>(l)))}},
-             s.admission.refusals[l]);
+             admission.refusals[l]);
   }
+}
 
-  // Pools: one info series with the descriptive labels, the figures by name.
-  auto const& pools = s.stats.pools;
-  auto pool         = [](core::pool_stats const& p) { return labels{{"pool", p.pool.name}}; };
+/// Pools: one info series with the descriptive labels, the figures by name.
+void write_pools(exposition& e, std::vector<core::pool_stats> const& pools)
+{
+  auto const pool = pool_labels;
   e.gauge_per(
       "rmmd_pool_info",
       "Always 1; labels describe the pool (backend host or cuda; CUDA pools: the GPU's UUID "
@@ -287,9 +273,13 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       pool,
       [](core::pool_stats const& p) { return p.total_allocations; },
       "counter");
+}
 
-  // Named shared buffers, per pool (never a series per buffer name: names
-  // are unbounded; rmmctl buffers lists them).
+/// Named shared buffers, per pool (never a series per buffer name: names are
+/// unbounded; rmmctl buffers lists them).
+void write_shared_buffers(exposition& e, std::vector<core::pool_stats> const& pools)
+{
+  auto const pool = pool_labels;
   e.gauge_per(
       "rmmd_pool_shared_buffers",
       "Named shared buffers in the pool (deleted ones still held included).",
@@ -307,8 +297,12 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
       pools,
       pool,
       [](core::pool_stats const& p) { return static_cast<std::uint64_t>(p.shared_holders); });
+}
 
-  // The backend's own figures, only for pools whose backend reports them.
+/// The backend's own figures, only for pools whose backend reports them.
+void write_backend_figures(exposition& e, std::vector<core::pool_stats> const& pools)
+{
+  auto const pool = pool_labels;
   std::vector<core::pool_stats> reporting;
   std::vector<core::pool_stats> with_threshold;
   for (auto const& p : pools) {
@@ -330,16 +324,20 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
               with_threshold,
               pool,
               [](core::pool_stats const& p) { return *p.release_threshold_bytes; });
+}
 
-  // Sessions and uids. Every session counts in its uid's series; only the
-  // top_sessions holding the most bytes have series of their own (labels
-  // session, uid, pid...), so that a scrape stays small with thousands of
-  // sessions. The rest are summed in rmmd_unlisted_sessions*.
-  auto const& sessions = s.stats.sessions;
+/// Sessions. Every session counts in its uid's series (write_uids); only the
+/// top_sessions holding the most bytes have series of their own (labels
+/// session, uid, pid...), so that a scrape stays small with thousands of
+/// sessions. The rest are summed in rmmd_unlisted_sessions*.
+void write_sessions(exposition& e,
+                    std::vector<core::session_info> const& sessions,
+                    std::size_t top_sessions)
+{
   std::vector<core::session_info const*> listed;
   listed.reserve(sessions.size());
   for (auto const& i : sessions) { listed.push_back(&i); }
-  auto const shown = std::min(options.top_sessions, listed.size());
+  auto const shown = std::min(top_sessions, listed.size());
   // Most bytes first; then most allocations; then the oldest session (the
   // lowest id), so that the same sessions are shown from scrape to scrape.
   std::partial_sort(listed.begin(),
@@ -393,6 +391,12 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
            "gauge",
            "Live allocations the unlisted sessions hold together.");
   e.sample("rmmd_unlisted_session_live_allocations", {}, unlisted.allocations);
+}
+
+/// Per uid: every session, and the shared buffers each uid created.
+void write_uids(exposition& e, core::stats_snapshot const& stats)
+{
+  auto const& sessions = stats.sessions;
   std::map<uid_t, uid_totals> uids;
   for (auto const& i : sessions) {
     auto& u = uids[i.peer.uid];
@@ -407,7 +411,7 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   e.gauge_per("rmmd_uid_shared_bytes",
               "Bytes of the shared buffers a uid created and that are not freed yet: charged to "
               "its quota beside rmmd_uid_bytes, also after the creating session ended.",
-              s.stats.uid_shared_bytes,
+              stats.uid_shared_bytes,
               uid,
               [](auto const& kv) { return static_cast<std::uint64_t>(kv.second); });
   e.gauge_per("rmmd_uid_live_allocations",
@@ -418,7 +422,11 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   e.gauge_per("rmmd_uid_sessions", "Live sessions of a uid.", uids, uid, [](auto const& kv) {
     return kv.second.sessions;
   });
+}
 
+/// The calls of both sockets.
+void write_all_calls(exposition& e, daemon_snapshot const& s)
+{
   write_calls(e,
               "rmmd_grpc_requests_total",
               "rmmd_grpc_request_duration_seconds",
@@ -453,6 +461,43 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
                rpc_method::open_buffer,
                rpc_method::close_buffer,
                rpc_method::blocks_dropped});
+}
+
+}  // namespace
+
+std::string escape_label_value(std::string_view value)
+{
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string render_prometheus(daemon_snapshot const& s, render_options const& options)
+{
+  exposition e;
+  write_daemon(e, s);
+  write_admission(e, s.admission);
+  write_pools(e, s.stats.pools);
+  write_shared_buffers(e, s.stats.pools);
+  write_backend_figures(e, s.stats.pools);
+  write_sessions(e, s.stats.sessions, options.top_sessions);
+  write_uids(e, s.stats);
+  write_all_calls(e, s);
   return e.take();
 }
 

@@ -1,7 +1,7 @@
 #include "daemon/service/rmmd_service.hpp"
 
-#include "daemon/service/proto_convert.hpp"
-#include "daemon/service/status_mapping.hpp"
+#include "daemon/wire/core_calls.hpp"
+#include "daemon/wire/status_mapping.hpp"
 
 #include <unistd.h>
 
@@ -21,6 +21,15 @@ grpc::Status observed(metrics::request_metrics& requests, rpc_method method, Bod
   return status;
 }
 
+/// A call of an authenticated session: its body, given the caller's session,
+/// returns the core's status; the caller's token failing, that one.
+template <typename Body>
+grpc::Status session_call(absl::StatusOr<core::session_id> const& session, Body&& body)
+{
+  if (!session.ok()) { return wire::to_grpc_status(session.status()); }
+  return wire::to_grpc_status(body(*session));
+}
+
 }  // namespace
 
 std::string_view daemon_version() noexcept
@@ -28,7 +37,10 @@ std::string_view daemon_version() noexcept
   return RMMD_VERSION;
 }
 
-rmmd_service::rmmd_service(core::daemon_core& core) : core_(core) {}
+rmmd_service::rmmd_service(core::daemon_core& core, metrics::request_metrics& requests)
+    : core_(core), requests_(requests)
+{
+}
 
 absl::StatusOr<core::session_id> rmmd_service::caller(grpc::ServerContext const& context) const
 {
@@ -43,13 +55,9 @@ grpc::Status rmmd_service::Allocate(grpc::ServerContext* context,
                                     v1::AllocateResponse* response)
 {
   return observed(requests_, rpc_method::allocate, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto grant =
-        core_.allocate(*session, request->pool_id(), request->size(), request->alignment());
-    if (!grant.ok()) { return to_grpc_status(grant.status()); }
-    to_proto(*grant, response);
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::allocate(core_, session, *request, {}, response);
+    });
   });
 }
 
@@ -58,13 +66,9 @@ grpc::Status rmmd_service::Free(grpc::ServerContext* context,
                                 v1::FreeResponse*)
 {
   return observed(requests_, rpc_method::free, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto const& event = request->release_event();
-    return to_grpc_status(
-        core_.free(*session,
-                   request->allocation_id(),
-                   std::span(reinterpret_cast<std::byte const*>(event.data()), event.size())));
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::free(core_, session, *request);
+    });
   });
 }
 
@@ -73,21 +77,9 @@ grpc::Status rmmd_service::ReportUsage(grpc::ServerContext* context,
                                        v1::UsageReply* response)
 {
   return observed(requests_, rpc_method::report_usage, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    std::vector<core::carved_usage> usage;
-    usage.reserve(static_cast<std::size_t>(request->pools_size()));
-    for (auto const& p : request->pools()) {
-      usage.push_back(core::carved_usage{.pool              = p.pool_id(),
-                                         .bytes             = p.bytes(),
-                                         .allocation_count  = p.allocation_count(),
-                                         .slab_bytes        = p.slab_bytes(),
-                                         .reclaimable_bytes = p.reclaimable_bytes()});
-    }
-    auto trim = core_.report_usage(*session, usage);
-    if (!trim.ok()) { return to_grpc_status(trim.status()); }
-    for (auto id : *trim) { response->add_trim_pool_ids(id); }
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::report_usage(core_, session, *request, response);
+    });
   });
 }
 
@@ -96,13 +88,10 @@ grpc::Status rmmd_service::GetStats(grpc::ServerContext* context,
                                     v1::Stats* response)
 {
   return observed(requests_, rpc_method::get_stats, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto const top = request->has_top_sessions()
-                         ? std::optional<std::size_t>(request->top_sessions())
-                         : std::nullopt;
-    to_proto(core_.stats(top), response);
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id) {
+      wire::get_stats(core_, *request, response);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -111,16 +100,10 @@ grpc::Status rmmd_service::ListSessions(grpc::ServerContext* context,
                                         v1::ListSessionsResponse* response)
 {
   return observed(requests_, rpc_method::list_sessions, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    if (request->has_top_sessions()) {
-      to_proto(core_.top_sessions(request->top_sessions()), response);
-      return grpc::Status::OK;
-    }
-    auto all = core_.sessions();
-    response->set_session_count(all.size());
-    for (auto const& s : all) { to_proto(s, response->add_sessions()); }
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id) {
+      wire::list_sessions(core_, *request, response);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -129,10 +112,10 @@ grpc::Status rmmd_service::ListPools(grpc::ServerContext* context,
                                      v1::ListPoolsResponse* response)
 {
   return observed(requests_, rpc_method::list_pools, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    for (auto const& p : core_.stats(0).pools) { to_proto(p, response->add_pools()); }
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id) {
+      wire::list_pools(core_, response);
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -141,13 +124,9 @@ grpc::Status rmmd_service::Trim(grpc::ServerContext* context,
                                 v1::TrimResponse* response)
 {
   return observed(requests_, rpc_method::trim, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    std::vector<core::pool_id> pools(request->pool_ids().begin(), request->pool_ids().end());
-    auto trimmed = core_.trim(*session, pools);
-    if (!trimmed.ok()) { return to_grpc_status(trimmed.status()); }
-    for (auto const& t : *trimmed) { to_proto(t, response->add_pools()); }
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::trim(core_, session, *request, response);
+    });
   });
 }
 
@@ -179,13 +158,9 @@ grpc::Status rmmd_service::CreateBuffer(grpc::ServerContext* context,
                                         v1::BufferGrant* response)
 {
   return observed(requests_, rpc_method::create_buffer, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto grant = core_.create_buffer(
-        *session, request->name(), request->pool_id(), request->size(), from_proto(*request));
-    if (!grant.ok()) { return to_grpc_status(grant.status()); }
-    to_proto(*grant, response);
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::create_buffer(core_, session, *request, {}, response);
+    });
   });
 }
 
@@ -194,9 +169,9 @@ grpc::Status rmmd_service::PublishBuffer(grpc::ServerContext* context,
                                          v1::PublishBufferResponse*)
 {
   return observed(requests_, rpc_method::publish_buffer, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    return to_grpc_status(core_.publish_buffer(*session, request->buffer_id()));
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::publish_buffer(core_, session, *request);
+    });
   });
 }
 
@@ -205,19 +180,16 @@ grpc::Status rmmd_service::OpenBuffer(grpc::ServerContext* context,
                                       v1::BufferGrant* response)
 {
   return observed(requests_, rpc_method::open_buffer, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    // Wait no longer than asked, than the caller waits for the answer, or
-    // than max_open_wait.
-    auto const now = std::chrono::steady_clock::now();
-    auto wait      = std::min<std::chrono::steady_clock::duration>(
-        std::chrono::milliseconds(request->wait_ms()), max_open_wait);
-    auto const left = context->deadline() - std::chrono::system_clock::now();
-    if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }
-    auto grant = core_.open_buffer(*session, request->name(), now + wait);
-    if (!grant.ok()) { return to_grpc_status(grant.status()); }
-    to_proto(*grant, response);
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      // Wait no longer than asked, than the caller waits for the answer, or
+      // than max_open_wait.
+      auto const now = std::chrono::steady_clock::now();
+      auto wait      = std::min<std::chrono::steady_clock::duration>(
+          std::chrono::milliseconds(request->wait_ms()), max_open_wait);
+      auto const left = context->deadline() - std::chrono::system_clock::now();
+      if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }
+      return wire::open_buffer(core_, session, *request, response, now + wait);
+    });
   });
 }
 
@@ -226,9 +198,9 @@ grpc::Status rmmd_service::CloseBuffer(grpc::ServerContext* context,
                                        v1::CloseBufferResponse*)
 {
   return observed(requests_, rpc_method::close_buffer, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    return to_grpc_status(core_.close_buffer(*session, request->buffer_id()));
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::close_buffer(core_, session, *request);
+    });
   });
 }
 
@@ -237,12 +209,9 @@ grpc::Status rmmd_service::DeleteBuffer(grpc::ServerContext* context,
                                         v1::DeleteBufferResponse* response)
 {
   return observed(requests_, rpc_method::delete_buffer, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto holders = core_.delete_buffer(*session, request->name());
-    if (!holders.ok()) { return to_grpc_status(holders.status()); }
-    response->set_holders(static_cast<std::uint32_t>(*holders));
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::delete_buffer(core_, session, *request, response);
+    });
   });
 }
 
@@ -251,25 +220,10 @@ grpc::Status rmmd_service::ListBuffers(grpc::ServerContext* context,
                                        v1::ListBuffersResponse* response)
 {
   return observed(requests_, rpc_method::list_buffers, [&] {
-    auto session = caller(*context);
-    if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto buffers = core_.list_buffers(*session);
-    if (!buffers.ok()) { return to_grpc_status(buffers.status()); }
-    for (auto const& b : *buffers) { to_proto(b, response->add_buffers()); }
-    return grpc::Status::OK;
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::list_buffers(core_, session, response);
+    });
   });
-}
-
-metrics::daemon_snapshot rmmd_service::metrics_snapshot() const
-{
-  return metrics::daemon_snapshot{
-      .version = std::string(daemon_version()),
-      .uptime_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
-      .draining      = core_.draining(),
-      .stats         = core_.stats(),
-      .requests      = requests_.snapshot(),
-      .session_calls = session_calls_.snapshot()};
 }
 
 }  // namespace rmmd::service

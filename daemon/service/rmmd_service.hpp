@@ -1,7 +1,6 @@
 #pragma once
 
 #include "daemon/core/daemon_core.hpp"
-#include "daemon/metrics/prometheus_text.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
@@ -17,13 +16,14 @@ inline constexpr std::string_view token_metadata_key = "rmmd-token";
 /// The daemon's version ("0.1.0"), from the CMake project.
 std::string_view daemon_version() noexcept;
 
-/// Thin adapter: authenticates the call's token, translates proto <-> core,
-/// and maps errors through to_grpc_status(). Its only state is what the
-/// daemon reports about itself: the start time, the metrics address, and the
-/// call counters and latency histograms (lock-free; see request_metrics).
+/// Thin adapter: authenticates the call's token, hands the request to the
+/// wire layer's core call (wire/core_calls), maps its status through
+/// wire::to_grpc_status(), and counts each call in `requests` (lock-free; see
+/// request_metrics). Its only state is what Health reports about the daemon:
+/// the start time and the metrics address.
 class rmmd_service final : public v1::Rmmd::Service {
  public:
-  explicit rmmd_service(core::daemon_core& core);
+  rmmd_service(core::daemon_core& core, metrics::request_metrics& requests);
 
   grpc::Status Allocate(grpc::ServerContext* context,
                         v1::AllocateRequest const* request,
@@ -81,16 +81,6 @@ class rmmd_service final : public v1::Rmmd::Service {
     metrics_address_ = std::move(address);
   }
 
-  /// What the metrics endpoint shows, as of now. Any thread.
-  [[nodiscard]] metrics::daemon_snapshot metrics_snapshot() const;
-
-  /// Where the session listener counts the calls it answers, so that the
-  /// metrics show them beside the gRPC calls.
-  [[nodiscard]] metrics::request_metrics& session_call_metrics() noexcept
-  {
-    return session_calls_;
-  }
-
  private:
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;
 
@@ -98,8 +88,7 @@ class rmmd_service final : public v1::Rmmd::Service {
   std::chrono::steady_clock::time_point started_{std::chrono::steady_clock::now()};
   std::chrono::system_clock::time_point started_wall_{std::chrono::system_clock::now()};
   std::string metrics_address_;
-  metrics::request_metrics requests_;
-  metrics::request_metrics session_calls_;
+  metrics::request_metrics& requests_;
 };
 
 }  // namespace rmmd::service

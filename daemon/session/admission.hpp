@@ -19,7 +19,12 @@
 #include <mutex>
 #include <unordered_map>
 
-namespace rmmd::session {
+namespace rmmd::session_socket {
+
+namespace detail {
+/// What admission counts (connections, sessions) and its limits' words.
+struct counted_kind;
+}  // namespace detail
 
 class admission {
  public:
@@ -60,6 +65,14 @@ class admission {
   };
 
   void refused(metrics::admission_limit limit) const noexcept;
+  /// The one check of every limit: `uid` past `max_per_uid`, or everyone past
+  /// `max_total`, is refused, naming that limit; otherwise counted.
+  /// REQUIRES: mutex_ held.
+  absl::Status admit(counts& counted,
+                     uid_t uid,
+                     std::size_t max_per_uid,
+                     std::size_t max_total,
+                     detail::counted_kind const& kind);
 
   mutable std::mutex mutex_;
   admission_limits limits_;
@@ -68,4 +81,4 @@ class admission {
   metrics::admission_metrics* metrics_;
 };
 
-}  // namespace rmmd::session
+}  // namespace rmmd::session_socket

@@ -1,6 +1,8 @@
 #include "daemon/session/session_protocol.hpp"
 
-#include "daemon/service/proto_convert.hpp"
+#include "daemon/wire/core_calls.hpp"
+#include "daemon/wire/proto_convert.hpp"
+#include "daemon/wire/status_mapping.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
 #include <absl/strings/str_format.h>
@@ -8,13 +10,97 @@
 #include <chrono>
 #include <utility>
 
-namespace rmmd::session {
+namespace rmmd::session_socket {
 namespace {
 
-void set_error(absl::Status const& status, v1::ErrorInfo* out)
+using metrics::rpc_method;
+
+/// Whether the core set `status` aside for a thread that may wait for idle
+/// slabs (core::reclaim_policy::hand_off): the one place that reads it.
+bool held_for_reclaim(absl::Status const& status)
 {
-  out->set_code(static_cast<int>(status.code()));
-  out->set_message(std::string(status.message()));
+  return core::is_held_for_reclaim(status);
+}
+
+/// The calls whose reply carries nothing, which reply_only_on_error may
+/// leave unanswered when they succeed.
+bool may_go_unanswered(std::optional<rpc_method> method)
+{
+  return method == rpc_method::free || method == rpc_method::publish_buffer ||
+         method == rpc_method::close_buffer || method == rpc_method::blocks_dropped;
+}
+
+/// An fd a reply must carry: the buffer's (owned by the backend), as the
+/// reply's first fd.
+absl::Status buffer_fd(core::daemon_core& core,
+                       core::session_id session,
+                       v1::BufferFdRequest const& request,
+                       std::vector<int>* fds,
+                       v1::BufferFdResponse* reply)
+{
+  auto fd = core.buffer_fd(session, request.buffer_id());
+  if (!fd.ok()) { return fd.status(); }
+  if (fds == nullptr) { return absl::FailedPreconditionError("this connection cannot carry fds"); }
+  fds->push_back(*fd);
+  reply->set_fd_index(0);
+  return absl::OkStatus();
+}
+
+/// Answers a parsed call into `reply` (its payload, meaningful on success);
+/// returns the call's status and sets `method` to the method it counts as
+/// (none for Ping and BufferFd).
+absl::Status dispatch(core::daemon_core& core,
+                      core::session_id session,
+                      v1::SessionCall const& call,
+                      wire::transport_rules rules,
+                      std::vector<int>* fds,
+                      v1::SessionReply& reply,
+                      std::optional<rpc_method>& method)
+{
+  absl::Status status;
+  switch (call.call_case()) {
+    case v1::SessionCall::kAllocate:
+      method = rpc_method::allocate;
+      return wire::allocate(core, session, call.allocate(), rules, reply.mutable_allocate());
+    case v1::SessionCall::kFree:
+      method = rpc_method::free;
+      status = wire::free(core, session, call.free());
+      if (status.ok()) { reply.mutable_free(); }
+      return status;
+    case v1::SessionCall::kPing:
+      reply.mutable_ping();
+      return status;
+    case v1::SessionCall::kBlocksDropped:
+      method = rpc_method::blocks_dropped;
+      status = wire::drop_blocks(core, session, call.blocks_dropped());
+      if (status.ok()) { reply.mutable_blocks_dropped(); }
+      return status;
+    case v1::SessionCall::kCreateBuffer:
+      method = rpc_method::create_buffer;
+      return wire::create_buffer(
+          core, session, call.create_buffer(), rules, reply.mutable_create_buffer());
+    case v1::SessionCall::kPublishBuffer:
+      method = rpc_method::publish_buffer;
+      status = wire::publish_buffer(core, session, call.publish_buffer());
+      if (status.ok()) { reply.mutable_publish_buffer(); }
+      return status;
+    case v1::SessionCall::kOpenBuffer:
+      // Never waits here: the call threads serve every session.
+      method = rpc_method::open_buffer;
+      return wire::open_buffer(core, session, call.open_buffer(), reply.mutable_open_buffer());
+    case v1::SessionCall::kCloseBuffer:
+      method = rpc_method::close_buffer;
+      status = wire::close_buffer(core, session, call.close_buffer());
+      if (status.ok()) { reply.mutable_close_buffer(); }
+      return status;
+    case v1::SessionCall::kBufferFd:
+      return buffer_fd(core, session, call.buffer_fd(), fds, reply.mutable_buffer_fd());
+    default:
+      return absl::UnimplementedError(
+          "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
+          "publish_buffer, open_buffer, close_buffer, buffer_fd, blocks_dropped): the client is "
+          "newer than the daemon");
+  }
 }
 
 }  // namespace
@@ -23,7 +109,7 @@ std::string refusal_welcome(absl::Status const& status)
 {
   v1::SessionWelcome welcome;
   welcome.set_protocol_version(1);
-  set_error(status, welcome.mutable_error());
+  wire::to_error_info(status, welcome.mutable_error());
   return welcome.SerializeAsString();
 }
 
@@ -72,7 +158,7 @@ hello_answer handle_hello(core::daemon_core& core,
       index = static_cast<int>(answer.fds.size());
       answer.fds.push_back(pool.shareable_fd);
     }
-    service::to_proto(pool, index, w.add_pools());
+    wire::to_proto(pool, index, w.add_pools());
   }
   w.set_session_calls(true);
   answer.message = w.SerializeAsString();
@@ -88,9 +174,10 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        std::vector<int>* fds,
                                        bool* held)
 {
-  auto const policy = held == nullptr ? core::reclaim_policy::wait : core::reclaim_policy::hand_off;
-  using metrics::rpc_method;
   auto const start = std::chrono::steady_clock::now();
+  wire::transport_rules const rules{
+      .reclaim = held == nullptr ? core::reclaim_policy::wait : core::reclaim_policy::hand_off,
+      .packing = true};
   v1::SessionReply reply;
   std::optional<rpc_method> method;
   absl::Status status;
@@ -104,95 +191,25 @@ std::optional<std::string> handle_call(core::daemon_core& core,
     status = absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
   } else {
     reply.set_tag(call.tag());
-    switch (call.call_case()) {
-      case v1::SessionCall::kAllocate: {
-        method        = rpc_method::allocate;
-        auto const& r = call.allocate();
-        auto grant =
-            core.allocate(session, r.pool_id(), r.size(), r.alignment(), policy, r.may_pack());
-        status = grant.status();
-        if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
-        break;
-      }
-      case v1::SessionCall::kFree: {
-        method            = rpc_method::free;
-        auto const& event = call.free().release_event();
-        status =
-            core.free(session,
-                      call.free().allocation_id(),
-                      std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
-        if (status.ok()) { reply.mutable_free(); }
-        break;
-      }
-      case v1::SessionCall::kPing:
-        reply.mutable_ping();
-        break;
-      case v1::SessionCall::kBlocksDropped: {
-        method          = rpc_method::blocks_dropped;
-        auto const& ids = call.blocks_dropped().block_ids();
-        status          = core.drop_blocks(session, std::span(ids.data(), ids.size()));
-        if (status.ok()) { reply.mutable_blocks_dropped(); }
-        break;
-      }
-      case v1::SessionCall::kCreateBuffer: {
-        method        = rpc_method::create_buffer;
-        auto const& r = call.create_buffer();
-        auto grant    = core.create_buffer(
-            session, r.name(), r.pool_id(), r.size(), service::from_proto(r), policy);
-        status = grant.status();
-        if (grant.ok()) { service::to_proto(*grant, reply.mutable_create_buffer()); }
-        break;
-      }
-      case v1::SessionCall::kPublishBuffer:
-        method = rpc_method::publish_buffer;
-        status = core.publish_buffer(session, call.publish_buffer().buffer_id());
-        if (status.ok()) { reply.mutable_publish_buffer(); }
-        break;
-      case v1::SessionCall::kOpenBuffer: {
-        // Never waits here: the call threads serve every session.
-        method     = rpc_method::open_buffer;
-        auto grant = core.open_buffer(session, call.open_buffer().name());
-        status     = grant.status();
-        if (grant.ok()) { service::to_proto(*grant, reply.mutable_open_buffer()); }
-        break;
-      }
-      case v1::SessionCall::kCloseBuffer:
-        method = rpc_method::close_buffer;
-        status = core.close_buffer(session, call.close_buffer().buffer_id());
-        if (status.ok()) { reply.mutable_close_buffer(); }
-        break;
-      case v1::SessionCall::kBufferFd: {
-        auto fd = core.buffer_fd(session, call.buffer_fd().buffer_id());
-        status  = fd.status();
-        if (fd.ok() && fds == nullptr) {
-          status = absl::FailedPreconditionError("this connection cannot carry fds");
-        } else if (fd.ok()) {
-          fds->push_back(*fd);
-          reply.mutable_buffer_fd()->set_fd_index(0);
-        }
-        break;
-      }
-      default:
-        status = absl::UnimplementedError(
-            "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
-            "publish_buffer, open_buffer, close_buffer, buffer_fd, blocks_dropped): the client is "
-            "newer than the daemon");
-    }
+    status = dispatch(core, session, call, rules, fds, reply, method);
   }
-  if (held != nullptr && core::is_held_for_reclaim(status)) {
+  if (held != nullptr && held_for_reclaim(status)) {
     *held = true;  // counted when it is made, by the thread that may wait
     return std::nullopt;
   }
-  if (!status.ok()) { set_error(status, reply.mutable_error()); }
-  if (method && call_metrics != nullptr) {
-    call_metrics->record(
-        *method, static_cast<int>(status.code()), std::chrono::steady_clock::now() - start);
+  if (!status.ok()) {
+    reply.clear_reply();  // an error answers with the error alone
+    wire::to_error_info(status, reply.mutable_error());
   }
-  // Only calls whose reply carries nothing may go unanswered.
-  bool const silent_ok = method == rpc_method::free || method == rpc_method::publish_buffer ||
-                         method == rpc_method::close_buffer || method == rpc_method::blocks_dropped;
-  if (status.ok() && silent_ok && call.reply_only_on_error()) { return std::nullopt; }
+  if (method && call_metrics != nullptr) {
+    call_metrics->record(*method,
+                         static_cast<int>(wire::wire_code(status.code())),
+                         std::chrono::steady_clock::now() - start);
+  }
+  if (status.ok() && may_go_unanswered(method) && call.reply_only_on_error()) {
+    return std::nullopt;
+  }
   return reply.SerializeAsString();
 }
 
-}  // namespace rmmd::session
+}  // namespace rmmd::session_socket

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-namespace rmmd::session {
+namespace rmmd::session_socket {
 
 /// One datagram as a connection delivered it: its bytes, cut to the reader's
 /// buffer, and whether the kernel cut it (MSG_TRUNC).
@@ -93,4 +93,4 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        std::vector<int>* fds = nullptr,
                                        bool* held            = nullptr);
 
-}  // namespace rmmd::session
+}  // namespace rmmd::session_socket

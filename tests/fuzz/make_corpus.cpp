@@ -248,24 +248,24 @@ void client_corpus(fs::path const& dir)
   core::peer_credentials const peer{
       .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};
   auto welcome =
-      session::handle_hello(*core, {.bytes = hello(), .truncated = false}, peer, "seed", {});
+      session_socket::handle_hello(*core, {.bytes = hello(), .truncated = false}, peer, "seed", {});
   // The token is random: a fixed one keeps the file the same on every run.
   v1::SessionWelcome w;
   w.ParseFromString(welcome.message);
   w.set_token(std::string(16, '\x5a'));
   write(
       dir, "welcome", client_input(0, static_cast<int>(welcome.fds.size()), w.SerializeAsString()));
-  auto refused = session::handle_hello(
+  auto refused = session_socket::handle_hello(
       *core, {.bytes = hello(), .truncated = false}, {.uid = fuzz::refused_uid}, "seed", {});
   write(dir, "welcome_refused", client_input(0, 0, refused.message));
   write(dir,
         "welcome_bad_version",
         client_input(
-            0, 0, session::handle_hello(*core, {.bytes = hello(3)}, peer, "seed", {}).message));
+            0, 0, session_socket::handle_hello(*core, {.bytes = hello(3)}, peer, "seed", {}).message));
 
   auto const id    = welcome.grant->id;
   auto const reply = [&](std::string const& call) {
-    return *session::handle_call(*core, id, {.bytes = call}, 4096, nullptr);
+    return *session_socket::handle_call(*core, id, {.bytes = call}, 4096, nullptr);
   };
   write(dir, "reply_allocate_host", client_input(3, 1, reply(allocate(7, 0, 1000, 256))));
   // Past the first allocation: a lease whose offset is not 0 (an offset of

@@ -14,6 +14,7 @@
 // a successful response serialises; and once both sessions close, the
 // ledger is empty.
 
+#include "daemon/metrics/request_metrics.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
 
@@ -58,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   using service::rmmd_service;
   auto const owned = fuzz::make_host_core();
   auto& core       = *owned;
-  rmmd_service service(core);
+  metrics::request_metrics requests;
+  rmmd_service service(core, requests);
 
   core::peer_credentials const peer{
       .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};

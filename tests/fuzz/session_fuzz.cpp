@@ -26,7 +26,7 @@ using namespace rmmd;
 constexpr std::size_t max_hello_bytes = 4096;  // listener_options' defaults
 constexpr std::size_t max_call_bytes  = 4096;
 
-session::datagram_view as_received(std::span<char const> bytes, std::size_t buffer)
+session_socket::datagram_view as_received(std::span<char const> bytes, std::size_t buffer)
 {
   if (bytes.size() <= buffer) { return {.bytes = bytes, .truncated = false}; }
   return {.bytes = bytes.first(buffer), .truncated = true};
@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   if (!hello) { return 0; }
 
   auto answer =
-      session::handle_hello(core,
+      session_socket::handle_hello(core,
                             as_received(*hello, max_hello_bytes),
                             peer,
                             "fuzz",
@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   auto const id = answer.grant->id;
   while (auto bytes = in.record()) {
     auto const call = as_received(*bytes, max_call_bytes);
-    auto reply      = session::handle_call(core, id, call, max_call_bytes, &call_metrics);
+    auto reply      = session_socket::handle_call(core, id, call, max_call_bytes, &call_metrics);
     v1::SessionCall parsed;
     bool const valid =
         !call.truncated &&

@@ -2,6 +2,7 @@
 // the protocol: each is answered or disconnected, and the daemon keeps serving.
 
 #include "client/detail/session_impl.hpp"
+#include "common/hex.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tools/socket/fd_passing.hpp"
 
@@ -206,7 +207,8 @@ class raw_session : public raw_session_socket {
         !welcome.session_calls()) {
       throw std::runtime_error("no welcome offering session calls");
     }
-    id = welcome.session_id();
+    id    = welcome.session_id();
+    token = welcome.token();
   }
 
   v1::SessionReply reply()
@@ -223,6 +225,7 @@ class raw_session : public raw_session_socket {
   }
 
   std::uint64_t id{};
+  std::string token;  ///< raw bytes; the gRPC metadata carries it in hex
 };
 
 /// Allocate 4096 bytes of the host pool.
@@ -252,7 +255,7 @@ TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
 
   v1::SessionCall big;
   big.set_tag(2);
-  big.mutable_free()->set_release_event(std::string(8000, 'x'));
+  big.mutable_open_buffer()->set_name(std::string(8000, 'x'));
   auto oversized = s.call(big);
   EXPECT_EQ(oversized.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(oversized.error().message(), HasSubstr("larger than 4096 bytes"));
@@ -320,6 +323,46 @@ TEST_F(HostileInput, AFreeThatAsksForNoReplyIsAnsweredOnlyIfItFails)
   EXPECT_EQ(first.tag(), 3u);
   EXPECT_EQ(first.error().code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.reply().tag(), 4u);
+  EXPECT_EQ(in_use(daemon_.stats()), 0u);
+}
+
+TEST_F(HostileInput, AFreeNamingAnInterprocessEventIsRefusedOnBothSocketsAndFreesNothing)
+{
+  raw_session s(daemon_.runtime_dir());
+  auto held = s.call(allocate_call(1));
+  ASSERT_FALSE(held.has_error()) << held.error().message();
+  auto const id     = held.allocate().allocation_id();
+  auto const before = daemon_.stats().SerializeAsString();
+
+  // The session socket: refused even when it asks for no reply.
+  v1::SessionCall old_free;
+  old_free.set_tag(2);
+  old_free.set_reply_only_on_error(true);
+  old_free.mutable_free()->set_allocation_id(id);
+  old_free.mutable_free()->set_release_event(std::string(64, 'e'));
+  auto refused = s.call(old_free);
+  EXPECT_EQ(refused.tag(), 2u);
+  EXPECT_EQ(refused.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error().message(), HasSubstr("no longer supported"));
+  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+
+  // The gRPC socket, with the same session's token.
+  auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("rmmd-token", common::to_hex(s.token));
+  v1::FreeResponse response;
+  auto st = v1::Rmmd::NewStub(channel)->Free(&ctx, old_free.free(), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("no longer supported"));
+  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+
+  // The lease is still there to free.
+  v1::SessionCall release;
+  release.set_tag(3);
+  release.mutable_free()->set_allocation_id(id);
+  auto freed = s.call(release);
+  EXPECT_FALSE(freed.has_error()) << freed.error().message();
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
 }
 

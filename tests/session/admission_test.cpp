@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace rmmd::session {
+namespace rmmd::session_socket {
 namespace {
 
 using metrics::admission_limit;
@@ -92,4 +92,4 @@ TEST(Admission, AnEndWithoutAnAdmissionChangesNothing)
 }
 
 }  // namespace
-}  // namespace rmmd::session
+}  // namespace rmmd::session_socket

@@ -10,6 +10,8 @@
 #include "daemon/metrics/request_metrics.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
+#include <gmock/gmock.h>
+#include <grpcpp/support/status.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -18,7 +20,7 @@
 #include <optional>
 #include <string>
 
-namespace rmmd::session {
+namespace rmmd::session_socket {
 namespace {
 
 constexpr std::size_t max_call_bytes = 4096;
@@ -167,5 +169,46 @@ TEST_F(SessionProtocol, BlocksDroppedIsCountedApartFromFree)
   EXPECT_EQ(metrics::method_name(metrics::rpc_method::blocks_dropped), "BlocksDropped");
 }
 
+TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
+{
+  v1::SessionCall c;
+  c.mutable_allocate()->set_size(4096);
+  auto r = send(c, 1);
+  ASSERT_TRUE(r && r->has_allocate());
+  auto const lease = r->allocate().allocation_id();
+  auto const held  = core_->stats().pools.at(0).allocation_count;
+
+  c.Clear();
+  c.set_reply_only_on_error(true);  // a refusal is answered all the same
+  c.mutable_free()->set_allocation_id(lease);
+  c.mutable_free()->set_release_event(std::string(64, 'e'));
+  r = send(c, 2);
+  ASSERT_TRUE(r) << "a refused Free went unanswered";
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(r->error().message(), ::testing::HasSubstr("no longer supported"));
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
+  EXPECT_EQ(core_->stats().pools.at(0).allocation_count, held) << "the refused Free freed";
+
+  c.mutable_free()->clear_release_event();
+  r = send(c, 3);
+  EXPECT_FALSE(r) << "the lease was not there to free: " << (r ? r->DebugString() : "");
+}
+
+TEST_F(SessionProtocol, ErrorsCarryTheWireCodeAndNoPayload)
+{
+  v1::SessionCall c;
+  c.mutable_allocate()->set_size(4096);
+  c.mutable_allocate()->set_pool_id(99);  // no such pool
+  auto r = send(c, 1);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
+
+  c.Clear();  // names no call
+  r = send(c, 2);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
+}
+
 }  // namespace
-}  // namespace rmmd::session
+}  // namespace rmmd::session_socket

@@ -7,7 +7,7 @@
 #include "daemon/core/types.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
-namespace rmmd::service {
+namespace rmmd::wire {
 
 /// `fd_index` is the pool fd's position among the fds attached to a welcome,
 /// or -1.
@@ -24,4 +24,4 @@ v1::BufferState to_proto(core::buffer_state state);
 /// A CreateBufferRequest's options.
 core::buffer_options from_proto(v1::CreateBufferRequest const& in);
 
-}  // namespace rmmd::service
+}  // namespace rmmd::wire

@@ -1,8 +1,8 @@
-#include "daemon/service/proto_convert.hpp"
+#include "daemon/wire/proto_convert.hpp"
 
 #include <chrono>
 
-namespace rmmd::service {
+namespace rmmd::wire {
 namespace {
 
 v1::Backend to_proto(core::backend_kind kind)
@@ -199,4 +199,4 @@ core::buffer_options from_proto(v1::CreateBufferRequest const& in)
                               .gid = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt};
 }
 
-}  // namespace rmmd::service
+}  // namespace rmmd::wire

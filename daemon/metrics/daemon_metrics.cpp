@@ -1,0 +1,25 @@
+#include "daemon/metrics/daemon_metrics.hpp"
+
+#include <utility>
+
+namespace rmmd::metrics {
+
+daemon_metrics::daemon_metrics(core::daemon_core const& core, std::string version)
+    : core_(core), version_(std::move(version))
+{
+}
+
+daemon_snapshot daemon_metrics::snapshot() const
+{
+  return daemon_snapshot{
+      .version = version_,
+      .uptime_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
+      .draining      = core_.draining(),
+      .stats         = core_.stats(),
+      .requests      = grpc_calls_.snapshot(),
+      .session_calls = session_calls_.snapshot(),
+      .admission     = admission_.snapshot()};
+}
+
+}  // namespace rmmd::metrics

@@ -1,0 +1,179 @@
+#include "daemon/wire/core_calls.hpp"
+
+#include "daemon/wire/proto_convert.hpp"
+
+#include <absl/strings/str_format.h>
+
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace rmmd::wire {
+
+absl::Status allocate(core::daemon_core& core,
+                      core::session_id session,
+                      v1::AllocateRequest const& request,
+                      transport_rules rules,
+                      v1::AllocateResponse* reply)
+{
+  auto grant = core.allocate(session,
+                             request.pool_id(),
+                             request.size(),
+                             request.alignment(),
+                             rules.reclaim,
+                             rules.packing && request.may_pack());
+  if (!grant.ok()) { return grant.status(); }
+  to_proto(*grant, reply);
+  return absl::OkStatus();
+}
+
+absl::Status free(core::daemon_core& core,
+                  core::session_id session,
+                  v1::FreeRequest const& request)
+{
+  // The daemon frees when the Free arrives; a client waits for its stream
+  // first (a host function enqueued after its free sends the Free). An
+  // interprocess event cannot be waited on safely (docs/protocol.md,
+  // section 3), so a request that still names one is refused whole.
+  if (!request.release_event().empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "free allocation %d: FreeRequest.release_event (field 2, an interprocess event) is no "
+        "longer supported, and nothing was freed; send the Free without it once the stream has "
+        "passed the free of the imported pointer (the rmmd client sends it from a host function "
+        "enqueued after cudaFreeAsync): update the client",
+        request.allocation_id()));
+  }
+  return core.free(session, request.allocation_id());
+}
+
+absl::Status drop_blocks(core::daemon_core& core,
+                         core::session_id session,
+                         v1::BlocksDropped const& request)
+{
+  auto const& ids = request.block_ids();
+  return core.drop_blocks(session, std::span(ids.data(), ids.size()));
+}
+
+absl::Status report_usage(core::daemon_core& core,
+                          core::session_id session,
+                          v1::UsageReport const& request,
+                          v1::UsageReply* reply)
+{
+  std::vector<core::carved_usage> usage;
+  usage.reserve(static_cast<std::size_t>(request.pools_size()));
+  for (auto const& p : request.pools()) {
+    usage.push_back(core::carved_usage{.pool              = p.pool_id(),
+                                       .bytes             = p.bytes(),
+                                       .allocation_count  = p.allocation_count(),
+                                       .slab_bytes        = p.slab_bytes(),
+                                       .reclaimable_bytes = p.reclaimable_bytes()});
+  }
+  auto trim = core.report_usage(session, usage);
+  if (!trim.ok()) { return trim.status(); }
+  for (auto id : *trim) { reply->add_trim_pool_ids(id); }
+  return absl::OkStatus();
+}
+
+void get_stats(core::daemon_core const& core, v1::GetStatsRequest const& request, v1::Stats* reply)
+{
+  auto const top = request.has_top_sessions()
+                       ? std::optional<std::size_t>(request.top_sessions())
+                       : std::nullopt;
+  to_proto(core.stats(top), reply);
+}
+
+void list_sessions(core::daemon_core const& core,
+                   v1::ListSessionsRequest const& request,
+                   v1::ListSessionsResponse* reply)
+{
+  if (request.has_top_sessions()) {
+    to_proto(core.top_sessions(request.top_sessions()), reply);
+    return;
+  }
+  auto all = core.sessions();
+  reply->set_session_count(all.size());
+  for (auto const& s : all) { to_proto(s, reply->add_sessions()); }
+}
+
+void list_pools(core::daemon_core const& core, v1::ListPoolsResponse* reply)
+{
+  for (auto const& p : core.stats(0).pools) { to_proto(p, reply->add_pools()); }
+}
+
+absl::Status trim(core::daemon_core& core,
+                  core::session_id session,
+                  v1::TrimRequest const& request,
+                  v1::TrimResponse* reply)
+{
+  std::vector<core::pool_id> pools(request.pool_ids().begin(), request.pool_ids().end());
+  auto trimmed = core.trim(session, pools);
+  if (!trimmed.ok()) { return trimmed.status(); }
+  for (auto const& t : *trimmed) { to_proto(t, reply->add_pools()); }
+  return absl::OkStatus();
+}
+
+absl::Status create_buffer(core::daemon_core& core,
+                           core::session_id session,
+                           v1::CreateBufferRequest const& request,
+                           transport_rules rules,
+                           v1::BufferGrant* reply)
+{
+  auto grant = core.create_buffer(session,
+                                  request.name(),
+                                  request.pool_id(),
+                                  request.size(),
+                                  from_proto(request),
+                                  rules.reclaim);
+  if (!grant.ok()) { return grant.status(); }
+  to_proto(*grant, reply);
+  return absl::OkStatus();
+}
+
+absl::Status publish_buffer(core::daemon_core& core,
+                            core::session_id session,
+                            v1::PublishBufferRequest const& request)
+{
+  return core.publish_buffer(session, request.buffer_id());
+}
+
+absl::Status open_buffer(core::daemon_core& core,
+                         core::session_id session,
+                         v1::OpenBufferRequest const& request,
+                         v1::BufferGrant* reply,
+                         std::chrono::steady_clock::time_point wait_until)
+{
+  auto grant = core.open_buffer(session, request.name(), wait_until);
+  if (!grant.ok()) { return grant.status(); }
+  to_proto(*grant, reply);
+  return absl::OkStatus();
+}
+
+absl::Status close_buffer(core::daemon_core& core,
+                          core::session_id session,
+                          v1::CloseBufferRequest const& request)
+{
+  return core.close_buffer(session, request.buffer_id());
+}
+
+absl::Status delete_buffer(core::daemon_core& core,
+                           core::session_id session,
+                           v1::DeleteBufferRequest const& request,
+                           v1::DeleteBufferResponse* reply)
+{
+  auto holders = core.delete_buffer(session, request.name());
+  if (!holders.ok()) { return holders.status(); }
+  reply->set_holders(static_cast<std::uint32_t>(*holders));
+  return absl::OkStatus();
+}
+
+absl::Status list_buffers(core::daemon_core const& core,
+                          core::session_id session,
+                          v1::ListBuffersResponse* reply)
+{
+  auto buffers = core.list_buffers(session);
+  if (!buffers.ok()) { return buffers.status(); }
+  for (auto const& b : *buffers) { to_proto(b, reply->add_buffers()); }
+  return absl::OkStatus();
+}
+
+}  // namespace rmmd::wire

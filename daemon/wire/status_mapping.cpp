@@ -1,0 +1,50 @@
+#include "daemon/wire/status_mapping.hpp"
+
+#include <array>
+#include <string>
+#include <utility>
+
+namespace rmmd::wire {
+namespace {
+
+/// DESIGN.md's error table: the codes a request can earn. The numbers of the
+/// two enums agree, but the table names each one that may leave the daemon,
+/// so that a new core code is INTERNAL until someone decides otherwise.
+constexpr std::array<std::pair<absl::StatusCode, grpc::StatusCode>, 12> wire_codes{{
+    {absl::StatusCode::kOk, grpc::StatusCode::OK},
+    {absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+    {absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+    {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+    {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+    {absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+    {absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+    {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
+    {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+    {absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+    {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+    {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+}};
+
+}  // namespace
+
+grpc::StatusCode wire_code(absl::StatusCode code) noexcept
+{
+  for (auto const& [from, to] : wire_codes) {
+    if (from == code) { return to; }
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+grpc::Status to_grpc_status(absl::Status const& status)
+{
+  if (status.ok()) { return grpc::Status::OK; }
+  return {wire_code(status.code()), std::string(status.message())};
+}
+
+void to_error_info(absl::Status const& status, v1::ErrorInfo* out)
+{
+  out->set_code(static_cast<int>(wire_code(status.code())));
+  out->set_message(std::string(status.message()));
+}
+
+}  // namespace rmmd::wire

@@ -1,0 +1,56 @@
+// The one status mapping: the codes of DESIGN.md's error table cross both
+// sockets as they are, any other one as INTERNAL, and the gRPC status and the
+// session socket's ErrorInfo agree.
+
+#include "daemon/wire/status_mapping.hpp"
+
+#include <gtest/gtest.h>
+
+namespace rmmd::wire {
+namespace {
+
+TEST(StatusMapping, TheErrorTableCodesCrossAsTheyAre)
+{
+  for (auto code : {absl::StatusCode::kOk,
+                    absl::StatusCode::kInvalidArgument,
+                    absl::StatusCode::kResourceExhausted,
+                    absl::StatusCode::kNotFound,
+                    absl::StatusCode::kAlreadyExists,
+                    absl::StatusCode::kFailedPrecondition,
+                    absl::StatusCode::kPermissionDenied,
+                    absl::StatusCode::kUnauthenticated,
+                    absl::StatusCode::kUnavailable,
+                    absl::StatusCode::kDeadlineExceeded,
+                    absl::StatusCode::kUnimplemented,
+                    absl::StatusCode::kInternal}) {
+    EXPECT_EQ(static_cast<int>(wire_code(code)), static_cast<int>(code))
+        << absl::StatusCodeToString(code);
+  }
+}
+
+TEST(StatusMapping, AnyOtherCodeIsInternal)
+{
+  for (auto code : {absl::StatusCode::kAborted,
+                    absl::StatusCode::kCancelled,
+                    absl::StatusCode::kUnknown,
+                    absl::StatusCode::kOutOfRange,
+                    absl::StatusCode::kDataLoss}) {
+    EXPECT_EQ(wire_code(code), grpc::StatusCode::INTERNAL) << absl::StatusCodeToString(code);
+  }
+}
+
+TEST(StatusMapping, BothSocketsCarryTheSameCodeAndMessage)
+{
+  auto const status = absl::AbortedError("held for reclaim");
+  auto const grpc   = to_grpc_status(status);
+  v1::ErrorInfo info;
+  to_error_info(status, &info);
+  EXPECT_EQ(grpc.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(info.code(), static_cast<int>(grpc.error_code()));
+  EXPECT_EQ(grpc.error_message(), "held for reclaim");
+  EXPECT_EQ(info.message(), grpc.error_message());
+  EXPECT_TRUE(to_grpc_status(absl::OkStatus()).ok());
+}
+
+}  // namespace
+}  // namespace rmmd::wire
