@@ -81,7 +81,7 @@ constexpr counted_kind pending_connections{
                       "max_pending_per_uid",
                       "--max-pending-per-uid",
                       "send the SessionHello as soon as the connection is open and close "
-                      "connections that will not, or ask the operator to raise the limit"},
+                            "connections that will not, or ask the operator to raise the limit"},
     .total         = {admission_limit::max_pending_total,
                       "max_pending_total",
                       "--max-pending-total",
@@ -95,12 +95,12 @@ constexpr counted_kind open_sessions{
                       "max_sessions_per_uid",
                       "--max-sessions-per-uid",
                       "close sessions this user no longer needs (`rmmctl sessions` lists them), "
-                      "or ask the operator to raise the limit"},
+                            "or ask the operator to raise the limit"},
     .total         = {admission_limit::max_sessions_total,
                       "max_sessions_total",
                       "--max-sessions-total",
                       "retry once other sessions have ended, or ask the operator to raise the "
-                      "limit"}};
+                              "limit"}};
 
 }  // namespace
 

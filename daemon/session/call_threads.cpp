@@ -220,8 +220,8 @@ void call_threads::answer_held(open_session* s, std::vector<char> call) noexcept
 }
 
 void call_threads::push_reclaim(core::session_id session,
-                                    core::pool_id pool,
-                                    std::size_t bytes) noexcept
+                                core::pool_id pool,
+                                std::size_t bytes) noexcept
 {
   try {
     v1::SessionReply push;
@@ -239,8 +239,8 @@ void call_threads::push_reclaim(core::session_id session,
 }
 
 std::size_t call_threads::push_retire(core::session_id session,
-                                          core::pool_id pool,
-                                          std::vector<core::block_id> const& blocks) noexcept
+                                      core::pool_id pool,
+                                      std::vector<core::block_id> const& blocks) noexcept
 {
   std::size_t sent = 0;
   try {
@@ -271,8 +271,8 @@ std::size_t call_threads::push_retire(core::session_id session,
 }
 
 call_threads::turn_end call_threads::answer_calls(open_session& s,
-                                                          std::vector<char>& buffer,
-                                                          std::vector<char>& held_call) noexcept
+                                                  std::vector<char>& buffer,
+                                                  std::vector<char>& held_call) noexcept
 {
   // A few calls per turn, then the connection goes back in the set (it stays
   // readable), so one busy session cannot starve the others.

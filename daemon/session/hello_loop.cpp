@@ -211,7 +211,8 @@ hello_loop::hello_outcome hello_loop::on_readable(connection& c)
       {.bytes = std::span(buffer.data(), static_cast<std::size_t>(n)), .truncated = truncated},
       c.peer,
       command_name(c.peer.pid),
-      {.max_hello_bytes = options_.max_hello_bytes, .max_message_bytes = options_.max_message_bytes});
+      {.max_hello_bytes   = options_.max_hello_bytes,
+       .max_message_bytes = options_.max_message_bytes});
   if (!answer.grant) { return refuse_hello(c, answer); }
   return welcome(c, answer);
 }

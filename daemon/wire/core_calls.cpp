@@ -27,9 +27,7 @@ absl::Status allocate(core::daemon_core& core,
   return absl::OkStatus();
 }
 
-absl::Status free(core::daemon_core& core,
-                  core::session_id session,
-                  v1::FreeRequest const& request)
+absl::Status free(core::daemon_core& core, core::session_id session, v1::FreeRequest const& request)
 {
   // The daemon frees when the Free arrives; a client waits for its stream
   // first (a host function enqueued after its free sends the Free). An
@@ -76,9 +74,8 @@ absl::Status report_usage(core::daemon_core& core,
 
 void get_stats(core::daemon_core const& core, v1::GetStatsRequest const& request, v1::Stats* reply)
 {
-  auto const top = request.has_top_sessions()
-                       ? std::optional<std::size_t>(request.top_sessions())
-                       : std::nullopt;
+  auto const top = request.has_top_sessions() ? std::optional<std::size_t>(request.top_sessions())
+                                              : std::nullopt;
   to_proto(core.stats(top), reply);
 }
 

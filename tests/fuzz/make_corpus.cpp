@@ -261,7 +261,9 @@ void client_corpus(fs::path const& dir)
   write(dir,
         "welcome_bad_version",
         client_input(
-            0, 0, session_socket::handle_hello(*core, {.bytes = hello(3)}, peer, "seed", {}).message));
+            0,
+            0,
+            session_socket::handle_hello(*core, {.bytes = hello(3)}, peer, "seed", {}).message));
 
   auto const id    = welcome.grant->id;
   auto const reply = [&](std::string const& call) {

@@ -49,12 +49,12 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   auto hello = in.record();
   if (!hello) { return 0; }
 
-  auto answer =
-      session_socket::handle_hello(core,
-                            as_received(*hello, max_hello_bytes),
-                            peer,
-                            "fuzz",
-                            {.max_hello_bytes = max_hello_bytes, .max_message_bytes = 1 << 16});
+  auto answer = session_socket::handle_hello(
+      core,
+      as_received(*hello, max_hello_bytes),
+      peer,
+      "fuzz",
+      {.max_hello_bytes = max_hello_bytes, .max_message_bytes = 1 << 16});
   v1::SessionWelcome welcome;
   RMMD_FUZZ_CHECK(welcome.ParseFromString(answer.message));
   if (!answer.grant) {
