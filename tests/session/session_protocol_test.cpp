@@ -89,7 +89,7 @@ TEST_F(SessionProtocol, EveryCallThatSucceedsIsAnsweredWithItsOwnReply)
   EXPECT_EQ(r->reply_case(), v1::SessionReply::kPing);
 
   // A host pool packs nothing, so this session holds no block: dropping none
-  // succeeds, and is answered as such (an empty reply was the fuzzer's find).
+  // succeeds, and is answered with its own reply, not an empty one.
   c.Clear();
   c.mutable_blocks_dropped();
   r = send(c, 4);
