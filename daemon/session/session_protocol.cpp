@@ -15,13 +15,6 @@ namespace {
 
 using metrics::rpc_method;
 
-/// Whether the core set `status` aside for a thread that may wait for idle
-/// slabs (core::reclaim_policy::hand_off): the one place that reads it.
-bool held_for_reclaim(absl::Status const& status)
-{
-  return core::is_held_for_reclaim(status);
-}
-
 /// The calls whose reply carries nothing, which reply_only_on_error may
 /// leave unanswered when they succeed.
 bool may_go_unanswered(std::optional<rpc_method> method)
@@ -48,20 +41,22 @@ absl::Status buffer_fd(core::daemon_core& core,
 
 /// Answers a parsed call into `reply` (its payload, meaningful on success);
 /// returns the call's status and sets `method` to the method it counts as
-/// (none for Ping and BufferFd).
+/// (none for Ping and BufferFd). A call held for idle slabs sets `*held`
+/// (see wire::transport_rules).
 absl::Status dispatch(core::daemon_core& core,
                       core::session_id session,
                       v1::SessionCall const& call,
                       wire::transport_rules rules,
                       std::vector<int>* fds,
                       v1::SessionReply& reply,
-                      std::optional<rpc_method>& method)
+                      std::optional<rpc_method>& method,
+                      bool* held)
 {
   absl::Status status;
   switch (call.call_case()) {
     case v1::SessionCall::kAllocate:
       method = rpc_method::allocate;
-      return wire::allocate(core, session, call.allocate(), rules, reply.mutable_allocate());
+      return wire::allocate(core, session, call.allocate(), rules, reply.mutable_allocate(), held);
     case v1::SessionCall::kFree:
       method = rpc_method::free;
       status = wire::free(core, session, call.free());
@@ -78,7 +73,7 @@ absl::Status dispatch(core::daemon_core& core,
     case v1::SessionCall::kCreateBuffer:
       method = rpc_method::create_buffer;
       return wire::create_buffer(
-          core, session, call.create_buffer(), rules, reply.mutable_create_buffer());
+          core, session, call.create_buffer(), rules, reply.mutable_create_buffer(), held);
     case v1::SessionCall::kPublishBuffer:
       method = rpc_method::publish_buffer;
       status = wire::publish_buffer(core, session, call.publish_buffer());
@@ -175,9 +170,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        bool* held)
 {
   auto const start = std::chrono::steady_clock::now();
-  wire::transport_rules const rules{
-      .reclaim = held == nullptr ? core::reclaim_policy::wait : core::reclaim_policy::hand_off,
-      .packing = true};
+  wire::transport_rules const rules{.may_hold = held != nullptr, .packing = true};
+  if (held != nullptr) { *held = false; }
   v1::SessionReply reply;
   std::optional<rpc_method> method;
   absl::Status status;
@@ -191,11 +185,10 @@ std::optional<std::string> handle_call(core::daemon_core& core,
     status = absl::InvalidArgumentError("session call is not a valid rmmd.v1.SessionCall message");
   } else {
     reply.set_tag(call.tag());
-    status = dispatch(core, session, call, rules, fds, reply, method);
+    status = dispatch(core, session, call, rules, fds, reply, method, held);
   }
-  if (held != nullptr && held_for_reclaim(status)) {
-    *held = true;  // counted when it is made, by the thread that may wait
-    return std::nullopt;
+  if (held != nullptr && *held) {
+    return std::nullopt;  // counted when it is made, by the thread that may wait
   }
   if (!status.ok()) {
     reply.clear_reply();  // an error answers with the error alone

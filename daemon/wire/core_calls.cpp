@@ -9,22 +9,47 @@
 #include <vector>
 
 namespace rmmd::wire {
+namespace {
+
+/// The one place that reads the core's reclaim hand-off: makes `request`
+/// (given the core's reclaim policy) so that it waits for idle slabs, or,
+/// with rules.may_hold, so that the core holds it instead (`*held` set).
+/// Puts a grant into `reply` on success.
+template <typename Request, typename Reply>
+absl::Status wait_or_hold(transport_rules rules, bool* held, Request&& request, Reply* reply)
+{
+  auto const policy = rules.may_hold ? core::reclaim_policy::hand_off : core::reclaim_policy::wait;
+  auto grant        = request(policy);
+  if (rules.may_hold && core::is_held_for_reclaim(grant.status())) {
+    *held = true;
+    return absl::OkStatus();
+  }
+  if (!grant.ok()) { return grant.status(); }
+  to_proto(*grant, reply);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status allocate(core::daemon_core& core,
                       core::session_id session,
                       v1::AllocateRequest const& request,
                       transport_rules rules,
-                      v1::AllocateResponse* reply)
+                      v1::AllocateResponse* reply,
+                      bool* held)
 {
-  auto grant = core.allocate(session,
+  return wait_or_hold(
+      rules,
+      held,
+      [&](core::reclaim_policy policy) {
+        return core.allocate(session,
                              request.pool_id(),
                              request.size(),
                              request.alignment(),
-                             rules.reclaim,
+                             policy,
                              rules.packing && request.may_pack());
-  if (!grant.ok()) { return grant.status(); }
-  to_proto(*grant, reply);
-  return absl::OkStatus();
+      },
+      reply);
 }
 
 absl::Status free(core::daemon_core& core, core::session_id session, v1::FreeRequest const& request)
@@ -113,17 +138,21 @@ absl::Status create_buffer(core::daemon_core& core,
                            core::session_id session,
                            v1::CreateBufferRequest const& request,
                            transport_rules rules,
-                           v1::BufferGrant* reply)
+                           v1::BufferGrant* reply,
+                           bool* held)
 {
-  auto grant = core.create_buffer(session,
+  return wait_or_hold(
+      rules,
+      held,
+      [&](core::reclaim_policy policy) {
+        return core.create_buffer(session,
                                   request.name(),
                                   request.pool_id(),
                                   request.size(),
                                   from_proto(request),
-                                  rules.reclaim);
-  if (!grant.ok()) { return grant.status(); }
-  to_proto(*grant, reply);
-  return absl::OkStatus();
+                                  policy);
+      },
+      reply);
 }
 
 absl::Status publish_buffer(core::daemon_core& core,

@@ -21,19 +21,25 @@ namespace rmmd::wire {
 
 /// What the transport that carries a call lets it do.
 struct transport_rules {
-  /// How an Allocate or CreateBuffer that finds its pool short waits for
-  /// other sessions' idle slabs (see core::reclaim_policy).
-  core::reclaim_policy reclaim{core::reclaim_policy::wait};
+  /// An Allocate or CreateBuffer that finds its pool short waits for other
+  /// sessions' idle slabs, up to the core's reclaim_timeout, unless this is
+  /// set: then such a call is not made (it changes nothing, and says so
+  /// through `held`), for the transport to make again from a thread that may
+  /// wait.
+  bool may_hold{false};
   /// Whether AllocateRequest.may_pack is honoured: a packed lease needs the
   /// RetireBlocks/BlocksDropped exchange of the session socket.
   bool packing{false};
 };
 
+/// With rules.may_hold, `*held` is set (and OK returned) for a call held for
+/// idle slabs. REQUIRES: `held` is not null when rules.may_hold.
 absl::Status allocate(core::daemon_core& core,
                       core::session_id session,
                       v1::AllocateRequest const& request,
                       transport_rules rules,
-                      v1::AllocateResponse* reply);
+                      v1::AllocateResponse* reply,
+                      bool* held = nullptr);
 
 /// INVALID_ARGUMENT, changing nothing, for a request that carries the removed
 /// interprocess-event field (see FreeRequest in rmmd.proto).
@@ -63,11 +69,13 @@ absl::Status trim(core::daemon_core& core,
                   v1::TrimRequest const& request,
                   v1::TrimResponse* reply);
 
+/// Held as allocate() is.
 absl::Status create_buffer(core::daemon_core& core,
                            core::session_id session,
                            v1::CreateBufferRequest const& request,
                            transport_rules rules,
-                           v1::BufferGrant* reply);
+                           v1::BufferGrant* reply,
+                           bool* held = nullptr);
 
 absl::Status publish_buffer(core::daemon_core& core,
                             core::session_id session,

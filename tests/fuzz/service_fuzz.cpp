@@ -1,5 +1,5 @@
 // Every gRPC request of the Rmmd service, through the service's own methods
-// (authentication, validation, proto <-> core conversion) into a real core
+// (authentication, then the wire layer: validation, proto <-> core) into a real core
 // with host pools. No server and no channel: each call gets a ServerContext
 // of its own that carries the token the input chose, as gRPC would hand one
 // to the method after parsing the request.
@@ -11,8 +11,8 @@
 // parse before any method runs, and so does this fuzzer).
 //
 // Checked: every status is a gRPC code with a message where it is an error;
-// a successful response serialises; and once both sessions close, the
-// ledger is empty.
+// a successful response serialises; a Free naming an interprocess event is
+// refused; and once both sessions close, the ledger is empty.
 
 #include "daemon/metrics/request_metrics.hpp"
 #include "daemon/service/rmmd_service.hpp"
@@ -83,10 +83,18 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         status = call<v1::AllocateRequest, v1::AllocateResponse>(
             service, &rmmd_service::Allocate, token, *bytes);
         break;
-      case 1:
+      case 1: {
         status =
             call<v1::FreeRequest, v1::FreeResponse>(service, &rmmd_service::Free, token, *bytes);
+        // A session's Free naming an interprocess event is refused.
+        v1::FreeRequest request;
+        if ((who & 3) < 2 &&
+            request.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())) &&
+            !request.release_event().empty()) {
+          RMMD_FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+        }
         break;
+      }
       case 2:
         status =
             call<v1::GetStatsRequest, v1::Stats>(service, &rmmd_service::GetStats, token, *bytes);

@@ -10,7 +10,8 @@
 //
 // Checked: every answer is a message of the right type; a refused hello
 // opens no session; each reply carries its call's tag; and when the session
-// ends, the ledger is empty again (nothing leaked, nothing double-counted).
+// ends, the ledger is empty again (nothing leaked, nothing double-counted);
+// a Free naming an interprocess event is refused.
 
 #include "daemon/session/session_protocol.hpp"
 #include "rmmd/v1/rmmd.pb.h"
@@ -82,12 +83,17 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
       RMMD_FUZZ_CHECK(valid && parsed.reply_only_on_error() &&
                       (parsed.has_free() || parsed.has_publish_buffer() ||
                        parsed.has_close_buffer() || parsed.has_blocks_dropped()));
+      RMMD_FUZZ_CHECK(!parsed.has_free() || parsed.free().release_event().empty());
       continue;
     }
     v1::SessionReply r;
     RMMD_FUZZ_CHECK(r.ParseFromString(*reply));
     RMMD_FUZZ_CHECK(r.tag() == (valid ? parsed.tag() : 0));
     RMMD_FUZZ_CHECK(r.has_error() != (r.reply_case() != v1::SessionReply::REPLY_NOT_SET));
+    if (valid && parsed.has_free() && !parsed.free().release_event().empty()) {
+      // The interprocess-event field is refused, whatever else the Free says.
+      RMMD_FUZZ_CHECK(r.error().code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    }
     if (r.has_allocate()) {
       // A host pool's lease lies inside the pool.
       auto const& a    = r.allocate();
