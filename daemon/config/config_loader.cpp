@@ -1,5 +1,6 @@
 #include "daemon/config/config_loader.hpp"
 
+#include "common/system_user.hpp"
 #include "rmmd/v1/config.pb.h"
 
 #include <absl/strings/ascii.h>
@@ -9,9 +10,6 @@
 #include <absl/strings/str_join.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
-
-#include <grp.h>
-#include <pwd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -55,38 +53,6 @@ class error_collector final : public pb::io::ErrorCollector {
  private:
   std::vector<config_error>& errors_;
 };
-
-std::optional<uid_t> lookup_user(std::string const& name)
-{
-  std::vector<char> buffer(16384);
-  while (true) {
-    passwd entry{};
-    passwd* found = nullptr;
-    int rc        = ::getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
-    if (rc == ERANGE) {
-      buffer.resize(buffer.size() * 2);
-      continue;
-    }
-    if (rc != 0 || found == nullptr) { return std::nullopt; }
-    return entry.pw_uid;
-  }
-}
-
-std::optional<gid_t> lookup_group(std::string const& name)
-{
-  std::vector<char> buffer(16384);
-  while (true) {
-    group entry{};
-    group* found = nullptr;
-    int rc       = ::getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
-    if (rc == ERANGE) {
-      buffer.resize(buffer.size() * 2);
-      continue;
-    }
-    if (rc != 0 || found == nullptr) { return std::nullopt; }
-    return entry.gr_gid;
-  }
-}
 
 /// An octal mode as written in the file ("0660", "750"); nullopt if it is not one.
 std::optional<mode_t> parse_mode(std::string const& text)
@@ -268,7 +234,7 @@ class validator {
       std::uint32_t gid = 0;
       if (std::all_of(g.begin(), g.end(), absl::ascii_isdigit) && absl::SimpleAtoi(g, &gid)) {
         s.socket_group = gid;
-      } else if (auto found = lookup_group(g)) {
+      } else if (auto found = common::find_group(g)) {
         s.socket_group = *found;
       } else {
         error(root_,
@@ -331,8 +297,8 @@ class validator {
     for (auto gid : config_.allowed_gids()) { s.access.gids.push_back(gid); }
     for (int i = 0; i < config_.allowed_users_size(); ++i) {
       auto const& name = config_.allowed_users(i);
-      if (auto uid = lookup_user(name)) {
-        s.access.uids.push_back(*uid);
+      if (auto user = common::find_user(name)) {
+        s.access.uids.push_back(user->uid);
       } else {
         error(root_,
               "allowed_users",
@@ -344,7 +310,7 @@ class validator {
     }
     for (int i = 0; i < config_.allowed_groups_size(); ++i) {
       auto const& name = config_.allowed_groups(i);
-      if (auto gid = lookup_group(name)) {
+      if (auto gid = common::find_group(name)) {
         s.access.gids.push_back(*gid);
       } else {
         error(root_,
@@ -565,7 +531,7 @@ class validator {
           uid = o.uid();
           break;
         case v1::UidQuota::kUser:
-          uid = lookup_user(o.user());
+          if (auto user = common::find_user(o.user())) { uid = user->uid; }
           if (!uid) {
             error(on,
                   "user",

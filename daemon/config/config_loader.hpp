@@ -10,7 +10,7 @@
 // reported, each at the field it concerns (TextFormat::ParseInfoTree).
 //
 // Thread safety: free functions without shared state; user and group names
-// are resolved through NSS (getpwnam_r / getgrnam_r).
+// are resolved through NSS (common/system_user.hpp).
 
 #include "daemon/config/settings.hpp"
 
