@@ -1,10 +1,10 @@
 #pragma once
 
 // A configuration reload (SIGHUP): the file is read again and the flags are
-// applied over it; a file with errors is rejected as a whole; otherwise the
-// access policy, quotas, admission limits, log level, drain timeout and
-// metrics_top_sessions are applied, and changes that need a restart are
-// logged.
+// applied over it; a file with errors is rejected as a whole; otherwise every
+// field that config::reload_rules() marks applied goes to the core, the
+// endpoints and the log, and one line names the changed fields applied and
+// the changed fields that need a restart.
 
 #include "daemon/config/settings.hpp"
 #include "daemon/core/daemon_core.hpp"
