@@ -7,10 +7,12 @@
 // enum values, a singular field given twice); it stops at the first syntax
 // error. A file that parses is then checked as a whole (duplicate pool names,
 // sizes, modes, user and group names, ...) and every semantic error is
-// reported, each at the field it concerns (TextFormat::ParseInfoTree).
+// reported, each at the field it concerns (TextFormat::ParseInfoTree). The
+// checks live in detail/, one file per part of the file (sockets and access,
+// pools, limits and timings).
 //
 // Thread safety: free functions without shared state; user and group names
-// are resolved through NSS (getpwnam_r / getgrnam_r).
+// are resolved through NSS (common/system_user.hpp).
 
 #include "daemon/config/settings.hpp"
 

@@ -1,12 +1,12 @@
 #include "daemon/config/settings.hpp"
 
+#include "common/system_user.hpp"
 #include "tools/runtime/runtime_dir.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 
-#include <grp.h>
 #include <unistd.h>
 
 namespace rmmd::config {
@@ -15,7 +15,7 @@ core::access_policy default_access()
 {
   core::access_policy policy;
   policy.uids.push_back(::geteuid());
-  if (auto const* g = ::getgrnam("rmmd"); g != nullptr) { policy.gids.push_back(g->gr_gid); }
+  if (auto gid = common::find_group("rmmd")) { policy.gids.push_back(*gid); }
   return policy;
 }
 

@@ -1373,6 +1373,15 @@ void daemon_core::reconfigure(access_policy access, quota_limits quotas)
   options_.quotas = std::move(quotas);
 }
 
+void daemon_core::reconfigure(core_reload reload)
+{
+  std::lock_guard lock(mutex_);
+  options_.access          = std::move(reload.access);
+  options_.quotas          = std::move(reload.quotas);
+  options_.reclaim_timeout = reload.reclaim_timeout;
+  options_.pack_up_to      = std::min(reload.pack_up_to, options_.pack_block_size);
+}
+
 void daemon_core::begin_drain()
 {
   std::lock_guard lock(mutex_);

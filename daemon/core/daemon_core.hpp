@@ -82,6 +82,14 @@ struct core_options {
   std::chrono::milliseconds pack_idle{default_pack_idle};
 };
 
+/// What a configuration reload may change in a running core.
+struct core_reload {
+  access_policy access;
+  quota_limits quotas;
+  std::chrono::milliseconds reclaim_timeout;
+  std::size_t pack_up_to;
+};
+
 /// What a request that finds its pool short does when other sessions hold
 /// idle slabs there that could serve it (see daemon_core::allocate).
 enum class reclaim_policy : std::uint8_t {
@@ -262,6 +270,12 @@ class daemon_core {
   /// Open sessions stay open and keep what they hold, even above a lowered
   /// quota; the new limits apply to the next open_session and allocate.
   void reconfigure(access_policy access, quota_limits quotas);
+  /// The same, and the reclaim timeout and packing size (a configuration
+  /// reload): a request waits by the timeout in force when it starts
+  /// waiting, and a new pack_up_to applies to the next allocation (what is
+  /// packed stays packed). pack_up_to is lowered to pack_block_size, as the
+  /// constructor does.
+  void reconfigure(core_reload reload);
 
   /// Drain, first phase (SIGTERM): open_session answers UNAVAILABLE; the live
   /// sessions keep allocating and freeing until they leave or the deadline.

@@ -207,12 +207,14 @@ TEST_F(Reload, PoolChangesNeedARestartAndTheRestIsApplied)
 {
   start(config(""));
   auto client = daemon_->open_session("holder");
-  ASSERT_TRUE(
-      reload("pools { name: \"host\" backend: HOST capacity_bytes: 33554432 }\n"
-             "quotas { per_session_bytes: 8192 }\n",
-             "reloaded"))
-      << daemon_->log();
-  EXPECT_THAT(daemon_->log(), HasSubstr("reload: the pools changed; that needs a restart"));
+  auto line   = reload(
+      "pools { name: \"host\" backend: HOST capacity_bytes: 33554432 }\n"
+        "quotas { per_session_bytes: 8192 }\n",
+      "reloaded");
+  ASSERT_TRUE(line) << daemon_->log();
+  EXPECT_THAT(*line,
+              HasSubstr("applied quotas.per_session_bytes=8192; needs a restart (ignored until "
+                        "then): pools"));
   EXPECT_EQ(stats_of(client).pools(0).pool().capacity_bytes(), 16777216u);
   EXPECT_THROW((void)client.allocate(client.host_pool().id, 16 * KiB, 0), rmm::out_of_memory);
 }
@@ -227,6 +229,128 @@ TEST_F(Reload, TheLogLevelChanges)
   EXPECT_THAT(daemon_->log(), ::testing::Not(HasSubstr("session 1 opened")));
   auto loud = daemon_->open_session("loud");
   EXPECT_TRUE(daemon_->wait_log("opened"));
+}
+
+/// A slab client at rest (rmmd_test_client idle-slabs) holding `count`
+/// idle slabs of `bytes` in `daemon`'s host pool, once ready.
+std::unique_ptr<child_process> idle_client(logged_daemon const& daemon,
+                                           int count,
+                                           std::size_t bytes)
+{
+  auto c = std::make_unique<child_process>(
+      std::vector<std::string>{program_path("rmmd_test_client").string(),
+                               "idle-slabs",
+                               std::to_string(count),
+                               std::to_string(bytes)},
+      std::vector<std::string>{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()});
+  EXPECT_EQ(c->read_line().value_or("(nothing)"), "ready");
+  return c;
+}
+
+/// Another process's allocation of `bytes` from the host pool: its first
+/// line, "allocated MS" or "refused MS MESSAGE".
+std::string allocate_in_another_process(logged_daemon const& daemon, std::size_t bytes)
+{
+  child_process c({program_path("rmmd_test_client").string(), "allocate", std::to_string(bytes)},
+                  {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()});
+  auto answer = c.read_line(30s).value_or("(nothing)");
+  c.close_stdin();
+  EXPECT_EQ(c.wait(), 0);
+  return answer;
+}
+
+/// The file of the test below, before (`after` false) and after the reload:
+/// every reloadable field differs, and one restart-only field
+/// (hello_timeout_ms).
+std::string every_field(bool after, uid_t me, uid_t other)
+{
+  auto pick = [&](auto before, auto then) { return std::to_string(after ? then : before); };
+  return "pools { name: \"host\" backend: HOST capacity_bytes: 50331648 }\n"
+         "allowed_uids: [" +
+         std::to_string(me) + (after ? ", " + std::to_string(other) : "") +
+         "]\n"
+         "allowed_gids: [4242" +
+         std::string(after ? ", 4243" : "") +
+         "]\n"
+         "quotas { per_session_bytes: " +
+         pick(67108864, 16777216) + " per_uid_bytes: " + pick(1073741824, 2147483648) +
+         " uid_overrides { uid: " + std::to_string(other) + " bytes: " + pick(1048576, 2097152) +
+         " } }\n"
+         "admission { max_pending_per_uid: " +
+         pick(16, 8) + " max_pending_total: " + pick(256, 128) +
+         " max_sessions_per_uid: " + pick(1024, 512) + " max_sessions_total: " + pick(16384, 8192) +
+         " }\n"
+         "drain_timeout_ms: " +
+         pick(5000, 1234) +
+         "\n"
+         "hello_timeout_ms: " +
+         pick(2000, 3000) +
+         "\n"
+         "reclaim_timeout_ms: " +
+         pick(0, 10000) +
+         "\n"
+         "pack_up_to_bytes: " +
+         pick(65536, 4096) +
+         "\n"
+         "metrics_top_sessions: " +
+         pick(10, 3) +
+         "\n"
+         "log_level: " +
+         (after ? "INFO" : "ERROR") + "\n";
+}
+
+TEST_F(Reload, EveryReloadableFieldIsAppliedAndNamedAndARestartOnlyOneIsNamed)
+{
+  constexpr std::size_t MiB = 1024 * KiB;
+  uid_t const me            = ::getuid();
+  uid_t const other         = me == 4244 ? 4245 : 4244;
+  start(every_field(false, me, other));
+  auto holder = daemon_->open_session("holder");
+
+  // reclaim_timeout_ms 0: a request only idle slabs could serve is refused at once.
+  auto idle          = idle_client(*daemon_, 12, 4 * MiB);  // the 48 MiB pool, full of idle slabs
+  auto const refused = allocate_in_another_process(*daemon_, 8 * MiB);
+  EXPECT_THAT(refused, ::testing::StartsWith("refused ")) << refused;
+  EXPECT_EQ(stats_of(holder).pools(0).reclaim_waits(), 0u);
+
+  auto line = reload(every_field(true, me, other), "reloaded");
+  ASSERT_TRUE(line) << daemon_->log();
+  for (auto const& applied :
+       {"allowed_uids/allowed_users=[" + std::to_string(me) + "," + std::to_string(other) + "]",
+        std::string("allowed_gids/allowed_groups=[4242,4243]"),
+        std::string("quotas.per_session_bytes=16777216"),
+        std::string("quotas.per_uid_bytes=2147483648"),
+        "quotas.uid_overrides={" + std::to_string(other) + ":2097152}",
+        std::string("admission.max_pending_per_uid=8"),
+        std::string("admission.max_pending_total=128"),
+        std::string("admission.max_sessions_per_uid=512"),
+        std::string("admission.max_sessions_total=8192"),
+        std::string("drain_timeout_ms=1234"),
+        std::string("reclaim_timeout_ms=10000"),
+        std::string("pack_up_to_bytes=4096"),
+        std::string("metrics_top_sessions=3"),
+        std::string("log_level=info")}) {
+    EXPECT_THAT(*line, HasSubstr(applied)) << *line;
+  }
+  EXPECT_THAT(*line, HasSubstr("needs a restart (ignored until then): hello_timeout_ms")) << *line;
+
+  // reclaim_timeout_ms 10000: the same request now waits for the idle slabs and is served.
+  auto const served = allocate_in_another_process(*daemon_, 8 * MiB);
+  EXPECT_THAT(served, ::testing::StartsWith("allocated ")) << served;
+  auto const stats = stats_of(holder);
+  EXPECT_EQ(stats.pools(0).reclaim_waits(), 1u);
+  EXPECT_EQ(stats.pools(0).reclaim_served(), 1u);
+  idle->close_stdin();
+  EXPECT_EQ(idle->wait(), 0);
+
+  // quotas.per_session_bytes, lowered to 16 MiB.
+  EXPECT_THROW((void)holder.allocate(holder.host_pool().id, 17 * MiB, 0), rmm::out_of_memory);
+  // log_level INFO: a new session is logged.
+  auto newcomer = daemon_->open_session("newcomer");
+  EXPECT_TRUE(daemon_->wait_log("opened"));
+  // drain_timeout_ms 1234.
+  daemon_->process().kill(SIGTERM);
+  EXPECT_TRUE(daemon_->wait_log("waiting up to 1234 ms for 2 session(s) to end")) << daemon_->log();
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ TEST(RunAs, AChildRunsAsTheUserWithItsGroups)
 {
   auto a = ensure_user(client_user_a, daemon_group);
   if (!a) { GTEST_SKIP() << users_need_root(); }
-  auto group = tools::groups_of(*a);
+  auto group = common::groups_of(*a);
 
   child_process id({"/usr/bin/id", "-u", "-n"}, {}, spawn_options{.user = client_user_a});
   EXPECT_EQ(id.read_line(), client_user_a);

@@ -2,7 +2,6 @@
 
 #include "tests/tools/child_process.hpp"
 
-#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,25 +16,9 @@
 namespace rmmd::test {
 namespace {
 
-std::optional<gid_t> find_group(std::string const& name)
-{
-  std::vector<char> buffer(16384);
-  while (true) {
-    group entry{};
-    group* found = nullptr;
-    int rc       = ::getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
-    if (rc == ERANGE) {
-      buffer.resize(buffer.size() * 2);
-      continue;
-    }
-    if (rc != 0 || found == nullptr) { return std::nullopt; }
-    return entry.gr_gid;
-  }
-}
-
 bool member_of(system_user const& user, gid_t gid)
 {
-  auto groups = tools::groups_of(user);
+  auto groups = common::groups_of(user);
   return std::find(groups.begin(), groups.end(), gid) != groups.end();
 }
 
@@ -78,17 +61,17 @@ std::optional<system_user> ensure_user(std::string const& name, std::string cons
       [&] {
         std::optional<gid_t> gid;
         if (!group.empty()) {
-          gid = find_group(group);
+          gid = common::find_group(group);
           if (!gid) {
             last_failure = run_tool({"/usr/sbin/groupadd", "--system", group});
             return false;
           }
         }
-        user = tools::find_user(name);
+        user = common::find_user(name);
         if (!user) {
           std::vector<std::string> argv{
               "/usr/sbin/useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"};
-          if (auto own = find_group(name)) {
+          if (auto own = common::find_group(name)) {
             argv.insert(argv.end(), {"--gid", std::to_string(*own)});
           } else {
             argv.emplace_back("--user-group");
@@ -117,7 +100,7 @@ std::optional<system_user> ensure_user(std::string const& name, std::string cons
 
 std::string unreachable_for(system_user const& user, std::filesystem::path const& program)
 {
-  auto const groups = tools::groups_of(user);
+  auto const groups = common::groups_of(user);
   // The permission bit (of 07: r=4, w=2, x=1) that applies to `user` for `st`.
   auto allows = [&](struct stat const& st, mode_t bit) {
     if (st.st_uid == user.uid) { return (st.st_mode & (bit << 6)) != 0; }

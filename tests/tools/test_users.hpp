@@ -11,7 +11,7 @@
 // CI runs as root on a clean machine, where the users are created on first
 // use (useradd --system --no-create-home) and stay for later runs.
 
-#include "tools/process/system_user.hpp"
+#include "common/system_user.hpp"
 
 #include <filesystem>
 #include <optional>
@@ -19,7 +19,7 @@
 
 namespace rmmd::test {
 
-using tools::system_user;
+using common::system_user;
 
 /// By convention: rmmd runs as `daemon_user`, whose primary group is
 /// `daemon_group`; `client_user_a` and `client_user_b` are members of

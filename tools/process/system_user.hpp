@@ -1,28 +1,20 @@
 #pragma once
 
-// A user of this system, as children are started under it (spawn_options::user,
+// Starting a program as another user of this system (spawn_options::user,
 // daemon_process::options::user): the way the shipped systemd unit runs rmmd
-// as `rmmd` and clients run as other users.
+// as `rmmd` and clients run as other users. The lookup itself is
+// common/system_user.hpp.
 
-#include <sys/types.h>
+#include "common/system_user.hpp"
 
-#include <optional>
 #include <string>
 #include <vector>
 
 namespace rmmd::tools {
 
-struct system_user {
-  std::string name;
-  uid_t uid{};
-  gid_t gid{};  ///< primary group
-};
-
-/// The user named `name` (NSS: getpwnam_r); nullopt if there is none.
-std::optional<system_user> find_user(std::string const& name);
-
-/// The user's primary and supplementary gids (getgrouplist).
-std::vector<gid_t> groups_of(system_user const& user);
+using common::find_user;
+using common::groups_of;
+using common::system_user;
 
 /// The prefix that runs a program as `user` with its primary group and its
 /// supplementary groups: `setpriv --reuid=UID --regid=GID --init-groups --`

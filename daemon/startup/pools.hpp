@@ -1,0 +1,30 @@
+#pragma once
+
+// The pools a daemon serves: which ones the settings and the flags ask for
+// (one per GPU where configured), and making each one (a host memfd pool, or
+// a CUDA pool after its GPU is found and its fabric handles proven) in the
+// core, saying in words what could not be made and why.
+
+#include "daemon/config/settings.hpp"
+#include "daemon/core/daemon_core.hpp"
+#include "daemon/startup/daemon_flags.hpp"
+
+#include <string>
+#include <vector>
+
+namespace rmmd::startup {
+
+/// The pools as they will be made: the configured ones, then one per GPU
+/// where the configuration asks for it.
+std::vector<config::pool_settings> pool_plan(config::daemon_settings const& s,
+                                             daemon_flags const& flags);
+
+/// Makes the pools of `plan` in order. False, after saying why, if one that
+/// must exist cannot. `backend_flag`: --backend; `vmm_buffers`: shared
+/// buffers on CUDA pools are allocations of their own.
+bool add_pools(core::daemon_core& core,
+               std::vector<config::pool_settings> const& plan,
+               std::string const& backend_flag,
+               bool vmm_buffers);
+
+}  // namespace rmmd::startup
