@@ -345,7 +345,7 @@ void record_steps(std::size_t bytes,
   row.set_rpc_p50_us(rpc.p50_us);
   row.set_sum_p50_us(sum);
   // A direct pair makes two round trips (Allocate, Free); the target counts
-  // one, as the issue states it.
+  // one, the transport's floor, so the two-trip sum is recorded beside it.
   row.set_sum_with_two_rpcs_p50_us(sum + rpc.p50_us);
   if (direct_p50) { row.set_direct_p50_us(*direct_p50); }
   if (ratio) { row.set_direct_over_sum(*ratio); }
