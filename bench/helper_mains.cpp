@@ -158,11 +158,6 @@ constexpr std::array<helper_entry, 11> table{{
 
 }  // namespace
 
-std::span<helper_entry const> helpers()
-{
-  return table;
-}
-
 helper_entry const* find_helper(std::string_view name)
 {
   for (auto const& h : table) {

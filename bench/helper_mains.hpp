@@ -4,7 +4,6 @@
 // name as its first argument (posix_spawn, never a plain fork after CUDA
 // started), and main() hands such a command line to the helper's main here.
 
-#include <span>
 #include <string_view>
 
 namespace rmmd::bench {
@@ -17,9 +16,6 @@ struct helper_entry {
   std::string_view usage;
   int (*main)(int argc, char** argv);
 };
-
-/// Every helper.
-std::span<helper_entry const> helpers();
 
 /// The helper `name` names, or null: the command line is the bench's own.
 helper_entry const* find_helper(std::string_view name);
