@@ -176,7 +176,7 @@ TEST(BenchJson, SharingCellsWriteSizesAsNumbers)
   EXPECT_FALSE(f.contains("reps"));
 }
 
-// The files of earlier runs, written by the hand-written JSON of before:
+// The committed results files, some written by a hand-written JSON writer:
 // every name in them is one of bench_results.proto's, and written again by
 // results_json they hold the same members with the same values.
 void drop_lists_added_empty(google::protobuf::Struct& rewritten,

@@ -1,5 +1,5 @@
-// rmmd_host_pairs: the direct path's cost outside the driver, on any machine
-// (issue 14, point 3). It starts `rmmd --backend host` and runs N client
+// rmmd_host_pairs: the direct path's cost outside the driver, on any machine.
+// It starts `rmmd --backend host` and runs N client
 // processes at once, each making direct pairs on the session socket as
 // rmmd::ipc_memory_resource's direct mode makes them: an Allocate round trip,
 // then the Free sent without waiting for a reply (what the CUDA host

@@ -1,6 +1,6 @@
 #pragma once
 
-// Section a8 of rmmd_bench (issue 14): slab mode's allocate+deallocate pair
+// Section a8 of rmmd_bench: slab mode's allocate+deallocate pair
 // against RMM's own pool_memory_resource over cuda_async_memory_resource, in
 // one process, with 1 and with 8 threads (bench/README.md).
 

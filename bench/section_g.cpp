@@ -73,6 +73,119 @@ double ms_between(std::int64_t from_ns, std::int64_t to_ns)
   return static_cast<double>(to_ns - from_ns) / 1e6;
 }
 
+/// Prints section g's header line and records its configuration.
+void describe_mobility(mobility_config const& cfg,
+                       std::size_t pool_bytes,
+                       std::size_t request_bytes,
+                       results::Mobility* out)
+{
+  std::printf(
+      "\ng) memory that moves: %d slab clients hold one idle %zu MiB slab each (the GPU 0 pool, "
+      "%zu MiB, is full); the bench asks for %zu MiB, which only their idle slabs can serve; "
+      "reclaim_timeout %lld ms, %d trials\n",
+      cfg.clients,
+      cfg.slab_bytes >> 20,
+      pool_bytes >> 20,
+      request_bytes >> 20,
+      static_cast<long long>(cfg.reclaim_timeout.count()),
+      cfg.trials);
+  std::fflush(stdout);
+  out->set_clients(static_cast<std::uint32_t>(cfg.clients));
+  out->set_slab_bytes(static_cast<std::uint32_t>(cfg.slab_bytes));
+  out->set_request_bytes(static_cast<std::uint32_t>(request_bytes));
+  out->set_reclaim_timeout_ms(static_cast<std::uint32_t>(cfg.reclaim_timeout.count()));
+}
+
+/// The last trial's "asked" lines: whatever the workers print before EOF;
+/// throws if one exits with a failure.
+void collect_last_asks(std::vector<std::unique_ptr<child_process>>& workers,
+                       std::map<std::size_t, std::int64_t>& asked)
+{
+  auto const clients = workers.size();
+  for (std::size_t i = 0; i < clients; ++i) {
+    workers[i]->close_stdin();
+    auto rest = workers[i]->read_all(30s);
+    for (std::size_t at = rest.find("asked "); at != std::string::npos;
+         at             = rest.find("asked ", at + 1)) {
+      asked[i] = std::stoll(rest.substr(at + 6));
+    }
+    if (auto status = workers[i]->wait(30s); status != 0) {
+      throw bench_error("mobility worker " + std::to_string(i) + " exited with " +
+                        (status ? std::to_string(*status) : std::string("no status")));
+    }
+  }
+}
+
+/// Records every trial's time, the refusals, the last trial's timeline and
+/// the daemon's reclaim counts in `out`, prints them, and returns what the
+/// targets judge.
+mobility_outcome record_trials(std::vector<double> const& trial_ms,
+                               int refused,
+                               std::int64_t t_request,
+                               std::int64_t t_answer,
+                               std::map<std::size_t, std::int64_t> const& asked,
+                               std::map<pid_t, std::int64_t> const& gave_back,
+                               std::vector<std::unique_ptr<child_process>> const& workers,
+                               rmmd::session const& observer,
+                               std::uint32_t pool,
+                               results::Mobility* out)
+{
+  auto const clients = workers.size();
+  auto sorted        = trial_ms;
+  std::sort(sorted.begin(), sorted.end());
+  auto rank = [&](double q) {
+    auto const n = sorted.size();
+    auto idx     = static_cast<std::size_t>(std::ceil(q * static_cast<double>(n)));
+    return sorted[std::min(n, std::max<std::size_t>(idx, 1)) - 1];
+  };
+  mobility_outcome outcome{.p50_ms  = rank(0.5),
+                           .p99_ms  = rank(0.99),
+                           .refused = refused,
+                           .trials  = static_cast<int>(sorted.size())};
+  out->set_trials(static_cast<std::uint32_t>(outcome.trials));
+  out->set_p50_ms(outcome.p50_ms);
+  out->set_p99_ms(outcome.p99_ms);
+  out->set_max_ms(sorted.back());
+  out->set_refused(static_cast<std::uint32_t>(refused));
+  auto* timeline = out->mutable_timeline();
+  timeline->set_success_ms(ms_between(t_request, t_answer));
+  for (std::size_t i = 0; i < clients; ++i) {
+    auto* c = timeline->add_clients();
+    c->set_client(static_cast<std::uint32_t>(i));
+    if (auto a = asked.find(i); a != asked.end()) {
+      c->set_asked_ms(ms_between(t_request, a->second));
+    }
+    if (auto g = gave_back.find(workers[i]->pid()); g != gave_back.end()) {
+      c->set_gave_back_ms(ms_between(t_request, g->second));
+    }
+  }
+  auto const pool_after = pool_of(get_stats(observer), pool);
+  out->set_reclaim_waits(static_cast<std::uint32_t>(pool_after.reclaim_waits()));
+  out->set_reclaim_served(static_cast<std::uint32_t>(pool_after.reclaim_served()));
+
+  std::printf(
+      "  request -> success: p50 %.2f ms, p99 %.2f ms, max %.2f ms; refused %d of %d; "
+      "daemon: %llu waits, %llu served\n",
+      outcome.p50_ms,
+      outcome.p99_ms,
+      sorted.back(),
+      refused,
+      outcome.trials,
+      static_cast<unsigned long long>(pool_after.reclaim_waits()),
+      static_cast<unsigned long long>(pool_after.reclaim_served()));
+  std::printf("  last trial (ms after the request): ");
+  for (auto const& c : timeline->clients()) {
+    if (!c.has_asked_ms() && !c.has_gave_back_ms()) { continue; }
+    std::printf("client %u asked %.2f gave back %.2f; ",
+                c.client(),
+                c.has_asked_ms() ? c.asked_ms() : -1.0,
+                c.has_gave_back_ms() ? c.gave_back_ms() : -1.0);
+  }
+  std::printf("success %.2f\n", timeline->success_ms());
+  std::fflush(stdout);
+  return outcome;
+}
+
 }  // namespace
 
 int mobility_worker_main(std::size_t slab_bytes)
@@ -120,21 +233,7 @@ mobility_outcome section_mobility(mobility_config const& cfg,
   auto const clients       = static_cast<std::size_t>(cfg.clients);
   auto const pool_bytes    = clients * cfg.slab_bytes;
   auto const request_bytes = static_cast<std::size_t>(cfg.request_slabs) * cfg.slab_bytes;
-  std::printf(
-      "\ng) memory that moves: %d slab clients hold one idle %zu MiB slab each (the GPU 0 pool, "
-      "%zu MiB, is full); the bench asks for %zu MiB, which only their idle slabs can serve; "
-      "reclaim_timeout %lld ms, %d trials\n",
-      cfg.clients,
-      cfg.slab_bytes >> 20,
-      pool_bytes >> 20,
-      request_bytes >> 20,
-      static_cast<long long>(cfg.reclaim_timeout.count()),
-      cfg.trials);
-  std::fflush(stdout);
-  out->set_clients(static_cast<std::uint32_t>(cfg.clients));
-  out->set_slab_bytes(static_cast<std::uint32_t>(cfg.slab_bytes));
-  out->set_request_bytes(static_cast<std::uint32_t>(request_bytes));
-  out->set_reclaim_timeout_ms(static_cast<std::uint32_t>(cfg.reclaim_timeout.count()));
+  describe_mobility(cfg, pool_bytes, request_bytes, out);
 
   daemon_process daemon(bench_daemon(rmmd,
                                      {"--backend=cuda",
@@ -235,73 +334,10 @@ mobility_outcome section_mobility(mobility_config const& cfg,
     out->add_trial_ms(trial_ms.back());
     if (lease) { requester.free(*lease); }
   }
-  // The last trial's "asked" lines: whatever the workers print before EOF.
-  for (std::size_t i = 0; i < clients; ++i) {
-    workers[i]->close_stdin();
-    auto rest = workers[i]->read_all(30s);
-    for (std::size_t at = rest.find("asked "); at != std::string::npos;
-         at             = rest.find("asked ", at + 1)) {
-      asked[i] = std::stoll(rest.substr(at + 6));
-    }
-    if (auto status = workers[i]->wait(30s); status != 0) {
-      throw bench_error("mobility worker " + std::to_string(i) + " exited with " +
-                        (status ? std::to_string(*status) : std::string("no status")));
-    }
-  }
+  collect_last_asks(workers, asked);
 
-  auto sorted = trial_ms;
-  std::sort(sorted.begin(), sorted.end());
-  auto rank = [&](double q) {
-    auto const n = sorted.size();
-    auto idx     = static_cast<std::size_t>(std::ceil(q * static_cast<double>(n)));
-    return sorted[std::min(n, std::max<std::size_t>(idx, 1)) - 1];
-  };
-  mobility_outcome outcome{.p50_ms  = rank(0.5),
-                           .p99_ms  = rank(0.99),
-                           .refused = refused,
-                           .trials  = static_cast<int>(sorted.size())};
-  out->set_trials(static_cast<std::uint32_t>(outcome.trials));
-  out->set_p50_ms(outcome.p50_ms);
-  out->set_p99_ms(outcome.p99_ms);
-  out->set_max_ms(sorted.back());
-  out->set_refused(static_cast<std::uint32_t>(refused));
-  auto* timeline = out->mutable_timeline();
-  timeline->set_success_ms(ms_between(t_request, t_answer));
-  for (std::size_t i = 0; i < clients; ++i) {
-    auto* c = timeline->add_clients();
-    c->set_client(static_cast<std::uint32_t>(i));
-    if (auto a = asked.find(i); a != asked.end()) {
-      c->set_asked_ms(ms_between(t_request, a->second));
-    }
-    if (auto g = gave_back.find(workers[i]->pid()); g != gave_back.end()) {
-      c->set_gave_back_ms(ms_between(t_request, g->second));
-    }
-  }
-  auto const pool_after = pool_of(get_stats(observer), pool);
-  out->set_reclaim_waits(static_cast<std::uint32_t>(pool_after.reclaim_waits()));
-  out->set_reclaim_served(static_cast<std::uint32_t>(pool_after.reclaim_served()));
-
-  std::printf(
-      "  request -> success: p50 %.2f ms, p99 %.2f ms, max %.2f ms; refused %d of %d; "
-      "daemon: %llu waits, %llu served\n",
-      outcome.p50_ms,
-      outcome.p99_ms,
-      sorted.back(),
-      refused,
-      outcome.trials,
-      static_cast<unsigned long long>(pool_after.reclaim_waits()),
-      static_cast<unsigned long long>(pool_after.reclaim_served()));
-  std::printf("  last trial (ms after the request): ");
-  for (auto const& c : timeline->clients()) {
-    if (!c.has_asked_ms() && !c.has_gave_back_ms()) { continue; }
-    std::printf("client %u asked %.2f gave back %.2f; ",
-                c.client(),
-                c.has_asked_ms() ? c.asked_ms() : -1.0,
-                c.has_gave_back_ms() ? c.gave_back_ms() : -1.0);
-  }
-  std::printf("success %.2f\n", timeline->success_ms());
-  std::fflush(stdout);
-  return outcome;
+  return record_trials(
+      trial_ms, refused, t_request, t_answer, asked, gave_back, workers, observer, pool, out);
 }
 
 }  // namespace rmmd::bench

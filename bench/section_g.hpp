@@ -1,6 +1,6 @@
 #pragma once
 
-// Section g of rmmd_bench, memory that moves (issue 14, point 1): slab
+// Section g of rmmd_bench, memory that moves: slab
 // clients hold idle slabs that fill the GPU 0 pool; the bench's own session
 // asks for what only those slabs can serve, and times the request from send
 // to success while the daemon asks the clients for their slabs back

@@ -1,7 +1,8 @@
-// Section h of rmmd_bench: a busy node (issue 14, point 2). See
-// section_h.hpp and bench/README.md.
+// Section h of rmmd_bench: a busy node. See section_h.hpp and
+// bench/README.md; its helper processes are in section_h_helpers.cpp.
 
 #include "bench/section_h.hpp"
+#include "bench/targets.hpp"
 
 #include "client/detail/session_impl.hpp"
 #include "tools/socket/raw_session.hpp"
@@ -11,7 +12,6 @@
 #include <httplib.h>
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +20,6 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
-#include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -31,14 +30,13 @@
 namespace rmmd::bench {
 namespace {
 
-// The issue's targets.
-constexpr double lease_target_bytes   = 128.0;        // daemon RSS above idle per live lease
+// The section's targets, and its leases' size.
 constexpr double session_target_bytes = 16.0 * 1024;  // per open session
 constexpr double setup_target_ms      = 2.0;          // p99 with 1,000 sessions open
 constexpr double listing_target_ms    = 100.0;        // rmmctl stats, /metrics, max
 constexpr double listing_target_bytes = 64.0 * 1024;  // their size with 1,000 sessions
 constexpr double close_target_ms      = 50.0;         // 100,000 leases back, p50
-constexpr std::uint64_t lease_bytes   = 256;
+constexpr std::uint64_t lease_bytes   = scale_lease_bytes;
 
 struct counts {
   std::size_t host_leases{1'000'000};
@@ -94,84 +92,6 @@ results::Target target_of(target_row const& t)
   out.set_pass(t.pass());
   return out;
 }
-
-void die_with_parent()
-{
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (char const* p = std::getenv("RMMD_BENCH_PARENT"); p != nullptr) {
-    if (std::to_string(::getppid()) != p) { std::_Exit(4); }
-  }
-}
-
-void say(std::string const& line)
-{
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-}
-
-std::string samples_line(std::vector<double> const& ns)
-{
-  std::string line = "samples";
-  for (auto v : ns) { line += " " + std::to_string(static_cast<long long>(v)); }
-  return line;
-}
-
-// ---------------------------------------------------------------- helpers
-
-int raw_leases_main(std::string const& dir, std::string const& kind, std::size_t count)
-{
-  die_with_parent();
-  try {
-    tools::raw_session s(dir, "rmmd-bench-leases");
-    auto const pool = s.pool_of(kind == "cuda" ? v1::BACKEND_CUDA : v1::BACKEND_HOST);
-    auto const t0   = steady::now();
-    // CUDA: packed, as the client library's direct resource asks for them.
-    (void)s.allocate(pool, lease_bytes, count, 64, kind == "cuda");
-    auto const t1 = steady::now();
-    say("ready " + std::to_string(count) + " " + std::to_string(seconds_between(t0, t1)));
-    for (std::string line; std::getline(std::cin, line);) {}
-    return 0;  // the session closes with the process
-  } catch (std::exception const& e) {
-    say(std::string("error ") + e.what());
-    return 1;
-  }
-}
-
-int raw_sessions_main(std::string const& dir, std::size_t count)
-{
-  die_with_parent();
-  try {
-    std::vector<tools::raw_session> sessions;
-    sessions.reserve(count);
-    std::vector<double> ns;
-    ns.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      auto const t0 = steady::now();
-      auto& s       = sessions.emplace_back(dir, "rmmd-bench-sessions");
-      ns.push_back(std::chrono::duration<double, std::nano>(steady::now() - t0).count());
-      (void)s.allocate(s.pool_of(v1::BACKEND_HOST), lease_bytes, 1);
-    }
-    say("ready " + std::to_string(count));
-    say(samples_line(ns));
-    for (std::string line; std::getline(std::cin, line);) {
-      std::size_t probes = 0;
-      if (std::sscanf(line.c_str(), "probe %zu", &probes) != 1) { continue; }
-      ns.clear();
-      for (std::size_t i = 0; i < probes; ++i) {
-        auto const t0 = steady::now();
-        tools::raw_session probe(dir, "rmmd-bench-probe");
-        ns.push_back(std::chrono::duration<double, std::nano>(steady::now() - t0).count());
-      }
-      say(samples_line(ns));
-    }
-    return 0;
-  } catch (std::exception const& e) {
-    say(std::string("error ") + e.what());
-    return 1;
-  }
-}
-
-// ---------------------------------------------------------------- the section
 
 /// The next line of `p` that starts with "ready", "samples" or "error";
 /// throws naming `who` at EOF, at the deadline, or on "error".
@@ -312,7 +232,7 @@ void measure_leases(scale_options const& o,
   target_row t{"daemon RSS per live lease, " + kind + " pool, " + std::to_string(count) + " leases",
                per,
                true,
-               lease_target_bytes,
+               lease_rss_target_bytes,
                "B"};
   *out.mutable_target() = target_of(t);
   targets.push_back(t);
@@ -327,7 +247,7 @@ void measure_leases(scale_options const& o,
       mib(static_cast<double>(idle)),
       mib(static_cast<double>(rss)),
       per,
-      lease_target_bytes,
+      lease_rss_target_bytes,
       verdict(t));
   std::fflush(stdout);
   for (auto& p : ps) { p.close_stdin(); }
@@ -450,12 +370,14 @@ void judge_call(std::string const& what,
               size_verdict.c_str());
 }
 
-void measure_sessions(scale_options const& o,
-                      counts const& c,
-                      daemon_process const& daemon,
-                      observer const& obs,
-                      results::ScaleSessions& out,
-                      std::vector<target_row>& targets)
+/// Opens the sessions (in c.session_processes helpers, each session
+/// holding one lease) and judges the daemon's RSS per session; returns the
+/// helpers, which keep them open until their stdin closes.
+std::vector<child_process> open_sessions(scale_options const& o,
+                                         counts const& c,
+                                         daemon_process const& daemon,
+                                         results::ScaleSessions& out,
+                                         std::vector<target_row>& targets)
 {
   out.set_sessions(static_cast<std::uint32_t>(c.sessions));
   out.set_processes(static_cast<std::uint32_t>(c.session_processes));
@@ -507,11 +429,19 @@ void measure_sessions(scale_options const& o,
   std::printf("  set-up (hello to welcome) on the way there: p50 %.3f ms, p99 %.3f ms\n",
               ramp_summary.p50_us / 1000,
               ramp_summary.p99_us / 1000);
+  return ps;
+}
 
-  // Set-up with them all open: one process opens and closes more, one at a time.
-  ps.front().write_line("probe " + std::to_string(c.setup_probes));
-  auto probes              = parse_samples(protocol_line(
-      ps.front(), "a --raw-sessions process", steady::now() + std::chrono::seconds(120)));
+/// Set-up with them all open: one helper opens and closes more sessions, one
+/// at a time.
+void probe_setup(child_process& helper,
+                 counts const& c,
+                 results::ScaleSessions& out,
+                 std::vector<target_row>& targets)
+{
+  helper.write_line("probe " + std::to_string(c.setup_probes));
+  auto probes = parse_samples(
+      protocol_line(helper, "a --raw-sessions process", steady::now() + std::chrono::seconds(120)));
   auto const probe_summary = summarize(probes);
   out.set_setup_probes(static_cast<std::uint32_t>(probes.size()));
   out.mutable_setup_with_all_open()->set_p50_us(probe_summary.p50_us);
@@ -532,22 +462,15 @@ void measure_sessions(scale_options const& o,
       probe_summary.p99_us / 1000,
       setup_target_ms,
       verdict(setup_t));
+}
 
-  // Listing them.
-  out.set_calls(static_cast<std::uint32_t>(c.calls));
-  time_calls(c.calls, *out.mutable_get_stats_all(), [&] {
-    return static_cast<double>(obs.stats(std::nullopt).ByteSizeLong());
-  });
-  std::printf("  %-44s p50 %7.2f ms  max %7.2f ms  %8.1f KiB  (for reference)\n",
-              "GetStats, every session",
-              out.get_stats_all().p50_ms(),
-              out.get_stats_all().max_ms(),
-              out.get_stats_all().bytes() / 1024);
-  time_calls(c.calls, *out.mutable_get_stats_top(), [&] {
-    return static_cast<double>(obs.stats(21).ByteSizeLong());
-  });
-  judge_call(
-      "GetStats, top 21 sessions (rmmctl stats')", *out.mutable_get_stats_top(), targets, true);
+/// `rmmctl stats` as a process, c.calls times.
+void time_rmmctl(scale_options const& o,
+                 counts const& c,
+                 daemon_process const& daemon,
+                 results::ScaleSessions& out,
+                 std::vector<target_row>& targets)
+{
   try {
     auto const rmmctl = find_rmmctl(o.rmmd);
     if (!rmmctl) { throw bench_error("no rmmctl beside " + o.rmmd.string()); }
@@ -569,6 +492,14 @@ void measure_sessions(scale_options const& o,
     out.mutable_rmmctl_stats()->set_error(e.what());
     std::printf("  rmmctl stats: ERROR %s\n", e.what());
   }
+}
+
+/// GET /metrics, c.calls times.
+void time_metrics(counts const& c,
+                  observer const& obs,
+                  results::ScaleSessions& out,
+                  std::vector<target_row>& targets)
+{
   try {
     auto const address = obs.metrics_address();
     auto const colon   = address.rfind(':');
@@ -587,7 +518,46 @@ void measure_sessions(scale_options const& o,
     out.mutable_metrics_scrape()->set_error(e.what());
     std::printf("  /metrics: ERROR %s\n", e.what());
   }
+}
+
+/// Listing the sessions: GetStats with every one and with the top 21,
+/// rmmctl stats, a /metrics scrape.
+void time_listings(scale_options const& o,
+                   counts const& c,
+                   daemon_process const& daemon,
+                   observer const& obs,
+                   results::ScaleSessions& out,
+                   std::vector<target_row>& targets)
+{
+  out.set_calls(static_cast<std::uint32_t>(c.calls));
+  time_calls(c.calls, *out.mutable_get_stats_all(), [&] {
+    return static_cast<double>(obs.stats(std::nullopt).ByteSizeLong());
+  });
+  std::printf("  %-44s p50 %7.2f ms  max %7.2f ms  %8.1f KiB  (for reference)\n",
+              "GetStats, every session",
+              out.get_stats_all().p50_ms(),
+              out.get_stats_all().max_ms(),
+              out.get_stats_all().bytes() / 1024);
+  time_calls(c.calls, *out.mutable_get_stats_top(), [&] {
+    return static_cast<double>(obs.stats(21).ByteSizeLong());
+  });
+  judge_call(
+      "GetStats, top 21 sessions (rmmctl stats')", *out.mutable_get_stats_top(), targets, true);
+  time_rmmctl(o, c, daemon, out, targets);
+  time_metrics(c, obs, out, targets);
   std::fflush(stdout);
+}
+
+void measure_sessions(scale_options const& o,
+                      counts const& c,
+                      daemon_process const& daemon,
+                      observer const& obs,
+                      results::ScaleSessions& out,
+                      std::vector<target_row>& targets)
+{
+  auto ps = open_sessions(o, c, daemon, out, targets);
+  probe_setup(ps.front(), c, out, targets);
+  time_listings(o, c, daemon, obs, out, targets);
 
   for (auto& p : ps) { p.close_stdin(); }
   for (auto& p : ps) { p.finish(std::chrono::seconds(60)); }
@@ -730,38 +700,6 @@ std::vector<target_row> section_scale(scale_options const& o, results::Scale& ou
     }
   }
   return targets;
-}
-
-int section_scale_helper_main(int argc, char** argv)
-{
-  std::string const mode = argv[1];
-  auto number            = [](char const* text, std::size_t& out) {
-    char* end = nullptr;
-    out       = std::strtoull(text, &end, 10);
-    return *end == '\0' && out > 0;
-  };
-  std::size_t count = 0, bytes = 0;
-  if (mode == "--raw-leases") {
-    std::string const kind = argc == 6 ? argv[3] : "";
-    if (argc != 6 || (kind != "host" && kind != "cuda") || !number(argv[4], count) ||
-        !number(argv[5], bytes) || bytes != lease_bytes) {
-      std::fprintf(stderr,
-                   "rmmd_bench --raw-leases: internal mode; usage: rmmd_bench --raw-leases "
-                   "RUNTIME_DIR host|cuda COUNT 256\n");
-      return 2;
-    }
-    return raw_leases_main(argv[2], kind, count);
-  }
-  if (mode == "--raw-sessions") {
-    if (argc != 5 || !number(argv[3], count) || !number(argv[4], bytes) || bytes != lease_bytes) {
-      std::fprintf(stderr,
-                   "rmmd_bench --raw-sessions: internal mode; usage: rmmd_bench --raw-sessions "
-                   "RUNTIME_DIR COUNT 256\n");
-      return 2;
-    }
-    return raw_sessions_main(argv[2], count);
-  }
-  return -1;
 }
 
 int section_scale_without_gpu(scale_options const& o,

@@ -1,6 +1,6 @@
 #pragma once
 
-// Section h of rmmd_bench (issue 14, point 2): a busy node. The daemon's
+// Section h of rmmd_bench: a busy node. The daemon's
 // resident memory per live lease (a million on a host pool, 100,000 on the
 // CUDA pool) and per open session (a thousand), session set-up with a
 // thousand open, the stats call, `rmmctl stats` and a /metrics scrape with a
@@ -10,6 +10,8 @@
 
 #include "bench/bench_support.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,17 +35,20 @@ struct scale_options {
 /// the section goes on); returns the targets it measured.
 std::vector<target_row> section_scale(scale_options const& options, results::Scale& out);
 
-/// The helper modes of section h:
-///   rmmd_bench --raw-leases RUNTIME_DIR host|cuda COUNT BYTES
-///       one session holding COUNT leases of BYTES: "ready COUNT SECONDS",
-///       then holds them until stdin closes (or it is killed)
-///   rmmd_bench --raw-sessions RUNTIME_DIR COUNT BYTES
-///       COUNT sessions, one after another, each holding one lease of BYTES
-///       of the host pool: "ready COUNT", "samples NS..." (each hello to
-///       welcome); then per stdin line "probe N": N more sessions opened and
-///       closed one at a time, "samples NS..."; exits when stdin closes
-/// Returns the exit status, or -1 when argv names none of them.
-int section_scale_helper_main(int argc, char** argv);
+/// Every lease section h makes, host or CUDA.
+constexpr std::uint64_t scale_lease_bytes = 256;
+
+/// `rmmd_bench --raw-leases RUNTIME_DIR host|cuda COUNT 256`: one session
+/// holding COUNT leases: "ready COUNT SECONDS", then holds them until stdin
+/// closes (or it is killed). Returns the exit status (section_h_helpers.cpp).
+int raw_leases_main(std::string const& dir, std::string const& kind, std::size_t count);
+
+/// `rmmd_bench --raw-sessions RUNTIME_DIR COUNT 256`: COUNT sessions, one
+/// after another, each holding one lease of the host pool: "ready COUNT",
+/// "samples NS..." (each hello to welcome); then per stdin line "probe N": N
+/// more sessions opened and closed one at a time, "samples NS..."; exits when
+/// stdin closes.
+int raw_sessions_main(std::string const& dir, std::size_t count);
 
 /// `rmmd_bench --sections h` where there is no GPU: the host figures alone,
 /// printed and written to `out_path` as a run of rmmd_bench. Returns the exit
