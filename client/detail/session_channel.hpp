@@ -13,8 +13,8 @@
 // - call_mutex_: one call at a time on the socket; guards last_tag_,
 //   orphans_, reclaims_heard_, retired_heard_. Held across a round trip.
 // - release_queue::mutex: the queued calls and the queue's back-pointer.
-//   Taken before call_mutex_ (try_lock only, never waiting for it), so a
-//   host function never waits for a round trip.
+//   A holder of call_mutex_ may wait for it; a holder of it only tries
+//   call_mutex_ (try_lock), so a host function never waits for a round trip.
 // - reader_mutex_: starting the reader thread (a leaf).
 // What the daemon sends unasked goes to the packed block imports (retired
 // blocks) and the usage reports (reclaim requests) after call_mutex_ is let
