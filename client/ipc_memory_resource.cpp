@@ -162,7 +162,7 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
     // imported once, and this allocation is a place in it.
     try {
       auto* base = static_cast<std::byte*>(
-          impl.packed_block_base(pool_.id, lease.block_id, lease.granted.cuda_export.data()));
+          impl.packed().base(pool_.id, lease.block_id, lease.granted.cuda_export.data()));
       void* ptr = base + lease.block_offset;
       leases_.add(ptr, lease.granted.id | packed_lease);
       return ptr;

@@ -4,10 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
-#include "client/detail/welcome_parser.hpp"
-#include "tools/gpu/vmm.hpp"
 #include "tools/names/buffer_name.hpp"
-#include "tools/socket/fd_passing.hpp"
 
 #include <unistd.h>
 
@@ -63,276 +60,7 @@ struct buffer_job {
   }
 };
 
-std::string in_quotes(std::string_view name)
-{
-  return "'" + std::string(name) + "'";
-}
-
 }  // namespace
-
-grpc::Status session_impl::create_buffer(v1::CreateBufferRequest const& request,
-                                         v1::BufferGrant* grant)
-{
-  grpc::Status status;
-  if (session_calls_) {
-    v1::SessionCall c;
-    *c.mutable_create_buffer() = request;
-    v1::SessionReply reply;
-    status = call(c, &reply);
-    if (status.ok()) { *grant = std::move(*reply.mutable_create_buffer()); }
-  } else {
-    auto ctx = context();
-    status   = stub_->CreateBuffer(ctx.get(), request, grant);
-  }
-  return status;
-}
-
-grpc::Status session_impl::open_buffer(std::string const& name,
-                                       std::chrono::milliseconds wait,
-                                       v1::BufferGrant* grant)
-{
-  v1::OpenBufferRequest request;
-  request.set_name(name);
-  if (session_calls_) {
-    v1::SessionCall c;
-    *c.mutable_open_buffer() = request;
-    v1::SessionReply reply;
-    auto status = call(c, &reply);
-    if (status.ok()) {
-      *grant = std::move(*reply.mutable_open_buffer());
-      return status;
-    }
-    bool const waitable = status.error_code() == grpc::StatusCode::NOT_FOUND ||
-                          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
-    if (!waitable || wait.count() <= 0) { return status; }
-  }
-  // The daemon waits on this one (up to wait_ms), and wakes it at the
-  // publication; the session socket's call threads wait for no one.
-  auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
-      std::max<std::chrono::milliseconds::rep>(wait.count(), 0), 0xffffffff);
-  request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
-  auto ctx = context();
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(wait_ms) +
-                    options.call_timeout);
-  return stub_->OpenBuffer(ctx.get(), request, grant);
-}
-
-grpc::Status session_impl::publish_buffer(std::uint64_t id)
-{
-  if (session_calls_) {
-    v1::SessionCall c;
-    c.mutable_publish_buffer()->set_buffer_id(id);
-    v1::SessionReply reply;
-    return call(c, &reply);
-  }
-  v1::PublishBufferRequest request;
-  request.set_buffer_id(id);
-  v1::PublishBufferResponse response;
-  auto ctx = context();
-  return stub_->PublishBuffer(ctx.get(), request, &response);
-}
-
-grpc::Status session_impl::close_buffer(std::uint64_t id)
-{
-  if (session_calls_) {
-    v1::SessionCall c;
-    c.mutable_close_buffer()->set_buffer_id(id);
-    v1::SessionReply reply;
-    return call(c, &reply);
-  }
-  v1::CloseBufferRequest request;
-  request.set_buffer_id(id);
-  v1::CloseBufferResponse response;
-  auto ctx = context();
-  return stub_->CloseBuffer(ctx.get(), request, &response);
-}
-
-int session_impl::buffer_fd(std::uint64_t id)
-{
-  if (!daemon_takes_calls_) {
-    throw rmmd::logic_error(
-        "rmmd: this daemon takes no calls on the session socket, the only way an fd travels; "
-        "import CUDA buffers by fabric handle (session::options::import_by_fabric)");
-  }
-  v1::SessionCall c;
-  c.mutable_buffer_fd()->set_buffer_id(id);
-  v1::SessionReply reply;
-  std::vector<int> fds;
-  auto status = call(c, &reply, &fds);
-  if (status.ok() && (fds.size() != 1 || reply.buffer_fd().fd_index() != 0)) {
-    status = {grpc::StatusCode::INTERNAL,
-              "the daemon's reply brought " + std::to_string(fds.size()) + " fds, not one"};
-  }
-  if (!status.ok()) {
-    fd_passing::close_fds(fds, fds.size());  // whatever came with a refusal is not ours
-    throw_status(status, "fd of buffer " + std::to_string(id));
-  }
-  return fds.front();
-}
-
-void* session_impl::attach_buffer(v1::BufferGrant const& grant)
-{
-  std::vector<pool_shape> shapes;
-  for (auto const& p : pools_) {
-    shapes.push_back({.host_pool = p.backend == backend_kind::host, .capacity = p.capacity_bytes});
-  }
-  if (auto checked = check_buffer_grant(grant, shapes, 0); !checked.ok()) {
-    throw_status(checked, "open buffer " + in_quotes(grant.name()));
-  }
-  std::lock_guard lock(buffers_mutex_);
-  if (auto it = buffers_.find(grant.buffer_id()); it != buffers_.end()) {
-    ++it->second.refs;
-    return it->second.data;
-  }
-  auto const& pool = pools_[grant.pool_id()];
-  void* data       = nullptr;
-  if (pool.backend == backend_kind::host) {
-    std::byte* base = nullptr;
-    if (pool.pinnable) {
-      // Page-locked, so that kernels and copies use it directly; a process
-      // without a GPU maps it plainly.
-      int devices = 0;
-      if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-        cudaGetLastError();
-        devices = 0;
-      }
-      if (devices > 0) {
-        try {
-          base = pinned_host_pool_base(pool.id);
-        } catch (rmm::bad_alloc const&) {
-          // Not page-locked (RLIMIT_MEMLOCK, no usable driver): the plain
-          // mapping serves all the same, as in a process without a GPU.
-        }
-      }
-    }
-    if (base == nullptr) { base = host_pool_base(pool.id); }
-    data = base + grant.host().offset();
-  } else if (grant.has_vmm()) {
-    return attach_allocation(grant, pool);
-  } else {
-    if (pools()[pool.id].device < 0) {
-      throw rmmd::logic_error("rmmd: buffer " + in_quotes(grant.name()) + " is on GPU " +
-                              pool.gpu_uuid + ", which this process cannot see");
-    }
-    auto const& bytes = grant.cuda().export_data();
-    cudaMemPoolPtrExportData export_data{};
-    if (bytes.size() != sizeof(export_data)) {
-      throw rmm::bad_alloc("rmmd: the daemon's export data for buffer " + in_quotes(grant.name()) +
-                           " has " + std::to_string(bytes.size()) + " bytes");
-    }
-    std::memcpy(&export_data, bytes.data(), sizeof(export_data));
-    if (auto err = cudaMemPoolImportPointer(&data, cuda_pool(pool.id), &export_data);
-        err != cudaSuccess) {
-      cudaGetLastError();
-      throw rmm::bad_alloc("rmmd: importing buffer " + in_quotes(grant.name()) + " of pool '" +
-                           pool.name + "' failed: " + cudaGetErrorName(err));
-    }
-  }
-  buffers_.emplace(grant.buffer_id(),
-                   buffer_view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
-  return data;
-}
-
-void* session_impl::attach_allocation(v1::BufferGrant const& grant, pool_info const& pool)
-{
-  // REQUIRES: buffers_mutex_ held (by attach_buffer).
-  auto const device = pools()[pool.id].device;
-  if (device < 0) {
-    throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
-                            ", which this process cannot see");
-  }
-  std::string why;
-  auto const& api = gpu::vmm(&why);
-  if (!api) { throw rmm::bad_alloc("rmmd: open buffer '" + grant.name() + "': " + why); }
-  device_scope on(device);
-  if (auto err = on.error(); err != cudaSuccess) {
-    throw rmm::bad_alloc(std::string("rmmd: cudaSetDevice: ") + cudaGetErrorName(err));
-  }
-  auto const& v = grant.vmm();
-  auto failed   = [&](char const* what, CUresult r) {
-    return rmm::bad_alloc("rmmd: mapping buffer '" + grant.name() + "' (" +
-                          std::to_string(v.allocation_bytes()) + " bytes): " + what + ": " +
-                          api->name(r));
-  };
-  CUmemGenericAllocationHandle handle{};
-  if (options.import_by_fabric && !v.fabric_handle().empty()) {
-    CUmemFabricHandle fabric{};
-    std::memcpy(&fabric, v.fabric_handle().data(), sizeof(fabric));
-    if (auto r = api->import_handle(&handle, &fabric, CU_MEM_HANDLE_TYPE_FABRIC);
-        r != CUDA_SUCCESS) {
-      throw failed("cuMemImportFromShareableHandle (fabric)", r);
-    }
-  } else {
-    if (!v.has_fd()) {
-      throw rmmd::logic_error("rmmd: buffer '" + grant.name() +
-                              "' comes by fabric handle only; set session::options::"
-                              "import_by_fabric");
-    }
-    int fd = buffer_fd(grant.buffer_id());
-    auto r = api->import_handle(&handle,
-                                reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
-                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    ::close(fd);  // the import holds the allocation now
-    if (r != CUDA_SUCCESS) { throw failed("cuMemImportFromShareableHandle (posix fd)", r); }
-  }
-  auto const bytes  = v.allocation_bytes();
-  auto const prop   = gpu::device_allocation(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  std::size_t grain = 0;
-  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-      r != CUDA_SUCCESS || grain == 0) {
-    api->mem_release(handle);
-    throw failed("cuMemGetAllocationGranularity", r);
-  }
-  CUdeviceptr address{};
-  if (auto r = api->address_reserve(&address, bytes, grain, 0, 0); r != CUDA_SUCCESS) {
-    api->mem_release(handle);
-    throw failed("cuMemAddressReserve", r);
-  }
-  if (auto r = api->map(address, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
-    api->address_free(address, bytes);
-    api->mem_release(handle);
-    throw failed("cuMemMap", r);
-  }
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (auto r = api->set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
-    api->unmap(address, bytes);
-    api->address_free(address, bytes);
-    api->mem_release(handle);
-    throw failed("cuMemSetAccess", r);
-  }
-  auto* data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-  buffers_.emplace(grant.buffer_id(),
-                   buffer_view{.data         = data,
-                               .pool_id      = grant.pool_id(),
-                               .refs         = 1,
-                               .vmm_handle   = handle,
-                               .mapped_bytes = bytes});
-  return data;
-}
-
-std::optional<session_impl::buffer_view> session_impl::detach_buffer(std::uint64_t id) noexcept
-{
-  std::lock_guard lock(buffers_mutex_);
-  auto it = buffers_.find(id);
-  if (it == buffers_.end()) { return std::nullopt; }
-  if (--it->second.refs > 0) { return std::nullopt; }
-  auto view = it->second;
-  buffers_.erase(it);
-  return view;
-}
-
-void session_impl::unmap_allocation(buffer_view const& view) noexcept
-{
-  auto const& api = gpu::vmm();
-  if (!api) { return; }
-  auto const address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(view.data));
-  api->unmap(address, view.mapped_bytes);
-  api->address_free(address, view.mapped_bytes);
-  api->mem_release(static_cast<CUmemGenericAllocationHandle>(view.vmm_handle));
-}
-
 }  // namespace detail
 
 namespace {
@@ -436,7 +164,7 @@ shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& g
 {
   shared_buffer out;
   try {
-    out.data_ = s.impl().attach_buffer(grant);
+    out.data_ = s.impl().buffers().attach(grant);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
@@ -567,7 +295,7 @@ void shared_buffer::close() noexcept
   // A host buffer without a stream: nothing of the GPU's to wait for.
   if (!detail::process_is_exiting()) {
     auto& impl = session_->impl();
-    impl.detach_buffer(id_);
+    impl.buffers().detach(id_);
     send_close(impl);
   }
   reset();
@@ -582,7 +310,7 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     return;
   }
   auto& impl      = session_->impl();
-  auto const view = impl.detach_buffer(id_);  // set when this was the last open here
+  auto const view = impl.buffers().detach(id_);  // set when this was the last open here
   bool const host = [&] {
     try {
       return is_host();
@@ -601,10 +329,10 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     // The buffer's own allocation: unmapping is a CUDA call, which a host
     // function may not make, so the stream is waited for here.
     synchronize(stream);
-    detail::session_impl::unmap_allocation(*view);
+    detail::buffer_views::unmap_allocation(*view);
     send_close(impl);
   } else {
-    // A pool pointer (from daemons before 0.1's own allocations). CUDA's
+    // A pool pointer (a daemon that serves buffers from pool memory). CUDA's
     // rule: the import goes before the daemon may free the memory, in the
     // stream's order; the close follows it there.
     if (auto err = cudaFreeAsync(data_, stream.get()); err != cudaSuccess) {

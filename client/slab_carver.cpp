@@ -196,7 +196,7 @@ slab_carver::~slab_carver()
     return;
   }
   // The session's other resources of this pool report on without this one.
-  owner_.get_session().impl().forget_reporter(this, owner_.pool().id);
+  owner_.get_session().impl().reports().forget_reporter(this, owner_.pool().id);
   trim();
   carved_figures left;
   for (std::size_t i = 0; i < lane_count_; ++i) {
@@ -299,7 +299,7 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
 {
   if (alignment > max_alignment) [[unlikely]] { refuse_alignment(bytes, alignment); }
   try {
-    // One lane (the default) is the pair section a8 times: no call to pick it.
+    // One lane (the default): no call to pick it.
     auto const lane = lane_count_ == 1 ? 0 : lane_for(stream, true);
     if (lane == 0) [[likely]] { return carve(lanes_[0], stream, bytes, alignment); }
     try {
@@ -423,48 +423,122 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
   return bytes;
 }
 
+std::size_t slab_carver::reclaimable_bytes() const noexcept
+{
+  // RMM's pool gives back all of its slabs or none: a lane's slabs may be
+  // asked back only when nothing is carved from it.
+  std::size_t sum = 0;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    if (lanes_[i].carved().count == 0) {
+      sum += lanes_[i].slab_bytes.load(std::memory_order_relaxed);
+    }
+  }
+  return sum;
+}
+
+carved_usage slab_carver::usage(carved_figures carved, std::size_t slabs) const noexcept
+{
+  // A carve is counted before its pool grows (see carve()): while a new
+  // slab is on its way, what is carved may exceed the slabs read after it,
+  // and the lanes are read again after `carved`: a lane whose last carving
+  // was freed meanwhile may count as reclaimable while `carved` still holds
+  // it. The daemon refuses a report with more carved than slabs, or more
+  // reclaimable than the slabs not carved: both are capped here.
+  auto const carved_bytes = std::min(carved.bytes, slabs);
+  return carved_usage{
+      .pool_id          = owner_.pool().id,
+      .bytes            = carved_bytes,
+      .allocation_count = carved.count,
+      .slab_bytes       = slabs,
+      .reclaimable_bytes =
+          carved.count == 0 ? slabs : std::min(slabs - carved_bytes, reclaimable_bytes())};
+}
+
+bool slab_carver::note_idle_lanes(keeper_state& state, clock::time_point now) noexcept
+{
+  bool holding = false;
+  for (std::size_t i = 0; i < lane_count_; ++i) {
+    auto& l = lanes_[i];
+    {
+      std::lock_guard pool_lock(l.pool_mutex);
+      holding = holding || l.pool != nullptr;
+    }
+    if (l.carved().count != 0) { state.idle_since[i] = now; }
+  }
+  return holding;
+}
+
+bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_point now) noexcept
+{
+  auto const figures = carved();
+  auto const slabs   = slab_bytes();
+  bool const changed = figures.bytes != state.reported.bytes ||
+                       figures.count != state.reported.count || slabs != state.reported_slabs;
+  // While it holds slabs it reports every second, to hear of pressure.
+  if (!changed && !(holding && now - state.last_report >= std::chrono::seconds(1))) {
+    return false;
+  }
+  try {
+    auto const trim_pools =
+        owner_.get_session().impl().reports().report_carved(this, usage(figures, slabs));
+    state.reported       = figures;
+    state.reported_slabs = slabs;
+    state.last_report    = now;
+    return std::find(trim_pools.begin(), trim_pools.end(), owner_.pool().id) != trim_pools.end();
+  } catch (rmmd::session_error const&) {
+    state.reporting = false;  // the daemon is gone; the next allocation says so
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // "rmmd: report usage: ..."
+    state.last_report = now;
+  }
+  return false;
+}
+
+void slab_carver::report_now(keeper_state& state, clock::time_point now) noexcept
+{
+  auto const slabs   = slab_bytes();
+  auto const figures = carved();
+  try {
+    static_cast<void>(
+        owner_.get_session().impl().reports().report_carved(this, usage(figures, slabs)));
+    state.reported       = figures;
+    state.reported_slabs = slabs;
+    state.last_report    = now;
+  } catch (std::exception const&) {
+    // The next tick reports again.
+  }
+}
+
+void slab_carver::keep_once(keeper_state& state, bool asked) noexcept
+{
+  auto const now     = clock::now();
+  bool const holding = note_idle_lanes(state, now);
+  // Asked by the daemon (another session waits): give back first, report after.
+  bool const pressed = asked || (state.reporting && report_if_due(state, holding, now));
+  if (holding) {
+    // Each lane nothing is carved from: at once when pressed, else once
+    // idle for idle_trim (trim_lanes() skips a lane that carves by then).
+    auto const idle_trim = owner_.options().idle_trim;
+    static_cast<void>(trim_lanes(
+        [&](std::size_t i) { return pressed || now - state.idle_since[i] >= idle_trim; }));
+  }
+  if (!state.reporting) { return; }
+  // Asked: what is left (nothing, or slabs something is carved from), so
+  // that the daemon stops waiting for this session. Trimmed: say so now
+  // rather than at the next tick.
+  if (asked || (holding && slab_bytes() != state.reported_slabs)) { report_now(state, now); }
+}
+
 void slab_carver::keep(std::stop_token stop) noexcept
 {
-  using clock          = std::chrono::steady_clock;
-  auto const idle_trim = owner_.options().idle_trim;
-  auto const tick      = std::clamp<clock::duration>(
-      idle_trim / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
+  auto const tick = std::clamp<clock::duration>(owner_.options().idle_trim / 4,
+                                                std::chrono::milliseconds(10),
+                                                std::chrono::milliseconds(250));
   // Its CUDA calls (trim) are for the pool's device.
   cudaSetDevice(owner_.pool().device);
-  std::size_t reported_bytes = 0, reported_count = 0, reported_slabs = 0;
-  auto last_report = clock::now();
-  std::array<clock::time_point, max_lanes> idle_since;
-  idle_since.fill(clock::now());
-  bool reporting  = true;  // until the daemon is gone
-  auto const pool = owner_.pool().id;
-  // The slabs the daemon may ask back: those of the lanes nothing is carved
-  // from (RMM's pool gives back all of its slabs or none).
-  auto reclaimable = [&] {
-    std::size_t sum = 0;
-    for (std::size_t i = 0; i < lane_count_; ++i) {
-      if (lanes_[i].carved().count == 0) {
-        sum += lanes_[i].slab_bytes.load(std::memory_order_relaxed);
-      }
-    }
-    return sum;
-  };
-  // What the daemon hears: carved bytes, the slabs, and the reclaimable ones.
-  auto usage = [&](std::size_t bytes, std::size_t count, std::size_t slabs) {
-    // A carve is counted before its pool grows (see carve()): while a new
-    // slab is on its way, what is carved may exceed the slabs read after it.
-    // The daemon refuses such a report; the next one has the slab.
-    // The lanes are read again after `bytes`: a lane whose last carving
-    // was freed meanwhile may count as reclaimable while `bytes` still holds
-    // it. Never more than the slabs not carved: else the daemon refuses the
-    // report (seen in section a8 on the H100).
-    auto const carved_bytes = std::min(bytes, slabs);
-    return carved_usage{
-        .pool_id           = pool,
-        .bytes             = carved_bytes,
-        .allocation_count  = count,
-        .slab_bytes        = slabs,
-        .reclaimable_bytes = count == 0 ? slabs : std::min(slabs - carved_bytes, reclaimable())};
-  };
+  keeper_state state;
+  state.last_report = clock::now();
+  state.idle_since.fill(clock::now());
   std::unique_lock lock(keeper_mutex_);
   while (!stop.stop_requested()) {
     keeper_wake_.wait_for(lock, stop, tick, [this] { return reclaim_asked_; });
@@ -474,71 +548,7 @@ void slab_carver::keep(std::stop_token stop) noexcept
     // and runs on a thread (the session's reader, or a call's) that may hold
     // the session's watch list while this thread's report waits for it.
     lock.unlock();
-    auto const now            = clock::now();
-    auto const [count, bytes] = carved();
-    auto const slabs          = slab_bytes();
-    bool holding              = false;
-    for (std::size_t i = 0; i < lane_count_; ++i) {
-      auto& l = lanes_[i];
-      {
-        std::lock_guard pool_lock(l.pool_mutex);
-        holding = holding || l.pool != nullptr;
-      }
-      if (l.carved().count != 0) { idle_since[i] = now; }
-    }
-    // Asked by the daemon (another session waits): give back first, report after.
-    bool pressed = asked;
-    bool const changed =
-        bytes != reported_bytes || count != reported_count || slabs != reported_slabs;
-    if (!asked && reporting &&
-        (changed || (holding && now - last_report >= std::chrono::seconds(1)))) {
-      try {
-        auto const trim_pools =
-            owner_.get_session().impl().report_carved(this, usage(bytes, count, slabs));
-        pressed        = std::find(trim_pools.begin(), trim_pools.end(), pool) != trim_pools.end();
-        reported_bytes = bytes;
-        reported_count = count;
-        reported_slabs = slabs;
-        last_report    = now;
-      } catch (rmmd::session_error const&) {
-        reporting = false;  // the daemon is gone; the next allocation says so
-      } catch (std::exception const& e) {
-        std::fprintf(stderr, "%s\n", e.what());  // "rmmd: report usage: ..."
-        last_report = now;
-      }
-    }
-    if (holding) {
-      // Each lane nothing is carved from: at once when pressed, else once
-      // idle for idle_trim (trim_lanes() skips a lane that carves by then).
-      static_cast<void>(
-          trim_lanes([&](std::size_t i) { return pressed || now - idle_since[i] >= idle_trim; }));
-    }
-    if (asked && reporting) {
-      // What is left (nothing, or slabs something is carved from), so that
-      // the daemon stops waiting for this session.
-      auto const [left_count, left_bytes] = carved();
-      auto const left_slabs               = slab_bytes();
-      try {
-        static_cast<void>(owner_.get_session().impl().report_carved(
-            this, usage(left_bytes, left_count, left_slabs)));
-        reported_bytes = left_bytes;
-        reported_count = left_count;
-        reported_slabs = left_slabs;
-        last_report    = now;
-      } catch (std::exception const&) {
-      }
-    } else if (holding && slab_bytes() != reported_slabs && reporting) {
-      // Trimmed: say so now rather than at the next tick.
-      try {
-        auto const left_slabs = slab_bytes();
-        auto const left       = carved();
-        static_cast<void>(owner_.get_session().impl().report_carved(
-            this, usage(left.bytes, left.count, left_slabs)));
-        reported_slabs = left_slabs;
-        last_report    = now;
-      } catch (std::exception const&) {
-      }
-    }
+    keep_once(state, asked);
     lock.lock();
   }
 }

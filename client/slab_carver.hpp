@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -95,10 +96,33 @@ class slab_carver {
     [[nodiscard]] carved_figures carved() const noexcept;
   };
 
+  using clock = std::chrono::steady_clock;
+  /// What the keeper remembers between its ticks.
+  struct keeper_state {
+    carved_figures reported{};  // as last reported
+    std::size_t reported_slabs{};
+    clock::time_point last_report{};
+    std::array<clock::time_point, max_lanes> idle_since{};  // by lane: last seen carving
+    bool reporting{true};                                   // until the daemon is gone
+  };
   /// The keeper: reports carved usage and its slabs (when they change, and
   /// every second while slabs are held, to hear of pressure), and trims when
   /// idle, pressed, or asked by the daemon (a reclaim request: at once).
   void keep(std::stop_token stop) noexcept;
+  /// One tick of the keeper: `asked` when the daemon asked for idle slabs.
+  void keep_once(keeper_state& state, bool asked) noexcept;
+  /// Notes which lanes carve now (their idle time starts again); returns
+  /// whether any lane holds slabs.
+  bool note_idle_lanes(keeper_state& state, clock::time_point now) noexcept;
+  /// Reports when the figures changed, or every second while `holding`;
+  /// returns whether the daemon named this pool as under pressure.
+  bool report_if_due(keeper_state& state, bool holding, clock::time_point now) noexcept;
+  /// Reports the figures now (after a trim, or answering a reclaim request).
+  void report_now(keeper_state& state, clock::time_point now) noexcept;
+  /// What the daemon hears: carved bytes, the slabs, and the reclaimable ones.
+  [[nodiscard]] carved_usage usage(carved_figures carved, std::size_t slabs) const noexcept;
+  /// The slabs of the lanes nothing is carved from.
+  [[nodiscard]] std::size_t reclaimable_bytes() const noexcept;
   /// allocate() when the lane's word says closed: makes its pool (leasing its
   /// first slab) unless another thread did, and opens it.
   void open_pool(lane& l);

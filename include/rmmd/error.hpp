@@ -23,8 +23,8 @@ struct logic_error : public rmm::logic_error {
   using rmm::logic_error::logic_error;
 };
 
-/// No such allocation or shared buffer (a logic_error, as before there were
-/// buffers to look up by name).
+/// No such allocation or shared buffer (a logic_error: the caller named
+/// something that is not there).
 struct not_found_error : public logic_error {
   using logic_error::logic_error;
 };

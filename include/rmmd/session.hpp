@@ -120,16 +120,6 @@ class session {
                                std::size_t bytes,
                                std::size_t alignment) const;
   void free(std::uint64_t allocation_id) const;
-  /// Frees a CUDA-pool allocation once `after` completes: an interprocess
-  /// event (cudaEventInterprocess | cudaEventDisableTiming) recorded on the
-  /// stream that freed the import. Returns without waiting for the GPU. The
-  /// event may be recorded again once this record has completed. Returns
-  /// false, freeing nothing, when the daemon cannot open this process's events
-  /// (FAILED_PRECONDITION: a daemon of another uid, or another /dev/shm);
-  /// wait for the event and free without one then. ipc_memory_resource does
-  /// not use this: interprocess events need a shared /dev/shm and one uid,
-  /// and CUDA leaves a file in /dev/shm for each (docs/protocol.md).
-  [[nodiscard]] bool free(std::uint64_t allocation_id, cudaIpcEventHandle_t const& after) const;
 
   /// Tells the daemon what slab-mode resources carved (replacing the last
   /// report for those pools). Returns the ids of the pools under pressure,

@@ -1,5 +1,5 @@
 // The client's side of the session socket: what it makes of a welcome and
-// of the replies to its calls (client/detail/welcome_parser.hpp), with what a
+// of the replies to its calls (client/detail/daemon_message_checks.hpp), with what a
 // broken or hostile daemon could send. The session relies on what these
 // checks accept: a crash here, or an accepted message that breaks the
 // promises below, would be a crash or a stray write in every client process.
@@ -13,7 +13,7 @@
 //     mode bit 1 is set, a CUDA pool otherwise; asked with may_pack when
 //     mode bit 2 is set.
 
-#include "client/detail/welcome_parser.hpp"
+#include "client/detail/daemon_message_checks.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
 
 #include <algorithm>

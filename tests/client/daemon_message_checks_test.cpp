@@ -1,9 +1,9 @@
-// The client's checks of what a daemon sends (client/detail/welcome_parser):
+// The client's checks of what a daemon sends (client/detail/daemon_message_checks):
 // what a real daemon sends passes, and each way a broken one could mislead
 // the session is refused with a message. tests/fuzz/client_messages_fuzz.cpp
 // throws arbitrary bytes at the same functions.
 
-#include "client/detail/welcome_parser.hpp"
+#include "client/detail/daemon_message_checks.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -58,21 +58,21 @@ welcome_result read(v1::SessionWelcome const& sent, std::span<int const> fds)
 
 constexpr std::array<int, 3> attached{40, 41, 42};
 
-TEST(WelcomeParser, ADaemonsWelcomeGivesEachPoolItsFd)
+TEST(DaemonMessageChecksWelcome, ADaemonsWelcomeGivesEachPoolItsFd)
 {
   auto const result = read(daemon_welcome(), std::span(attached).first(2));
   EXPECT_EQ(result.status, welcome_status::ok) << result.message;
   EXPECT_THAT(result.pool_fds, ElementsAre(40, 41, -1));
 }
 
-TEST(WelcomeParser, AnFdNoPoolNamesIsLeftToTheCaller)
+TEST(DaemonMessageChecksWelcome, AnFdNoPoolNamesIsLeftToTheCaller)
 {
   auto const result = read(daemon_welcome(), attached);
   EXPECT_EQ(result.status, welcome_status::ok);
   EXPECT_THAT(result.pool_fds, ElementsAre(40, 41, -1));  // 42 is the caller's to close
 }
 
-TEST(WelcomeParser, RefusalsKeepTheDaemonsWords)
+TEST(DaemonMessageChecksWelcome, RefusalsKeepTheDaemonsWords)
 {
   v1::SessionWelcome w;
   w.set_protocol_version(1);
@@ -86,7 +86,7 @@ TEST(WelcomeParser, RefusalsKeepTheDaemonsWords)
   EXPECT_EQ(read(w, {}).status, welcome_status::refused);
 }
 
-TEST(WelcomeParser, WhatTheSessionCannotRelyOnIsMalformed)
+TEST(DaemonMessageChecksWelcome, WhatTheSessionCannotRelyOnIsMalformed)
 {
   auto const check = [](auto change, std::string const& why) {
     auto w = daemon_welcome();
@@ -122,7 +122,7 @@ std::string reply_bytes(std::uint64_t tag, auto fill)
   return r.SerializeAsString();
 }
 
-TEST(ReplyParser, TheAnswerToTheCallCarriesItsStatus)
+TEST(DaemonMessageChecksReply, TheAnswerToTheCallCarriesItsStatus)
 {
   v1::SessionReply reply;
   auto ok = read_reply(reply_bytes(9, [](auto& r) { r.mutable_allocate()->set_allocation_id(4); }),
@@ -146,7 +146,7 @@ TEST(ReplyParser, TheAnswerToTheCallCarriesItsStatus)
   EXPECT_EQ(failed.status.error_message(), "no such allocation");
 }
 
-TEST(ReplyParser, AnErrorCodeTheClientDoesNotKnowIsUnknownNeverOk)
+TEST(DaemonMessageChecksReply, AnErrorCodeTheClientDoesNotKnowIsUnknownNeverOk)
 {
   v1::SessionReply reply;
   for (int code : {0, -1, 17, 1000}) {
@@ -159,7 +159,7 @@ TEST(ReplyParser, AnErrorCodeTheClientDoesNotKnowIsUnknownNeverOk)
   }
 }
 
-TEST(ReplyParser, ALateReplyIsAnEarlierCallsAndAWrongOneIsInvalid)
+TEST(DaemonMessageChecksReply, ALateReplyIsAnEarlierCallsAndAWrongOneIsInvalid)
 {
   v1::SessionReply reply;
   EXPECT_EQ(read_reply(

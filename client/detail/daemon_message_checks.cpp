@@ -1,4 +1,4 @@
-#include "client/detail/welcome_parser.hpp"
+#include "client/detail/daemon_message_checks.hpp"
 
 #include <sys/stat.h>
 

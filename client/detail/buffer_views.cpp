@@ -1,0 +1,221 @@
+#include "client/detail/buffer_views.hpp"
+
+#include "client/detail/daemon_message_checks.hpp"
+#include "client/detail/device_scope.hpp"
+#include "client/detail/pool_mappings.hpp"
+#include "client/detail/session_channel.hpp"
+#include "tools/gpu/vmm.hpp"
+#include "tools/socket/fd_passing.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace rmmd::detail {
+namespace {
+
+std::string in_quotes(std::string_view name)
+{
+  return "'" + std::string(name) + "'";
+}
+
+}  // namespace
+
+void* buffer_views::attach(v1::BufferGrant const& grant)
+{
+  auto const& pools = pools_.unmapped();
+  std::vector<pool_shape> shapes;
+  for (auto const& p : pools) {
+    shapes.push_back({.host_pool = p.backend == backend_kind::host, .capacity = p.capacity_bytes});
+  }
+  if (auto checked = check_buffer_grant(grant, shapes, 0); !checked.ok()) {
+    throw_status(checked, "open buffer " + in_quotes(grant.name()));
+  }
+  std::lock_guard lock(buffers_mutex_);
+  if (auto it = buffers_.find(grant.buffer_id()); it != buffers_.end()) {
+    ++it->second.refs;
+    return it->second.data;
+  }
+  auto const& pool = pools[grant.pool_id()];
+  if (pool.backend == backend_kind::cuda && grant.has_vmm()) {
+    return attach_allocation(grant, pool);
+  }
+  void* data = pool.backend == backend_kind::host ? attach_host(grant, pool)
+                                                  : attach_pool_pointer(grant, pool);
+  buffers_.emplace(grant.buffer_id(), view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
+  return data;
+}
+
+void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& pool)
+{
+  std::byte* base = nullptr;
+  if (pool.pinnable) {
+    // Page-locked, so that kernels and copies use it directly; a process
+    // without a GPU maps it plainly.
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+      cudaGetLastError();
+      devices = 0;
+    }
+    if (devices > 0) {
+      try {
+        base = pools_.pinned_host_pool_base(pool.id);
+      } catch (rmm::bad_alloc const&) {
+        // Not page-locked (RLIMIT_MEMLOCK, no usable driver): the plain
+        // mapping serves all the same, as in a process without a GPU.
+      }
+    }
+  }
+  if (base == nullptr) { base = pools_.host_pool_base(pool.id); }
+  return base + grant.host().offset();
+}
+
+void* buffer_views::attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool)
+{
+  if (pools_.pools()[pool.id].device < 0) {
+    throw rmmd::logic_error("rmmd: buffer " + in_quotes(grant.name()) + " is on GPU " +
+                            pool.gpu_uuid + ", which this process cannot see");
+  }
+  auto const& bytes = grant.cuda().export_data();
+  cudaMemPoolPtrExportData export_data{};
+  if (bytes.size() != sizeof(export_data)) {
+    throw rmm::bad_alloc("rmmd: the daemon's export data for buffer " + in_quotes(grant.name()) +
+                         " has " + std::to_string(bytes.size()) + " bytes");
+  }
+  std::memcpy(&export_data, bytes.data(), sizeof(export_data));
+  void* data = nullptr;
+  if (auto err = cudaMemPoolImportPointer(&data, pools_.cuda_pool(pool.id), &export_data);
+      err != cudaSuccess) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: importing buffer " + in_quotes(grant.name()) + " of pool '" +
+                         pool.name + "' failed: " + cudaGetErrorName(err));
+  }
+  return data;
+}
+
+void* buffer_views::attach_allocation(v1::BufferGrant const& grant, pool_info const& pool)
+{
+  // REQUIRES: buffers_mutex_ held (by attach_buffer).
+  auto const device = pools_.pools()[pool.id].device;
+  if (device < 0) {
+    throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
+                            ", which this process cannot see");
+  }
+  std::string why;
+  auto const& api = gpu::vmm(&why);
+  if (!api) { throw rmm::bad_alloc("rmmd: open buffer '" + grant.name() + "': " + why); }
+  device_scope on(device);
+  if (auto err = on.error(); err != cudaSuccess) {
+    throw rmm::bad_alloc(std::string("rmmd: cudaSetDevice: ") + cudaGetErrorName(err));
+  }
+  auto const& v = grant.vmm();
+  auto failed   = [&](char const* what, CUresult r) {
+    return rmm::bad_alloc("rmmd: mapping buffer '" + grant.name() + "' (" +
+                          std::to_string(v.allocation_bytes()) + " bytes): " + what + ": " +
+                          api->name(r));
+  };
+  CUmemGenericAllocationHandle handle{};
+  if (import_by_fabric_ && !v.fabric_handle().empty()) {
+    CUmemFabricHandle fabric{};
+    std::memcpy(&fabric, v.fabric_handle().data(), sizeof(fabric));
+    if (auto r = api->import_handle(&handle, &fabric, CU_MEM_HANDLE_TYPE_FABRIC);
+        r != CUDA_SUCCESS) {
+      throw failed("cuMemImportFromShareableHandle (fabric)", r);
+    }
+  } else {
+    if (!v.has_fd()) {
+      throw rmmd::logic_error("rmmd: buffer '" + grant.name() +
+                              "' comes by fabric handle only; set session::options::"
+                              "import_by_fabric");
+    }
+    int fd = buffer_fd(grant.buffer_id());
+    auto r = api->import_handle(&handle,
+                                reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fd);  // the import holds the allocation now
+    if (r != CUDA_SUCCESS) { throw failed("cuMemImportFromShareableHandle (posix fd)", r); }
+  }
+  auto const bytes  = v.allocation_bytes();
+  auto const prop   = gpu::device_allocation(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  std::size_t grain = 0;
+  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      r != CUDA_SUCCESS || grain == 0) {
+    api->mem_release(handle);
+    throw failed("cuMemGetAllocationGranularity", r);
+  }
+  CUdeviceptr address{};
+  if (auto r = api->address_reserve(&address, bytes, grain, 0, 0); r != CUDA_SUCCESS) {
+    api->mem_release(handle);
+    throw failed("cuMemAddressReserve", r);
+  }
+  if (auto r = api->map(address, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    throw failed("cuMemMap", r);
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (auto r = api->set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
+    api->unmap(address, bytes);
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    throw failed("cuMemSetAccess", r);
+  }
+  auto* data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+  buffers_.emplace(grant.buffer_id(),
+                   view{.data         = data,
+                        .pool_id      = grant.pool_id(),
+                        .refs         = 1,
+                        .vmm_handle   = handle,
+                        .mapped_bytes = bytes});
+  return data;
+}
+
+std::optional<buffer_views::view> buffer_views::detach(std::uint64_t id) noexcept
+{
+  std::lock_guard lock(buffers_mutex_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) { return std::nullopt; }
+  if (--it->second.refs > 0) { return std::nullopt; }
+  auto out = it->second;
+  buffers_.erase(it);
+  return out;
+}
+
+void buffer_views::unmap_allocation(view const& v) noexcept
+{
+  auto const& api = gpu::vmm();
+  if (!api) { return; }
+  auto const address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(v.data));
+  api->unmap(address, v.mapped_bytes);
+  api->address_free(address, v.mapped_bytes);
+  api->mem_release(static_cast<CUmemGenericAllocationHandle>(v.vmm_handle));
+}
+
+int buffer_views::buffer_fd(std::uint64_t id)
+{
+  if (!channel_.daemon_takes_calls()) {
+    throw rmmd::logic_error(
+        "rmmd: this daemon takes no calls on the session socket, the only way an fd travels; "
+        "import CUDA buffers by fabric handle (session::options::import_by_fabric)");
+  }
+  v1::SessionCall c;
+  c.mutable_buffer_fd()->set_buffer_id(id);
+  v1::SessionReply reply;
+  std::vector<int> fds;
+  auto status = channel_.call(c, &reply, &fds);
+  if (status.ok() && (fds.size() != 1 || reply.buffer_fd().fd_index() != 0)) {
+    status = {grpc::StatusCode::INTERNAL,
+              "the daemon's reply brought " + std::to_string(fds.size()) + " fds, not one"};
+  }
+  if (!status.ok()) {
+    fd_passing::close_fds(fds, fds.size());  // whatever came with a refusal is not ours
+    throw_status(status, "fd of buffer " + std::to_string(id));
+  }
+  return fds.front();
+}
+
+}  // namespace rmmd::detail

@@ -1,0 +1,94 @@
+#include "client/detail/usage_reports.hpp"
+
+#include "client/detail/session_channel.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+namespace rmmd::detail {
+
+std::vector<std::uint32_t> usage_reports::send(std::vector<carved_usage> const& usage)
+{
+  v1::UsageReport request;
+  for (auto const& u : usage) {
+    auto* p = request.add_pools();
+    p->set_pool_id(u.pool_id);
+    p->set_bytes(u.bytes);
+    p->set_allocation_count(u.allocation_count);
+    p->set_slab_bytes(u.slab_bytes);
+    p->set_reclaimable_bytes(u.reclaimable_bytes);
+  }
+  v1::UsageReply reply;
+  auto ctx    = channel_.context();
+  auto status = channel_.stub().ReportUsage(ctx.get(), request, &reply);
+  if (!status.ok()) {
+    // The daemon's refusals name the call already; gRPC's own do not.
+    throw_status(status, status.error_message().starts_with("report usage") ? "" : "report usage");
+  }
+  return {reply.trim_pool_ids().begin(), reply.trim_pool_ids().end()};
+}
+
+std::vector<std::uint32_t> usage_reports::report_carved(void const* reporter,
+                                                        carved_usage const& usage)
+{
+  std::lock_guard lock(carved_mutex_);
+  carved_[usage.pool_id][reporter] = usage;
+  return send_carved_locked(usage.pool_id);
+}
+
+void usage_reports::forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept
+{
+  std::lock_guard lock(carved_mutex_);
+  auto it = carved_.find(pool_id);
+  if (it == carved_.end() || it->second.erase(reporter) == 0) { return; }
+  try {
+    static_cast<void>(send_carved_locked(pool_id));
+  } catch (std::exception const&) {
+    // The daemon is gone, or busy: its figure corrects itself at the next report.
+  }
+}
+
+std::vector<std::uint32_t> usage_reports::send_carved_locked(std::uint32_t pool_id)
+{
+  carved_usage sum{.pool_id = pool_id};
+  for (auto const& [reporter, u] : carved_[pool_id]) {
+    sum.bytes += u.bytes;
+    sum.allocation_count += u.allocation_count;
+    sum.slab_bytes += u.slab_bytes;
+    sum.reclaimable_bytes += u.reclaimable_bytes;
+  }
+  return send({sum});
+}
+
+std::uint64_t usage_reports::watch(std::uint32_t pool_id,
+                                   std::function<void(std::uint32_t)> on_request)
+{
+  // Reclaim requests must be heard while no call reads the socket.
+  channel_.start_reader();
+  std::lock_guard lock(watches_mutex_);
+  auto const id = next_watch_++;
+  watches_.emplace(id, reclaim_watch{.pool_id = pool_id, .on_request = std::move(on_request)});
+  return id;
+}
+
+void usage_reports::unwatch(std::uint64_t watch_id) noexcept
+{
+  std::lock_guard lock(watches_mutex_);
+  watches_.erase(watch_id);
+}
+
+void usage_reports::run_watches(std::vector<std::uint32_t> const& reclaims) noexcept
+{
+  std::lock_guard lock(watches_mutex_);
+  for (auto const& [id, w] : watches_) {
+    if (std::find(reclaims.begin(), reclaims.end(), w.pool_id) == reclaims.end()) { continue; }
+    try {
+      w.on_request(w.pool_id);
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "rmmd: answering the daemon's reclaim request: %s\n", e.what());
+    }
+  }
+}
+
+}  // namespace rmmd::detail
