@@ -58,9 +58,9 @@ absl::Status free(core::daemon_core& core, core::session_id session, v1::FreeReq
   // first (a host function enqueued after its free sends the Free). An
   // interprocess event cannot be waited on safely (docs/protocol.md,
   // section 3), so a request that still names one is refused whole.
-  if (!request.release_event().empty()) {
+  if (!request.removed_release_event().empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "free allocation %d: FreeRequest.release_event (field 2, an interprocess event) is no "
+        "free allocation %d: FreeRequest field 2 (release_event, an interprocess event) is no "
         "longer supported, and nothing was freed; send the Free without it once the stream has "
         "passed the free of the imported pointer (the rmmd client sends it from a host function "
         "enqueued after cudaFreeAsync): update the client",

@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         v1::FreeRequest request;
         if ((who & 3) < 2 &&
             request.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())) &&
-            !request.release_event().empty()) {
+            !request.removed_release_event().empty()) {
           RMMD_FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
         }
         break;

@@ -83,14 +83,14 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
       RMMD_FUZZ_CHECK(valid && parsed.reply_only_on_error() &&
                       (parsed.has_free() || parsed.has_publish_buffer() ||
                        parsed.has_close_buffer() || parsed.has_blocks_dropped()));
-      RMMD_FUZZ_CHECK(!parsed.has_free() || parsed.free().release_event().empty());
+      RMMD_FUZZ_CHECK(!parsed.has_free() || parsed.free().removed_release_event().empty());
       continue;
     }
     v1::SessionReply r;
     RMMD_FUZZ_CHECK(r.ParseFromString(*reply));
     RMMD_FUZZ_CHECK(r.tag() == (valid ? parsed.tag() : 0));
     RMMD_FUZZ_CHECK(r.has_error() != (r.reply_case() != v1::SessionReply::REPLY_NOT_SET));
-    if (valid && parsed.has_free() && !parsed.free().release_event().empty()) {
+    if (valid && parsed.has_free() && !parsed.free().removed_release_event().empty()) {
       // The interprocess-event field is refused, whatever else the Free says.
       RMMD_FUZZ_CHECK(r.error().code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
     }
