@@ -55,7 +55,7 @@ std::string free_call(std::uint64_t tag,
   v1::SessionCall c;
   c.set_tag(tag);
   c.mutable_free()->set_allocation_id(id);
-  if (!event.empty()) { c.mutable_free()->set_release_event(event); }
+  if (!event.empty()) { c.mutable_free()->set_removed_release_event(event); }
   c.set_reply_only_on_error(quiet);
   return c.SerializeAsString();
 }

@@ -339,7 +339,7 @@ TEST_F(HostileInput, AFreeNamingAnInterprocessEventIsRefusedOnBothSocketsAndFree
   old_free.set_tag(2);
   old_free.set_reply_only_on_error(true);
   old_free.mutable_free()->set_allocation_id(id);
-  old_free.mutable_free()->set_release_event(std::string(64, 'e'));
+  old_free.mutable_free()->set_removed_release_event(std::string(64, 'e'));
   auto refused = s.call(old_free);
   EXPECT_EQ(refused.tag(), 2u);
   EXPECT_EQ(refused.error().code(), grpc::StatusCode::INVALID_ARGUMENT);

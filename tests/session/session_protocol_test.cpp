@@ -181,7 +181,7 @@ TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   c.Clear();
   c.set_reply_only_on_error(true);  // a refusal is answered all the same
   c.mutable_free()->set_allocation_id(lease);
-  c.mutable_free()->set_release_event(std::string(64, 'e'));
+  c.mutable_free()->set_removed_release_event(std::string(64, 'e'));
   r = send(c, 2);
   ASSERT_TRUE(r) << "a refused Free went unanswered";
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
@@ -189,7 +189,7 @@ TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
   EXPECT_EQ(core_->stats().pools.at(0).allocation_count, held) << "the refused Free freed";
 
-  c.mutable_free()->clear_release_event();
+  c.mutable_free()->clear_removed_release_event();
   r = send(c, 3);
   EXPECT_FALSE(r) << "the lease was not there to free: " << (r ? r->DebugString() : "");
 }

@@ -64,13 +64,13 @@ TEST_F(CoreCalls, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
 
   v1::FreeRequest free_request;
   free_request.set_allocation_id(reply.allocation_id());
-  free_request.set_release_event(std::string(64, 'e'));
+  free_request.set_removed_release_event(std::string(64, 'e'));
   auto const refused = free(*core_, session_, free_request);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("no longer supported"));
   EXPECT_EQ(core_->stats().pools.at(0).allocation_count, 1u);
 
-  free_request.clear_release_event();
+  free_request.clear_removed_release_event();
   EXPECT_TRUE(free(*core_, session_, free_request).ok()) << "the refused Free took the lease";
 }
 
