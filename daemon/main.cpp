@@ -803,7 +803,10 @@ int main(int argc, char** argv)
     } else {
       auto const& s = *next.settings;
       log_restart_only_changes(settings, s);
-      core.reconfigure(s.access, s.quotas);
+      core.reconfigure({.access          = s.access,
+                        .quotas          = s.quotas,
+                        .reclaim_timeout = s.reclaim_timeout,
+                        .pack_up_to      = s.pack_up_to});
       listener.set_admission_limits(s.admission);
       rmmd::log::threshold = s.log_level;
       rmmd::log::set_library_log_level(s.log_level);

@@ -60,11 +60,7 @@ grpc::Status rmmd_service::Free(grpc::ServerContext* context,
   return observed(requests_, rpc_method::free, [&] {
     auto session = caller(*context);
     if (!session.ok()) { return to_grpc_status(session.status()); }
-    auto const& event = request->release_event();
-    return to_grpc_status(
-        core_.free(*session,
-                   request->allocation_id(),
-                   std::span(reinterpret_cast<std::byte const*>(event.data()), event.size())));
+    return to_grpc_status(core_.free(*session, request->allocation_id()));
   });
 }
 

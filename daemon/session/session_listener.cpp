@@ -1,5 +1,6 @@
 #include "daemon/session/session_listener.hpp"
 
+#include "common/hex.hpp"
 #include "daemon/log.hpp"
 #include "daemon/service/proto_convert.hpp"
 #include "daemon/session/session_protocol.hpp"
@@ -322,7 +323,7 @@ void session_listener::run() noexcept
                  c.peer.pid,
                  c.peer.uid,
                  answer.client_name,
-                 core::to_hex(grant.token).substr(0, 4));
+                 common::to_hex(std::span<std::byte const>(grant.token)).substr(0, 4));
     if (!send_message(c.fd, answer.message, answer.fds)) {
       --open_sessions_;
       core_.close_session(grant.id);

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <utility>
+#include <variant>
 
 namespace rmmd::session {
 namespace {
@@ -88,12 +89,12 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        std::vector<int>* fds,
                                        bool* held)
 {
-  auto const policy = held == nullptr ? core::reclaim_policy::wait : core::reclaim_policy::hand_off;
   using metrics::rpc_method;
   auto const start = std::chrono::steady_clock::now();
   v1::SessionReply reply;
   std::optional<rpc_method> method;
   absl::Status status;
+  bool on_hold = false;  // a request that would wait, handed to a thread that may
   v1::SessionCall call;
   if (call_bytes.truncated) {
     status = absl::InvalidArgumentError(absl::StrFormat(
@@ -108,19 +109,29 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kAllocate: {
         method        = rpc_method::allocate;
         auto const& r = call.allocate();
-        auto grant =
-            core.allocate(session, r.pool_id(), r.size(), r.alignment(), policy, r.may_pack());
-        status = grant.status();
+        // A call thread that must not block (`held`) gets a hold instead of a wait.
+        auto answer =
+            held == nullptr
+                ? core::answer_or_hold<core::lease_grant>(core.allocate(session,
+                                                                        r.pool_id(),
+                                                                        r.size(),
+                                                                        r.alignment(),
+                                                                        core::reclaim_policy::wait,
+                                                                        r.may_pack()))
+                : core.allocate_or_hold(
+                      session, r.pool_id(), r.size(), r.alignment(), r.may_pack());
+        if (std::holds_alternative<core::reclaim_hold>(answer)) {
+          on_hold = true;
+          break;
+        }
+        auto& grant = std::get<absl::StatusOr<core::lease_grant>>(answer);
+        status      = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_allocate()); }
         break;
       }
       case v1::SessionCall::kFree: {
-        method            = rpc_method::free;
-        auto const& event = call.free().release_event();
-        status =
-            core.free(session,
-                      call.free().allocation_id(),
-                      std::span(reinterpret_cast<std::byte const*>(event.data()), event.size()));
+        method = rpc_method::free;
+        status = core.free(session, call.free().allocation_id());
         if (status.ok()) { reply.mutable_free(); }
         break;
       }
@@ -137,9 +148,17 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       case v1::SessionCall::kCreateBuffer: {
         method        = rpc_method::create_buffer;
         auto const& r = call.create_buffer();
-        auto grant    = core.create_buffer(
-            session, r.name(), r.pool_id(), r.size(), service::from_proto(r), policy);
-        status = grant.status();
+        auto answer   = held == nullptr
+                            ? core::answer_or_hold<core::buffer_grant>(core.create_buffer(
+                                session, r.name(), r.pool_id(), r.size(), service::from_proto(r)))
+                            : core.create_buffer_or_hold(
+                                session, r.name(), r.pool_id(), r.size(), service::from_proto(r));
+        if (std::holds_alternative<core::reclaim_hold>(answer)) {
+          on_hold = true;
+          break;
+        }
+        auto& grant = std::get<absl::StatusOr<core::buffer_grant>>(answer);
+        status      = grant.status();
         if (grant.ok()) { service::to_proto(*grant, reply.mutable_create_buffer()); }
         break;
       }
@@ -179,7 +198,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
             "newer than the daemon");
     }
   }
-  if (held != nullptr && core::is_held_for_reclaim(status)) {
+  if (on_hold) {
     *held = true;  // counted when it is made, by the thread that may wait
     return std::nullopt;
   }
