@@ -404,10 +404,8 @@ std::size_t daemon_core::session_count() const
 void daemon_core::reconfigure(core_reload reload)
 {
   std::lock_guard lock(mutex_);
-  options_.access          = std::move(reload.access);
-  options_.quotas          = std::move(reload.quotas);
-  options_.reclaim_timeout = reload.reclaim_timeout;
-  options_.pack_up_to      = std::min(reload.pack_up_to, options_.pack_block_size);
+  options_.access = std::move(reload.access);
+  options_.quotas = std::move(reload.quotas);
   reclaim_.set_timeout(reload.reclaim_timeout);
   packed_.set_pack_up_to(reload.pack_up_to);
 }

@@ -77,14 +77,15 @@ struct core_options {
   uid_t admin_uid{::geteuid()};
   /// How long a request that finds its pool short waits for other sessions to
   /// give back idle slabs that could serve it (see allocate()); 0: it is
-  /// refused at once.
+  /// refused at once. A reload may change it (core_reload).
   std::chrono::milliseconds reclaim_timeout{default_reclaim_timeout};
   /// Packed leases. A CUDA pool's direct allocation of at most this many
   /// bytes, asked for with may_pack, is carved out of a block of
   /// pack_block_size bytes that the daemon leases to that session alone
   /// (exported and imported once), instead of being an allocation of its own:
   /// no driver call per allocation, and no driver memory per lease. 0: never.
-  /// pack_up_to is at most pack_block_size (the constructor lowers it).
+  /// pack_up_to is at most pack_block_size (the constructor lowers it); a
+  /// reload may change it (core_reload), the block size and pack_idle not.
   std::size_t pack_up_to{default_pack_up_to};
   std::size_t pack_block_size{default_pack_block_size};
   /// A session keeps one empty packed block per pool this long, then it is
@@ -184,18 +185,19 @@ class daemon_core {
   /// UNAUTHENTICATED.
   [[nodiscard]] absl::StatusOr<session_id> authenticate(std::string_view token_hex) const;
 
-  /// INVALID_ARGUMENT (size 0, too large, bad alignment, unknown pool),
-  /// RESOURCE_EXHAUSTED (quota, pool limit, backend out of memory),
+  /// INVALID_ARGUMENT (size 0, bad alignment, unknown pool),
+  /// RESOURCE_EXHAUSTED (larger than the pool, quota, pool limit, backend out
+  /// of memory),
   /// UNAVAILABLE (draining), UNAUTHENTICATED (session gone).
   ///
   /// When the pool lacks room for the request but other sessions report idle
   /// slabs there (slabs with nothing carved) that would make enough, it asks
   /// them through the reclaim notifier to give those back and waits, up to
-  /// options.reclaim_timeout, for the room (`policy`); then it allocates, or
+  /// the reclaim timeout, for the room (`policy`); then it allocates, or
   /// refuses as it would have at once. A request that idle slabs cannot serve
   /// is refused at once. The wait holds no lock: other calls go on.
   ///
-  /// With `may_pack`, a small request to a CUDA pool (options.pack_up_to)
+  /// With `may_pack`, a small request to a CUDA pool (up to pack_up_to)
   /// may be carved out of a packed block: a block the daemon leases to this
   /// session alone, charged to it and its uid like a lease of that size, and
   /// exported once. When no block of the session has room, a new one is
@@ -445,9 +447,6 @@ class daemon_core {
                      std::size_t bytes,
                      int sign) noexcept;
   void signal_pressure_locked(pool_entry& pool);
-  /// Whether room is wanted in `p`: a request waits for it, or it is under
-  /// pressure.
-  [[nodiscard]] bool room_wanted_locked(pool_entry const& p) const;
   /// Why the session's or its uid's quota cannot take `charge` more, if so.
   std::optional<absl::Status> quota_refusal_locked(session_entry const& s,
                                                    std::size_t charge,
@@ -496,7 +495,10 @@ class daemon_core {
 
   mutable std::mutex mutex_;
   std::mutex trim_mutex_;  // one trim at a time; never held with mutex_
-  core_options options_;   // access, quotas, admin uid (the parts keep the rest)
+  /// Access, quotas and the admin uid; reclaim_timeout, pack_up_to and the
+  /// other packing settings as given at construction (reclaim_ and packed_
+  /// keep the ones in force).
+  core_options options_;
   bool draining_{false};
   bool sessions_closed_{false};                     // stop_new_sessions() was called
   std::vector<std::unique_ptr<pool_entry>> pools_;  // index == pool id

@@ -136,7 +136,8 @@ answer_or_hold<lease_grant> daemon_core::allocate_once(allocation_request const&
   auto const alignment = checked->alignment;
   // Small and asked for by a client that imports blocks: carved out of a
   // block of the session's own (no driver call, no driver memory per lease).
-  if (r.may_pack && packed_.packs(p.backend->kind(), p.capacity, r.bytes, alignment)) {
+  if (r.may_pack && packed_.packs(p.capacity, r.bytes, alignment) &&
+      p.backend->kind() == backend_kind::cuda) {
     if (auto grant = carve_packed_locked(*s, p, r, alignment)) { return *std::move(grant); }
     if (auto made = pack_in_new_block_locked(lock, *s, r, alignment)) { return *std::move(made); }
     // No room for a block: a lease of its own, below (the session may have
@@ -405,11 +406,6 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
       draining_);
 }
 
-bool daemon_core::room_wanted_locked(pool_entry const& p) const
-{
-  return reclaim_.waiting() || p.pressure_until > std::chrono::steady_clock::now();
-}
-
 void daemon_core::charge_locked(
     pool_entry& p, session_entry* s, uid_t uid, pool_id pool, std::size_t bytes, int sign) noexcept
 {
@@ -441,10 +437,12 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
     return absl::NotFoundError(absl::StrFormat(
         "free allocation %d: no such allocation (never allocated, or already freed)", id));
   }
+  if (l->packed) {
+    release_lease_locked(session, id);  // no backend call: its block stays
+    return absl::OkStatus();
+  }
   auto* const owner = find_session_locked(session);
-  if (l->packed || owner == nullptr) {
-    // A packed lease needs no backend call (its block stays); and a lease
-    // found without its session is freed here (close_session frees both).
+  if (owner == nullptr) {  // not while the lease is found: close_session frees both
     release_lease_locked(session, id);
     return absl::OkStatus();
   }
@@ -477,7 +475,8 @@ void daemon_core::release_lease_locked(session_id session, allocation_id id) noe
   if (l.packed) {
     if (s == nullptr) { return; }  // its blocks went with it
     --s->count;
-    packed_.release(session, l, room_wanted_locked(p));
+    packed_.release(
+        session, l, {.waiting = reclaim_.waiting(), .pressure_until = p.pressure_until});
     return;
   }
   p.backend->deallocate(l.block());

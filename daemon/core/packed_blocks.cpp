@@ -75,7 +75,7 @@ void packed_blocks::add(session_id session, pool_id pool, backend_allocation mem
   if (count_++ == 0) { blocks_exist_.notify_one(); }  // the sweeper starts sweeping
 }
 
-void packed_blocks::release(session_id session, lease const& range, bool room_wanted) noexcept
+void packed_blocks::release(session_id session, lease const& range, room_signal room) noexcept
 {
   auto const mine = by_session_.find(session);
   if (mine == by_session_.end()) { return; }  // its blocks went with it
@@ -96,6 +96,7 @@ void packed_blocks::release(session_id session, lease const& range, bool room_wa
       std::any_of(blocks->second.begin(), blocks->second.end(), [&](auto const& entry) {
         return &entry.second != &b && !entry.second.retired && entry.second.leases == 0;
       });
+  auto const room_wanted = room.waiting || room.pressure_until > std::chrono::steady_clock::now();
   if (room_wanted || another_empty) { retire(session, range.pool, {b.id}); }
 }
 

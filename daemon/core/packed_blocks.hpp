@@ -74,15 +74,15 @@ class packed_blocks {
     return block_size_;
   }
 
-  /// Whether a request of `bytes` aligned to `alignment` to a pool of `kind`
-  /// and `capacity` is one to pack.
-  [[nodiscard]] bool packs(backend_kind kind,
-                           std::size_t capacity,
+  /// Whether a request of `bytes` aligned to `alignment` to a pool of
+  /// `capacity` is small enough to pack (only CUDA pools pack: the caller
+  /// checks the pool's kind).
+  [[nodiscard]] bool packs(std::size_t capacity,
                            std::size_t bytes,
                            std::size_t alignment) const noexcept
   {
     return pack_up_to_ > 0 && bytes <= pack_up_to_ && alignment <= default_alignment &&
-           kind == backend_kind::cuda && block_size_ <= capacity;
+           block_size_ <= capacity;
   }
 
   /// A range carved out of a block: the lease the core records.
@@ -103,10 +103,17 @@ class packed_blocks {
   /// `session`'s blocks of `pool`.
   void add(session_id session, pool_id pool, backend_allocation memory);
 
+  /// Whether room is wanted in a pool: a request waits for it, or the pool is
+  /// under pressure. Read only when a block falls empty.
+  struct room_signal {
+    bool waiting{};
+    std::chrono::steady_clock::time_point pressure_until{};
+  };
+
   /// Gives a packed lease's range back to its block. Retires the block when
-  /// it is empty and the session has another empty one there, or when
-  /// `room_wanted` (a request waits for room, or the pool is under pressure).
-  void release(session_id session, lease const& range, bool room_wanted) noexcept;
+  /// it is empty and the session has another empty one there, or when room
+  /// is wanted (`room`).
+  void release(session_id session, lease const& range, room_signal room) noexcept;
 
   /// A block that leaves: the caller frees its memory and uncharges it.
   struct leaving {
