@@ -1,8 +1,8 @@
 #pragma once
 
-// Private to the core: what it keeps per pool, per session and per shared
-// buffer. Guarded by daemon_core's mutex; REQUIRES: whoever reads or writes
-// an entry holds it.
+// What the core keeps per pool, per session and per shared buffer: the
+// core's and its parts' own, never an adapter's. Guarded by daemon_core's mutex; REQUIRES: whoever
+// reads or writes an entry holds it.
 
 #include "daemon/core/pool_backend.hpp"
 #include "daemon/core/types.hpp"

@@ -15,14 +15,14 @@ packed_blocks::packed_blocks(std::mutex& core_mutex,
       pack_up_to_(std::min(pack_up_to, block_size)),
       block_size_(block_size),
       idle_(idle),
-      sweeper_([this](std::stop_token stop) { sweep(std::move(stop)); })
+      idle_sweeper_([this](std::stop_token stop) { sweep_idle_blocks(std::move(stop)); })
 {
 }
 
 packed_blocks::~packed_blocks()
 {
-  sweeper_.request_stop();
-  if (sweeper_.joinable()) { sweeper_.join(); }
+  idle_sweeper_.request_stop();
+  if (idle_sweeper_.joinable()) { idle_sweeper_.join(); }
 }
 
 void packed_blocks::set_retire_notifier(retire_notifier notify)
@@ -284,7 +284,7 @@ std::map<pool_id, idle_slabs> packed_blocks::idle(session_id session) const
 
 // Sweeps a few times per pack_idle while any block exists, and sleeps
 // otherwise.
-void packed_blocks::sweep(std::stop_token stop)
+void packed_blocks::sweep_idle_blocks(std::stop_token stop)
 {
   auto const period =
       std::max<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1), idle_ / 4);

@@ -179,7 +179,7 @@ class packed_blocks {
   /// asked for (the first ones: see retire_notifier).
   void retire(session_id session, pool_id pool, std::vector<block_id> const& ids) noexcept;
   void retire_idle() noexcept;
-  void sweep(std::stop_token stop);
+  void sweep_idle_blocks(std::stop_token stop);
 
   std::mutex& mutex_;  // the core's
   std::size_t pack_up_to_;
@@ -190,7 +190,7 @@ class packed_blocks {
   std::size_t count_{};  // blocks of every session: while any, the sweeper sweeps
   std::map<session_id, session_blocks> by_session_;
   std::condition_variable_any blocks_exist_;
-  std::jthread sweeper_;  // last: stops (and joins) before the rest is destroyed
+  std::jthread idle_sweeper_;  // last: stops (and joins) before the rest is destroyed
 };
 
 }  // namespace rmmd::core

@@ -289,7 +289,7 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
   {
     std::unique_lock lock(mutex_);
     ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return refused_sends_ > 0; }))
-        << "the reaper did not try (50 ms idle)";
+        << "the idle-block sweeper did not try (50 ms idle)";
   }
   EXPECT_EQ(pool().reclaimable_bytes, block) << "not asked for: still offered";
   auto early = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
@@ -302,7 +302,7 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
     std::unique_lock lock(mutex_);
     socket_full_ = false;
     ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return !retired_.empty(); }))
-        << "the reaper did not ask again";
+        << "the idle-block sweeper did not ask again";
   }
   EXPECT_THAT(retired()[0].blocks, ::testing::ElementsAre(l.packed_block));
   ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());

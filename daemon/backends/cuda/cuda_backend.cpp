@@ -7,8 +7,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
 #include <stdexcept>
 
 namespace rmmd::backends::cuda {
