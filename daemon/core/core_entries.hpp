@@ -1,10 +1,11 @@
 #pragma once
 
-// Private to daemon_core's translation units: what the core keeps per pool,
-// per session and per shared buffer. Guarded by daemon_core::mutex_.
+// What the core keeps per pool, per session and per shared buffer: the
+// core's and its parts' own, never an adapter's. Guarded by daemon_core's mutex; REQUIRES: whoever
+// reads or writes an entry holds it.
 
-#include "daemon/backends/host/offset_allocator.hpp"
-#include "daemon/core/daemon_core.hpp"
+#include "daemon/core/pool_backend.hpp"
+#include "daemon/core/types.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -18,56 +19,47 @@ namespace rmmd::core {
 /// How long a pool counts as under pressure after an allocation failed there.
 inline constexpr auto pressure_window = std::chrono::seconds(2);
 
-struct daemon_core::pool_entry {
+struct pool_entry {
   pool_config config;
   std::unique_ptr<pool_backend> backend;
   std::size_t capacity{};
-  std::size_t in_use{};  // leases and shared buffers
-  std::size_t high_water{};
-  std::size_t live{};  // leases
-  std::uint64_t total{};
+  std::size_t in_use{};  // leases, packed blocks and shared buffers
+  std::size_t live{};    // leases
   std::chrono::steady_clock::time_point pressure_until{};
-  std::uint64_t reclaim_waits{};  // see pool_stats
-  std::uint64_t reclaim_served{};
-  std::uint64_t reclaim_refused{};
+
+  /// Bytes the pool could still lend.
+  [[nodiscard]] std::size_t room() const noexcept
+  {
+    return capacity - std::min(capacity, in_use);
+  }
 };
 
-/// A block of a CUDA pool that the daemon leases to one session and carves
-/// that session's small direct allocations out of (core_options::pack_up_to).
-/// Charged to the session like a lease of its size.
-struct packed_block {
-  block_id id{};
-  backend_allocation memory;                ///< the block, with its export data
-  backends::host::offset_allocator ranges;  ///< offsets into it (pure arithmetic)
-  std::size_t leases{};                     ///< live leases carved out of it
-  std::size_t lease_bytes{};                ///< their bytes
-  /// Asked to be dropped: nothing more is carved out of it, and it goes once
-  /// the client says it freed its import (or with the session).
-  bool retired{false};
-  std::chrono::steady_clock::time_point empty_since{};  ///< when `leases` last fell to 0
-};
-
-/// A session's packed blocks of one pool, by the block's address in the
-/// daemon (a lease's address finds its block).
-using packed_blocks = std::map<std::uintptr_t, packed_block>;
-
-struct daemon_core::session_entry {
+struct session_entry {
   session_id id{};
   std::string token_hex;
   peer_credentials peer;
   std::string command;
   std::string client_name;
-  std::size_t bytes{};  // leases
-  std::size_t count{};
+  std::size_t bytes{};  // leases and packed blocks
+  std::size_t count{};  // leases
   std::chrono::system_clock::time_point started;
   std::map<pool_id, std::size_t> pool_bytes;  // what it holds, per pool
   std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
   std::size_t shared_bytes{};                 // buffers it created and holds (charged with `bytes`)
   std::map<buffer_id, std::size_t> holds;     // buffers it holds: opens (and its create) not closed
-  std::map<pool_id, packed_blocks> packed;    // its packed blocks (charged with `bytes`)
+
+  /// What it holds in `pool` now.
+  [[nodiscard]] std::size_t held_in(pool_id pool) const
+  {
+    auto it = pool_bytes.find(pool);
+    return it == pool_bytes.end() ? 0 : it->second;
+  }
 };
 
-struct daemon_core::buffer_entry {
+/// The live sessions, by id.
+using session_map = std::map<session_id, std::unique_ptr<session_entry>>;
+
+struct buffer_entry {
   buffer_id id{};
   std::string name;
   pool_id pool{};
@@ -85,5 +77,20 @@ struct daemon_core::buffer_entry {
   std::map<session_id, std::size_t> holders;  // session -> its opens (its create counts one)
   std::chrono::system_clock::time_point created;
 };
+
+/// A session's report for one pool, held against what it holds there now
+/// (it may have given slabs back since it last reported).
+struct idle_slabs {
+  std::size_t idle{};
+  std::size_t reclaimable{};
+};
+
+inline idle_slabs idle_of(carved_usage const& c, std::size_t held)
+{
+  auto const slabs  = std::min(c.slab_bytes, held);
+  auto const carved = std::min(c.bytes, slabs);
+  auto const idle   = slabs - carved;
+  return {.idle = idle, .reclaimable = std::min(c.reclaimable_bytes, idle)};
+}
 
 }  // namespace rmmd::core

@@ -3,19 +3,29 @@
 // The daemon's logic: pools, sessions, the lease ledger, quotas and stats.
 // It knows nothing of gRPC, protobuf or sockets; adapters translate.
 //
+// The core keeps the sessions, the pools, the ledger, quotas, shared buffers
+// and the drain; its parts own the rest, each under the core's mutex:
+// packed_blocks (packed_blocks.hpp), reclaim_coordinator
+// (reclaim_coordinator.hpp) and core_stats (core_stats.hpp).
+//
 // Thread safety: every public member may be called from any thread; one mutex
-// serialises them and every backend call but two: allocate() lets go of it
-// while the backend allocates (tens of us for a CUDA pool), having counted the
-// bytes against the pool and quotas first, and takes those back (and frees the
-// block) if the call fails in the end, so a rejected request never leaves
-// partial state behind; and free() (without a release fence) lets go of it
+// serialises them and every backend call but a few: allocate() and
+// create_buffer() let go of it while the backend allocates (tens of us for a
+// CUDA pool), having counted the bytes against the pool and quotas first, and
+// take those back (and free the block) if the call fails in the end, so a
+// rejected request never leaves partial state behind; free() lets go of it
 // while the backend frees, having taken the lease out of the ledger, and
-// uncharges the bytes once the backend has them back.
+// uncharges the bytes once the backend has them back; trim() calls the
+// backends without it.
 //
 // Errors are absl::Status with the codes of DESIGN.md's error table.
 
+#include "daemon/core/core_entries.hpp"
+#include "daemon/core/core_stats.hpp"
 #include "daemon/core/lease_ledger.hpp"
+#include "daemon/core/packed_blocks.hpp"
 #include "daemon/core/pool_backend.hpp"
+#include "daemon/core/reclaim_coordinator.hpp"
 #include "daemon/core/types.hpp"
 
 #include <absl/status/status.h>
@@ -35,8 +45,8 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace rmmd::core {
@@ -67,14 +77,15 @@ struct core_options {
   uid_t admin_uid{::geteuid()};
   /// How long a request that finds its pool short waits for other sessions to
   /// give back idle slabs that could serve it (see allocate()); 0: it is
-  /// refused at once.
+  /// refused at once. A reload may change it (core_reload).
   std::chrono::milliseconds reclaim_timeout{default_reclaim_timeout};
   /// Packed leases. A CUDA pool's direct allocation of at most this many
   /// bytes, asked for with may_pack, is carved out of a block of
   /// pack_block_size bytes that the daemon leases to that session alone
   /// (exported and imported once), instead of being an allocation of its own:
   /// no driver call per allocation, and no driver memory per lease. 0: never.
-  /// pack_up_to is at most pack_block_size (the constructor lowers it).
+  /// pack_up_to is at most pack_block_size (the constructor lowers it); a
+  /// reload may change it (core_reload), the block size and pack_idle not.
   std::size_t pack_up_to{default_pack_up_to};
   std::size_t pack_block_size{default_pack_block_size};
   /// A session keeps one empty packed block per pool this long, then it is
@@ -82,12 +93,13 @@ struct core_options {
   std::chrono::milliseconds pack_idle{default_pack_idle};
 };
 
-/// What a configuration reload may change in a running core.
+/// What the configuration file can change while the daemon runs (SIGHUP):
+/// see daemon_core::reconfigure.
 struct core_reload {
   access_policy access;
   quota_limits quotas;
-  std::chrono::milliseconds reclaim_timeout;
-  std::size_t pack_up_to;
+  std::chrono::milliseconds reclaim_timeout{default_reclaim_timeout};
+  std::size_t pack_up_to{default_pack_up_to};
 };
 
 /// What a request that finds its pool short does when other sessions hold
@@ -96,31 +108,19 @@ enum class reclaim_policy : std::uint8_t {
   /// Asks them to give those back and waits (up to reclaim_timeout) for the
   /// room: for callers whose thread may block.
   wait,
-  /// Changes nothing and answers `held_for_reclaim()`: the caller makes the
-  /// request again with `wait` from a thread that may block.
-  hand_off,
   /// Refuses at once, as if no session held idle slabs.
   refuse,
 };
 
-/// The answer of a request made with reclaim_policy::hand_off that would
-/// wait (never sent to a client).
-[[nodiscard]] absl::Status held_for_reclaim();
-[[nodiscard]] bool is_held_for_reclaim(absl::Status const& status);
+/// The answer of allocate_or_hold() or create_buffer_or_hold() where the
+/// request would wait for idle slabs to come back: nothing changed, and the
+/// caller makes the request again with reclaim_policy::wait from a thread
+/// that may block. Never sent to a client.
+struct reclaim_hold {};
 
-/// Asks session `session` to give back its idle slabs of `pool` now: `bytes`
-/// is what the waiting request still lacks. Must not block (it sends one
-/// datagram); called without the core's lock.
-using reclaim_notifier = std::function<void(session_id session, pool_id pool, std::size_t bytes)>;
-
-/// Asks session `session` to let go of its packed blocks `blocks` of `pool`,
-/// which hold none of its leases (see daemon_core::drop_blocks). Returns how
-/// many of `blocks`, from the first, the session was asked for (the others
-/// could not be sent: they stay the session's to carve from, and are asked
-/// for again later). Must not block and must not call the core: it may be
-/// called with the core's lock held.
-using retire_notifier = std::function<std::size_t(
-    session_id session, pool_id pool, std::vector<block_id> const& blocks)>;
+/// A request's answer, or a hold (see reclaim_hold).
+template <class T>
+using answer_or_hold = std::variant<absl::StatusOr<T>, reclaim_hold>;
 
 /// 128 random bits, the session's bearer credential on the gRPC socket.
 using session_token = std::array<std::byte, 16>;
@@ -150,9 +150,6 @@ struct buffer_grant {
   buffer_state state{};
   bool persistent{false};
 };
-
-/// Lowercase hex of a token (what travels in gRPC metadata).
-std::string to_hex(session_token const& token);
 
 class daemon_core {
  public:
@@ -188,18 +185,19 @@ class daemon_core {
   /// UNAUTHENTICATED.
   [[nodiscard]] absl::StatusOr<session_id> authenticate(std::string_view token_hex) const;
 
-  /// INVALID_ARGUMENT (size 0, too large, bad alignment, unknown pool),
-  /// RESOURCE_EXHAUSTED (quota, pool limit, backend out of memory),
+  /// INVALID_ARGUMENT (size 0, bad alignment, unknown pool),
+  /// RESOURCE_EXHAUSTED (larger than the pool, quota, pool limit, backend out
+  /// of memory),
   /// UNAVAILABLE (draining), UNAUTHENTICATED (session gone).
   ///
   /// When the pool lacks room for the request but other sessions report idle
   /// slabs there (slabs with nothing carved) that would make enough, it asks
   /// them through the reclaim notifier to give those back and waits, up to
-  /// options.reclaim_timeout, for the room (`policy`); then it allocates, or
+  /// the reclaim timeout, for the room (`policy`); then it allocates, or
   /// refuses as it would have at once. A request that idle slabs cannot serve
   /// is refused at once. The wait holds no lock: other calls go on.
   ///
-  /// With `may_pack`, a small request to a CUDA pool (options.pack_up_to)
+  /// With `may_pack`, a small request to a CUDA pool (up to pack_up_to)
   /// may be carved out of a packed block: a block the daemon leases to this
   /// session alone, charged to it and its uid like a lease of that size, and
   /// exported once. When no block of the session has room, a new one is
@@ -212,26 +210,24 @@ class daemon_core {
                                        reclaim_policy policy = reclaim_policy::wait,
                                        bool may_pack         = false);
 
+  /// allocate() for a caller whose thread must not block: where allocate()
+  /// would wait for idle slabs to come back, answers reclaim_hold instead
+  /// and changes nothing.
+  answer_or_hold<lease_grant> allocate_or_hold(session_id session,
+                                               pool_id pool,
+                                               std::size_t bytes,
+                                               std::size_t alignment,
+                                               bool may_pack = false);
+
   /// The client has freed its imports of packed blocks `blocks`, which the
   /// daemon retired (retire_notifier): frees them. NOT_FOUND for a block the
   /// session does not hold, FAILED_PRECONDITION for one not retired (nothing
   /// is freed then); UNAUTHENTICATED (session gone).
   absl::Status drop_blocks(session_id session, std::span<block_id const> blocks);
 
-  /// NOT_FOUND (unknown id, or already freed), PERMISSION_DENIED (held by
-  /// another session).
-  ///
-  /// With an empty `release_fence` the lease is freed now. Otherwise it names
-  /// a point of the client's stream (see pool_backend::open_fence; INVALID_ARGUMENT
-  /// when it names none): the lease counts against pool and quotas until the
-  /// stream has passed it, then a background thread frees it. A fence that never
-  /// passes (its process died) is dropped with its session.
-  absl::Status free(session_id session,
-                    allocation_id id,
-                    std::span<std::byte const> release_fence = {});
-
-  /// Frees the leases whose fences have passed; returns how many still wait.
-  std::size_t reap_fences();
+  /// Frees the lease now. NOT_FOUND (unknown id, or already freed),
+  /// PERMISSION_DENIED (held by another session).
+  absl::Status free(session_id session, allocation_id id);
 
   /// A fast-path session's report of what it carved out of its slabs; each
   /// pool's figure replaces the last. Returns the pools under pressure (an
@@ -266,15 +262,12 @@ class daemon_core {
   [[nodiscard]] session_listing top_sessions(std::size_t n) const;
   [[nodiscard]] std::size_t session_count() const;
 
-  /// Replaces who may open sessions and the quotas (a configuration reload).
-  /// Open sessions stay open and keep what they hold, even above a lowered
-  /// quota; the new limits apply to the next open_session and allocate.
-  void reconfigure(access_policy access, quota_limits quotas);
-  /// The same, and the reclaim timeout and packing size (a configuration
-  /// reload): a request waits by the timeout in force when it starts
-  /// waiting, and a new pack_up_to applies to the next allocation (what is
-  /// packed stays packed). pack_up_to is lowered to pack_block_size, as the
-  /// constructor does.
+  /// Applies a configuration reload: who may open sessions, the quotas, the
+  /// reclaim timeout and which requests are packed (pack_up_to, lowered to
+  /// the block size as the constructor does). Open sessions stay open and
+  /// keep what they hold, even above a lowered quota, and their packed blocks
+  /// stay; the new values apply to the next open_session, allocate and
+  /// create_buffer.
   void reconfigure(core_reload reload);
 
   /// Drain, first phase (SIGTERM): open_session answers UNAVAILABLE; the live
@@ -309,6 +302,14 @@ class daemon_core {
                                              std::size_t bytes,
                                              buffer_options const& options,
                                              reclaim_policy policy = reclaim_policy::wait);
+
+  /// create_buffer() for a caller whose thread must not block: see
+  /// allocate_or_hold().
+  answer_or_hold<buffer_grant> create_buffer_or_hold(session_id session,
+                                                     std::string_view name,
+                                                     pool_id pool,
+                                                     std::size_t bytes,
+                                                     buffer_options const& options);
 
   /// Opens `id` to every allowed session and wakes those waiting for it.
   /// NOT_FOUND (no such buffer), FAILED_PRECONDITION (not the creating
@@ -350,17 +351,92 @@ class daemon_core {
   [[nodiscard]] std::size_t waiting_opens() const;
 
  private:
-  struct pool_entry;
-  struct session_entry;
-  struct buffer_entry;
+  /// How a request that finds its pool short goes on (reclaim_policy, plus
+  /// the hold of allocate_or_hold and create_buffer_or_hold).
+  enum class short_of_room : std::uint8_t { wait, hold, refuse };
 
-  struct fenced_release {
+  struct allocation_request {
     session_id session{};
-    std::shared_ptr<release_fence> fence;  // shared with the reaper while it polls
+    pool_id pool{};
+    std::size_t bytes{};
+    std::size_t alignment{};
+    short_of_room when_short{};
+    bool may_pack{};
   };
 
+  /// A request's pool and alignment, once check_request_locked() passed.
+  struct checked_request {
+    pool_entry* pool{};
+    std::size_t alignment{};
+  };
+
+  /// The session `id`, or nullptr (never opened, or closed).
+  [[nodiscard]] session_entry* find_session_locked(session_id id) const;
+  /// The session `id`, or UNAUTHENTICATED saying that `request` came from a
+  /// closed session.
+  [[nodiscard]] absl::StatusOr<session_entry*> session_locked(session_id id,
+                                                              std::string_view request) const;
+
+  /// The checks every request for memory passes (allocate, create_buffer):
+  /// a known pool, a size of at least 1 byte and at most the pool's
+  /// capacity, and an alignment (0: default_alignment) that is a power of
+  /// two the pool accepts. `request` names it in messages.
+  [[nodiscard]] absl::StatusOr<checked_request> check_request_locked(std::string_view request,
+                                                                     pool_id pool,
+                                                                     std::size_t bytes,
+                                                                     std::size_t alignment) const;
+
+  /// Charges `charge` bytes to pool `pool`, session `s` and its uid, lets go
+  /// of the lock while `backend_call` runs (other sessions' calls go on
+  /// meanwhile, and concurrent requests cannot together overrun a quota or
+  /// the pool), takes the lock and the charge back, and finds the session
+  /// again. Returns what `backend_call` returned and the session, or nullptr
+  /// when it closed meanwhile (its leases are gone, not this charge).
+  template <class BackendCall>
+  auto call_backend_charged(std::unique_lock<std::mutex>& lock,
+                            pool_id pool,
+                            session_entry& s,
+                            std::size_t charge,
+                            BackendCall&& backend_call);
+
+  /// allocate() but for the reclaim counters; `waited` is set once it waited.
+  answer_or_hold<lease_grant> allocate_once(allocation_request const& r, bool& waited);
+  answer_or_hold<lease_grant> allocate_counted(allocation_request const& r);
+  /// A packed lease for `s` out of one of its blocks with room, or nullopt.
+  std::optional<lease_grant> carve_packed_locked(session_entry& s,
+                                                 pool_entry& p,
+                                                 allocation_request const& r,
+                                                 std::size_t alignment);
+  /// A packed lease out of a new block for `s`, or nullopt when there is no
+  /// room for a block (the caller serves the request unpacked). Lets go of
+  /// the lock while the backend allocates.
+  std::optional<absl::StatusOr<lease_grant>> pack_in_new_block_locked(
+      std::unique_lock<std::mutex>& lock,
+      session_entry& s,
+      allocation_request const& r,
+      std::size_t alignment);
+  /// A lease of its own from the backend, charged `charge` while it works.
+  answer_or_hold<lease_grant> lease_from_backend_locked(std::unique_lock<std::mutex>& lock,
+                                                        session_entry& s,
+                                                        allocation_request const& r,
+                                                        std::size_t alignment,
+                                                        std::size_t charge,
+                                                        std::string const& what,
+                                                        bool& waited);
+  /// Short of room that other sessions' idle slabs would make: holds, or
+  /// asks them and waits. Returns the refusal or hold that ends the request,
+  /// or nullopt when it goes on (with `s` found again).
+  std::optional<answer_or_hold<lease_grant>> wait_for_room_locked(
+      std::unique_lock<std::mutex>& lock,
+      session_entry*& s,
+      allocation_request const& r,
+      std::size_t charge,
+      std::string const& what,
+      bool& waited);
+
   void release_lease_locked(session_id session, allocation_id id) noexcept;
-  /// Frees every lease `s` holds, in one batch per pool (a closing session).
+  /// Frees every lease and packed block `s` holds, in one batch per pool (a
+  /// closing session).
   void release_all_leases_locked(session_entry& s) noexcept;
   /// Adds (sign +1) or takes back (-1) `bytes` on the pool, the session (if
   /// still open) and the uid.
@@ -375,76 +451,36 @@ class daemon_core {
   std::optional<absl::Status> quota_refusal_locked(session_entry const& s,
                                                    std::size_t charge,
                                                    std::string const& what) const;
-  /// Idle slab bytes that sessions other than `requester` could give back in
-  /// pool `pool` (what they last reported as reclaimable).
-  std::size_t reclaimable_locked(pool_id pool, session_id requester) const;
-  /// Whether a request charging `charge` to pool `p` for session `requester`
-  /// lacks room that other sessions' idle slabs could make: then worth a wait.
-  bool reclaim_could_serve_locked(pool_entry const& p,
-                                  pool_id pool,
-                                  session_id requester,
-                                  std::size_t charge) const;
-  /// Asks sessions holding reclaimable slabs of `pool` to give them back (as
-  /// many as the room needs, those with the most first),
-  /// then waits until the pool has room for `charge`, the deadline, the
-  /// session's end or a drain. Lets go of the lock while it notifies and
-  /// waits. Returns whether the room is there.
-  /// With `ask_for` (the ledger had room, the backend did not): asks for
-  /// that many bytes and waits until what it asked for is back.
-  bool wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
-                               pool_id pool,
-                               session_id requester,
-                               std::size_t charge,
-                               std::size_t ask_for = 0);
-  /// allocate() but for the reclaim counters; `waited` is set once it waited.
-  absl::StatusOr<lease_grant> allocate_once(session_id session,
-                                            pool_id pool,
-                                            std::size_t bytes,
-                                            std::size_t alignment,
-                                            reclaim_policy policy,
-                                            bool may_pack,
-                                            bool& waited);
-  /// A packed lease for `s` in pool `pool` out of one of its blocks with
-  /// room, or nullopt when none has.
-  std::optional<lease_grant> carve_packed_locked(
-      session_entry& s, pool_entry& p, pool_id pool, std::size_t bytes, std::size_t alignment);
-  /// A packed lease out of a new block for session `session`, or nullopt when
-  /// there is no room for a block (the caller serves the request unpacked).
-  /// Lets go of the lock while the backend allocates.
-  std::optional<absl::StatusOr<lease_grant>> pack_in_new_block_locked(
-      std::unique_lock<std::mutex>& lock,
-      session_id session,
-      pool_id pool,
-      std::size_t bytes,
-      std::size_t alignment);
-  /// Gives a packed lease's range back to its block; retires the block when
-  /// it is empty and the session has another empty one, or room is wanted.
-  void unpack_locked(session_id session, lease const& l) noexcept;
-  /// Asks `session` to drop `blocks` of `pool` and marks retired those it
-  /// was asked for (the first ones: see retire_notifier).
-  void retire_locked(session_entry& s, pool_id pool, std::vector<block_id> const& blocks) noexcept;
-  /// A packed block asked back, until its session drops it (or ends).
-  struct retired_block {
-    session_id session;
-    std::uintptr_t base;
-    block_id id;
-  };
-  /// Retires other sessions' empty packed blocks of `pool` until `wanted`
-  /// bytes are asked for; returns the bytes asked for, and the blocks in
-  /// `retired`.
-  std::size_t retire_for_room_locked(pool_id pool,
-                                     session_id requester,
-                                     std::size_t wanted,
-                                     std::vector<retired_block>& retired);
-  /// Retires the empty packed blocks that stayed longer than options.pack_idle.
-  void retire_idle_blocks_locked() noexcept;
-  void room_changed_locked() noexcept;
   /// Why `charge` more bytes for session `s` in pool `p` would break a quota
   /// or overrun the pool (`what`: the request, for the message), if it would.
   std::optional<absl::Status> refusal_locked(pool_entry& p,
                                              session_entry const& s,
                                              std::size_t charge,
                                              std::string const& what);
+  [[nodiscard]] bool reclaim_could_serve_locked(pool_id pool,
+                                                session_id requester,
+                                                std::size_t charge) const;
+  /// Waits for idle slabs as reclaim_coordinator::wait_for_room does.
+  bool wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
+                               pool_id pool,
+                               session_id requester,
+                               std::size_t charge,
+                               std::size_t ask_for = 0);
+
+  answer_or_hold<buffer_grant> create_buffer_with(session_id session,
+                                                  std::string_view name,
+                                                  pool_id pool,
+                                                  std::size_t bytes,
+                                                  buffer_options const& options,
+                                                  short_of_room when_short);
+  /// A buffer `s` is creating: takes its name, and charges `charge` to the
+  /// pool, the creator's session and its uid while the backend allocates.
+  buffer_entry& take_name_locked(session_entry& s,
+                                 std::string_view name,
+                                 pool_id pool,
+                                 std::size_t bytes,
+                                 std::size_t charge,
+                                 buffer_options const& options);
   /// Drops one hold of `b` by session `holder`; frees it when nothing keeps it.
   void drop_hold_locked(buffer_entry& b, session_id holder) noexcept;
   /// Frees `b` if no session holds it and it is neither persistent and
@@ -455,21 +491,19 @@ class daemon_core {
   buffer_info buffer_info_locked(buffer_entry const& b) const;
   buffer_grant buffer_grant_locked(buffer_entry const& b) const;
   [[nodiscard]] bool may_open_locked(buffer_entry const& b, peer_credentials const& peer) const;
-  std::size_t reap_fences_locked() noexcept;
-  void run_fence_reaper(std::stop_token stop);
-  session_info info_locked(session_entry const& s) const;
-  session_listing top_sessions_locked(std::size_t n) const;
+  [[nodiscard]] std::vector<pool_description> pools_locked() const;
 
   mutable std::mutex mutex_;
   std::mutex trim_mutex_;  // one trim at a time; never held with mutex_
-  std::condition_variable_any fences_waiting_;
-  std::map<allocation_id, fenced_release> fenced_;  // freed by the client, not yet passed
+  /// Access, quotas and the admin uid; reclaim_timeout, pack_up_to and the
+  /// other packing settings as given at construction (reclaim_ and packed_
+  /// keep the ones in force).
   core_options options_;
   bool draining_{false};
   bool sessions_closed_{false};                     // stop_new_sessions() was called
   std::vector<std::unique_ptr<pool_entry>> pools_;  // index == pool id
   session_id next_session_{1};
-  std::map<session_id, std::unique_ptr<session_entry>> sessions_;
+  session_map sessions_;
   std::unordered_map<std::string, session_id> by_token_;  // key: hex token
   std::unordered_map<uid_t, std::size_t> uid_bytes_;
   lease_ledger ledger_;
@@ -478,13 +512,9 @@ class daemon_core {
   std::unordered_map<std::string, buffer_id> buffer_names_;  // named buffers only (not deleted)
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
-  reclaim_notifier reclaim_notify_;                          // set before serving
-  retire_notifier retire_notify_;                            // set before serving
-  block_id next_block_{1};
-  std::size_t packed_blocks_{};  // in every session: while any, the reaper sweeps idle ones
-  std::condition_variable room_changed_;  // a pool got room, a session's end, a drain
-  std::size_t reclaim_waiters_{};         // requests waiting on room_changed_
-  std::jthread fence_reaper_;             // last: stops (and joins) before the rest is destroyed
+  core_stats stats_;
+  reclaim_coordinator reclaim_;
+  packed_blocks packed_;  // last: its sweeper stops (and joins) before the rest is destroyed
 };
 
 }  // namespace rmmd::core

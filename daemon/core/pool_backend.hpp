@@ -17,18 +17,6 @@
 
 namespace rmmd::core {
 
-/// A point in a client's stream after which the daemon may free a lease: the
-/// client has queued the release of its use of the memory before it (for CUDA
-/// pools, the free of its imported pointer), so once the stream passes it the
-/// memory is the daemon's again. The cuda backend's fence is the client's
-/// interprocess CUDA event.
-class release_fence {
- public:
-  virtual ~release_fence() = default;
-  /// True once the client's stream has passed the fence. Never blocks.
-  [[nodiscard]] virtual bool passed() noexcept = 0;
-};
-
 /// One block handed out by a backend.
 struct backend_allocation {
   std::size_t bytes{};                   ///< bytes reserved, >= bytes requested
@@ -128,25 +116,6 @@ class pool_backend {
   [[nodiscard]] virtual std::vector<std::byte> fabric_handle() const
   {
     return {};
-  }
-
-  /// The fence that `bytes`, sent by `session` with a free, names; or
-  /// INVALID_ARGUMENT when they name none. Backends without fences (host
-  /// memory: the client waits before it frees) refuse every one.
-  virtual absl::StatusOr<std::unique_ptr<release_fence>> open_fence(
-      session_id session, std::span<std::byte const> bytes)
-  {
-    (void)session;
-    (void)bytes;
-    return absl::InvalidArgumentError(
-        "this pool's frees take no release event (the client waits for its stream before it "
-        "frees host memory)");
-  }
-
-  /// `session` has closed: drop whatever open_fence() kept for it.
-  virtual void forget_session(session_id session) noexcept
-  {
-    (void)session;
   }
 
   /// Gives the memory the backend holds but does not lend back to the system

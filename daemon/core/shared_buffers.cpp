@@ -15,7 +15,6 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
-#include <bit>
 
 namespace rmmd::core {
 namespace {
@@ -32,12 +31,6 @@ std::string shown_name(std::string_view name)
 std::string bytes_text(std::size_t bytes)
 {
   return absl::StrFormat("%d bytes", bytes);
-}
-
-absl::Status session_gone(std::string const& what)
-{
-  return absl::UnauthenticatedError(
-      absl::StrCat(what, ": the session is closed; open a new session"));
 }
 
 }  // namespace
@@ -87,6 +80,29 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
                                                         buffer_options const& options,
                                                         reclaim_policy policy)
 {
+  auto const when_short =
+      policy == reclaim_policy::refuse ? short_of_room::refuse : short_of_room::wait;
+  // Never a hold: only create_buffer_or_hold() asks for one.
+  return std::get<absl::StatusOr<buffer_grant>>(
+      create_buffer_with(session, name, pool, bytes, options, when_short));
+}
+
+answer_or_hold<buffer_grant> daemon_core::create_buffer_or_hold(session_id session,
+                                                                std::string_view name,
+                                                                pool_id pool,
+                                                                std::size_t bytes,
+                                                                buffer_options const& options)
+{
+  return create_buffer_with(session, name, pool, bytes, options, short_of_room::hold);
+}
+
+answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
+                                                             std::string_view name,
+                                                             pool_id pool,
+                                                             std::size_t bytes,
+                                                             buffer_options const& options,
+                                                             short_of_room when_short)
+{
   std::unique_lock lock(mutex_);
   auto const request = absl::StrFormat("create buffer %s", shown_name(name));
   if (auto problem = names::buffer_name_problem(name)) {
@@ -96,39 +112,13 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
     return absl::UnavailableError(
         absl::StrCat(request, ": the daemon is draining for shutdown; no new buffers"));
   }
-  auto s_it = sessions_.find(session);
-  if (s_it == sessions_.end()) { return session_gone(request); }
-  auto& s = *s_it->second;
-  if (pool >= pools_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`)",
-        request,
-        pool,
-        static_cast<long long>(pools_.size()) - 1));
-  }
-  auto& p = *pools_[pool];
-  if (bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s in pool '%s': size 0 is not allowed; ask for at least 1 byte", request, p.config.name));
-  }
-  if (bytes > p.capacity) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s of %s in pool '%s': larger than the pool's capacity of %s; no buffer this large can "
-        "be made here",
-        request,
-        bytes_text(bytes),
-        p.config.name,
-        bytes_text(p.capacity)));
-  }
-  auto const alignment = options.alignment == 0 ? default_alignment : options.alignment;
-  if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s in pool '%s': alignment %d is not a power of two between 1 and %d",
-                        request,
-                        p.config.name,
-                        alignment,
-                        p.config.max_alignment));
-  }
+  auto found = session_locked(session, request);
+  if (!found.ok()) { return found.status(); }
+  auto& s      = **found;
+  auto checked = check_request_locked(request, pool, bytes, options.alignment);
+  if (!checked.ok()) { return checked.status(); }
+  auto& p              = *checked->pool;
+  auto const alignment = checked->alignment;
   if (auto taken = buffer_names_.find(std::string(name)); taken != buffer_names_.end()) {
     auto const& other = *buffers_.at(taken->second);
     return absl::AlreadyExistsError(absl::StrFormat(
@@ -147,17 +137,17 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
     // As allocate() does: short of room that other sessions' idle slabs would
     // make, it asks them and waits, then starts over (the name may be taken
     // by then), refusing at once if the pool is still short.
-    if (policy == reclaim_policy::refuse || quota_refusal_locked(s, charge, what) ||
-        !reclaim_could_serve_locked(p, pool, session, charge)) {
+    if (when_short == short_of_room::refuse || quota_refusal_locked(s, charge, what) ||
+        !reclaim_could_serve_locked(pool, session, charge)) {
       return *refused;
     }
-    if (policy == reclaim_policy::hand_off) { return held_for_reclaim(); }
-    ++p.reclaim_waits;
+    if (when_short == short_of_room::hold) { return reclaim_hold{}; }
+    stats_.reclaim_waited(pool);
     wait_for_reclaim_locked(lock, pool, session, charge);
     lock.unlock();
     auto created = create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
     lock.lock();
-    ++(created.ok() ? p.reclaim_served : p.reclaim_refused);
+    stats_.reclaim_ended(pool, created.ok());
     return created;
   }
 
@@ -165,40 +155,18 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   // lock (a large CUDA allocation takes a while). Until it is done the buffer
   // is `creating`: its name is taken, nobody may open it, and a close of its
   // session leaves it to this call to clean up.
-  auto entry         = std::make_unique<buffer_entry>();
-  entry->id          = next_buffer_++;
-  entry->name        = std::string(name);
-  entry->pool        = pool;
-  entry->size        = bytes;
-  entry->charge      = charge;
-  entry->persistent  = options.persistent;
-  entry->gid         = options.gid;
-  entry->creator     = session;
-  entry->creator_uid = s.peer.uid;
-  entry->creator_pid = s.peer.pid;
-  entry->created     = std::chrono::system_clock::now();
-  entry->holders.emplace(session, 1);
-  auto const id  = entry->id;
+  auto& b        = take_name_locked(s, name, pool, bytes, charge, options);
+  auto const id  = b.id;
   auto const uid = s.peer.uid;
-  auto& b        = *entry;
-  buffers_.emplace(id, std::move(entry));
-  buffer_names_.emplace(b.name, id);
-  s.holds.emplace(id, 1);
-  s.shared_bytes += charge;
-  p.in_use += charge;
-  uid_bytes_[uid] += charge;
   lock.unlock();
   auto block = p.backend->allocate_shared(bytes, alignment);
   lock.lock();
 
   // Take the estimate back; charge what the backend reserved, if it may stay.
-  auto* const creator = [&]() -> session_entry* {
-    auto it = sessions_.find(session);
-    return it == sessions_.end() ? nullptr : it->second.get();
-  }();
-  auto uncharge = [&](std::size_t amount) {
+  auto* const creator = find_session_locked(session);
+  auto uncharge       = [&](std::size_t amount) {
     p.in_use -= amount;
-    room_changed_locked();
+    reclaim_.room_changed();
     if (auto u = uid_bytes_.find(uid); u != uid_bytes_.end()) {
       u->second -= amount;
       if (u->second == 0) { uid_bytes_.erase(u); }
@@ -223,7 +191,8 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   if (creator == nullptr) {
     p.backend->deallocate_shared(*block);
     forget();
-    return session_gone(absl::StrCat(request, " (it closed during the call)"));
+    return absl::UnauthenticatedError(
+        absl::StrCat(request, ": the session closed during the call; open a new session"));
   }
   auto const reserved = block->block.bytes;
   if (refusal_locked(p, *creator, reserved, what)) {
@@ -239,18 +208,49 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
   b.charge   = reserved;
   b.creating = false;
   p.in_use += reserved;
-  p.high_water = std::max(p.high_water, p.in_use);
+  stats_.grew(pool, p.in_use);
   uid_bytes_[uid] += reserved;
   creator->shared_bytes += reserved;
   // A delete may have taken the name meanwhile: the creator holds it all the same.
   return buffer_grant_locked(b);
 }
 
+buffer_entry& daemon_core::take_name_locked(session_entry& s,
+                                            std::string_view name,
+                                            pool_id pool,
+                                            std::size_t bytes,
+                                            std::size_t charge,
+                                            buffer_options const& options)
+{
+  auto entry         = std::make_unique<buffer_entry>();
+  entry->id          = next_buffer_++;
+  entry->name        = std::string(name);
+  entry->pool        = pool;
+  entry->size        = bytes;
+  entry->charge      = charge;
+  entry->persistent  = options.persistent;
+  entry->gid         = options.gid;
+  entry->creator     = s.id;
+  entry->creator_uid = s.peer.uid;
+  entry->creator_pid = s.peer.pid;
+  entry->created     = std::chrono::system_clock::now();
+  entry->holders.emplace(s.id, 1);
+  auto const id = entry->id;
+  auto& b       = *entry;
+  buffers_.emplace(id, std::move(entry));
+  buffer_names_.emplace(b.name, id);
+  s.holds.emplace(id, 1);
+  s.shared_bytes += charge;
+  pools_[pool]->in_use += charge;
+  uid_bytes_[s.peer.uid] += charge;
+  return b;
+}
+
 absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
 {
   std::lock_guard lock(mutex_);
   auto const request = absl::StrFormat("publish buffer %d", id);
-  if (!sessions_.contains(session)) { return session_gone(request); }
+  if (auto found = session_locked(session, request); !found.ok()) { return found.status(); }
   auto it = buffers_.find(id);
   if (it == buffers_.end() || it->second->creating) {
     return absl::NotFoundError(
@@ -287,9 +287,9 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
   auto const key = std::string(name);
   bool waited    = false;
   while (true) {
-    auto s_it = sessions_.find(session);
-    if (s_it == sessions_.end()) { return session_gone(request); }
-    auto& s = *s_it->second;
+    auto found = session_locked(session, request);
+    if (!found.ok()) { return found.status(); }
+    auto& s = **found;
     absl::Status waitable;  // the buffer is missing or unpublished: worth waiting for
     if (auto n = buffer_names_.find(key); n == buffer_names_.end()) {
       waitable = absl::NotFoundError(
@@ -344,10 +344,10 @@ absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
 {
   std::lock_guard lock(mutex_);
   auto const request = absl::StrFormat("close buffer %d", id);
-  auto s_it          = sessions_.find(session);
-  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto found         = session_locked(session, request);
+  if (!found.ok()) { return found.status(); }
   auto it = buffers_.find(id);
-  if (it == buffers_.end() || !s_it->second->holds.contains(id) || it->second->creating) {
+  if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
@@ -359,10 +359,10 @@ absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) con
 {
   std::lock_guard lock(mutex_);
   auto const request = absl::StrFormat("fd of buffer %d", id);
-  auto s_it          = sessions_.find(session);
-  if (s_it == sessions_.end()) { return session_gone(request); }
+  auto found         = session_locked(session, request);
+  if (!found.ok()) { return found.status(); }
   auto it = buffers_.find(id);
-  if (it == buffers_.end() || !s_it->second->holds.contains(id) || it->second->creating) {
+  if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
@@ -382,9 +382,9 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
-  auto s_it = sessions_.find(session);
-  if (s_it == sessions_.end()) { return session_gone(request); }
-  auto const uid = s_it->second->peer.uid;
+  auto found = session_locked(session, request);
+  if (!found.ok()) { return found.status(); }
+  auto const uid = (*found)->peer.uid;
   auto n         = buffer_names_.find(std::string(name));
   if (n == buffer_names_.end()) {
     return absl::NotFoundError(
@@ -409,9 +409,9 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
 absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(session_id session) const
 {
   std::lock_guard lock(mutex_);
-  auto s_it = sessions_.find(session);
-  if (s_it == sessions_.end()) { return session_gone("list buffers"); }
-  auto const& peer = s_it->second->peer;
+  auto found = session_locked(session, "list buffers");
+  if (!found.ok()) { return found.status(); }
+  auto const& peer = (*found)->peer;
   bool const all   = peer.uid == 0 || peer.uid == options_.admin_uid;
   std::vector<buffer_info> out;
   for (auto const& [id, b] : buffers_) {
@@ -441,9 +441,9 @@ std::vector<buffer_info> daemon_core::buffers() const
 
 void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
 {
-  if (auto s = sessions_.find(holder); s != sessions_.end()) {
-    auto h = s->second->holds.find(b.id);
-    if (h != s->second->holds.end() && --h->second == 0) { s->second->holds.erase(h); }
+  if (auto* s = find_session_locked(holder)) {
+    auto h = s->holds.find(b.id);
+    if (h != s->holds.end() && --h->second == 0) { s->holds.erase(h); }
   }
   auto h = b.holders.find(holder);
   if (h == b.holders.end()) { return; }
@@ -452,8 +452,8 @@ void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
   if (holder == b.creator) {
     // The creator's session no longer counts the bytes against its quota
     // (its uid still does, until the buffer is freed).
-    if (auto s = sessions_.find(holder); s != sessions_.end() && b.creator_charged) {
-      s->second->shared_bytes -= b.charge;
+    if (auto* s = find_session_locked(holder); s != nullptr && b.creator_charged) {
+      s->shared_bytes -= b.charge;
     }
     b.creator_charged = false;
     // Never published: nobody else can hold it, and nothing is left of it.
@@ -477,15 +477,13 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
   auto& p = *pools_[b.pool];
   p.backend->deallocate_shared(b.block);
   p.in_use -= b.charge;
-  room_changed_locked();
+  reclaim_.room_changed();
   if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
     u->second -= b.charge;
     if (u->second == 0) { uid_bytes_.erase(u); }
   }
   if (b.creator_charged) {
-    if (auto s = sessions_.find(b.creator); s != sessions_.end()) {
-      s->second->shared_bytes -= b.charge;
-    }
+    if (auto* s = find_session_locked(b.creator)) { s->shared_bytes -= b.charge; }
   }
   if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == id) {
     buffer_names_.erase(n);

@@ -1,5 +1,7 @@
 #include "daemon/session/hello_loop.hpp"
 
+#include "common/hex.hpp"
+
 #include "daemon/log.hpp"
 #include "daemon/session/connection_io.hpp"
 #include "rmmd/v1/rmmd.pb.h"
@@ -260,7 +262,7 @@ hello_loop::hello_outcome hello_loop::welcome(connection& c, hello_answer const&
                c.peer.pid,
                c.peer.uid,
                answer.client_name,
-               core::to_hex(grant.token).substr(0, 4));
+               common::to_hex(grant.token).substr(0, 4));
   if (!send_message(c.fd, answer.message, answer.fds)) {
     --open_sessions_;
     core_.close_session(grant.id);

@@ -6,24 +6,29 @@
 
 #include <optional>
 #include <span>
+#include <variant>
 #include <vector>
 
 namespace rmmd::wire {
 namespace {
 
-/// The one place that reads the core's reclaim hand-off: makes `request`
-/// (given the core's reclaim policy) so that it waits for idle slabs, or,
-/// with rules.may_hold, so that the core holds it instead (`*held` set).
-/// Puts a grant into `reply` on success.
-template <typename Request, typename Reply>
-absl::Status wait_or_hold(transport_rules rules, bool* held, Request&& request, Reply* reply)
+/// The one place that reads the core's reclaim hold: with rules.may_hold the
+/// request is made so that the core holds it rather than wait for idle slabs
+/// (`*held` set: the caller makes it again from a thread that may block);
+/// otherwise so that it waits. Puts a grant into `reply` on success.
+template <typename Hold, typename Wait, typename Reply>
+absl::Status wait_or_hold(
+    transport_rules rules, bool* held, Hold&& make_or_hold, Wait&& make_waiting, Reply* reply)
 {
-  auto const policy = rules.may_hold ? core::reclaim_policy::hand_off : core::reclaim_policy::wait;
-  auto grant        = request(policy);
-  if (rules.may_hold && core::is_held_for_reclaim(grant.status())) {
+  auto answer = [&]() -> std::variant<decltype(make_waiting()), core::reclaim_hold> {
+    if (rules.may_hold) { return make_or_hold(); }
+    return make_waiting();
+  }();
+  if (std::holds_alternative<core::reclaim_hold>(answer)) {
     *held = true;
     return absl::OkStatus();
   }
+  auto& grant = std::get<0>(answer);
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
   return absl::OkStatus();
@@ -41,12 +46,19 @@ absl::Status allocate(core::daemon_core& core,
   return wait_or_hold(
       rules,
       held,
-      [&](core::reclaim_policy policy) {
+      [&] {
+        return core.allocate_or_hold(session,
+                                     request.pool_id(),
+                                     request.size(),
+                                     request.alignment(),
+                                     rules.packing && request.may_pack());
+      },
+      [&] {
         return core.allocate(session,
                              request.pool_id(),
                              request.size(),
                              request.alignment(),
-                             policy,
+                             core::reclaim_policy::wait,
                              rules.packing && request.may_pack());
       },
       reply);
@@ -144,13 +156,17 @@ absl::Status create_buffer(core::daemon_core& core,
   return wait_or_hold(
       rules,
       held,
-      [&](core::reclaim_policy policy) {
+      [&] {
+        return core.create_buffer_or_hold(
+            session, request.name(), request.pool_id(), request.size(), from_proto(request));
+      },
+      [&] {
         return core.create_buffer(session,
                                   request.name(),
                                   request.pool_id(),
                                   request.size(),
                                   from_proto(request),
-                                  policy);
+                                  core::reclaim_policy::wait);
       },
       reply);
 }

@@ -4,6 +4,7 @@
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tests/core/fake_pool_backend.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,58 +20,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-/// A real host_backend that says it holds `reserved` bytes from the system,
-/// gives `releasable` of them back on trim(), and has a release threshold.
-class trimmable_backend final : public pool_backend {
- public:
-  struct state {
-    std::uint64_t reserved{};
-    std::uint64_t releasable{};
-    int trim_calls{};
-    absl::Status failure{};
-  };
-  explicit trimmable_backend(std::shared_ptr<state> s) : inner_("trim", 16 * MiB), s_(std::move(s))
-  {
-  }
-  backend_kind kind() const noexcept override
-  {
-    return backend_kind::cuda;  // pretends; nothing here touches CUDA
-  }
-  std::size_t capacity() const noexcept override
-  {
-    return inner_.capacity();
-  }
-  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
-  {
-    return inner_.allocate(bytes, alignment);
-  }
-  void deallocate(backend_allocation const& block) noexcept override
-  {
-    inner_.deallocate(block);
-  }
-  std::optional<backend_usage> usage() const override
-  {
-    return backend_usage{.reserved_bytes = s_->reserved, .used_bytes = 0};
-  }
-  absl::StatusOr<std::size_t> trim() override
-  {
-    ++s_->trim_calls;
-    if (!s_->failure.ok()) { return s_->failure; }
-    auto const released = s_->releasable;
-    s_->reserved -= released;
-    s_->releasable = 0;
-    return static_cast<std::size_t>(released);
-  }
-  std::optional<std::size_t> release_threshold() const override
-  {
-    return 4 * MiB;
-  }
-
- private:
-  backends::host::host_backend inner_;
-  std::shared_ptr<state> s_;
-};
 
 pool_config config(std::string name)
 {
@@ -91,17 +40,21 @@ class Admin : public ::testing::Test {
     o.admin_uid   = 1000;  // as if the daemon ran as uid 1000
     core_         = std::make_unique<daemon_core>(std::move(o));
     core_->add_pool(config("host"), std::make_unique<backends::host::host_backend>("h", 16 * MiB));
-    state_->reserved   = 10 * MiB;
-    state_->releasable = 6 * MiB;
-    core_->add_pool(config("gpu"), std::make_unique<trimmable_backend>(state_));
+    // A pool that says it holds 10 MiB from the system, gives 6 MiB of them
+    // back on trim(), and has a release threshold.
+    auto gpu = std::make_unique<fake_pool_backend>(fake_pool_backend::options{
+        .capacity = 16 * MiB, .kind = backend_kind::cuda, .release_threshold = 4 * MiB});
+    backend_ = gpu.get();
+    backend_->set_reserved(10 * MiB, 6 * MiB);
+    core_->add_pool(config("gpu"), std::move(gpu));
   }
   session_id open(uid_t uid)
   {
     return core_->open_session(peer(uid), "cmd", "client").value().id;
   }
 
-  std::shared_ptr<trimmable_backend::state> state_ = std::make_shared<trimmable_backend::state>();
   std::unique_ptr<daemon_core> core_;
+  fake_pool_backend* backend_{};  // owned by core_
 };
 
 TEST_F(Admin, TrimReportsWhatEveryPoolGaveBack)
@@ -116,7 +69,7 @@ TEST_F(Admin, TrimReportsWhatEveryPoolGaveBack)
   EXPECT_EQ((*trimmed)[1].released_bytes, 6 * MiB);
   EXPECT_EQ((*trimmed)[1].backend_reserved_before, 10 * MiB);
   EXPECT_EQ((*trimmed)[1].backend_reserved_after, 4 * MiB);
-  EXPECT_EQ(state_->trim_calls, 1);
+  EXPECT_EQ(backend_->trim_calls(), 1);
 }
 
 TEST_F(Admin, RootMayTrimOneChosenPool)
@@ -135,7 +88,7 @@ TEST_F(Admin, OtherUidsMayNotTrim)
   EXPECT_THAT(std::string(trimmed.status().message()),
               HasSubstr("uid 2000 may not trim pools; only root (uid 0) and the daemon's own uid "
                         "1000 may"));
-  EXPECT_EQ(state_->trim_calls, 0);
+  EXPECT_EQ(backend_->trim_calls(), 0);
 }
 
 TEST_F(Admin, AnUnknownPoolTrimsNothing)
@@ -145,13 +98,13 @@ TEST_F(Admin, AnUnknownPoolTrimsNothing)
   EXPECT_EQ(trimmed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(trimmed.status().message()),
               HasSubstr("unknown pool id 5; this daemon serves pool ids 0 to 1"));
-  EXPECT_EQ(state_->trim_calls, 0);  // pool 1 came first, and was not trimmed either
+  EXPECT_EQ(backend_->trim_calls(), 0);  // pool 1 came first, and was not trimmed either
 }
 
 TEST_F(Admin, ABackendFailureIsReportedWithThePoolName)
 {
-  state_->failure = absl::InternalError("cudaMemPoolTrimTo: cudaErrorInvalidValue");
-  auto trimmed    = core_->trim(open(0), {});
+  backend_->fail_trim(absl::InternalError("cudaMemPoolTrimTo: cudaErrorInvalidValue"));
+  auto trimmed = core_->trim(open(0), {});
   ASSERT_FALSE(trimmed.ok());
   EXPECT_EQ(trimmed.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(trimmed.status().message()),

@@ -6,6 +6,7 @@
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tests/core/fake_pool_backend.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -40,83 +41,11 @@ pool_config host_config()
   return pool_config{.name = "host", .device = -1, .handle_types = {handle_type::host_offset}};
 }
 
-/// A host_backend whose allocate() (or, armed so, deallocate()) waits, once
-/// armed, until the test opens the gate: an allocation held in the middle,
-/// as a slow CUDA export would be, or a free waiting for the driver.
-class gated_backend final : public pool_backend {
- public:
-  explicit gated_backend(std::size_t bytes) : inner_("gated", bytes) {}
-
-  backend_kind kind() const noexcept override
-  {
-    return inner_.kind();
-  }
-  std::size_t capacity() const noexcept override
-  {
-    return inner_.capacity();
-  }
-  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
-  {
-    if (armed_.exchange(false)) {
-      entered_.set_value();
-      gate_.wait();
-    }
-    return inner_.allocate(bytes, alignment);
-  }
-  void deallocate(backend_allocation const& block) noexcept override
-  {
-    if (free_armed_.exchange(false)) {
-      entered_.set_value();
-      gate_.wait();
-    }
-    ++deallocations;
-    inner_.deallocate(block);
-  }
-
-  /// The next allocate() (`on_free`: deallocate()) stops until open() is
-  /// called; returns a future that is ready once it has stopped there.
-  std::future<void> arm(bool on_free = false)
-  {
-    entered_                         = {};
-    opened_                          = {};
-    gate_                            = opened_.get_future().share();
-    open_done_                       = false;
-    (on_free ? free_armed_ : armed_) = true;
-    return entered_.get_future();
-  }
-  /// Lets the held allocate() go on (once; later calls do nothing).
-  void open()
-  {
-    if (!open_done_.exchange(true)) { opened_.set_value(); }
-  }
-
-  /// Opens the gate when it goes out of scope, so that a failed assertion
-  /// cannot leave a thread waiting at it (and the test hanging in std::future).
-  struct open_at_exit {
-    gated_backend* backend;
-    ~open_at_exit()
-    {
-      backend->open();
-    }
-  };
-
-  std::atomic<int> deallocations{0};
-
- private:
-  backends::host::host_backend inner_;
-  std::atomic<bool> armed_{false};
-  std::atomic<bool> free_armed_{false};
-  std::atomic<bool> open_done_{false};
-  std::promise<void> entered_;
-  std::promise<void> opened_;
-  std::shared_future<void> gate_;
-};
-
 class CoreDuringAnAllocation : public ::testing::Test {
  protected:
   CoreDuringAnAllocation()
   {
-    auto backend = std::make_unique<gated_backend>(64 * MiB);
+    auto backend = std::make_unique<fake_pool_backend>(fake_pool_backend::options{});
     backend_     = backend.get();
     pool_        = core_.add_pool(host_config(), std::move(backend));
     session_     = open();
@@ -133,7 +62,7 @@ class CoreDuringAnAllocation : public ::testing::Test {
   /// once the backend holds it.
   std::future<absl::StatusOr<lease_grant>> start_held(session_id session, std::size_t bytes)
   {
-    auto entered = backend_->arm();
+    auto entered = backend_->hold_next(fake_pool_backend::call::allocate);
     auto result  = std::async(std::launch::async, [this, session, bytes] {
       return core_.allocate(session, pool_, bytes, 0);
     });
@@ -143,7 +72,7 @@ class CoreDuringAnAllocation : public ::testing::Test {
 
   daemon_core core_{options(
       quota_limits{.per_session_bytes = 1 * MiB, .per_uid_bytes = 0, .per_uid_overrides = {}})};
-  gated_backend* backend_{};
+  fake_pool_backend* backend_{};
   pool_id pool_{};
   session_id session_{};
 };
@@ -151,7 +80,7 @@ class CoreDuringAnAllocation : public ::testing::Test {
 TEST_F(CoreDuringAnAllocation, OtherCallsGoOnAndSeeTheBytesAlreadyCounted)
 {
   auto held = start_held(session_, 768 * 1024);
-  gated_backend::open_at_exit guard{backend_};
+  fake_pool_backend::gate_opener guard{backend_};
   // The core answers while the backend works: the request counts already.
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 768u * 1024);
@@ -164,28 +93,28 @@ TEST_F(CoreDuringAnAllocation, OtherCallsGoOnAndSeeTheBytesAlreadyCounted)
   auto other  = open();
   auto theirs = core_.allocate(other, pool_, 4096, 0);
   ASSERT_TRUE(theirs.ok()) << theirs.status();
-  EXPECT_TRUE(core_.free(other, theirs->id, {}).ok());
+  EXPECT_TRUE(core_.free(other, theirs->id).ok());
 
-  backend_->open();
+  backend_->open_gate();
   auto grant = held.get();
   ASSERT_TRUE(grant.ok()) << grant.status();
   auto const after = core_.stats();
   EXPECT_EQ(after.pools.at(0).in_use_bytes, 768u * 1024);
   EXPECT_EQ(after.pools.at(0).allocation_count, 1u);
-  EXPECT_TRUE(core_.free(session_, grant->id, {}).ok());
+  EXPECT_TRUE(core_.free(session_, grant->id).ok());
   EXPECT_EQ(core_.stats().pools.at(0).in_use_bytes, 0u);
 }
 
 TEST_F(CoreDuringAnAllocation, ASessionClosedMeanwhileGetsNothingAndLeaksNothing)
 {
   auto held = start_held(session_, 4096);
-  gated_backend::open_at_exit guard{backend_};
+  fake_pool_backend::gate_opener guard{backend_};
   core_.close_session(session_);
-  backend_->open();
+  backend_->open_gate();
   auto grant = held.get();
   EXPECT_EQ(grant.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(grant.status().message(), HasSubstr("closed"));
-  EXPECT_EQ(backend_->deallocations.load(), 1);  // the block went back
+  EXPECT_EQ(backend_->deallocations(), 1);  // the block went back
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
   EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);
@@ -196,27 +125,26 @@ TEST_F(CoreDuringAnAllocation, AFreeLetsGoOfTheLockWhileTheBackendFrees)
 {
   auto lease = core_.allocate(session_, pool_, 256 * 1024, 0);
   ASSERT_TRUE(lease.ok()) << lease.status();
-  auto entered = backend_->arm(/*on_free=*/true);
-  auto freeing =
-      std::async(std::launch::async, [&] { return core_.free(session_, lease->id, {}); });
+  auto entered = backend_->hold_next(fake_pool_backend::call::deallocate);
+  auto freeing = std::async(std::launch::async, [&] { return core_.free(session_, lease->id); });
   entered.wait();
-  gated_backend::open_at_exit guard{backend_};
+  fake_pool_backend::gate_opener guard{backend_};
   // The backend frees; the core answers meanwhile, and still counts the
   // bytes (the backend does not have them back yet) but not the lease.
   auto other = std::async(std::launch::async, [&] {
     auto session = open();
     auto theirs  = core_.allocate(session, pool_, 4096, 0);
-    return theirs.ok() && core_.free(session, theirs->id, {}).ok();
+    return theirs.ok() && core_.free(session, theirs->id).ok();
   });
   if (other.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    backend_->open();  // before `other` waits for its call at the end of the scope
+    backend_->open_gate();  // before `other` waits for its call at the end of the scope
     FAIL() << "another session's calls waited for the backend's free";
   }
   EXPECT_TRUE(other.get());
   EXPECT_EQ(core_.stats().pools.at(0).in_use_bytes, 256u * 1024);
   // Freed twice meanwhile: the ledger has it no more.
-  EXPECT_EQ(core_.free(session_, lease->id, {}).code(), absl::StatusCode::kNotFound);
-  backend_->open();
+  EXPECT_EQ(core_.free(session_, lease->id).code(), absl::StatusCode::kNotFound);
+  backend_->open_gate();
   EXPECT_TRUE(freeing.get().ok());
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
@@ -230,110 +158,50 @@ TEST_F(CoreDuringAnAllocation, ASessionClosedDuringAFreeLeaksNothing)
 {
   auto lease = core_.allocate(session_, pool_, 4096, 0);
   ASSERT_TRUE(lease.ok()) << lease.status();
-  auto entered = backend_->arm(/*on_free=*/true);
-  auto freeing =
-      std::async(std::launch::async, [&] { return core_.free(session_, lease->id, {}); });
+  auto entered = backend_->hold_next(fake_pool_backend::call::deallocate);
+  auto freeing = std::async(std::launch::async, [&] { return core_.free(session_, lease->id); });
   entered.wait();
-  gated_backend::open_at_exit guard{backend_};
+  fake_pool_backend::gate_opener guard{backend_};
   auto closing = std::async(std::launch::async, [&] { core_.close_session(session_); });
   if (closing.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    backend_->open();
+    backend_->open_gate();
     FAIL() << "closing the session waited for the backend's free";
   }
-  backend_->open();
+  backend_->open_gate();
   EXPECT_TRUE(freeing.get().ok());
-  EXPECT_EQ(backend_->deallocations.load(), 1);  // once, by the free
+  EXPECT_EQ(backend_->deallocations(), 1);  // once, by the free
   auto const stats = core_.stats();
   EXPECT_EQ(stats.pools.at(0).in_use_bytes, 0u);
   EXPECT_EQ(stats.pools.at(0).allocation_count, 0u);
   EXPECT_TRUE(stats.sessions.empty());
 }
 
-/// A host_backend whose trim() waits until the test releases it, as a CUDA
-/// pool's trim waits for its stream; it then reports 3 MiB given back.
-class slow_trim_backend final : public pool_backend {
- public:
-  explicit slow_trim_backend(std::size_t bytes) : inner_("slow-trim", bytes) {}
-
-  backend_kind kind() const noexcept override
-  {
-    return inner_.kind();
-  }
-  std::size_t capacity() const noexcept override
-  {
-    return inner_.capacity();
-  }
-  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t alignment) override
-  {
-    return inner_.allocate(bytes, alignment);
-  }
-  void deallocate(backend_allocation const& block) noexcept override
-  {
-    inner_.deallocate(block);
-  }
-  std::optional<backend_usage> usage() const override
-  {
-    return backend_usage{.reserved_bytes = reserved_.load(), .used_bytes = 0};
-  }
-  absl::StatusOr<std::size_t> trim() override
-  {
-    entered_.set_value();
-    released_.get_future().wait();
-    reserved_ = 1 * MiB;
-    return 3 * MiB;
-  }
-
-  /// Ready once trim() has started waiting.
-  std::future<void> entered()
-  {
-    return entered_.get_future();
-  }
-  /// Lets the waiting trim() finish (once; later calls do nothing).
-  void release()
-  {
-    if (!released_done_.exchange(true)) { released_.set_value(); }
-  }
-
-  /// Releases the trim when it goes out of scope, so that a failed assertion
-  /// cannot leave threads waiting (and the test hanging in std::future).
-  struct release_at_exit {
-    slow_trim_backend* backend;
-    ~release_at_exit()
-    {
-      backend->release();
-    }
-  };
-
- private:
-  backends::host::host_backend inner_;
-  std::atomic<std::uint64_t> reserved_{4 * MiB};
-  std::promise<void> entered_;
-  std::promise<void> released_;
-  std::atomic<bool> released_done_{false};
-};
-
 TEST(CoreDuringATrim, AllocationsFreesAndStatsGoOnWhileABackendTrims)
 {
   auto o      = options();
   o.admin_uid = 1000;
   daemon_core core(std::move(o));
-  auto backend      = std::make_unique<slow_trim_backend>(16 * MiB);
+  // A trim that waits until the test lets it go, as a CUDA pool's trim waits
+  // for its stream; it then reports 3 MiB given back.
+  auto backend =
+      std::make_unique<fake_pool_backend>(fake_pool_backend::options{.capacity = 16 * MiB});
+  backend->set_reserved(4 * MiB, 3 * MiB);
   auto* const trims = backend.get();
   auto const pool   = core.add_pool(host_config(), std::move(backend));
   auto const admin  = core.open_session(peer(1000), "rmmctl", "").value().id;
   auto const user   = core.open_session(peer(1000), "worker", "").value().id;
 
-  auto entered = trims->entered();
+  auto entered = trims->hold_next(fake_pool_backend::call::trim);
   auto trimmed = std::async(std::launch::async, [&] { return core.trim(admin, {}); });
   std::future<absl::Status> work;
-  slow_trim_backend::release_at_exit guard{trims};  // last: released before the futures wait
+  fake_pool_backend::gate_opener guard{trims};  // last: released before the futures wait
   ASSERT_EQ(entered.wait_for(10s), std::future_status::ready) << "trim never reached the backend";
 
   // Another thread allocates and frees while the backend is still trimming.
   work = std::async(std::launch::async, [&]() -> absl::Status {
     auto grant = core.allocate(user, pool, 64 * 1024, 0);
     if (!grant.ok()) { return grant.status(); }
-    return core.free(user, grant->id, {});
+    return core.free(user, grant->id);
   });
   ASSERT_EQ(work.wait_for(10s), std::future_status::ready)
       << "an allocation waited for the trim: the core held its lock during the backend's trim";
@@ -344,7 +212,7 @@ TEST(CoreDuringATrim, AllocationsFreesAndStatsGoOnWhileABackendTrims)
   EXPECT_EQ(trimmed.wait_for(0s), std::future_status::timeout)
       << "trim answered before its backend had finished";
 
-  trims->release();
+  trims->open_gate();
   auto const result = trimmed.get();
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->size(), 1u);
@@ -378,7 +246,7 @@ TEST(CoreUnderLoad, ManyThreadsAllocatingAndFreeingKeepTheLedgerExact)
         }
         // The uid's quota holds at every moment, not only at the end.
         if (core.stats().pools.at(0).in_use_bytes > 2 * MiB) { over_quota = true; }
-        EXPECT_TRUE(core.free(session, grant->id, {}).ok());
+        EXPECT_TRUE(core.free(session, grant->id).ok());
       }
       core.close_session(session);
     });

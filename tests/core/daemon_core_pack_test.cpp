@@ -2,11 +2,12 @@
 // is carved out of a block the daemon leases to that session alone; blocks
 // are charged like leases, kept one empty per pool, retired (through the
 // retire notifier) when more are empty or room is wanted, freed when the
-// client drops them or the session ends. The backend is a stand-in for a CUDA
-// pool below the core (it hands out made-up addresses and export data and
-// counts its calls): what is under test is the core's bookkeeping.
+// client drops them or the session ends. The backend stands in for a CUDA
+// pool below the core (made-up addresses and export data, its calls
+// counted): what is under test is the core's bookkeeping.
 
 #include "daemon/core/daemon_core.hpp"
+#include "tests/core/fake_pool_backend.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -33,76 +34,6 @@ constexpr std::size_t KiB   = std::size_t{1} << 10;
 constexpr std::size_t MiB   = std::size_t{1} << 20;
 constexpr std::size_t block = default_pack_block_size;
 
-/// What a CUDA pool looks like to the core: blocks rounded to 256 bytes,
-/// each at an address of its own with 64 bytes of export data. Thread-safe.
-class counting_cuda_backend final : public pool_backend {
- public:
-  explicit counting_cuda_backend(std::size_t capacity) : capacity_(capacity) {}
-  backend_kind kind() const noexcept override
-  {
-    return backend_kind::cuda;
-  }
-  std::size_t capacity() const noexcept override
-  {
-    return capacity_;
-  }
-  absl::StatusOr<backend_allocation> allocate(std::size_t bytes, std::size_t) override
-  {
-    auto const size = (bytes + 255) / 256 * 256;
-    std::lock_guard lock(mutex_);
-    auto const device = std::min(capacity_, device_limit_);
-    if (size > device - std::min(device, used_)) {
-      return absl::ResourceExhaustedError("out of device memory");
-    }
-    used_ += size;
-    ++allocations_;
-    next_ += 64 * MiB;  // far apart: no two blocks overlap
-    backend_allocation out{.bytes = size, .address = reinterpret_cast<void*>(next_)};
-    out.export_data.assign(64, std::byte{static_cast<unsigned char>(allocations_)});
-    live_.insert(next_);
-    return out;
-  }
-  void deallocate(backend_allocation const& b) noexcept override
-  {
-    std::lock_guard lock(mutex_);
-    EXPECT_EQ(live_.erase(reinterpret_cast<std::uintptr_t>(b.address)), 1u) << "freed twice";
-    used_ -= b.bytes;
-    ++deallocations_;
-  }
-  std::size_t allocations() const
-  {
-    std::lock_guard lock(mutex_);
-    return allocations_;
-  }
-  std::size_t deallocations() const
-  {
-    std::lock_guard lock(mutex_);
-    return deallocations_;
-  }
-  std::size_t used() const
-  {
-    std::lock_guard lock(mutex_);
-    return used_;
-  }
-  /// Less device memory than the capacity the core counts with: as when
-  /// other processes took some of the GPU after the daemon started.
-  void set_device_limit(std::size_t bytes)
-  {
-    std::lock_guard lock(mutex_);
-    device_limit_ = bytes;
-  }
-
- private:
-  std::size_t capacity_;
-  std::size_t device_limit_{SIZE_MAX};
-  mutable std::mutex mutex_;
-  std::size_t used_{};
-  std::size_t allocations_{};
-  std::size_t deallocations_{};
-  std::uintptr_t next_{0x7f0000000000};
-  std::set<std::uintptr_t> live_;
-};
-
 struct retirement {
   session_id session;
   pool_id pool;
@@ -119,9 +50,12 @@ class Packing : public ::testing::Test {
                            .reclaim_timeout = 2s,
                            .pack_idle       = pack_idle})
   {
-    auto owned = std::make_unique<counting_cuda_backend>(capacity);
-    backend_   = owned.get();
-    pool_      = core_.add_pool(
+    auto owned = std::make_unique<fake_pool_backend>(
+        fake_pool_backend::options{.capacity = capacity,
+                                   .kind     = backend_kind::cuda,
+                                   .source   = fake_pool_backend::memory::made_up});
+    backend_ = owned.get();
+    pool_    = core_.add_pool(
         pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
         std::move(owned));
     core_.set_retire_notifier(
@@ -183,7 +117,7 @@ class Packing : public ::testing::Test {
   }
 
   daemon_core core_;
-  counting_cuda_backend* backend_{};
+  fake_pool_backend* backend_{};
   pool_id pool_{};
   mutable std::mutex mutex_;
   std::condition_variable_any retired_changed_;
@@ -225,7 +159,7 @@ TEST_F(Packing, OnlySmallRequestsThatAskForItArePacked)
   EXPECT_EQ(unasked->packed_block, 0u);
   EXPECT_EQ(large->packed_block, 0u);
   EXPECT_EQ(large->bytes, 64 * KiB + 256);
-  // An alignment above the pool's 256 bytes goes to the backend, as before
+  // An alignment above the pool's 256 bytes goes to the backend unpacked
   // (the CUDA backend refuses it).
   EXPECT_EQ(aligned->packed_block, 0u);
   EXPECT_EQ(backend_->allocations(), 3u);
@@ -301,7 +235,7 @@ TEST_F(Packing, AClosingSessionGivesBackItsBlocksWithTheirLeases)
   ASSERT_TRUE(own.ok());
   core_.close_session(s);
   EXPECT_EQ(backend_->deallocations(), 3u) << "two blocks and the lease of its own";
-  EXPECT_EQ(backend_->used(), 0u);
+  EXPECT_EQ(backend_->live_bytes(), 0u);
   EXPECT_EQ(pool().in_use_bytes, 0u);
   EXPECT_EQ(pool().allocation_count, 0u);
 }
@@ -316,7 +250,7 @@ TEST_F(Packing, AHundredThousandLeasesTakeFewBlocksAndCloseAtOnce)
   EXPECT_EQ(backend_->allocations(), 100000u * 256 / block + 1);
   EXPECT_EQ(pool().allocation_count, 100000u);
   core_.close_session(s);
-  EXPECT_EQ(backend_->used(), 0u);
+  EXPECT_EQ(backend_->live_bytes(), 0u);
   EXPECT_EQ(pool().allocation_count, 0u);
 }
 
@@ -340,7 +274,7 @@ TEST_F(QuickIdle, TheEmptyBlockThatStayedIsRetiredOnceIdle)
   EXPECT_EQ(pool().reclaimable_bytes, 0u) << "retired: asked for, no longer offered";
   ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());
   EXPECT_EQ(pool().in_use_bytes, 0u);
-  EXPECT_EQ(backend_->used(), 0u);
+  EXPECT_EQ(backend_->live_bytes(), 0u);
 }
 
 TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAgain)
@@ -355,7 +289,7 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
   {
     std::unique_lock lock(mutex_);
     ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return refused_sends_ > 0; }))
-        << "the reaper did not try (50 ms idle)";
+        << "the idle-block sweeper did not try (50 ms idle)";
   }
   EXPECT_EQ(pool().reclaimable_bytes, block) << "not asked for: still offered";
   auto early = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
@@ -368,12 +302,12 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
     std::unique_lock lock(mutex_);
     socket_full_ = false;
     ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return !retired_.empty(); }))
-        << "the reaper did not ask again";
+        << "the idle-block sweeper did not ask again";
   }
   EXPECT_THAT(retired()[0].blocks, ::testing::ElementsAre(l.packed_block));
   ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());
   EXPECT_EQ(pool().in_use_bytes, 0u);
-  EXPECT_EQ(backend_->used(), 0u);
+  EXPECT_EQ(backend_->live_bytes(), 0u);
 }
 
 class SmallQuota : public Packing {

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace rmmd::core {
@@ -214,12 +215,15 @@ TEST_F(Reclaim, HandingOffChangesNothingAndAsksNobody)
 {
   auto a = open(1000), c = open(1002);
   hold_slab(a, 60 * MiB);
-  auto held = core_.allocate(c, pool_, 16 * MiB, 0, reclaim_policy::hand_off);
-  EXPECT_TRUE(is_held_for_reclaim(held.status())) << held.status();
-  auto created =
-      core_.create_buffer(c, "team/x", pool_, 16 * MiB, buffer_options{}, reclaim_policy::hand_off);
-  EXPECT_TRUE(is_held_for_reclaim(created.status())) << created.status();
-  EXPECT_FALSE(is_held_for_reclaim(absl::AbortedError("held")));
+  auto held = core_.allocate_or_hold(c, pool_, 16 * MiB, 0);
+  EXPECT_TRUE(std::holds_alternative<reclaim_hold>(held));
+  auto created = core_.create_buffer_or_hold(c, "team/x", pool_, 16 * MiB, buffer_options{});
+  EXPECT_TRUE(std::holds_alternative<reclaim_hold>(created));
+  // A request that idle slabs cannot serve is answered, not held.
+  auto refused = core_.allocate_or_hold(c, pool_, 128 * MiB, 0);
+  ASSERT_TRUE(std::holds_alternative<absl::StatusOr<lease_grant>>(refused));
+  EXPECT_EQ(std::get<absl::StatusOr<lease_grant>>(refused).status().code(),
+            absl::StatusCode::kResourceExhausted);
   std::lock_guard lock(mutex_);
   EXPECT_TRUE(asked_.empty());
   EXPECT_EQ(pool_now().reclaim_waits, 0u);

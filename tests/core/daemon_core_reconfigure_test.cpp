@@ -1,12 +1,17 @@
-// daemon_core::reconfigure: a reload changes who may open sessions and the
-// quotas; open sessions and what they hold stay.
+// daemon_core::reconfigure: a reload changes who may open sessions, the
+// quotas, the reclaim timeout and which requests are packed; open sessions
+// and what they hold stay.
 
+#include "common/hex.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tests/core/fake_pool_backend.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -14,7 +19,9 @@ namespace rmmd::core {
 namespace {
 
 using ::testing::HasSubstr;
+using namespace std::chrono_literals;
 
+constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 peer_credentials peer(uid_t uid)
@@ -36,9 +43,17 @@ quota_limits session_quota(std::size_t bytes)
   return quotas;
 }
 
+/// What a reload that changes only the access policy and quotas carries.
+core_reload reload(access_policy access, quota_limits quotas)
+{
+  return core_reload{.access = std::move(access), .quotas = std::move(quotas)};
+}
+
 class Reconfigure : public ::testing::Test {
  protected:
-  Reconfigure() : core_(core_options{.access = uids({1000, 1001}), .quotas = {}})
+  // No reclaim wait until a reload sets a timeout.
+  Reconfigure()
+      : core_(core_options{.access = uids({1000, 1001}), .quotas = {}, .reclaim_timeout = 0ms})
   {
     pool_ = core_.add_pool(
         pool_config{.name = "host", .device = -1, .handle_types = {handle_type::host_offset}},
@@ -55,7 +70,7 @@ TEST_F(Reconfigure, ALoweredSessionQuotaRefusesTheNextAllocationAndKeepsWhatIsHe
   auto held = core_.allocate(s->id, pool_, 4 * MiB, 0);
   ASSERT_TRUE(held.ok());
 
-  core_.reconfigure(uids({1000, 1001}), session_quota(2 * MiB));
+  core_.reconfigure(reload(uids({1000, 1001}), session_quota(2 * MiB)));
 
   auto over = core_.allocate(s->id, pool_, 4096, 0);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
@@ -72,7 +87,7 @@ TEST_F(Reconfigure, APerUidOverrideAppliesToOpenSessions)
   ASSERT_TRUE(s.ok());
   quota_limits quotas;
   quotas.per_uid_overrides[1001] = MiB;
-  core_.reconfigure(uids({1000, 1001}), quotas);
+  core_.reconfigure(reload(uids({1000, 1001}), quotas));
   EXPECT_EQ(core_.allocate(s->id, pool_, 2 * MiB, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(core_.allocate(s->id, pool_, MiB, 0).ok());
@@ -82,12 +97,78 @@ TEST_F(Reconfigure, ANewAccessPolicyRefusesNewSessionsAndKeepsOpenOnes)
 {
   auto before = core_.open_session(peer(1001), "cmd", "client");
   ASSERT_TRUE(before.ok());
-  core_.reconfigure(uids({1000}), quota_limits{});
+  core_.reconfigure(reload(uids({1000}), quota_limits{}));
   EXPECT_EQ(core_.open_session(peer(1001), "cmd", "client").status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(core_.open_session(peer(1000), "cmd", "client").ok());
-  EXPECT_TRUE(core_.authenticate(to_hex(before->token)).ok());
+  EXPECT_TRUE(core_.authenticate(common::to_hex(std::span<std::byte const>(before->token))).ok());
   EXPECT_TRUE(core_.allocate(before->id, pool_, 4096, 0).ok());
+}
+
+TEST_F(Reconfigure, ANewReclaimTimeoutAppliesToTheNextShortRequest)
+{
+  // One session holds 60 MiB of the 64 as a slab it reports idle, and gives
+  // it back when asked.
+  auto const holder = core_.open_session(peer(1000), "slabs", "").value().id;
+  auto const asker  = core_.open_session(peer(1001), "asker", "").value().id;
+  auto const slab   = core_.allocate(holder, pool_, 60 * MiB, 0).value().id;
+  ASSERT_TRUE(
+      core_
+          .report_usage(
+              holder,
+              {carved_usage{.pool = pool_, .slab_bytes = 60 * MiB, .reclaimable_bytes = 60 * MiB}})
+          .ok());
+  std::atomic<int> asked{0};
+  core_.set_reclaim_notifier([&](session_id s, pool_id, std::size_t) {
+    ++asked;
+    EXPECT_TRUE(core_.free(s, slab).ok());  // called without the core's lock
+  });
+
+  // Timeout 0: a short request is refused at once, and nobody is asked.
+  EXPECT_EQ(core_.allocate(asker, pool_, 16 * MiB, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(asked.load(), 0);
+
+  core_.reconfigure({.access = uids({1000, 1001}), .quotas = {}, .reclaim_timeout = 10s});
+  auto served = core_.allocate(asker, pool_, 16 * MiB, 0);
+  EXPECT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(asked.load(), 1);
+  EXPECT_EQ(core_.stats().pools.at(0).reclaim_served, 1u);
+}
+
+TEST(ReconfigurePacking, ANewPackUpToAppliesToTheNextAllocationAndBlocksStay)
+{
+  daemon_core core(core_options{.access = uids({1000}), .quotas = {}});
+  auto const pool = core.add_pool(
+      pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
+      std::make_unique<fake_pool_backend>(
+          fake_pool_backend::options{.capacity = 64 * MiB,
+                                     .kind     = backend_kind::cuda,
+                                     .source   = fake_pool_backend::memory::made_up}));
+  auto const s = core.open_session(peer(1000), "t", "").value().id;
+  auto packed  = [&](std::size_t bytes) {
+    auto g = core.allocate(s, pool, bytes, 0, reclaim_policy::refuse, /*may_pack=*/true);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() && g->packed_block != 0;
+  };
+  auto const block = default_pack_block_size;
+
+  EXPECT_TRUE(packed(256));
+  EXPECT_FALSE(packed(128 * KiB));  // above the default 64 KiB
+
+  core.reconfigure({.access = uids({1000}), .quotas = {}, .pack_up_to = 256 * KiB});
+  EXPECT_TRUE(packed(128 * KiB));
+
+  // Above the block size: lowered to it, as the constructor does.
+  core.reconfigure({.access = uids({1000}), .quotas = {}, .pack_up_to = 4 * block});
+  EXPECT_TRUE(packed(block / 2));
+  EXPECT_FALSE(packed(block + 1));
+
+  // 0: nothing more is packed; the blocks leased so far stay the session's.
+  auto const before = core.stats().pools.at(0).in_use_bytes;
+  core.reconfigure({.access = uids({1000}), .quotas = {}, .pack_up_to = 0});
+  EXPECT_FALSE(packed(256));
+  EXPECT_EQ(core.stats().pools.at(0).in_use_bytes, before + 256);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 // a successful response serialises; a Free naming an interprocess event is
 // refused; and once both sessions close, the ledger is empty.
 
+#include "common/hex.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
@@ -22,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace {
@@ -67,8 +69,9 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   auto first  = core.open_session(peer, "fuzz", "first");
   auto second = core.open_session(peer, "fuzz", "second");
   RMMD_FUZZ_CHECK(first.ok() && second.ok());
-  std::string const tokens[] = {
-      core::to_hex(first->token), core::to_hex(second->token), std::string(32, '0')};
+  std::string const tokens[] = {common::to_hex(std::span<std::byte const>(first->token)),
+                                common::to_hex(std::span<std::byte const>(second->token)),
+                                std::string(32, '0')};
 
   fuzz::input_reader in({data, size});
   while (true) {

@@ -7,17 +7,12 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
 #include <stdexcept>
 
 namespace rmmd::backends::cuda {
 namespace {
 
 using handle_type = rmm::mr::cuda_async_memory_resource::allocation_handle_type;
-
-/// Opened client events kept per session before idle ones are forgotten.
-constexpr std::size_t max_cached_events = 256;
 
 /// Allocations are rounded to this (cudaMallocFromPoolAsync's own alignment).
 constexpr std::size_t granularity = 256;
@@ -154,9 +149,9 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
 
 void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
 {
-  // Every importer has freed its import before this point: the client frees
-  // in stream order, then either waits for its stream before Free or hands over
-  // an event that the core saw complete; a dead client's imports died with it.
+  // Every importer has freed its import before this point: the client sends
+  // Free once its stream has passed its own free of the import (a host
+  // function enqueued after it); a dead client's imports died with it.
   cudaSetDevice(options_.device);
   mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
 }
@@ -239,98 +234,6 @@ void cuda_backend::deallocate_shared(core::shared_allocation const& block) noexc
     cudaSetDevice(options_.device);
     api->mem_release(static_cast<CUmemGenericAllocationHandle>(block.driver_handle));
   }
-}
-
-/// An interprocess event of a client, opened in the daemon. Destroying it
-/// does not touch the client's event.
-class cuda_backend::ipc_event final {
- public:
-  explicit ipc_event(cudaEvent_t event) noexcept : event_(event) {}
-  ipc_event(ipc_event const&)            = delete;
-  ipc_event& operator=(ipc_event const&) = delete;
-  ~ipc_event()
-  {
-    cudaEventDestroy(event_);
-  }
-
-  /// Only cudaSuccess counts: an event whose process died stays
-  /// cudaErrorNotReady forever, and its session's close drops the fence.
-  [[nodiscard]] bool complete() const noexcept
-  {
-    return cudaEventQuery(event_) == cudaSuccess;
-  }
-
- private:
-  cudaEvent_t event_;
-};
-
-namespace {
-
-class event_fence final : public core::release_fence {
- public:
-  explicit event_fence(std::shared_ptr<cuda_backend::ipc_event const> event)
-      : event_(std::move(event))
-  {
-  }
-  [[nodiscard]] bool passed() noexcept override
-  {
-    return event_->complete();
-  }
-
- private:
-  std::shared_ptr<cuda_backend::ipc_event const> event_;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<core::release_fence>> cuda_backend::open_fence(
-    core::session_id session, std::span<std::byte const> bytes)
-{
-  event_key key{};
-  if (bytes.size() != key.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the release event must be a cudaIpcEventHandle_t of %d bytes, not %d bytes",
-        key.size(),
-        bytes.size()));
-  }
-  std::copy(bytes.begin(), bytes.end(), key.begin());
-  auto& opened = events_[session];
-  // A client keeps at most 64 events per resource, but a long session may
-  // make many resources one after another: forget events no fence waits on
-  // once a session has many (opening one again costs a fraction of a ms).
-  if (opened.size() >= max_cached_events && !opened.contains(key)) {
-    std::erase_if(opened, [](auto const& entry) { return entry.second.use_count() == 1; });
-  }
-  auto& cached = opened[key];
-  if (cached == nullptr) {
-    cudaIpcEventHandle_t handle{};
-    std::memcpy(&handle, key.data(), key.size());
-    cudaEvent_t event{};
-    auto err = cudaSetDevice(options_.device);
-    if (err == cudaSuccess) { err = cudaIpcOpenEventHandle(&event, handle); }
-    if (err != cudaSuccess) {
-      events_[session].erase(key);
-      // Most often the environment, not the request: CUDA IPC events need the
-      // client and the daemon to share /dev/shm (a container with its own
-      // cannot), so this is FAILED_PRECONDITION and the client falls back to
-      // waiting for its stream before it frees.
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "cannot open the release event on device %d (%s): it must be an interprocess event "
-          "(cudaEventInterprocess | cudaEventDisableTiming) of the calling process, which must "
-          "share /dev/shm with the daemon",
-          options_.device,
-          cudaGetErrorName(err)));
-    }
-    cached = std::make_shared<ipc_event>(event);
-  }
-  return std::make_unique<event_fence>(cached);
-}
-
-void cuda_backend::forget_session(core::session_id session) noexcept
-{
-  if (!events_.contains(session)) { return; }
-  cudaSetDevice(options_.device);
-  events_.erase(session);
 }
 
 absl::StatusOr<std::size_t> cuda_backend::trim()

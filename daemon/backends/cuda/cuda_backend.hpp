@@ -9,7 +9,6 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -85,18 +84,8 @@ class cuda_backend final : public core::pool_backend {
   {
     return fabric_;
   }
-  /// `bytes` must be a cudaIpcEventHandle_t from `session`'s process; the
-  /// event is opened once per session and handle, and polled with
-  /// cudaEventQuery (never waited on by a stream: see daemon_core).
-  absl::StatusOr<std::unique_ptr<core::release_fence>> open_fence(
-      core::session_id session, std::span<std::byte const> bytes) override;
-  void forget_session(core::session_id session) noexcept override;
-
-  class ipc_event;  ///< a client's interprocess event, opened here
 
  private:
-  using event_key = std::array<std::byte, sizeof(cudaIpcEventHandle_t)>;
-
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built
   /// As many as the daemon has threads that allocate at once (the session
@@ -108,7 +97,6 @@ class cuda_backend final : public core::pool_backend {
   std::atomic<std::size_t> next_stream_{0};
   int fd_{-1};
   std::vector<std::byte> fabric_;
-  std::map<core::session_id, std::map<event_key, std::shared_ptr<ipc_event>>> events_;
 };
 
 /// Number of CUDA devices; 0 when there is no GPU or no driver.

@@ -146,7 +146,7 @@ void host_backend::deallocate(core::backend_allocation const& block) noexcept
 void host_backend::deallocate_many(std::span<core::backend_allocation const> blocks) noexcept
 {
   if (blocks.empty()) { return; }
-  std::vector<offset_allocator::range> runs;
+  std::vector<core::offset_allocator::range> runs;
   try {
     runs.reserve(blocks.size());
   } catch (...) {  // no memory for the batch: one by one, as deallocate() would
@@ -203,7 +203,7 @@ void host_backend::deallocate_many(std::span<core::backend_allocation const> blo
 // writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
 void host_backend::clear_locked(std::uint64_t block_begin,
                                 std::uint64_t block_end,
-                                offset_allocator::range now_free) noexcept
+                                core::offset_allocator::range now_free) noexcept
 {
   auto const page       = page_size();
   auto const free_begin = now_free.offset;

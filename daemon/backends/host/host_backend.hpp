@@ -1,6 +1,6 @@
 #pragma once
 
-#include "daemon/backends/host/offset_allocator.hpp"
+#include "daemon/core/offset_allocator.hpp"
 #include "daemon/core/pool_backend.hpp"
 
 #include <cstddef>
@@ -65,11 +65,11 @@ class host_backend final : public core::pool_backend {
   /// REQUIRES: mutex_ held; [begin, end) inside `now_free`; not pinnable.
   void clear_locked(std::uint64_t begin,
                     std::uint64_t end,
-                    offset_allocator::range now_free) noexcept;
+                    core::offset_allocator::range now_free) noexcept;
 
   int fd_{-1};
   std::mutex mutex_;  // guards ranges_ and the file's free pages
-  offset_allocator ranges_;
+  core::offset_allocator ranges_;
   bool pinnable_{false};
 };
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <optional>
 
-namespace rmmd::backends::host {
+namespace rmmd::core {
 
 /// Hands out ranges [offset, offset + size) of a fixed-size region: first fit
 /// over an address-ordered free list, with adjacent free ranges coalesced on
@@ -57,4 +57,4 @@ class offset_allocator {
   std::map<std::uint64_t, std::size_t> free_;  // offset -> size, address order
 };
 
-}  // namespace rmmd::backends::host
+}  // namespace rmmd::core

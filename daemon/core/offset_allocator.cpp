@@ -1,11 +1,11 @@
-#include "daemon/backends/host/offset_allocator.hpp"
+#include "daemon/core/offset_allocator.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cassert>
 #include <iterator>
 
-namespace rmmd::backends::host {
+namespace rmmd::core {
 namespace {
 
 /// REQUIRES: a is a power of two. Wraps to a small number on overflow, which
@@ -105,4 +105,4 @@ offset_allocator::range offset_allocator::free_range_at(std::uint64_t offset) co
   return range{.offset = it->first, .size = it->second};
 }
 
-}  // namespace rmmd::backends::host
+}  // namespace rmmd::core

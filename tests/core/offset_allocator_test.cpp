@@ -1,4 +1,4 @@
-#include "daemon/backends/host/offset_allocator.hpp"
+#include "daemon/core/offset_allocator.hpp"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-namespace rmmd::backends::host {
+namespace rmmd::core {
 namespace {
 
 constexpr std::size_t KiB = 1024;
@@ -279,4 +279,4 @@ TEST(OffsetAllocator, FindsTheFreeRangeHoldingAnOffset)
 }
 
 }  // namespace
-}  // namespace rmmd::backends::host
+}  // namespace rmmd::core

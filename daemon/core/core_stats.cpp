@@ -1,0 +1,114 @@
+#include "daemon/core/core_stats.hpp"
+
+#include <tuple>
+
+namespace rmmd::core {
+
+session_info core_stats::info(session_entry const& s, packed_blocks const& blocks)
+{
+  session_info info{.id               = s.id,
+                    .peer             = s.peer,
+                    .command          = s.command,
+                    .client_name      = s.client_name,
+                    .bytes            = s.bytes,
+                    .allocation_count = s.count,
+                    .started          = s.started,
+                    .shared_bytes     = s.shared_bytes,
+                    .buffers_held     = s.holds.size()};
+  for (auto const& [pool, c] : s.carved) {
+    info.carved_bytes += c.bytes;
+    info.carved_allocations += c.allocation_count;
+    auto const idle = idle_of(c, s.held_in(pool));
+    info.idle_bytes += idle.idle;
+    info.reclaimable_bytes += idle.reclaimable;
+  }
+  for (auto const& [pool, idle] : blocks.idle(s.id)) {
+    info.idle_bytes += idle.idle;
+    info.reclaimable_bytes += idle.reclaimable;
+  }
+  return info;
+}
+
+session_listing core_stats::top(session_map const& sessions,
+                                packed_blocks const& blocks,
+                                std::size_t n)
+{
+  // Order the entries, and copy out (strings and all) only those shown.
+  std::vector<session_entry const*> order;
+  order.reserve(sessions.size());
+  for (auto const& [id, s] : sessions) { order.push_back(s.get()); }
+  auto const shown = std::min(n, order.size());
+  auto const first = order.begin() + static_cast<std::ptrdiff_t>(shown);
+  std::partial_sort(
+      order.begin(), first, order.end(), [](session_entry const* a, session_entry const* b) {
+        return std::tuple(b->bytes, b->count, a->id) < std::tuple(a->bytes, a->count, b->id);
+      });
+  session_listing out{.session_count = sessions.size()};
+  out.sessions.reserve(shown);
+  for (auto it = order.begin(); it != first; ++it) { out.sessions.push_back(info(**it, blocks)); }
+  for (auto it = first; it != order.end(); ++it) {
+    out.unlisted_bytes += (*it)->bytes;
+    out.unlisted_allocations += (*it)->count;
+  }
+  return out;
+}
+
+stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_sessions) const
+{
+  stats_snapshot out;
+  for (std::size_t i = 0; i < in.pools.size(); ++i) {
+    auto const& p = *in.pools[i];
+    auto const& h = pools_[i];
+    auto usage    = p.backend->usage();
+    auto release  = p.backend->release_threshold();
+    out.pools.push_back(pool_stats{
+        .pool                   = std::move(in.descriptions[i]),
+        .in_use_bytes           = p.in_use,
+        .high_water_bytes       = h.high_water,
+        .allocation_count       = p.live,
+        .total_allocations      = h.total,
+        .backend_reserved_bytes = usage ? std::optional(usage->reserved_bytes) : std::nullopt,
+        .backend_used_bytes     = usage ? std::optional(usage->used_bytes) : std::nullopt,
+        .reclaim_waits          = h.reclaim_waits,
+        .reclaim_served         = h.reclaim_served,
+        .reclaim_refused        = h.reclaim_refused,
+        .release_threshold_bytes =
+            release ? std::optional<std::uint64_t>(*release) : std::nullopt});
+  }
+  for (auto const& [id, s] : in.sessions) {
+    for (auto const& [pool, c] : s->carved) {
+      auto const held = s->held_in(pool);
+      auto& ps        = out.pools[pool];
+      ps.carved_bytes += std::min(c.bytes, held);
+      ps.carved_allocations += c.allocation_count;
+      auto const idle = idle_of(c, held);
+      ps.idle_bytes += idle.idle;
+      ps.reclaimable_bytes += idle.reclaimable;
+    }
+    for (auto const& [pool, idle] : in.blocks.idle(id)) {
+      out.pools[pool].idle_bytes += idle.idle;
+      out.pools[pool].reclaimable_bytes += idle.reclaimable;
+    }
+  }
+  for (auto const& [id, b] : in.buffers) {
+    if (b->creating) { continue; }
+    out.uid_shared_bytes[b->creator_uid] += b->charge;
+    auto& ps = out.pools[b->pool];
+    ++ps.shared_buffers;
+    ps.shared_bytes += b->charge;
+    ps.shared_holders += b->holders.size();
+  }
+  out.session_count = in.sessions.size();
+  if (top_sessions) {
+    auto listing             = top(in.sessions, in.blocks, *top_sessions);
+    out.sessions             = std::move(listing.sessions);
+    out.unlisted_bytes       = listing.unlisted_bytes;
+    out.unlisted_allocations = listing.unlisted_allocations;
+  } else {
+    out.sessions.reserve(in.sessions.size());
+    for (auto const& [id, s] : in.sessions) { out.sessions.push_back(info(*s, in.blocks)); }
+  }
+  return out;
+}
+
+}  // namespace rmmd::core
