@@ -6,8 +6,8 @@
 // tools/process's, shared with the tests.
 
 #include "bench/bench_results.pb.h"
-#include "tools/process/child_process.hpp"
-#include "tools/process/daemon_process.hpp"
+#include "harness/child_process.hpp"
+#include "harness/daemon_process.hpp"
 
 #include <sys/types.h>
 
@@ -51,9 +51,9 @@ void print_targets(std::string const& title,
                    results::Run& run);
 
 // Processes and the daemon come from tools/process, shared with the tests.
-using tools::child_process;
-using tools::daemon_process;
-using tools::kill_all_children;
+using harness::child_process;
+using harness::daemon_process;
+using harness::kill_all_children;
 
 /// How the bench runs rmmd: `args` after --runtime-dir DIR (a fresh
 /// /tmp/rmmd-bench-XXXXXX), its stdout and stderr in DIR/rmmd.log,

@@ -136,7 +136,7 @@ class PlotResultsTest(unittest.TestCase):
                                "target": {"target": "<= 50 ms", "pass": True}}})
         run["targets"] = [{"what": "g) idle slabs reach a request: p50", "unit": "ms",
                            "limit": "<= 50", "pass": True, "measured": 3.3}]
-        # The 16-process direct row judged against b2's one-thread rate (issue 14).
+        # The 16-process direct row judged against b2's one-thread rate.
         run["processes"][1]["b2_target"] = {"target": ">= 0.75 x", "pass": False}
         result = plot(self.write("synthetic.json", run), "--out", self.dir)
         self.assertEqual(result.returncode, 0, result.stderr)

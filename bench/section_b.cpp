@@ -7,7 +7,7 @@
 #include "bench/targets.hpp"
 
 #include "client/detail/session_impl.hpp"
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -163,7 +163,7 @@ class exporter_link {
     try {
       exporter_.emplace(std::vector<std::string>{self_path(), "--exporter"},
                         self_env(),
-                        tools::spawn_options{.fds = {{exporter_fd, sv[1]}}});
+                        harness::spawn_options{.fds = {{exporter_fd, sv[1]}}});
     } catch (...) {
       ::close(sv[1]);
       throw;

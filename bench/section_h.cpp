@@ -5,7 +5,7 @@
 #include "bench/targets.hpp"
 
 #include "client/detail/session_impl.hpp"
-#include "tools/socket/raw_session.hpp"
+#include "harness/raw_session.hpp"
 
 #include <rmmd/session.hpp>
 
@@ -323,7 +323,7 @@ void measure_close(scale_options const& o,
 std::optional<std::filesystem::path> find_rmmctl(std::filesystem::path const& rmmd)
 {
   auto const dir = rmmd.parent_path();
-  for (auto const& candidate : {dir / "rmmctl", dir.parent_path() / "client" / "rmmctl"}) {
+  for (auto const& candidate : {dir / "rmmctl", dir.parent_path() / "rmmctl" / "rmmctl"}) {
     if (::access(candidate.c_str(), X_OK) == 0) { return candidate; }
   }
   return std::nullopt;
@@ -613,7 +613,7 @@ std::vector<target_row> section_scale(scale_options const& o, results::Scale& ou
     auto const pool = obs.pool_of(observer::core_backend::host);
     {
       // Warm up: the call threads' first calls, one session and lease.
-      tools::raw_session warm(host.runtime_dir(), "rmmd-bench-warm-up");
+      harness::raw_session warm(host.runtime_dir(), "rmmd-bench-warm-up");
       (void)warm.allocate(pool, lease_bytes, 100);
     }
     std::string error;

@@ -6,7 +6,7 @@
 // thousand open, the stats call, `rmmctl stats` and a /metrics scrape with a
 // thousand open, and a session holding 100,000 leases SIGKILLed to its
 // memory back. bench/README.md says how; the sessions and leases are made on
-// the session socket by helper processes (tools/socket/raw_session.hpp).
+// the session socket by helper processes (harness/raw_session.hpp).
 
 #include "bench/bench_support.hpp"
 

@@ -1,10 +1,10 @@
 // The helper processes of section h: sessions and leases made by hand on
-// the session socket (tools/socket/raw_session.hpp), held until the bench
+// the session socket (harness/raw_session.hpp), held until the bench
 // closes the helper's stdin or kills it.
 
 #include "bench/section_h.hpp"
 
-#include "tools/socket/raw_session.hpp"
+#include "harness/raw_session.hpp"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -46,7 +46,7 @@ int raw_leases_main(std::string const& dir, std::string const& kind, std::size_t
 {
   die_with_parent();
   try {
-    tools::raw_session s(dir, "rmmd-bench-leases");
+    harness::raw_session s(dir, "rmmd-bench-leases");
     auto const pool = s.pool_of(kind == "cuda" ? v1::BACKEND_CUDA : v1::BACKEND_HOST);
     auto const t0   = steady::now();
     // CUDA: packed, as the client library's direct resource asks for them.
@@ -66,7 +66,7 @@ int raw_sessions_main(std::string const& dir, std::size_t count)
 {
   die_with_parent();
   try {
-    std::vector<tools::raw_session> sessions;
+    std::vector<harness::raw_session> sessions;
     sessions.reserve(count);
     std::vector<double> ns;
     ns.reserve(count);
@@ -84,7 +84,7 @@ int raw_sessions_main(std::string const& dir, std::size_t count)
       ns.clear();
       for (std::size_t i = 0; i < probes; ++i) {
         auto const t0 = steady::now();
-        tools::raw_session probe(dir, "rmmd-bench-probe");
+        harness::raw_session probe(dir, "rmmd-bench-probe");
         ns.push_back(std::chrono::duration<double, std::nano>(steady::now() - t0).count());
       }
       say(samples_line(ns));

@@ -4,8 +4,8 @@
 #include <rmmd/session.hpp>
 
 #include "client/detail/session_impl.hpp"
-#include "tools/gpu/gpu_identity.hpp"
-#include "tools/runtime/runtime_dir.hpp"
+#include "common/gpu_identity.hpp"
+#include "common/runtime_dir.hpp"
 
 #include <cstdlib>
 #include <string>

@@ -4,7 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
-#include "tools/names/buffer_name.hpp"
+#include "common/buffer_name.hpp"
 
 #include <unistd.h>
 

@@ -11,7 +11,7 @@ if [ -n "${RMMD_BUNDLE:-}" ]; then
   rmmd=$b/rmmd rmmctl=$b/rmmctl hello=$b/rmmd_hello
 else
   ./scripts/build.sh --target rmmd rmmctl rmmd_hello
-  rmmd=build/daemon/rmmd rmmctl=build/client/rmmctl hello=build/examples/rmmd_hello
+  rmmd=build/daemon/rmmd rmmctl=build/rmmctl/rmmctl hello=build/examples/rmmd_hello
 fi
 runtime=$(mktemp -d /tmp/rmmd-demo-XXXXXX)
 export RMMD_RUNTIME_DIR=$runtime

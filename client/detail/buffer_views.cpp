@@ -4,8 +4,8 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/pool_mappings.hpp"
 #include "client/detail/session_channel.hpp"
-#include "tools/gpu/vmm.hpp"
-#include "tools/socket/fd_passing.hpp"
+#include "common/vmm.hpp"
+#include "common/fd_passing.hpp"
 
 #include <unistd.h>
 

@@ -2,7 +2,7 @@
 
 #include "client/detail/daemon_message_checks.hpp"
 #include "client/detail/process_exit.hpp"
-#include "tools/gpu/gpu_identity.hpp"
+#include "common/gpu_identity.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -5,7 +5,7 @@
 #include "client/detail/usage_reports.hpp"
 #include "client/packed_block_imports.hpp"
 #include "common/hex.hpp"
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>

@@ -290,7 +290,7 @@ class daemon_core {
 
   /// A buffer of `bytes` in `pool`, held by `session` and visible to no other
   /// until published. INVALID_ARGUMENT (a name against the rule of
-  /// tools/names/buffer_name.hpp, size 0, alignment, unknown pool),
+  /// common/buffer_name.hpp, size 0, alignment, unknown pool),
   /// ALREADY_EXISTS (the name is taken), RESOURCE_EXHAUSTED (quota, pool,
   /// larger than the pool),
   /// UNAVAILABLE (draining). The backend allocates without the lock; the name

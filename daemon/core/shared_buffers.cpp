@@ -8,7 +8,7 @@
 
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/daemon_core.hpp"
-#include "tools/names/buffer_name.hpp"
+#include "common/buffer_name.hpp"
 
 #include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>

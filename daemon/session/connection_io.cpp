@@ -1,6 +1,6 @@
 #include "daemon/session/connection_io.hpp"
 
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 namespace rmmd::session_socket {
 

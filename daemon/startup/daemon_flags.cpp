@@ -2,7 +2,7 @@
 
 #include "daemon/core/types.hpp"
 #include "daemon/service/rmmd_service.hpp"
-#include "tools/runtime/runtime_dir.hpp"
+#include "common/runtime_dir.hpp"
 
 #include <algorithm>
 #include <chrono>

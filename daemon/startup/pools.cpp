@@ -4,7 +4,7 @@
 #include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/log.hpp"
-#include "tools/gpu/gpu_identity.hpp"
+#include "common/gpu_identity.hpp"
 
 #include <algorithm>
 #include <filesystem>

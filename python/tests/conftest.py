@@ -6,7 +6,7 @@ Where things are (each may be set; the defaults are a build tree's paths):
 
 - ``RMMD_LIBRARY``: librmmd_c.so (build/client/librmmd_c.so)
 - ``RMMD_DAEMON``:  the rmmd program (build/daemon/rmmd)
-- ``RMMD_RMMCTL``:  rmmctl (build/client/rmmctl)
+- ``RMMD_RMMCTL``:  rmmctl (build/rmmctl/rmmctl)
 
 GPU tests (marked ``gpu``) skip, saying why, where CUDA sees no GPU or
 PyTorch or CuPy is missing.
@@ -40,7 +40,7 @@ def _path_from(env: str, default: Path) -> Path:
 
 LIBRARY = _path_from("RMMD_LIBRARY", REPO / "build" / "client" / "librmmd_c.so")
 DAEMON = _path_from("RMMD_DAEMON", REPO / "build" / "daemon" / "rmmd")
-RMMCTL = _path_from("RMMD_RMMCTL", REPO / "build" / "client" / "rmmctl")
+RMMCTL = _path_from("RMMD_RMMCTL", REPO / "build" / "rmmctl" / "rmmctl")
 
 # This process and every Python process a test starts import the package
 # from this checkout and load this library.

@@ -3,7 +3,7 @@
 # Python with PyTorch, CuPy, NumPy and pytest (/opt/torch/.venv). Bundle the
 # daemon, rmmctl and the C library on the build machine:
 #
-#   ../shared/tools/gpu-bundle .gpu build/daemon/rmmd build/client/rmmctl build/client/librmmd_c.so
+#   ../shared/tools/gpu-bundle .gpu build/daemon/rmmd build/rmmctl/rmmctl build/client/librmmd_c.so
 #
 # then, there, from the checkout's root (carry .gpu and python/):
 #

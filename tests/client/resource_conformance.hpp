@@ -1,7 +1,7 @@
 #pragma once
 
 // RMM's resource contract, kept by every client resource in every mode
-// (DESIGN.md, Errors; issue 11, item 1). One typed test suite: every body
+// (DESIGN.md, Errors). One typed test suite: every body
 // runs against every kind of resource_kinds.hpp, each against its own real
 // daemon and a real session. The kinds are instantiated where they can run:
 // the host kind in rmmd_integration_tests (client/resource_conformance_test.cpp),

@@ -6,7 +6,7 @@
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
-#include "tools/names/buffer_name.hpp"
+#include "common/buffer_name.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -35,9 +35,9 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 /// rmmd with a CUDA pool on GPU 0 and a pinnable host pool; in `dir` if one
 /// is given (left in place).
-std::unique_ptr<tools::daemon_process> start_rmmd(std::filesystem::path const& dir = {})
+std::unique_ptr<harness::daemon_process> start_rmmd(std::filesystem::path const& dir = {})
 {
-  return std::make_unique<tools::daemon_process>(tools::daemon_process::options{
+  return std::make_unique<harness::daemon_process>(harness::daemon_process::options{
       .program     = program_path("rmmd"),
       .args        = {"--cuda-pool-bytes", "2GiB", "--host-pool-bytes", "64MiB"},
       .dir_prefix  = "rmmd-restart-gpu-",

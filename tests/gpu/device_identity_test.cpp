@@ -7,7 +7,7 @@
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/test_users.hpp"
-#include "tools/gpu/gpu_identity.hpp"
+#include "common/gpu_identity.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 

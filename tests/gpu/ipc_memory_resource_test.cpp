@@ -632,7 +632,7 @@ TEST_F(IpcMemoryResource, AKilledFastPathClientsSlabsGoBackToThePool)
 
 TEST(SlabMode, IdleSlabsOfAnotherSessionServeARequestAtOnce)
 {
-  // Memory that moves (issue 14): the daemon asks the hoarder for its idle
+  // Memory that moves: the daemon asks the hoarder for its idle
   // slab and holds the request until it is back, instead of refusing it.
   REQUIRE_GPUS(1);
   daemon_process daemon({"--cuda-pool-bytes", "512MiB", "--reclaim-timeout-ms", "10000"});

@@ -34,10 +34,10 @@ using ::testing::HasSubstr;
 constexpr std::size_t buffer_bytes = 65536;
 
 /// rmmd with a 64 MiB host pool; in `dir` if one is given (left in place).
-std::unique_ptr<tools::daemon_process> start_rmmd(std::filesystem::path const& dir = {})
+std::unique_ptr<harness::daemon_process> start_rmmd(std::filesystem::path const& dir = {})
 {
-  return std::make_unique<tools::daemon_process>(
-      tools::daemon_process::options{.program = program_path("rmmd"),
+  return std::make_unique<harness::daemon_process>(
+      harness::daemon_process::options{.program = program_path("rmmd"),
                                      .args    = {"--backend", "host", "--host-pool-bytes", "64MiB"},
                                      .dir_prefix  = "rmmd-restart-",
                                      .runtime_dir = dir,

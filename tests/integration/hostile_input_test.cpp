@@ -4,7 +4,7 @@
 #include "client/detail/session_impl.hpp"
 #include "common/hex.hpp"
 #include "tests/tools/daemon_process.hpp"
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -20,7 +20,7 @@ logged_daemon::logged_daemon(std::vector<std::string> args)
     throw std::system_error(errno, std::generic_category(), "mkdtemp");
   }
   dir_    = tmpl;
-  notify_ = std::make_unique<tools::notify_socket>(dir_ / "notify.sock");
+  notify_ = std::make_unique<harness::notify_socket>(dir_ / "notify.sock");
   std::vector<std::string> argv{program_path("rmmd").string(), "--runtime-dir", dir_.string()};
   argv.insert(argv.end(), args.begin(), args.end());
   daemon_ = std::make_unique<child_process>(

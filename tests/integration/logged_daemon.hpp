@@ -6,7 +6,7 @@
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "tools/process/notify_socket.hpp"
+#include "harness/notify_socket.hpp"
 
 #include <rmmd/session.hpp>
 
@@ -54,7 +54,7 @@ class logged_daemon {
 
  private:
   std::filesystem::path dir_;
-  std::unique_ptr<tools::notify_socket> notify_;
+  std::unique_ptr<harness::notify_socket> notify_;
   std::unique_ptr<child_process> daemon_;
   std::string log_;
 };

@@ -1,4 +1,4 @@
-// Memory that moves (issue 14, point 1), with the real daemon on its host
+// Memory that moves, with the real daemon on its host
 // backend and real client processes: slab clients at rest (rmmd_test_client
 // idle-slabs, which leases blocks, reports them as slabs with nothing carved
 // and answers the daemon's reclaim requests through the client library) fill

@@ -33,7 +33,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-// rmmctl's exit codes (client/rmmctl/daemon_connection.hpp, docs/operations.md).
+// rmmctl's exit codes (rmmctl/daemon_connection.hpp, docs/operations.md).
 constexpr int exit_ok = 0, exit_failed = 1, exit_usage = 2, exit_not_running = 3, exit_denied = 4;
 
 constexpr uid_t nobody = 65534;

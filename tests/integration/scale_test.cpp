@@ -1,15 +1,15 @@
-// A busy node (issue 14, point 2) on the real daemon: many sessions, listed
+// A busy node on the real daemon: many sessions, listed
 // by rmmctl and the stats call a bounded number at a time (those holding the
 // most first); a /metrics scrape that does not grow with them; and a session
 // holding 100,000 leases that gives everything back when it closes. The
 // sessions and leases are made by hand on the session socket
-// (tools/socket/raw_session.hpp): real connections, without a client
+// (harness/raw_session.hpp): real connections, without a client
 // library's imports. How fast this goes is the bench's to show (section h).
 
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/text.hpp"
-#include "tools/socket/raw_session.hpp"
+#include "harness/raw_session.hpp"
 
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
@@ -29,7 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using tools::raw_session;
+using harness::raw_session;
 
 constexpr int exit_ok = 0, exit_usage = 2;
 
@@ -196,7 +196,7 @@ TEST_F(ManySessions, TheStatsCallListsTheTopSessionsOnlyWhenAsked)
   EXPECT_EQ(top.session_count(), 31u);  // the observer counts
   EXPECT_EQ(top.unlisted_session_allocations(), 26u * 27 / 2);
 
-  // Not asked: every session, by id, as before.
+  // Not asked: every session, by id.
   v1::Stats all;
   auto ctx2 = impl.context();
   status    = impl.stub().GetStats(ctx2.get(), v1::GetStatsRequest{}, &all);

@@ -2,7 +2,7 @@
 # Installs rmmd from its .deb on this machine and uses it as an operator and a
 # developer would, from the installed paths only; then removes it and checks
 # that nothing it installed is left. Made for a GPU host with none of rmmd's
-# libraries (issue 15: Ubuntu 24.04, root, no network, no systemd running),
+# libraries (Ubuntu 24.04, root, no network, no systemd running),
 # and runs on any Debian or Ubuntu machine with root (without a GPU the
 # device steps say SKIP, or FAIL with --require-gpu).
 #

@@ -26,7 +26,7 @@
 #include "client/detail/session_impl.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "tools/process/daemon_process.hpp"
+#include "harness/daemon_process.hpp"
 
 #include <rmmd/session.hpp>
 
@@ -193,8 +193,8 @@ class daemon_under_test {
     if (o.backend == "cuda") {
       args.insert(args.end(), {"--cuda-pool-bytes", std::to_string(o.cuda_pool_bytes)});
     }
-    daemon_ = std::make_unique<tools::daemon_process>(
-        tools::daemon_process::options{.program     = test::program_path("rmmd"),
+    daemon_ = std::make_unique<harness::daemon_process>(
+        harness::daemon_process::options{.program     = test::program_path("rmmd"),
                                        .args        = std::move(args),
                                        .dir_prefix  = "rmmd-soak-",
                                        .log_to_file = true,
@@ -203,7 +203,7 @@ class daemon_under_test {
         rmmd::session::options{.runtime_dir = daemon_->runtime_dir(), .client_name = "rmmd_soak"});
   }
 
-  [[nodiscard]] tools::daemon_process& process() noexcept
+  [[nodiscard]] harness::daemon_process& process() noexcept
   {
     return *daemon_;
   }
@@ -280,7 +280,7 @@ class daemon_under_test {
   }
 
  private:
-  std::unique_ptr<tools::daemon_process> daemon_;
+  std::unique_ptr<harness::daemon_process> daemon_;
   std::unique_ptr<rmmd::session> observer_;
 };
 
@@ -576,7 +576,7 @@ int gpu_count()
 
 void on_signal(int signal)
 {
-  tools::kill_all_children();
+  harness::kill_all_children();
   ::signal(signal, SIG_DFL);
   ::raise(signal);
 }

@@ -14,7 +14,7 @@ std::filesystem::path program_path(std::string const& name)
   if (std::filesystem::exists(beside)) { return beside; }
   static constexpr std::pair<char const*, char const*> in_build_tree[] = {
       {"rmmd", "daemon/rmmd"},
-      {"rmmctl", "client/rmmctl"},
+      {"rmmctl", "rmmctl/rmmctl"},
       {"rmmd_test_client", "tests/rmmd_test_client"},
       {"rmmd_soak_client", "tests/rmmd_soak_client"},
       {"rmmd_hello", "examples/rmmd_hello"},

@@ -4,7 +4,7 @@
 // stdin and stdout, waits that end on an event or a deadline, never on a
 // fixed sleep), where our programs are, and eventually().
 
-#include "tools/process/child_process.hpp"
+#include "harness/child_process.hpp"
 
 #include <chrono>
 #include <filesystem>
@@ -14,8 +14,8 @@
 namespace rmmd::test {
 
 using namespace std::chrono_literals;
-using tools::child_process;
-using tools::spawn_options;
+using harness::child_process;
+using harness::spawn_options;
 
 /// Where our programs are: $RMMD_BIN_DIR, else beside this test binary (a
 /// bundle), else the build tree this test was built in.

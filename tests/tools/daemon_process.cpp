@@ -12,7 +12,7 @@
 namespace rmmd::test {
 
 daemon_process::daemon_process(std::vector<std::string> extra_args, std::string user)
-    : tools::daemon_process({.program    = program_path("rmmd"),
+    : harness::daemon_process({.program    = program_path("rmmd"),
                              .args       = std::move(extra_args),
                              .dir_prefix = "rmmd-test-",
                              .user       = std::move(user)})
@@ -35,7 +35,7 @@ rmmd::session daemon_process::open_session(std::string client_name,
 std::optional<int> daemon_process::stop()
 {
   observer_.reset();
-  return tools::daemon_process::stop(30s);
+  return harness::daemon_process::stop(30s);
 }
 
 v1::Stats daemon_process::rmmctl_stats() const

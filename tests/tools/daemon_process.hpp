@@ -1,12 +1,12 @@
 #pragma once
 
-// Test support: the real rmmd (tools/process/daemon_process.hpp: a runtime
+// Test support: the real rmmd (harness/daemon_process.hpp: a runtime
 // directory of its own, ready once it has sent READY=1 over sd_notify), with
 // its stderr inherited, and what tests ask of it: sessions and stats.
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "tools/process/daemon_process.hpp"
+#include "harness/daemon_process.hpp"
 
 #include <rmmd/session.hpp>
 
@@ -17,10 +17,10 @@
 
 namespace rmmd::test {
 
-class daemon_process : public tools::daemon_process {
+class daemon_process : public harness::daemon_process {
  public:
   /// Starts rmmd with `extra_args` (after --runtime-dir), as `user` if given
-  /// (see tools::daemon_process::options::user and test_users.hpp); throws
+  /// (see harness::daemon_process::options::user and test_users.hpp); throws
   /// if it is not ready within 30 s.
   explicit daemon_process(std::vector<std::string> extra_args = {}, std::string user = {});
   daemon_process(daemon_process const&)            = delete;

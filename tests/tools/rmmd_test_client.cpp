@@ -62,7 +62,7 @@
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
 #include "tests/tools/pattern.hpp"
-#include "tools/gpu/gpu_identity.hpp"
+#include "common/gpu_identity.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>

@@ -1,6 +1,6 @@
 #include "daemon/backends/cuda/cuda_backend.hpp"
 
-#include "tools/gpu/vmm.hpp"
+#include "common/vmm.hpp"
 
 #include <absl/strings/str_format.h>
 #include <rmm/error.hpp>

@@ -60,7 +60,7 @@ class cuda_backend final : public core::pool_backend {
   /// A shared buffer: one allocation of its own (cuMemCreate), exported by
   /// its own posix fd (and fabric handle where the pool has one), which
   /// importers map in a fraction of a pool pointer's import time
-  /// (tools/gpu/vmm.hpp says why). Rounded up to the driver's granularity.
+  /// (common/vmm.hpp says why). Rounded up to the driver's granularity.
   absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
                                                           std::size_t alignment) override;
   void deallocate_shared(core::shared_allocation const& memory) noexcept override;

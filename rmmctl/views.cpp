@@ -1,4 +1,4 @@
-#include "client/rmmctl/views.hpp"
+#include "rmmctl/views.hpp"
 
 #include <google/protobuf/util/json_util.h>
 

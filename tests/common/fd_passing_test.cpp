@@ -2,7 +2,7 @@
 // receiver's copies refer to the sender's files and are close-on-exec, and
 // whatever does not fit (bytes or fds) is reported and never leaks an fd.
 
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 #include <gtest/gtest.h>
 

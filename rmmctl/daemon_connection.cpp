@@ -1,4 +1,4 @@
-#include "client/rmmctl/daemon_connection.hpp"
+#include "rmmctl/daemon_connection.hpp"
 
 #include "client/detail/session_impl.hpp"
 

@@ -10,7 +10,7 @@
 // Thread safety: one raw_session per thread.
 
 #include "rmmd/v1/rmmd.pb.h"
-#include "tools/socket/fd_passing.hpp"
+#include "common/fd_passing.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 class raw_session {
  public:
@@ -190,4 +190,4 @@ class raw_session {
   std::array<char, 1 << 16> buffer_{};
 };
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

@@ -8,7 +8,7 @@
 // another one the way the shipped unit runs it (User=rmmd,
 // RuntimeDirectoryMode=0750).
 
-#include "tools/process/child_process.hpp"
+#include "harness/child_process.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 class daemon_process {
  public:
@@ -90,4 +90,4 @@ class daemon_process {
   std::unique_ptr<child_process> daemon_;
 };
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

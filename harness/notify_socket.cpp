@@ -1,4 +1,4 @@
-#include "tools/process/notify_socket.hpp"
+#include "harness/notify_socket.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 #include <system_error>
 #include <utility>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 notify_socket::notify_socket(std::filesystem::path path) : path_(std::move(path))
 {
@@ -58,4 +58,4 @@ std::optional<std::string> notify_socket::wait_for(std::string_view text,
   }
 }
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

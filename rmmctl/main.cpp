@@ -9,9 +9,9 @@
 // directory (or it is shutting down), 4 permission denied.
 
 #include "client/detail/session_impl.hpp"
-#include "client/rmmctl/daemon_connection.hpp"
-#include "client/rmmctl/views.hpp"
-#include "tools/runtime/runtime_dir.hpp"
+#include "common/runtime_dir.hpp"
+#include "rmmctl/daemon_connection.hpp"
+#include "rmmctl/views.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +23,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -158,6 +159,197 @@ std::vector<std::uint32_t> resolve_pools(rmmd::session const& s,
   return ids;
 }
 
+/// What the command line asked for: the global options, each command's
+/// own, and which command was given.
+struct command_line {
+  std::string runtime_dir = rmmd::session::default_runtime_dir().string();
+  output_options out;
+  session_choice stats_choice, sessions_choice;
+  std::vector<std::string> trim_pools;
+  std::string delete_name;
+  CLI::App* stats{};
+  CLI::App* pools{};
+  CLI::App* sessions{};
+  CLI::App* buffers{};
+  CLI::App* buffers_delete{};
+  CLI::App* health{};
+  CLI::App* trim{};
+};
+
+void add_global_options(CLI::App& app, command_line& cl)
+{
+  app.set_version_flag("--version", "rmmctl " RMMD_VERSION);
+  app.require_subcommand(1, 1);
+  app.fallthrough();  // the options below work after the command too
+  app.add_option("--runtime-dir",
+                 cl.runtime_dir,
+                 std::string("Where rmmd's sockets are (default: $") +
+                     rmmd::runtime::runtime_dir_env + ", else " +
+                     rmmd::runtime::default_runtime_dir + ")")
+      ->capture_default_str();
+  app.add_flag("--json", cl.out.json, "protobuf's JSON mapping of the reply instead of a table");
+  auto* watch = app.add_option("--watch",
+                               cl.out.watch_seconds,
+                               "Print again every SECONDS (the screen is cleared between frames "
+                               "when stdout is a terminal; JSON comes one document per line "
+                               "otherwise)")
+                    ->check(CLI::PositiveNumber);
+  app.add_option("--count", cl.out.count, "With --watch: stop after N frames")
+      ->check(CLI::PositiveNumber)
+      ->needs(watch);
+}
+
+void add_commands(CLI::App& app, command_line& cl)
+{
+  cl.stats    = app.add_subcommand("stats", "Pools and sessions with what each holds");
+  cl.pools    = app.add_subcommand("pools", "Every pool: configuration, usage, driver figures");
+  cl.sessions = app.add_subcommand("sessions", "The live sessions: who, and what they hold");
+  add_session_choice(cl.stats, cl.stats_choice);
+  add_session_choice(cl.sessions, cl.sessions_choice);
+  cl.buffers = app.add_subcommand(
+      "buffers", "Named shared buffers: name, pool, bytes, creator, holders, state, persistence");
+  cl.buffers_delete = cl.buffers->add_subcommand(
+      "delete",
+      "Take a buffer's name away now; its memory goes back after its last holder closes it "
+      "(the creator's uid or root)");
+  cl.buffers_delete->add_option("NAME", cl.delete_name, "The buffer's name")->required();
+  cl.health = app.add_subcommand(
+      "health", "Serving or draining, uptime, version, pool and session counts (no session)");
+  cl.trim = app.add_subcommand(
+      "trim",
+      "Give memory the pools hold but do not lend back to the driver (root or the daemon's uid)");
+  cl.trim->add_option(
+      "--pool", cl.trim_pools, "A pool to trim, by name or id (repeatable; default: all)");
+}
+
+/// Commands that change the daemon's state run once.
+void refuse_watching_changes(command_line const& cl)
+{
+  if (cl.out.watch_seconds <= 0) { return; }
+  if (cl.trim->parsed()) {
+    throw ctl_error(usage, "--watch does not apply to trim: it changes the pools; run it once");
+  }
+  if (cl.buffers_delete->parsed()) {
+    throw ctl_error(usage,
+                    "--watch does not apply to buffers delete: it changes the buffers; run it "
+                    "once");
+  }
+}
+
+int show_stats(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("stats", cl.out, [&](bool one_line) {
+    auto& s    = daemon.session();
+    auto& impl = s.impl();
+    rmmd::v1::GetStatsRequest request;
+    if (!cl.stats_choice.all) { request.set_top_sessions(cl.stats_choice.top + 1); }
+    rmmd::v1::Stats reply;
+    auto ctx    = impl.context();
+    auto status = impl.stub().GetStats(ctx.get(), request, &reply);
+    if (!status.ok()) { throw call_failed(status, "stats"); }
+    drop_own_session(&reply, s.id(), cl.stats_choice);
+    return cl.out.json ? to_json(reply, one_line) : format_stats(reply);
+  });
+}
+
+int show_pools(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("pools", cl.out, [&](bool one_line) {
+    auto& impl = daemon.session().impl();
+    rmmd::v1::ListPoolsResponse reply;
+    auto ctx    = impl.context();
+    auto status = impl.stub().ListPools(ctx.get(), rmmd::v1::ListPoolsRequest{}, &reply);
+    if (!status.ok()) { throw call_failed(status, "pools"); }
+    return cl.out.json ? to_json(reply, one_line) : format_pools(reply);
+  });
+}
+
+int show_sessions(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("sessions", cl.out, [&](bool one_line) {
+    auto& s    = daemon.session();
+    auto& impl = s.impl();
+    rmmd::v1::ListSessionsRequest request;
+    if (!cl.sessions_choice.all) { request.set_top_sessions(cl.sessions_choice.top + 1); }
+    rmmd::v1::ListSessionsResponse reply;
+    auto ctx    = impl.context();
+    auto status = impl.stub().ListSessions(ctx.get(), request, &reply);
+    if (!status.ok()) { throw call_failed(status, "sessions"); }
+    drop_own_session(&reply, s.id(), cl.sessions_choice);
+    return cl.out.json ? to_json(reply, one_line) : format_sessions(reply, now_unix_ms());
+  });
+}
+
+int delete_buffer(daemon_connection& daemon, command_line const& cl)
+{
+  auto& impl = daemon.session().impl();
+  rmmd::v1::DeleteBufferRequest request;
+  request.set_name(cl.delete_name);
+  rmmd::v1::DeleteBufferResponse reply;
+  auto ctx    = impl.context();
+  auto status = impl.stub().DeleteBuffer(ctx.get(), request, &reply);
+  if (!status.ok()) { throw call_failed(status, "buffers delete"); }
+  std::cout << (cl.out.json ? to_json(reply, false) : format_delete(cl.delete_name, reply))
+            << std::flush;
+  return ok;
+}
+
+int show_buffers(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("buffers", cl.out, [&](bool one_line) {
+    auto& impl = daemon.session().impl();
+    rmmd::v1::ListBuffersResponse reply;
+    auto ctx    = impl.context();
+    auto status = impl.stub().ListBuffers(ctx.get(), rmmd::v1::ListBuffersRequest{}, &reply);
+    if (!status.ok()) { throw call_failed(status, "buffers"); }
+    sort_buffers(&reply);
+    return cl.out.json ? to_json(reply, one_line) : format_buffers(reply, now_unix_ms());
+  });
+}
+
+int show_health(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("health", cl.out, [&](bool one_line) {
+    auto reply = daemon.health();
+    return cl.out.json ? to_json(reply, one_line) : format_health(reply);
+  });
+}
+
+int trim_pools(daemon_connection& daemon, command_line const& cl)
+{
+  auto& s    = daemon.session();
+  auto& impl = s.impl();
+  rmmd::v1::TrimRequest request;
+  for (auto id : resolve_pools(s, cl.trim_pools)) { request.add_pool_ids(id); }
+  rmmd::v1::TrimResponse reply;
+  auto ctx    = impl.context();
+  auto status = impl.stub().Trim(ctx.get(), request, &reply);
+  if (!status.ok()) { throw call_failed(status, "trim"); }
+  std::cout << (cl.out.json ? to_json(reply, false) : format_trim(reply)) << std::flush;
+  return ok;
+}
+
+/// Runs the one command given; its exit code.
+int run_command(command_line const& cl)
+{
+  refuse_watching_changes(cl);
+  daemon_connection daemon(cl.runtime_dir);
+  // buffers_delete before buffers: both are parsed when the subcommand is.
+  std::pair<CLI::App*, int (*)(daemon_connection&, command_line const&)> const commands[] = {
+      {cl.stats, show_stats},
+      {cl.pools, show_pools},
+      {cl.sessions, show_sessions},
+      {cl.buffers_delete, delete_buffer},
+      {cl.buffers, show_buffers},
+      {cl.health, show_health},
+      {cl.trim, trim_pools},
+  };
+  for (auto const& [command, run] : commands) {
+    if (command->parsed()) { return run(daemon, cl); }
+  }
+  return usage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -167,149 +359,16 @@ int main(int argc, char** argv)
       "Exit codes: 0 success; 1 the daemon reported an error (or another failure); 2 bad usage;\n"
       "3 no daemon answers at the runtime directory (or it is shutting down); 4 permission "
       "denied."};
-  app.set_version_flag("--version", "rmmctl " RMMD_VERSION);
-  app.require_subcommand(1, 1);
-  app.fallthrough();  // the options below work after the command too
-  std::string runtime_dir = rmmd::session::default_runtime_dir().string();
-  output_options out;
-  std::vector<std::string> trim_pools;
-  std::string delete_name;
-  app.add_option("--runtime-dir",
-                 runtime_dir,
-                 std::string("Where rmmd's sockets are (default: $") +
-                     rmmd::runtime::runtime_dir_env + ", else " +
-                     rmmd::runtime::default_runtime_dir + ")")
-      ->capture_default_str();
-  app.add_flag("--json", out.json, "protobuf's JSON mapping of the reply instead of a table");
-  auto* watch = app.add_option("--watch",
-                               out.watch_seconds,
-                               "Print again every SECONDS (the screen is cleared between frames "
-                               "when stdout is a terminal; JSON comes one document per line "
-                               "otherwise)")
-                    ->check(CLI::PositiveNumber);
-  app.add_option("--count", out.count, "With --watch: stop after N frames")
-      ->check(CLI::PositiveNumber)
-      ->needs(watch);
-
-  auto* stats    = app.add_subcommand("stats", "Pools and sessions with what each holds");
-  auto* pools    = app.add_subcommand("pools", "Every pool: configuration, usage, driver figures");
-  auto* sessions = app.add_subcommand("sessions", "The live sessions: who, and what they hold");
-  session_choice stats_choice, sessions_choice;
-  add_session_choice(stats, stats_choice);
-  add_session_choice(sessions, sessions_choice);
-  auto* buffers = app.add_subcommand(
-      "buffers", "Named shared buffers: name, pool, bytes, creator, holders, state, persistence");
-  auto* buffers_delete = buffers->add_subcommand(
-      "delete",
-      "Take a buffer's name away now; its memory goes back after its last holder closes it "
-      "(the creator's uid or root)");
-  buffers_delete->add_option("NAME", delete_name, "The buffer's name")->required();
-  auto* health = app.add_subcommand(
-      "health", "Serving or draining, uptime, version, pool and session counts (no session)");
-  auto* trim = app.add_subcommand(
-      "trim",
-      "Give memory the pools hold but do not lend back to the driver (root or the daemon's uid)");
-  trim->add_option(
-      "--pool", trim_pools, "A pool to trim, by name or id (repeatable; default: all)");
+  command_line cl;
+  add_global_options(app, cl);
+  add_commands(app, cl);
   try {
     app.parse(argc, argv);
   } catch (CLI::ParseError const& e) {
     return app.exit(e) == 0 ? ok : usage;
   }
-
   try {
-    if (trim->parsed() && out.watch_seconds > 0) {
-      throw ctl_error(usage, "--watch does not apply to trim: it changes the pools; run it once");
-    }
-    if (buffers_delete->parsed() && out.watch_seconds > 0) {
-      throw ctl_error(usage,
-                      "--watch does not apply to buffers delete: it changes the buffers; run it "
-                      "once");
-    }
-    daemon_connection daemon(runtime_dir);
-    auto json = [&](google::protobuf::Message const& m, bool one_line) {
-      return to_json(m, one_line);
-    };
-
-    if (stats->parsed()) {
-      return print_frames("stats", out, [&](bool one_line) {
-        auto& s    = daemon.session();
-        auto& impl = s.impl();
-        rmmd::v1::GetStatsRequest request;
-        if (!stats_choice.all) { request.set_top_sessions(stats_choice.top + 1); }
-        rmmd::v1::Stats reply;
-        auto ctx    = impl.context();
-        auto status = impl.stub().GetStats(ctx.get(), request, &reply);
-        if (!status.ok()) { throw call_failed(status, "stats"); }
-        drop_own_session(&reply, s.id(), stats_choice);
-        return out.json ? json(reply, one_line) : format_stats(reply);
-      });
-    }
-    if (pools->parsed()) {
-      return print_frames("pools", out, [&](bool one_line) {
-        auto& impl = daemon.session().impl();
-        rmmd::v1::ListPoolsResponse reply;
-        auto ctx    = impl.context();
-        auto status = impl.stub().ListPools(ctx.get(), rmmd::v1::ListPoolsRequest{}, &reply);
-        if (!status.ok()) { throw call_failed(status, "pools"); }
-        return out.json ? json(reply, one_line) : format_pools(reply);
-      });
-    }
-    if (sessions->parsed()) {
-      return print_frames("sessions", out, [&](bool one_line) {
-        auto& s    = daemon.session();
-        auto& impl = s.impl();
-        rmmd::v1::ListSessionsRequest request;
-        if (!sessions_choice.all) { request.set_top_sessions(sessions_choice.top + 1); }
-        rmmd::v1::ListSessionsResponse reply;
-        auto ctx    = impl.context();
-        auto status = impl.stub().ListSessions(ctx.get(), request, &reply);
-        if (!status.ok()) { throw call_failed(status, "sessions"); }
-        drop_own_session(&reply, s.id(), sessions_choice);
-        return out.json ? json(reply, one_line) : format_sessions(reply, now_unix_ms());
-      });
-    }
-    if (buffers_delete->parsed()) {
-      auto& impl = daemon.session().impl();
-      rmmd::v1::DeleteBufferRequest request;
-      request.set_name(delete_name);
-      rmmd::v1::DeleteBufferResponse reply;
-      auto ctx    = impl.context();
-      auto status = impl.stub().DeleteBuffer(ctx.get(), request, &reply);
-      if (!status.ok()) { throw call_failed(status, "buffers delete"); }
-      std::cout << (out.json ? json(reply, false) : format_delete(delete_name, reply))
-                << std::flush;
-      return ok;
-    }
-    if (buffers->parsed()) {
-      return print_frames("buffers", out, [&](bool one_line) {
-        auto& impl = daemon.session().impl();
-        rmmd::v1::ListBuffersResponse reply;
-        auto ctx    = impl.context();
-        auto status = impl.stub().ListBuffers(ctx.get(), rmmd::v1::ListBuffersRequest{}, &reply);
-        if (!status.ok()) { throw call_failed(status, "buffers"); }
-        sort_buffers(&reply);
-        return out.json ? json(reply, one_line) : format_buffers(reply, now_unix_ms());
-      });
-    }
-    if (health->parsed()) {
-      return print_frames("health", out, [&](bool one_line) {
-        auto reply = daemon.health();
-        return out.json ? json(reply, one_line) : format_health(reply);
-      });
-    }
-    if (trim->parsed()) {
-      auto& s    = daemon.session();
-      auto& impl = s.impl();
-      rmmd::v1::TrimRequest request;
-      for (auto id : resolve_pools(s, trim_pools)) { request.add_pool_ids(id); }
-      rmmd::v1::TrimResponse reply;
-      auto ctx    = impl.context();
-      auto status = impl.stub().Trim(ctx.get(), request, &reply);
-      if (!status.ok()) { throw call_failed(status, "trim"); }
-      std::cout << (out.json ? json(reply, false) : format_trim(reply)) << std::flush;
-      return ok;
-    }
+    return run_command(cl);
   } catch (ctl_error const& e) {
     std::cerr << "rmmctl: " << e.what() << '\n';
     return e.code();
@@ -317,5 +376,4 @@ int main(int argc, char** argv)
     std::cerr << "rmmctl: " << e.what() << '\n';
     return failed;
   }
-  return usage;
 }

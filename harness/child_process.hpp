@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
@@ -100,4 +100,4 @@ class child_process {
   std::optional<int> status_;
 };
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

@@ -4,14 +4,14 @@
 // NOTIFY_SOCKET, owned by whoever starts the daemon, so that it waits for
 // what the daemon says (READY=1, RELOADING=1, STOPPING=1) instead of guessing.
 
-#include "tools/process/child_process.hpp"
+#include "harness/child_process.hpp"
 
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 class notify_socket {
  public:
@@ -36,4 +36,4 @@ class notify_socket {
   int fd_{-1};
 };
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

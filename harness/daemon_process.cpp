@@ -1,7 +1,7 @@
-#include "tools/process/daemon_process.hpp"
+#include "harness/daemon_process.hpp"
 
-#include "tools/process/notify_socket.hpp"
-#include "tools/process/system_user.hpp"
+#include "harness/notify_socket.hpp"
+#include "harness/run_as.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include <system_error>
 #include <utility>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 namespace {
 
 /// Removes the directory at the end of the scope unless released.
@@ -148,4 +148,4 @@ std::string daemon_process::log_tail(std::size_t lines) const
   return out.empty() ? "  (empty)\n" : out;
 }
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

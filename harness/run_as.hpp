@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 
 using common::find_user;
 using common::groups_of;
@@ -24,4 +24,4 @@ using common::system_user;
 /// this process's own user.
 std::vector<std::string> run_as_prefix(std::string const& user);
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

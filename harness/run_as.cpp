@@ -1,10 +1,10 @@
-#include "tools/process/system_user.hpp"
+#include "harness/run_as.hpp"
 
 #include <unistd.h>
 
 #include <stdexcept>
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 namespace {
 
 constexpr char const* setpriv_path = "/usr/bin/setpriv";
@@ -38,4 +38,4 @@ std::vector<std::string> run_as_prefix(std::string const& user)
           "--"};
 }
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness

@@ -1,6 +1,6 @@
-#include "tools/process/child_process.hpp"
+#include "harness/child_process.hpp"
 
-#include "tools/process/system_user.hpp"
+#include "harness/run_as.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -20,7 +20,7 @@
 
 extern char** environ;
 
-namespace rmmd::tools {
+namespace rmmd::harness {
 namespace {
 
 // Children started and not reaped, for kill_all_children(): a fixed table of
@@ -228,4 +228,4 @@ int child_process::finish(std::chrono::milliseconds grace) noexcept
   return -1;
 }
 
-}  // namespace rmmd::tools
+}  // namespace rmmd::harness
