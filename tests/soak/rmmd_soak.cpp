@@ -9,8 +9,8 @@
 //
 // Every random choice comes from one seeded generator (the seed is printed;
 // --seed repeats the choices, though not the timing). Progress goes to
-// stderr; the last line on stdout is a JSON summary (protobuf's JSON mapping
-// of a google.protobuf.Struct).
+// stderr; the last line on stdout is a JSON summary (one object: counts as
+// numbers, the seed as a string).
 //
 // Exit status: 0 pass, 1 fail (why on stderr and in the summary), 2 bad
 // flags, 77 skipped (a CUDA backend where CUDA sees no GPU: ctest's
@@ -30,7 +30,6 @@
 
 #include <rmmd/session.hpp>
 
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <CLI/CLI.hpp>
 
@@ -50,6 +49,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -109,51 +109,71 @@ struct soak_summary {
   double wall_seconds{};
 };
 
+/// `text` as a JSON string literal.
+std::string json_string(std::string_view text)
+{
+  std::string out = "\"";
+  for (char const c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {  // a newline too: \u000a
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+/// The summary as one line of JSON. Written here, not through
+/// google.protobuf.Struct: Struct's code is compiled into the system's
+/// libprotobuf, built without ThreadSanitizer, and protobuf's map_field.h
+/// gives MapFieldBase two more members when its includer is built with it, so
+/// a tsan build's inline map code looks for Struct's map 8 bytes from where
+/// libprotobuf put it (DEVELOPERS.md, "Sanitizers").
 std::string summary_json(soak_summary const& s)
 {
-  google::protobuf::Struct out;
-  auto& f        = *out.mutable_fields();
-  auto const num = [](auto v) {
-    google::protobuf::Value value;
-    value.set_number_value(static_cast<double>(v));
-    return value;
+  std::ostringstream out;
+  char const* separator = "{";
+  auto const field      = [&](std::string_view key, auto const& value) {
+    out << separator << json_string(key) << ':' << value;
+    separator = ",";
   };
-  auto const str = [](std::string const& v) {
-    google::protobuf::Value value;
-    value.set_string_value(v);
-    return value;
-  };
-  f["result"]  = str(s.result);
-  f["failure"] = str(s.failure);
+  field("result", json_string(s.result));
+  field("failure", json_string(s.failure));
   // A 64-bit seed does not fit a JSON number exactly: as a string.
-  f["seed"]    = str(std::to_string(s.seed));
-  f["backend"] = str(s.backend);
-  google::protobuf::Value modes;
-  for (auto const& m : s.modes) { *modes.mutable_list_value()->add_values() = str(m); }
-  f["modes"]               = modes;
-  f["clients_per_round"]   = num(s.clients_per_round);
-  f["rounds"]              = num(s.rounds);
-  f["warmup_rounds"]       = num(s.warmup_rounds);
-  f["clients_started"]     = num(s.clients_started);
-  f["clients_killed"]      = num(s.clients_killed);
-  f["clients_completed"]   = num(s.clients_completed);
-  f["client_ops"]          = num(s.client_ops);
-  f["daemon_allocations"]  = num(s.daemon_allocations);
-  f["ledger_in_use_bytes"] = num(s.ledger_in_use_bytes);
-  f["ledger_allocations"]  = num(s.ledger_allocations);
-  f["sessions_left"]       = num(s.sessions_left);
-  f["fd_baseline"]         = num(s.fd_baseline);
-  f["fd_end"]              = num(s.fd_end);
-  f["rss_baseline_kib"]    = num(s.rss_baseline_kib);
-  f["rss_end_kib"]         = num(s.rss_end_kib);
-  f["rss_max_kib"]         = num(s.rss_max_kib);
-  f["rss_delta_kib"] =
-      num(static_cast<double>(s.rss_end_kib) - static_cast<double>(s.rss_baseline_kib));
-  f["daemon_exit_status"] = num(s.daemon_exit_status);
-  f["wall_seconds"]       = num(std::round(s.wall_seconds * 10) / 10);
-  std::string json;
-  static_cast<void>(google::protobuf::util::MessageToJsonString(out, &json));
-  return json;
+  field("seed", json_string(std::to_string(s.seed)));
+  field("backend", json_string(s.backend));
+  std::string modes = "[";
+  for (auto const& m : s.modes) { modes += (modes.size() > 1 ? "," : "") + json_string(m); }
+  field("modes", modes + "]");
+  field("clients_per_round", s.clients_per_round);
+  field("rounds", s.rounds);
+  field("warmup_rounds", s.warmup_rounds);
+  field("clients_started", s.clients_started);
+  field("clients_killed", s.clients_killed);
+  field("clients_completed", s.clients_completed);
+  field("client_ops", s.client_ops);
+  field("daemon_allocations", s.daemon_allocations);
+  field("ledger_in_use_bytes", s.ledger_in_use_bytes);
+  field("ledger_allocations", s.ledger_allocations);
+  field("sessions_left", s.sessions_left);
+  field("fd_baseline", s.fd_baseline);
+  field("fd_end", s.fd_end);
+  field("rss_baseline_kib", s.rss_baseline_kib);
+  field("rss_end_kib", s.rss_end_kib);
+  field("rss_max_kib", s.rss_max_kib);
+  field("rss_delta_kib",
+        static_cast<long long>(s.rss_end_kib) - static_cast<long long>(s.rss_baseline_kib));
+  field("daemon_exit_status", s.daemon_exit_status);
+  char wall_seconds[32];
+  std::snprintf(wall_seconds, sizeof wall_seconds, "%.1f", s.wall_seconds);
+  field("wall_seconds", wall_seconds);
+  out << '}';
+  return out.str();
 }
 
 /// A failure of the soak: what went wrong, in words.
