@@ -4,6 +4,7 @@
 
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/test_clients.hpp"
 
 #include <rmmd/error.hpp>
 
@@ -231,31 +232,14 @@ TEST_F(Reload, TheLogLevelChanges)
   EXPECT_TRUE(daemon_->wait_log("opened"));
 }
 
-/// A slab client at rest (rmmd_test_client idle-slabs) holding `count`
-/// idle slabs of `bytes` in `daemon`'s host pool, once ready.
-std::unique_ptr<child_process> idle_client(logged_daemon const& daemon,
-                                           int count,
-                                           std::size_t bytes)
-{
-  auto c = std::make_unique<child_process>(
-      std::vector<std::string>{program_path("rmmd_test_client").string(),
-                               "idle-slabs",
-                               std::to_string(count),
-                               std::to_string(bytes)},
-      std::vector<std::string>{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()});
-  EXPECT_EQ(c->read_line().value_or("(nothing)"), "ready");
-  return c;
-}
-
 /// Another process's allocation of `bytes` from the host pool: its first
 /// line, "allocated MS" or "refused MS MESSAGE".
 std::string allocate_in_another_process(logged_daemon const& daemon, std::size_t bytes)
 {
-  child_process c({program_path("rmmd_test_client").string(), "allocate", std::to_string(bytes)},
-                  {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()});
-  auto answer = c.read_line(30s).value_or("(nothing)");
-  c.close_stdin();
-  EXPECT_EQ(c.wait(), 0);
+  auto c      = allocating_client(daemon.runtime_dir(), bytes);
+  auto answer = c->read_line(30s).value_or("(nothing)");
+  c->close_stdin();
+  EXPECT_EQ(c->wait(), 0);
   return answer;
 }
 
@@ -308,7 +292,8 @@ TEST_F(Reload, EveryReloadableFieldIsAppliedAndNamedAndARestartOnlyOneIsNamed)
   auto holder = daemon_->open_session("holder");
 
   // reclaim_timeout_ms 0: a request only idle slabs could serve is refused at once.
-  auto idle          = idle_client(*daemon_, 12, 4 * MiB);  // the 48 MiB pool, full of idle slabs
+  auto idle =
+      idle_client(daemon_->runtime_dir(), 12, 4 * MiB);  // the 48 MiB pool, full of idle slabs
   auto const refused = allocate_in_another_process(*daemon_, 8 * MiB);
   EXPECT_THAT(refused, ::testing::StartsWith("refused ")) << refused;
   EXPECT_EQ(stats_of(holder).pools(0).reclaim_waits(), 0u);

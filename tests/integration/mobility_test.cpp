@@ -8,6 +8,7 @@
 // meanwhile the daemon serves everyone else.
 
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/test_clients.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -38,37 +39,6 @@ daemon_process host_daemon(std::chrono::milliseconds reclaim_timeout)
                          std::to_string(reclaim_timeout.count())});
 }
 
-std::vector<std::string> env_of(daemon_process const& daemon)
-{
-  return {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
-}
-
-/// A slab client at rest holding `count` idle slabs of `bytes`, once ready.
-std::unique_ptr<child_process> idle_client(daemon_process const& daemon,
-                                           int count,
-                                           std::size_t bytes)
-{
-  auto c = std::make_unique<child_process>(
-      std::vector<std::string>{program_path("rmmd_test_client").string(),
-                               "idle-slabs",
-                               std::to_string(count),
-                               std::to_string(bytes)},
-      env_of(daemon));
-  auto line = c->read_line();
-  EXPECT_EQ(line.value_or("(nothing)"), "ready");
-  return c;
-}
-
-/// Another process's allocation of `bytes`: its first line ("allocated MS"
-/// or "refused MS MESSAGE").
-std::unique_ptr<child_process> allocating_client(daemon_process const& daemon, std::size_t bytes)
-{
-  return std::make_unique<child_process>(
-      std::vector<std::string>{
-          program_path("rmmd_test_client").string(), "allocate", std::to_string(bytes)},
-      env_of(daemon));
-}
-
 double millis(std::string const& line)
 {
   auto const space = line.find(' ');
@@ -79,7 +49,7 @@ TEST(MemoryThatMoves, AnAllocationOnlyOtherProcessesIdleSlabsCanServeSucceeds)
 {
   auto daemon = host_daemon(std::chrono::milliseconds(10'000));
   std::vector<std::unique_ptr<child_process>> idle;
-  for (int i = 0; i < 3; ++i) { idle.push_back(idle_client(daemon, 4, 4 * MiB)); }
+  for (int i = 0; i < 3; ++i) { idle.push_back(idle_client(daemon.runtime_dir(), 4, 4 * MiB)); }
   // The pool is full of slabs with nothing carved; stats say so, per pool
   // and per session, through gRPC and rmmctl.
   ASSERT_TRUE(eventually([&] { return daemon.stats().pools(0).reclaimable_bytes() == pool_size; }));
@@ -95,7 +65,7 @@ TEST(MemoryThatMoves, AnAllocationOnlyOtherProcessesIdleSlabsCanServeSucceeds)
   }
   EXPECT_EQ(idle_sessions, 3);
 
-  auto requester = allocating_client(daemon, 24 * MiB);
+  auto requester = allocating_client(daemon.runtime_dir(), 24 * MiB);
   auto answer    = requester->read_line(30s).value_or("(nothing)");
   ASSERT_THAT(answer, StartsWith("allocated ")) << answer;
   // Served as soon as slabs came back: well before the 10 s deadline, and
@@ -138,11 +108,11 @@ TEST(MemoryThatMoves, ARequestIdleSlabsCannotServeIsRefusedAtOnce)
   auto daemon = host_daemon(std::chrono::milliseconds(10'000));
   auto holder = daemon.open_session("direct-holder");
   static_cast<void>(holder.allocate(holder.host_pool().id, 32 * MiB, 0));
-  auto a = idle_client(daemon, 2, 4 * MiB);
-  auto b = idle_client(daemon, 2, 4 * MiB);  // 16 MiB idle in all, the pool full
+  auto a = idle_client(daemon.runtime_dir(), 2, 4 * MiB);
+  auto b = idle_client(daemon.runtime_dir(), 2, 4 * MiB);  // 16 MiB idle in all, the pool full
   ASSERT_TRUE(eventually([&] { return daemon.stats().pools(0).reclaimable_bytes() == 16 * MiB; }));
 
-  auto requester = allocating_client(daemon, 24 * MiB);
+  auto requester = allocating_client(daemon.runtime_dir(), 24 * MiB);
   auto answer    = requester->read_line(30s).value_or("(nothing)");
   ASSERT_THAT(answer, StartsWith("refused ")) << answer;
   EXPECT_LT(millis(answer), 1000.0) << answer;  // not the 10 s deadline
@@ -169,13 +139,15 @@ TEST(MemoryThatMoves, AClientThatDoesNotAnswerCostsTheDeadlineAndBlocksNobodyEls
   auto bystander          = daemon.open_session("bystander");
   auto const pool         = bystander.host_pool().id;
   auto small              = bystander.allocate(pool, 4096, 0);
-  auto stopped            = idle_client(daemon, 11, 4 * MiB);  // 44 MiB, the pool nearly full
+  auto stopped = idle_client(daemon.runtime_dir(), 11, 4 * MiB);  // 44 MiB, the pool nearly full
   ASSERT_TRUE(eventually([&] { return daemon.stats().pools(0).reclaimable_bytes() == 44 * MiB; }));
   stopped->kill(SIGSTOP);
 
   // More waiting requests than the daemon has call threads (4).
   std::vector<std::unique_ptr<child_process>> waiting;
-  for (int i = 0; i < 6; ++i) { waiting.push_back(allocating_client(daemon, 8 * MiB)); }
+  for (int i = 0; i < 6; ++i) {
+    waiting.push_back(allocating_client(daemon.runtime_dir(), 8 * MiB));
+  }
   ASSERT_TRUE(eventually([&] { return daemon.stats().pools(0).reclaim_waits() == 6; }, 5s));
   // Meanwhile the daemon answers everyone else at once, on the same socket.
   auto const start = std::chrono::steady_clock::now();

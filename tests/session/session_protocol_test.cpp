@@ -5,10 +5,10 @@
 // unanswered when they succeed with reply_only_on_error.
 
 #include "daemon/session/session_protocol.hpp"
-#include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 #include "rmmd/v1/rmmd.pb.h"
+#include "tests/tools/host_core_fixture.hpp"
 
 #include <gmock/gmock.h>
 #include <grpcpp/support/status.h>
@@ -25,25 +25,9 @@ namespace {
 
 constexpr std::size_t max_call_bytes = 4096;
 
-class SessionProtocol : public ::testing::Test {
+class SessionProtocol : public test::host_core_fixture {
  protected:
-  void SetUp() override
-  {
-    core_ = std::make_unique<core::daemon_core>(
-        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                    std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    auto grant = core_->open_session(
-        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid(), .supplementary_gids = {}},
-        "test",
-        "session-protocol");
-    ASSERT_TRUE(grant.ok()) << grant.status();
-    session_ = grant->id;
-  }
-  void TearDown() override
-  {
-    if (core_) { core_->close_session(session_); }
-  }
+  SessionProtocol() : host_core_fixture("session-protocol") {}
 
   /// Sends `call` (with `tag`); the parsed reply, or nullopt if none came.
   std::optional<v1::SessionReply> send(v1::SessionCall call,
@@ -63,9 +47,6 @@ class SessionProtocol : public ::testing::Test {
     EXPECT_EQ(reply.tag(), tag);
     return reply;
   }
-
-  std::unique_ptr<core::daemon_core> core_;
-  core::session_id session_{};
 };
 
 TEST_F(SessionProtocol, EveryCallThatSucceedsIsAnsweredWithItsOwnReply)

@@ -2,8 +2,8 @@
 // core with a host pool.
 
 #include "daemon/wire/core_calls.hpp"
-#include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+#include "tests/tools/host_core_fixture.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,28 +16,9 @@
 namespace rmmd::wire {
 namespace {
 
-class CoreCalls : public ::testing::Test {
+class CoreCalls : public test::host_core_fixture {
  protected:
-  void SetUp() override
-  {
-    core_ = std::make_unique<core::daemon_core>(
-        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                    std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    auto grant = core_->open_session(
-        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid(), .supplementary_gids = {}},
-        "test",
-        "core-calls");
-    ASSERT_TRUE(grant.ok()) << grant.status();
-    session_ = grant->id;
-  }
-  void TearDown() override
-  {
-    if (core_) { core_->close_session(session_); }
-  }
-
-  std::unique_ptr<core::daemon_core> core_;
-  core::session_id session_{};
+  CoreCalls() : host_core_fixture("core-calls") {}
 };
 
 TEST_F(CoreCalls, AllocateFillsTheReplyAndFreeTakesItBack)
