@@ -9,8 +9,8 @@
 //
 // Thread safety: one raw_session per thread.
 
-#include "rmmd/v1/rmmd.pb.h"
 #include "common/fd_passing.hpp"
+#include "rmmd/v1/rmmd.pb.h"
 
 #include <poll.h>
 #include <sys/socket.h>

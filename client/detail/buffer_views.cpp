@@ -4,8 +4,8 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/pool_mappings.hpp"
 #include "client/detail/session_channel.hpp"
-#include "common/vmm.hpp"
 #include "common/fd_passing.hpp"
+#include "common/vmm.hpp"
 
 #include <unistd.h>
 

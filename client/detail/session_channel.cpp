@@ -4,8 +4,8 @@
 #include "client/detail/process_exit.hpp"
 #include "client/detail/usage_reports.hpp"
 #include "client/packed_block_imports.hpp"
-#include "common/hex.hpp"
 #include "common/fd_passing.hpp"
+#include "common/hex.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -111,6 +111,7 @@ void say_hello(int fd, std::string const& client_name, session_welcome& out)
                               : "rmmd: " + std::string(what) + ": " + status.error_message();
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::UNIMPLEMENTED:  // a call this daemon does not know
       throw rmmd::logic_error(message);
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw rmmd::precondition_error(message);

@@ -1,7 +1,7 @@
 #include "daemon/config/settings.hpp"
 
-#include "common/system_user.hpp"
 #include "common/runtime_dir.hpp"
+#include "common/system_user.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>

@@ -6,9 +6,9 @@
 // session holds it. Holders are sessions; a session's end drops its holds
 // (and frees what it created and never published).
 
+#include "common/buffer_name.hpp"
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/daemon_core.hpp"
-#include "common/buffer_name.hpp"
 
 #include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>

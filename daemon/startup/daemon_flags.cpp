@@ -1,8 +1,8 @@
 #include "daemon/startup/daemon_flags.hpp"
 
+#include "common/runtime_dir.hpp"
 #include "daemon/core/types.hpp"
 #include "daemon/service/rmmd_service.hpp"
-#include "common/runtime_dir.hpp"
 
 #include <algorithm>
 #include <chrono>

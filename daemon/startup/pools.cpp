@@ -1,10 +1,10 @@
 #include "daemon/startup/pools.hpp"
 
+#include "common/gpu_identity.hpp"
 #include "daemon/backends/cuda/cuda_backend.hpp"
 #include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/log.hpp"
-#include "common/gpu_identity.hpp"
 
 #include <algorithm>
 #include <filesystem>

@@ -4,9 +4,9 @@
 // pools are real host_backends (memfd); "the memory went back" is shown by
 // the pool taking a block of its whole size again.
 
+#include "common/buffer_name.hpp"
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
-#include "common/buffer_name.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -4,10 +4,10 @@
 // interprocess events (which leave files in /dev/shm and which a daemon of
 // another uid cannot open). Real daemon, real client processes.
 
+#include "common/gpu_identity.hpp"
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/test_users.hpp"
-#include "common/gpu_identity.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 

@@ -38,10 +38,10 @@ std::unique_ptr<harness::daemon_process> start_rmmd(std::filesystem::path const&
 {
   return std::make_unique<harness::daemon_process>(
       harness::daemon_process::options{.program = program_path("rmmd"),
-                                     .args    = {"--backend", "host", "--host-pool-bytes", "64MiB"},
-                                     .dir_prefix  = "rmmd-restart-",
-                                     .runtime_dir = dir,
-                                     .log_to_file = true});
+                                       .args = {"--backend", "host", "--host-pool-bytes", "64MiB"},
+                                       .dir_prefix  = "rmmd-restart-",
+                                       .runtime_dir = dir,
+                                       .log_to_file = true});
 }
 
 rmmd::session open_session(std::filesystem::path const& dir,

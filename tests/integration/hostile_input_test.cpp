@@ -2,9 +2,9 @@
 // the protocol: each is answered or disconnected, and the daemon keeps serving.
 
 #include "client/detail/session_impl.hpp"
+#include "common/fd_passing.hpp"
 #include "common/hex.hpp"
 #include "tests/tools/daemon_process.hpp"
-#include "common/fd_passing.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

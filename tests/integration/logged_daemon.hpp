@@ -4,9 +4,9 @@
 // and its sd_notify messages on a socket the test owns, so a test waits for
 // what the daemon says (READY=1, a reload, STOPPING=1) instead of guessing.
 
+#include "harness/notify_socket.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "harness/notify_socket.hpp"
 
 #include <rmmd/session.hpp>
 

@@ -7,9 +7,9 @@
 // library's imports. How fast this goes is the bench's to show (section h).
 
 #include "client/detail/session_impl.hpp"
+#include "harness/raw_session.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/text.hpp"
-#include "harness/raw_session.hpp"
 
 #include <google/protobuf/util/json_util.h>
 #include <httplib.h>
@@ -27,9 +27,9 @@
 namespace rmmd::test {
 namespace {
 
+using harness::raw_session;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using harness::raw_session;
 
 constexpr int exit_ok = 0, exit_usage = 2;
 

@@ -24,9 +24,9 @@
 // or in the build tree it was built in.
 
 #include "client/detail/session_impl.hpp"
+#include "harness/daemon_process.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "harness/daemon_process.hpp"
 
 #include <rmmd/session.hpp>
 
@@ -215,10 +215,10 @@ class daemon_under_test {
     }
     daemon_ = std::make_unique<harness::daemon_process>(
         harness::daemon_process::options{.program     = test::program_path("rmmd"),
-                                       .args        = std::move(args),
-                                       .dir_prefix  = "rmmd-soak-",
-                                       .log_to_file = true,
-                                       .kill_last   = true});
+                                         .args        = std::move(args),
+                                         .dir_prefix  = "rmmd-soak-",
+                                         .log_to_file = true,
+                                         .kill_last   = true});
     observer_ = std::make_unique<rmmd::session>(
         rmmd::session::options{.runtime_dir = daemon_->runtime_dir(), .client_name = "rmmd_soak"});
   }

@@ -13,9 +13,9 @@ namespace rmmd::test {
 
 daemon_process::daemon_process(std::vector<std::string> extra_args, std::string user)
     : harness::daemon_process({.program    = program_path("rmmd"),
-                             .args       = std::move(extra_args),
-                             .dir_prefix = "rmmd-test-",
-                             .user       = std::move(user)})
+                               .args       = std::move(extra_args),
+                               .dir_prefix = "rmmd-test-",
+                               .user       = std::move(user)})
 {
 }
 

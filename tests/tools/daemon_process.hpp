@@ -4,9 +4,9 @@
 // directory of its own, ready once it has sent READY=1 over sd_notify), with
 // its stderr inherited, and what tests ask of it: sessions and stats.
 
+#include "harness/daemon_process.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/child_process.hpp"
-#include "harness/daemon_process.hpp"
 
 #include <rmmd/session.hpp>
 

@@ -61,8 +61,8 @@
 //
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
-#include "tests/tools/pattern.hpp"
 #include "common/gpu_identity.hpp"
+#include "tests/tools/pattern.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
