@@ -2,8 +2,8 @@
 
 // Support for rmmd_bench: the rmmd it starts, /proc readings, percentiles and
 // its results as JSON (bench_results.proto, written by protobuf). Processes
-// (always killed and reaped, every wait ending at a deadline) are
-// tools/process's, shared with the tests.
+// (always killed and reaped, every wait ending at a deadline) come from
+// harness/, shared with the tests.
 
 #include "bench/bench_results.pb.h"
 #include "harness/child_process.hpp"
@@ -50,7 +50,7 @@ void print_targets(std::string const& title,
                    std::vector<target_row> const& targets,
                    results::Run& run);
 
-// Processes and the daemon come from tools/process, shared with the tests.
+// Processes and the daemon come from harness/, shared with the tests.
 using harness::child_process;
 using harness::daemon_process;
 using harness::kill_all_children;

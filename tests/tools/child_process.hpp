@@ -1,6 +1,6 @@
 #pragma once
 
-// Test support: programs started with posix_spawn (tools/process: pipes on
+// Test support: programs started with posix_spawn (harness/: pipes on
 // stdin and stdout, waits that end on an event or a deadline, never on a
 // fixed sleep), where our programs are, and eventually().
 
