@@ -63,91 +63,34 @@ constexpr reload_rule needs_restart(std::string_view name)
 // driver memory that live leases point into; hello_timeout_ms and
 // max_message_bytes are fixed when the listener and the gRPC server are
 // built; the metrics endpoint listens once.
-constexpr std::array rules{needs_restart < [](auto& s) -> auto& {return s.runtime_dir;
-}  // namespace
-> ("runtime_dir"),
-    needs_restart<[](auto& s) { return std::tie(s.socket_group, s.socket_group_name); }>(
-        "socket_group"),
-    needs_restart < [](auto& s) -> auto&
-{
-  return s.runtime_dir_mode;
-}
-> ("runtime_dir_mode"), needs_restart < [](auto& s) -> auto&
-{
-  return s.socket_mode;
-}
-> ("socket_mode"), applied < [](auto& s) -> auto&
-{
-  return s.access.uids;
-}
-> ("allowed_uids/allowed_users"), applied < [](auto& s) -> auto&
-{
-  return s.access.gids;
-}
-> ("allowed_gids/allowed_groups"),
+// One row a field; clang-format 14 breaks a lambda given as a template
+// argument across lines, so the table is kept as written.
+// clang-format off
+constexpr std::array rules{
+    needs_restart<[](auto& s) -> auto& { return s.runtime_dir; }>("runtime_dir"),
+    needs_restart<[](auto& s) { return std::tie(s.socket_group, s.socket_group_name); }>("socket_group"),
+    needs_restart<[](auto& s) -> auto& { return s.runtime_dir_mode; }>("runtime_dir_mode"),
+    needs_restart<[](auto& s) -> auto& { return s.socket_mode; }>("socket_mode"),
+    applied<[](auto& s) -> auto& { return s.access.uids; }>("allowed_uids/allowed_users"),
+    applied<[](auto& s) -> auto& { return s.access.gids; }>("allowed_gids/allowed_groups"),
     needs_restart<[](auto& s) { return std::tie(s.pools, s.gpu_pool_per_device); }>("pools"),
-    applied < [](auto& s) -> auto&
-{
-  return s.quotas.per_session_bytes;
-}
-> ("quotas.per_session_bytes"), applied < [](auto& s) -> auto&
-{
-  return s.quotas.per_uid_bytes;
-}
-> ("quotas.per_uid_bytes"), applied < [](auto& s) -> auto&
-{
-  return s.quotas.per_uid_overrides;
-}
-> ("quotas.uid_overrides"), applied < [](auto& s) -> auto&
-{
-  return s.admission.max_pending_per_uid;
-}
-> ("admission.max_pending_per_uid"), applied < [](auto& s) -> auto&
-{
-  return s.admission.max_pending_total;
-}
-> ("admission.max_pending_total"), applied < [](auto& s) -> auto&
-{
-  return s.admission.max_sessions_per_uid;
-}
-> ("admission.max_sessions_per_uid"), applied < [](auto& s) -> auto&
-{
-  return s.admission.max_sessions_total;
-}
-> ("admission.max_sessions_total"), applied < [](auto& s) -> auto&
-{
-  return s.drain_timeout;
-}
-> ("drain_timeout_ms"), needs_restart < [](auto& s) -> auto&
-{
-  return s.hello_timeout;
-}
-> ("hello_timeout_ms"), applied < [](auto& s) -> auto&
-{
-  return s.reclaim_timeout;
-}
-> ("reclaim_timeout_ms"), applied < [](auto& s) -> auto&
-{
-  return s.pack_up_to;
-}
-> ("pack_up_to_bytes"), needs_restart < [](auto& s) -> auto&
-{
-  return s.max_message_bytes;
-}
-> ("max_message_bytes"), needs_restart < [](auto& s) -> auto&
-{
-  return s.metrics_address;
-}
-> ("metrics_address"), applied < [](auto& s) -> auto&
-{
-  return s.metrics_top_sessions;
-}
-> ("metrics_top_sessions"), applied < [](auto& s) -> auto&
-{
-  return s.log_level;
-}
-> ("log_level"),
-};  // namespace rmmd::config
+    applied<[](auto& s) -> auto& { return s.quotas.per_session_bytes; }>("quotas.per_session_bytes"),
+    applied<[](auto& s) -> auto& { return s.quotas.per_uid_bytes; }>("quotas.per_uid_bytes"),
+    applied<[](auto& s) -> auto& { return s.quotas.per_uid_overrides; }>("quotas.uid_overrides"),
+    applied<[](auto& s) -> auto& { return s.admission.max_pending_per_uid; }>("admission.max_pending_per_uid"),
+    applied<[](auto& s) -> auto& { return s.admission.max_pending_total; }>("admission.max_pending_total"),
+    applied<[](auto& s) -> auto& { return s.admission.max_sessions_per_uid; }>("admission.max_sessions_per_uid"),
+    applied<[](auto& s) -> auto& { return s.admission.max_sessions_total; }>("admission.max_sessions_total"),
+    applied<[](auto& s) -> auto& { return s.drain_timeout; }>("drain_timeout_ms"),
+    needs_restart<[](auto& s) -> auto& { return s.hello_timeout; }>("hello_timeout_ms"),
+    applied<[](auto& s) -> auto& { return s.reclaim_timeout; }>("reclaim_timeout_ms"),
+    applied<[](auto& s) -> auto& { return s.pack_up_to; }>("pack_up_to_bytes"),
+    needs_restart<[](auto& s) -> auto& { return s.max_message_bytes; }>("max_message_bytes"),
+    needs_restart<[](auto& s) -> auto& { return s.metrics_address; }>("metrics_address"),
+    applied<[](auto& s) -> auto& { return s.metrics_top_sessions; }>("metrics_top_sessions"),
+    applied<[](auto& s) -> auto& { return s.log_level; }>("log_level"),
+};
+// clang-format on
 
 }  // namespace
 
