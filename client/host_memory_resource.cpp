@@ -21,7 +21,12 @@ host_memory_resource_impl::host_memory_resource_impl(session s,
                             "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
   }
   base_ = pinned ? session_.pinned_host_pool_base(pool_.id) : session_.host_pool_base(pool_.id);
-  watch_process_exit();
+  // Page-locking the pool started CUDA; a plain mapping did not.
+  if (pinned) {
+    watch_process_exit();
+  } else {
+    watch_process_exit_before_cuda();
+  }
 }
 
 host_memory_resource_impl::~host_memory_resource_impl()

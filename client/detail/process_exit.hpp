@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 
 namespace rmmd::detail {
 
@@ -22,17 +23,34 @@ namespace rmmd::detail {
 /// through process_is_exiting() or exit_marked()).
 extern std::atomic<bool> process_exit_marked;
 
-/// Registers (again) an atexit handler that marks the process as exiting.
-/// Handlers and the destructors of objects of static storage duration run in
-/// the reverse order of their registration, so a resource calls this once
-/// it is constructed: then the handler runs before the destructor of any
-/// static that already held the place it was put in (a std::optional, a
-/// std::unique_ptr, a container). Costs one atexit entry per call.
+/// Registers an atexit handler that marks the process as exiting, at most
+/// twice per process (so making many resources does not grow the atexit
+/// list). REQUIRES: the caller has started CUDA (it imported a pool, or
+/// page-locked one); watch_process_exit_before_cuda() is for the others.
+///
+/// Why once after CUDA started is enough: atexit handlers and the
+/// destructors of objects of static storage duration run in the reverse
+/// order of their registration, and the CUDA runtime registers its own
+/// teardown when it starts. A static whose destructor was registered before
+/// our handler is destroyed after the handler ran, so its resources see the
+/// exit. A static registered after our handler is destroyed before it: but
+/// that was after CUDA started, so it is also destroyed before CUDA unloads,
+/// and its resources may still free through CUDA and the session as usual.
+/// A handler registered before CUDA started (by a host resource) does not
+/// give that guarantee, hence the second registration.
 ///
 /// It first makes RMM register its own exit handler (RMM does so once, as
 /// its per-device resource map is made), so that ours, registered after it,
 /// runs before it: from then on RMM's flag is never set while ours is not.
 void watch_process_exit() noexcept;
+
+/// As watch_process_exit(), for a caller that may not have started CUDA (a
+/// host resource that is not page-locked, a shared buffer): registers only
+/// if nothing has yet. A later watch_process_exit() registers once more.
+void watch_process_exit_before_cuda() noexcept;
+
+/// How many times this process has registered the handler (0, 1 or 2).
+[[nodiscard]] std::size_t process_exit_registrations() noexcept;
 
 /// Whether our handler has marked the process as exiting (or CUDA said it is
 /// unloading). Enough, and one load cheaper than process_is_exiting(), in

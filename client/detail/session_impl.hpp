@@ -29,7 +29,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -134,11 +133,11 @@ class session_impl {
     session_channel::send_when_reached(queue, call);
   }
 
-  /// Registers the process-exit watch (process_exit.hpp) once per session,
-  /// not once per buffer: each registration is an atexit entry.
+  /// Registers the process-exit watch (process_exit.hpp) for a buffer,
+  /// before its memory is imported (CUDA may not have started yet).
   void watch_exit_once() noexcept
   {
-    std::call_once(exit_watched_, watch_process_exit);
+    watch_process_exit_before_cuda();
   }
 
  private:
@@ -151,7 +150,6 @@ class session_impl {
   usage_reports reports_;
   packed_block_imports packed_;
   buffer_views buffers_;
-  std::once_flag exit_watched_;
 };
 
 }  // namespace rmmd::detail

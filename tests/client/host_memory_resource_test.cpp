@@ -3,6 +3,8 @@
 
 #include "tests/tools/daemon_process.hpp"
 
+#include "client/detail/process_exit.hpp"
+
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/pinned_host_memory_resource.hpp>
 
@@ -42,6 +44,24 @@ TEST_F(HostMemoryResource, AllocatesAlignedWritableMemoryAndFreesIt)
   EXPECT_EQ(daemon_.stats().pools(0).allocation_count(), ptrs.size());
   for (void* p : ptrs) { mr_.deallocate_sync(p, 1000, 8); }
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
+}
+
+// The library's exit handler (client/detail/process_exit.hpp) is an atexit
+// entry: making resources must not add one each.
+TEST_F(HostMemoryResource, MakingManyResourcesRegistersNoMoreExitHandlers)
+{
+  // mr_ has registered it, if nothing in this process had before.
+  auto const before = rmmd::detail::process_exit_registrations();
+  EXPECT_GE(before, 1u);
+  EXPECT_LE(before, 2u);
+  rmmd::session const s = daemon_.open_session("many-resources");
+  std::vector<rmmd::host_memory_resource> resources;
+  resources.reserve(10000);
+  for (int i = 0; i < 10000; ++i) { resources.emplace_back(i % 2 == 0 ? s : mr_.get_session()); }
+  void* p = resources.back().allocate_sync(4096, 64);
+  std::memset(p, 0x5a, 4096);
+  resources.back().deallocate_sync(p, 4096, 64);
+  EXPECT_EQ(rmmd::detail::process_exit_registrations(), before);
 }
 
 TEST_F(HostMemoryResource, CopiesShareStateAndCompareEqual)

@@ -6,6 +6,8 @@
 
 #include "tests/tools/pattern.hpp"
 
+#include "client/detail/process_exit.hpp"
+
 #include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/pinned_host_memory_resource.hpp>
 
@@ -111,6 +113,30 @@ TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
     auto after = gpu_pool(daemon_->stats(), 0);
     return after.in_use_bytes() == 0u && after.backend_used_bytes() == 0u;
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
+}
+
+// The library's exit handler (client/detail/process_exit.hpp) is an atexit
+// entry: making resources, in either mode, must not add one each.
+TEST_F(IpcMemoryResource, MakingManyResourcesRegistersNoMoreExitHandlers)
+{
+  {
+    rmmd::ipc_memory_resource first(*session_, direct);
+  }
+  auto const before = rmmd::detail::process_exit_registrations();
+  EXPECT_GE(before, 1u);
+  EXPECT_LE(before, 2u);
+  std::vector<rmmd::ipc_memory_resource> resources;
+  resources.reserve(10000);
+  for (int i = 0; i < 10000; ++i) {
+    resources.emplace_back(*session_, i % 2 == 0 ? direct : rmmd::ipc_resource_options{});
+  }
+  cuda::stream_ref stream{cudaStream_t{}};
+  {
+    rmm::device_uvector<int> v(1024, stream, resources.back());
+    ASSERT_EQ(cudaMemsetAsync(v.data(), 0, 1024 * sizeof(int), stream.get()), cudaSuccess);
+    EXPECT_EQ(v.element(1023, stream), 0);
+  }
+  EXPECT_EQ(rmmd::detail::process_exit_registrations(), before);
 }
 
 TEST_F(IpcMemoryResource, SmallDirectAllocationsArePackedIntoOneBlockAndKeepTheirData)
