@@ -59,10 +59,9 @@ int main(int argc, char** argv)
                                .quotas          = settings->quotas,
                                .reclaim_timeout = settings->reclaim_timeout,
                                .pack_up_to      = settings->pack_up_to});
-  if (!startup::add_pools(core,
-                          startup::pool_plan(*settings, flags),
-                          flags.backend,
-                          flags.shared_buffer_memory == "own")) {
+  auto const pools = startup::pool_plan(*settings);
+  if (!pools ||
+      !startup::add_pools(core, *pools, flags.backend, flags.shared_buffer_memory == "own")) {
     return 1;
   }
   auto endpoints = startup::endpoints::start(core, *settings);

@@ -48,6 +48,7 @@ daemon_settings validate(v1::DaemonConfig const& config,
   detail::check_runtime(file, s);
   detail::check_access(file, s);
   detail::check_pools(file, s);
+  detail::check_per_gpu_pools(file, s);
   detail::check_quotas(file, s);
   detail::check_admission(file, s);
   detail::check_timing(file, s);

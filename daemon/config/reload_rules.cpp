@@ -59,10 +59,10 @@ constexpr reload_rule needs_restart(std::string_view name)
 }
 
 // Restart-only, and why: the sockets and their directory are made once at
-// start (runtime_dir, socket_group, runtime_dir_mode, socket_mode); pools own
-// driver memory that live leases point into; hello_timeout_ms and
-// max_message_bytes are fixed when the listener and the gRPC server are
-// built; the metrics endpoint listens once.
+// start (runtime_dir, socket_group, runtime_dir_mode, socket_mode); pools,
+// those listed and those made per GPU, own driver memory that live leases
+// point into; hello_timeout_ms and max_message_bytes are fixed when the
+// listener and the gRPC server are built; the metrics endpoint listens once.
 // One row a field; clang-format 14 breaks a lambda given as a template
 // argument across lines, so the table is kept as written.
 // clang-format off
@@ -73,7 +73,8 @@ constexpr std::array rules{
     needs_restart<[](auto& s) -> auto& { return s.socket_mode; }>("socket_mode"),
     applied<[](auto& s) -> auto& { return s.access.uids; }>("allowed_uids/allowed_users"),
     applied<[](auto& s) -> auto& { return s.access.gids; }>("allowed_gids/allowed_groups"),
-    needs_restart<[](auto& s) { return std::tie(s.pools, s.gpu_pool_per_device); }>("pools"),
+    needs_restart<[](auto& s) -> auto& { return s.pools; }>("pools"),
+    needs_restart<[](auto& s) -> auto& { return s.cuda_pool_per_gpu; }>("cuda_pool_per_gpu"),
     applied<[](auto& s) -> auto& { return s.quotas.per_session_bytes; }>("quotas.per_session_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_bytes; }>("quotas.per_uid_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_overrides; }>("quotas.uid_overrides"),

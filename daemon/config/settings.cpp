@@ -6,6 +6,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <absl/strings/str_replace.h>
 
 #include <unistd.h>
 
@@ -92,6 +93,38 @@ std::string pool_line(pool_settings const& p)
       p.initial_size_bytes);
 }
 
+std::string per_gpu_lines(per_gpu_pools const& g)
+{
+  pool_settings shared{.name                    = g.name_prefix + "N",
+                       .backend                 = core::backend_kind::cuda,
+                       .device                  = -1,
+                       .fabric                  = g.fabric,
+                       .initial_size_bytes      = g.initial_size_bytes,
+                       .release_threshold_bytes = g.release_threshold_bytes,
+                       .limit_bytes             = g.limit_bytes};
+  std::string out = absl::StrCat(pool_line(shared), " (N: each GPU's ordinal)\n");
+  absl::StrReplaceAll({{"CUDA device -1", "every GPU"}}, &out);
+  for (auto const& o : g.overrides) {
+    auto gpu = o.device >= 0 ? absl::StrCat("GPU ", o.device) : absl::StrCat("GPU ", o.gpu);
+    if (o.skip) {
+      absl::StrAppendFormat(&out, "  %s: no pool\n", gpu);
+      continue;
+    }
+    std::vector<std::string> what;
+    if (!o.name.empty()) { what.push_back(absl::StrCat("named ", o.name)); }
+    if (o.fabric) { what.push_back(absl::StrCat("handle types set")); }
+    if (o.limit_bytes) { what.push_back(absl::StrFormat("limit %d bytes", *o.limit_bytes)); }
+    if (o.release_threshold_bytes) {
+      what.push_back(absl::StrFormat("release threshold %d bytes", *o.release_threshold_bytes));
+    }
+    if (o.initial_size_bytes) {
+      what.push_back(absl::StrFormat("initial %d bytes", *o.initial_size_bytes));
+    }
+    absl::StrAppendFormat(&out, "  %s: %s\n", gpu, absl::StrJoin(what, ", "));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string summary(daemon_settings const& s)
@@ -110,12 +143,16 @@ std::string summary(daemon_settings const& s)
                         absl::StrJoin(s.access.uids, ", "),
                         absl::StrJoin(s.access.gids, ", "),
                         s.access_is_default ? " (default: the daemon's user and group rmmd)" : "");
-  absl::StrAppendFormat(
-      &out,
-      "pools: %d%s\n",
-      s.pools.size(),
-      s.gpu_pool_per_device ? ", then one CUDA pool per GPU (gpu0, gpu1, ...)" : "");
+  absl::StrAppendFormat(&out,
+                        "pools: %d%s\n",
+                        s.pools.size(),
+                        s.cuda_pool_per_gpu ? absl::StrFormat(", then one CUDA pool per GPU (%s0, "
+                                                              "%s1, ...)",
+                                                              s.cuda_pool_per_gpu->name_prefix,
+                                                              s.cuda_pool_per_gpu->name_prefix)
+                                            : std::string());
   for (auto const& p : s.pools) { absl::StrAppend(&out, pool_line(p), "\n"); }
+  if (s.cuda_pool_per_gpu) { absl::StrAppend(&out, per_gpu_lines(*s.cuda_pool_per_gpu)); }
   absl::StrAppendFormat(&out,
                         "quotas: per session %s, per uid %s, %d per-uid override(s)\n",
                         bytes_or_none(s.quotas.per_session_bytes),

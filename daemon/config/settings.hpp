@@ -59,6 +59,41 @@ struct pool_settings {
   }
 };
 
+/// One cuda_pool_per_gpu.gpu_overrides entry: what differs for one GPU's
+/// pool. Unset fields take the shared settings.
+struct gpu_pool_override {
+  int device{-1};      ///< the GPU by CUDA ordinal; -1: by `gpu`
+  std::string gpu{};   ///< the GPU by UUID or PCI bus id
+  std::string name{};  ///< empty: name_prefix and the ordinal
+  bool skip{false};    ///< no pool on this GPU
+  std::optional<fabric_mode> fabric{};
+  std::optional<std::size_t> initial_size_bytes{};
+  std::optional<std::size_t> release_threshold_bytes{};
+  std::optional<std::size_t> limit_bytes{};
+  int line{};  ///< where the file defines it, for messages
+
+  bool operator==(gpu_pool_override const& other) const
+  {
+    return device == other.device && gpu == other.gpu && name == other.name && skip == other.skip &&
+           fabric == other.fabric && initial_size_bytes == other.initial_size_bytes &&
+           release_threshold_bytes == other.release_threshold_bytes &&
+           limit_bytes == other.limit_bytes;
+  }
+};
+
+/// cuda_pool_per_gpu: a CUDA pool on every GPU the daemon sees at start,
+/// named name_prefix and the ordinal (gpu_pools.hpp makes them).
+struct per_gpu_pools {
+  std::string name_prefix{"gpu"};
+  fabric_mode fabric{fabric_mode::automatic};
+  std::size_t initial_size_bytes{};
+  std::size_t release_threshold_bytes{};
+  std::size_t limit_bytes{};  ///< 0: 80% of the GPU's free memory at start
+  std::vector<gpu_pool_override> overrides{};
+
+  bool operator==(per_gpu_pools const& other) const = default;
+};
+
 struct daemon_settings {
   /// Empty: $RMMD_RUNTIME_DIR, else /run/rmmd (see effective_runtime_dir).
   std::filesystem::path runtime_dir;
@@ -73,10 +108,10 @@ struct daemon_settings {
   bool access_is_default{true};
 
   /// In id order. Without pools in the file: one host pool "host" of 1 GiB
-  /// and gpu_pool_per_device.
+  /// and cuda_pool_per_gpu with its defaults.
   std::vector<pool_settings> pools;
-  /// Add, after `pools`, one CUDA pool per GPU that CUDA sees (gpu0, gpu1...).
-  bool gpu_pool_per_device{true};
+  /// Set: after `pools`, one CUDA pool per GPU that CUDA sees (gpu0, gpu1...).
+  std::optional<per_gpu_pools> cuda_pool_per_gpu{per_gpu_pools{}};
 
   core::quota_limits quotas;
   session_socket::admission_limits admission;

@@ -223,7 +223,7 @@ bool apply_pool_flags(CLI::App const& app, daemon_flags const& flags, config::da
   }
   if (flags.backend == "host") {
     std::erase_if(s.pools, [](auto const& p) { return p.backend == core::backend_kind::cuda; });
-    s.gpu_pool_per_device = false;
+    s.cuda_pool_per_gpu.reset();
   }
   for (auto& p : s.pools) {
     if (p.backend != core::backend_kind::cuda) { continue; }
@@ -232,6 +232,19 @@ bool apply_pool_flags(CLI::App const& app, daemon_flags const& flags, config::da
       p.release_threshold_bytes = flags.cuda_release_threshold;
     }
     if (given("--fabric")) { p.fabric = fabric_mode(flags.fabric); }
+  }
+  if (s.cuda_pool_per_gpu) {
+    auto& g = *s.cuda_pool_per_gpu;
+    for (auto& o : g.overrides) {  // the options win over the file, everywhere
+      if (given("--cuda-pool-bytes")) { o.limit_bytes.reset(); }
+      if (given("--cuda-release-threshold")) { o.release_threshold_bytes.reset(); }
+      if (given("--fabric")) { o.fabric.reset(); }
+    }
+    if (given("--cuda-pool-bytes")) { g.limit_bytes = flags.cuda_pool_bytes; }
+    if (given("--cuda-release-threshold")) {
+      g.release_threshold_bytes = flags.cuda_release_threshold;
+    }
+    if (given("--fabric")) { g.fabric = fabric_mode(flags.fabric); }
   }
   auto twice = std::find_if(s.pools.begin(), s.pools.end(), [&](auto const& p) {
     return std::count_if(

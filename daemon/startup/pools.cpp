@@ -4,6 +4,7 @@
 #include "daemon/backends/cuda/cuda_backend.hpp"
 #include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/backends/host/host_backend.hpp"
+#include "daemon/config/gpu_pools.hpp"
 #include "daemon/log.hpp"
 
 #include <algorithm>
@@ -186,19 +187,31 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
 
 }  // namespace
 
-std::vector<config::pool_settings> pool_plan(config::daemon_settings const& s,
-                                             daemon_flags const& flags)
+std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_settings const& s)
 {
   auto plan = s.pools;
-  if (!s.gpu_pool_per_device) { return plan; }
-  for (int device = 0; device < backends::cuda::device_count(); ++device) {
-    config::pool_settings p{.name    = "gpu" + std::to_string(device),
-                            .backend = core::backend_kind::cuda,
-                            .device  = device};
-    p.limit_bytes             = flags.cuda_pool_bytes;
-    p.release_threshold_bytes = flags.cuda_release_threshold;
-    p.fabric                  = fabric_mode(flags.fabric);
-    plan.push_back(std::move(p));
+  if (!s.cuda_pool_per_gpu) { return plan; }
+  auto const per_gpu = config::plan_per_gpu_pools(*s.cuda_pool_per_gpu,
+                                                  backends::cuda::device_count(),
+                                                  [](int device, std::string const& selector) {
+                                                    auto id = gpu::identify(device);
+                                                    return id && gpu::names(*id, selector);
+                                                  });
+  for (auto const& line : per_gpu.unmatched) { log::warn("%s; ignored", line); }
+  if (!per_gpu.error.empty()) {
+    log::error("%s", per_gpu.error);
+    return std::nullopt;
+  }
+  for (auto const& p : per_gpu.pools) {
+    auto same =
+        std::find_if(plan.begin(), plan.end(), [&](auto const& q) { return q.name == p.name; });
+    if (same != plan.end()) {
+      log::error("two pools are named '%s' (one made per GPU for CUDA device %d); rename one",
+                 p.name,
+                 p.device);
+      return std::nullopt;
+    }
+    plan.push_back(p);
   }
   return plan;
 }

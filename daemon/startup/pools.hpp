@@ -5,19 +5,18 @@
 // a CUDA pool after its GPU is found and its fabric handles proven) in the
 // core, saying in words what could not be made and why.
 
-#include "daemon/config/settings.hpp"
-#include "daemon/core/daemon_core.hpp"
-#include "daemon/startup/daemon_flags.hpp"
-
+#include <optional>
 #include <string>
 #include <vector>
+#include "daemon/config/settings.hpp"
+#include "daemon/core/daemon_core.hpp"
 
 namespace rmmd::startup {
 
 /// The pools as they will be made: the configured ones, then one per GPU
-/// where the configuration asks for it.
-std::vector<config::pool_settings> pool_plan(config::daemon_settings const& s,
-                                             daemon_flags const& flags);
+/// where the configuration asks for it (cuda_pool_per_gpu). nullopt, after
+/// saying why, when they cannot all be made as configured.
+std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_settings const& s);
 
 /// Makes the pools of `plan` in order. False, after saying why, if one that
 /// must exist cannot. `backend_flag`: --backend; `vmm_buffers`: shared

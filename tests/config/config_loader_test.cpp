@@ -59,7 +59,8 @@ TEST(ConfigLoader, AnEmptyFileMeansTheBuiltInDefaults)
   EXPECT_EQ(s.pools[0].name, "host");
   EXPECT_EQ(s.pools[0].backend, core::backend_kind::host);
   EXPECT_EQ(s.pools[0].capacity_bytes, default_host_pool_bytes);
-  EXPECT_TRUE(s.gpu_pool_per_device);
+  ASSERT_TRUE(s.cuda_pool_per_gpu.has_value());
+  EXPECT_EQ(*s.cuda_pool_per_gpu, per_gpu_pools{});
   EXPECT_EQ(s.quotas.per_session_bytes, 0u);
   EXPECT_EQ(s.quotas.per_uid_bytes, 0u);
   EXPECT_EQ(s.admission.max_pending_per_uid, 16u);
@@ -120,7 +121,7 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   EXPECT_FALSE(s.access_is_default);
   EXPECT_THAT(s.access.uids, ElementsAre(1000u, 1001u, 0u));
   EXPECT_THAT(s.access.gids, ElementsAre(2000u, 0u));
-  EXPECT_FALSE(s.gpu_pool_per_device);
+  EXPECT_FALSE(s.cuda_pool_per_gpu.has_value());  // pools listed, cuda_pool_per_gpu not
   ASSERT_THAT(s.pools, SizeIs(4));
   EXPECT_EQ(s.pools[0],
             (pool_settings{.name           = "staging",

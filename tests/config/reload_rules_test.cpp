@@ -51,7 +51,7 @@ TEST(ReloadRules, EveryFieldOfTheSettingsHasARow)
     EXPECT_TRUE(names.insert(rule.name).second) << rule.name << " has two rows";
     EXPECT_EQ(rule.value != nullptr, rule.when == on_reload::applied) << rule.name;
   }
-  EXPECT_EQ(names.size(), 22u);
+  EXPECT_EQ(names.size(), 23u);
 }
 
 TEST(ReloadRules, NothingChangedSaysSo)
@@ -95,6 +95,19 @@ TEST(ReloadRules, AppliedFieldsAreTakenAndRestartOnlyOnesKept)
   auto const again = changes_between(after, next);
   EXPECT_THAT(again.applied, IsEmpty());
   EXPECT_THAT(again.need_restart, ElementsAre("pools", "hello_timeout_ms"));
+}
+
+TEST(ReloadRules, PerGpuPoolsNeedARestart)
+{
+  auto const now  = parse_ok("cuda_pool_per_gpu { limit_bytes: 1073741824 }\n");
+  auto const next = parse_ok(
+      "cuda_pool_per_gpu { limit_bytes: 1073741824 gpu_overrides { device: 1 skip: true } }\n");
+  EXPECT_EQ(reload_line("f", changes_between(now, next)),
+            "reloaded f: needs a restart (ignored until then): cuda_pool_per_gpu");
+  EXPECT_EQ(reloaded(now, next).cuda_pool_per_gpu, now.cuda_pool_per_gpu);
+  // Where in the file an override sits is no change.
+  auto const moved = parse_ok("\n\ncuda_pool_per_gpu {\n limit_bytes: 1073741824\n}\n");
+  EXPECT_THAT(changes_between(now, moved).need_restart, IsEmpty());
 }
 
 TEST(ReloadRules, OnlyRestartOnlyChangesNameNoAppliedField)

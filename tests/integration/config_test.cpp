@@ -7,6 +7,8 @@
 
 #include <rmmd/error.hpp>
 
+#include <cuda_runtime_api.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -193,6 +195,27 @@ TEST(Deploy, TheExampleConfigurationIsValid)
   auto r = run_rmmd({"--check-config", example->string()});
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr(": OK"));
+}
+
+TEST(Deploy, TheExampleConfigurationRunsTheDaemonWithAPoolOnEveryGpu)
+{
+  auto example = source_file("deploy/rmmd.conf.example");
+  if (!example) { GTEST_SKIP() << "no source tree here (a bundle): deploy/ is not present"; }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) {
+    cudaGetLastError();
+    gpus = 0;
+  }
+  logged_daemon daemon({"--config", example->string()});
+  auto s = daemon.open_session();
+  // The host pool, then gpu0 .. gpuN-1 (none here without a GPU).
+  ASSERT_EQ(s.pools().size(), 1u + static_cast<std::size_t>(gpus)) << daemon.log();
+  EXPECT_EQ(s.pools()[0].name, "host");
+  for (int d = 0; d < gpus; ++d) {
+    EXPECT_EQ(s.pools()[1 + d].name, "gpu" + std::to_string(d));
+    EXPECT_EQ(s.pools()[1 + d].device, d);
+  }
+  EXPECT_EQ(stats_of(s).pools(0).pool().capacity_bytes(), std::size_t{1} << 30);
 }
 
 TEST(Deploy, SystemdAcceptsTheUnit)

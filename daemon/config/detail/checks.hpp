@@ -15,6 +15,8 @@ void check_runtime(checked_file& f, daemon_settings& s);
 void check_access(checked_file& f, daemon_settings& s);
 /// pools (pool_checks.cpp).
 void check_pools(checked_file& f, daemon_settings& s);
+/// cuda_pool_per_gpu (gpu_pool_checks.cpp); after check_pools.
+void check_per_gpu_pools(checked_file& f, daemon_settings& s);
 /// quotas (limit_checks.cpp).
 void check_quotas(checked_file& f, daemon_settings& s);
 /// admission (limit_checks.cpp).

@@ -1,4 +1,5 @@
 #include "daemon/config/detail/checks.hpp"
+#include "daemon/config/detail/handle_type_checks.hpp"
 #include "daemon/config/detail/value_formats.hpp"
 
 #include <absl/strings/str_format.h>
@@ -36,41 +37,6 @@ void check_host_pool(
             -1,
             "%s: capacity_bytes is 0; give the pool a size, e.g. 1073741824 (1 GiB)",
             label);
-  }
-}
-
-/// handle_types: POSIX_FD required, FABRIC makes fabric handles required;
-/// left out, fabric where a probe proves it works.
-void check_handle_types(
-    checked_file& f, v1::Pool const& p, node const& n, std::string const& label, pool_settings& out)
-{
-  bool posix = false, fabric = false;
-  for (int i = 0; i < p.handle_types_size(); ++i) {
-    auto t     = p.handle_types(i);
-    bool& seen = t == v1::Pool::POSIX_FD ? posix : fabric;
-    if (t != v1::Pool::POSIX_FD && t != v1::Pool::FABRIC) {
-      f.error(n, "handle_types", i, "%s: handle type %d is not POSIX_FD or FABRIC", label, t);
-    } else if (seen) {
-      f.error(n,
-              "handle_types",
-              i,
-              "%s: handle type %s is listed twice",
-              label,
-              v1::Pool::HandleType_Name(t));
-    }
-    seen = true;
-  }
-  if (p.handle_types_size() == 0) {
-    out.fabric = fabric_mode::automatic;
-  } else if (!posix) {
-    f.error(n,
-            "handle_types",
-            0,
-            "%s: handle_types must include POSIX_FD (every CUDA pool exports its fd); write "
-            "[POSIX_FD, FABRIC] to require fabric handles",
-            label);
-  } else {
-    out.fabric = fabric ? fabric_mode::required : fabric_mode::off;
   }
 }
 
@@ -159,7 +125,7 @@ void check_cuda_pool(
             "%s: pinnable applies to host pools only (CUDA pool memory is device memory)",
             label);
   }
-  check_handle_types(f, p, n, label, out);
+  out.fabric = checked_handle_types(f, p, n, label).value_or(fabric_mode::automatic);
   check_cuda_sizes(f, p, n, label, out);
 }
 
@@ -169,7 +135,7 @@ void check_pools(checked_file& f, daemon_settings& s)
 {
   if (f.config().pools_size() == 0) { return; }  // the built-in pool set stays
   s.pools.clear();
-  s.gpu_pool_per_device = false;
+  s.cuda_pool_per_gpu.reset();            // unless the file asks for it (check_per_gpu_pools)
   std::map<std::string, int> first_line;  // name -> line of its first definition
   for (int i = 0; i < f.config().pools_size(); ++i) {
     auto const& p = f.config().pools(i);
