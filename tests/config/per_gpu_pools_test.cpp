@@ -159,9 +159,10 @@ TEST(PerGpuPools, OverrideErrorsNameTheOverrideAndField)
   EXPECT_THAT(only_error("pools { name: \"big\" backend: HOST }\n"
                          "cuda_pool_per_gpu {\n  gpu_overrides { device: 1 name: \"big\" }\n}\n"),
               error_at(3, 29, "pool name \"big\" is already used by the pool at line 1"));
-  EXPECT_THAT(only_error("cuda_pool_per_gpu {\n"
-                         "  gpu_overrides { device: 1 handle_types: [POSIX_FD, FABRIC, FABRIC] }\n}\n"),
-              error_at(2, 29, "handle type FABRIC is listed twice"));
+  EXPECT_THAT(
+      only_error("cuda_pool_per_gpu {\n"
+                 "  gpu_overrides { device: 1 handle_types: [POSIX_FD, FABRIC, FABRIC] }\n}\n"),
+      error_at(2, 29, "handle type FABRIC is listed twice"));
   EXPECT_THAT(only_error("cuda_pool_per_gpu {\n  gpu_overrides { device: 1 limit_bytes: 0 }\n}\n"),
               error_at(2, 29, "gpu_overrides[0]: limit_bytes is 0"));
 }
