@@ -28,14 +28,17 @@ def main(before_path: str, after_path: str) -> None:
               f" {pairs_a[('rmmd_direct', size)]['p50_us']:8.1f}")
 
     print("section a8: slab/pool median round ratio (pool'/pool, the run's own noise)")
-    a8_a = {(p["threads"], p["size_bytes"], p["carving_lanes"]): p for p in after["fast_vs_pool"]}
+    def lanes(p: dict) -> int:
+        return int(p.get("carving_lanes", 1))  # 0: the default, automatic lanes
+
+    a8_a = {(p["threads"], p["size_bytes"], lanes(p)): p for p in after["fast_vs_pool"]}
     for p in before["fast_vs_pool"]:
-        q = a8_a.get((p["threads"], p["size_bytes"], p["carving_lanes"]))
+        q = a8_a.get((p["threads"], p["size_bytes"], lanes(p)))
         if q is None:
             continue
         control = (f"  (pool'/pool {p['pool_again_over_pool']:.3f} / {q['pool_again_over_pool']:.3f})"
                    if "pool_again_over_pool" in p and "pool_again_over_pool" in q else "")
-        print(f"  T={p['threads']} {p['size_bytes']:>8d} B lanes={p['carving_lanes']}:"
+        print(f"  T={p['threads']} {p['size_bytes']:>8d} B lanes={lanes(p) or 'auto'}:"
               f" {p['median_round_ratio']:.3f} -> {q['median_round_ratio']:.3f}{control}")
 
     print("section c: aggregate pairs/s")

@@ -96,12 +96,12 @@ def chart_fast_vs_pool(run: dict, plt) -> Any:
             and number(r.get("pool_p50_us")) is not None and number(r.get("size_bytes"))]
     if not rows:
         raise Skip("no section a8 (fast_vs_pool) figures in this file")
-    # A panel per thread count and carving lanes (absent: 1).
-    panels = sorted({(int(r.get("threads") or 1), int(r.get("carving_lanes") or 1)) for r in rows})
+    # A panel per thread count and carving lanes (absent: 1; 0: the default, automatic).
+    panels = sorted({(int(r.get("threads") or 1), int(r.get("carving_lanes", 1))) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels) + 1, 6.2), squeeze=False)
     for ax, (threads, lanes) in zip(axes[0], panels):
         mine = sorted((r for r in rows if int(r.get("threads") or 1) == threads
-                       and int(r.get("carving_lanes") or 1) == lanes), key=lambda r: r["size_bytes"])
+                       and int(r.get("carving_lanes", 1)) == lanes), key=lambda r: r["size_bytes"])
         sizes = {float(r["size_bytes"]) for r in mine}
         for res, key in (("rmmd_fast", "fast"), ("rmm_pool", "pool")):
             label, colour = RESOURCES[res]
@@ -139,7 +139,9 @@ def chart_fast_vs_pool(run: dict, plt) -> Any:
         ax.set_ylabel("allocate + deallocate pair (us)")
         ax.grid(True, alpha=0.3)
         ax.set_title(f"{threads} thread{'s' if threads != 1 else ''} of one process"
-                     + (f", slab mode with {lanes} carving lanes" if lanes > 1 else ""), fontsize=10)
+                     + (f", slab mode with {lanes} carving lanes" if lanes > 1
+                        else ", slab mode with its default (automatic) lanes" if lanes == 0
+                        else ", slab mode with one carving lane"), fontsize=10)
         legend_below(ax, ncol=1, title="solid: p50; dotted x: p99", title_fontsize=7.5)
     fig.suptitle(f"Section a8: slab mode against RMM's pool in one process, {gpu_title(run)}",
                  fontsize=11)

@@ -108,6 +108,13 @@ class PlotResultsTest(unittest.TestCase):
                            "fast_p50_us": 1.02 * t, "fast_p99_us": 1.5 * t,
                            "pool_p50_us": 1.0 * t, "pool_p99_us": 1.4 * t,
                            "bookkept_p50_us": 1.01 * t, "bookkept_over_pool": 1.01}
+                          for t in (1, 8) for size in (256, 65536, 1 << 20)] +
+                         # The default (automatic) lanes: carving_lanes 0.
+                         [{"threads": t, "size_bytes": size, "rounds": 10, "carving_lanes": 0,
+                           "target": {"target": "<= 1.05 x" if t == 1 else "<= 0.2 x",
+                                      "pass": True},
+                           "fast_p50_us": 1.02 if t == 1 else 1.6, "pool_p50_us": 1.0 * t,
+                           "default_over_one_lane": 1.0 if t == 1 else 0.1}
                           for t in (1, 8) for size in (256, 65536, 1 << 20)],
             processes=[{"mode": "direct", "processes": n, "size_bytes": 256, "seconds_each": 2,
                         "aggregate_pairs_per_s": 2e4 * n ** 0.3} for n in (1, 16)] +

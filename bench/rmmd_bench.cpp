@@ -84,7 +84,7 @@ void run_a8(bench_context& c)
   if (c.options.a8_rounds != 0) { o.rounds = c.options.a8_rounds; }
   auto const got = section_fast_vs_pool(c.session, o, c.st.doc);
   for (auto const& t : got.targets) {
-    c.st.targets.push_back({t.what, t.measured, true, fast_vs_pool_target, "x"});
+    c.st.targets.push_back({t.what, t.measured, true, t.limit, "x"});
   }
   for (auto const& e : got.errors) { c.st.error("a8", e); }
 }

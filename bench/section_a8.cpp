@@ -1,5 +1,11 @@
 // Section a8 of rmmd_bench: slab mode against RMM's pool, 1 and 8 threads.
 //
+// Slab mode runs with the options a program gets by default (automatic
+// carving lanes: one lane for one thread, a lane per thread once a second
+// allocates), with one lane, and with a lane per thread from the start. With
+// the default lanes, the one-lane resource runs in the same rounds too, so
+// that one thread shows the default's fast path against one lane's.
+//
 // Both resources carve with the same RMM code (pool_memory_resource); what
 // slab mode adds per call is its own bookkeeping. A 5% target needs care with
 // a pair of about a microsecond: the p50 of all pairs pooled drifts with the
@@ -317,10 +323,18 @@ struct measured {
 };
 
 /// A cell's resources: slab mode and RMM's pool, called directly and through
-/// a resource_ref; with one lane the bookkept pool and the pool again.
+/// a resource_ref; with one lane the bookkept pool and the pool again; with
+/// the default lanes the one-lane resource through a resource_ref.
 struct cell_samples {
-  measured fast, pool, bk, again, fast_ref, pool_ref;
+  measured fast, pool, bk, again, fast_ref, pool_ref, one_ref;
 };
+
+/// What a cell's `lanes` says: ipc_resource_options::carving_lanes, where
+/// auto_carving_lanes is the default.
+std::string lanes_text(std::size_t lanes)
+{
+  return lanes == auto_carving_lanes ? "auto" : std::to_string(lanes);
+}
 
 void print_header(fast_vs_pool_options const& o)
 {
@@ -341,7 +355,14 @@ void print_header(fast_vs_pool_options const& o)
       "layers, its checks, one atomic add each way); pool': the same pool again, as a resource of "
       "its own (what the method reads as a difference where there is none); one lane only; "
       "bk/pool, pool'/pool: the rounds' median of each round's p50 over the pool's\n");
-  std::printf("%7s %5s %7s %11s %11s %12s %11s %11s %12s %8s %13s %13s %9s %8s %8s\n",
+  std::printf(
+      "    lanes: auto is the default options' (one lane for one thread, a lane per thread once a "
+      "second allocates; the target with several threads: <= %.2fx); def/1: the rounds' median of "
+      "the default's p50 over the one-lane resource's, both through the reference (the target "
+      "with one thread: <= %.2fx)\n",
+      auto_lanes_threads_target,
+      auto_lanes_one_thread_target);
+  std::printf("%7s %5s %7s %11s %11s %12s %11s %11s %12s %8s %13s %13s %9s %8s %8s %13s\n",
               "threads",
               "lanes",
               "size",
@@ -356,7 +377,8 @@ void print_header(fast_vs_pool_options const& o)
               "ref",
               "bk p50",
               "bk/pool",
-              "pool'/pl");
+              "pool'/pl",
+              "def/1");
 }
 
 /// The cell's figures and targets into `row` and `out`, and its table line.
@@ -368,9 +390,13 @@ void record_cell(cell_samples const& m,
                  results::FastVsPoolCell& row,
                  fast_vs_pool_outcome& out)
 {
-  auto const& [fast_m, pool_m, bk_m, again_m, fast_ref_m, pool_ref_m] = m;
+  auto const& [fast_m, pool_m, bk_m, again_m, fast_ref_m, pool_ref_m, one_ref_m] = m;
+  bool const default_lanes = lanes == auto_carving_lanes;
+  // Default lanes with several threads: no queue on one pool's mutex.
+  double const target_x =
+      default_lanes && threads > 1 ? auto_lanes_threads_target : fast_vs_pool_target;
   char limit[32];
-  std::snprintf(limit, sizeof(limit), "<= %g x", fast_vs_pool_target);
+  std::snprintf(limit, sizeof(limit), "<= %g x", target_x);
   auto ratios = [&](measured const& x, measured const& base) {
     std::vector<double> v;
     for (std::size_t r = 0; r < x.p50.size() && r < base.p50.size(); ++r) {
@@ -398,13 +424,31 @@ void record_cell(cell_samples const& m,
     row.set_bookkept_over_pool(bk_ratio);
     row.set_pool_again_over_pool(again_ratio);
   }
-  auto within     = [](double x) { return x > 0 && x <= fast_vs_pool_target; };
+  auto within     = [&](double x) { return x > 0 && x <= target_x; };
   bool const pass = within(ref_ratio);
   auto cell       = std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
-              (lanes == 1 ? std::string() : ", " + std::to_string(lanes) + " lanes") + ", " +
-              size_text(bytes);
-  out.targets.push_back({"slab p50 / pool p50 through resource_ref, " + cell, ref_ratio});
-  out.targets.push_back({"slab p50 / pool p50 called directly, " + cell, ratio});
+              (default_lanes ? ", default lanes"
+               : lanes == 1  ? std::string()
+                             : ", " + std::to_string(lanes) + " lanes") +
+              ", " + size_text(bytes);
+  out.targets.push_back({"slab p50 / pool p50 through resource_ref, " + cell, ref_ratio, target_x});
+  out.targets.push_back({"slab p50 / pool p50 called directly, " + cell, ratio, target_x});
+  double one_lane_ratio = 0;
+  if (default_lanes) {
+    one_lane_ratio = median(ratios(fast_ref_m, one_ref_m));
+    row.set_ref_one_lane_p50_us(summarize(one_ref_m.ns).p50_us);
+    row.set_default_over_one_lane(one_lane_ratio);
+    if (threads == 1) {
+      bool const same = one_lane_ratio > 0 && one_lane_ratio <= auto_lanes_one_thread_target;
+      char one_limit[32];
+      std::snprintf(one_limit, sizeof(one_limit), "<= %g x", auto_lanes_one_thread_target);
+      row.mutable_one_lane_target()->set_target(one_limit);
+      row.mutable_one_lane_target()->set_pass(same);
+      out.targets.push_back({"default lanes p50 / one lane p50 through resource_ref, " + cell,
+                             one_lane_ratio,
+                             auto_lanes_one_thread_target});
+    }
+  }
   row.mutable_target()->set_target(limit);
   row.mutable_target()->set_pass(pass);
   row.mutable_direct_target()->set_target(limit);
@@ -419,10 +463,10 @@ void record_cell(cell_samples const& m,
   row.set_fast_over_pool_p50(pooled);
   row.set_median_round_ratio(ratio);
   std::printf(
-      "%7d %5zu %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f %4s %8.3f %4s "
-      "%9s %8s %8s\n",
+      "%7d %5s %7s %11.3f %11.3f %12.0f %11.3f %11.3f %12.0f %8.3f %8.3f %4s %8.3f %4s "
+      "%9s %8s %8s %8s %4s\n",
       threads,
-      lanes,
+      lanes_text(lanes).c_str(),
       size_text(bytes).c_str(),
       f.p50_us,
       f.p99_us,
@@ -437,7 +481,11 @@ void record_cell(cell_samples const& m,
       pass ? "pass" : "MISS",
       with_bk ? fixed3(bk.p50_us).c_str() : "-",
       with_bk ? fixed3(bk_ratio).c_str() : "-",
-      with_bk ? fixed3(again_ratio).c_str() : "-");
+      with_bk ? fixed3(again_ratio).c_str() : "-",
+      default_lanes ? fixed3(one_lane_ratio).c_str() : "-",
+      default_lanes && threads == 1
+          ? (one_lane_ratio > 0 && one_lane_ratio <= auto_lanes_one_thread_target ? "pass" : "MISS")
+          : "");
 }
 
 }  // namespace
@@ -451,9 +499,13 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
   check(cudaSetDevice(0), "cudaSetDevice");
   ipc_resource_options slab_options;
   slab_options.mode = allocation_mode::slab;
-  ipc_memory_resource one_lane(session, 0, slab_options);
-  // With T threads on T streams, also slab mode with a carving lane per
-  // stream (ipc_resource_options::carving_lanes), made when first needed.
+  // The default options: automatic lanes.
+  ipc_memory_resource defaults(session, 0, slab_options);
+  auto one_lane_options          = slab_options;
+  one_lane_options.carving_lanes = 1;
+  ipc_memory_resource one_lane(session, 0, one_lane_options);
+  // With T threads, also slab mode with a carving lane per thread from the
+  // start (ipc_resource_options::carving_lanes = T), made when first needed.
   std::map<std::size_t, std::unique_ptr<ipc_memory_resource>> with_lanes;
   rmm::mr::cuda_async_memory_resource upstream{};
   rmm::mr::pool_memory_resource pool(upstream, std::size_t{256} << 20);
@@ -476,7 +528,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
                                  std::to_string(crew_cpus.back()))
                                     .c_str()
                               : "not pinned (too few CPUs, or the process may not pin)");
-    std::vector<std::size_t> lane_counts{1};
+    std::vector<std::size_t> lane_counts{auto_carving_lanes, 1};
     if (threads > 1) { lane_counts.push_back(static_cast<std::size_t>(threads)); }
     for (auto lanes : lane_counts) {
       for (auto bytes : o.sizes) {
@@ -491,10 +543,12 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
           options.carving_lanes = lanes;
           with_lanes.emplace(lanes, std::make_unique<ipc_memory_resource>(session, 0, options));
         }
-        auto& fast = lanes == 1 ? one_lane : *with_lanes.at(lanes);
+        auto& fast = lanes == auto_carving_lanes ? defaults
+                     : lanes == 1                ? one_lane
+                                                 : *with_lanes.at(lanes);
         try {
           cell_samples samples;
-          auto& [fast_m, pool_m, bk_m, again_m, fast_ref_m, pool_ref_m] = samples;
+          auto& [fast_m, pool_m, bk_m, again_m, fast_ref_m, pool_ref_m, one_ref_m] = samples;
           auto batch = [&](auto& resource, measured& into) {
             return [&, mr = &resource, m = &into] {
               auto got = run_round(team, *mr, s, threads, bytes, o);
@@ -510,6 +564,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
           // no compiler inlines into the caller.
           rmm::device_async_resource_ref fast_ref{fast};
           rmm::device_async_resource_ref pool_ref{pool};
+          rmm::device_async_resource_ref one_lane_ref{one_lane};
           std::vector<std::function<void()>> batches{batch(fast, fast_m),
                                                      batch(pool, pool_m),
                                                      batch(fast_ref, fast_ref_m),
@@ -518,6 +573,7 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
             batches.push_back(batch(bookkept, bk_m));
             batches.push_back(batch(pool, again_m));
           }
+          if (lanes == auto_carving_lanes) { batches.push_back(batch(one_lane_ref, one_ref_m)); }
           // Each resource takes each place in the order as often as the
           // others, so what a place costs (the first after a switch, say)
           // falls on all.
@@ -529,10 +585,13 @@ fast_vs_pool_outcome section_fast_vs_pool(rmmd::session const& session,
           record_cell(samples, threads, lanes, bytes, with_bk, row, out);
         } catch (std::exception const& e) {
           row.set_error(e.what());
-          out.errors.push_back(std::to_string(threads) + " threads " + size_text(bytes) + ": " +
-                               e.what());
-          std::printf(
-              "%7d %5zu %7s  ERROR: %s\n", threads, lanes, size_text(bytes).c_str(), e.what());
+          out.errors.push_back(std::to_string(threads) + " threads, lanes " + lanes_text(lanes) +
+                               ", " + size_text(bytes) + ": " + e.what());
+          std::printf("%7d %5s %7s  ERROR: %s\n",
+                      threads,
+                      lanes_text(lanes).c_str(),
+                      size_text(bytes).c_str(),
+                      e.what());
         }
         std::fflush(stdout);
       }

@@ -5,11 +5,14 @@
 
 #include <rmmd/error.hpp>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace rmmd::detail {
@@ -124,13 +127,29 @@ namespace {
 std::size_t checked_lanes(ipc_memory_resource_impl const& owner)
 {
   auto const n = owner.options().carving_lanes;
-  if (n < 1 || n > slab_carver::max_lanes) {
+  if (n == auto_carving_lanes) { return slab_carver::auto_lanes(); }
+  if (n > slab_carver::max_lanes) {
     throw rmmd::logic_error("rmmd: carving_lanes is " + std::to_string(n) + "; it must be 1 to " +
-                            std::to_string(slab_carver::max_lanes));
+                            std::to_string(slab_carver::max_lanes) +
+                            ", or rmmd::auto_carving_lanes (0: a lane per thread that allocates)");
   }
   return n;
 }
 }  // namespace
+
+std::size_t slab_carver::auto_lanes() noexcept
+{
+  // The CPUs this process may run on (a container's or taskset's set), as
+  // many threads as can carve at once.
+  std::size_t cpus = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    cpus = static_cast<std::size_t>(CPU_COUNT(&set));
+  }
+  if (cpus == 0) { cpus = std::thread::hardware_concurrency(); }
+  return std::clamp<std::size_t>(cpus, 1, max_lanes);
+}
 
 bool slab_carver::lane::holds(std::uintptr_t p) const noexcept
 {
@@ -156,6 +175,7 @@ slab_carver::carved_figures slab_carver::lane::carved() const noexcept
 slab_carver::slab_carver(ipc_memory_resource_impl& owner)
     : owner_(owner),
       lane_count_(checked_lanes(owner)),
+      chooser_(lane_count_, owner.options().carving_lanes != auto_carving_lanes),
       reclaim_watch_(owner.get_session().watch_reclaims(owner.pool().id,
                                                         [this](std::uint32_t) {
                                                           {
@@ -258,26 +278,6 @@ void slab_carver::open_pool(lane& l)
   l.users.fetch_and(~closed, std::memory_order_release);
 }
 
-std::size_t slab_carver::lane_for(cuda::stream_ref stream, bool assign) noexcept
-{
-  auto const key = reinterpret_cast<std::uint64_t>(stream.get()) + 1;
-  auto const h = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 58);  // 6 bits: 64 slots
-  for (std::size_t probe = 0; probe < stream_slots; ++probe) {
-    auto& slot = stream_lanes_[(h + probe) % stream_slots];
-    auto word  = slot.load(std::memory_order_acquire);
-    if (word == 0) {
-      if (!assign) { return 0; }  // not seen: no hint
-      auto const lane = next_lane_.fetch_add(1, std::memory_order_relaxed) % lane_count_;
-      if (slot.compare_exchange_strong(word, key << 8 | lane, std::memory_order_acq_rel)) {
-        return lane;
-      }
-      // Another thread took the slot meanwhile: `word` is what it wrote.
-    }
-    if (word >> 8 == key) { return static_cast<std::size_t>(word & 0xff); }
-  }
-  return assign ? h % lane_count_ : 0;  // 64 streams seen: by hash
-}
-
 std::size_t slab_carver::lane_of(void const* ptr, std::size_t hint) const noexcept
 {
   auto const p = reinterpret_cast<std::uintptr_t>(ptr);
@@ -299,8 +299,9 @@ void* slab_carver::allocate(cuda::stream_ref stream, std::size_t bytes, std::siz
 {
   if (alignment > max_alignment) [[unlikely]] { refuse_alignment(bytes, alignment); }
   try {
-    // One lane (the default): no call to pick it.
-    auto const lane = lane_count_ == 1 ? 0 : lane_for(stream, true);
+    // The thread carving alone (one lane, or before a second thread came)
+    // pays a load and a compare to find its lane.
+    auto const lane = chooser_.pick();
     if (lane == 0) [[likely]] { return carve(lanes_[0], stream, bytes, alignment); }
     try {
       return carve(lanes_[lane], stream, bytes, alignment);
@@ -350,7 +351,7 @@ void slab_carver::deallocate(cuda::stream_ref stream,
 {
   // `ptr` is counted in its lane's word until the end of this call: the
   // lane's pool stays.
-  auto& l = lane_count_ == 1 ? lanes_[0] : lanes_[lane_of(ptr, lane_for(stream, false))];
+  auto& l = chooser_.single() ? lanes_[0] : lanes_[lane_of(ptr, chooser_.hint())];
   if (l.pool == nullptr) { return; }  // abandoned, or destroyed with this still carved
   l.pool->deallocate(stream, ptr, bytes, alignment);
   l.users.fetch_sub(carving(bytes), std::memory_order_release);

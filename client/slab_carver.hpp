@@ -1,8 +1,12 @@
 #pragma once
 
 // The fast path of rmmd::ipc_memory_resource (allocation_mode::slab): RMM's
-// pool_memory_resource over the resource's own direct path, plus a thread
-// that reports what was carved and gives idle slabs back.
+// pool_memory_resource over the resource's own direct path (one per carving
+// lane: a lane per thread that allocates, up to a bound, made when a second
+// thread comes), plus a thread that reports what was carved and gives idle
+// slabs back.
+
+#include "client/lane_chooser.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 
@@ -25,9 +29,12 @@ class slab_carver {
  public:
   /// The most carving lanes a resource may have (ipc_resource_options).
   static constexpr std::size_t max_lanes = 16;
+  /// How many lanes automatic lanes (auto_carving_lanes) may grow to: the
+  /// CPUs this process may run on, 1 to max_lanes.
+  [[nodiscard]] static std::size_t auto_lanes() noexcept;
 
   /// `owner` outlives the carver (it owns it). Throws rmmd::logic_error when
-  /// the options ask for no lane or more than max_lanes.
+  /// the options ask for more than max_lanes.
   explicit slab_carver(ipc_memory_resource_impl& owner);
   slab_carver(slab_carver const&)            = delete;
   slab_carver& operator=(slab_carver const&) = delete;
@@ -68,10 +75,10 @@ class slab_carver {
   }
 
  private:
-  /// One RMM pool and its bookkeeping. A resource has `carving_lanes` of them
-  /// (ipc_resource_options): allocations on a stream are carved by that
-  /// stream's lane, so that threads on different streams do not share RMM's
-  /// pool mutex.
+  /// One RMM pool and its bookkeeping. A resource has up to lane_count_ of
+  /// them: a thread's allocations are carved by that thread's lane
+  /// (lane_chooser), so that threads do not share RMM's pool mutex. A lane
+  /// makes its pool (and leases its first slab) when it first carves.
   struct lane {
     /// The lane's whole bookkeeping per call is one atomic add to this word
     /// (allocate() adds carving(bytes) before it touches the pool,
@@ -133,13 +140,8 @@ class slab_carver {
                                                 std::size_t alignment);
   /// Throws the logic_error of an alignment above 256 bytes.
   [[noreturn, gnu::cold]] void refuse_alignment(std::size_t bytes, std::size_t alignment) const;
-  /// The lane that carves for `stream`: streams get lanes round-robin as they
-  /// first come (`assign`; and by hash once 64 streams were seen). Without
-  /// `assign`, a stream not seen yet gets 0 (a hint only, for deallocate()).
-  /// For more than one lane: with one, the callers take lane 0 without a call.
-  [[nodiscard]] std::size_t lane_for(cuda::stream_ref stream, bool assign) noexcept;
-  /// The lane whose slab holds `ptr` (`hint` is tried first). For more than
-  /// one lane, as lane_for().
+  /// The lane whose slab holds `ptr` (`hint` is tried first). Once lanes
+  /// spread: before, every pointer is lane 0's.
   [[nodiscard]] std::size_t lane_of(void const* ptr, std::size_t hint) const noexcept;
   /// Gives back the slabs of the lanes that `which` picks and from which
   /// nothing is carved; returns their bytes.
@@ -164,11 +166,8 @@ class slab_carver {
 
   ipc_memory_resource_impl& owner_;
   std::size_t const lane_count_;
-  std::array<lane, max_lanes> lanes_;  // the first lane_count_ in use
-  /// Streams seen, with their lanes: (stream handle + 1) << 8 | lane, 0 if free.
-  static constexpr std::size_t stream_slots = 64;
-  std::array<std::atomic<std::uint64_t>, stream_slots> stream_lanes_{};
-  std::atomic<std::size_t> next_lane_{0};
+  std::array<lane, max_lanes> lanes_;  // the first lane_count_ may be used
+  lane_chooser chooser_;               // which lane serves the calling thread
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
   bool reclaim_asked_{false};  // guarded by keeper_mutex_: the daemon asked for idle slabs

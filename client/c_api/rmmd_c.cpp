@@ -31,6 +31,7 @@
 
 static_assert(RMMD_VERSION == RMMD_PROJECT_VERSION_NUMBER,
               "include/rmmd/rmmd.h's RMMD_VERSION_* differ from the CMake project's version");
+static_assert(RMMD_CARVING_LANES_AUTO == rmmd::auto_carving_lanes);
 
 struct rmmd_session_s {
   rmmd::session session;
@@ -336,7 +337,7 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
                                              .device        = -1,
                                              .pool          = nullptr,
                                              .mode          = RMMD_MODE_SLAB,
-                                             .carving_lanes = 0});
+                                             .carving_lanes = RMMD_CARVING_LANES_AUTO});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     auto const& s         = session->session;
@@ -344,14 +345,14 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
     switch (o->kind) {
       case RMMD_RESOURCE_DEVICE: {
         rmmd::ipc_resource_options ro;
-        ro.mode = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
-                                              : rmmd::allocation_mode::slab;
-        if (o->carving_lanes != 0) { ro.carving_lanes = o->carving_lanes; }
-        auto mr     = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
-                      : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
-                                       : rmmd::ipc_memory_resource(s, ro);
-        auto device = mr.pool().device;
-        *resource   = new rmmd_resource_s{.mr = std::move(mr), .device = device};
+        ro.mode          = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
+                                                       : rmmd::allocation_mode::slab;
+        ro.carving_lanes = o->carving_lanes;  // RMMD_CARVING_LANES_AUTO is auto_carving_lanes
+        auto mr          = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
+                           : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
+                                            : rmmd::ipc_memory_resource(s, ro);
+        auto device      = mr.pool().device;
+        *resource        = new rmmd_resource_s{.mr = std::move(mr), .device = device};
         return;
       }
       case RMMD_RESOURCE_HOST:

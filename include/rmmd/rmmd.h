@@ -107,16 +107,20 @@ typedef enum rmmd_allocation_mode {
   RMMD_MODE_DIRECT = 1  /* one daemon allocation per allocate */
 } rmmd_allocation_mode;
 
+#define RMMD_CARVING_LANES_AUTO 0u
+
 typedef struct rmmd_resource_options {
   size_t size; /* sizeof(rmmd_resource_options) */
   rmmd_resource_kind kind;
   int device;                /* device resources: this process's ordinal; -1: current */
   char const* pool;          /* a pool by name; NULL: by device (or the first host pool) */
   rmmd_allocation_mode mode; /* device resources */
-  /* Slab mode: carving lanes, 1 to 16 (one RMM pool per lane, a stream's
-   * allocations carved by one; for threads that allocate on several streams
-   * at once); 0: 1. Absent from callers built before 0.3 (their size is
-   * smaller): 1. */
+  /* Slab mode: carving lanes (one RMM pool per lane, a thread's allocations
+   * carved by one, so that threads allocating at once do not queue on one
+   * lock). 0 (RMMD_CARVING_LANES_AUTO, and for callers built before 0.3,
+   * whose size is smaller): one lane while one thread allocates, a lane per
+   * allocating thread once a second one does, up to the process's CPUs (at
+   * most 16). 1 to 16: that many lanes. */
   unsigned carving_lanes;
 } rmmd_resource_options;
 

@@ -48,6 +48,11 @@ class SessionOptions(Structure):
     ]
 
 
+# ResourceOptions.carving_lanes: a lane per thread that allocates
+# (RMMD_CARVING_LANES_AUTO).
+CARVING_LANES_AUTO = 0
+
+
 class ResourceOptions(Structure):
     _fields_ = [
         ("size", c_size_t),

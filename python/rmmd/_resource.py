@@ -173,6 +173,18 @@ def mode_value(mode: str) -> int:
         ) from None
 
 
+def lanes_value(lanes: int | str) -> int:
+    """ResourceOptions.carving_lanes for `lanes`: "auto" is 0."""
+    if lanes == "auto":
+        return _lib.CARVING_LANES_AUTO
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 16:
+        raise InvalidArgumentError(
+            f"rmmd: lanes is {lanes!r}; give 'auto' (a lane per thread that allocates, "
+            "the default) or 1 to 16"
+        )
+    return lanes
+
+
 class DeviceResource(MemoryResource):
     """Device memory from a CUDA pool (``Session.device_resource()``)."""
 
@@ -182,19 +194,15 @@ class DeviceResource(MemoryResource):
         device: int | None = None,
         mode: str = "slab",
         pool: str | Pool | None = None,
-        lanes: int = 1,
+        lanes: int | str = "auto",
     ) -> None:
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 16:
-            raise InvalidArgumentError(
-                f"rmmd: lanes is {lanes!r}; give 1 to 16 (one per stream that allocates at once)"
-            )
         options = _lib.ResourceOptions(
             size=ctypes.sizeof(_lib.ResourceOptions),
             kind=_lib.RESOURCE_DEVICE,
             device=-1 if device is None else int(device),
             pool=pool_name(pool),
             mode=mode_value(mode),
-            carving_lanes=lanes,
+            carving_lanes=lanes_value(lanes),
         )
         super().__init__(session, options)
         self.mode = mode

@@ -221,17 +221,20 @@ class Session(OwnsHandle):
         device: int | None = None,
         mode: str = "slab",
         pool: str | Pool | None = None,
-        lanes: int = 1,
+        lanes: int | str = "auto",
     ) -> "DeviceResource":
         """A resource of device memory (rmmd::ipc_memory_resource) from the
         CUDA pool of `device` (``None``: the current device) or the pool
         named `pool`. `mode`: ``"slab"`` (carve allocations out of leased
         slabs in this process: fast) or ``"direct"`` (one daemon allocation
         each: for few, large or long-lived buffers; up to 64 KiB a packed
-        lease). `lanes` (slab mode, 1 to 16): carving lanes, one RMM pool
-        each, a stream's allocations carved by one, so that threads
-        allocating on several streams at once do not queue on one lock
-        (each lane leases slabs of its own)."""
+        lease). `lanes` (slab mode): carving lanes, one RMM pool each, a
+        thread's allocations carved by one, so that threads allocating at
+        once do not queue on one lock. ``"auto"`` (the default): one lane
+        while one thread allocates, a lane per allocating thread once a
+        second one does, up to the process's CPUs (at most 16); 1 to 16:
+        that many. Each lane leases slabs of its own; idle ones go back as
+        any idle slab does, and show in ``rmmctl stats`` as idle bytes."""
         from ._resource import DeviceResource
 
         return DeviceResource(self, device=device, mode=mode, pool=pool, lanes=lanes)

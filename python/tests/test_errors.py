@@ -47,10 +47,22 @@ def test_invalid_argument(session: rmmd.Session, daemon: Daemon) -> None:
     check(e, rmmd.Status.INVALID_ARGUMENT)
     with pytest.raises(rmmd.InvalidArgumentError, match="'slab'"):
         session.device_resource(mode="fast")
-    for lanes in (0, 17, 2.0, True):
-        with pytest.raises(rmmd.InvalidArgumentError, match="give 1 to 16"):
+    for lanes in (0, 17, 2.0, True, "many", None):
+        with pytest.raises(rmmd.InvalidArgumentError, match="give 'auto'.* or 1 to 16"):
             session.device_resource(lanes=lanes)
     assert daemon.pool_in_use("host") == 0
+
+
+def test_lanes_are_auto_unless_given() -> None:
+    import inspect
+
+    from rmmd import _lib
+    from rmmd._resource import lanes_value
+
+    for f in (rmmd.Session.device_resource, rmmd.DeviceResource.__init__):
+        assert inspect.signature(f).parameters["lanes"].default == "auto"
+    assert lanes_value("auto") == _lib.CARVING_LANES_AUTO == 0  # the C ABI's auto
+    assert [lanes_value(n) for n in (1, 8, 16)] == [1, 8, 16]
 
 
 def test_not_found(session: rmmd.Session) -> None:

@@ -5,6 +5,7 @@ allocation); these tests skip, saying why, without a GPU, PyTorch or CuPy."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -156,8 +157,11 @@ def test_cupy_out_of_memory_is_a_memory_error_with_rmmds_message(
         assert said["message"] == said["last_error"], said
 
 
-def test_carving_lanes_serve_threads_on_their_own_streams(cupy_daemon: Daemon) -> None:
-    child = start_python([CUPY, "lanes", "4"], cupy_daemon.env())
+@pytest.mark.parametrize("lanes", ["4", "auto"])
+def test_carving_lanes_serve_threads_on_their_own_streams(cupy_daemon: Daemon, lanes: str) -> None:
+    if lanes == "auto" and len(os.sched_getaffinity(0)) < 4:
+        pytest.skip("automatic lanes need 4 CPUs to give 4 threads a lane each")
+    child = start_python([CUPY, "lanes", lanes, "4"], cupy_daemon.env())
     assert json.loads(read_line(child))["holding"]
     mine = session_of(cupy_daemon, child.pid, "cupy-lanes")
     assert int(mine["bytes"]) >= 4 * (64 << 20)  # each lane carves from a slab of its own

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <cuda/memory_resource>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -511,112 +512,218 @@ rmmd::ipc_resource_options lanes(std::size_t count, std::chrono::milliseconds id
   return o;
 }
 
-TEST_F(IpcMemoryResource, CarvingLanesKeepEveryBuffersDataAndFreeOnAnyStream)
+/// `session`'s line of the daemon's stats.
+v1::SessionInfo const& session_line(v1::Stats const& stats, rmmd::session const& session)
+{
+  for (auto const& s : stats.sessions()) {
+    if (s.session_id() == session.id()) { return s; }
+  }
+  throw std::runtime_error("no session " + std::to_string(session.id()) + " in the stats");
+}
+
+/// Runs body(t) on `threads` threads alive together (so that each is a
+/// thread of its own to the resource), each with cudaSetDevice(0) done;
+/// returns how many failed to set the device.
+template <typename Body>
+int on_threads(int threads, Body body)
+{
+  std::atomic<int> bad{0};
+  std::vector<std::thread> crew;
+  for (int t = 0; t < threads; ++t) {
+    crew.emplace_back([&, t] {
+      if (cudaSetDevice(0) != cudaSuccess) { ++bad; }
+      body(t);
+    });
+  }
+  for (auto& th : crew) { th.join(); }
+  return bad.load();
+}
+
+TEST_F(IpcMemoryResource, CarvingLanesKeepEveryBuffersDataAndFreeOnAnyThreadAndStream)
 {
   auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
   rmmd::ipc_memory_resource mr(*session_, 0, lanes(4, 1h));
-  std::vector<cudaStream_t> streams(6);
+  constexpr int threads = 6;  // more threads than lanes: some share one
+  std::vector<cudaStream_t> streams(threads);
   for (auto& s : streams) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   }
   struct buffer {
     std::uint8_t* p;
     std::size_t bytes;
+    int value;
     std::size_t stream;
   };
-  std::vector<buffer> buffers;
-  std::size_t carved = 0;
-  for (int i = 0; i < 240; ++i) {
-    auto const bytes = std::size_t{4096} << (i % 9);  // 4 KiB to 1 MiB: lanes grow past a slab
-    auto const k     = static_cast<std::size_t>(i) % streams.size();
-    auto* p          = static_cast<std::uint8_t*>(mr.allocate(streams[k], bytes, 256));
-    ASSERT_EQ(cudaMemsetAsync(p, i & 0xff, bytes, streams[k]), cudaSuccess);
-    buffers.push_back({p, bytes, k});
-    carved += bytes;
-  }
+  std::vector<std::vector<buffer>> made(threads);
+  std::atomic<int> failed{0};
+  EXPECT_EQ(on_threads(threads,
+                       [&](int t) {
+                         for (int i = 0; i < 40; ++i) {
+                           // 4 KiB to 1 MiB: lanes grow past a slab
+                           auto const bytes = std::size_t{4096} << (i % 9);
+                           auto* p =
+                               static_cast<std::uint8_t*>(mr.allocate(streams[t], bytes, 256));
+                           int const value = (t * 40 + i) & 0xff;
+                           if (cudaMemsetAsync(p, value, bytes, streams[t]) != cudaSuccess) {
+                             ++failed;
+                           }
+                           made[t].push_back({p, bytes, value, static_cast<std::size_t>(t)});
+                         }
+                       }),
+            0);
+  ASSERT_EQ(failed.load(), 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    std::vector<std::uint8_t> host(buffers[i].bytes);
-    ASSERT_EQ(cudaMemcpy(host.data(), buffers[i].p, host.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_TRUE(std::all_of(host.begin(), host.end(), [i](auto b) { return b == (i & 0xff); }))
-        << "buffer " << i;
+  std::size_t carved = 0;
+  std::size_t count  = 0;
+  for (auto const& list : made) {
+    for (auto const& b : list) {
+      std::vector<std::uint8_t> host(b.bytes);
+      ASSERT_EQ(cudaMemcpy(host.data(), b.p, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_TRUE(std::all_of(host.begin(), host.end(), [&](auto x) { return x == b.value; }));
+      carved += b.bytes;
+      ++count;
+    }
   }
   EXPECT_TRUE(eventually([&] {
     auto p = gpu_pool(daemon_->stats(), 0);
-    return p.carved_bytes() == carved && p.carved_allocations() == buffers.size();
+    return p.carved_bytes() == carved && p.carved_allocations() == count;
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
-  // Every lane leased slabs of its own: more than one lane's worth.
+  // Every lane leased slabs of its own: at least four lanes' first slabs.
   EXPECT_GE(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before + 4 * 8 * MiB);
-  // Freed on another stream than the one that carved it (another lane's,
-  // mostly): each goes back to the lane whose slab holds it.
-  for (auto const& b : buffers) {
-    mr.deallocate(streams[(b.stream + 1) % streams.size()], b.p, b.bytes, 256);
+  // Freed by this thread (which has no lane) on another thread's stream:
+  // each goes back to the lane whose slab holds it.
+  for (auto const& list : made) {
+    for (auto const& b : list) {
+      mr.deallocate(streams[(b.stream + 1) % streams.size()], b.p, b.bytes, 256);
+    }
   }
   EXPECT_TRUE(eventually([&] {
     auto p = gpu_pool(daemon_->stats(), 0);
     return p.carved_bytes() == 0 && p.carved_allocations() == 0;
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
   // Every lane is idle: trim() gives back every slab.
-  EXPECT_GT(mr.trim(), 4 * 8 * MiB);
+  EXPECT_GE(mr.trim(), 4 * 8 * MiB);
   EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == before; }))
       << gpu_pool(daemon_->stats(), 0).DebugString();
   for (auto s : streams) { ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess); }
 }
 
-TEST_F(IpcMemoryResource, CarvingLanesUnderEightThreadsLoseNothing)
+/// Eight threads carve on their streams and free on the next thread's, so
+/// that lanes free each other's pointers while they carve; then, idle for
+/// 200 ms, every lane gives its slabs back on its own.
+void eight_threads_lose_nothing(daemon_process const& daemon,
+                                rmmd::session const& session,
+                                rmmd::ipc_resource_options const& options)
 {
-  auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  auto const before = gpu_pool(daemon.stats(), 0).in_use_bytes();
   {
-    rmmd::ipc_memory_resource mr(*session_, 0, lanes(8, 200ms));
+    rmmd::ipc_memory_resource mr(session, 0, options);
     constexpr int threads = 8;
-    std::vector<std::thread> pool;
-    std::atomic<int> bad{0};
-    // Each thread carves on its stream and frees on the next thread's, so
-    // that lanes free each other's pointers while they carve.
     std::vector<cudaStream_t> streams(threads);
     for (auto& s : streams) {
       ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     }
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        if (cudaSetDevice(0) != cudaSuccess) { ++bad; }
-        std::vector<std::pair<void*, std::size_t>> held;
-        for (int i = 0; i < 3000; ++i) {
-          auto const bytes = std::size_t{256} << ((i * 7 + t) % 13);  // 256 B to 1 MiB
-          held.emplace_back(mr.allocate(streams[t], bytes, 256), bytes);
-          if (held.size() > 16) {
-            auto [p, n] = held.front();
-            held.erase(held.begin());
-            mr.deallocate(streams[(t + 1) % threads], p, n, 256);
-          }
-        }
-        for (auto [p, n] : held) { mr.deallocate(streams[t], p, n, 256); }
-      });
-    }
-    for (auto& th : pool) { th.join(); }
-    EXPECT_EQ(bad.load(), 0);
+    EXPECT_EQ(on_threads(threads,
+                         [&](int t) {
+                           std::vector<std::pair<void*, std::size_t>> held;
+                           for (int i = 0; i < 3000; ++i) {
+                             auto const bytes = std::size_t{256} << ((i * 7 + t) % 13);
+                             held.emplace_back(mr.allocate(streams[t], bytes, 256), bytes);
+                             if (held.size() > 16) {
+                               auto [p, n] = held.front();
+                               held.erase(held.begin());
+                               mr.deallocate(streams[(t + 1) % threads], p, n, 256);
+                             }
+                           }
+                           for (auto [p, n] : held) { mr.deallocate(streams[t], p, n, 256); }
+                         }),
+              0);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_TRUE(eventually([&] {
-      auto p = gpu_pool(daemon_->stats(), 0);
+      auto p = gpu_pool(daemon.stats(), 0);
       return p.carved_bytes() == 0 && p.carved_allocations() == 0;
-    })) << gpu_pool(daemon_->stats(), 0).DebugString();
-    // Idle for 200 ms, every lane gives its slabs back on its own.
-    EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == before; }))
-        << gpu_pool(daemon_->stats(), 0).DebugString();
+    })) << gpu_pool(daemon.stats(), 0).DebugString();
+    EXPECT_TRUE(eventually([&] { return gpu_pool(daemon.stats(), 0).in_use_bytes() == before; }))
+        << gpu_pool(daemon.stats(), 0).DebugString();
     for (auto s : streams) { ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess); }
   }
-  EXPECT_EQ(gpu_pool(daemon_->stats(), 0).in_use_bytes(), before);
+  EXPECT_EQ(gpu_pool(daemon.stats(), 0).in_use_bytes(), before);
 }
 
-TEST_F(IpcMemoryResource, CarvingLanesOutsideOneToSixteenAreRefused)
+TEST_F(IpcMemoryResource, CarvingLanesUnderEightThreadsLoseNothing)
 {
-  EXPECT_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(0, 1h)), rmmd::logic_error);
+  eight_threads_lose_nothing(*daemon_, *session_, lanes(8, 200ms));
+}
+
+TEST_F(IpcMemoryResource, AutomaticLanesUnderEightThreadsLoseNothing)
+{
+  eight_threads_lose_nothing(*daemon_, *session_, slabs(8 * MiB, 200ms));
+}
+
+TEST_F(IpcMemoryResource, AutomaticLanesStayOneForOneThreadAndGrowForASecond)
+{
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  if (CPU_COUNT(&cpus) < 2) { GTEST_SKIP() << "automatic lanes are one lane on one CPU"; }
+  auto const before = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  rmmd::ipc_memory_resource mr(*session_, 0, slabs(8 * MiB, 1h));  // the default lanes
+  std::vector<cudaStream_t> streams(4);
+  for (auto& s : streams) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  // One thread on four streams: one lane, one slab.
+  std::vector<void*> mine;
+  for (int i = 0; i < 16; ++i) { mine.push_back(mr.allocate(streams[i % 4], 64 * KiB, 256)); }
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_allocations() == 16 && p.in_use_bytes() == before + 8 * MiB;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // A second thread: a lane of its own, with a slab of its own; this
+  // thread's next allocations stay in the first lane.
+  void* theirs = nullptr;
+  EXPECT_EQ(on_threads(1, [&](int) { theirs = mr.allocate(streams[1], MiB, 256); }), 0);
+  mine.push_back(mr.allocate(streams[0], 64 * KiB, 256));
+  EXPECT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon_->stats(), 0);
+    return p.carved_allocations() == 18 && p.in_use_bytes() == before + 16 * MiB;
+  })) << gpu_pool(daemon_->stats(), 0).DebugString();
+  // Freed here, on any stream: the lanes hold 16 MiB of slabs with nothing
+  // carved, which the session's stats show as idle and reclaimable (through
+  // gRPC and through rmmctl stats).
+  mr.deallocate(streams[2], theirs, MiB, 256);
+  for (auto* p : mine) { mr.deallocate(streams[3], p, 64 * KiB, 256); }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(eventually([&] {
+    auto const stats = daemon_->stats();
+    auto const& s    = session_line(stats, *session_);
+    return s.carved_allocations() == 0 && s.idle_bytes() == 16 * MiB &&
+           s.reclaimable_bytes() == 16 * MiB;
+  })) << session_line(daemon_->stats(), *session_).DebugString();
+  auto const shown = daemon_->rmmctl_stats();
+  EXPECT_EQ(session_line(shown, *session_).idle_bytes(), 16 * MiB);
+  EXPECT_EQ(session_line(shown, *session_).reclaimable_bytes(), 16 * MiB);
+  EXPECT_EQ(gpu_pool(shown, 0).idle_bytes(), 16 * MiB);
+  EXPECT_EQ(mr.trim(), 16 * MiB);
+  EXPECT_TRUE(eventually([&] {
+    auto const stats = daemon_->stats();
+    return gpu_pool(stats, 0).in_use_bytes() == before &&
+           session_line(stats, *session_).idle_bytes() == 0;
+  })) << daemon_->stats().DebugString();
+  for (auto s : streams) { ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess); }
+}
+
+TEST_F(IpcMemoryResource, CarvingLanesAboveSixteenAreRefused)
+{
+  EXPECT_NO_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(rmmd::auto_carving_lanes, 1h)));
+  EXPECT_NO_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(16, 1h)));
   EXPECT_THROW(rmmd::ipc_memory_resource(*session_, 0, lanes(17, 1h)), rmmd::logic_error);
   try {
     rmmd::ipc_memory_resource mr(*session_, 0, lanes(17, 1h));
   } catch (rmmd::logic_error const& e) {
-    EXPECT_THAT(e.what(), HasSubstr("carving_lanes is 17; it must be 1 to 16"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("carving_lanes is 17; it must be 1 to 16, or "
+                          "rmmd::auto_carving_lanes"));
   }
 }
 
@@ -690,6 +797,41 @@ TEST(SlabMode, IdleSlabsOfAnotherSessionServeARequestAtOnce)
   // The hoarder carves on: a new slab, leased as it needs one.
   slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
   stream.sync();
+}
+
+TEST(SlabMode, IdleSlabsOfEveryLaneServeAnotherSessionsRequest)
+{
+  // A lane's slabs go back on the same terms as any slab: two threads of
+  // the hoarder hold a lane each, and both lanes' idle slabs are needed.
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "512MiB", "--reclaim-timeout-ms", "10000"});
+  auto hoarder          = daemon.open_session("hoarder");
+  auto options          = slabs(192 * MiB, 1h);  // never idle-trims
+  options.carving_lanes = 2;
+  rmmd::ipc_memory_resource slab_mr(hoarder, 0, options);
+  cuda::stream_ref stream{cudaStream_t{}};
+  slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
+  EXPECT_EQ(on_threads(1,
+                       [&](int) {
+                         slab_mr.deallocate(stream, slab_mr.allocate(stream, MiB, 256), MiB, 256);
+                       }),
+            0);
+  stream.sync();
+  ASSERT_TRUE(eventually([&] {
+    auto p = gpu_pool(daemon.stats(), 0);
+    return p.in_use_bytes() == 384 * MiB && p.reclaimable_bytes() == 384 * MiB &&
+           p.idle_bytes() == 384 * MiB;
+  })) << gpu_pool(daemon.stats(), 0).DebugString();
+
+  auto needy = daemon.open_session("needy");
+  rmmd::ipc_memory_resource direct_mr(needy, 0, direct);
+  void* big  = direct_mr.allocate(stream, 384 * MiB, 256);  // fits beside neither slab
+  auto after = gpu_pool(daemon.stats(), 0);
+  EXPECT_EQ(after.reclaim_served(), 1u);
+  EXPECT_EQ(after.idle_bytes(), 0u);
+  direct_mr.deallocate(stream, big, 384 * MiB, 256);
+  stream.sync();
+  ASSERT_TRUE(eventually([&] { return gpu_pool(daemon.stats(), 0).in_use_bytes() == 0; }));
 }
 
 TEST(SlabMode, IdleSlabsGoBackWhenThePoolIsUnderPressure)

@@ -4,8 +4,9 @@ daemon). Prints one line of JSON when it has done its part.
   hold WAY MODE MIB   arrays through rmmd; wait for stdin; exit
   oom WAY GIB         ask for more than the pool has; say what happened
   consume NAME        open a shared buffer (waiting for it) and read it through DLPack
-  lanes N             a slab resource with N carving lanes, N threads on N streams;
-                      says when all hold their arrays, checks them after a line on stdin
+  lanes N [T]         a slab resource with N carving lanes (or "auto"), T threads (N
+                      if not given) on T streams; says when all hold their arrays,
+                      checks them after a line on stdin
 
 WAY: allocator (rmmd_allocator: every allocation from rmmd) or pool
 (rmmd_memory_pool: CuPy's MemoryPool over rmmd); MODE: slab or direct.
@@ -79,12 +80,13 @@ def main(argv: list[str]) -> int:
     elif cmd == "lanes":
         import threading
 
-        lanes = int(argv[1])
+        lanes = argv[1] if argv[1] == "auto" else int(argv[1])
+        count = int(argv[2]) if len(argv) > 2 else int(lanes)
         session = rmmd.Session(client_name="cupy-lanes")
         resource = session.device_resource(lanes=lanes)
         results: list[bool] = []
-        holding = threading.Barrier(lanes + 1)
-        checking = threading.Barrier(lanes + 1)
+        holding = threading.Barrier(count + 1)
+        checking = threading.Barrier(count + 1)
 
         def work(t: int) -> None:
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
                     a.free()
             stream.synchronize()
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(lanes)]
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(count)]
         for th in threads:
             th.start()
         holding.wait()
@@ -112,7 +114,7 @@ def main(argv: list[str]) -> int:
         checking.wait()
         for th in threads:
             th.join()
-        say(ok=len(results) == lanes and all(results), session=session.id)
+        say(ok=len(results) == count and all(results), session=session.id)
         sys.stdin.readline()
     else:
         raise SystemExit(f"unknown command {cmd}")
