@@ -234,6 +234,7 @@ void ipc_memory_resource_impl::release_graph_held() noexcept
 
 std::size_t ipc_memory_resource_impl::trim() noexcept
 {
+  release_graph_held();
   return carver_ ? carver_->trim() : 0;
 }
 
