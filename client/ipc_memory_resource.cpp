@@ -1,12 +1,15 @@
 #include <rmmd/ipc_memory_resource.hpp>
 
 #include "client/detail/cuda_state.hpp"
+#include "client/detail/device_scope.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stream_capture.hpp"
 #include "client/slab_carver.hpp"
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 
 namespace rmmd {
@@ -60,7 +63,10 @@ struct release_job {
 ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
                                                    pool_info const& pool,
                                                    ipc_resource_options options)
-    : session_(std::move(s)), pool_(pool), options_(options)
+    : session_(std::move(s)),
+      pool_(pool),
+      options_(options),
+      graph_held_(std::make_shared<graph_held_frees>())
 {
   if (pool_.backend != backend_kind::cuda) {
     throw rmmd::logic_error("rmmd: pool '" + pool_.name +
@@ -85,8 +91,13 @@ ipc_memory_resource_impl::~ipc_memory_resource_impl()
     if (carver_) { carver_->abandon(); }
     return;
   }
+  // What graphs held and let go of goes back first (carved memory to its
+  // slab). What graphs still hold stays leased: they may still be launched,
+  // and the daemon reclaims it with the session.
+  release_graph_held();
   carver_.reset();  // gives its slabs back through the direct path below
   for (auto const& [ptr, id] : leases_.take_all()) { release(cudaStreamLegacy, ptr, id); }
+  for (auto const& [ptr, id] : captured_.take_all()) { release(cudaStreamLegacy, ptr, id); }
   // The host functions of our frees hold no pointer to us, but they must have
   // sent their Frees before the session (which we may hold last) closes: the
   // daemon would free a lease whose import a stream still uses. Streams
@@ -102,6 +113,7 @@ ipc_memory_resource_impl::~ipc_memory_resource_impl()
     return;
   }
   wait_for_releases(std::chrono::steady_clock::now() + session_.impl().options.call_timeout);
+  if (own_stream_ != nullptr) { cudaStreamDestroy(own_stream_); }
 }
 
 void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
@@ -111,7 +123,22 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
   // Nothing could hold it: no request (and no slab leased for it).
   if (bytes > pool_.capacity_bytes) [[unlikely]] { refuse_beyond_capacity(bytes, pool_); }
+  if (capturing_graph(stream.get()) != nullptr) [[unlikely]] {
+    return allocate_captured(bytes, alignment);
+  }
+  release_graph_held();
   return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
+}
+
+void* ipc_memory_resource_impl::allocate_captured(std::size_t bytes, std::size_t alignment)
+{
+  // The import (and a packed block's) is a call that the global capture
+  // mode forbids while a capture is under way.
+  relaxed_capture_scope relaxed;
+  if (!carver_) { return lease_into(leases_, bytes, alignment); }
+  void* ptr = lease_into(captured_, bytes, alignment);
+  captured_count_.fetch_add(1, std::memory_order_release);
+  return ptr;
 }
 
 void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
@@ -121,19 +148,99 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
 {
   // The constructor ran watch_process_exit(): our own flag is enough.
   if (ptr == nullptr || exit_marked()) { return; }
-  if (carver_) {
-    carver_->deallocate(stream, ptr, bytes, alignment);
-  } else {
-    unlease(stream, ptr);
+  // Captured, the free and its host function would run at every replay:
+  // the graph keeps the memory instead, until it is destroyed.
+  if (auto graph = capturing_graph(stream.get()); graph != nullptr) [[unlikely]] {
+    return hold_for_graph(graph, ptr, bytes, alignment);
+  }
+  release_graph_held();
+  deallocate_now(stream, ptr, bytes, alignment);
+}
+
+void ipc_memory_resource_impl::deallocate_now(cuda::stream_ref stream,
+                                              void* ptr,
+                                              std::size_t bytes,
+                                              std::size_t alignment) noexcept
+{
+  if (!carver_) { return unlease(stream, ptr); }
+  if (captured_count_.load(std::memory_order_acquire) != 0) [[unlikely]] {
+    if (auto id = captured_.take_if_held(ptr)) {
+      captured_count_.fetch_sub(1, std::memory_order_relaxed);
+      return release(stream.get(), ptr, *id);
+    }
+  }
+  carver_->deallocate(stream, ptr, bytes, alignment);
+}
+
+void ipc_memory_resource_impl::hold_for_graph(cudaGraph_t graph,
+                                              void* ptr,
+                                              std::size_t bytes,
+                                              std::size_t alignment) noexcept
+{
+  graph_held_frees::entry e{.ptr = ptr, .bytes = bytes, .alignment = alignment};
+  // A lease of its own leaves its table now: the resource's destructor must
+  // not free it under a graph that may still be launched.
+  std::optional<std::uint64_t> id;
+  if (!carver_) {
+    id = leases_.take(ptr);
+    if (!id) { return; }  // not ours: take() said so
+  } else if (captured_count_.load(std::memory_order_acquire) != 0) {
+    if ((id = captured_.take_if_held(ptr))) {
+      captured_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  if (id) { e.lease_id = *id; }
+  if (!hold_until_graph_destroyed(graph, graph_held_, e)) {
+    std::fprintf(stderr,
+                 "rmmd: a free of %p (pool '%s') during stream capture could not be tied to the "
+                 "graph; the memory stays this process's until the session closes\n",
+                 ptr,
+                 pool_.name.c_str());
+  }
+}
+
+void ipc_memory_resource_impl::release_graph_held() noexcept
+{
+  auto released = graph_held_->take();
+  if (released.empty()) [[likely]] { return; }
+  // Frees on a stream of our own: the graphs are done with the memory, and
+  // the stream that freed it may be gone (or capturing again). The calling
+  // thread may be inside a capture of its own: relaxed mode, and a stream
+  // that no capture uses.
+  relaxed_capture_scope relaxed;
+  std::call_once(own_stream_made_, [&] {
+    device_scope on_pool_device(pool_.device);
+    if (cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      own_stream_ = nullptr;
+    }
+  });
+  if (own_stream_ == nullptr) {
+    std::fprintf(stderr,
+                 "rmmd: freeing memory that CUDA graphs held (pool '%s'): no stream could be "
+                 "made; it stays this process's until the session closes\n",
+                 pool_.name.c_str());
+    return;
+  }
+  cuda::stream_ref stream{own_stream_};
+  for (auto const& e : released) {
+    if (e.lease_id != 0) {
+      release(own_stream_, e.ptr, e.lease_id);
+    } else if (carver_) {
+      carver_->deallocate(stream, e.ptr, e.bytes, e.alignment);
+    }
   }
 }
 
 std::size_t ipc_memory_resource_impl::trim() noexcept
 {
+  release_graph_held();
   return carver_ ? carver_->trim() : 0;
 }
 
-void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+void* ipc_memory_resource_impl::lease_into(lease_table& table,
+                                           std::size_t bytes,
+                                           std::size_t alignment)
 {
   // Not on the carving path: the first slab, like every direct allocation,
   // is leased here.
@@ -164,7 +271,7 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
       auto* base = static_cast<std::byte*>(
           impl.packed().base(pool_.id, lease.block_id, lease.granted.cuda_export.data()));
       void* ptr = base + lease.block_offset;
-      leases_.add(ptr, lease.granted.id | packed_lease);
+      table.add(ptr, lease.granted.id | packed_lease);
       return ptr;
     } catch (...) {
       try {
@@ -187,7 +294,7 @@ void* ipc_memory_resource_impl::lease(cuda::stream_ref, std::size_t bytes, std::
     throw rmm::bad_alloc("rmmd: importing allocation " + std::to_string(lease.granted.id) +
                          " of pool '" + pool_.name + "' failed: " + cudaGetErrorName(err));
   }
-  leases_.add(ptr, lease.granted.id);
+  table.add(ptr, lease.granted.id);
   return ptr;
 }
 

@@ -4,6 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stream_capture.hpp"
 #include "common/buffer_name.hpp"
 
 #include <unistd.h>
@@ -258,6 +259,14 @@ void shared_buffer::publish(cuda::stream_ref stream)
   if (!creator_) {
     throw rmmd::precondition_error("rmmd: publish buffer '" + name_ +
                                    "': only the process that created it may publish it");
+  }
+  if (detail::capturing_graph(stream.get()) != nullptr) {
+    // Captured, the publish would be sent at every replay of the graph (and
+    // before the graph's writes ever ran).
+    throw rmmd::precondition_error(
+        "rmmd: publish buffer '" + name_ +
+        "': the stream is capturing a CUDA graph; publish on a stream that is not capturing, "
+        "after the graph's launch that writes the buffer");
   }
   stream_    = stream;
   using call = detail::session_impl::queued_call;

@@ -32,6 +32,21 @@ namespace rmmd {
 /// what a closed session held). trim() and the destructor synchronise the
 /// pool's device before slabs go back.
 ///
+/// Stream capture (CUDA graphs, torch.cuda.graphs): an allocate() on a
+/// stream that is capturing is a daemon allocation of its own in both modes
+/// (never carved; a round trip, made once at capture and not per replay),
+/// made with the thread's capture mode relaxed, so it works under
+/// cudaStreamCaptureModeGlobal too. A deallocate() on a capturing stream
+/// frees nothing then: the graph keeps the memory (a CUDA user object the
+/// graph holds), since every replay still uses it, and once the graph and
+/// every executable graph made from it are destroyed and their launches are
+/// done, the next allocate(), deallocate() or trim() of this resource frees
+/// it, once, on a stream of the resource's own. Nothing is sent per replay.
+/// So memory freed during a capture is not reused by later allocations of
+/// the same capture (PyTorch's MemPool reuses it in its own cache first).
+/// Destroy graphs before the resource: what a graph still holds then stays
+/// leased until the session closes.
+///
 /// The pool is found by its GPU's UUID, so the device ordinal is this
 /// process's own, whatever CUDA_VISIBLE_DEVICES says.
 ///
@@ -70,8 +85,9 @@ class ipc_memory_resource final
   {
   }
 
-  /// Slab mode: gives the slabs back to the daemon now if nothing is carved
-  /// from them; returns the bytes given back.
+  /// Frees what destroyed CUDA graphs held (see "Stream capture" above);
+  /// slab mode: gives the slabs back to the daemon now if nothing is carved
+  /// from them; returns the slab bytes given back.
   std::size_t trim() noexcept
   {
     return get().trim();

@@ -205,3 +205,37 @@ def test_the_examples_run(gpu_daemon: Daemon, example: str, needs: list[str], sa
     out = run_python([str(EXAMPLES / example)], gpu_daemon.env())
     assert says in out.stdout, out.stdout
     assert out.stderr == "", out.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("way", WAYS)
+def test_a_captured_forward_and_backward_replays_like_pytorchs_allocator(
+    torch_daemon: Daemon, way: str, mode: str
+) -> None:
+    """torch.cuda.graphs: a small model's forward and backward captured under
+    rmmd (into the rmmd MemPool, or with rmmd as the whole process's
+    allocator), replayed 1,000 times: the same bits as PyTorch's own
+    allocator, nothing sent twice, and the ledger back to zero."""
+    env = torch_daemon.env(CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    reference = json.loads(run_python([TORCH, "graph", "default", mode, "1000"], env).stdout)
+    child = start_python([TORCH, "graph", way, mode, "1000"], env)
+    got = json.loads(read_line(child, timeout=600))
+    assert got["rmmd_stats"]["total_allocations"] > 0  # rmmd did lend the memory
+    assert got["losses"] == reference["losses"]
+    assert got["grads"] == reference["grads"]
+    if way == "allocator":
+        # What the graph allocated and freed during capture went back once
+        # the graph was destroyed.
+        assert got["after"] <= got["before"], got
+    assert got["final"] == 0, got  # every tensor freed, the MemPool gone
+    # The daemon's ledger for this session back to zero (idle slabs go back
+    # after the resource's idle_trim).
+    wait_until(
+        lambda: int(session_of(torch_daemon, child.pid, "torch").get("allocation_count", 0)) == 0,
+        timeout=60,
+        what="the session's leases to go back",
+    )
+    _, err = child.communicate("\n", timeout=120)
+    assert child.returncode == 0, err
+    # A Free sent twice is refused (NOT_FOUND) and printed by the client.
+    assert "rmmd:" not in err, err

@@ -6,6 +6,7 @@
 #include <cuda/memory_resource>
 #include <cuda/stream>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -67,6 +68,7 @@ struct ipc_resource_options {
 namespace rmmd::detail {
 
 class slab_carver;
+struct graph_held_frees;
 
 /// The frees of one resource that wait for their stream (shared with the host
 /// functions that complete them, which may outlive the resource at exit).
@@ -116,7 +118,10 @@ class ipc_memory_resource_impl {
 
   /// The direct path: one daemon allocation, imported (slab mode leases its
   /// slabs through these).
-  [[nodiscard]] void* lease(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
+  [[nodiscard]] void* lease(cuda::stream_ref, std::size_t bytes, std::size_t alignment)
+  {
+    return lease_into(leases_, bytes, alignment);
+  }
   void unlease(cuda::stream_ref stream, void* ptr) noexcept;
 
   /// Slab mode: gives idle slabs back now; returns the bytes given back (0
@@ -126,6 +131,27 @@ class ipc_memory_resource_impl {
   friend void get_property(ipc_memory_resource_impl const&, cuda::mr::device_accessible) noexcept {}
 
  private:
+  /// A daemon allocation, imported, entered in `table`.
+  [[nodiscard]] void* lease_into(lease_table& table, std::size_t bytes, std::size_t alignment);
+  /// allocate() on a stream that is capturing a graph: a lease of its own in
+  /// both modes (made by the daemon, so ready without any event), made in the
+  /// relaxed capture mode. Never carved: RMM's pool would make the capture
+  /// wait on events recorded outside it, which CUDA refuses.
+  [[nodiscard]] void* allocate_captured(std::size_t bytes, std::size_t alignment);
+  /// deallocate() on a stream that is capturing into `graph`: the graph keeps
+  /// the memory until it and its executable graphs are destroyed; then the
+  /// next call into this resource frees it (release_graph_held()).
+  void hold_for_graph(cudaGraph_t graph,
+                      void* ptr,
+                      std::size_t bytes,
+                      std::size_t alignment) noexcept;
+  /// Frees what destroyed graphs held, on a stream of this resource's own.
+  void release_graph_held() noexcept;
+  /// deallocate() on a stream that is not capturing.
+  void deallocate_now(cuda::stream_ref stream,
+                      void* ptr,
+                      std::size_t bytes,
+                      std::size_t alignment) noexcept;
   /// Frees the import on `stream`, then has the daemon free the lease once
   /// the stream passes that point: a host function enqueued after the free
   /// sends the Free (no interprocess event, so any uid and any /dev/shm).
@@ -144,6 +170,15 @@ class ipc_memory_resource_impl {
   /// function-local static, whose destructor is registered after its
   /// constructor ran (and would run before a hook registered there).
   std::once_flag exit_watched_;
+  /// Slab mode: the leases made while their stream captured (not carved),
+  /// and how many (deallocate() looks them up only when there are any).
+  lease_table captured_;
+  std::atomic<std::size_t> captured_count_{0};
+  /// Frees made during capture that the graphs holding them let go of.
+  std::shared_ptr<graph_held_frees> graph_held_;
+  /// The stream release_graph_held() frees on (made at its first use).
+  std::once_flag own_stream_made_;
+  cudaStream_t own_stream_{};
   std::unique_ptr<slab_carver> carver_;  // slab mode only; destroyed first
 };
 

@@ -23,6 +23,18 @@ class lease_table {
   /// stderr) if this table never had it.
   std::optional<std::uint64_t> take(void* ptr) noexcept;
 
+  /// take() for a pointer that may be in another table: nullopt, silently,
+  /// if this one does not have it.
+  std::optional<std::uint64_t> take_if_held(void* ptr) noexcept
+  {
+    std::lock_guard lock(mutex_);
+    auto it = ids_.find(ptr);
+    if (it == ids_.end()) { return std::nullopt; }
+    auto id = it->second;
+    ids_.erase(it);
+    return id;
+  }
+
   /// Removes and returns every entry.
   std::vector<std::pair<void*, std::uint64_t>> take_all() noexcept
   {

@@ -7,6 +7,9 @@ daemon). Prints one line of JSON when it has done its part; `hold` and
   oom WAY MODE GIB         ask for more than the pool has; say what happened
   leave WAY MODE [raise]   allocate and compute, then exit (or raise) without cleaning up
   produce NAME MIB         a shared buffer on GPU 0 filled by PyTorch through DLPack
+  graph WAY MODE REPLAYS   a small model's forward and backward captured by torch.cuda.graph
+                           (into the rmmd MemPool for WAY mempool), replayed REPLAYS times;
+                           its losses and gradients, and rmmd's live bytes before and after
 
 WAY: mempool (a torch.cuda.MemPool over rmmd) or allocator (rmmd for the
 whole process); MODE: slab or direct.
@@ -64,6 +67,80 @@ def train(steps: int) -> list[float]:
     return losses
 
 
+def clear_cublas_workspaces() -> None:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+def graph(way: str, mode: str, replays: int) -> dict[str, object]:
+    """Forward and backward of a small MLP captured once and replayed; every
+    replay's loss and the last replay's gradients, as exact bit patterns."""
+    import gc
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
+        torch.nn.Linear(128, 10),
+    ).cuda()
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    static_x = torch.randn(32, 64, generator=gen).cuda()
+    static_y = torch.randint(0, 10, (32,), generator=gen).cuda()
+    pool = globals().get("_pool")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graphs asks
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(static_x), static_y).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    clear_cublas_workspaces()
+    torch.cuda.synchronize()
+    before = rmmd_torch.memory_stats(0)["allocated_bytes"] if way != "default" else 0
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id if pool is not None else None):
+        static_loss = torch.nn.functional.cross_entropy(model(static_x), static_y)
+        static_loss.backward()
+    losses = []
+    for _ in range(replays):
+        static_x.copy_(torch.randn(32, 64, generator=gen))
+        static_y.copy_(torch.randint(0, 10, (32,), generator=gen))
+        g.replay()
+        losses.append(static_loss.item().hex())
+    grads = [p.grad.detach().cpu().contiguous().view(torch.int32).tolist() for p in model.parameters()]
+    # The graph and what it made go; what it held goes back to rmmd.
+    del g, static_loss
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    clear_cublas_workspaces()
+    torch.cuda.synchronize()
+    if pool is not None:
+        torch.cuda.empty_cache()
+    after = before
+    if way == "allocator":
+        # The graph's user objects are let go on a CUDA thread; the resource
+        # frees what they held at its next call.
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            with with_pool(pool):
+                torch.empty(1, device="cuda")
+            torch.cuda.synchronize()
+            after = rmmd_torch.memory_stats(0)["allocated_bytes"]
+            if after <= before or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    return {"losses": losses, "grads": grads, "before": before, "after": after}
+
+
+def with_pool(pool):  # type: ignore[no-untyped-def]
+    import contextlib
+
+    return rmmd_torch.use_mem_pool(pool) if pool is not None else contextlib.nullcontext()
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "hold":
@@ -116,6 +193,27 @@ def main(argv: list[str]) -> int:
         sys.stdin.readline()
         del t
         buf.close()
+    elif cmd == "graph":
+        way, mode, replays = argv[1], argv[2], int(argv[3])
+        with with_rmmd(way, mode), torch.autograd.grad_mode.set_multithreading_enabled(False):
+            said = graph(way, mode, replays)
+        if way != "default":
+            # Everything let go: the MemPool too (PyTorch then gives its
+            # segments back to rmmd).
+            import gc
+
+            globals().pop("_pool", None)
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            if way == "allocator":
+                torch.empty(1, device="cuda")  # a call into the resource frees what graphs held
+            torch.cuda.synchronize()
+            said["final"] = rmmd_torch.memory_stats(0)["allocated_bytes"]
+            said["rmmd_stats"] = rmmd_torch.memory_stats(0)
+        say(pid=os.getpid(), **said)
+        if way != "default":
+            sys.stdin.readline()
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
