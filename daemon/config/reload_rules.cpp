@@ -60,7 +60,8 @@ constexpr reload_rule needs_restart(std::string_view name)
 
 // Restart-only, and why: the sockets and their directory are made once at
 // start (runtime_dir, socket_group, runtime_dir_mode, socket_mode); pools own
-// driver memory that live leases point into; hello_timeout_ms and
+// driver memory that live leases point into, and tenancy decides which pools
+// (one per tenant, or one for all) there are; hello_timeout_ms and
 // max_message_bytes are fixed when the listener and the gRPC server are
 // built; the metrics endpoint listens once.
 // One row a field; clang-format 14 breaks a lambda given as a template
@@ -74,6 +75,7 @@ constexpr std::array rules{
     applied<[](auto& s) -> auto& { return s.access.uids; }>("allowed_uids/allowed_users"),
     applied<[](auto& s) -> auto& { return s.access.gids; }>("allowed_gids/allowed_groups"),
     needs_restart<[](auto& s) { return std::tie(s.pools, s.gpu_pool_per_device); }>("pools"),
+    needs_restart<[](auto& s) { return std::tie(s.tenancy.isolate, s.tenancy.shared_gids); }>("tenancy"),
     applied<[](auto& s) -> auto& { return s.quotas.per_session_bytes; }>("quotas.per_session_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_bytes; }>("quotas.per_uid_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_overrides; }>("quotas.uid_overrides"),
