@@ -5,6 +5,7 @@
 
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 
 #include <array>
@@ -77,6 +78,22 @@ int raw_sessions(int argc, char** argv)
   return raw_sessions_main(argv[2], *count);
 }
 
+int tenant_sessions(int argc, char** argv)
+{
+  auto count = argc == 4 ? count_arg(argv[3]) : std::nullopt;
+  if (!count) { return usage(argv); }
+  return tenant_sessions_main(argv[2], *count);
+}
+
+int tenant_idle(int argc, char** argv)
+{
+  std::string const backend = argc == 6 ? argv[3] : "";
+  auto count                = argc == 6 ? count_arg(argv[4]) : std::nullopt;
+  auto bytes                = argc == 6 ? count_arg(argv[5]) : std::nullopt;
+  if ((backend != "host" && backend != "cuda") || !count || !bytes) { return usage(argv); }
+  return tenant_idle_main(argv[2], backend, *count, *bytes);
+}
+
 int mobility_worker(int argc, char** argv)
 {
   auto bytes = argc == 3 ? count_arg(argv[2]) : std::nullopt;
@@ -140,7 +157,7 @@ int share_consumer(int argc, char** argv)
   return share_consumer_main(*method, bytes, reps, warmup, seconds, argv[7]);
 }
 
-constexpr std::array<helper_entry, 11> table{{
+constexpr std::array<helper_entry, 13> table{{
     {"--exporter", "(socket on fd 3)", exporter},
     {"--raw-leases", "RUNTIME_DIR host|cuda COUNT 256", raw_leases},
     {"--raw-sessions", "RUNTIME_DIR COUNT 256", raw_sessions},
@@ -154,6 +171,8 @@ constexpr std::array<helper_entry, 11> table{{
      "rmmd|rmmd_grpc|cuda_ipc|host_copy BYTES REPS WARMUP SECONDS ARG",
      share_consumer},
     {"--holder", "fast|direct BYTES", holder},
+    {"--tenant-sessions", "RUNTIME_DIR COUNT", tenant_sessions},
+    {"--tenant-idle", "RUNTIME_DIR host|cuda COUNT BYTES", tenant_idle},
 }};
 
 }  // namespace

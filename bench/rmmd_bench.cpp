@@ -1,6 +1,7 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run.
 //
-//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections a,a8,b,b2,c,c2,d,e,f,g,h]
+//   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections
+//   a,a8,b,b2,c,c2,d,e,f,g,h,t]
 //              [--a8-threads 1,8] [--a8-rounds N]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), runs the
@@ -20,6 +21,7 @@
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 
 #include <CLI/CLI.hpp>
@@ -162,12 +164,23 @@ void run_h(bench_context& c)
   for (auto const& t : targets) { (void)c.st.check(t); }
 }
 
+void run_t(bench_context& c)
+{
+  auto const targets = section_tenants({.rmmd       = c.options.rmmd_path,
+                                        .self       = self_path(),
+                                        .helper_env = self_env(),
+                                        .quick      = c.cfg.quick,
+                                        .cuda       = true},
+                                       *c.st.doc.mutable_tenants());
+  for (auto const& t : targets) { (void)c.st.check(t); }
+}
+
 /// The sections, in the order they run (a run runs those --sections names).
 struct section_entry {
   char const* name;
   void (*run)(bench_context&);
 };
-constexpr std::array<section_entry, 11> sections{{{"a", run_a},
+constexpr std::array<section_entry, 12> sections{{{"a", run_a},
                                                   {"a8", run_a8},
                                                   {"b", run_b},
                                                   {"b2", run_b2},
@@ -177,7 +190,8 @@ constexpr std::array<section_entry, 11> sections{{{"a", run_a},
                                                   {"e", run_e},
                                                   {"f", run_f},
                                                   {"g", run_g},
-                                                  {"h", run_h}}};
+                                                  {"h", run_h},
+                                                  {"t", run_t}}};
 
 std::vector<std::string> section_names()
 {
@@ -422,12 +436,20 @@ int bench_main(int argc, char** argv)
         o.out_path,
         o.command);
   }
+  if (visible_gpus(why) == 0 && o.sections == std::vector<std::string>{"t"}) {
+    ::signal(SIGPIPE, SIG_IGN);
+    return section_tenants_without_gpu(
+        {.rmmd = o.rmmd_path, .self = self_path(), .helper_env = self_env(), .quick = o.quick},
+        o.out_path,
+        o.command);
+  }
   if (visible_gpus(why) == 0) {
-    std::fprintf(stderr,
-                 "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
-                 "a GPU: run it on the GPU host (bench/README.md); `--sections h` alone runs "
-                 "section h's host figures without one.\n",
-                 why.c_str());
+    std::fprintf(
+        stderr,
+        "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
+        "a GPU: run it on the GPU host (bench/README.md); `--sections h` or `--sections t` "
+        "alone runs that section's host figures without one.\n",
+        why.c_str());
     return 2;
   }
   if (!out_path_writable(o.out_path)) { return 2; }

@@ -304,7 +304,7 @@ void shared_buffer::close() noexcept
   // A host buffer without a stream: nothing of the GPU's to wait for.
   if (!detail::process_is_exiting()) {
     auto& impl = session_->impl();
-    impl.buffers().detach(id_);
+    if (auto view = impl.buffers().detach(id_)) { detail::buffer_views::unmap_host(*view); }
     send_close(impl);
   }
   reset();
@@ -332,7 +332,10 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     // Another open in this process keeps the import (only the hold goes),
     // or host memory: what the stream does with it is done before anyone
     // else may have the bytes.
-    if (host) { synchronize(stream); }
+    if (host) {
+      synchronize(stream);
+      if (view) { detail::buffer_views::unmap_host(*view); }
+    }
     send_close(impl);
   } else if (view->vmm_handle != 0) {
     // The buffer's own allocation: unmapping is a CUDA call, which a host

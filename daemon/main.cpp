@@ -58,7 +58,8 @@ int main(int argc, char** argv)
       rmmd::core::core_options{.access          = settings->access,
                                .quotas          = settings->quotas,
                                .reclaim_timeout = settings->reclaim_timeout,
-                               .pack_up_to      = settings->pack_up_to});
+                               .pack_up_to      = settings->pack_up_to,
+                               .tenancy         = settings->tenancy});
   auto const pools = startup::pool_plan(*settings);
   if (!pools ||
       !startup::add_pools(core, *pools, flags.backend, flags.shared_buffer_memory == "own")) {

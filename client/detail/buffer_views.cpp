@@ -9,6 +9,9 @@
 
 #include <unistd.h>
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,6 +45,9 @@ void* buffer_views::attach(v1::BufferGrant const& grant)
   if (pool.backend == backend_kind::cuda && grant.has_vmm()) {
     return attach_allocation(grant, pool);
   }
+  if (pool.backend == backend_kind::host && grant.has_host_memfd()) {
+    return attach_host_memfd(grant, pool);
+  }
   void* data = pool.backend == backend_kind::host ? attach_host(grant, pool)
                                                   : attach_pool_pointer(grant, pool);
   buffers_.emplace(grant.buffer_id(), view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
@@ -70,6 +76,51 @@ void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& p
   }
   if (base == nullptr) { base = pools_.host_pool_base(pool.id); }
   return base + grant.host().offset();
+}
+
+void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool)
+{
+  // REQUIRES: buffers_mutex_ held (by attach).
+  auto const bytes = grant.host_memfd().mapping_bytes();
+  int const fd     = buffer_fd(grant.buffer_id());
+  void* data       = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  auto const error = errno;
+  ::close(fd);  // the mapping keeps the memfd
+  if (data == MAP_FAILED) {
+    throw rmm::bad_alloc("rmmd: mapping host buffer " + in_quotes(grant.name()) + " (" +
+                         std::to_string(bytes) + " bytes): mmap: " + std::strerror(error));
+  }
+  bool pinned = false;
+  if (pool.pinnable) {
+    // Page-locked, so that kernels and copies use it directly; without a
+    // GPU (or RLIMIT_MEMLOCK) the plain mapping serves all the same.
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+      cudaGetLastError();
+      devices = 0;
+    }
+    if (devices > 0) {
+      pinned =
+          cudaHostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+          cudaSuccess;
+      if (!pinned) { cudaGetLastError(); }
+    }
+  }
+  buffers_.emplace(grant.buffer_id(),
+                   view{.data         = data,
+                        .pool_id      = grant.pool_id(),
+                        .refs         = 1,
+                        .mapped_bytes = bytes,
+                        .host_mapping = true,
+                        .pinned       = pinned});
+  return data;
+}
+
+void buffer_views::unmap_host(view const& v) noexcept
+{
+  if (!v.host_mapping) { return; }
+  if (v.pinned && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
+  ::munmap(v.data, v.mapped_bytes);
 }
 
 void* buffer_views::attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool)

@@ -45,6 +45,10 @@ class buffer_views {
     /// host memory): the driver's handle and the mapped bytes.
     std::uint64_t vmm_handle{};
     std::size_t mapped_bytes{};
+    /// A host buffer's own memfd, mapped here (mapped_bytes long), and
+    /// whether that mapping is page-locked.
+    bool host_mapping{false};
+    bool pinned{false};
   };
   /// The view of `grant`'s buffer: the existing one (one more ref), or a new
   /// import. Throws as error.hpp says (the caller closes the open then).
@@ -55,6 +59,9 @@ class buffer_views {
   /// Unmaps and releases a view of a buffer's own allocation (vmm_handle set).
   /// REQUIRES: the work of every stream that used it is done.
   static void unmap_allocation(view const& v) noexcept;
+  /// Unpins and unmaps a view of a host buffer's own memfd (host_mapping
+  /// set). REQUIRES: nothing uses it any more (streams included).
+  static void unmap_host(view const& v) noexcept;
   /// The fd of a buffer's own allocation (BufferFd, on the session socket
   /// whatever transport the other calls take: only it carries fds). The
   /// caller owns it. Throws as error.hpp says.
@@ -63,6 +70,9 @@ class buffer_views {
  private:
   /// attach() of a host pool's buffer: a place in the pool's mapping.
   void* attach_host(v1::BufferGrant const& grant, pool_info const& pool);
+  /// attach() of a host buffer's own memfd: mapped (and page-locked in a
+  /// pinnable pool, where this process has a GPU). Holds buffers_mutex_.
+  void* attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a pool pointer: imported into the session's pool import.
   void* attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a buffer's own allocation. Holds buffers_mutex_.

@@ -231,6 +231,13 @@ grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
     if (!grant.has_cuda()) { return invalid("carries no CUDA export data"); }
     return grpc::Status::OK;
   }
+  if (grant.has_host_memfd()) {
+    if (grant.host_memfd().mapping_bytes() < grant.size()) {
+      return invalid("maps " + std::to_string(grant.host_memfd().mapping_bytes()) +
+                     " bytes, fewer than its " + std::to_string(grant.size()));
+    }
+    return grpc::Status::OK;
+  }
   if (!grant.has_host()) { return invalid("carries no host pool offset"); }
   auto const offset = grant.host().offset();
   if (offset > pool.capacity || grant.size() > pool.capacity - offset) {

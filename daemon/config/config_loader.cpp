@@ -47,6 +47,7 @@ daemon_settings validate(v1::DaemonConfig const& config,
   auto s = default_settings();
   detail::check_runtime(file, s);
   detail::check_access(file, s);
+  detail::check_tenancy(file, s);
   detail::check_pools(file, s);
   detail::check_per_gpu_pools(file, s);
   detail::check_quotas(file, s);

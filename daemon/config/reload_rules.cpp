@@ -61,7 +61,8 @@ constexpr reload_rule needs_restart(std::string_view name)
 // Restart-only, and why: the sockets and their directory are made once at
 // start (runtime_dir, socket_group, runtime_dir_mode, socket_mode); pools,
 // those listed and those made per GPU, own driver memory that live leases
-// point into; hello_timeout_ms and max_message_bytes are fixed when the
+// point into, and tenancy decides which pools (one per tenant, or one for
+// all) there are; hello_timeout_ms and max_message_bytes are fixed when the
 // listener and the gRPC server are built; the metrics endpoint listens once.
 // One row a field; clang-format 14 breaks a lambda given as a template
 // argument across lines, so the table is kept as written.
@@ -75,6 +76,7 @@ constexpr std::array rules{
     applied<[](auto& s) -> auto& { return s.access.gids; }>("allowed_gids/allowed_groups"),
     needs_restart<[](auto& s) -> auto& { return s.pools; }>("pools"),
     needs_restart<[](auto& s) -> auto& { return s.cuda_pool_per_gpu; }>("cuda_pool_per_gpu"),
+    needs_restart<[](auto& s) { return std::tie(s.tenancy.isolate, s.tenancy.shared_gids); }>("tenancy"),
     applied<[](auto& s) -> auto& { return s.quotas.per_session_bytes; }>("quotas.per_session_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_bytes; }>("quotas.per_uid_bytes"),
     applied<[](auto& s) -> auto& { return s.quotas.per_uid_overrides; }>("quotas.uid_overrides"),

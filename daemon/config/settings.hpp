@@ -121,6 +121,8 @@ struct daemon_settings {
   std::chrono::milliseconds reclaim_timeout{core::default_reclaim_timeout};
   /// See core_options::pack_up_to.
   std::size_t pack_up_to{core::default_pack_up_to};
+  /// See core_options::tenancy (rmmd.conf's `tenancy`).
+  core::tenancy_policy tenancy{};
   std::size_t max_message_bytes{64 * 1024};
   std::string metrics_address;  ///< "HOST:PORT"; empty: no metrics endpoint
   /// Sessions with metrics series of their own (the top ones by bytes).

@@ -5,14 +5,17 @@
 // reads or writes an entry holds it.
 
 #include "daemon/core/pool_backend.hpp"
+#include "daemon/core/tenants.hpp"
 #include "daemon/core/types.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace rmmd::core {
 
@@ -20,12 +23,28 @@ namespace rmmd::core {
 inline constexpr auto pressure_window = std::chrono::seconds(2);
 
 struct pool_entry {
+  explicit pool_entry(pool_tenants backends) : tenants(std::move(backends)) {}
+
   pool_config config;
-  std::unique_ptr<pool_backend> backend;
+  pool_tenants tenants;  // its backends: one per tenant, or one for everyone
   std::size_t capacity{};
-  std::size_t in_use{};  // leases, packed blocks and shared buffers
+  std::size_t in_use{};  // leases, packed blocks and shared buffers, of every tenant
   std::size_t live{};    // leases
   std::chrono::steady_clock::time_point pressure_until{};
+
+  /// Counts `bytes` more lent to (sign +1) or given back by (-1) `tenant`,
+  /// in the pool and in the tenant's backend.
+  void count(tenant_key const& tenant, std::size_t bytes, int sign) noexcept
+  {
+    auto apply = [&](std::size_t& counter) {
+      counter = sign > 0 ? counter + bytes : counter - bytes;
+    };
+    apply(in_use);
+    if (auto* slot = tenants.find(tenant)) {
+      apply(slot->in_use);
+      slot->high_water = std::max(slot->high_water, slot->in_use);
+    }
+  }
 
   /// Bytes the pool could still lend.
   [[nodiscard]] std::size_t room() const noexcept
@@ -38,6 +57,7 @@ struct session_entry {
   session_id id{};
   std::string token_hex;
   peer_credentials peer;
+  tenant_key tenant;  // whose backends serve it
   std::string command;
   std::string client_name;
   std::size_t bytes{};  // leases and packed blocks
@@ -70,6 +90,7 @@ struct buffer_entry {
   buffer_state state{buffer_state::writing};
   bool persistent{false};
   std::optional<gid_t> gid;
+  tenant_key tenant;  // the creator's: its memory came from that tenant's backend
   session_id creator{};
   uid_t creator_uid{};
   pid_t creator_pid{};

@@ -59,10 +59,28 @@ stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_s
   for (std::size_t i = 0; i < in.pools.size(); ++i) {
     auto const& p = *in.pools[i];
     auto const& h = pools_[i];
-    auto usage    = p.backend->usage();
-    auto release  = p.backend->release_threshold();
+    std::optional<backend_usage> usage;
+    std::optional<std::size_t> release;
+    std::vector<tenant_pool_stats> tenants;
+    for (auto const& [key, slot] : p.tenants.slots()) {
+      auto const u = slot.backend->usage();
+      if (u) {
+        usage = backend_usage{
+            .reserved_bytes = usage.value_or(backend_usage{}).reserved_bytes + u->reserved_bytes,
+            .used_bytes     = usage.value_or(backend_usage{}).used_bytes + u->used_bytes};
+      }
+      if (!release) { release = slot.backend->release_threshold(); }
+      tenants.push_back(tenant_pool_stats{
+          .tenant                 = key.text(),
+          .in_use_bytes           = slot.in_use,
+          .high_water_bytes       = slot.high_water,
+          .backend_reserved_bytes = u ? std::optional(u->reserved_bytes) : std::nullopt,
+          .backend_used_bytes     = u ? std::optional(u->used_bytes) : std::nullopt,
+          .shared_buffers         = slot.buffers});
+    }
     out.pools.push_back(pool_stats{
         .pool                   = std::move(in.descriptions[i]),
+        .tenants                = std::move(tenants),
         .in_use_bytes           = p.in_use,
         .high_water_bytes       = h.high_water,
         .allocation_count       = p.live,

@@ -77,7 +77,7 @@ daemon_core::~daemon_core()
   // Persistent buffers stay until deleted or the daemon stops: it stops.
   std::lock_guard lock(mutex_);
   for (auto& [id, b] : buffers_) {
-    if (!b->creating) { pools_[b->pool]->backend->deallocate_shared(b->block); }
+    if (!b->creating) { pools_[b->pool]->tenants.backend(b->tenant).deallocate_shared(b->block); }
   }
   buffers_.clear();
   buffer_names_.clear();
@@ -98,11 +98,31 @@ void daemon_core::set_retire_notifier(retire_notifier notify)
 pool_id daemon_core::add_pool(pool_config config, std::unique_ptr<pool_backend> backend)
 {
   std::lock_guard lock(mutex_);
-  auto entry      = std::make_unique<pool_entry>();
-  entry->capacity = backend->capacity();
+  auto const capacity = backend->capacity();
+  auto entry          = std::make_unique<pool_entry>(pool_tenants(std::move(backend)));
+  entry->capacity     = capacity;
   if (config.limit_bytes != 0) { entry->capacity = std::min(entry->capacity, config.limit_bytes); }
-  entry->config  = std::move(config);
-  entry->backend = std::move(backend);
+  entry->config = std::move(config);
+  pools_.push_back(std::move(entry));
+  stats_.add_pool();
+  return static_cast<pool_id>(pools_.size() - 1);
+}
+
+pool_id daemon_core::add_pool(pool_config config,
+                              backend_kind kind,
+                              std::size_t capacity,
+                              backend_maker make)
+{
+  if (!options_.tenancy.isolate) {
+    auto backend = make(tenant_key{});
+    if (config.limit_bytes == 0) { config.limit_bytes = capacity; }
+    return add_pool(std::move(config), std::move(backend));
+  }
+  std::lock_guard lock(mutex_);
+  auto entry = std::make_unique<pool_entry>(pool_tenants(std::move(make)));
+  entry->tenants.set_kind(kind);
+  entry->capacity = config.limit_bytes != 0 ? std::min(capacity, config.limit_bytes) : capacity;
+  entry->config   = std::move(config);
   pools_.push_back(std::move(entry));
   stats_.add_pool();
   return static_cast<pool_id>(pools_.size() - 1);
@@ -114,26 +134,87 @@ std::vector<pool_description> daemon_core::pools() const
   return pools_locked();
 }
 
-std::vector<pool_description> daemon_core::pools_locked() const
+absl::StatusOr<std::vector<pool_description>> daemon_core::pools_for(session_id session) const
+{
+  std::lock_guard lock(mutex_);
+  auto found = session_locked(session, "pools");
+  if (!found.ok()) { return found.status(); }
+  return pools_locked(&(*found)->tenant);
+}
+
+std::vector<pool_description> daemon_core::pools_locked(tenant_key const* tenant) const
 {
   std::vector<pool_description> out;
   out.reserve(pools_.size());
   for (std::size_t i = 0; i < pools_.size(); ++i) {
-    auto const& p = *pools_[i];
-    out.push_back(pool_description{.id             = static_cast<pool_id>(i),
-                                   .name           = p.config.name,
-                                   .device         = p.config.device,
-                                   .gpu_uuid       = p.config.gpu_uuid,
-                                   .pci_bus_id     = p.config.pci_bus_id,
-                                   .backend        = p.backend->kind(),
-                                   .handle_types   = p.config.handle_types,
-                                   .capacity_bytes = p.capacity,
-                                   .shareable_fd   = p.backend->shareable_fd(),
-                                   .fabric_handle  = p.backend->fabric_handle(),
-                                   .max_alignment  = p.config.max_alignment,
-                                   .pinnable       = p.config.pinnable});
+    auto const& p     = *pools_[i];
+    auto const* slot  = tenant != nullptr         ? p.tenants.find(*tenant)
+                        : !p.tenants.per_tenant() ? p.tenants.find(tenant_key{})
+                                                  : nullptr;
+    auto const* owner = slot == nullptr ? nullptr : slot->backend.get();
+    out.push_back(pool_description{
+        .id             = static_cast<pool_id>(i),
+        .name           = p.config.name,
+        .device         = p.config.device,
+        .gpu_uuid       = p.config.gpu_uuid,
+        .pci_bus_id     = p.config.pci_bus_id,
+        .backend        = p.tenants.kind(),
+        .handle_types   = p.config.handle_types,
+        .capacity_bytes = p.capacity,
+        .shareable_fd   = owner == nullptr ? -1 : owner->shareable_fd(),
+        .fabric_handle  = owner == nullptr ? std::vector<std::byte>{} : owner->fabric_handle(),
+        .max_alignment  = p.config.max_alignment,
+        .pinnable       = p.config.pinnable});
   }
   return out;
+}
+
+bool daemon_core::tenant_ready_locked(tenant_key const& tenant) const
+{
+  return std::all_of(pools_.begin(), pools_.end(), [&](auto const& p) {
+    return p->tenants.find(tenant) != nullptr;
+  });
+}
+
+absl::Status daemon_core::make_tenant_backends(tenant_key const& tenant)
+{
+  std::lock_guard making(tenants_mutex_);
+  std::vector<pool_id> missing;
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < pools_.size(); ++i) {
+      if (pools_[i]->tenants.find(tenant) == nullptr) {
+        missing.push_back(static_cast<pool_id>(i));
+      }
+    }
+  }
+  if (missing.empty()) { return absl::OkStatus(); }
+  // pools_ is fixed once requests are served, and a pool's maker is const:
+  // both are read without the lock while the backends are made.
+  std::vector<std::shared_ptr<pool_backend>> made;
+  for (auto id : missing) {
+    auto backend = pools_[id]->tenants.make(tenant, pools_[id]->config.name);
+    if (!backend.ok()) { return backend.status(); }  // those made so far go with `made`
+    made.push_back(*std::move(backend));
+  }
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < missing.size(); ++i) {
+    pools_[missing[i]]->tenants.install(tenant, std::move(made[i]));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<pool_backend>> daemon_core::retire_tenant_locked(
+    tenant_key const& tenant)
+{
+  std::vector<std::shared_ptr<pool_backend>> retired;
+  if (tenant_sessions_.contains(tenant)) { return retired; }
+  for (auto& p : pools_) {
+    if (auto backend = p->tenants.release_if_unused(tenant)) {
+      retired.push_back(std::move(backend));
+    }
+  }
+  return retired;
 }
 
 session_entry* daemon_core::find_session_locked(session_id id) const
@@ -154,36 +235,56 @@ absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
                                                         std::string command,
                                                         std::string client_name)
 {
-  std::lock_guard lock(mutex_);
-  if (draining_ || sessions_closed_) {
-    return absl::UnavailableError(
-        "open session: the daemon is draining for shutdown; retry once it has restarted");
-  }
-  if (!options_.access.allows(peer)) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "open session: uid %d gid %d (pid %d) is not allowed to use this daemon; ask the operator "
-        "to add the uid or one of its groups to the allowed ids",
-        peer.uid,
-        peer.gid,
-        peer.pid));
+  auto const refusal = [&]() -> std::optional<absl::Status> {
+    if (draining_ || sessions_closed_) {
+      return absl::UnavailableError(
+          "open session: the daemon is draining for shutdown; retry once it has restarted");
+    }
+    if (!options_.access.allows(peer)) {
+      return absl::PermissionDeniedError(
+          absl::StrFormat("open session: uid %d gid %d (pid %d) is not allowed to use this "
+                          "daemon; ask the operator to add the uid or one of its groups to the "
+                          "allowed ids",
+                          peer.uid,
+                          peer.gid,
+                          peer.pid));
+    }
+    return std::nullopt;
+  };
+  auto const tenant = options_.tenancy.tenant_of(peer);  // fixed: read without the lock
+  std::unique_lock lock(mutex_);
+  // A tenant's first session makes its backends (a CUDA pool each: about a
+  // millisecond) without the lock; its last session's close may retire them
+  // meanwhile, so check again once they are there.
+  while (true) {
+    if (auto refused = refusal()) { return *refused; }
+    if (tenant_ready_locked(tenant)) { break; }
+    lock.unlock();
+    if (auto made = make_tenant_backends(tenant); !made.ok()) {
+      return absl::Status(made.code(), absl::StrCat("open session: ", made.message()));
+    }
+    lock.lock();
   }
   auto token         = random_token();
   auto entry         = std::make_unique<session_entry>();
   entry->id          = next_session_++;
   entry->token_hex   = common::to_hex(std::span<std::byte const>(token));
   entry->peer        = std::move(peer);
+  entry->tenant      = tenant;
   entry->command     = std::move(command);
   entry->client_name = std::move(client_name);
   entry->started     = std::chrono::system_clock::now();
   auto const id      = entry->id;
   by_token_.emplace(entry->token_hex, id);
   sessions_.emplace(id, std::move(entry));
+  ++tenant_sessions_[tenant];
   return session_grant{.id = id, .token = token};
 }
 
 void daemon_core::close_session(session_id id) noexcept
 {
   std::size_t leases = 0;
+  std::vector<std::shared_ptr<pool_backend>> retired;  // destroyed without the lock
   {
     std::lock_guard lock(mutex_);
     auto it = sessions_.find(id);
@@ -191,10 +292,16 @@ void daemon_core::close_session(session_id id) noexcept
     leases = ledger_.held_count(id);
     release_all_leases_locked(*it->second);
     release_buffers_of_locked(*it->second);
+    auto const tenant = it->second->tenant;
     by_token_.erase(it->second->token_hex);
     sessions_.erase(it);
+    if (auto t = tenant_sessions_.find(tenant); t != tenant_sessions_.end() && --t->second == 0) {
+      tenant_sessions_.erase(t);
+      retired = retire_tenant_locked(tenant);
+    }
     reclaim_.room_changed();  // its leases are back, and its idle slabs gone from the count
   }
+  retired.clear();
   // A session that held many leases leaves megabytes of freed tables and
   // batches in the heap, which glibc keeps (50 MiB after a million leases):
   // give them back to the kernel, without the lock.
@@ -305,7 +412,7 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
   struct target {
     pool_id id;
     std::string name;
-    pool_backend* backend;  // pools are never removed: stable without the lock
+    std::vector<std::shared_ptr<pool_backend>> backends;  // every tenant's
   };
   std::vector<target> targets;
   {
@@ -340,7 +447,9 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
       signal_pressure_locked(p);
       // Sessions' empty packed blocks too, once their clients drop them.
       packed_.retire_empty(id);
-      targets.push_back(target{.id = id, .name = p.config.name, .backend = p.backend.get()});
+      target t{.id = id, .name = p.config.name, .backends = {}};
+      for (auto const& [tenant, slot] : p.tenants.slots()) { t.backends.push_back(slot.backend); }
+      targets.push_back(std::move(t));
     }
   }
 
@@ -352,19 +461,22 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
   std::lock_guard trimming(trim_mutex_);
   std::vector<pool_trim> out;
   for (auto const& t : targets) {
-    auto before = t.backend->usage();
-    auto freed  = t.backend->trim();
-    if (!freed.ok()) {
-      return absl::Status(freed.status().code(),
-                          absl::StrFormat("trim pool '%s': %s", t.name, freed.status().message()));
+    pool_trim trimmed{.pool = t.id, .name = t.name};
+    auto add = [](std::optional<std::uint64_t>& sum, std::optional<backend_usage> const& u) {
+      if (u) { sum = sum.value_or(0) + u->reserved_bytes; }
+    };
+    for (auto const& backend : t.backends) {
+      add(trimmed.backend_reserved_before, backend->usage());
+      auto freed = backend->trim();
+      if (!freed.ok()) {
+        return absl::Status(
+            freed.status().code(),
+            absl::StrFormat("trim pool '%s': %s", t.name, freed.status().message()));
+      }
+      trimmed.released_bytes += *freed;
+      add(trimmed.backend_reserved_after, backend->usage());
     }
-    auto after = t.backend->usage();
-    out.push_back(pool_trim{
-        .pool                    = t.id,
-        .name                    = t.name,
-        .released_bytes          = *freed,
-        .backend_reserved_before = before ? std::optional(before->reserved_bytes) : std::nullopt,
-        .backend_reserved_after  = after ? std::optional(after->reserved_bytes) : std::nullopt});
+    out.push_back(std::move(trimmed));
   }
   return out;
 }

@@ -26,6 +26,7 @@
 #include "daemon/core/packed_blocks.hpp"
 #include "daemon/core/pool_backend.hpp"
 #include "daemon/core/reclaim_coordinator.hpp"
+#include "daemon/core/tenants.hpp"
 #include "daemon/core/types.hpp"
 
 #include <absl/status/status.h>
@@ -91,6 +92,10 @@ struct core_options {
   /// A session keeps one empty packed block per pool this long, then it is
   /// retired too.
   std::chrono::milliseconds pack_idle{default_pack_idle};
+  /// Which sessions share a backend (tenants.hpp): by default every uid has
+  /// backends of its own, in the pools added with a backend_maker. Fixed
+  /// while the daemon runs.
+  tenancy_policy tenancy{};
 };
 
 /// What the configuration file can change while the daemon runs (SIGHUP):
@@ -166,10 +171,25 @@ class daemon_core {
   /// one, a session's empty packed blocks stay with it until it ends.
   void set_retire_notifier(retire_notifier notify);
 
-  /// Adds a pool served by `backend`. Call before serving requests.
+  /// Adds a pool served by `backend`, one backend for every session whatever
+  /// its tenant. Call before serving requests.
   pool_id add_pool(pool_config config, std::unique_ptr<pool_backend> backend);
 
+  /// Adds a pool of `kind` lending at most `capacity` bytes, served to each
+  /// tenant (options.tenancy) by a backend of its own that `make` makes on
+  /// the tenant's first session; with tenancy off, by one backend made now.
+  /// Throws what `make` throws. Call before serving requests.
+  pool_id add_pool(pool_config config, backend_kind kind, std::size_t capacity, backend_maker make);
+
+  /// The pools; a pool with a backend per tenant without any tenant's
+  /// handles (shareable_fd -1, no fabric handle): pools_for() gives a
+  /// session its own.
   [[nodiscard]] std::vector<pool_description> pools() const;
+
+  /// The pools as `session` imports them: with its tenant's fd and fabric
+  /// handle (owned by the backend, alive while the session is).
+  /// UNAUTHENTICATED when the session is gone.
+  [[nodiscard]] absl::StatusOr<std::vector<pool_description>> pools_for(session_id session) const;
 
   /// PERMISSION_DENIED if the policy does not allow `peer`; UNAVAILABLE while
   /// draining.
@@ -438,11 +458,12 @@ class daemon_core {
   /// Frees every lease and packed block `s` holds, in one batch per pool (a
   /// closing session).
   void release_all_leases_locked(session_entry& s) noexcept;
-  /// Adds (sign +1) or takes back (-1) `bytes` on the pool, the session (if
-  /// still open) and the uid.
+  /// Adds (sign +1) or takes back (-1) `bytes` on the pool and the tenant's
+  /// backend, the session (if still open) and the uid.
   void charge_locked(pool_entry& p,
                      session_entry* s,
                      uid_t uid,
+                     tenant_key const& tenant,
                      pool_id pool,
                      std::size_t bytes,
                      int sign) noexcept;
@@ -491,10 +512,27 @@ class daemon_core {
   buffer_info buffer_info_locked(buffer_entry const& b) const;
   buffer_grant buffer_grant_locked(buffer_entry const& b) const;
   [[nodiscard]] bool may_open_locked(buffer_entry const& b, peer_credentials const& peer) const;
-  [[nodiscard]] std::vector<pool_description> pools_locked() const;
+  /// Why session `s` may not open `b` although its uid may: `b` lives inside
+  /// another tenant's pool (a pool pointer), if so.
+  [[nodiscard]] std::optional<absl::Status> cross_tenant_refusal_locked(
+      buffer_entry const& b, session_entry const& s, std::string_view request) const;
+  /// The pools; with `tenant`, its fds and fabric handles.
+  [[nodiscard]] std::vector<pool_description> pools_locked(
+      tenant_key const* tenant = nullptr) const;
+
+  /// Makes the backends `tenant` lacks (a session of it is opening), without
+  /// the core's lock. INTERNAL (or what the backend said) when one cannot be
+  /// made; nothing is kept then.
+  absl::Status make_tenant_backends(tenant_key const& tenant);
+  /// Whether every pool has a backend for `tenant`.
+  [[nodiscard]] bool tenant_ready_locked(tenant_key const& tenant) const;
+  /// Takes out the backends of `tenant` that nothing needs any more (its
+  /// last session closed), for the caller to destroy without the lock.
+  std::vector<std::shared_ptr<pool_backend>> retire_tenant_locked(tenant_key const& tenant);
 
   mutable std::mutex mutex_;
-  std::mutex trim_mutex_;  // one trim at a time; never held with mutex_
+  std::mutex trim_mutex_;     // one trim at a time; never held with mutex_
+  std::mutex tenants_mutex_;  // one tenant's backends made at a time; taken before mutex_
   /// Access, quotas and the admin uid; reclaim_timeout, pack_up_to and the
   /// other packing settings as given at construction (reclaim_ and packed_
   /// keep the ones in force).
@@ -506,6 +544,7 @@ class daemon_core {
   session_map sessions_;
   std::unordered_map<std::string, session_id> by_token_;  // key: hex token
   std::unordered_map<uid_t, std::size_t> uid_bytes_;
+  std::map<tenant_key, std::size_t> tenant_sessions_;  // open sessions per tenant
   lease_ledger ledger_;
   buffer_id next_buffer_{1};
   std::map<buffer_id, std::unique_ptr<buffer_entry>> buffers_;

@@ -43,12 +43,13 @@ auto daemon_core::call_backend_charged(std::unique_lock<std::mutex>& lock,
   auto& p            = *pools_[pool];
   auto const session = s.id;
   auto const uid     = s.peer.uid;
-  charge_locked(p, &s, uid, pool, charge, +1);
+  auto const tenant  = s.tenant;
+  charge_locked(p, &s, uid, tenant, pool, charge, +1);
   lock.unlock();
   auto result = std::forward<BackendCall>(backend_call)();
   lock.lock();
   auto* const now = find_session_locked(session);
-  charge_locked(p, now, uid, pool, charge, -1);
+  charge_locked(p, now, uid, tenant, pool, charge, -1);
   return std::pair{std::move(result), now};
 }
 
@@ -137,7 +138,7 @@ answer_or_hold<lease_grant> daemon_core::allocate_once(allocation_request const&
   // Small and asked for by a client that imports blocks: carved out of a
   // block of the session's own (no driver call, no driver memory per lease).
   if (r.may_pack && packed_.packs(p.capacity, r.bytes, alignment) &&
-      p.backend->kind() == backend_kind::cuda) {
+      p.tenants.kind() == backend_kind::cuda) {
     if (auto grant = carve_packed_locked(*s, p, r, alignment)) { return *std::move(grant); }
     if (auto made = pack_in_new_block_locked(lock, *s, r, alignment)) { return *std::move(made); }
     // No room for a block: a lease of its own, below (the session may have
@@ -147,7 +148,7 @@ answer_or_hold<lease_grant> daemon_core::allocate_once(allocation_request const&
   }
   // What the backend will reserve: quotas and the pool are checked, and
   // charged while the backend works, with that.
-  auto const charge = std::max(r.bytes, p.backend->reserved_size(r.bytes));
+  auto const charge = std::max(r.bytes, p.tenants.backend(s->tenant).reserved_size(r.bytes));
   auto const asked =
       charge == r.bytes
           ? bytes_text(r.bytes)
@@ -196,10 +197,15 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
 {
   auto& p = *pools_[r.pool];
   // The backend's work (a CUDA allocation, a stream synchronisation and a
-  // pointer export: tens of us) runs without the lock.
-  auto* backend         = p.backend.get();
-  auto [block, session] = call_backend_charged(
-      lock, r.pool, s, charge, [&] { return backend->allocate(r.bytes, alignment); });
+  // pointer export: tens of us) runs without the lock; the session's
+  // tenant's backend serves it, and other tenants' backends give back what
+  // they keep idle when it is short.
+  auto backend          = p.tenants.find(s.tenant)->backend;
+  auto const others     = p.tenants.others(s.tenant);
+  auto [block, session] = call_backend_charged(lock, r.pool, s, charge, [&] {
+    return after_trimming_others(
+        others, trim_mutex_, [&] { return backend->allocate(r.bytes, alignment); });
+  });
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       signal_pressure_locked(p);
@@ -227,13 +233,13 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
                                         block.status().message()));
   }
   if (session == nullptr) {
-    p.backend->deallocate(*block);
+    backend->deallocate(*block);
     return closed_during_call();
   }
   // The ledger and quotas count what the backend reserved.
   auto const reserved = block->bytes;
   if (refusal_locked(p, *session, reserved, what)) {
-    p.backend->deallocate(*block);
+    backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
         "pool limit or a quota; ask for less",
@@ -244,7 +250,7 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
   auto id = ledger_.record(
       r.session,
       lease{.pool = r.pool, .bytes = reserved, .offset = block->offset, .address = block->address});
-  charge_locked(p, session, session->peer.uid, r.pool, reserved, +1);
+  charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
   stats_.grew(r.pool, p.in_use);
   stats_.allocated(r.pool);
   ++p.live;
@@ -284,7 +290,7 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
     return !quota_refusal_locked(owner, charge, "a packed block") && charge <= p.room();
   };
   if (!fits(s, size)) { return std::nullopt; }
-  auto* backend         = p.backend.get();
+  auto backend          = p.tenants.find(s.tenant)->backend;  // alive while the lock is let go
   auto [block, session] = call_backend_charged(
       lock, r.pool, s, size, [&] { return backend->allocate(size, default_alignment); });
   if (!block.ok()) {
@@ -302,15 +308,15 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
                                         block.status().message()));
   }
   if (session == nullptr) {
-    p.backend->deallocate(*block);
+    backend->deallocate(*block);
     return closed_during_call();
   }
   auto const reserved = block->bytes;
   if (!fits(*session, reserved)) {
-    p.backend->deallocate(*block);
+    backend->deallocate(*block);
     return std::nullopt;
   }
-  charge_locked(p, session, session->peer.uid, r.pool, reserved, +1);
+  charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
   stats_.grew(r.pool, p.in_use);
   packed_.add(r.session, r.pool, *std::move(block));
   if (auto grant = carve_packed_locked(*session, p, r, alignment)) { return *grant; }
@@ -330,8 +336,8 @@ absl::Status daemon_core::drop_blocks(session_id session, std::span<block_id con
   if (!leaving.ok()) { return leaving.status(); }
   for (auto const& [pool, memory] : *leaving) {
     auto& p = *pools_[pool];
-    p.backend->deallocate(memory);
-    charge_locked(p, &s, s.peer.uid, pool, memory.bytes, -1);
+    p.tenants.backend(s.tenant).deallocate(memory);
+    charge_locked(p, &s, s.peer.uid, s.tenant, pool, memory.bytes, -1);
   }
   return absl::OkStatus();
 }
@@ -406,13 +412,18 @@ bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
       draining_);
 }
 
-void daemon_core::charge_locked(
-    pool_entry& p, session_entry* s, uid_t uid, pool_id pool, std::size_t bytes, int sign) noexcept
+void daemon_core::charge_locked(pool_entry& p,
+                                session_entry* s,
+                                uid_t uid,
+                                tenant_key const& tenant,
+                                pool_id pool,
+                                std::size_t bytes,
+                                int sign) noexcept
 {
   auto apply = [&](std::size_t& counter) {
     counter = sign > 0 ? counter + bytes : counter - bytes;
   };
-  apply(p.in_use);
+  p.count(tenant, bytes, sign);
   if (s != nullptr) {
     apply(s->bytes);
     apply(s->pool_bytes[pool]);
@@ -452,15 +463,16 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
   // meanwhile. The lease leaves the ledger first (nobody else can free it
   // now), and its bytes stay charged until the backend has them back: no
   // allocation counts on memory the backend does not have yet.
-  auto const uid      = owner->peer.uid;
-  auto const freed    = ledger_.erase(session, id);
-  auto* const backend = pools_[freed.pool]->backend.get();
+  auto const uid     = owner->peer.uid;
+  auto const tenant  = owner->tenant;
+  auto const freed   = ledger_.erase(session, id);
+  auto const backend = pools_[freed.pool]->tenants.find(tenant)->backend;
   lock.unlock();
   backend->deallocate(freed.block());
   lock.lock();
   auto& p       = *pools_[freed.pool];
   auto* const s = find_session_locked(session);  // the session may have closed meanwhile
-  charge_locked(p, s, uid, freed.pool, freed.bytes, -1);
+  charge_locked(p, s, uid, tenant, freed.pool, freed.bytes, -1);
   --p.live;
   if (s != nullptr) { --s->count; }
   return absl::OkStatus();
@@ -479,16 +491,17 @@ void daemon_core::release_lease_locked(session_id session, allocation_id id) noe
         session, l, {.waiting = reclaim_.waiting(), .pressure_until = p.pressure_until});
     return;
   }
-  p.backend->deallocate(l.block());
-  p.in_use -= l.bytes;
-  if (s != nullptr) {
-    s->bytes -= l.bytes;
-    s->pool_bytes[l.pool] -= l.bytes;
-    --s->count;
-    auto u = uid_bytes_.find(s->peer.uid);
-    u->second -= l.bytes;
-    if (u->second == 0) { uid_bytes_.erase(u); }
-  }
+  // A lease outlives its session never (close_session frees them first):
+  // the session says whose backend it came from.
+  if (s == nullptr) { return; }
+  p.tenants.backend(s->tenant).deallocate(l.block());
+  p.count(s->tenant, l.bytes, -1);
+  s->bytes -= l.bytes;
+  s->pool_bytes[l.pool] -= l.bytes;
+  --s->count;
+  auto u = uid_bytes_.find(s->peer.uid);
+  u->second -= l.bytes;
+  if (u->second == 0) { uid_bytes_.erase(u); }
   reclaim_.room_changed();
 }
 
@@ -520,8 +533,8 @@ void daemon_core::release_all_leases_locked(session_entry& s) noexcept
   for (std::size_t i = 0; i < pools_.size(); ++i) {
     if (by_pool[i].empty() && count[i] == 0) { continue; }
     auto& p = *pools_[i];
-    p.backend->deallocate_many(by_pool[i]);
-    p.in_use -= bytes[i];
+    p.tenants.backend(s.tenant).deallocate_many(by_pool[i]);
+    p.count(s.tenant, bytes[i], -1);
     p.live -= count[i];
     s.pool_bytes[static_cast<pool_id>(i)] -= bytes[i];
     total += bytes[i];

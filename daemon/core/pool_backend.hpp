@@ -35,6 +35,7 @@ struct shared_allocation {
   int fd{-1};                              ///< its own posix fd (owned by the backend), or -1
   std::vector<std::byte> fabric_handle{};  ///< its own fabric handle, or empty
   std::uint64_t driver_handle{};           ///< the driver's handle of it, or 0
+  bool host_memfd{false};                  ///< `fd` is a memfd of its own (host pools)
 };
 
 /// What the backend itself reports (CUDA's own pool attributes), beside the

@@ -44,6 +44,24 @@ bool daemon_core::may_open_locked(buffer_entry const& b, peer_credentials const&
              peer.supplementary_gids.end();
 }
 
+std::optional<absl::Status> daemon_core::cross_tenant_refusal_locked(buffer_entry const& b,
+                                                                     session_entry const& s,
+                                                                     std::string_view request) const
+{
+  if (b.creating || b.tenant == s.tenant) { return std::nullopt; }
+  auto const& m      = b.block;
+  bool const in_pool = m.fd < 0 && m.fabric_handle.empty() && m.driver_handle == 0;
+  if (!in_pool) { return std::nullopt; }  // an allocation of its own: nothing else is in it
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "%s: it is a pointer into the pool of %s (the daemon runs with "
+      "--cuda-shared-buffer-memory=pool), which %s may not import: importing it would expose "
+      "that tenant's other memory; run the daemon with --cuda-shared-buffer-memory=own (the "
+      "default) to share buffers between tenants",
+      std::string(request),
+      b.tenant.text(),
+      s.tenant.text()));
+}
+
 buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b) const
 {
   return buffer_grant{.id         = b.id,
@@ -130,7 +148,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
         other.creator_uid,
         other.creator_pid));
   }
-  auto const charge = std::max(bytes, p.backend->reserved_size(bytes));
+  auto const charge = std::max(bytes, p.tenants.backend(s.tenant).reserved_size(bytes));
   auto const what =
       absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
   if (auto refused = refusal_locked(p, s, charge, what)) {
@@ -155,17 +173,21 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
   // lock (a large CUDA allocation takes a while). Until it is done the buffer
   // is `creating`: its name is taken, nobody may open it, and a close of its
   // session leaves it to this call to clean up.
-  auto& b        = take_name_locked(s, name, pool, bytes, charge, options);
-  auto const id  = b.id;
-  auto const uid = s.peer.uid;
+  auto& b           = take_name_locked(s, name, pool, bytes, charge, options);
+  auto const id     = b.id;
+  auto const uid    = s.peer.uid;
+  auto const tenant = s.tenant;
+  auto backend      = p.tenants.find(tenant)->backend;  // kept alive while the lock is let go
+  auto const others = p.tenants.others(tenant);
   lock.unlock();
-  auto block = p.backend->allocate_shared(bytes, alignment);
+  auto block = after_trimming_others(
+      others, trim_mutex_, [&] { return backend->allocate_shared(bytes, alignment); });
   lock.lock();
 
   // Take the estimate back; charge what the backend reserved, if it may stay.
   auto* const creator = find_session_locked(session);
   auto uncharge       = [&](std::size_t amount) {
-    p.in_use -= amount;
+    p.count(tenant, amount, -1);
     reclaim_.room_changed();
     if (auto u = uid_bytes_.find(uid); u != uid_bytes_.end()) {
       u->second -= amount;
@@ -178,6 +200,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
       buffer_names_.erase(n);
     }
     if (creator != nullptr) { creator->holds.erase(id); }
+    if (auto* slot = p.tenants.find(tenant)) { --slot->buffers; }
     buffers_.erase(id);
   };
   uncharge(charge);
@@ -189,14 +212,14 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
     return absl::Status(block.status().code(), absl::StrCat(what, ": ", block.status().message()));
   }
   if (creator == nullptr) {
-    p.backend->deallocate_shared(*block);
+    backend->deallocate_shared(*block);
     forget();
     return absl::UnauthenticatedError(
         absl::StrCat(request, ": the session closed during the call; open a new session"));
   }
   auto const reserved = block->block.bytes;
   if (refusal_locked(p, *creator, reserved, what)) {
-    p.backend->deallocate_shared(*block);
+    backend->deallocate_shared(*block);
     forget();
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: rounded up to %s by the pool's alignment, it exceeds the pool limit or a quota; ask "
@@ -207,7 +230,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
   b.block    = *std::move(block);
   b.charge   = reserved;
   b.creating = false;
-  p.in_use += reserved;
+  p.count(tenant, reserved, +1);
   stats_.grew(pool, p.in_use);
   uid_bytes_[uid] += reserved;
   creator->shared_bytes += reserved;
@@ -230,6 +253,7 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
   entry->charge      = charge;
   entry->persistent  = options.persistent;
   entry->gid         = options.gid;
+  entry->tenant      = s.tenant;
   entry->creator     = s.id;
   entry->creator_uid = s.peer.uid;
   entry->creator_pid = s.peer.pid;
@@ -241,7 +265,9 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
   buffer_names_.emplace(b.name, id);
   s.holds.emplace(id, 1);
   s.shared_bytes += charge;
-  pools_[pool]->in_use += charge;
+  auto& p = *pools_[pool];
+  p.count(s.tenant, charge, +1);
+  if (auto* slot = p.tenants.find(s.tenant)) { ++slot->buffers; }
   uid_bytes_[s.peer.uid] += charge;
   return b;
 }
@@ -306,6 +332,7 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
             b.creator_uid,
             b.gid ? absl::StrFormat(" and members of gid %d", *b.gid) : std::string()));
       }
+      if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
         ++b.holders[session];
         ++s.holds[b.id];
@@ -369,8 +396,8 @@ absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) con
   if (it->second->block.fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(request,
-                     ": it has no fd of its own (a host pool's buffer is an offset in "
-                     "the pool's memfd)"));
+                     ": it has no fd of its own (a pointer of a CUDA pool: the daemon runs "
+                     "with --cuda-shared-buffer-memory=pool)"));
   }
   return it->second->block.fd;
 }
@@ -475,8 +502,9 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
   if (b.creating || !b.holders.empty()) { return false; }
   if (b.persistent && b.state == buffer_state::published) { return false; }
   auto& p = *pools_[b.pool];
-  p.backend->deallocate_shared(b.block);
-  p.in_use -= b.charge;
+  p.tenants.backend(b.tenant).deallocate_shared(b.block);
+  p.count(b.tenant, b.charge, -1);
+  if (auto* slot = p.tenants.find(b.tenant)) { --slot->buffers; }
   reclaim_.room_changed();
   if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
     u->second -= b.charge;

@@ -83,8 +83,22 @@ struct pool_description {
   bool pinnable{false};                    ///< see pool_config::pinnable
 };
 
+/// One tenant's backend of a pool (daemon_core's tenancy): what it lends and
+/// what it holds from the system.
+struct tenant_pool_stats {
+  std::string tenant{};  ///< "uid 1000", "gid 2000", or "node" (one backend for everyone)
+  std::size_t in_use_bytes{};
+  std::size_t high_water_bytes{};
+  std::optional<std::uint64_t> backend_reserved_bytes{};
+  std::optional<std::uint64_t> backend_used_bytes{};
+  std::size_t shared_buffers{};  ///< buffers whose memory it holds
+};
+
 struct pool_stats {
   pool_description pool{};
+  /// Its backends, one per tenant (or one for everyone); the pool's
+  /// backend_* figures are their sums.
+  std::vector<tenant_pool_stats> tenants{};
   std::size_t in_use_bytes{};
   std::size_t high_water_bytes{};
   std::size_t allocation_count{};  ///< live allocations

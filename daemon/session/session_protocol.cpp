@@ -147,7 +147,14 @@ hello_answer handle_hello(core::daemon_core& core,
   w.set_token(std::string(reinterpret_cast<char const*>(grant->token.data()), grant->token.size()));
   w.set_session_id(grant->id);
   w.set_max_message_bytes(limits.max_message_bytes);
-  for (auto const& pool : core.pools()) {
+  // The session's own tenant's pools: their fds, and nobody else's.
+  auto pools = core.pools_for(grant->id);
+  if (!pools.ok()) {
+    answer.refusal = pools.status();
+    answer.message = refusal_welcome(pools.status());
+    return answer;
+  }
+  for (auto const& pool : *pools) {
     int index = -1;
     if (pool.shareable_fd >= 0) {
       index = static_cast<int>(answer.fds.size());

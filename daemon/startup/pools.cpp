@@ -41,12 +41,19 @@ bool add_host_pool(core::daemon_core& core, config::pool_settings const& p, int 
   // rules out punching holes in it.
   bool const pinnable = p.pinnable.value_or(gpus > 0);
   try {
-    core.add_pool(
-        core::pool_config{.name         = p.name,
-                          .device       = -1,
-                          .handle_types = {core::handle_type::host_offset},
-                          .pinnable     = pinnable},
-        std::make_unique<backends::host::host_backend>(p.name, p.capacity_bytes, pinnable));
+    // Each tenant's memfd is as large as the pool (its pages cost nothing
+    // until written); the core keeps all of them together within it.
+    backends::host::host_backend const probe(p.name, p.capacity_bytes, pinnable);
+    core.add_pool(core::pool_config{.name         = p.name,
+                                    .device       = -1,
+                                    .handle_types = {core::handle_type::host_offset},
+                                    .pinnable     = pinnable},
+                  core::backend_kind::host,
+                  probe.capacity(),
+                  [name = p.name, bytes = p.capacity_bytes, pinnable](core::tenant_key const& t) {
+                    return std::make_unique<backends::host::host_backend>(
+                        name, bytes, pinnable, t.text());
+                  });
     log::info("pool '%s': shared host memory, %d bytes%s",
               p.name,
               p.capacity_bytes,
@@ -152,17 +159,22 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
           capacity);
       return false;
     }
-    auto backend =
-        make_cuda_backend(cuda::cuda_pool_options{.device            = p.device,
-                                                  .capacity          = capacity,
-                                                  .release_threshold = p.release_threshold_bytes,
-                                                  .initial_size      = p.initial_size_bytes,
-                                                  .fabric            = fabric,
-                                                  .vmm_buffers       = vmm_buffers});
-    fabric = !backend->fabric_handle().empty();  // the fallback may have dropped it
+    cuda::cuda_pool_options options{.device            = p.device,
+                                    .capacity          = capacity,
+                                    .release_threshold = p.release_threshold_bytes,
+                                    .initial_size      = p.initial_size_bytes,
+                                    .fabric            = fabric,
+                                    .vmm_buffers       = vmm_buffers};
+    // One pool made now proves the options (and the fabric export, which
+    // may fail even though the probe passed); the tenants' pools are made
+    // with what it proved.
+    fabric         = !make_cuda_backend(options)->fabric_handle().empty();
+    options.fabric = fabric;
     std::vector<core::handle_type> types{core::handle_type::posix_fd};
     if (fabric) { types.push_back(core::handle_type::fabric); }
     auto const gpu = gpu::identify(p.device).value_or(gpu::identity{});
+    // A pool per tenant (a uid's first session makes its own), all of them
+    // together within `capacity`.
     core.add_pool(core::pool_config{.name          = p.name,
                                     .device        = p.device,
                                     .gpu_uuid      = gpu.uuid,
@@ -170,7 +182,9 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
                                     .handle_types  = types,
                                     .limit_bytes   = capacity,
                                     .max_alignment = 256},
-                  std::move(backend));
+                  core::backend_kind::cuda,
+                  capacity,
+                  [options](core::tenant_key const&) { return make_cuda_backend(options); });
     log::info("pool '%s': CUDA device %d (%s, %s), %s export, up to %d bytes",
               p.name,
               p.device,

@@ -158,7 +158,9 @@ void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
   out->set_state(to_proto(in.state));
   out->set_persistent(in.persistent);
   auto const& memory = in.block;
-  if (memory.fd >= 0 || !memory.fabric_handle.empty()) {
+  if (memory.host_memfd) {
+    out->mutable_host_memfd()->set_mapping_bytes(memory.block.bytes);
+  } else if (memory.fd >= 0 || !memory.fabric_handle.empty()) {
     auto* vmm = out->mutable_vmm();
     vmm->set_allocation_bytes(memory.block.bytes);
     vmm->set_has_fd(memory.fd >= 0);

@@ -213,8 +213,11 @@ TEST_F(CoreWithPool, DescribesItsPools)
   EXPECT_EQ(pools[0].device, -1);
   EXPECT_EQ(pools[0].backend, backend_kind::host);
   EXPECT_EQ(pools[0].capacity_bytes, pool_size);
-  EXPECT_GE(pools[0].shareable_fd, 0);
   EXPECT_EQ(pools[0].max_alignment, 2 * MiB);
+  // One backend for everyone (added as one): each session imports its fd.
+  auto mine = core_.pools_for(session_);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_GE((*mine)[0].shareable_fd, 0);
 }
 
 TEST_F(CoreWithPool, AllocationsAreAlignedAndCountedAtTheirReservedSize)

@@ -476,13 +476,15 @@ TEST_F(SharedBuffers, AWaitingOpenEndsAtItsDeadlineOrTheDrainOrItsSessionsEnd)
   EXPECT_EQ(draining.get().status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_F(SharedBuffers, OnlyAHolderAsksForTheFdAndAHostBufferHasNone)
+TEST_F(SharedBuffers, OnlyAHolderAsksForTheFdOfAHostBuffersOwnMemfd)
 {
   auto producer = open(peer(alice));
   auto made     = core_->create_buffer(producer, "fd", 0, MiB, {});
   ASSERT_TRUE(made.ok());
-  EXPECT_EQ(core_->buffer_fd(producer, made->id).status().code(),
-            absl::StatusCode::kFailedPrecondition);  // an offset in the pool's memfd
+  EXPECT_TRUE(made->block.host_memfd);
+  auto fd = core_->buffer_fd(producer, made->id);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_NE(*fd, core_->pools_for(producer)->front().shareable_fd);  // not the pool's
   EXPECT_EQ(core_->buffer_fd(open(peer(alice)), made->id).status().code(),
             absl::StatusCode::kNotFound);  // holds none
 }

@@ -22,6 +22,14 @@
 //       WORD") and waits for stdin to close; then checks again (the producer
 //       may have gone meanwhile), prints "intact" (or "corrupted"), closes it
 //       on its stream and exits 0 (1 on a mismatch).
+//   rmmd_share_client hold-past-close NAME BYTES SEED [OPTIONS]
+//       a hostile holder (tenant isolation): opens NAME, checks SEED's
+//       pattern ("verified BYTES", or "mismatch at WORD" and exit 1), then
+//       tells the daemon it closed the buffer but keeps its mapping (the
+//       close call alone, not the library's close) and prints "closed-kept".
+//       Once stdin closes it reads its mapping again and prints "intact" if
+//       the pattern is still there, else "corrupted" (and exits 1): the
+//       memory it kept must stay its own, never be given to anyone else.
 //   rmmd_share_client try-open NAME [OPTIONS]
 //       opens NAME without waiting: "opened ID BYTES" and exit 0 after stdin
 //       closes, or "error KIND: MESSAGE" and exit 2.
@@ -34,6 +42,7 @@
 // permission, logic, out_of_memory, session, bad_alloc) and exit 2. The
 // daemon is found through $RMMD_RUNTIME_DIR.
 
+#include "client/detail/session_impl.hpp"
 #include "tests/tools/pattern.hpp"
 
 #include <rmmd/session.hpp>
@@ -178,6 +187,35 @@ int consume(std::string const& name, std::size_t bytes, std::uint64_t seed, opti
   return bad < 0 ? 0 : 1;
 }
 
+int hold_past_close(std::string const& name,
+                    std::size_t bytes,
+                    std::uint64_t seed,
+                    options const& o)
+{
+  auto s   = open_session(o);
+  auto buf = rmmd::shared_buffer::open(s, name, std::chrono::milliseconds(o.wait_ms));
+  cudaStream_t stream{};
+  if (!buf.is_host()) {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  if (auto bad = mismatch(buf, bytes, seed, stream); bad >= 0) {
+    std::cout << "mismatch at " << bad << std::endl;
+    return 1;
+  }
+  std::cout << "verified " << bytes << std::endl;
+  if (auto status = s.impl().close_buffer(buf.id()); !status.ok()) {
+    std::cout << "error close: " << status.error_message() << std::endl;
+    return 2;
+  }
+  std::cout << "closed-kept" << std::endl;
+  wait_for_stdin_to_close();
+  auto const bad = mismatch(buf, bytes, seed, stream);
+  std::cout << (bad < 0 ? "intact" : "corrupted") << std::endl;
+  // The library's close would tell the daemon again, which knows it no more.
+  std::cout.flush();
+  std::_Exit(bad < 0 ? 0 : 1);
+}
+
 int try_open(std::string const& name, options const& o)
 {
   auto s   = open_session(o);
@@ -191,7 +229,8 @@ int usage()
 {
   std::fprintf(stderr,
                "usage: rmmd_share_client produce NAME BYTES SEED [OPTIONS] | consume NAME BYTES "
-               "SEED [OPTIONS] | try-open NAME [OPTIONS]\n");
+               "SEED [OPTIONS] | hold-past-close NAME BYTES SEED [OPTIONS] | try-open NAME "
+               "[OPTIONS]\n");
   return 64;
 }
 
@@ -240,6 +279,10 @@ int main(int argc, char** argv)
       return consume(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
     }
     if (mode == "try-open" && positional.size() == 2) { return try_open(positional[1], o); }
+    if (mode == "hold-past-close" && positional.size() == 4) {
+      return hold_past_close(
+          positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
+    }
   } catch (rmmd::not_found_error const& e) {
     std::cout << "error not_found: " << e.what() << std::endl;
     return 2;

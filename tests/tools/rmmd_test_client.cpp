@@ -58,11 +58,44 @@
 //       main. Prints "holding", waits for stdin to close and returns from
 //       main: the test checks that nothing is printed on stderr and the exit
 //       status is 0.
+//   rmmd_test_client snoop-host BYTES
+//       a hostile client of the host pool (tenant isolation): allocates BYTES
+//       through rmmd::host_memory_resource (0: nothing), frees them but keeps
+//       the pointer, and prints "kept OFFSET" (or "mapped"). For each line
+//       "scan HEX" on stdin it looks for those 16 bytes in everything it can
+//       read: the freed allocation ("kept"), its whole mapping of the pool
+//       ("mapping"), every memfd mapping in /proc/self/maps ("maps"), every
+//       memfd among its fds mapped whole ("fd"), and the pool mapping of a
+//       session it opens for the scan ("fresh"); prints "found WHERE at
+//       OFFSET" for each place that holds it, then "scanned BYTES". Reads go
+//       through /proc/self/mem, so a page it may not read is an error
+//       ("unreadable WHERE at OFFSET"), not a crash. Exits 0 when stdin closes.
+//   rmmd_test_client secret-host BYTES HEX
+//       allocates from the host pool through rmmd::host_memory_resource:
+//       BYTES, then pieces of 1 MiB, 64 KiB and 4 KiB until the pool refuses
+//       each size; fills every allocation with the 16 bytes HEX over and
+//       over; prints "holding COUNT TOTAL_BYTES" and waits for stdin to close.
+//   rmmd_test_client snoop-device BYTES SPAN
+//       a hostile client of the GPU 0 pool through the session's own calls:
+//       allocates BYTES (a direct lease of its own, never packed), imports
+//       it, zeroes it, sends the Free but keeps the import, and prints
+//       "kept". For each line "scan HEX": copies back the kept BYTES
+//       ("kept"), then up to SPAN bytes past them in 64 KiB steps, stopping
+//       at the first copy that fails ("past"); prints "found WHERE at OFFSET"
+//       for each place that holds the secret, "read-error WHERE at OFFSET:
+//       CUDA_ERROR" where a copy failed (reading nothing is not seeing it),
+//       then "scanned BYTES".
+//   rmmd_test_client secret-device MODE BYTES COUNT HEX
+//       up to COUNT allocations of BYTES from the GPU 0 pool through
+//       rmmd::ipc_memory_resource (MODE: direct or slab), each filled with
+//       the 16 bytes HEX over and over; stops early when the pool refuses;
+//       prints "holding COUNT TOTAL_BYTES" and waits for stdin to close.
 //
 // The daemon is found through $RMMD_RUNTIME_DIR.
 
 #include "common/gpu_identity.hpp"
 #include "tests/tools/pattern.hpp"
+#include "tests/tools/secret.hpp"
 
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
@@ -71,6 +104,9 @@
 #include <rmm/device_uvector.hpp>
 #include <rmmd/session.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -78,6 +114,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -417,6 +455,241 @@ int verify(int argc, char** argv)
   return 0;
 }
 
+// ---- tenant isolation: a hostile client and the tenant whose secret it hunts
+
+using rmmd::test::find_secret;
+using rmmd::test::parse_secret;
+using rmmd::test::secret_bytes;
+
+/// Looks for the secret in this process's memory [at, at + bytes) through
+/// /proc/self/mem, so that a page it may not read (a hole past a file's end,
+/// a revoked mapping) is an error it reports instead of a SIGBUS. Prints
+/// "found WHERE at OFFSET" (the first copy) or "unreadable WHERE at OFFSET";
+/// returns the bytes read.
+std::size_t scan_memory(std::string const& where,
+                        void const* at,
+                        std::size_t bytes,
+                        secret_bytes const& secret)
+{
+  static int const mem          = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+  constexpr std::size_t chunk   = std::size_t{1} << 20;
+  constexpr std::size_t overlap = sizeof(secret_bytes) - 1;  // a copy across two chunks
+  std::vector<unsigned char> buffer(chunk + overlap);
+  auto const base  = reinterpret_cast<std::uintptr_t>(at);
+  std::size_t done = 0, carried = 0;
+  while (done < bytes) {
+    auto const want = std::min(chunk, bytes - done);
+    auto const got  = ::pread(mem, buffer.data() + carried, want, static_cast<off_t>(base + done));
+    if (got <= 0) {
+      std::printf("unreadable %s at %zu: %s\n",
+                  where.c_str(),
+                  done,
+                  got < 0 ? std::strerror(errno) : "end of memory");
+      return done;
+    }
+    auto const n = carried + static_cast<std::size_t>(got);
+    if (auto found = find_secret(buffer.data(), n, secret)) {
+      std::printf("found %s at %zu\n", where.c_str(), done - carried + *found);
+      return done + static_cast<std::size_t>(got);
+    }
+    carried = std::min(overlap, n);
+    std::memmove(buffer.data(), buffer.data() + n - carried, carried);
+    done += static_cast<std::size_t>(got);
+  }
+  return done;
+}
+
+/// Every readable memfd mapping of this process (/proc/self/maps), whatever
+/// made it.
+std::size_t scan_memfd_mappings(secret_bytes const& secret)
+{
+  std::ifstream maps("/proc/self/maps");
+  std::size_t scanned = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:") == std::string::npos) { continue; }
+    unsigned long long start{}, end{};
+    char perms[5]{};
+    if (std::sscanf(line.c_str(), "%llx-%llx %4s", &start, &end, perms) != 3 || perms[0] != 'r') {
+      continue;
+    }
+    auto const range = line.substr(0, line.find(' '));
+    scanned += scan_memory("maps " + range,
+                           reinterpret_cast<void const*>(static_cast<std::uintptr_t>(start)),
+                           static_cast<std::size_t>(end - start),
+                           secret);
+  }
+  return scanned;
+}
+
+/// Every memfd among this process's fds (what the daemon passed and the
+/// library kept), mapped whole as the kernel sizes it.
+std::size_t scan_memfd_fds(secret_bytes const& secret)
+{
+  std::size_t scanned = 0;
+  std::vector<int> fds;
+  for (auto const& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto const target = std::filesystem::read_symlink(entry.path(), ec);
+    if (!ec && target.string().rfind("/memfd:", 0) == 0) {
+      fds.push_back(std::stoi(entry.path().filename().string()));
+    }
+  }
+  for (int fd : fds) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) { continue; }
+    auto const size = static_cast<std::size_t>(st.st_size);
+    void* m         = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      std::printf("unreadable fd %d at 0: %s\n", fd, std::strerror(errno));
+      continue;
+    }
+    scanned += scan_memory("fd " + std::to_string(fd), m, size, secret);
+    ::munmap(m, size);
+  }
+  return scanned;
+}
+
+int snoop_host(std::size_t bytes)
+{
+  rmmd::host_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "snoop"}));
+  auto const& s    = mr.get_session();
+  auto const pool  = s.host_pool();
+  auto* const base = s.host_pool_base(pool.id);
+  void* kept       = nullptr;
+  if (bytes > 0) {
+    kept = mr.allocate_sync(bytes, 256);
+    std::memset(kept, 0, bytes);
+    auto const offset = mr.offset_of(kept);
+    mr.deallocate_sync(kept, bytes, 256);  // the Free's reply is back: the daemon has it
+    std::printf("kept %llu\n", static_cast<unsigned long long>(offset));
+  } else {
+    std::printf("mapped\n");
+  }
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.rfind("scan ", 0) != 0) { continue; }
+    auto const secret   = parse_secret(line.substr(5));
+    std::size_t scanned = 0;
+    if (kept != nullptr) { scanned += scan_memory("kept", kept, bytes, secret); }
+    scanned += scan_memory("mapping", base, pool.capacity_bytes, secret);
+    scanned += scan_memfd_mappings(secret);
+    scanned += scan_memfd_fds(secret);
+    {
+      rmmd::session fresh(rmmd::session::options{.client_name = "snoop-fresh"});
+      auto const& p = fresh.host_pool();
+      scanned += scan_memory("fresh", fresh.host_pool_base(p.id), p.capacity_bytes, secret);
+    }
+    std::printf("scanned %zu\n", scanned);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int secret_host(std::size_t bytes, std::string const& hex)
+{
+  auto const secret = parse_secret(hex);
+  rmmd::host_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "secret"}));
+  std::size_t count = 0, total = 0;
+  auto take = [&](std::size_t size) {
+    try {
+      rmmd::test::fill_secret(mr.allocate_sync(size, 256), size, secret);
+    } catch (rmm::out_of_memory const&) {
+      return false;
+    }
+    ++count;
+    total += size;
+    return true;
+  };
+  take(bytes);  // first, where a freed allocation of that size was
+  for (std::size_t size : {std::size_t{1} << 20, std::size_t{64} << 10, std::size_t{4096}}) {
+    while (take(size)) {}
+  }
+  std::printf("holding %zu %zu\n", count, total);
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {}
+  return 0;
+}
+
+int snoop_device(std::size_t bytes, std::size_t span)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "snoop-device"});
+  auto const& pool = s.device_pool(0);
+  if (cudaSetDevice(pool.device) != cudaSuccess) { return 4; }
+  auto const lease = s.allocate(pool.id, bytes, 256);
+  cudaMemPoolPtrExportData data{};
+  std::memcpy(&data, lease.cuda_export.data(), sizeof(data));
+  void* kept = nullptr;
+  if (auto err = cudaMemPoolImportPointer(&kept, s.cuda_pool(pool.id), &data); err != cudaSuccess) {
+    std::printf("error: cudaMemPoolImportPointer: %s\n", cudaGetErrorName(err));
+    return 4;
+  }
+  if (cudaMemset(kept, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    return 4;
+  }
+  s.free(lease.id);  // answered: the daemon has freed it; the import stays
+  std::printf("kept\n");
+  std::fflush(stdout);
+  constexpr std::size_t step = std::size_t{64} << 10;
+  std::vector<unsigned char> host(std::max(bytes, step));
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.rfind("scan ", 0) != 0) { continue; }
+    auto const secret   = parse_secret(line.substr(5));
+    std::size_t scanned = 0;
+    auto read           = [&](char const* where, std::size_t offset, std::size_t n) {
+      auto const* from = static_cast<unsigned char const*>(kept) + offset;
+      if (auto err = cudaMemcpy(host.data(), from, n, cudaMemcpyDeviceToHost); err != cudaSuccess) {
+        cudaGetLastError();
+        std::printf("read-error %s at %zu: %s\n", where, offset, cudaGetErrorName(err));
+        return false;
+      }
+      scanned += n;
+      if (auto found = find_secret(host.data(), n, secret)) {
+        std::printf("found %s at %zu\n", where, offset + *found);
+      }
+      return true;
+    };
+    if (read("kept", 0, bytes)) {
+      for (std::size_t offset = bytes; offset < bytes + span; offset += step) {
+        if (!read("past", offset, step)) { break; }
+      }
+    }
+    std::printf("scanned %zu\n", scanned);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int secret_device(std::string_view mode, std::size_t bytes, int count, std::string const& hex)
+{
+  auto const secret = parse_secret(hex);
+  rmmd::ipc_memory_resource mr(
+      rmmd::session(rmmd::session::options{.client_name = "secret-device"}),
+      0,
+      rmmd::ipc_resource_options{.mode = mode == "slab" ? rmmd::allocation_mode::slab
+                                                        : rmmd::allocation_mode::direct});
+  cuda::stream_ref stream{cudaStream_t{}};
+  std::vector<unsigned char> pattern(bytes);
+  rmmd::test::fill_secret(pattern.data(), bytes, secret);
+  std::vector<void*> held;
+  for (int i = 0; i < count; ++i) {
+    void* p = nullptr;
+    try {
+      p = mr.allocate(stream, bytes, 256);
+    } catch (rmm::out_of_memory const&) {
+      break;
+    }
+    if (cudaMemcpy(p, pattern.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) { return 4; }
+    held.push_back(p);
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) { return 4; }
+  std::printf("holding %zu %zu\n", held.size(), held.size() * bytes);
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {}
+  for (void* p : held) { mr.deallocate(stream, p, bytes, 256); }
+  stream.sync();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -448,6 +721,18 @@ int main(int argc, char** argv)
     if (argc == 3 && std::strcmp(argv[1], "device-free-pending") == 0) {
       return device_free_pending(std::stoull(argv[2]));
     }
+    if (argc == 3 && std::strcmp(argv[1], "snoop-host") == 0) {
+      return snoop_host(std::stoull(argv[2]));
+    }
+    if (argc == 4 && std::strcmp(argv[1], "secret-host") == 0) {
+      return secret_host(std::stoull(argv[2]), argv[3]);
+    }
+    if (argc == 4 && std::strcmp(argv[1], "snoop-device") == 0) {
+      return snoop_device(std::stoull(argv[2]), std::stoull(argv[3]));
+    }
+    if (argc == 6 && std::strcmp(argv[1], "secret-device") == 0) {
+      return secret_device(argv[2], std::stoull(argv[3]), std::stoi(argv[4]), argv[5]);
+    }
     if (argc == 3 && std::strcmp(argv[1], "exit-with-static") == 0) {
       return exit_with_static(argv[2]);
     }
@@ -460,6 +745,7 @@ int main(int argc, char** argv)
                "slab-hold BYTES VALUE | write "
                "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES | "
                "device-identity | device-churn COUNT BYTES | exit-with-static KIND | idle-slabs "
-               "COUNT BYTES | allocate BYTES\n");
+               "COUNT BYTES | allocate BYTES | snoop-host BYTES | secret-host BYTES HEX | "
+               "snoop-device BYTES SPAN | secret-device MODE BYTES COUNT HEX\n");
   return 2;
 }

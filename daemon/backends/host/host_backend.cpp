@@ -70,8 +70,11 @@ bool write_zeros(int fd, std::uint64_t begin, std::uint64_t end) noexcept
 
 }  // namespace
 
-host_backend::host_backend(std::string const& name, std::size_t capacity, bool pinnable)
-    : ranges_(capacity, granularity), pinnable_(pinnable)
+host_backend::host_backend(std::string const& name,
+                           std::size_t capacity,
+                           bool pinnable,
+                           std::string const& tenant)
+    : name_(name), ranges_(capacity, granularity), pinnable_(pinnable)
 {
   if (ranges_.capacity() == 0) {
     fail(fd_,
@@ -86,7 +89,8 @@ host_backend::host_backend(std::string const& name, std::size_t capacity, bool p
   }
   // The name only shows in /proc/PID/fd and /proc/PID/maps, so truncating a
   // long pool name is better than failing on it.
-  auto const memfd_name = ("rmmd:" + name).substr(0, memfd_name_max);
+  auto const memfd_name =
+      ("rmmd:" + name + (tenant.empty() ? "" : ":" + tenant)).substr(0, memfd_name_max);
   fd_                   = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd_ < 0) { fail(fd_, name, errno, "memfd_create failed"); }
   if (::ftruncate(fd_, static_cast<off_t>(ranges_.capacity())) != 0) {
@@ -105,6 +109,42 @@ host_backend::host_backend(std::string const& name, std::size_t capacity, bool p
 host_backend::~host_backend()
 {
   ::close(fd_);
+}
+
+absl::StatusOr<core::shared_allocation> host_backend::allocate_shared(std::size_t bytes,
+                                                                      std::size_t alignment)
+{
+  if (alignment > page_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "alignment %d is larger than the %d-byte pages a host buffer is mapped at",
+        alignment,
+        page_size()));
+  }
+  auto const size = align_up(bytes, page_size());
+  auto const memfd_name =
+      ("rmmd:" + name_ + ":buffer").substr(0, memfd_name_max);
+  int fd = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  auto failed = [&](char const* what) {
+    auto message = absl::StrFormat("host pool '%s': a buffer's memfd of %d bytes: %s: %s",
+                                   name_,
+                                   size,
+                                   what,
+                                   std::strerror(errno));
+    if (fd >= 0) { ::close(fd); }
+    return absl::InternalError(message);
+  };
+  if (fd < 0) { return failed("memfd_create"); }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) { return failed("ftruncate"); }
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return failed("fcntl F_ADD_SEALS");
+  }
+  return core::shared_allocation{.block = {.bytes = size}, .fd = fd, .host_memfd = true};
+}
+
+void host_backend::deallocate_shared(core::shared_allocation const& memory) noexcept
+{
+  // Holders that still map it keep its pages; nobody else is given them.
+  if (memory.fd >= 0) { ::close(memory.fd); }
 }
 
 std::size_t host_backend::capacity() const noexcept

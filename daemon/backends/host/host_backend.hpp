@@ -35,7 +35,11 @@ class host_backend final : public core::pool_backend {
  public:
   /// Throws std::system_error, naming the pool, when the memfd cannot be
   /// created, sized or sealed, or when capacity is below 256 bytes (EINVAL).
-  explicit host_backend(std::string const& name, std::size_t capacity, bool pinnable = false);
+  /// `tenant` ("uid 1000") goes into the memfd's name, for /proc/PID/maps.
+  explicit host_backend(std::string const& name,
+                        std::size_t capacity,
+                        bool pinnable            = false,
+                        std::string const& tenant = {});
   ~host_backend() override;
 
   [[nodiscard]] core::backend_kind kind() const noexcept override
@@ -58,6 +62,13 @@ class host_backend final : public core::pool_backend {
   {
     return fd_;
   }
+  /// A shared buffer: a memfd of its own (sized to whole pages and sealed
+  /// against resizing), so that a process of another tenant that opens it
+  /// maps that buffer and nothing else of the pool. Counted against the
+  /// pool's capacity like a lease.
+  absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
+                                                          std::size_t alignment) override;
+  void deallocate_shared(core::shared_allocation const& memory) noexcept override;
 
  private:
   /// Punches the pages of [begin, end) that lie wholly in `now_free` (the
@@ -67,6 +78,7 @@ class host_backend final : public core::pool_backend {
                     std::uint64_t end,
                     core::offset_allocator::range now_free) noexcept;
 
+  std::string name_;  // for messages
   int fd_{-1};
   std::mutex mutex_;  // guards ranges_ and the file's free pages
   core::offset_allocator ranges_;

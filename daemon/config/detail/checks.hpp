@@ -13,6 +13,8 @@ namespace rmmd::config::detail {
 void check_runtime(checked_file& f, daemon_settings& s);
 /// allowed_uids, allowed_users, allowed_gids, allowed_groups (socket_checks.cpp).
 void check_access(checked_file& f, daemon_settings& s);
+/// tenancy (socket_checks.cpp).
+void check_tenancy(checked_file& f, daemon_settings& s);
 /// pools (pool_checks.cpp).
 void check_pools(checked_file& f, daemon_settings& s);
 /// cuda_pool_per_gpu (gpu_pool_checks.cpp); after check_pools.

@@ -131,4 +131,33 @@ void check_access(checked_file& f, daemon_settings& s)
   }
 }
 
+void check_tenancy(checked_file& f, daemon_settings& s)
+{
+  if (!f.config().has_tenancy()) { return; }
+  auto const& t = f.config().tenancy();
+  auto const n  = f.nested(f.root(), "tenancy");
+  s.tenancy     = {.isolate = t.mode() != v1::Tenancy::SHARED, .shared_gids = {}};
+  for (auto gid : t.shared_gids()) { s.tenancy.shared_gids.push_back(gid); }
+  for (int i = 0; i < t.shared_groups_size(); ++i) {
+    auto const& name = t.shared_groups(i);
+    if (auto gid = common::find_group(name)) {
+      s.tenancy.shared_gids.push_back(*gid);
+    } else {
+      f.error(n,
+              "shared_groups",
+              i,
+              "tenancy.shared_groups: no group named \"%s\" on this system; give an existing "
+              "group name or its gid in shared_gids",
+              name);
+    }
+  }
+  if (!s.tenancy.isolate && !s.tenancy.shared_gids.empty()) {
+    f.error(n,
+            t.shared_gids_size() > 0 ? "shared_gids" : "shared_groups",
+            0,
+            "tenancy: shared groups mean nothing with mode SHARED (every session shares every "
+            "pool then); drop them, or use mode PER_UID");
+  }
+}
+
 }  // namespace rmmd::config::detail
