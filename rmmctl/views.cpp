@@ -223,9 +223,21 @@ std::string format_stats(v1::Stats const& stats)
                   std::to_string(s.buffers_held()),
                   std::to_string(s.allocation_count())});
   }
+  table tenants({"POOL", "TENANT", "IN USE", "HIGH WATER", "DRIVER RESERVED", "BUFFERS"});
+  for (auto const& p : stats.pools()) {
+    for (auto const& t : p.tenants()) {
+      tenants.add({p.pool().name(),
+                   t.tenant(),
+                   human_bytes(t.in_use_bytes()),
+                   human_bytes(t.high_water_bytes()),
+                   t.has_backend_reserved_bytes() ? human_bytes(t.backend_reserved_bytes()) : "-",
+                   std::to_string(t.shared_buffers())});
+    }
+  }
   return pools.str(
              {false, true, false, false, true, true, true, true, true, true, true, true, true}) +
-         "\n" + sessions.str({true, true, true, false, false, true, true, true, true, true, true}) +
+         "\n" + tenants.str({false, false, true, true, true, true}) + "\n" +
+         sessions.str({true, true, true, false, false, true, true, true, true, true, true}) +
          (stats.sessions().empty() && stats.session_count() == 0 ? "(no sessions)\n" : "") +
          unlisted_sessions_line(stats);
 }

@@ -275,6 +275,40 @@ void write_pools(exposition& e, std::vector<core::pool_stats> const& pools)
       "counter");
 }
 
+/// Each pool's memory per tenant (one series per pool and uid with a session,
+/// or per shared gid; "node" when tenancy is off): bounded by the node's
+/// users, not by its sessions.
+void write_tenants(exposition& e, std::vector<core::pool_stats> const& pools)
+{
+  struct row {
+    std::string const* pool;
+    core::tenant_pool_stats const* tenant;
+  };
+  std::vector<row> rows;
+  for (auto const& p : pools) {
+    for (auto const& t : p.tenants) { rows.push_back({&p.pool.name, &t}); }
+  }
+  auto const tenant = [](row const& r) {
+    return labels{{"pool", *r.pool}, {"tenant", r.tenant->tenant}};
+  };
+  e.gauge_per("rmmd_tenant_pool_in_use_bytes",
+              "Bytes of the pool lent to one tenant (uid, shared gid, or node), from memory of "
+              "that tenant's own.",
+              rows,
+              tenant,
+              [](row const& r) { return static_cast<std::uint64_t>(r.tenant->in_use_bytes); });
+  std::vector<row> reported;
+  for (auto const& r : rows) {
+    if (r.tenant->backend_reserved_bytes) { reported.push_back(r); }
+  }
+  e.gauge_per("rmmd_tenant_pool_backend_reserved_bytes",
+              "Bytes one tenant's backend of the pool holds from the driver (CUDA pools), lent "
+              "or kept idle up to its release threshold.",
+              reported,
+              tenant,
+              [](row const& r) { return *r.tenant->backend_reserved_bytes; });
+}
+
 /// Named shared buffers, per pool (never a series per buffer name: names are
 /// unbounded; rmmctl buffers lists them).
 void write_shared_buffers(exposition& e, std::vector<core::pool_stats> const& pools)
@@ -494,6 +528,7 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   write_admission(e, s.admission);
   write_pools(e, s.stats.pools);
   write_shared_buffers(e, s.stats.pools);
+  write_tenants(e, s.stats.pools);
   write_backend_figures(e, s.stats.pools);
   write_sessions(e, s.stats.sessions, options.top_sessions);
   write_uids(e, s.stats);

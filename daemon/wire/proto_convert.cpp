@@ -89,6 +89,15 @@ void to_proto(core::pool_stats const& p, v1::PoolStats* out)
   out->set_reclaim_waits(p.reclaim_waits);
   out->set_reclaim_served(p.reclaim_served);
   out->set_reclaim_refused(p.reclaim_refused);
+  for (auto const& t : p.tenants) {
+    auto* row = out->add_tenants();
+    row->set_tenant(t.tenant);
+    row->set_in_use_bytes(t.in_use_bytes);
+    row->set_high_water_bytes(t.high_water_bytes);
+    if (t.backend_reserved_bytes) { row->set_backend_reserved_bytes(*t.backend_reserved_bytes); }
+    if (t.backend_used_bytes) { row->set_backend_used_bytes(*t.backend_used_bytes); }
+    row->set_shared_buffers(t.shared_buffers);
+  }
 }
 
 void to_proto(core::stats_snapshot const& in, v1::Stats* out)

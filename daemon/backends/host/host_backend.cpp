@@ -240,7 +240,8 @@ void host_backend::deallocate_many(std::span<core::backend_allocation const> blo
 // Pages wholly inside the free neighbours were zero already. This holds as long
 // as a client stops writing its block before it frees it (the client resource
 // frees in stream order); nothing stops a client that has mapped the pool from
-// writing anywhere in it, so this is hygiene, not isolation (docs/architecture.md).
+// writing anywhere in it: isolation between uids comes from each uid having a
+// memfd of its own (daemon/core/tenants.hpp, docs/operations.md "Tenants").
 void host_backend::clear_locked(std::uint64_t block_begin,
                                 std::uint64_t block_end,
                                 core::offset_allocator::range now_free) noexcept
