@@ -2,6 +2,8 @@
 
 #include <rmm/mr/per_device_resource.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -27,6 +29,31 @@ void mark_exiting() noexcept
   process_exit_marked.store(true, std::memory_order_release);
 }
 
+/// Marks the exit as it begins: glibc's exit() first runs the calling
+/// thread's thread_local destructors, then the atexit handlers and the
+/// statics' destructors. So when the main thread exits the process (main
+/// returns, or it calls exit()), this runs before every static's destructor,
+/// wherever that static was registered: what one atexit handler cannot do
+/// (a static registered after it is destroyed before it runs).
+struct exit_sentinel {
+  exit_sentinel()                                = default;
+  exit_sentinel(exit_sentinel const&)            = delete;
+  exit_sentinel& operator=(exit_sentinel const&) = delete;
+  ~exit_sentinel()
+  {
+    mark_exiting();
+  }
+};
+
+/// Gives the main thread its sentinel (once; other threads get none: their
+/// thread_local objects go when they end, not when the process does).
+void watch_main_thread() noexcept
+{
+  if (::gettid() != ::getpid()) { return; }
+  thread_local exit_sentinel sentinel;
+  static_cast<void>(&sentinel);
+}
+
 /// Registers the handler if the watch has not reached `state` yet.
 void watch_until(watch_state state) noexcept
 {
@@ -48,11 +75,13 @@ void watch_until(watch_state state) noexcept
 
 void watch_process_exit() noexcept
 {
+  watch_main_thread();
   watch_until(watch_state::after_cuda);
 }
 
 void watch_process_exit_before_cuda() noexcept
 {
+  watch_main_thread();
   watch_until(watch_state::before_cuda);
 }
 

@@ -39,6 +39,14 @@ extern std::atomic<bool> process_exit_marked;
 /// A handler registered before CUDA started (by a host resource) does not
 /// give that guarantee, hence the second registration.
 ///
+/// And where the main thread exits the process (main returns, or calls
+/// exit()), a thread_local object of the main thread, made on the first
+/// call, marks the exit before anything else: glibc runs the exiting
+/// thread's thread_local destructors first. Then even a static made after
+/// the handler (a function-local static resource) sees the exit. A main
+/// thread that calls pthread_exit while others go on counts as an exit too:
+/// resources then leave their memory to the session's end.
+///
 /// It first makes RMM register its own exit handler (RMM does so once, as
 /// its per-device resource map is made), so that ours, registered after it,
 /// runs before it: from then on RMM's flag is never set while ours is not.

@@ -1,12 +1,47 @@
 #include "client/detail/stream_capture.hpp"
 
+#include <cuda.h>
+
 #include <new>
 #include <utility>
 
 namespace rmmd::detail {
+namespace {
+
+using is_capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+
+/// The driver's cuStreamIsCapturing, or null where the runtime cannot give
+/// it. Asked on every allocate and free, it is cheaper than the runtime's
+/// cudaStreamGetCaptureInfo (bench a8: a one-thread slab pair at 1.38x
+/// RMM's pool with the runtime's query on an H200, 1.14x with this one on an
+/// H100; about 1.0x before either).
+is_capturing_fn load_is_capturing() noexcept
+{
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(
+          "cuStreamIsCapturing", &p, 10000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<is_capturing_fn>(p);
+}
+
+}  // namespace
 
 cudaGraph_t capturing_graph(cudaStream_t stream) noexcept
 {
+  static is_capturing_fn const is_capturing = load_is_capturing();
+  if (is_capturing != nullptr) {
+    // The common answer, cheaply: not capturing. Anything else (a capture,
+    // an invalidated one, an error) goes to the runtime, which says which.
+    CUstreamCaptureStatus s{CU_STREAM_CAPTURE_STATUS_NONE};
+    if (is_capturing(reinterpret_cast<CUstream>(stream), &s) == CUDA_SUCCESS &&
+        s == CU_STREAM_CAPTURE_STATUS_NONE) {
+      return nullptr;
+    }
+  }
   cudaStreamCaptureStatus status{cudaStreamCaptureStatusNone};
   cudaGraph_t graph{};
   if (auto err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph); err != cudaSuccess) {

@@ -17,6 +17,7 @@ whole process); MODE: slab or direct.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -79,22 +80,26 @@ def graph(way: str, mode: str, replays: int) -> dict[str, object]:
     import gc
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
-        torch.nn.Linear(128, 10),
-    ).cuda()
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    static_x = torch.randn(32, 64, generator=gen).cuda()
-    static_y = torch.randint(0, 10, (32,), generator=gen).cuda()
     pool = globals().get("_pool")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graphs asks
-        for _ in range(3):
-            model.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(static_x), static_y).backward()
-    torch.cuda.current_stream().wait_stream(side)
-    model.zero_grad(set_to_none=True)
+    # PyTorch captures into a MemPool given to torch.cuda.graph(pool=...),
+    # and refuses one that use_mem_pool already routes to: the model and the
+    # warm-up use the pool through use_mem_pool, the capture through pool=.
+    with with_pool(pool):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
+            torch.nn.Linear(128, 10),
+        ).cuda()
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        static_x = torch.randn(32, 64, generator=gen).cuda()
+        static_y = torch.randint(0, 10, (32,), generator=gen).cuda()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up, as torch.cuda.graphs asks
+            for _ in range(3):
+                model.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(static_x), static_y).backward()
+        torch.cuda.current_stream().wait_stream(side)
+        model.zero_grad(set_to_none=True)
     clear_cublas_workspaces()
     torch.cuda.synchronize()
     before = rmmd_torch.memory_stats(0)["allocated_bytes"] if way != "default" else 0
@@ -195,7 +200,11 @@ def main(argv: list[str]) -> int:
         buf.close()
     elif cmd == "graph":
         way, mode, replays = argv[1], argv[2], int(argv[3])
-        with with_rmmd(way, mode), torch.autograd.grad_mode.set_multithreading_enabled(False):
+        # The MemPool is made here, and entered by graph() where PyTorch allows.
+        ctx = with_rmmd(way, mode)
+        if way == "mempool":
+            ctx = contextlib.nullcontext()
+        with ctx, torch.autograd.grad_mode.set_multithreading_enabled(False):
             said = graph(way, mode, replays)
         if way != "default":
             # Everything let go: the MemPool too (PyTorch then gives its
