@@ -165,6 +165,8 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
                                     .initial_size      = p.initial_size_bytes,
                                     .fabric            = fabric,
                                     .vmm_buffers       = vmm_buffers};
+    // Every tenant's pool of this device allocates and frees on its streams.
+    options.streams = std::make_shared<cuda::cuda_streams>(p.device);
     // One pool made now proves the options (and the fabric export, which
     // may fail even though the probe passed); the tenants' pools are made
     // with what it proved.

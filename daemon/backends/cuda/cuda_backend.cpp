@@ -54,31 +54,47 @@ int device_count() noexcept
   return n;
 }
 
-cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(make_pool(options_))
+cuda_streams::cuda_streams(int device) : device_(device)
 {
-  use_device(options_.device);
-  // The destructor does not run if this throws: give the streams back here.
-  auto destroy_streams = [this] {
-    if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
-    stream_ = nullptr;
-    for (auto& stream : allocation_streams_) {
-      if (stream != nullptr) { cudaStreamDestroy(stream); }
-      stream = nullptr;
-    }
-  };
+  use_device(device);
   try {
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    for (auto& stream : allocation_streams_) {
+    check(cudaStreamCreateWithFlags(&free_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (auto& stream : allocation_) {
       check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     }
-    // Exporting the pool once is also what makes its pointers exportable.
-    check(cudaMemPoolExportToShareableHandle(
-              &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
-          "cudaMemPoolExportToShareableHandle (posix fd)");
   } catch (...) {
-    destroy_streams();
+    destroy();  // the destructor does not run if this throws
     throw;
   }
+}
+
+cuda_streams::~cuda_streams()
+{
+  destroy();
+}
+
+void cuda_streams::destroy() noexcept
+{
+  cudaSetDevice(device_);
+  if (free_ != nullptr) { cudaStreamDestroy(free_); }
+  free_ = nullptr;
+  for (auto& stream : allocation_) {
+    if (stream != nullptr) { cudaStreamDestroy(stream); }
+    stream = nullptr;
+  }
+}
+
+cuda_backend::cuda_backend(cuda_pool_options options)
+    : options_(options),
+      mr_(make_pool(options_)),
+      streams_(options_.streams ? options_.streams
+                                : std::make_shared<cuda_streams>(options_.device))
+{
+  use_device(options_.device);
+  // Exporting the pool once is also what makes its pointers exportable.
+  check(cudaMemPoolExportToShareableHandle(
+            &fd_, mr_->pool_handle(), cudaMemHandleTypePosixFileDescriptor, 0),
+        "cudaMemPoolExportToShareableHandle (posix fd)");
   if (options_.fabric) {
     cudaMemFabricHandle_t handle{};
     auto err =
@@ -89,7 +105,6 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
       (void)mr_.release();
       ::close(fd_);
       fd_ = -1;
-      destroy_streams();
       throw std::runtime_error(absl::StrFormat(
           "cudaMemPoolExportToShareableHandle (fabric) failed: %s", cudaGetErrorName(err)));
     }
@@ -101,11 +116,6 @@ cuda_backend::cuda_backend(cuda_pool_options options) : options_(options), mr_(m
 cuda_backend::~cuda_backend()
 {
   if (fd_ >= 0) { ::close(fd_); }
-  cudaSetDevice(options_.device);
-  for (auto stream : allocation_streams_) {
-    if (stream != nullptr) { cudaStreamDestroy(stream); }
-  }
-  if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
 }
 
 absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t bytes,
@@ -119,8 +129,7 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
-  auto const stream = allocation_streams_[next_stream_.fetch_add(1, std::memory_order_relaxed) %
-                                          allocation_streams_.size()];
+  auto const stream = streams_->next_allocation_stream();
   void* ptr         = nullptr;
   try {
     ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
@@ -153,7 +162,8 @@ void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
   // Free once its stream has passed its own free of the import (a host
   // function enqueued after it); a dead client's imports died with it.
   cudaSetDevice(options_.device);
-  mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+  mr_->deallocate(
+      ::cuda::stream_ref{streams_->free_stream()}, block.address, block.bytes, granularity);
 }
 
 void cuda_backend::deallocate_many(std::span<core::backend_allocation const> blocks) noexcept
@@ -162,7 +172,8 @@ void cuda_backend::deallocate_many(std::span<core::backend_allocation const> blo
   // cudaFreeAsync, which the driver serialises; nothing to batch but the rest.
   cudaSetDevice(options_.device);
   for (auto const& block : blocks) {
-    mr_->deallocate(::cuda::stream_ref{stream_}, block.address, block.bytes, granularity);
+    mr_->deallocate(
+        ::cuda::stream_ref{streams_->free_stream()}, block.address, block.bytes, granularity);
   }
 }
 
@@ -242,7 +253,7 @@ absl::StatusOr<std::size_t> cuda_backend::trim()
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
   auto const before = usage();
-  auto err          = cudaStreamSynchronize(stream_);
+  auto err          = cudaStreamSynchronize(streams_->free_stream());
   if (err == cudaSuccess) { err = cudaMemPoolTrimTo(mr_->pool_handle(), 0); }
   if (err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat(
