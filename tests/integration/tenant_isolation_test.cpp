@@ -20,6 +20,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 namespace rmmd::test {
 namespace {
 
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::StartsWith;
@@ -136,6 +138,33 @@ TEST_F(TenantIsolation, AFreedAllocationKeptByOneUidNeverShowsAnotherUidsSecret)
   EXPECT_THAT(report.finds(), IsEmpty())
       << "uid " << a_->uid << " read uid " << b_->uid << "'s secret:\n"
       << report.text();
+}
+
+TEST_F(TenantIsolation, StatsAndRmmctlShowEachUidsMemoryOfItsOwn)
+{
+  start();
+  auto a = test_client({"snoop-host", std::to_string(lease)}, client_user_a);
+  ASSERT_THAT(a->read_line().value_or("(nothing: it exited)"), StartsWith("kept "));
+  auto b           = secret_holder(client_user_b);
+  auto const stats = daemon_->stats();
+  std::map<std::string, std::uint64_t> in_use;
+  for (auto const& t : stats.pools(0).tenants()) { in_use[t.tenant()] = t.in_use_bytes(); }
+  auto const uid_a = "uid " + std::to_string(a_->uid);
+  auto const uid_b = "uid " + std::to_string(b_->uid);
+  ASSERT_TRUE(in_use.contains(uid_a) && in_use.contains(uid_b)) << stats.DebugString();
+  EXPECT_EQ(in_use[uid_a], 0u);  // freed what it had
+  EXPECT_GT(in_use[uid_b], lease);
+  EXPECT_EQ(in_use[uid_a] + in_use[uid_b] + in_use["uid 0"], stats.pools(0).in_use_bytes());
+  // rmmctl (as root, the observer) lists them too.
+  child_process ctl(
+      {program_path("rmmctl").string(), "--runtime-dir", daemon_->runtime_dir().string(), "stats"},
+      {},
+      {.merge_stderr = true});
+  ctl.close_stdin();
+  auto const table = ctl.read_all();
+  EXPECT_EQ(ctl.wait().value_or(-1), 0) << table;
+  EXPECT_THAT(table, HasSubstr("TENANT"));
+  EXPECT_THAT(table, HasSubstr(uid_b));
 }
 
 TEST_F(TenantIsolation, AClientThatOnlyMapsThePoolNeverReadsAnotherUidsAllocation)

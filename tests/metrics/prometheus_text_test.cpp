@@ -44,14 +44,16 @@ daemon_snapshot sample_snapshot()
   host.shared_bytes        = 8192;
   host.shared_holders      = 5;
   core::pool_stats gpu;
-  gpu.pool.id                 = 1;
-  gpu.pool.name               = "gpu0";
-  gpu.pool.backend            = core::backend_kind::cuda;
-  gpu.pool.device             = 0;
-  gpu.pool.gpu_uuid           = "GPU-5f3c2b1a-0000-1111-2222-333344445555";
-  gpu.pool.pci_bus_id         = "0000:3b:00.0";
-  gpu.pool.capacity_bytes     = 1 << 30;
-  gpu.backend_reserved_bytes  = 1 << 25;
+  gpu.pool.id                = 1;
+  gpu.pool.name              = "gpu0";
+  gpu.pool.backend           = core::backend_kind::cuda;
+  gpu.pool.device            = 0;
+  gpu.pool.gpu_uuid          = "GPU-5f3c2b1a-0000-1111-2222-333344445555";
+  gpu.pool.pci_bus_id        = "0000:3b:00.0";
+  gpu.pool.capacity_bytes    = 1 << 30;
+  gpu.backend_reserved_bytes = 1 << 25;
+  gpu.tenants = {{.tenant = "uid 1000", .in_use_bytes = 4096, .backend_reserved_bytes = 1 << 24},
+                 {.tenant = "uid 1001", .in_use_bytes = 0, .backend_reserved_bytes = 1 << 24}};
   gpu.backend_used_bytes      = 1 << 24;
   gpu.release_threshold_bytes = 1 << 23;
   s.stats.pools               = {host, gpu};
@@ -180,6 +182,9 @@ TEST(RenderPrometheus, ShowsThePoolsSessionsUidsAndDaemon)
            "rmmd_uid_bytes{uid=\"1000\"} 4196",
            "rmmd_uid_live_allocations{uid=\"1000\"} 3",
            "rmmd_uid_sessions{uid=\"1000\"} 2",
+           "rmmd_tenant_pool_in_use_bytes{pool=\"gpu0\",tenant=\"uid 1000\"} 4096",
+           "rmmd_tenant_pool_in_use_bytes{pool=\"gpu0\",tenant=\"uid 1001\"} 0",
+           "rmmd_tenant_pool_backend_reserved_bytes{pool=\"gpu0\",tenant=\"uid 1001\"} 16777216",
        }) {
     EXPECT_THAT(text, HasSubstr(line + "\n"));
   }
