@@ -106,10 +106,10 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     for (auto const* g : {r.has_create_buffer() ? &r.create_buffer() : nullptr,
                           r.has_open_buffer() ? &r.open_buffer() : nullptr}) {
       if (g == nullptr) { continue; }
-      // A host pool's buffer lies inside its pool too.
+      // A host pool's buffer is a memfd of its own, at least as large as asked.
       auto const pools = core.pools();
-      RMMD_FUZZ_CHECK(g->pool_id() < pools.size() && g->has_host());
-      RMMD_FUZZ_CHECK(g->host().offset() + g->size() <= pools[g->pool_id()].capacity_bytes);
+      RMMD_FUZZ_CHECK(g->pool_id() < pools.size() && g->has_host_memfd());
+      RMMD_FUZZ_CHECK(g->host_memfd().mapping_bytes() >= g->size());
     }
   }
   core.close_session(id);
