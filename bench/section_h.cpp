@@ -2,6 +2,7 @@
 // bench/README.md; its helper processes are in section_h_helpers.cpp.
 
 #include "bench/section_h.hpp"
+#include "bench/section_support.hpp"
 #include "bench/targets.hpp"
 
 #include "client/detail/session_impl.hpp"
@@ -706,39 +707,10 @@ int section_scale_without_gpu(scale_options const& o,
                               std::string const& out_path,
                               std::string const& command)
 {
-  auto const started = steady::now();
-  results::Run run;
-  run.set_schema("rmmd-bench/1");
-  run.set_command(command);
-  auto const now = std::time(nullptr);
-  char utc[32];
-  std::strftime(utc, sizeof(utc), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  run.set_started_utc(utc);
-  run.set_quick(o.quick);
-  run.add_sections("h");
-  char host[256]{};
-  ::gethostname(host, sizeof(host) - 1);
-  run.mutable_host()->set_hostname(host);
-  run.mutable_host()->set_cpus(std::thread::hardware_concurrency());
-  std::printf("rmmd_bench without a GPU: section h's host figures only%s\n",
-              o.quick ? ", --quick" : "");
-  std::vector<target_row> targets;
-  try {
-    targets = section_scale(o, *run.mutable_scale());
-  } catch (std::exception const& e) {
-    run.add_errors(std::string("h: ") + e.what());
-    std::printf("  ERROR (h): %s\n", e.what());
-  }
-  print_targets("Targets (issue 14)", targets, run);
-  run.set_seconds(seconds_between(started, steady::now()));
-  std::ofstream file(out_path, std::ios::trunc);
-  file << results_json(run);
-  if (!file) {
-    std::fprintf(stderr, "rmmd_bench: writing %s failed\n", out_path.c_str());
-    return 1;
-  }
-  std::printf("\nwrote %s in %.0f s\n", out_path.c_str(), seconds_between(started, steady::now()));
-  return run.errors().empty() ? 0 : 1;
+  return run_section_without_gpu(
+      "h", "Targets (issue 14)", o.quick, out_path, command, [&](auto& run) {
+        return section_scale(o, *run.mutable_scale());
+      });
 }
 
 }  // namespace rmmd::bench

@@ -11,10 +11,12 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 namespace rmmd::bench {
 
@@ -46,6 +48,49 @@ std::string size_name(std::size_t bytes)
   }
   if (bytes >= 1024 && bytes % 1024 == 0) { return std::to_string(bytes >> 10) + " KiB"; }
   return std::to_string(bytes) + " B";
+}
+
+int run_section_without_gpu(std::string const& section,
+                            std::string const& title,
+                            bool quick,
+                            std::string const& out_path,
+                            std::string const& command,
+                            std::function<std::vector<target_row>(results::Run&)> const& measure)
+{
+  auto const started = steady::now();
+  results::Run run;
+  run.set_schema("rmmd-bench/1");
+  run.set_command(command);
+  auto const now = std::time(nullptr);
+  char utc[32];
+  std::strftime(utc, sizeof(utc), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  run.set_started_utc(utc);
+  run.set_quick(quick);
+  run.add_sections(section);
+  char host[256]{};
+  ::gethostname(host, sizeof(host) - 1);
+  run.mutable_host()->set_hostname(host);
+  run.mutable_host()->set_cpus(std::thread::hardware_concurrency());
+  std::printf("rmmd_bench without a GPU: section %s's host figures only%s\n",
+              section.c_str(),
+              quick ? ", --quick" : "");
+  std::vector<target_row> targets;
+  try {
+    targets = measure(run);
+  } catch (std::exception const& e) {
+    run.add_errors(section + ": " + e.what());
+    std::printf("  ERROR (%s): %s\n", section.c_str(), e.what());
+  }
+  print_targets(title, targets, run);
+  run.set_seconds(seconds_between(started, steady::now()));
+  std::ofstream file(out_path, std::ios::trunc);
+  file << results_json(run);
+  if (!file) {
+    std::fprintf(stderr, "rmmd_bench: writing %s failed\n", out_path.c_str());
+    return 1;
+  }
+  std::printf("\nwrote %s in %.0f s\n", out_path.c_str(), seconds_between(started, steady::now()));
+  return run.errors().empty() ? 0 : 1;
 }
 
 double ns_between(steady::time_point a, steady::time_point b)

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,18 @@ std::string format(char const* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string size_name(std::size_t bytes);
 double ns_between(steady::time_point a, steady::time_point b);
 double seconds_between(steady::time_point a, steady::time_point b);
+
+/// One section run alone where there is no GPU (`--sections h`, `--sections
+/// t`): a run of rmmd_bench with that section's host figures, which
+/// `measure` writes into the run and whose targets it returns, printed under
+/// `title` and written to `out_path`. Returns the exit status (0: the
+/// section ran; 1: it or the write failed).
+int run_section_without_gpu(std::string const& section,
+                            std::string const& title,
+                            bool quick,
+                            std::string const& out_path,
+                            std::string const& command,
+                            std::function<std::vector<target_row>(results::Run&)> const& measure);
 
 /// How a bench client allocates: its resource's mode, and how Allocate and
 /// Free reach the daemon.

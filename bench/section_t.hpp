@@ -1,6 +1,6 @@
 #pragma once
 
-// Section t of rmmd_bench, tenants (issue 25): every uid is a tenant with
+// Section t of rmmd_bench, tenants: every uid is a tenant with
 // pools of its own, made on its first session. (a) session set-up with 1,000
 // sessions of 50 uids open (helper processes run as numeric uids the
 // daemon's allowed_uids names; no passwd entries needed); (b) an allocation

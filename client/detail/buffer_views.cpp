@@ -100,9 +100,8 @@ void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant, pool_info co
       devices = 0;
     }
     if (devices > 0) {
-      pinned =
-          cudaHostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
-          cudaSuccess;
+      pinned = cudaHostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+               cudaSuccess;
       if (!pinned) { cudaGetLastError(); }
     }
   }

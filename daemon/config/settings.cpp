@@ -158,14 +158,14 @@ std::string summary(daemon_settings const& s)
                         bytes_or_none(s.quotas.per_session_bytes),
                         bytes_or_none(s.quotas.per_uid_bytes),
                         s.quotas.per_uid_overrides.size());
-  absl::StrAppendFormat(&out,
-                        "tenancy: %s%s\n",
-                        s.tenancy.isolate ? "per uid (memory of its own per uid and pool)"
-                                          : "shared (one pool per GPU for everyone)",
-                        s.tenancy.shared_gids.empty()
-                            ? std::string()
-                            : absl::StrCat(", shared by gid: ",
-                                           absl::StrJoin(s.tenancy.shared_gids, ", ")));
+  absl::StrAppendFormat(
+      &out,
+      "tenancy: %s%s\n",
+      s.tenancy.isolate ? "per uid (memory of its own per uid and pool)"
+                        : "shared (one pool per GPU for everyone)",
+      s.tenancy.shared_gids.empty()
+          ? std::string()
+          : absl::StrCat(", shared by gid: ", absl::StrJoin(s.tenancy.shared_gids, ", ")));
   absl::StrAppendFormat(&out,
                         "admission: %d silent connection(s) per uid, %d in all; %d session(s) per "
                         "uid, %d in all\n",

@@ -65,9 +65,9 @@ stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_s
     for (auto const& [key, slot] : p.tenants.slots()) {
       auto const u = slot.backend->usage();
       if (u) {
-        usage = backend_usage{
-            .reserved_bytes = usage.value_or(backend_usage{}).reserved_bytes + u->reserved_bytes,
-            .used_bytes     = usage.value_or(backend_usage{}).used_bytes + u->used_bytes};
+        if (!usage) { usage = backend_usage{}; }
+        usage->reserved_bytes += u->reserved_bytes;
+        usage->used_bytes += u->used_bytes;
       }
       if (!release) { release = slot.backend->release_threshold(); }
       tenants.push_back(tenant_pool_stats{

@@ -119,8 +119,7 @@ pool_id daemon_core::add_pool(pool_config config,
     return add_pool(std::move(config), std::move(backend));
   }
   std::lock_guard lock(mutex_);
-  auto entry = std::make_unique<pool_entry>(pool_tenants(std::move(make)));
-  entry->tenants.set_kind(kind);
+  auto entry      = std::make_unique<pool_entry>(pool_tenants(kind, std::move(make)));
   entry->capacity = config.limit_bytes != 0 ? std::min(capacity, config.limit_bytes) : capacity;
   entry->config   = std::move(config);
   pools_.push_back(std::move(entry));

@@ -36,7 +36,10 @@ pool_tenants::pool_tenants(std::unique_ptr<pool_backend> shared) : kind_(shared-
   slots_[tenant_key{}].backend = std::move(shared);
 }
 
-pool_tenants::pool_tenants(backend_maker make) : make_(std::move(make)) {}
+pool_tenants::pool_tenants(backend_kind kind, backend_maker make)
+    : make_(std::move(make)), kind_(kind)
+{
+}
 
 tenant_slot* pool_tenants::find(tenant_key const& tenant)
 {

@@ -71,8 +71,8 @@ class pool_tenants {
  public:
   /// One backend for every tenant.
   explicit pool_tenants(std::unique_ptr<pool_backend> shared);
-  /// A backend per tenant, made on demand.
-  explicit pool_tenants(backend_maker make);
+  /// A backend of `kind` per tenant, made on demand.
+  pool_tenants(backend_kind kind, backend_maker make);
 
   /// Whether each tenant gets a backend of its own.
   [[nodiscard]] bool per_tenant() const noexcept
@@ -109,14 +109,10 @@ class pool_tenants {
   /// out of memory that the others hold but do not lend.
   [[nodiscard]] std::vector<std::shared_ptr<pool_backend>> others(tenant_key const& tenant) const;
 
-  /// Any backend's kind and capacity (every tenant's is the same).
+  /// Every tenant's backend's kind.
   [[nodiscard]] backend_kind kind() const noexcept
   {
     return kind_;
-  }
-  void set_kind(backend_kind kind) noexcept
-  {
-    kind_ = kind;
   }
 
  private:

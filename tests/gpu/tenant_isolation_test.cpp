@@ -1,4 +1,4 @@
-// Tenant isolation on the CUDA backend (issue 25, point 1), tried as a
+// Tenant isolation on the CUDA backend, tried as a
 // hostile user would, on a real GPU: the daemon runs as `rmmd`, a client of
 // uid rmmd-test-a imports an allocation, sends its Free but keeps the import
 // (and reads past it, within what the import maps), and looks there for a

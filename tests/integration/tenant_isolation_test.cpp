@@ -1,4 +1,4 @@
-// Tenant isolation on the host pool (issue 25, point 1), tried as a hostile
+// Tenant isolation on the host pool, tried as a hostile
 // user would: the real daemon runs as `rmmd`, a client of uid rmmd-test-a
 // keeps what it may still read (a freed allocation's pointer, its whole
 // mapping of the pool, every memfd it was handed, a shared buffer it said it

@@ -91,7 +91,7 @@ host_backend::host_backend(std::string const& name,
   // long pool name is better than failing on it.
   auto const memfd_name =
       ("rmmd:" + name + (tenant.empty() ? "" : ":" + tenant)).substr(0, memfd_name_max);
-  fd_                   = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  fd_ = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd_ < 0) { fail(fd_, name, errno, "memfd_create failed"); }
   if (::ftruncate(fd_, static_cast<off_t>(ranges_.capacity())) != 0) {
     fail(fd_,
@@ -115,16 +115,15 @@ absl::StatusOr<core::shared_allocation> host_backend::allocate_shared(std::size_
                                                                       std::size_t alignment)
 {
   if (alignment > page_size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "alignment %d is larger than the %d-byte pages a host buffer is mapped at",
-        alignment,
-        page_size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("alignment %d is larger than the %d-byte pages a host buffer is mapped at",
+                        alignment,
+                        page_size()));
   }
-  auto const size = align_up(bytes, page_size());
-  auto const memfd_name =
-      ("rmmd:" + name_ + ":buffer").substr(0, memfd_name_max);
-  int fd = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  auto failed = [&](char const* what) {
+  auto const size       = align_up(bytes, page_size());
+  auto const memfd_name = ("rmmd:" + name_ + ":buffer").substr(0, memfd_name_max);
+  int fd                = ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  auto failed           = [&](char const* what) {
     auto message = absl::StrFormat("host pool '%s': a buffer's memfd of %d bytes: %s: %s",
                                    name_,
                                    size,

@@ -38,7 +38,7 @@ class host_backend final : public core::pool_backend {
   /// `tenant` ("uid 1000") goes into the memfd's name, for /proc/PID/maps.
   explicit host_backend(std::string const& name,
                         std::size_t capacity,
-                        bool pinnable            = false,
+                        bool pinnable             = false,
                         std::string const& tenant = {});
   ~host_backend() override;
 
