@@ -160,7 +160,25 @@ typedef struct rmmd_buffer_options {
   int has_gid;      /* nonzero: members of `gid` may open it too */
   uint32_t gid;
   size_t alignment; /* 0: 256 */
+  /* nonzero: others may open it with RMMD_BUFFER_READ_WRITE (0.4; callers
+   * built before, whose size is smaller: 0) */
+  int allow_writers;
 } rmmd_buffer_options;
+
+typedef enum rmmd_buffer_access {
+  RMMD_BUFFER_READ       = 0, /* mapped read-only (CUDA: in hardware) */
+  RMMD_BUFFER_READ_WRITE = 1  /* only where the creator allowed writers */
+} rmmd_buffer_access;
+
+typedef struct rmmd_open_options {
+  size_t size; /* sizeof(rmmd_open_options) */
+  uint32_t wait_ms;
+  rmmd_buffer_access access;
+  /* The fingerprint guard: a JSON object of labels the buffer must carry
+   * with these values ({"revision": "abc", "rank": "0"}); NULL: none. A
+   * mismatch is RMMD_ERROR_FAILED_PRECONDITION naming the first key. */
+  char const* expect_labels_json;
+} rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
 RMMD_API rmmd_status rmmd_buffer_create(rmmd_session_t session,
@@ -189,6 +207,32 @@ RMMD_API rmmd_status rmmd_buffer_id(rmmd_buffer_t buffer, uint64_t* id);
 RMMD_API rmmd_status rmmd_buffer_device(rmmd_buffer_t buffer, int* device);
 /* Deletes by name; holders: the sessions that still hold it. */
 RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t* holders);
+
+/* Opens as `options` say (NULL: read-only, no wait, no guard). */
+RMMD_API rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
+                                           char const* name,
+                                           rmmd_open_options const* options,
+                                           rmmd_buffer_t* buffer);
+/* Manifests (docs/sharing.md), as JSON in protobuf's JSON mapping of
+ * rmmd.v1.BufferManifest: {"tensors": [{"name": "w", "dtype": "DTYPE_FLOAT16",
+ * "shape": ["4096", "4096"], "byteOffset": "0"}], "labels": {"model": "gpt2"}}
+ * (64-bit integers may be strings or numbers). Creator only, before publish. */
+RMMD_API rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char const* json);
+/* The manifest this open got ("{}" when none). Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json);
+/* RMMD_BUFFER_READ or RMMD_BUFFER_READ_WRITE (the creator's). */
+RMMD_API rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* access);
+/* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse.
+ * name_prefix and labels_json (a JSON object) may be NULL. Free with
+ * rmmd_string_free. */
+RMMD_API rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
+                                           char const* name_prefix,
+                                           char const* labels_json,
+                                           char** json);
+/* One buffer and its manifest, as the JSON of rmmd.v1.DescribeBufferResponse. */
+RMMD_API rmmd_status rmmd_buffer_describe_json(rmmd_session_t session,
+                                               char const* name,
+                                               char** json);
 
 /* ---- PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)
  *

@@ -25,15 +25,128 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace rmmd {
 
 namespace v1 {
 class BufferGrant;  // the wire message (rmmd/v1/rmmd.pb.h); only declared here
 }
+
+/// The element type of a tensor in a manifest: the safetensors format's
+/// types, named as NumPy and PyTorch name them ("float16", "bfloat16").
+enum class dtype : std::uint8_t {
+  bool_ = 1,
+  uint8,
+  int8,
+  uint16,
+  int16,
+  float16,
+  bfloat16,
+  uint32,
+  int32,
+  float32,
+  uint64,
+  int64,
+  float64,
+  float8_e4m3fn,
+  float8_e5m2,
+  complex64,
+  complex128,
+};
+
+/// Bytes per element.
+[[nodiscard]] std::size_t itemsize(dtype t) noexcept;
+/// "float16", "bool", "float8_e4m3fn", ...
+[[nodiscard]] std::string_view to_string(dtype t) noexcept;
+/// The inverse of to_string(); nullopt for a name that is none of them.
+[[nodiscard]] std::optional<dtype> dtype_from_string(std::string_view name) noexcept;
+
+/// One named tensor inside a buffer: elements of `type` at `byte_offset`,
+/// laid out by `shape` and `strides` (in elements, as PyTorch counts them;
+/// empty: contiguous, row-major).
+struct tensor_entry {
+  std::string name;
+  rmmd::dtype type{dtype::uint8};
+  std::vector<std::uint64_t> shape;
+  std::uint64_t byte_offset{};
+  std::vector<std::uint64_t> strides;
+  /// Other names of the same tensor (tied weights).
+  std::vector<std::string> aliases;
+
+  [[nodiscard]] std::uint64_t element_count() const noexcept;
+  /// The bytes from byte_offset that its elements span (0 when empty).
+  [[nodiscard]] std::uint64_t byte_extent() const noexcept;
+  [[nodiscard]] bool contiguous() const noexcept;
+};
+
+/// What a buffer holds: set by its creator before publish(), returned with
+/// every open. The daemon checks it (names unique, tensors inside the
+/// buffer and not overlapping, bounds in docs/sharing.md) and adds the
+/// label "rmmd.gpu_uuid" on CUDA pools.
+struct buffer_manifest {
+  std::vector<tensor_entry> tensors;
+  /// model, revision, quantisation, parallel rank, framework version, ...
+  std::map<std::string, std::string, std::less<>> labels;
+
+  /// The tensor named `name` (or with `name` among its aliases); null if none.
+  [[nodiscard]] tensor_entry const* find(std::string_view name) const noexcept;
+  [[nodiscard]] bool empty() const noexcept
+  {
+    return tensors.empty() && labels.empty();
+  }
+};
+
+/// How a process holds a buffer. The creator holds it read-write.
+enum class buffer_access : std::uint8_t {
+  /// The default: CUDA buffers of their own allocation are mapped with read
+  /// access only (a write is a CUDA error in the writing process, and in no
+  /// other), host buffers with PROT_READ.
+  read,
+  /// Only where the creator allowed writers (shared_buffer_options).
+  read_write,
+};
+
+/// How to open a buffer.
+struct open_options {
+  /// Waits up to this long for the buffer to be created and published (the
+  /// daemon wakes the call at the publication); zero: refuses at once.
+  std::chrono::milliseconds wait{};
+  buffer_access access{buffer_access::read};
+  /// The fingerprint guard: labels the buffer must carry with exactly these
+  /// values; otherwise rmmd::precondition_error naming the first key that
+  /// differs, and nothing is opened.
+  std::map<std::string, std::string, std::less<>> expect_labels{};
+};
+
+/// A buffer as the daemon lists it.
+struct buffer_info {
+  std::uint64_t id{};
+  std::string name;
+  std::string pool;  ///< the pool's name
+  std::size_t size{};
+  uid_t creator_uid{};
+  std::optional<gid_t> gid{};
+  std::uint32_t holders{};  ///< sessions that hold it now
+  bool published{false};
+  bool persistent{false};
+  bool allow_writers{false};
+  std::map<std::string, std::string, std::less<>> labels;  ///< the manifest's
+  std::size_t tensor_count{};                              ///< the manifest's
+};
+
+/// Which buffers list() returns: both filters at once; empty: all the caller
+/// may see (its own uid's, its groups' and, for root, every buffer).
+struct buffer_filter {
+  std::string name_prefix{};
+  /// Buffers carrying each of these labels with this value.
+  std::map<std::string, std::string, std::less<>> labels{};
+};
 
 /// What a creator chooses beyond name and size.
 struct shared_buffer_options {
@@ -50,6 +163,9 @@ struct shared_buffer_options {
   std::optional<gid_t> gid{};
   /// A power of two up to the pool's max_alignment.
   std::size_t alignment{256};
+  /// Others may open it with buffer_access::read_write. Unset, every other
+  /// holder reads only (in hardware on CUDA buffers of their own allocation).
+  bool allow_writers{false};
 };
 
 /// One hold of a named shared buffer by this process: the creator's, from
@@ -59,8 +175,11 @@ struct shared_buffer_options {
 /// The memory is the pool's: device memory of a CUDA pool (imported once per
 /// session however often it is opened), or a host pool's shared memory
 /// (page-locked for the GPU where the pool is pinnable and this process has
-/// a GPU). "Read-only" for consumers is a contract: CUDA cannot map an
-/// imported range read-only, so every holder can write (docs/sharing.md).
+/// a GPU). Consumers open it read-only unless the creator allowed writers;
+/// on a buffer of its own allocation (CUDA's default) and on host buffers
+/// the mapping itself is read-only, on a pool pointer
+/// (--cuda-shared-buffer-memory=pool) it is the API's contract only
+/// (docs/sharing.md).
 ///
 /// Throws (create, open): rmmd::logic_error for a bad name, size, alignment
 /// or pool, rmmd::not_found_error (no such name), rmmd::already_exists_error
@@ -85,6 +204,20 @@ class shared_buffer {
   [[nodiscard]] static shared_buffer open(session const& s,
                                           std::string_view name,
                                           std::chrono::milliseconds wait = {});
+  /// Opens `name` as `options` say (access, the fingerprint guard, wait).
+  /// Throws also rmmd::permission_error (read_write where the creator did not
+  /// allow writers) and rmmd::precondition_error (a label differs).
+  [[nodiscard]] static shared_buffer open(session const& s,
+                                          std::string_view name,
+                                          open_options const& options);
+
+  /// The buffers the caller may see that `filter` selects, by name.
+  [[nodiscard]] static std::vector<buffer_info> list(session const& s,
+                                                     buffer_filter const& filter = {});
+  /// One buffer by name, with its manifest, without opening it.
+  /// rmmd::not_found_error for a name the caller may not see.
+  [[nodiscard]] static std::pair<buffer_info, buffer_manifest> describe(session const& s,
+                                                                        std::string_view name);
 
   /// Deletes the buffer named `name`: the name is free at once, the memory
   /// goes back after the last holder. Returns how many sessions hold it
@@ -112,6 +245,22 @@ class shared_buffer {
   /// synchronised stream). Throws rmmd::logic_error when not the creator or
   /// published already.
   void publish();
+
+  /// Sets what the buffer holds (replacing an earlier manifest). Creator
+  /// only, before publish(); rmmd::logic_error (INVALID_ARGUMENT) names
+  /// what is wrong with a table that overlaps, runs past the buffer or is
+  /// malformed.
+  void set_manifest(buffer_manifest const& manifest);
+  /// The manifest as the daemon holds it (its own labels included); empty
+  /// when the buffer has none.
+  [[nodiscard]] buffer_manifest const& manifest() const noexcept
+  {
+    return manifest_;
+  }
+  [[nodiscard]] buffer_access access() const noexcept
+  {
+    return access_;
+  }
 
   /// Lets go of the buffer after the work queued on `stream`: the stream is
   /// synchronised, this process's mapping of the buffer undone (the last open
@@ -190,6 +339,8 @@ class shared_buffer {
   std::uint64_t id_{};
   std::uint32_t pool_id_{};
   std::string name_;
+  buffer_manifest manifest_;
+  buffer_access access_{buffer_access::read_write};
   bool creator_{false};
   bool persistent_{false};
   std::optional<cuda::stream_ref> stream_;
