@@ -174,10 +174,13 @@ typedef struct rmmd_open_options {
   size_t size; /* sizeof(rmmd_open_options) */
   uint32_t wait_ms;
   rmmd_buffer_access access;
-  /* The fingerprint guard: a JSON object of labels the buffer must carry
-   * with these values ({"revision": "abc", "rank": "0"}); NULL: none. A
-   * mismatch is RMMD_ERROR_FAILED_PRECONDITION naming the first key. */
-  char const* expect_labels_json;
+  /* The fingerprint guard: labels the buffer must carry with exactly these
+   * values (expect_keys[i] = expect_values[i], i < expect_count; each key
+   * once). A mismatch is RMMD_ERROR_FAILED_PRECONDITION naming the first key
+   * (in key order) that differs, and nothing is opened. */
+  char const* const* expect_keys;
+  char const* const* expect_values;
+  size_t expect_count;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -215,19 +218,23 @@ RMMD_API rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                                            rmmd_buffer_t* buffer);
 /* Manifests (docs/sharing.md), as JSON in protobuf's JSON mapping of
  * rmmd.v1.BufferManifest: {"tensors": [{"name": "w", "dtype": "DTYPE_FLOAT16",
- * "shape": ["4096", "4096"], "byteOffset": "0"}], "labels": {"model": "gpt2"}}
+ * "shape": ["4096", "4096"], "byteOffset": "0"}], "labels": [{"key": "model",
+ * "value": "gpt2"}]}
  * (64-bit integers may be strings or numbers). Creator only, before publish. */
 RMMD_API rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char const* json);
 /* The manifest this open got ("{}" when none). Free with rmmd_string_free. */
 RMMD_API rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json);
 /* RMMD_BUFFER_READ or RMMD_BUFFER_READ_WRITE (the creator's). */
 RMMD_API rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* access);
-/* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse.
- * name_prefix and labels_json (a JSON object) may be NULL. Free with
- * rmmd_string_free. */
+/* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse:
+ * those whose names start with name_prefix (NULL or "": any) and whose
+ * manifests carry label_keys[i] = label_values[i] for every i < label_count.
+ * Free with rmmd_string_free. */
 RMMD_API rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
                                            char const* name_prefix,
-                                           char const* labels_json,
+                                           char const* const* label_keys,
+                                           char const* const* label_values,
+                                           size_t label_count,
                                            char** json);
 /* One buffer and its manifest, as the JSON of rmmd.v1.DescribeBufferResponse. */
 RMMD_API rmmd_status rmmd_buffer_describe_json(rmmd_session_t session,
