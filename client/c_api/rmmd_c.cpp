@@ -351,7 +351,7 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
                                              .mode           = RMMD_MODE_SLAB,
                                              .carving_lanes  = RMMD_CARVING_LANES_AUTO,
                                              .capture_checks = RMMD_CAPTURE_CHECKS_AUTOMATIC},
-                       {offsetof(rmmd_resource_options, capture_checks)});  // before 0.3
+                       {offsetof(rmmd_resource_options, capture_checks)});  // before capture_checks
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     auto const& s         = session->session;

@@ -113,7 +113,7 @@ typedef enum rmmd_allocation_mode {
  * device resource asks CUDA, on each allocate and deallocate, if the stream
  * is capturing a graph. */
 typedef enum rmmd_capture_checks {
-  /* 0, and for callers built before 0.3, whose size is smaller: direct mode
+  /* 0, and for callers built before this field (a smaller size): direct mode
    * checks every call, slab mode only where it would lease a slab. */
   RMMD_CAPTURE_CHECKS_AUTOMATIC = 0,
   /* graph-safe: memory freed during a capture stays the graph's until the
