@@ -66,6 +66,8 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
     : session_(std::move(s)),
       pool_(pool),
       options_(options),
+      checks_every_call_(options.mode == allocation_mode::direct ||
+                         options.capture == capture_checks::every_call),
       graph_held_(std::make_shared<graph_held_frees>())
 {
   if (pool_.backend != backend_kind::cuda) {
@@ -123,7 +125,8 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
   // Nothing could hold it: no request (and no slab leased for it).
   if (bytes > pool_.capacity_bytes) [[unlikely]] { refuse_beyond_capacity(bytes, pool_); }
-  if (capturing_graph(stream.get()) != nullptr) [[unlikely]] {
+  // Unless every call checks, the carver asks where it would lease a slab.
+  if (checks_every_call_ && capturing_graph(stream.get()) != nullptr) [[unlikely]] {
     return allocate_captured(bytes, alignment);
   }
   release_graph_held();
@@ -132,9 +135,7 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
 
 void* ipc_memory_resource_impl::allocate_captured(std::size_t bytes, std::size_t alignment)
 {
-  // The import (and a packed block's) is a call that the global capture
-  // mode forbids while a capture is under way.
-  relaxed_capture_scope relaxed;
+  // lease_into() relaxes the thread's capture mode for the import.
   if (!carver_) { return lease_into(leases_, bytes, alignment); }
   void* ptr = lease_into(captured_, bytes, alignment);
   captured_count_.fetch_add(1, std::memory_order_release);
@@ -149,9 +150,13 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
   // The constructor ran watch_process_exit(): our own flag is enough.
   if (ptr == nullptr || exit_marked()) { return; }
   // Captured, the free and its host function would run at every replay:
-  // the graph keeps the memory instead, until it is destroyed.
-  if (auto graph = capturing_graph(stream.get()); graph != nullptr) [[unlikely]] {
-    return hold_for_graph(graph, ptr, bytes, alignment);
+  // the graph keeps the memory instead, until it is destroyed. Unless every
+  // call checks, carved memory goes back to its slab as RMM's pool does
+  // (deallocate_now() still asks for a lease of its own).
+  if (checks_every_call_) {
+    if (auto graph = capturing_graph(stream.get()); graph != nullptr) [[unlikely]] {
+      return hold_for_graph(graph, ptr, bytes, alignment);
+    }
   }
   release_graph_held();
   deallocate_now(stream, ptr, bytes, alignment);
@@ -166,6 +171,13 @@ void ipc_memory_resource_impl::deallocate_now(cuda::stream_ref stream,
   if (captured_count_.load(std::memory_order_acquire) != 0) [[unlikely]] {
     if (auto id = captured_.take_if_held(ptr)) {
       captured_count_.fetch_sub(1, std::memory_order_relaxed);
+      // Its free and Free would be captured (sent at every replay): asked
+      // here when deallocate() did not, at the cost of a lease of its own.
+      if (!checks_every_call_) {
+        if (auto graph = capturing_graph(stream.get()); graph != nullptr) {
+          return hold_for_graph(graph, ptr, bytes, alignment, id);
+        }
+      }
       return release(stream.get(), ptr, *id);
     }
   }
@@ -175,16 +187,17 @@ void ipc_memory_resource_impl::deallocate_now(cuda::stream_ref stream,
 void ipc_memory_resource_impl::hold_for_graph(cudaGraph_t graph,
                                               void* ptr,
                                               std::size_t bytes,
-                                              std::size_t alignment) noexcept
+                                              std::size_t alignment,
+                                              std::optional<std::uint64_t> taken) noexcept
 {
   graph_held_frees::entry e{.ptr = ptr, .bytes = bytes, .alignment = alignment};
   // A lease of its own leaves its table now: the resource's destructor must
   // not free it under a graph that may still be launched.
-  std::optional<std::uint64_t> id;
-  if (!carver_) {
+  std::optional<std::uint64_t> id = taken;
+  if (!id && !carver_) {
     id = leases_.take(ptr);
     if (!id) { return; }  // not ours: take() said so
-  } else if (captured_count_.load(std::memory_order_acquire) != 0) {
+  } else if (!id && captured_count_.load(std::memory_order_acquire) != 0) {
     if ((id = captured_.take_if_held(ptr))) {
       captured_count_.fetch_sub(1, std::memory_order_relaxed);
     }
@@ -248,6 +261,11 @@ void* ipc_memory_resource_impl::lease_into(lease_table& table,
   // Not on the carving path: the first slab, like every direct allocation,
   // is leased here.
   std::call_once(exit_watched_, watch_process_exit);
+  // The import (and a packed block's) is a call that the global capture
+  // mode forbids while any capture of the process is under way: a slab may
+  // be leased then (a carving thread's, or under slow_path_only a capture's
+  // own). Two thread-local exchanges, on a path that makes a round trip.
+  relaxed_capture_scope relaxed;
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
   auto& impl = session_.impl();

@@ -2,6 +2,7 @@
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stream_capture.hpp"
 
 #include <rmmd/error.hpp>
 
@@ -176,6 +177,7 @@ slab_carver::slab_carver(ipc_memory_resource_impl& owner)
     : owner_(owner),
       lane_count_(checked_lanes(owner)),
       chooser_(lane_count_, owner.options().carving_lanes != auto_carving_lanes),
+      asks_on_slow_path_(!owner.checks_every_call_),
       reclaim_watch_(owner.get_session().watch_reclaims(owner.pool().id,
                                                         [this](std::uint32_t) {
                                                           {
@@ -331,7 +333,13 @@ inline void* slab_carver::carve(lane& l,
   auto const mine = carving(bytes);
   for (;;) {
     // Counted before the pool is touched, so trim() cannot take it meanwhile.
-    if ((l.users.fetch_add(mine, std::memory_order_acquire) & closed) == 0) [[likely]] {
+    auto const before = l.users.fetch_add(mine, std::memory_order_acquire);
+    if ((before & closed) == 0) [[likely]] {
+      // More carved than the lane's slabs hold: the pool must lease a slab.
+      if (asks_on_slow_path_ && ((before + mine) & units_mask) << unit_shift >
+                                    l.slab_bytes.load(std::memory_order_relaxed)) [[unlikely]] {
+        if (void* ptr = lease_if_capturing(l, mine, stream, bytes, alignment)) { return ptr; }
+      }
       try {
         return l.pool->allocate(stream, bytes, alignment);
       } catch (...) {
@@ -340,8 +348,26 @@ inline void* slab_carver::carve(lane& l,
       }
     }
     l.users.fetch_sub(mine, std::memory_order_release);
+    // Opening the pool leases its first slab.
+    if (asks_on_slow_path_ && capturing_graph(stream.get()) != nullptr) [[unlikely]] {
+      return owner_.allocate_captured(bytes, alignment);
+    }
     open_pool(l);
   }
+}
+
+void* slab_carver::lease_if_capturing(lane& l,
+                                      std::uint64_t counted,
+                                      cuda::stream_ref stream,
+                                      std::size_t bytes,
+                                      std::size_t alignment)
+{
+  if (capturing_graph(stream.get()) == nullptr) { return nullptr; }
+  // RMM's pool would first make the capturing stream wait on the events of
+  // blocks freed on other streams (which CUDA refuses in a capture, and
+  // which invalidates it), then lease: a lease of its own instead.
+  l.users.fetch_sub(counted, std::memory_order_release);
+  return owner_.allocate_captured(bytes, alignment);
 }
 
 void slab_carver::deallocate(cuda::stream_ref stream,

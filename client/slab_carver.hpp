@@ -138,6 +138,15 @@ class slab_carver {
                                                 cuda::stream_ref stream,
                                                 std::size_t bytes,
                                                 std::size_t alignment);
+  /// carve() where the lane's pool must lease a slab (capture_checks::
+  /// slow_path_only): on a capturing stream, takes `counted` off the lane's
+  /// word and returns a lease of its own (the owner's allocate_captured());
+  /// else nullptr, and the pool carves (and grows) as usual.
+  [[nodiscard, gnu::noinline]] void* lease_if_capturing(lane& l,
+                                                        std::uint64_t counted,
+                                                        cuda::stream_ref stream,
+                                                        std::size_t bytes,
+                                                        std::size_t alignment);
   /// Throws the logic_error of an alignment above 256 bytes.
   [[noreturn, gnu::cold]] void refuse_alignment(std::size_t bytes, std::size_t alignment) const;
   /// The lane whose slab holds `ptr` (`hint` is tried first). Once lanes
@@ -168,6 +177,9 @@ class slab_carver {
   std::size_t const lane_count_;
   std::array<lane, max_lanes> lanes_;  // the first lane_count_ may be used
   lane_chooser chooser_;               // which lane serves the calling thread
+  /// capture_checks::slow_path_only: allocate() asks for capture only where
+  /// the lane's pool would lease a slab (the owner asked on every call else).
+  bool const asks_on_slow_path_;
   std::mutex keeper_mutex_;
   std::condition_variable_any keeper_wake_;
   bool reclaim_asked_{false};  // guarded by keeper_mutex_: the daemon asked for idle slabs

@@ -18,8 +18,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +34,10 @@
 static_assert(RMMD_VERSION == RMMD_PROJECT_VERSION_NUMBER,
               "include/rmmd/rmmd.h's RMMD_VERSION_* differ from the CMake project's version");
 static_assert(RMMD_CARVING_LANES_AUTO == rmmd::auto_carving_lanes);
+static_assert(RMMD_CAPTURE_CHECKS_AUTOMATIC == static_cast<int>(rmmd::capture_checks::automatic));
+static_assert(RMMD_CAPTURE_CHECKS_EVERY_CALL == static_cast<int>(rmmd::capture_checks::every_call));
+static_assert(RMMD_CAPTURE_CHECKS_SLOW_PATH_ONLY ==
+              static_cast<int>(rmmd::capture_checks::slow_path_only));
 
 struct rmmd_session_s {
   rmmd::session session;
@@ -133,14 +139,20 @@ rmmd_status null_argument(char const* what)
 /// Reads a caller's struct that begins with its size: a copy of the fields
 /// the caller knows, the rest as `defaults` has them.
 template <typename Struct>
-std::optional<Struct> read_struct(Struct const* in, Struct defaults)
+std::optional<Struct> read_struct(Struct const* in,
+                                  Struct defaults,
+                                  std::initializer_list<std::size_t> older_sizes = {})
 {
   if (in == nullptr) { return defaults; }
-  // One layout of each struct so far: a size that is not its size would cut
-  // a field (a pointer) in half. A later rmmd.h that adds fields will list
-  // each released size here.
-  if (in->size != sizeof(Struct)) { return std::nullopt; }
-  std::memcpy(&defaults, in, sizeof(Struct));
+  // Only the sizes of released layouts: any other would cut a field (a
+  // pointer) in half. A caller built with an older, smaller layout keeps
+  // the defaults of the fields added since.
+  bool const known =
+      in->size == sizeof(Struct) ||
+      std::find(older_sizes.begin(), older_sizes.end(), in->size) != older_sizes.end();
+  if (!known) { return std::nullopt; }
+  std::memcpy(&defaults, in, in->size);
+  defaults.size = sizeof(Struct);
   return defaults;
 }
 
@@ -332,12 +344,14 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
 {
   if (session == nullptr || resource == nullptr) { return null_argument("session or resource"); }
   auto o = read_struct(options,
-                       rmmd_resource_options{.size          = sizeof(rmmd_resource_options),
-                                             .kind          = RMMD_RESOURCE_DEVICE,
-                                             .device        = -1,
-                                             .pool          = nullptr,
-                                             .mode          = RMMD_MODE_SLAB,
-                                             .carving_lanes = RMMD_CARVING_LANES_AUTO});
+                       rmmd_resource_options{.size           = sizeof(rmmd_resource_options),
+                                             .kind           = RMMD_RESOURCE_DEVICE,
+                                             .device         = -1,
+                                             .pool           = nullptr,
+                                             .mode           = RMMD_MODE_SLAB,
+                                             .carving_lanes  = RMMD_CARVING_LANES_AUTO,
+                                             .capture_checks = RMMD_CAPTURE_CHECKS_AUTOMATIC},
+                       {offsetof(rmmd_resource_options, capture_checks)});  // before capture_checks
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     auto const& s         = session->session;
@@ -348,11 +362,26 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
         ro.mode          = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
                                                        : rmmd::allocation_mode::slab;
         ro.carving_lanes = o->carving_lanes;  // RMMD_CARVING_LANES_AUTO is auto_carving_lanes
-        auto mr          = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
-                           : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
-                                            : rmmd::ipc_memory_resource(s, ro);
-        auto device      = mr.pool().device;
-        *resource        = new rmmd_resource_s{.mr = std::move(mr), .device = device};
+        switch (o->capture_checks) {
+          case RMMD_CAPTURE_CHECKS_AUTOMATIC:
+            break;
+          case RMMD_CAPTURE_CHECKS_EVERY_CALL:
+            ro.capture = rmmd::capture_checks::every_call;
+            break;
+          case RMMD_CAPTURE_CHECKS_SLOW_PATH_ONLY:
+            ro.capture = rmmd::capture_checks::slow_path_only;
+            break;
+          default:
+            throw rmmd::logic_error("rmmd: options->capture_checks is " +
+                                    std::to_string(o->capture_checks) +
+                                    "; use RMMD_CAPTURE_CHECKS_AUTOMATIC (0), _EVERY_CALL (1) or "
+                                    "_SLOW_PATH_ONLY (2)");
+        }
+        auto mr     = !pool.empty()    ? rmmd::ipc_memory_resource(s, pool, ro)
+                      : o->device >= 0 ? rmmd::ipc_memory_resource(s, o->device, ro)
+                                       : rmmd::ipc_memory_resource(s, ro);
+        auto device = mr.pool().device;
+        *resource   = new rmmd_resource_s{.mr = std::move(mr), .device = device};
         return;
       }
       case RMMD_RESOURCE_HOST:
@@ -577,8 +606,13 @@ struct torch_allocator {
     rmmd::ipc_resource_options ro;
     ro.mode =
         mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct : rmmd::allocation_mode::slab;
-    auto* r = new rmmd_resource_s{.mr     = rmmd::ipc_memory_resource(*session, device, ro),
-                                  .device = device};
+    // Graph-safe: PyTorch captures graphs (torch.cuda.graph), its capture
+    // stream's allocations would make RMM's pool wait on events of other
+    // streams (which CUDA refuses in a capture), and the check's ~30 ns is
+    // nothing next to a tensor allocation's own cost in PyTorch.
+    ro.capture = rmmd::capture_checks::every_call;
+    auto* r    = new rmmd_resource_s{.mr     = rmmd::ipc_memory_resource(*session, device, ro),
+                                     .device = device};
     resources[device].store(r, std::memory_order_release);
     return *r;
   }

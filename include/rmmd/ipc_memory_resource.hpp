@@ -32,20 +32,41 @@ namespace rmmd {
 /// what a closed session held). trim() and the destructor synchronise the
 /// pool's device before slabs go back.
 ///
-/// Stream capture (CUDA graphs, torch.cuda.graphs): an allocate() on a
-/// stream that is capturing is a daemon allocation of its own in both modes
-/// (never carved; a round trip, made once at capture and not per replay),
-/// made with the thread's capture mode relaxed, so it works under
-/// cudaStreamCaptureModeGlobal too. A deallocate() on a capturing stream
-/// frees nothing then: the graph keeps the memory (a CUDA user object the
-/// graph holds), since every replay still uses it, and once the graph and
-/// every executable graph made from it are destroyed and their launches are
-/// done, the next allocate(), deallocate() or trim() of this resource frees
-/// it, once, on a stream of the resource's own. Nothing is sent per replay.
-/// So memory freed during a capture is not reused by later allocations of
-/// the same capture (PyTorch's MemPool reuses it in its own cache first).
-/// Destroy graphs before the resource: what a graph still holds then stays
-/// leased until the session closes.
+/// Stream capture (CUDA graphs, torch.cuda.graphs): ipc_resource_options::
+/// capture says whether allocate() and deallocate() ask CUDA if their stream
+/// is capturing (cuStreamIsCapturing, about 30 ns a call).
+///
+/// Where they ask on every call (direct mode, always; slab mode with
+/// capture_checks::every_call, the graph-safe setting): an allocate() on a
+/// capturing stream is a daemon allocation of its own (never carved; a round
+/// trip, made once at capture and not per replay), made with the thread's
+/// capture mode relaxed, so it works under cudaStreamCaptureModeGlobal too.
+/// A deallocate() on a capturing stream frees nothing then: the graph keeps
+/// the memory (a CUDA user object the graph holds), since every replay still
+/// uses it, and once the graph and every executable graph made from it are
+/// destroyed and their launches are done, the next allocate(), deallocate()
+/// or trim() of this resource frees it, once, on a stream of the resource's
+/// own. Nothing is sent per replay. So memory freed during a capture is not
+/// reused by later allocations of the same capture, nor by any other until
+/// the graph is gone. Destroy graphs before the resource: what a graph still
+/// holds then stays leased until the session closes.
+///
+/// Slab mode by default (capture_checks::automatic, or slow_path_only): the
+/// fast path asks nothing, and carving under capture is RMM's
+/// pool_memory_resource's: memory freed during a capture goes back to the
+/// slab at once, and allocations outside the graph may reuse it while the
+/// graph's replays still use it. And RMM's pool, asked on a capturing stream
+/// for a block that only blocks freed on other streams can give, makes the
+/// stream wait on events recorded outside the capture, which CUDA refuses
+/// and which invalidates the capture. Only where a lane's slabs cannot hold
+/// the request does the carver ask (the pool would lease a slab): on a
+/// capturing stream that allocation is a lease of its own, as above, and
+/// freed during capture it is the graph's until the graph is destroyed.
+/// Slab leases relax the thread's capture mode for their import. Use the
+/// graph-safe setting or direct mode when a graph allocates or frees
+/// through this resource, or allocate a graph's memory before the capture
+/// and keep it alive until the graph is destroyed. (The Python allocators
+/// for PyTorch and CuPy are graph-safe.)
 ///
 /// The pool is found by its GPU's UUID, so the device ordinal is this
 /// process's own, whatever CUDA_VISIBLE_DEVICES says.

@@ -109,6 +109,21 @@ typedef enum rmmd_allocation_mode {
 
 #define RMMD_CARVING_LANES_AUTO 0u
 
+/* rmmd_resource_options.capture_checks (rmmd::capture_checks): whether a
+ * device resource asks CUDA, on each allocate and deallocate, if the stream
+ * is capturing a graph. */
+typedef enum rmmd_capture_checks {
+  /* 0, and for callers built before this field (a smaller size): direct mode
+   * checks every call, slab mode only where it would lease a slab. */
+  RMMD_CAPTURE_CHECKS_AUTOMATIC = 0,
+  /* graph-safe: memory freed during a capture stays the graph's until the
+   * graph is destroyed; an allocation during capture is a lease of its own. */
+  RMMD_CAPTURE_CHECKS_EVERY_CALL = 1,
+  /* slab mode: as RMM's pool under capture (a free during capture goes back
+   * to the slab at once); direct mode checks every call anyway. */
+  RMMD_CAPTURE_CHECKS_SLOW_PATH_ONLY = 2
+} rmmd_capture_checks;
+
 typedef struct rmmd_resource_options {
   size_t size; /* sizeof(rmmd_resource_options) */
   rmmd_resource_kind kind;
@@ -122,6 +137,7 @@ typedef struct rmmd_resource_options {
    * allocating thread once a second one does, up to the process's CPUs (at
    * most 16). 1 to 16: that many lanes. */
   unsigned carving_lanes;
+  rmmd_capture_checks capture_checks; /* device resources */
 } rmmd_resource_options;
 
 RMMD_API rmmd_status rmmd_resource_create(rmmd_session_t session,

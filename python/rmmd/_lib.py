@@ -53,6 +53,12 @@ class SessionOptions(Structure):
 CARVING_LANES_AUTO = 0
 
 
+# ResourceOptions.capture_checks (rmmd_capture_checks).
+CAPTURE_CHECKS_AUTOMATIC = 0
+CAPTURE_CHECKS_EVERY_CALL = 1
+CAPTURE_CHECKS_SLOW_PATH_ONLY = 2
+
+
 class ResourceOptions(Structure):
     _fields_ = [
         ("size", c_size_t),
@@ -61,6 +67,7 @@ class ResourceOptions(Structure):
         ("pool", c_char_p),
         ("mode", c_int),
         ("carving_lanes", c_uint),
+        ("capture_checks", c_int),
     ]
 
 

@@ -185,6 +185,15 @@ def lanes_value(lanes: int | str) -> int:
     return lanes
 
 
+def capture_checks_value(graph_safe: bool | None) -> int:
+    """ResourceOptions.capture_checks for `graph_safe`: None is automatic."""
+    if graph_safe is None:
+        return _lib.CAPTURE_CHECKS_AUTOMATIC
+    if not isinstance(graph_safe, bool):
+        raise InvalidArgumentError(f"rmmd: graph_safe is {graph_safe!r}; give True, False or None")
+    return _lib.CAPTURE_CHECKS_EVERY_CALL if graph_safe else _lib.CAPTURE_CHECKS_SLOW_PATH_ONLY
+
+
 class DeviceResource(MemoryResource):
     """Device memory from a CUDA pool (``Session.device_resource()``)."""
 
@@ -195,6 +204,7 @@ class DeviceResource(MemoryResource):
         mode: str = "slab",
         pool: str | Pool | None = None,
         lanes: int | str = "auto",
+        graph_safe: bool | None = None,
     ) -> None:
         options = _lib.ResourceOptions(
             size=ctypes.sizeof(_lib.ResourceOptions),
@@ -203,6 +213,7 @@ class DeviceResource(MemoryResource):
             pool=pool_name(pool),
             mode=mode_value(mode),
             carving_lanes=lanes_value(lanes),
+            capture_checks=capture_checks_value(graph_safe),
         )
         super().__init__(session, options)
         self.mode = mode

@@ -222,6 +222,7 @@ class Session(OwnsHandle):
         mode: str = "slab",
         pool: str | Pool | None = None,
         lanes: int | str = "auto",
+        graph_safe: bool | None = None,
     ) -> "DeviceResource":
         """A resource of device memory (rmmd::ipc_memory_resource) from the
         CUDA pool of `device` (``None``: the current device) or the pool
@@ -234,10 +235,19 @@ class Session(OwnsHandle):
         while one thread allocates, a lane per allocating thread once a
         second one does, up to the process's CPUs (at most 16); 1 to 16:
         that many. Each lane leases slabs of its own; idle ones go back as
-        any idle slab does, and show in ``rmmctl stats`` as idle bytes."""
+        any idle slab does, and show in ``rmmctl stats`` as idle bytes.
+        `graph_safe` (CUDA graphs, slab mode): ``True`` asks CUDA on every
+        allocation and free whether the stream is capturing (about 30 ns
+        each): memory freed during a capture stays the graph's until the
+        graph is destroyed. ``False`` or ``None`` (the default) asks only
+        where a slab would be leased: carving under capture does what RMM's
+        pool does, and memory freed during a capture is the slab's again at
+        once. Direct mode checks every call whatever it says."""
         from ._resource import DeviceResource
 
-        return DeviceResource(self, device=device, mode=mode, pool=pool, lanes=lanes)
+        return DeviceResource(
+            self, device=device, mode=mode, pool=pool, lanes=lanes, graph_safe=graph_safe
+        )
 
     def __repr__(self) -> str:
         if self._handle is None:

@@ -47,7 +47,14 @@ def test_the_cupy_allocator_frees_when_cupy_lets_go(
 
     made: list[rmmd.MemoryResource] = []
 
-    def host_instead(self: rmmd.Session, device: int | None = None, mode: str = "slab", pool: Any = None) -> Any:
+    def host_instead(
+        self: rmmd.Session,
+        device: int | None = None,
+        mode: str = "slab",
+        pool: Any = None,
+        graph_safe: bool | None = None,
+    ) -> Any:
+        assert graph_safe is True  # the CuPy allocator's default: graph-safe
         r = self.host_resource()
         made.append(r)
         return r

@@ -1,7 +1,11 @@
-// rmmd::ipc_memory_resource under CUDA stream capture, in both modes, against
-// the real daemon: a graph that allocates, copies, sets and frees is captured,
+// rmmd::ipc_memory_resource under CUDA stream capture against the real
+// daemon: in direct mode and in graph-safe slab mode (capture_checks::
+// every_call), a graph that allocates, copies, sets and frees is captured,
 // replayed 1,000 times, and the daemon hears each Free once (its ledger back
-// to zero, no call refused). Every test skips, saying why, without a GPU.
+// to zero, no call refused); in default slab mode (no check on the fast
+// path), an allocation during capture that needs a slab is a lease of its
+// own, and a free during capture goes back to the slab as in RMM's pool.
+// Every test skips, saying why, without a GPU.
 
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -52,7 +56,10 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
 
   [[nodiscard]] rmmd::ipc_resource_options options() const
   {
-    return {.mode = GetParam(), .slab_bytes = std::size_t{8} << 20};
+    // Slab mode's graph-safe setting; direct mode checks every call anyway.
+    return {.mode       = GetParam(),
+            .slab_bytes = std::size_t{8} << 20,
+            .capture    = rmmd::capture_checks::every_call};
   }
 
   /// The daemon's count of this pool's leases (direct allocations, packed
@@ -231,8 +238,133 @@ INSTANTIATE_TEST_SUITE_P(Modes,
                          ::testing::Values(rmmd::allocation_mode::slab,
                                            rmmd::allocation_mode::direct),
                          [](auto const& info) {
-                           return info.param == rmmd::allocation_mode::slab ? "slab" : "direct";
+                           return info.param == rmmd::allocation_mode::slab ? "slab_every_call"
+                                                                            : "direct";
                          });
+
+/// Slab mode with the default capture_checks: nothing asked on the fast path.
+class SlabCaptureDefault : public ::testing::Test {
+ protected:
+  static constexpr std::size_t slab = std::size_t{8} << 20;
+
+  void SetUp() override
+  {
+    REQUIRE_GPUS(1);
+    daemon_ =
+        std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
+    session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-default-test"));
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override
+  {
+    if (stream_ != nullptr) { cudaStreamDestroy(stream_); }
+  }
+  [[nodiscard]] std::uint64_t leases() const
+  {
+    return gpu_pool(daemon_->stats()).allocation_count();
+  }
+
+  std::unique_ptr<daemon_process> daemon_;
+  std::unique_ptr<rmmd::session> session_;
+  cudaStream_t stream_{};
+};
+
+TEST_F(SlabCaptureDefault, AnAllocationThatNeedsASlabDuringAGlobalCaptureIsALeaseOfItsOwn)
+{
+  testing::internal::CaptureStderr();
+  constexpr std::size_t n     = 4 * (std::size_t{1} << 20);  // ints: 16 MiB, more than a slab
+  constexpr std::size_t bytes = n * sizeof(int);
+  std::vector<int> host(n);
+  std::iota(host.begin(), host.end(), 7);
+  {
+    rmmd::ipc_memory_resource mr(*session_, {.slab_bytes = slab});
+    cuda::stream_ref stream{stream_};
+    auto* in  = static_cast<int*>(mr.allocate(stream, bytes, 256));  // the pool grows
+    auto* out = static_cast<int*>(mr.allocate(stream, bytes, 256));
+    ASSERT_EQ(cudaMemcpyAsync(in, host.data(), bytes, cudaMemcpyHostToDevice, stream_),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    auto const before_capture = leases();
+
+    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+    void* tmp = nullptr;
+    try {
+      // More than the slabs have left: the carver asks, finds the capture,
+      // and leases it on its own in the relaxed mode.
+      tmp = mr.allocate(stream, 2 * bytes, 256);
+    } catch (std::exception const& e) {
+      ADD_FAILURE() << "allocate during capture: " << e.what();
+    }
+    if (tmp != nullptr) {
+      EXPECT_EQ(cudaMemcpyAsync(tmp, in, bytes, cudaMemcpyDeviceToDevice, stream_), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(out, tmp, bytes, cudaMemcpyDeviceToDevice, stream_), cudaSuccess);
+      mr.deallocate(stream, tmp, 2 * bytes, 256);  // a lease of its own: the graph holds it
+    }
+    cudaGraph_t graph{};
+    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+    ASSERT_NE(tmp, nullptr);
+    cudaGraphExec_t exec{};
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    auto const while_held = leases();
+    EXPECT_EQ(while_held, before_capture + 1);
+
+    std::vector<int> seen(n);
+    for (int replay = 0; replay < 1000; ++replay) {
+      ASSERT_EQ(cudaMemsetAsync(out, 0xff, bytes, stream_), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
+      if (replay % 250 == 249) {
+        ASSERT_EQ(cudaMemcpyAsync(seen.data(), out, bytes, cudaMemcpyDeviceToHost, stream_),
+                  cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        ASSERT_EQ(seen, host) << "replay " << replay;
+      }
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(leases(), while_held);  // nothing sent per replay
+
+    ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    EXPECT_TRUE(eventually([&] {
+      static_cast<void>(mr.trim());
+      return leases() == before_capture;
+    })) << gpu_pool(daemon_->stats()).DebugString();
+    mr.deallocate(stream, in, bytes, 256);
+    mr.deallocate(stream, out, bytes, 256);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto const pool = gpu_pool(daemon_->stats());
+    return pool.allocation_count() == 0u && pool.in_use_bytes() == 0u;
+  })) << gpu_pool(daemon_->stats()).DebugString();
+  auto const printed = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(printed, Not(HasSubstr("failed")));
+  EXPECT_THAT(printed, Not(HasSubstr("not found")));
+}
+
+TEST_F(SlabCaptureDefault, AFreeDuringCaptureGoesBackToTheSlabAtOnce)
+{
+  rmmd::ipc_memory_resource mr(*session_, {.slab_bytes = slab});
+  cuda::stream_ref stream{stream_};
+  void* p = mr.allocate(stream, 64 * KiB, 256);
+  ASSERT_EQ(cudaMemsetAsync(p, 0, 64 * KiB, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  auto const before_capture = leases();
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  mr.deallocate(stream, p, 64 * KiB, 256);  // RMM's pool: back in the stream's free list
+  cudaGraph_t graph{};
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(leases(), before_capture);  // no lease came or went
+
+  // As under RMM's pool: the memory is the slab's again, reused at once by
+  // an allocation outside the graph.
+  void* q = mr.allocate(stream, 64 * KiB, 256);
+  EXPECT_EQ(q, p);
+  mr.deallocate(stream, q, 64 * KiB, 256);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(leases(), before_capture);
+}
 
 }  // namespace
 }  // namespace rmmd::test

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace rmmd {
@@ -29,6 +30,26 @@ enum class allocation_mode {
   /// The daemon counts slabs; the resource reports what it carved. Idle slabs
   /// go back after `idle_trim`, or at once when the daemon reports pressure.
   slab,
+};
+
+/// Whether rmmd::ipc_memory_resource asks CUDA, on each allocate() and
+/// deallocate(), if the stream is capturing a graph (ipc_resource_options::
+/// capture; rmmd::ipc_memory_resource's "Stream capture" says what each does).
+enum class capture_checks {
+  /// Direct mode: every_call. Slab mode: slow_path_only.
+  automatic,
+  /// Graph-safe: every allocate() and deallocate() asks CUDA (cuStreamIsCapturing,
+  /// about 30 ns each). An allocation during capture is a lease of its own,
+  /// and memory freed during capture stays the graph's until the graph is
+  /// destroyed. Use it when a captured graph frees memory it (or anyone)
+  /// allocated and later work must not reuse that memory under the graph.
+  every_call,
+  /// Slab mode: the fast path asks nothing, and carving under capture does
+  /// what RMM's pool_memory_resource does (memory freed during capture goes
+  /// back to the slab at once); only paths that would lease from the daemon
+  /// ask. Direct mode ignores it and checks every call: there a free sends a
+  /// message, which a graph would send again at every replay.
+  slow_path_only,
 };
 
 /// ipc_resource_options::carving_lanes: a lane per thread that allocates,
@@ -61,6 +82,9 @@ struct ipc_resource_options {
   /// share lanes. 1 to 16: that many lanes, per thread from the first
   /// allocation (1: every thread carves from one pool).
   std::size_t carving_lanes{auto_carving_lanes};
+  /// Whether allocate() and deallocate() look for stream capture (CUDA
+  /// graphs) on every call; see capture_checks.
+  capture_checks capture{capture_checks::automatic};
 };
 
 }  // namespace rmmd
@@ -133,6 +157,9 @@ class ipc_memory_resource_impl {
  private:
   /// A daemon allocation, imported, entered in `table`.
   [[nodiscard]] void* lease_into(lease_table& table, std::size_t bytes, std::size_t alignment);
+  /// Under capture_checks::slow_path_only the carver asks for capture where
+  /// it would lease a slab, and hands such an allocation to allocate_captured().
+  friend class slab_carver;
   /// allocate() on a stream that is capturing a graph: a lease of its own in
   /// both modes (made by the daemon, so ready without any event), made in the
   /// relaxed capture mode. Never carved: RMM's pool would make the capture
@@ -141,10 +168,13 @@ class ipc_memory_resource_impl {
   /// deallocate() on a stream that is capturing into `graph`: the graph keeps
   /// the memory until it and its executable graphs are destroyed; then the
   /// next call into this resource frees it (release_graph_held()).
+  /// `taken`: its lease id, already taken from its table (a lease of its own
+  /// made during capture, freed during capture under slow_path_only).
   void hold_for_graph(cudaGraph_t graph,
                       void* ptr,
                       std::size_t bytes,
-                      std::size_t alignment) noexcept;
+                      std::size_t alignment,
+                      std::optional<std::uint64_t> taken = std::nullopt) noexcept;
   /// Frees what destroyed graphs held, on a stream of this resource's own.
   void release_graph_held() noexcept;
   /// deallocate() on a stream that is not capturing.
@@ -163,6 +193,9 @@ class ipc_memory_resource_impl {
   session session_;
   pool_info pool_;
   ipc_resource_options options_;
+  /// Direct mode, or capture_checks::every_call: allocate() and deallocate()
+  /// ask whether their stream captures. Else only slow paths ask.
+  bool checks_every_call_;
   cudaMemPool_t imported_{};
   lease_table leases_;
   std::shared_ptr<pending_releases> pending_ = std::make_shared<pending_releases>();
