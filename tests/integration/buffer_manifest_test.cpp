@@ -181,7 +181,7 @@ TEST_P(BufferManifests, TheFingerprintGuardRefusesTheFirstLabelThatDiffersAndHol
   EXPECT_THAT(refused_with({{"revision", "def456"}, {"rank", "1"}}),
               HasSubstr("buffer 'w/guarded': label 'rank' is '0', expected '1'"));
   EXPECT_THAT(refused_with({{"quant", "fp8"}}),
-              HasSubstr("buffer 'w/guarded' has no label 'quant'"));
+              HasSubstr("buffer 'w/guarded': has no label 'quant'"));
   EXPECT_EQ(holders(), before);
 
   auto ok =
