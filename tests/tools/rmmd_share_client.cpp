@@ -8,7 +8,8 @@
 //       (--delay-ms, default 300) followed by an asynchronous copy, and
 //       published on that stream right after (publish(stream)), so a consumer
 //       that could open the buffer before the stream reached the publication
-//       would read zeros.
+//       would read zeros. After stdin closes it checks the pattern again and
+//       prints "intact" (or "corrupted") before it closes the buffer.
 //         --pool NAME     the pool (default: the current GPU's; a host pool
 //                         needs it)
 //         --persistent    a persistent buffer
@@ -156,6 +157,20 @@ void CUDART_CB sleep_on_stream(void* ms)
   std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<std::intptr_t>(ms)));
 }
 
+/// Index of the first word of `buf` that does not hold the pattern, or -1.
+long mismatch(rmmd::shared_buffer const& buf,
+              std::size_t bytes,
+              std::uint64_t seed,
+              cudaStream_t stream)
+{
+  if (buf.is_host()) { return first_mismatch(buf.data(), bytes, seed); }
+  std::vector<std::uint64_t> copy(bytes / 8);
+  check(cudaMemcpyAsync(copy.data(), buf.data(), bytes, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return first_mismatch(copy.data(), bytes, seed);
+}
+
 int produce(std::string const& name, std::size_t bytes, std::uint64_t seed, options const& o)
 {
   auto s   = open_session(o);
@@ -190,21 +205,16 @@ int produce(std::string const& name, std::size_t bytes, std::uint64_t seed, opti
   }
   if (o.publish) { std::cout << "published" << std::endl; }
   wait_for_stdin_to_close();
+  cudaStream_t stream{};
+  if (!buf.is_host()) {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  std::cout << (mismatch(buf, bytes, seed, stream) < 0 ? "intact" : "corrupted") << std::endl;
+  if (!buf.is_host()) {
+    buf.close(cuda::stream_ref{stream});
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  }
   return 0;
-}
-
-/// Index of the first word of `buf` that does not hold the pattern, or -1.
-long mismatch(rmmd::shared_buffer const& buf,
-              std::size_t bytes,
-              std::uint64_t seed,
-              cudaStream_t stream)
-{
-  if (buf.is_host()) { return first_mismatch(buf.data(), bytes, seed); }
-  std::vector<std::uint64_t> copy(bytes / 8);
-  check(cudaMemcpyAsync(copy.data(), buf.data(), bytes, cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return first_mismatch(copy.data(), bytes, seed);
 }
 
 int consume(std::string const& name, std::size_t bytes, std::uint64_t seed, options const& o)
