@@ -130,6 +130,28 @@ TEST_P(BufferManifests, EveryOpenAndDescribeReturnsTheCreatorsManifest)
                rmmd::not_found_error);
 }
 
+TEST_P(BufferManifests, AManifestFarLargerThanADatagramReachesEveryOpen)
+{
+  // 65,536 tensors of 16 bytes (about 1.5 MiB serialized): a session-socket
+  // open gets it by GetBufferManifest, a gRPC one in its grant.
+  auto creator = open("creator");
+  auto made    = shared_buffer::create(creator, "w/large", bytes, {.pool = pool_});
+  buffer_manifest large{.labels = {{"model", "large"}}};
+  for (std::uint64_t i = 0; i < 65536; ++i) {
+    large.tensors.push_back({.name        = "layers." + std::to_string(i) + ".weight",
+                             .type        = dtype::float32,
+                             .shape       = {4},
+                             .byte_offset = 16 * i});
+  }
+  made.set_manifest(large);
+  made.publish();
+  auto opened = shared_buffer::open(open("consumer"), "w/large", open_options{});
+  ASSERT_EQ(opened.manifest().tensors.size(), large.tensors.size());
+  EXPECT_EQ(opened.manifest().tensors.back().name, "layers.65535.weight");
+  EXPECT_EQ(opened.manifest().tensors.back().byte_offset, 16u * 65535u);
+  EXPECT_EQ(shared_buffer::describe(open("lister"), "w/large").second.tensors.size(), 65536u);
+}
+
 TEST_P(BufferManifests, ListingFiltersByPrefixAndByEveryLabel)
 {
   auto creator = open("creator");
