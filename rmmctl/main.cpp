@@ -317,7 +317,9 @@ rmmd::v1::ListBuffersRequest buffer_filter(command_line const& cl)
     if (eq == std::string::npos || eq == 0) {
       throw ctl_error(usage, "--label " + label + ": give KEY=VALUE (a value may be empty)");
     }
-    (*request.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+    auto* wanted = request.add_labels();
+    wanted->set_key(label.substr(0, eq));
+    wanted->set_value(label.substr(eq + 1));
   }
   return request;
 }

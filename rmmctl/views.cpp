@@ -74,10 +74,21 @@ std::string handle_name(int h)
 }
 
 /// A manifest's labels as one cell: "k=v,k=v", cut to `most` bytes.
-std::string labels_cell(google::protobuf::Map<std::string, std::string> const& labels,
+/// Labels sorted by key (the daemon keeps them so; sorted here all the same).
+std::vector<std::pair<std::string, std::string>> sorted_labels(
+    google::protobuf::RepeatedPtrField<v1::Label> const& labels)
+{
+  std::vector<std::pair<std::string, std::string>> sorted;
+  sorted.reserve(static_cast<std::size_t>(labels.size()));
+  for (auto const& label : labels) { sorted.emplace_back(label.key(), label.value()); }
+  std::sort(sorted.begin(), sorted.end());
+  return sorted;
+}
+
+std::string labels_cell(google::protobuf::RepeatedPtrField<v1::Label> const& labels,
                         std::size_t most)
 {
-  std::vector<std::pair<std::string, std::string>> sorted(labels.begin(), labels.end());
+  auto const sorted = sorted_labels(labels);
   std::sort(sorted.begin(), sorted.end());
   std::string out;
   for (auto const& [k, v] : sorted) { out += (out.empty() ? "" : ",") + k + "=" + v; }
@@ -483,9 +494,7 @@ std::string format_buffer(v1::DescribeBufferResponse const& response, std::int64
   auto out = info.str({false, false});
 
   auto const& manifest = response.manifest();
-  std::vector<std::pair<std::string, std::string>> labels(manifest.labels().begin(),
-                                                          manifest.labels().end());
-  std::sort(labels.begin(), labels.end());
+  auto const labels    = sorted_labels(manifest.labels());
   out += "\nLABELS\n";
   if (labels.empty()) { out += "(no labels)\n"; }
   if (!labels.empty()) {

@@ -4,6 +4,7 @@
 
 #include <rmmd/rmmd.h>
 
+#include "client/detail/manifest_convert.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 
@@ -137,7 +138,9 @@ rmmd_status null_argument(char const* what)
 }
 
 /// Reads a caller's struct that begins with its size: a copy of the fields
-/// the caller knows, the rest as `defaults` has them.
+/// the caller knows, the rest as `defaults` has them. `older_sizes`: the sizes
+/// released before (a caller built against them knows the fields up to
+/// there); any other size would cut a field (a pointer) in half.
 template <typename Struct>
 std::optional<Struct> read_struct(Struct const* in,
                                   Struct defaults,
@@ -154,6 +157,57 @@ std::optional<Struct> read_struct(Struct const* in,
   std::memcpy(&defaults, in, in->size);
   defaults.size = sizeof(Struct);
   return defaults;
+}
+
+/// Protobuf's JSON of `message`, as the rmmd_*_json functions write it: the
+/// proto's field names (byte_offset), every field (zeros and empty lists
+/// too, so that a reader need not know the defaults).
+std::string to_json(google::protobuf::Message const& message, char const* what)
+{
+  std::string out;
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  print.preserve_proto_field_names    = true;
+  if (auto status = google::protobuf::util::MessageToJsonString(message, &out, print);
+      !status.ok()) {
+    throw rmm::bad_alloc(std::string("rmmd: ") + what +
+                         ": could not write JSON: " + std::string(status.message()));
+  }
+  return out;
+}
+
+/// `json` (protobuf's JSON mapping of `out`'s type) into `out`; a
+/// rmmd::logic_error naming `what` and the parser's reason otherwise.
+void from_json(char const* json, google::protobuf::Message* out, std::string const& what)
+{
+  google::protobuf::util::JsonParseOptions parse;
+  if (auto status = google::protobuf::util::JsonStringToMessage(json, out, parse); !status.ok()) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + std::string(status.message()));
+  }
+}
+
+/// The labels of key and value arrays (a C caller's), each key once.
+void labels_from_arrays(char const* const* keys,
+                        char const* const* values,
+                        std::size_t count,
+                        std::map<std::string, std::string, std::less<>>* labels,
+                        std::string const& what)
+{
+  if (count == 0) { return; }
+  if (keys == nullptr || values == nullptr) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + std::to_string(count) +
+                            " labels, but the keys or values array is NULL");
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (keys[i] == nullptr || values[i] == nullptr) {
+      throw rmmd::logic_error("rmmd: " + what + ": label " + std::to_string(i) +
+                              " has a NULL key or value");
+    }
+    if (!labels->try_emplace(keys[i], values[i]).second) {
+      throw rmmd::logic_error("rmmd: " + what + ": label '" + std::string(keys[i]) +
+                              "' is given twice; name each label once");
+    }
+  }
 }
 
 char* copy_string(std::string const& s)
@@ -449,10 +503,12 @@ rmmd_status rmmd_buffer_create(rmmd_session_t session,
   defaults.size      = sizeof(defaults);
   defaults.device    = -1;
   defaults.alignment = 256;
-  auto o             = read_struct(options, defaults);
+  // Callers built before allow_writers existed pass the size up to it.
+  auto o = read_struct(options, defaults, {offsetof(rmmd_buffer_options, allow_writers)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     rmmd::shared_buffer_options so;
+    so.allow_writers = o->allow_writers != 0;
     if (o->pool != nullptr) { so.pool = o->pool; }
     so.device     = o->device;
     so.persistent = o->persistent != 0;
@@ -546,6 +602,108 @@ rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t*
   return guarded([&] {
     auto n = rmmd::shared_buffer::remove(session->session, name);
     if (holders != nullptr) { *holders = n; }
+  });
+}
+
+rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
+                                  char const* name,
+                                  rmmd_open_options const* options,
+                                  rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || name == nullptr || buffer == nullptr) {
+    return null_argument("session, name or buffer");
+  }
+  rmmd_open_options defaults{};
+  defaults.size = sizeof(defaults);
+  auto o        = read_struct(options, defaults);
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  if (o->access != RMMD_BUFFER_READ && o->access != RMMD_BUFFER_READ_WRITE) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: options->access is " + std::to_string(static_cast<int>(o->access)) +
+                    ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
+  }
+  return guarded([&] {
+    rmmd::open_options oo;
+    oo.wait   = std::chrono::milliseconds(o->wait_ms);
+    oo.access = o->access == RMMD_BUFFER_READ_WRITE ? rmmd::buffer_access::read_write
+                                                    : rmmd::buffer_access::read;
+    labels_from_arrays(o->expect_keys,
+                       o->expect_values,
+                       o->expect_count,
+                       &oo.expect_labels,
+                       "open buffer '" + std::string(name) + "': expected labels");
+    auto b      = rmmd::shared_buffer::open(session->session, name, oo);
+    auto device = b.pool().device;
+    *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char const* json)
+{
+  if (buffer == nullptr || json == nullptr) { return null_argument("buffer or json"); }
+  return guarded([&] {
+    rmmd::v1::BufferManifest parsed;
+    from_json(json, &parsed, "set manifest of buffer '" + buffer->buffer.name() + "': bad JSON");
+    buffer->buffer.set_manifest(rmmd::detail::from_proto(parsed));
+  });
+}
+
+rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json)
+{
+  if (buffer == nullptr || json == nullptr) { return null_argument("buffer or json"); }
+  return guarded([&] {
+    rmmd::v1::BufferManifest m;
+    rmmd::detail::to_proto(buffer->buffer.manifest(), &m);
+    *json = copy_string(to_json(m, "manifest"));
+  });
+}
+
+rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* access)
+{
+  if (buffer == nullptr || access == nullptr) { return null_argument("buffer or access"); }
+  *access = buffer->buffer.access() == rmmd::buffer_access::read_write ? RMMD_BUFFER_READ_WRITE
+                                                                       : RMMD_BUFFER_READ;
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
+                                  char const* name_prefix,
+                                  char const* const* label_keys,
+                                  char const* const* label_values,
+                                  size_t label_count,
+                                  char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::ListBuffersRequest request;
+    if (name_prefix != nullptr) { request.set_name_prefix(name_prefix); }
+    std::map<std::string, std::string, std::less<>> labels;
+    labels_from_arrays(label_keys, label_values, label_count, &labels, "list buffers");
+    rmmd::detail::copy_labels(labels, request.mutable_labels());
+    rmmd::v1::ListBuffersResponse response;
+    if (auto status = impl.list_buffers(request, &response); !status.ok()) {
+      rmmd::detail::throw_status(status, "list buffers");
+    }
+    *json = copy_string(to_json(response, "list buffers"));
+  });
+}
+
+rmmd_status rmmd_buffer_describe_json(rmmd_session_t session, char const* name, char** json)
+{
+  if (session == nullptr || name == nullptr || json == nullptr) {
+    return null_argument("session, name or json");
+  }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::DescribeBufferResponse response;
+    if (auto status = impl.describe_buffer(name, &response); !status.ok()) {
+      // The daemon's refusals name the call and the buffer already.
+      bool const named = status.error_message().rfind("describe buffer ", 0) == 0;
+      rmmd::detail::throw_status(
+          status, named ? std::string() : "describe buffer '" + std::string(name) + "'");
+    }
+    *json = copy_string(to_json(response, "describe buffer"));
   });
 }
 

@@ -202,6 +202,12 @@ absl::Status open_buffer(core::daemon_core& core,
         "or BUFFER_ACCESS_READ_WRITE (1)",
         static_cast<int>(request.access())));
   }
+  if (auto key = repeated_label_key(request.expect_labels())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("open buffer '%s': expect_labels names '%s' twice; name each label once",
+                        request.name(),
+                        *key));
+  }
   auto grant = core.open_buffer(session, request.name(), wait_until, from_proto(request));
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
@@ -220,6 +226,13 @@ absl::Status set_buffer_manifest(core::daemon_core& core,
         request.buffer_id(),
         bytes,
         core::max_manifest_bytes));
+  }
+  if (auto key = repeated_label_key(request.manifest().labels())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("set the manifest of buffer %d: label '%s' is given twice; a key names "
+                        "one label",
+                        request.buffer_id(),
+                        *key));
   }
   return core.set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
 }
@@ -270,6 +283,10 @@ absl::Status list_buffers(core::daemon_core const& core,
                           v1::ListBuffersRequest const& request,
                           v1::ListBuffersResponse* reply)
 {
+  if (auto key = repeated_label_key(request.labels())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "list buffers: the filter names label '%s' twice; name each label once", *key));
+  }
   auto buffers = core.list_buffers(session, from_proto(request));
   if (!buffers.ok()) { return buffers.status(); }
   for (auto const& b : *buffers) { to_proto(b, reply->add_buffers()); }

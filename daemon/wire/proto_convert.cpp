@@ -1,5 +1,7 @@
 #include "daemon/wire/proto_convert.hpp"
 
+#include <absl/container/flat_hash_set.h>
+
 #include <chrono>
 
 namespace rmmd::wire {
@@ -187,6 +189,35 @@ void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
   }
 }
 
+void to_proto(std::map<std::string, std::string> const& in,
+              google::protobuf::RepeatedPtrField<v1::Label>* out)
+{
+  out->Reserve(static_cast<int>(in.size()));
+  for (auto const& [key, value] : in) {
+    auto* label = out->Add();
+    label->set_key(key);
+    label->set_value(value);
+  }
+}
+
+std::map<std::string, std::string> from_proto(
+    google::protobuf::RepeatedPtrField<v1::Label> const& in)
+{
+  std::map<std::string, std::string> out;
+  for (auto const& label : in) { out.try_emplace(label.key(), label.value()); }
+  return out;
+}
+
+std::optional<std::string> repeated_label_key(
+    google::protobuf::RepeatedPtrField<v1::Label> const& labels)
+{
+  absl::flat_hash_set<std::string_view> seen;
+  for (auto const& label : labels) {
+    if (!seen.insert(label.key()).second) { return label.key(); }
+  }
+  return std::nullopt;
+}
+
 void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
 {
   out->set_buffer_id(in.id);
@@ -205,7 +236,7 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
   out->set_created_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(in.created.time_since_epoch()).count());
   out->set_allow_writers(in.allow_writers);
-  out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  to_proto(in.labels, out->mutable_labels());
   out->set_tensor_count(static_cast<std::uint32_t>(in.tensor_count));
 }
 
@@ -229,7 +260,7 @@ void to_proto(core::buffer_manifest const& in, v1::BufferManifest* out)
     e->mutable_strides()->Add(t.strides.begin(), t.strides.end());
     for (auto const& alias : t.aliases) { e->add_aliases(alias); }
   }
-  out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  to_proto(in.labels, out->mutable_labels());
 }
 
 core::buffer_manifest from_proto(v1::BufferManifest const& in)
@@ -244,22 +275,21 @@ core::buffer_manifest from_proto(v1::BufferManifest const& in)
                                              .strides = {e.strides().begin(), e.strides().end()},
                                              .aliases = {e.aliases().begin(), e.aliases().end()}});
   }
-  out.labels.insert(in.labels().begin(), in.labels().end());
+  out.labels = from_proto(in.labels());
   return out;
 }
 
 core::buffer_open_options from_proto(v1::OpenBufferRequest const& in)
 {
-  return core::buffer_open_options{
-      .access        = in.access() == v1::BUFFER_ACCESS_READ_WRITE ? core::buffer_access::read_write
-                                                                   : core::buffer_access::read,
-      .expect_labels = {in.expect_labels().begin(), in.expect_labels().end()}};
+  return core::buffer_open_options{.access        = in.access() == v1::BUFFER_ACCESS_READ_WRITE
+                                                        ? core::buffer_access::read_write
+                                                        : core::buffer_access::read,
+                                   .expect_labels = from_proto(in.expect_labels())};
 }
 
 core::buffer_filter from_proto(v1::ListBuffersRequest const& in)
 {
-  return core::buffer_filter{.name_prefix = in.name_prefix(),
-                             .labels      = {in.labels().begin(), in.labels().end()}};
+  return core::buffer_filter{.name_prefix = in.name_prefix(), .labels = from_proto(in.labels())};
 }
 
 }  // namespace rmmd::wire

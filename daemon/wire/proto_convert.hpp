@@ -7,6 +7,10 @@
 #include "daemon/core/types.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
+#include <map>
+#include <optional>
+#include <string>
+
 namespace rmmd::wire {
 
 /// `fd_index` is the pool fd's position among the fds attached to a welcome,
@@ -23,6 +27,15 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out);
 v1::BufferState to_proto(core::buffer_state state);
 /// A CreateBufferRequest's options.
 core::buffer_options from_proto(v1::CreateBufferRequest const& in);
+/// Labels travel as repeated Label messages (no map fields: DEVELOPERS.md).
+void to_proto(std::map<std::string, std::string> const& in,
+              google::protobuf::RepeatedPtrField<v1::Label>* out);
+/// The first value of each key (repeated_label_key() finds a repeated one).
+std::map<std::string, std::string> from_proto(
+    google::protobuf::RepeatedPtrField<v1::Label> const& in);
+/// A key that `labels` name twice, for the caller to refuse; none: nullopt.
+std::optional<std::string> repeated_label_key(
+    google::protobuf::RepeatedPtrField<v1::Label> const& labels);
 void to_proto(core::buffer_manifest const& in, v1::BufferManifest* out);
 core::buffer_manifest from_proto(v1::BufferManifest const& in);
 /// An OpenBufferRequest's access and expected labels.

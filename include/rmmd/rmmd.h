@@ -234,9 +234,14 @@ RMMD_API rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                                            rmmd_buffer_t* buffer);
 /* Manifests (docs/sharing.md), as JSON in protobuf's JSON mapping of
  * rmmd.v1.BufferManifest: {"tensors": [{"name": "w", "dtype": "DTYPE_FLOAT16",
- * "shape": ["4096", "4096"], "byteOffset": "0"}], "labels": [{"key": "model",
+ * "shape": ["4096", "4096"], "byte_offset": "0"}], "labels": [{"key": "model",
  * "value": "gpt2"}]}
- * (64-bit integers may be strings or numbers). Creator only, before publish. */
+ * (64-bit integers may be strings or numbers; field names as in the proto,
+ * byte_offset, or lowerCamelCase). Creator only, before publish. Bad JSON is
+ * RMMD_ERROR_INVALID_ARGUMENT with the parser's reason; so is a table the
+ * daemon refuses, naming the tensor or label. The JSON these functions
+ * return has the proto's field names (byte_offset), every field (zeros and
+ * empty lists too), 64-bit integers as strings and enums by name. */
 RMMD_API rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char const* json);
 /* The manifest this open got ("{}" when none). Free with rmmd_string_free. */
 RMMD_API rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json);

@@ -4,6 +4,8 @@
 
 #include "tests/tools/daemon_process.hpp"
 
+#include <rmmd/shared_buffer.hpp>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -120,6 +122,60 @@ TEST(ShareExamples, AConsumerWithoutAProducerSaysSo)
   auto r = run_consumer("examples/test/nobody", "0.2", env);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("no buffer had this name by the end of the wait")) << r.out;
+}
+
+/// Runs rmmd_manifest_reader with `args` to its end (stderr too).
+run_result run_reader(std::vector<std::string> args, std::vector<std::string> const& env)
+{
+  std::vector<std::string> argv{program_path("rmmd_manifest_reader").string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  child_process reader(argv, env, {.merge_stderr = true});
+  reader.close_stdin();
+  auto out    = reader.read_all(30s);
+  auto status = reader.wait(30s);
+  return {.status = status.value_or(-1), .out = std::move(out)};
+}
+
+TEST(ShareExamples, TheManifestReaderListsByLabelAndPrintsATensorTable)
+{
+  daemon_process daemon;
+  std::vector<std::string> env{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
+  auto s    = daemon.open_session();
+  auto pool = host_pool_stats(daemon.stats()).pool().name();
+  auto made = shared_buffer::create(s, "examples/gpt", 1 << 20, {.pool = pool});
+  made.set_manifest({.tensors = {{.name    = "wte",
+                                  .type    = dtype::float16,
+                                  .shape   = {256, 512},
+                                  .aliases = {"lm_head.weight"}},
+                                 {.name        = "h.0.attn.T",
+                                  .type        = dtype::float32,
+                                  .shape       = {64, 32},
+                                  .byte_offset = 262144,
+                                  .strides     = {1, 64}}},
+                     .labels  = {{"model", "gpt2"}, {"revision", "abc"}}});
+  made.publish();
+  auto other = shared_buffer::create(s, "examples/other", 4096, {.pool = pool});
+  other.publish();
+
+  auto listed = run_reader({"--label", "model=gpt2"}, env);
+  EXPECT_EQ(listed.status, 0) << listed.out;
+  EXPECT_THAT(listed.out, HasSubstr("examples/gpt"));
+  EXPECT_THAT(listed.out, HasSubstr("2 tensors"));
+  EXPECT_THAT(listed.out, HasSubstr("revision = abc"));
+  EXPECT_THAT(listed.out, ::testing::Not(HasSubstr("examples/other")));
+
+  auto shown = run_reader(
+      {"--prefix", "examples/", "--open", "examples/gpt", "--expect", "revision=abc"}, env);
+  EXPECT_EQ(shown.status, 0) << shown.out;
+  EXPECT_THAT(shown.out, HasSubstr("examples/other"));
+  EXPECT_THAT(shown.out, HasSubstr("opened read-only"));
+  EXPECT_THAT(shown.out, HasSubstr("(256, 512)"));
+  EXPECT_THAT(shown.out, HasSubstr("also lm_head.weight"));
+  EXPECT_THAT(shown.out, HasSubstr("strided"));
+
+  auto guarded = run_reader({"--open", "examples/gpt", "--expect", "revision=def"}, env);
+  EXPECT_EQ(guarded.status, 1);
+  EXPECT_THAT(guarded.out, HasSubstr("label 'revision' is 'abc', expected 'def'"));
 }
 
 }  // namespace

@@ -24,6 +24,24 @@
 namespace rmmd::test {
 namespace {
 
+void add_label(google::protobuf::RepeatedPtrField<v1::Label>* labels,
+               std::string const& key,
+               std::string const& value)
+{
+  auto* label = labels->Add();
+  label->set_key(key);
+  label->set_value(value);
+}
+
+std::string label_of(google::protobuf::RepeatedPtrField<v1::Label> const& labels,
+                     std::string const& key)
+{
+  for (auto const& label : labels) {
+    if (label.key() == key) { return label.value(); }
+  }
+  return "(none)";
+}
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -53,8 +71,8 @@ v1::BufferManifest weights()
   *t               = tensor("layer0.wT", v1::DTYPE_FLOAT32, {64, 32}, 32768);
   t->add_strides(1);
   t->add_strides(64);
-  (*m.mutable_labels())["model"]    = "tiny-gpt";
-  (*m.mutable_labels())["revision"] = "r1";
+  add_label(m.mutable_labels(), "model", "tiny-gpt");
+  add_label(m.mutable_labels(), "revision", "r1");
   return m;
 }
 
@@ -107,7 +125,7 @@ class raw_session {
   {
     v1::ListBuffersRequest r;
     r.set_name_prefix(prefix);
-    r.mutable_labels()->insert(labels.begin(), labels.end());
+    for (auto const& [k, v] : labels) { add_label(r.mutable_labels(), k, v); }
     v1::ListBuffersResponse reply;
     auto status = s_.impl().stub().ListBuffers(s_.impl().context().get(), r, &reply);
     EXPECT_TRUE(status.ok()) << status.error_message();
@@ -147,12 +165,12 @@ TEST_F(BufferManifests, SetThenDescribeGetAndOpenReturnIt)
   ASSERT_TRUE(other_.describe("models/tiny", &described).ok());
   EXPECT_TRUE(same(described.manifest(), weights())) << described.DebugString();
   EXPECT_EQ(described.info().tensor_count(), 3u);
-  EXPECT_EQ(described.info().labels().at("model"), "tiny-gpt");
+  EXPECT_EQ(label_of(described.info().labels(), "model"), "tiny-gpt");
   EXPECT_FALSE(described.info().allow_writers());
 
   v1::OpenBufferRequest open;
   open.set_name("models/tiny");
-  (*open.mutable_expect_labels())["revision"] = "r1";
+  add_label(open.mutable_expect_labels(), "revision", "r1");
   v1::BufferGrant opened;
   ASSERT_TRUE(other_.open(open, &opened).ok());
   EXPECT_EQ(opened.access(), v1::BUFFER_ACCESS_READ);
@@ -194,12 +212,15 @@ TEST_F(BufferManifests, RefusalsChangeNothing)
   m = weights();
   m.mutable_tensors(2)->add_strides(1);
   refusals.push_back({"strides", m, "3 strides for 2 dimensions"});
-  m                                      = weights();
-  (*m.mutable_labels())["rmmd.gpu_uuid"] = "GPU-forged";
+  m = weights();
+  add_label(m.mutable_labels(), "rmmd.gpu_uuid", "GPU-forged");
   refusals.push_back({"rmmd. label", m, "label key 'rmmd.gpu_uuid' starts with \"rmmd.\""});
   m = weights();
-  for (int i = 0; i < 300; ++i) { (*m.mutable_labels())["k" + std::to_string(i)] = "v"; }
+  for (int i = 0; i < 300; ++i) { add_label(m.mutable_labels(), "k" + std::to_string(i), "v"); }
   refusals.push_back({"too many labels", m, "302 labels; a manifest carries at most 256"});
+  m = weights();
+  add_label(m.mutable_labels(), "model", "another");
+  refusals.push_back({"a key twice", m, "label 'model' is given twice"});
   m.Clear();
   // Past 4 MiB serialized, within what the gRPC socket accepts (4 MiB + 64 KiB).
   for (int i = 0; i < 4580; ++i) {
@@ -244,15 +265,15 @@ TEST_F(BufferManifests, TheGuardAndReadWriteOpensHoldNothingWhenRefused)
 
   v1::OpenBufferRequest open;
   open.set_name("models/ro");
-  (*open.mutable_expect_labels())["model"]    = "tiny-gpt";
-  (*open.mutable_expect_labels())["revision"] = "r2";
+  add_label(open.mutable_expect_labels(), "model", "tiny-gpt");
+  add_label(open.mutable_expect_labels(), "revision", "r2");
   v1::BufferGrant grant;
   auto status = other_.open(open, &grant);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(status.error_message(), "buffer 'models/ro': label 'revision' is 'r1', expected 'r2'");
   open.mutable_expect_labels()->clear();
-  (*open.mutable_expect_labels())["rank"] = "0";
-  status                                  = other_.open(open, &grant);
+  add_label(open.mutable_expect_labels(), "rank", "0");
+  status = other_.open(open, &grant);
   EXPECT_EQ(status.error_message(), "buffer 'models/ro': has no label 'rank'");
   EXPECT_EQ(holders("models/ro"), 1u);
 

@@ -399,9 +399,10 @@ TEST_F(HostileInput, OversizedGrpcMessageIsRejected)
   v1::AllocateRequest request;
   request.set_pool_id(0);
   request.set_size(4096);
-  // 1 MiB of an unknown field: over the daemon's 64 KiB message cap.
+  // 8 MiB of an unknown field: over the daemon's message cap (4 MiB and
+  // 64 KiB at least, for a manifest's 4 MiB).
   request.GetReflection()->MutableUnknownFields(&request)->AddLengthDelimited(
-      1000, std::string(1 << 20, 'x'));
+      1000, std::string(8 << 20, 'x'));
   // A channel of our own: the session's channel would refuse to send it.
   auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());

@@ -23,6 +23,15 @@
 namespace rmmd::session_socket {
 namespace {
 
+void add_label(google::protobuf::RepeatedPtrField<v1::Label>* labels,
+               std::string const& key,
+               std::string const& value)
+{
+  auto* label = labels->Add();
+  label->set_key(key);
+  label->set_value(value);
+}
+
 constexpr std::size_t max_call_bytes = 4096;
 
 class SessionProtocol : public test::host_core_fixture {
@@ -215,15 +224,15 @@ TEST_F(SessionProtocol, OpenSaysTheManifestFollowsAndKeepsTheGuardAndTheAccessRu
   c.Clear();
   auto* open = c.mutable_open_buffer();
   open->set_name("team/m");
-  (*open->mutable_expect_labels())["model"] = "llama";
-  r                                         = send(c, 2);
+  add_label(open->mutable_expect_labels(), "model", "llama");
+  r = send(c, 2);
   ASSERT_TRUE(r && r->has_error());
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
   EXPECT_EQ(r->error().message(), "buffer 'team/m': label 'model' is 'gpt', expected 'llama'");
   EXPECT_EQ(holders(), 1u);
 
-  (*open->mutable_expect_labels())["model"] = "gpt";
-  r                                         = send(c, 3);
+  add_label(open->mutable_expect_labels(), "model", "gpt");
+  r = send(c, 3);
   ASSERT_TRUE(r && r->has_open_buffer()) << r->DebugString();
   EXPECT_TRUE(r->open_buffer().manifest_follows());
   EXPECT_FALSE(r->open_buffer().has_manifest());

@@ -19,7 +19,8 @@ std::filesystem::path program_path(std::string const& name)
       {"rmmd_soak_client", "tests/rmmd_soak_client"},
       {"rmmd_hello", "examples/rmmd_hello"},
       {"rmmd_share_producer", "examples/rmmd_share_producer"},
-      {"rmmd_share_consumer", "examples/rmmd_share_consumer"}};
+      {"rmmd_share_consumer", "examples/rmmd_share_consumer"},
+      {"rmmd_manifest_reader", "examples/rmmd_manifest_reader"}};
   for (auto [program, relative] : in_build_tree) {
     if (name == program) { return std::filesystem::path(RMMD_BUILD_DIR) / relative; }
   }
