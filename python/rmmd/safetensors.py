@@ -36,7 +36,7 @@ from typing import Any, Iterator, Mapping
 
 from . import _cuda
 from ._buffer import SharedBuffer
-from ._errors import InvalidArgumentError, OutOfMemoryError
+from ._errors import Error, InvalidArgumentError
 from ._manifest import ITEMSIZE, TensorEntry
 from ._session import Pool, Session
 
@@ -287,7 +287,7 @@ class _Staging:
                     self.view = self._allocation.memoryview()
                     self.source = f"host pool '{pool.name}'"
                     return
-                except (OutOfMemoryError, InvalidArgumentError):
+                except Error:  # full, or not pinnable here: the CUDA runtime's then
                     self._allocation = None
         self._cuda_ptr = _cuda.host_alloc(nbytes)
         self.ptr = self._cuda_ptr
