@@ -2,6 +2,7 @@
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/device_scope.hpp"
+#include "client/detail/manifest_convert.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stream_capture.hpp"
@@ -9,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -72,8 +74,13 @@ namespace {
 bool daemon_names_it(grpc::Status const& status)
 {
   auto const& m = status.error_message();
-  for (char const* prefix :
-       {"create buffer ", "open buffer ", "publish buffer ", "delete buffer "}) {
+  for (char const* prefix : {"create buffer ",
+                             "open buffer ",
+                             "publish buffer ",
+                             "delete buffer ",
+                             "describe buffer ",
+                             "set manifest of buffer ",
+                             "buffer '"}) {
     if (m.rfind(prefix, 0) == 0) { return true; }
   }
   return false;
@@ -140,6 +147,7 @@ shared_buffer shared_buffer::create(session const& s,
   request.set_alignment(options.alignment);
   request.set_persistent(options.persistent);
   if (options.gid) { request.set_gid(*options.gid); }
+  request.set_allow_writers(options.allow_writers);
   v1::BufferGrant grant;
   if (auto status = s.impl().create_buffer(request, &grant); !status.ok()) {
     refused(status, what);
@@ -151,12 +159,34 @@ shared_buffer shared_buffer::open(session const& s,
                                   std::string_view name,
                                   std::chrono::milliseconds wait)
 {
+  return open(s, name, open_options{.wait = wait});
+}
+
+shared_buffer shared_buffer::open(session const& s,
+                                  std::string_view name,
+                                  open_options const& options)
+{
   auto const what = "open buffer '" + std::string(name) + "'";
   check_name(what, name);
   s.impl().watch_exit_once();
+  v1::OpenBufferRequest request;
+  request.set_name(std::string(name));
+  auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
+      std::max<std::chrono::milliseconds::rep>(options.wait.count(), 0), 0xffffffff);
+  request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
+  request.set_access(options.access == buffer_access::read_write ? v1::BUFFER_ACCESS_READ_WRITE
+                                                                 : v1::BUFFER_ACCESS_READ);
+  detail::copy_labels(options.expect_labels, request.mutable_expect_labels());
   v1::BufferGrant grant;
-  if (auto status = s.impl().open_buffer(std::string(name), wait, &grant); !status.ok()) {
-    refused(status, what);
+  if (auto status = s.impl().open_buffer(request, &grant); !status.ok()) { refused(status, what); }
+  if (grant.manifest_follows()) {
+    // A session-socket grant: the manifest comes by gRPC, which the open
+    // makes this session's to ask for.
+    if (auto status = s.impl().get_buffer_manifest(grant.buffer_id(), grant.mutable_manifest());
+        !status.ok()) {
+      close_unreachable(s, grant.buffer_id());
+      detail::throw_status(status, what + ": its manifest");
+    }
   }
   return attached(s, grant, false);
 }
@@ -164,8 +194,14 @@ shared_buffer shared_buffer::open(session const& s,
 shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& grant, bool creator)
 {
   shared_buffer out;
+  // The creator holds it read-write; a consumer as the daemon granted (a
+  // daemon that knows no access grants READ, the default).
+  out.access_ = creator || grant.access() == v1::BUFFER_ACCESS_READ_WRITE
+                    ? buffer_access::read_write
+                    : buffer_access::read;
   try {
-    out.data_ = s.impl().buffers().attach(grant);
+    if (grant.has_manifest()) { out.manifest_ = detail::from_proto(grant.manifest()); }
+    out.data_ = s.impl().buffers().attach(grant, out.access_ == buffer_access::read);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
@@ -179,6 +215,52 @@ shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& g
   out.persistent_ = grant.persistent();
   if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
   return out;
+}
+
+std::vector<buffer_info> shared_buffer::list(session const& s, buffer_filter const& filter)
+{
+  v1::ListBuffersRequest request;
+  request.set_name_prefix(filter.name_prefix);
+  detail::copy_labels(filter.labels, request.mutable_labels());
+  v1::ListBuffersResponse response;
+  if (auto status = s.impl().list_buffers(request, &response); !status.ok()) {
+    detail::throw_status(status, "list buffers");
+  }
+  std::vector<buffer_info> out;
+  out.reserve(static_cast<std::size_t>(response.buffers_size()));
+  for (auto const& b : response.buffers()) { out.push_back(detail::from_proto(b)); }
+  return out;
+}
+
+std::pair<buffer_info, buffer_manifest> shared_buffer::describe(session const& s,
+                                                                std::string_view name)
+{
+  auto const what = "describe buffer '" + std::string(name) + "'";
+  check_name(what, name);
+  v1::DescribeBufferResponse response;
+  if (auto status = s.impl().describe_buffer(std::string(name), &response); !status.ok()) {
+    refused(status, what);
+  }
+  return {detail::from_proto(response.info()), detail::from_proto(response.manifest())};
+}
+
+void shared_buffer::set_manifest(buffer_manifest const& manifest)
+{
+  auto const what = "set manifest of buffer '" + name_ + "'";
+  if (!session_) { throw rmmd::logic_error("rmmd: an empty shared_buffer has no manifest"); }
+  if (!creator_) {
+    throw rmmd::precondition_error("rmmd: " + what +
+                                   ": only the process that created it may set its manifest");
+  }
+  auto& impl = session_->impl();
+  v1::SetBufferManifestRequest request;
+  request.set_buffer_id(id_);
+  detail::to_proto(manifest, request.mutable_manifest());
+  if (auto status = impl.set_buffer_manifest(request); !status.ok()) { refused(status, what); }
+  // What the daemon holds now, with the labels it adds ("rmmd.gpu_uuid"):
+  // read back (one more round trip, once per buffer), else ours.
+  v1::BufferManifest held;
+  manifest_ = impl.get_buffer_manifest(id_, &held).ok() ? detail::from_proto(held) : manifest;
 }
 
 std::size_t shared_buffer::remove(session const& s, std::string_view name)
@@ -203,6 +285,8 @@ shared_buffer::shared_buffer(shared_buffer&& other) noexcept
       id_(other.id_),
       pool_id_(other.pool_id_),
       name_(std::move(other.name_)),
+      manifest_(std::move(other.manifest_)),
+      access_(other.access_),
       creator_(other.creator_),
       persistent_(other.persistent_),
       stream_(other.stream_)
@@ -220,6 +304,8 @@ shared_buffer& shared_buffer::operator=(shared_buffer&& other) noexcept
     id_         = other.id_;
     pool_id_    = other.pool_id_;
     name_       = std::move(other.name_);
+    manifest_   = std::move(other.manifest_);
+    access_     = other.access_;
     creator_    = other.creator_;
     persistent_ = other.persistent_;
     stream_     = other.stream_;
@@ -236,10 +322,12 @@ shared_buffer::~shared_buffer()
 void shared_buffer::reset() noexcept
 {
   session_.reset();
-  data_    = nullptr;
-  size_    = 0;
-  id_      = 0;
-  creator_ = false;
+  data_     = nullptr;
+  size_     = 0;
+  id_       = 0;
+  creator_  = false;
+  manifest_ = {};
+  access_   = buffer_access::read_write;
   stream_.reset();
 }
 
@@ -304,7 +392,9 @@ void shared_buffer::close() noexcept
   // A host buffer without a stream: nothing of the GPU's to wait for.
   if (!detail::process_is_exiting()) {
     auto& impl = session_->impl();
-    if (auto view = impl.buffers().detach(id_)) { detail::buffer_views::unmap_host(*view); }
+    if (auto view = impl.buffers().detach(id_, access_ == buffer_access::read)) {
+      detail::buffer_views::unmap_host(*view);
+    }
     send_close(impl);
   }
   reset();
@@ -318,8 +408,9 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     reset();
     return;
   }
-  auto& impl      = session_->impl();
-  auto const view = impl.buffers().detach(id_);  // set when this was the last open here
+  auto& impl = session_->impl();
+  // Set when this was the last open here with this access.
+  auto const view = impl.buffers().detach(id_, access_ == buffer_access::read);
   bool const host = [&] {
     try {
       return is_host();

@@ -4,6 +4,7 @@
 
 #include <rmmd/rmmd.h>
 
+#include "client/detail/manifest_convert.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 
@@ -18,8 +19,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -131,17 +134,62 @@ rmmd_status null_argument(char const* what)
 }
 
 /// Reads a caller's struct that begins with its size: a copy of the fields
-/// the caller knows, the rest as `defaults` has them.
+/// the caller knows, the rest as `defaults` has them. `older`: the sizes
+/// released before (a caller built against them knows the fields up to
+/// there); any other size would cut a field (a pointer) in half.
 template <typename Struct>
-std::optional<Struct> read_struct(Struct const* in, Struct defaults)
+std::optional<Struct> read_struct(Struct const* in,
+                                  Struct defaults,
+                                  std::initializer_list<std::size_t> older = {})
 {
   if (in == nullptr) { return defaults; }
-  // One layout of each struct so far: a size that is not its size would cut
-  // a field (a pointer) in half. A later rmmd.h that adds fields will list
-  // each released size here.
-  if (in->size != sizeof(Struct)) { return std::nullopt; }
-  std::memcpy(&defaults, in, sizeof(Struct));
-  return defaults;
+  if (in->size == sizeof(Struct) ||
+      std::find(older.begin(), older.end(), in->size) != older.end()) {
+    std::memcpy(&defaults, in, in->size);
+    defaults.size = sizeof(Struct);
+    return defaults;
+  }
+  return std::nullopt;
+}
+
+/// Protobuf's JSON of `message`, as the rmmd_*_json functions write it: the
+/// proto's field names (byte_offset), every field (zeros and empty lists
+/// too, so that a reader need not know the defaults).
+std::string to_json(google::protobuf::Message const& message, char const* what)
+{
+  std::string out;
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  print.preserve_proto_field_names    = true;
+  if (auto status = google::protobuf::util::MessageToJsonString(message, &out, print);
+      !status.ok()) {
+    throw rmm::bad_alloc(std::string("rmmd: ") + what +
+                         ": could not write JSON: " + std::string(status.message()));
+  }
+  return out;
+}
+
+/// `json` (protobuf's JSON mapping of `out`'s type) into `out`; a
+/// rmmd::logic_error naming `what` and the parser's reason otherwise.
+void from_json(char const* json, google::protobuf::Message* out, std::string const& what)
+{
+  google::protobuf::util::JsonParseOptions parse;
+  if (auto status = google::protobuf::util::JsonStringToMessage(json, out, parse); !status.ok()) {
+    throw rmmd::logic_error("rmmd: " + what + ": " + std::string(status.message()));
+  }
+}
+
+/// A JSON object of string labels ({"rank": "0"}) into `labels`.
+void labels_from_json(char const* json,
+                      std::map<std::string, std::string, std::less<>>* labels,
+                      std::string const& what)
+{
+  if (json == nullptr) { return; }
+  // ListBuffersRequest's labels field parses the object, with the mapping's
+  // rules (values must be strings).
+  rmmd::v1::ListBuffersRequest holder;
+  from_json(("{\"labels\":" + std::string(json) + "}").c_str(), &holder, what);
+  labels->insert(holder.labels().begin(), holder.labels().end());
 }
 
 char* copy_string(std::string const& s)
@@ -420,10 +468,12 @@ rmmd_status rmmd_buffer_create(rmmd_session_t session,
   defaults.size      = sizeof(defaults);
   defaults.device    = -1;
   defaults.alignment = 256;
-  auto o             = read_struct(options, defaults);
+  // Callers built before allow_writers existed pass the size up to it.
+  auto o = read_struct(options, defaults, {offsetof(rmmd_buffer_options, allow_writers)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     rmmd::shared_buffer_options so;
+    so.allow_writers = o->allow_writers != 0;
     if (o->pool != nullptr) { so.pool = o->pool; }
     so.device     = o->device;
     so.persistent = o->persistent != 0;
@@ -517,6 +567,106 @@ rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t*
   return guarded([&] {
     auto n = rmmd::shared_buffer::remove(session->session, name);
     if (holders != nullptr) { *holders = n; }
+  });
+}
+
+rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
+                                  char const* name,
+                                  rmmd_open_options const* options,
+                                  rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || name == nullptr || buffer == nullptr) {
+    return null_argument("session, name or buffer");
+  }
+  rmmd_open_options defaults{};
+  defaults.size = sizeof(defaults);
+  auto o        = read_struct(options, defaults);
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  if (o->access != RMMD_BUFFER_READ && o->access != RMMD_BUFFER_READ_WRITE) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: options->access is " + std::to_string(static_cast<int>(o->access)) +
+                    ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
+  }
+  return guarded([&] {
+    rmmd::open_options oo;
+    oo.wait   = std::chrono::milliseconds(o->wait_ms);
+    oo.access = o->access == RMMD_BUFFER_READ_WRITE ? rmmd::buffer_access::read_write
+                                                    : rmmd::buffer_access::read;
+    labels_from_json(o->expect_labels_json,
+                     &oo.expect_labels,
+                     "open buffer '" + std::string(name) + "': expect_labels_json");
+    auto b      = rmmd::shared_buffer::open(session->session, name, oo);
+    auto device = b.pool().device;
+    *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char const* json)
+{
+  if (buffer == nullptr || json == nullptr) { return null_argument("buffer or json"); }
+  return guarded([&] {
+    rmmd::v1::BufferManifest parsed;
+    from_json(json, &parsed, "set manifest of buffer '" + buffer->buffer.name() + "': bad JSON");
+    buffer->buffer.set_manifest(rmmd::detail::from_proto(parsed));
+  });
+}
+
+rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json)
+{
+  if (buffer == nullptr || json == nullptr) { return null_argument("buffer or json"); }
+  return guarded([&] {
+    rmmd::v1::BufferManifest m;
+    rmmd::detail::to_proto(buffer->buffer.manifest(), &m);
+    *json = copy_string(to_json(m, "manifest"));
+  });
+}
+
+rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* access)
+{
+  if (buffer == nullptr || access == nullptr) { return null_argument("buffer or access"); }
+  *access = buffer->buffer.access() == rmmd::buffer_access::read_write ? RMMD_BUFFER_READ_WRITE
+                                                                       : RMMD_BUFFER_READ;
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
+                                  char const* name_prefix,
+                                  char const* labels_json,
+                                  char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::ListBuffersRequest request;
+    if (name_prefix != nullptr) { request.set_name_prefix(name_prefix); }
+    if (labels_json != nullptr) {
+      std::map<std::string, std::string, std::less<>> labels;
+      labels_from_json(labels_json, &labels, "list buffers: labels_json");
+      rmmd::detail::copy_labels(labels, request.mutable_labels());
+    }
+    rmmd::v1::ListBuffersResponse response;
+    if (auto status = impl.list_buffers(request, &response); !status.ok()) {
+      rmmd::detail::throw_status(status, "list buffers");
+    }
+    *json = copy_string(to_json(response, "list buffers"));
+  });
+}
+
+rmmd_status rmmd_buffer_describe_json(rmmd_session_t session, char const* name, char** json)
+{
+  if (session == nullptr || name == nullptr || json == nullptr) {
+    return null_argument("session, name or json");
+  }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::DescribeBufferResponse response;
+    if (auto status = impl.describe_buffer(name, &response); !status.ok()) {
+      // The daemon's refusals name the call and the buffer already.
+      bool const named = status.error_message().rfind("describe buffer ", 0) == 0;
+      rmmd::detail::throw_status(
+          status, named ? std::string() : "describe buffer '" + std::string(name) + "'");
+    }
+    *json = copy_string(to_json(response, "describe buffer"));
   });
 }
 

@@ -26,7 +26,7 @@ std::string in_quotes(std::string_view name)
 
 }  // namespace
 
-void* buffer_views::attach(v1::BufferGrant const& grant)
+void* buffer_views::attach(v1::BufferGrant const& grant, bool read_only)
 {
   auto const& pools = pools_.unmapped();
   std::vector<pool_shape> shapes;
@@ -36,21 +36,22 @@ void* buffer_views::attach(v1::BufferGrant const& grant)
   if (auto checked = check_buffer_grant(grant, shapes, 0); !checked.ok()) {
     throw_status(checked, "open buffer " + in_quotes(grant.name()));
   }
+  auto const& pool      = pools[grant.pool_id()];
+  bool const allocation = pool.backend == backend_kind::cuda && grant.has_vmm();
+  bool const host_memfd = pool.backend == backend_kind::host && grant.has_host_memfd();
+  // Pool pointers and places in a host pool's mapping: read-write only.
+  read_only = read_only && (allocation || host_memfd);
   std::lock_guard lock(buffers_mutex_);
-  if (auto it = buffers_.find(grant.buffer_id()); it != buffers_.end()) {
+  if (auto it = buffers_.find({grant.buffer_id(), read_only}); it != buffers_.end()) {
     ++it->second.refs;
     return it->second.data;
   }
-  auto const& pool = pools[grant.pool_id()];
-  if (pool.backend == backend_kind::cuda && grant.has_vmm()) {
-    return attach_allocation(grant, pool);
-  }
-  if (pool.backend == backend_kind::host && grant.has_host_memfd()) {
-    return attach_host_memfd(grant, pool);
-  }
+  if (allocation) { return attach_allocation(grant, pool, read_only); }
+  if (host_memfd) { return attach_host_memfd(grant, pool, read_only); }
   void* data = pool.backend == backend_kind::host ? attach_host(grant, pool)
                                                   : attach_pool_pointer(grant, pool);
-  buffers_.emplace(grant.buffer_id(), view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
+  buffers_.emplace(std::pair{grant.buffer_id(), false},
+                   view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
   return data;
 }
 
@@ -78,12 +79,15 @@ void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& p
   return base + grant.host().offset();
 }
 
-void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool)
+void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant,
+                                      pool_info const& pool,
+                                      bool read_only)
 {
   // REQUIRES: buffers_mutex_ held (by attach).
   auto const bytes = grant.host_memfd().mapping_bytes();
   int const fd     = buffer_fd(grant.buffer_id());
-  void* data       = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int const prot   = read_only ? PROT_READ : PROT_READ | PROT_WRITE;
+  void* data       = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
   auto const error = errno;
   ::close(fd);  // the mapping keeps the memfd
   if (data == MAP_FAILED) {
@@ -100,13 +104,18 @@ void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant, pool_info co
       devices = 0;
     }
     if (devices > 0) {
-      pinned = cudaHostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
-               cudaSuccess;
+      // A read-only mapping is page-locked read-only for the GPU too (the
+      // driver would take write access to its pages otherwise, and fail);
+      // where the device cannot, it stays a plain mapping.
+      unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
+                             (read_only ? cudaHostRegisterReadOnly : 0U);
+      pinned = cudaHostRegister(data, bytes, flags) == cudaSuccess;
       if (!pinned) { cudaGetLastError(); }
     }
   }
-  buffers_.emplace(grant.buffer_id(),
+  buffers_.emplace(std::pair{grant.buffer_id(), read_only},
                    view{.data         = data,
+                        .read_only    = read_only,
                         .pool_id      = grant.pool_id(),
                         .refs         = 1,
                         .mapped_bytes = bytes,
@@ -145,9 +154,11 @@ void* buffer_views::attach_pool_pointer(v1::BufferGrant const& grant, pool_info 
   return data;
 }
 
-void* buffer_views::attach_allocation(v1::BufferGrant const& grant, pool_info const& pool)
+void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
+                                      pool_info const& pool,
+                                      bool read_only)
 {
-  // REQUIRES: buffers_mutex_ held (by attach_buffer).
+  // REQUIRES: buffers_mutex_ held (by attach).
   auto const device = pools_.pools()[pool.id].device;
   if (device < 0) {
     throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
@@ -207,16 +218,19 @@ void* buffer_views::attach_allocation(v1::BufferGrant const& grant, pool_info co
   }
   CUmemAccessDesc access{};
   access.location = prop.location;
-  access.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Read-only in hardware for a reader: its writes fault in its own
+  // context, and no other holder's mapping changes.
+  access.flags = read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (auto r = api->set_access(address, bytes, &access, 1); r != CUDA_SUCCESS) {
     api->unmap(address, bytes);
     api->address_free(address, bytes);
     api->mem_release(handle);
-    throw failed("cuMemSetAccess", r);
+    throw failed(read_only ? "cuMemSetAccess (read-only)" : "cuMemSetAccess", r);
   }
   auto* data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-  buffers_.emplace(grant.buffer_id(),
+  buffers_.emplace(std::pair{grant.buffer_id(), read_only},
                    view{.data         = data,
+                        .read_only    = read_only,
                         .pool_id      = grant.pool_id(),
                         .refs         = 1,
                         .vmm_handle   = handle,
@@ -224,10 +238,12 @@ void* buffer_views::attach_allocation(v1::BufferGrant const& grant, pool_info co
   return data;
 }
 
-std::optional<buffer_views::view> buffer_views::detach(std::uint64_t id) noexcept
+std::optional<buffer_views::view> buffer_views::detach(std::uint64_t id, bool read_only) noexcept
 {
   std::lock_guard lock(buffers_mutex_);
-  auto it = buffers_.find(id);
+  auto it = buffers_.find({id, read_only});
+  // A read open of memory that cannot be mapped read-only has the one view.
+  if (it == buffers_.end() && read_only) { it = buffers_.find({id, false}); }
   if (it == buffers_.end()) { return std::nullopt; }
   if (--it->second.refs > 0) { return std::nullopt; }
   auto out = it->second;

@@ -1,8 +1,23 @@
 #pragma once
 
 // This process's views of the shared buffers its session holds: each is
-// imported (CUDA) or mapped (host) once per session however often it is
-// opened, and counted per open.
+// imported (CUDA) or mapped (host) once per session and access however often
+// it is opened, and counted per open.
+//
+// Access: an open for reading of a buffer of its own allocation (a CUDA
+// buffer's VMM allocation, by fd or fabric handle, or a host buffer's memfd)
+// is mapped read-only: cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ, or
+// mmap with PROT_READ (page-locked with cudaHostRegisterReadOnly where the
+// pool is pinnable and the device supports it, else not page-locked). The
+// creator's and READ_WRITE opens map it read-write. A process that holds the
+// same buffer both ways has two views of it, one of each access, at two
+// addresses (a second import of the same memory): upgrading one mapping in
+// place would let the reader's pointer write, and taking the upgrade back
+// while streams may still use it is not safe. Buffers served as pool
+// pointers (--cuda-shared-buffer-memory=pool) and host buffers placed in the
+// pool's own mapping (older daemons) cannot be mapped read-only: they have
+// one read-write view whatever the access, and READ is the API's contract
+// only there.
 //
 // Owns: the views, and for a buffer's own allocation (VMM) its mapping here
 // (released by unmap_allocation(), after the streams that used it).
@@ -17,9 +32,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
+#include <utility>
 
 namespace rmmd::detail {
 
@@ -39,6 +55,7 @@ class buffer_views {
 
   struct view {
     void* data{};
+    bool read_only{false};  ///< mapped for reading only
     std::uint32_t pool_id{};
     std::size_t refs{};  ///< opens not closed
     /// A CUDA buffer's own allocation, mapped here (0: a pool pointer or
@@ -50,12 +67,15 @@ class buffer_views {
     bool host_mapping{false};
     bool pinned{false};
   };
-  /// The view of `grant`'s buffer: the existing one (one more ref), or a new
-  /// import. Throws as error.hpp says (the caller closes the open then).
-  void* attach(v1::BufferGrant const& grant);
-  /// Drops one ref; returns the view when it was the last (the caller then
-  /// lets go of a CUDA import, in stream order, before the close goes out).
-  std::optional<view> detach(std::uint64_t id) noexcept;
+  /// The view of `grant`'s buffer with `read_only` access (where the
+  /// buffer's memory can be mapped so; else the read-write one): the
+  /// existing one (one more ref), or a new import. Throws as error.hpp says
+  /// (the caller closes the open then).
+  void* attach(v1::BufferGrant const& grant, bool read_only);
+  /// Drops one ref of the view an open with `read_only` got; returns the
+  /// view when it was the last (the caller then lets go of a CUDA import, in
+  /// stream order, before the close goes out).
+  std::optional<view> detach(std::uint64_t id, bool read_only) noexcept;
   /// Unmaps and releases a view of a buffer's own allocation (vmm_handle set).
   /// REQUIRES: the work of every stream that used it is done.
   static void unmap_allocation(view const& v) noexcept;
@@ -72,17 +92,19 @@ class buffer_views {
   void* attach_host(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a host buffer's own memfd: mapped (and page-locked in a
   /// pinnable pool, where this process has a GPU). Holds buffers_mutex_.
-  void* attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool);
+  void* attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool, bool read_only);
   /// attach() of a pool pointer: imported into the session's pool import.
   void* attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a buffer's own allocation. Holds buffers_mutex_.
-  void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool);
+  void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool, bool read_only);
 
   session_channel& channel_;
   pool_mappings& pools_;
   bool const import_by_fabric_;
   std::mutex buffers_mutex_;
-  std::unordered_map<std::uint64_t, view> buffers_;  // by buffer id
+  /// By buffer id and read_only (false for memory that cannot be mapped
+  /// read-only, whatever the access).
+  std::map<std::pair<std::uint64_t, bool>, view> buffers_;
 };
 
 }  // namespace rmmd::detail

@@ -26,6 +26,10 @@ namespace {
 /// True on a session's reader thread (read_unasked).
 thread_local bool reader_thread = false;
 
+/// The largest gRPC answer taken: a manifest's 4 MiB bound with room to
+/// spare, and a listing of many buffers with their labels.
+constexpr int max_receive_bytes = 64 << 20;
+
 int connect_session_socket(std::filesystem::path const& dir)
 {
   auto const path = dir / "rmmd-session.sock";
@@ -159,6 +163,9 @@ session_channel::session_channel(session::options const& options, session_welcom
   if (w.max_message_bytes() > 0) {
     args.SetMaxSendMessageSize(static_cast<int>(w.max_message_bytes()));
   }
+  // A manifest may be 4 MiB serialized (GetBufferManifest, DescribeBuffer,
+  // an OpenBuffer grant), a listing more: gRPC's default of 4 MiB is short.
+  args.SetMaxReceiveMessageSize(max_receive_bytes);
   channel_ = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
                                        grpc::InsecureChannelCredentials(),
                                        args);

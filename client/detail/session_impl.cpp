@@ -119,16 +119,53 @@ grpc::Status session_impl::open_buffer(std::string const& name,
                                        std::chrono::milliseconds wait,
                                        v1::BufferGrant* grant)
 {
-  v1::SessionCall call;
-  auto* request = call.mutable_open_buffer();
-  request->set_name(name);
+  v1::OpenBufferRequest request;
+  request.set_name(name);
   auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
       std::max<std::chrono::milliseconds::rep>(wait.count(), 0), 0xffffffff);
-  request->set_wait_ms(static_cast<std::uint32_t>(wait_ms));
+  request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
+  return open_buffer(request, grant);
+}
+
+grpc::Status session_impl::open_buffer(v1::OpenBufferRequest const& request, v1::BufferGrant* grant)
+{
+  v1::SessionCall call;
+  *call.mutable_open_buffer() = request;
   v1::SessionReply reply;
   auto status = channel_.call(call, &reply);
   if (status.ok()) { *grant = std::move(*reply.mutable_open_buffer()); }
   return status;
+}
+
+grpc::Status session_impl::set_buffer_manifest(v1::SetBufferManifestRequest const& request)
+{
+  v1::SetBufferManifestResponse response;
+  auto ctx = context();
+  return stub().SetBufferManifest(ctx.get(), request, &response);
+}
+
+grpc::Status session_impl::get_buffer_manifest(std::uint64_t id, v1::BufferManifest* manifest)
+{
+  v1::GetBufferManifestRequest request;
+  request.set_buffer_id(id);
+  auto ctx = context();
+  return stub().GetBufferManifest(ctx.get(), request, manifest);
+}
+
+grpc::Status session_impl::describe_buffer(std::string const& name,
+                                           v1::DescribeBufferResponse* response)
+{
+  v1::DescribeBufferRequest request;
+  request.set_name(name);
+  auto ctx = context();
+  return stub().DescribeBuffer(ctx.get(), request, response);
+}
+
+grpc::Status session_impl::list_buffers(v1::ListBuffersRequest const& request,
+                                        v1::ListBuffersResponse* response)
+{
+  auto ctx = context();
+  return stub().ListBuffers(ctx.get(), request, response);
 }
 
 grpc::Status session_impl::publish_buffer(std::uint64_t id)

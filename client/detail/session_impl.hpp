@@ -92,6 +92,17 @@ class session_impl {
   [[nodiscard]] grpc::Status open_buffer(std::string const& name,
                                          std::chrono::milliseconds wait,
                                          v1::BufferGrant* grant);
+  /// The same with the request's access and fingerprint guard.
+  [[nodiscard]] grpc::Status open_buffer(v1::OpenBufferRequest const& request,
+                                         v1::BufferGrant* grant);
+  /// The manifest and listing calls: gRPC whatever the transport (a manifest
+  /// does not fit a session-socket datagram).
+  [[nodiscard]] grpc::Status set_buffer_manifest(v1::SetBufferManifestRequest const& request);
+  [[nodiscard]] grpc::Status get_buffer_manifest(std::uint64_t id, v1::BufferManifest* manifest);
+  [[nodiscard]] grpc::Status describe_buffer(std::string const& name,
+                                             v1::DescribeBufferResponse* response);
+  [[nodiscard]] grpc::Status list_buffers(v1::ListBuffersRequest const& request,
+                                          v1::ListBuffersResponse* response);
   [[nodiscard]] grpc::Status publish_buffer(std::uint64_t id);
   [[nodiscard]] grpc::Status close_buffer(std::uint64_t id);
   /// One round trip on the session socket that changes nothing.

@@ -62,7 +62,8 @@ enum class dtype : std::uint8_t {
 
 /// Bytes per element.
 [[nodiscard]] std::size_t itemsize(dtype t) noexcept;
-/// "float16", "bool", "float8_e4m3fn", ...
+/// "float16", "bool", "float8_e4m3fn", ... ("unknown" for a number that is
+/// none of them: a newer daemon's type; its itemsize() is 0).
 [[nodiscard]] std::string_view to_string(dtype t) noexcept;
 /// The inverse of to_string(); nullopt for a name that is none of them.
 [[nodiscard]] std::optional<dtype> dtype_from_string(std::string_view name) noexcept;
@@ -71,17 +72,21 @@ enum class dtype : std::uint8_t {
 /// laid out by `shape` and `strides` (in elements, as PyTorch counts them;
 /// empty: contiguous, row-major).
 struct tensor_entry {
-  std::string name;
+  std::string name{};
   rmmd::dtype type{dtype::uint8};
-  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> shape{};
   std::uint64_t byte_offset{};
-  std::vector<std::uint64_t> strides;
+  std::vector<std::uint64_t> strides{};
   /// Other names of the same tensor (tied weights).
-  std::vector<std::string> aliases;
+  std::vector<std::string> aliases{};
 
+  /// The product of shape (1 for a scalar; saturates at 2^64 - 1).
   [[nodiscard]] std::uint64_t element_count() const noexcept;
-  /// The bytes from byte_offset that its elements span (0 when empty).
+  /// The bytes from byte_offset that its elements span (0 when empty):
+  /// itemsize * (1 + sum((shape[i] - 1) * strides[i])); saturates.
   [[nodiscard]] std::uint64_t byte_extent() const noexcept;
+  /// Row-major: no strides, or the row-major ones (a dimension of one
+  /// element may have any stride, as PyTorch judges it).
   [[nodiscard]] bool contiguous() const noexcept;
 };
 
@@ -90,9 +95,9 @@ struct tensor_entry {
 /// buffer and not overlapping, bounds in docs/sharing.md) and adds the
 /// label "rmmd.gpu_uuid" on CUDA pools.
 struct buffer_manifest {
-  std::vector<tensor_entry> tensors;
+  std::vector<tensor_entry> tensors{};
   /// model, revision, quantisation, parallel rank, framework version, ...
-  std::map<std::string, std::string, std::less<>> labels;
+  std::map<std::string, std::string, std::less<>> labels{};
 
   /// The tensor named `name` (or with `name` among its aliases); null if none.
   [[nodiscard]] tensor_entry const* find(std::string_view name) const noexcept;
@@ -127,8 +132,8 @@ struct open_options {
 /// A buffer as the daemon lists it.
 struct buffer_info {
   std::uint64_t id{};
-  std::string name;
-  std::string pool;  ///< the pool's name
+  std::string name{};
+  std::string pool{};  ///< the pool's name
   std::size_t size{};
   uid_t creator_uid{};
   std::optional<gid_t> gid{};
@@ -136,8 +141,8 @@ struct buffer_info {
   bool published{false};
   bool persistent{false};
   bool allow_writers{false};
-  std::map<std::string, std::string, std::less<>> labels;  ///< the manifest's
-  std::size_t tensor_count{};                              ///< the manifest's
+  std::map<std::string, std::string, std::less<>> labels{};  ///< the manifest's
+  std::size_t tensor_count{};                                ///< the manifest's
 };
 
 /// Which buffers list() returns: both filters at once; empty: all the caller
@@ -177,9 +182,12 @@ struct shared_buffer_options {
 /// (page-locked for the GPU where the pool is pinnable and this process has
 /// a GPU). Consumers open it read-only unless the creator allowed writers;
 /// on a buffer of its own allocation (CUDA's default) and on host buffers
-/// the mapping itself is read-only, on a pool pointer
+/// the mapping itself is read-only (a write is a CUDA error in the writing
+/// process, or SIGSEGV on a host buffer), on a pool pointer
 /// (--cuda-shared-buffer-memory=pool) it is the API's contract only
-/// (docs/sharing.md).
+/// (docs/sharing.md). A process that opens the same buffer for reading and
+/// read-write has two mappings of it, one of each access, at two addresses
+/// (data() of each open), each released with its last open.
 ///
 /// Throws (create, open): rmmd::logic_error for a bad name, size, alignment
 /// or pool, rmmd::not_found_error (no such name), rmmd::already_exists_error
@@ -247,9 +255,10 @@ class shared_buffer {
   void publish();
 
   /// Sets what the buffer holds (replacing an earlier manifest). Creator
-  /// only, before publish(); rmmd::logic_error (INVALID_ARGUMENT) names
-  /// what is wrong with a table that overlaps, runs past the buffer or is
-  /// malformed.
+  /// only, before publish() (rmmd::precondition_error otherwise);
+  /// rmmd::logic_error (INVALID_ARGUMENT) names what is wrong with a table
+  /// that overlaps, runs past the buffer or is malformed. manifest() is then
+  /// what the daemon holds, read back (its "rmmd.gpu_uuid" label included).
   void set_manifest(buffer_manifest const& manifest);
   /// The manifest as the daemon holds it (its own labels included); empty
   /// when the buffer has none.

@@ -33,12 +33,32 @@
 //   rmmd_share_client try-open NAME [OPTIONS]
 //       opens NAME without waiting: "opened ID BYTES" and exit 0 after stdin
 //       closes, or "error KIND: MESSAGE" and exit 2.
+//   rmmd_share_client show NAME [OPTIONS]
+//       opens NAME (as --writable and --expect say) and prints what the
+//       C++ API says of it: "access read|read_write", one "tensor NAME DTYPE
+//       SHAPE OFFSET EXTENT [alias A]..." line per tensor (SHAPE as 2x3),
+//       one "label KEY=VALUE" per label, then "end"; waits for stdin to close.
+//   rmmd_share_client write NAME BYTES SEED [OPTIONS]
+//       opens NAME (read-only unless --writable) and writes SEED's pattern
+//       over it: a host buffer with the CPU (a read-only mapping faults:
+//       SIGSEGV), a device buffer with cudaMemset and then cudaMemcpy
+//       (a read-only mapping is a CUDA error in this process: "cuda-error
+//       NAME" and exit 3). Prints "written" once done and waits for stdin to
+//       close, then checks the pattern again ("intact" or "corrupted").
+// Options of produce:
+//         --allow-writers  others may open it read-write
+//         --tensors N      a manifest of N float32 tensors that tile the
+//                          buffer ("t0".."tN-1"; "t0" has alias "first")
+//         --label K=V      a label of the manifest (repeatable)
+// Options of consume, try-open, show and write:
+//         --writable       open it read-write
+//         --expect K=V     the fingerprint guard (repeatable)
 // Common options:
 //         --grpc          buffer calls over gRPC instead of the session socket
 //         --socket        on the session socket (the default)
 //         --fabric        import CUDA pools by fabric handle
 //
-// Errors print "error KIND: MESSAGE" (KIND: not_found, already_exists,
+// Errors print "error KIND: MESSAGE" (KIND: not_found, already_exists, precondition,
 // permission, logic, out_of_memory, session, bad_alloc) and exit 2. The
 // daemon is found through $RMMD_RUNTIME_DIR.
 
@@ -57,6 +77,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,7 +98,35 @@ struct options {
   int wait_ms{30000};
   bool grpc{false};
   bool fabric{false};
+  bool allow_writers{false};
+  std::size_t tensors{0};
+  std::map<std::string, std::string, std::less<>> labels;
+  bool writable{false};
+  std::map<std::string, std::string, std::less<>> expect;
 };
+
+rmmd::open_options open_options_of(options const& o, int wait_ms)
+{
+  return {.wait          = std::chrono::milliseconds(wait_ms),
+          .access        = o.writable ? rmmd::buffer_access::read_write : rmmd::buffer_access::read,
+          .expect_labels = o.expect};
+}
+
+/// N float32 tensors that tile `bytes` (the last takes what is left).
+rmmd::buffer_manifest manifest_of(options const& o, std::size_t bytes)
+{
+  rmmd::buffer_manifest m{.labels = o.labels};
+  std::size_t const each = bytes / o.tensors / 4 * 4;
+  for (std::size_t i = 0; i < o.tensors; ++i) {
+    std::size_t const size = i + 1 < o.tensors ? each : bytes - each * i;
+    m.tensors.push_back({.name        = "t" + std::to_string(i),
+                         .type        = rmmd::dtype::float32,
+                         .shape       = {size / 4},
+                         .byte_offset = each * i});
+  }
+  if (!m.tensors.empty()) { m.tensors.front().aliases = {"first"}; }
+  return m;
+}
 
 void check(cudaError_t err, char const* what)
 {
@@ -111,7 +160,11 @@ int produce(std::string const& name, std::size_t bytes, std::uint64_t seed, opti
 {
   auto s   = open_session(o);
   auto buf = rmmd::shared_buffer::create(
-      s, name, bytes, {.pool = o.pool, .persistent = o.persistent, .gid = o.gid});
+      s,
+      name,
+      bytes,
+      {.pool = o.pool, .persistent = o.persistent, .gid = o.gid, .allow_writers = o.allow_writers});
+  if (o.tensors > 0 || !o.labels.empty()) { buf.set_manifest(manifest_of(o, bytes)); }
   std::cout << "created " << buf.id() << std::endl;
   if (buf.is_host()) {
     fill(buf.data(), bytes, seed);
@@ -158,7 +211,7 @@ int consume(std::string const& name, std::size_t bytes, std::uint64_t seed, opti
 {
   auto s           = open_session(o);
   auto const start = std::chrono::steady_clock::now();
-  auto buf         = rmmd::shared_buffer::open(s, name, std::chrono::milliseconds(o.wait_ms));
+  auto buf         = rmmd::shared_buffer::open(s, name, open_options_of(o, o.wait_ms));
   auto const took  = std::chrono::duration_cast<std::chrono::microseconds>(
                         std::chrono::steady_clock::now() - start)
                         .count();
@@ -219,10 +272,68 @@ int hold_past_close(std::string const& name,
 int try_open(std::string const& name, options const& o)
 {
   auto s   = open_session(o);
-  auto buf = rmmd::shared_buffer::open(s, name);
+  auto buf = rmmd::shared_buffer::open(s, name, open_options_of(o, 0));
   std::cout << "opened " << buf.id() << " " << buf.size() << std::endl;
   wait_for_stdin_to_close();
   return 0;
+}
+
+int show(std::string const& name, options const& o)
+{
+  auto s   = open_session(o);
+  auto buf = rmmd::shared_buffer::open(s, name, open_options_of(o, o.wait_ms));
+  std::cout << "access " << (buf.access() == rmmd::buffer_access::read ? "read" : "read_write")
+            << "\n";
+  for (auto const& t : buf.manifest().tensors) {
+    std::cout << "tensor " << t.name << " " << rmmd::to_string(t.type) << " ";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      std::cout << (i > 0 ? "x" : "") << t.shape[i];
+    }
+    std::cout << " " << t.byte_offset << " " << t.byte_extent();
+    for (auto const& a : t.aliases) { std::cout << " alias " << a; }
+    std::cout << "\n";
+  }
+  for (auto const& [key, value] : buf.manifest().labels) {
+    std::cout << "label " << key << "=" << value << "\n";
+  }
+  std::cout << "end" << std::endl;
+  wait_for_stdin_to_close();
+  return 0;
+}
+
+int write(std::string const& name, std::size_t bytes, std::uint64_t seed, options const& o)
+{
+  auto s   = open_session(o);
+  auto buf = rmmd::shared_buffer::open(s, name, open_options_of(o, o.wait_ms));
+  cudaStream_t stream{};
+  if (buf.is_host()) {
+    fill(buf.data(), bytes, seed);  // SIGSEGV here on a read-only mapping
+  } else {
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    std::vector<std::uint64_t> words(bytes / 8);
+    fill(words.data(), bytes, seed);
+    // A memset first (the GPU writes it; a read-only mapping faults), then
+    // the pattern.
+    auto err = cudaMemsetAsync(buf.data(), 0xab, bytes, stream);
+    if (err == cudaSuccess) { err = cudaStreamSynchronize(stream); }
+    if (err == cudaSuccess) {
+      err = cudaMemcpyAsync(buf.data(), words.data(), bytes, cudaMemcpyHostToDevice, stream);
+    }
+    if (err == cudaSuccess) { err = cudaStreamSynchronize(stream); }
+    if (err != cudaSuccess) {
+      std::cout << "cuda-error " << cudaGetErrorName(err) << std::endl;
+      std::_Exit(3);  // the context is lost: no CUDA call may clean up
+    }
+  }
+  std::cout << "written" << std::endl;
+  wait_for_stdin_to_close();
+  auto const bad = mismatch(buf, bytes, seed, stream);
+  std::cout << (bad < 0 ? "intact" : "corrupted") << std::endl;
+  if (!buf.is_host()) {
+    buf.close(cuda::stream_ref{stream});
+    check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  }
+  return bad < 0 ? 0 : 1;
 }
 
 int usage()
@@ -230,7 +341,7 @@ int usage()
   std::fprintf(stderr,
                "usage: rmmd_share_client produce NAME BYTES SEED [OPTIONS] | consume NAME BYTES "
                "SEED [OPTIONS] | hold-past-close NAME BYTES SEED [OPTIONS] | try-open NAME "
-               "[OPTIONS]\n");
+               "[OPTIONS] | show NAME [OPTIONS] | write NAME BYTES SEED [OPTIONS]\n");
   return 64;
 }
 
@@ -266,6 +377,17 @@ int main(int argc, char** argv)
       o.grpc = false;
     } else if (a == "--fabric") {
       o.fabric = true;
+    } else if (a == "--allow-writers") {
+      o.allow_writers = true;
+    } else if (a == "--tensors") {
+      o.tensors = std::stoull(next());
+    } else if (a == "--label" || a == "--expect") {
+      auto kv = next();
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) { std::exit(usage()); }
+      (a == "--label" ? o.labels : o.expect)[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else if (a == "--writable") {
+      o.writable = true;
     } else {
       positional.push_back(a);
     }
@@ -279,6 +401,10 @@ int main(int argc, char** argv)
       return consume(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
     }
     if (mode == "try-open" && positional.size() == 2) { return try_open(positional[1], o); }
+    if (mode == "show" && positional.size() == 2) { return show(positional[1], o); }
+    if (mode == "write" && positional.size() == 4) {
+      return write(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
+    }
     if (mode == "hold-past-close" && positional.size() == 4) {
       return hold_past_close(
           positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
@@ -288,6 +414,9 @@ int main(int argc, char** argv)
     return 2;
   } catch (rmmd::already_exists_error const& e) {
     std::cout << "error already_exists: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::precondition_error const& e) {
+    std::cout << "error precondition: " << e.what() << std::endl;
     return 2;
   } catch (rmmd::logic_error const& e) {
     std::cout << "error logic: " << e.what() << std::endl;
