@@ -1,7 +1,8 @@
 // rmmctl: the operator's view of the node's rmmd.
 //
 //   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
-//   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all] | buffers | health
+//   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all]
+//            | buffers [--prefix P] [--label KEY=VALUE]... | buffers show NAME | health
 //            | trim [--pool NAME|ID]... | buffers delete NAME
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
@@ -167,11 +168,15 @@ struct command_line {
   session_choice stats_choice, sessions_choice;
   std::vector<std::string> trim_pools;
   std::string delete_name;
+  std::string show_name;
+  std::string buffer_prefix;
+  std::vector<std::string> buffer_labels;  // "key=value"
   CLI::App* stats{};
   CLI::App* pools{};
   CLI::App* sessions{};
   CLI::App* buffers{};
   CLI::App* buffers_delete{};
+  CLI::App* buffers_show{};
   CLI::App* health{};
   CLI::App* trim{};
 };
@@ -213,6 +218,14 @@ void add_commands(CLI::App& app, command_line& cl)
       "Take a buffer's name away now; its memory goes back after its last holder closes it "
       "(the creator's uid or root)");
   cl.buffers_delete->add_option("NAME", cl.delete_name, "The buffer's name")->required();
+  cl.buffers->add_option("--prefix", cl.buffer_prefix, "Only buffers whose names start with this");
+  cl.buffers->add_option("--label",
+                         cl.buffer_labels,
+                         "Only buffers whose manifest carries this label, as KEY=VALUE "
+                         "(repeatable: all must match)");
+  cl.buffers_show = cl.buffers->add_subcommand(
+      "show", "One buffer: its figures, labels and tensor table (its manifest)");
+  cl.buffers_show->add_option("NAME", cl.show_name, "The buffer's name")->required();
   cl.health = app.add_subcommand(
       "health", "Serving or draining, uptime, version, pool and session counts (no session)");
   cl.trim = app.add_subcommand(
@@ -294,16 +307,46 @@ int delete_buffer(daemon_connection& daemon, command_line const& cl)
   return ok;
 }
 
+/// The filters of `rmmctl buffers`.
+rmmd::v1::ListBuffersRequest buffer_filter(command_line const& cl)
+{
+  rmmd::v1::ListBuffersRequest request;
+  request.set_name_prefix(cl.buffer_prefix);
+  for (auto const& label : cl.buffer_labels) {
+    auto eq = label.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ctl_error(usage, "--label " + label + ": give KEY=VALUE (a value may be empty)");
+    }
+    (*request.mutable_labels())[label.substr(0, eq)] = label.substr(eq + 1);
+  }
+  return request;
+}
+
 int show_buffers(daemon_connection& daemon, command_line const& cl)
 {
+  auto const request = buffer_filter(cl);
   return print_frames("buffers", cl.out, [&](bool one_line) {
     auto& impl = daemon.session().impl();
     rmmd::v1::ListBuffersResponse reply;
     auto ctx    = impl.context();
-    auto status = impl.stub().ListBuffers(ctx.get(), rmmd::v1::ListBuffersRequest{}, &reply);
+    auto status = impl.stub().ListBuffers(ctx.get(), request, &reply);
     if (!status.ok()) { throw call_failed(status, "buffers"); }
     sort_buffers(&reply);
     return cl.out.json ? to_json(reply, one_line) : format_buffers(reply, now_unix_ms());
+  });
+}
+
+int show_buffer(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("buffers show", cl.out, [&](bool one_line) {
+    auto& impl = daemon.session().impl();
+    rmmd::v1::DescribeBufferRequest request;
+    request.set_name(cl.show_name);
+    rmmd::v1::DescribeBufferResponse reply;
+    auto ctx    = impl.context();
+    auto status = impl.stub().DescribeBuffer(ctx.get(), request, &reply);
+    if (!status.ok()) { throw call_failed(status, "buffers show"); }
+    return cl.out.json ? to_json(reply, one_line) : format_buffer(reply, now_unix_ms());
   });
 }
 
@@ -334,12 +377,14 @@ int run_command(command_line const& cl)
 {
   refuse_watching_changes(cl);
   daemon_connection daemon(cl.runtime_dir);
-  // buffers_delete before buffers: both are parsed when the subcommand is.
+  // buffers_delete and buffers_show before buffers: both are parsed when the
+  // subcommand is.
   std::pair<CLI::App*, int (*)(daemon_connection&, command_line const&)> const commands[] = {
       {cl.stats, show_stats},
       {cl.pools, show_pools},
       {cl.sessions, show_sessions},
       {cl.buffers_delete, delete_buffer},
+      {cl.buffers_show, show_buffer},
       {cl.buffers, show_buffers},
       {cl.health, show_health},
       {cl.trim, trim_pools},

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -70,6 +71,84 @@ std::string handle_name(int h)
     default:
       return "?";
   }
+}
+
+/// A manifest's labels as one cell: "k=v,k=v", cut to `most` bytes.
+std::string labels_cell(google::protobuf::Map<std::string, std::string> const& labels,
+                        std::size_t most)
+{
+  std::vector<std::pair<std::string, std::string>> sorted(labels.begin(), labels.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::string out;
+  for (auto const& [k, v] : sorted) { out += (out.empty() ? "" : ",") + k + "=" + v; }
+  if (out.empty()) { return "-"; }
+  if (out.size() > most) { out = out.substr(0, most - 3) + "..."; }
+  return out;
+}
+
+/// Bytes per element of a protocol dtype (the table of rmmd.proto's DType).
+std::uint64_t itemsize_of(v1::DType dtype)
+{
+  switch (dtype) {
+    case v1::DTYPE_BOOL:
+    case v1::DTYPE_UINT8:
+    case v1::DTYPE_INT8:
+    case v1::DTYPE_FLOAT8_E4M3FN:
+    case v1::DTYPE_FLOAT8_E5M2:
+      return 1;
+    case v1::DTYPE_UINT16:
+    case v1::DTYPE_INT16:
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+      return 2;
+    case v1::DTYPE_UINT32:
+    case v1::DTYPE_INT32:
+    case v1::DTYPE_FLOAT32:
+      return 4;
+    case v1::DTYPE_UINT64:
+    case v1::DTYPE_INT64:
+    case v1::DTYPE_FLOAT64:
+    case v1::DTYPE_COMPLEX64:
+      return 8;
+    case v1::DTYPE_COMPLEX128:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+/// "float16": the dtype's protocol name in lower case, without its prefix.
+std::string dtype_cell(v1::DType dtype)
+{
+  auto name = v1::DType_Name(dtype);
+  if (name.empty()) { return std::to_string(static_cast<int>(dtype)); }
+  if (name.starts_with("DTYPE_")) { name = name.substr(6); }
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
+    return static_cast<char>(std::tolower(c));
+  });
+  return name;
+}
+
+/// "[3, 4]".
+std::string dims_cell(google::protobuf::RepeatedField<std::uint64_t> const& dims)
+{
+  std::string out = "[";
+  for (int i = 0; i < dims.size(); ++i) { out += (i ? ", " : "") + std::to_string(dims[i]); }
+  return out + "]";
+}
+
+/// The bytes a tensor spans (daemon checked: no overflow).
+std::uint64_t tensor_bytes(v1::TensorEntry const& t)
+{
+  std::uint64_t last     = 0;
+  std::uint64_t elements = 1;
+  for (int i = 0; i < t.shape_size(); ++i) {
+    if (t.shape(i) == 0) { return 0; }
+    elements *= t.shape(i);
+    if (t.strides_size() == t.shape_size()) { last += (t.shape(i) - 1) * t.strides(i); }
+  }
+  if (t.strides_size() != t.shape_size()) { last = elements - 1; }
+  return (last + 1) * itemsize_of(t.dtype());
 }
 
 std::string state_name(v1::BufferState state)
@@ -359,7 +438,9 @@ std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t
                  "HOLDERS",
                  "STATE",
                  "PERSISTENT",
-                 "AGE"});
+                 "AGE",
+                 "TENSORS",
+                 "LABELS"});
   for (auto const& b : response.buffers()) {
     buffers.add({b.name(),
                  std::to_string(b.buffer_id()),
@@ -372,12 +453,62 @@ std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t
                  std::to_string(b.holders()),
                  state_name(b.state()),
                  b.persistent() ? "yes" : "no",
-                 human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000))});
+                 human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000)),
+                 std::to_string(b.tensor_count()),
+                 labels_cell(b.labels(), 60)});
   }
-  auto out =
-      buffers.str({false, true, false, true, true, true, true, true, true, false, false, true});
+  auto out = buffers.str(
+      {false, true, false, true, true, true, true, true, true, false, false, true, true, false});
   if (response.buffers().empty()) { out += "(no buffers)\n"; }
   return out;
+}
+
+std::string format_buffer(v1::DescribeBufferResponse const& response, std::int64_t now_unix_ms)
+{
+  auto const& b = response.info();
+  table info({"NAME", b.name()});
+  info.add({"ID", std::to_string(b.buffer_id())});
+  info.add({"POOL", b.pool_name().empty() ? std::to_string(b.pool_id()) : b.pool_name()});
+  info.add({"BYTES", human_bytes(b.size()) + " (" + std::to_string(b.size()) + ")"});
+  info.add({"RESERVED", human_bytes(b.reserved_bytes())});
+  info.add({"CREATOR",
+            "uid " + std::to_string(b.creator_uid()) + " pid " + std::to_string(b.creator_pid())});
+  info.add({"GID", b.has_gid() ? std::to_string(b.gid()) : "-"});
+  info.add({"HOLDERS", std::to_string(b.holders())});
+  info.add({"STATE", state_name(b.state())});
+  info.add({"PERSISTENT", b.persistent() ? "yes" : "no"});
+  info.add({"WRITERS", b.allow_writers() ? "allowed" : "no (consumers open it read-only)"});
+  info.add(
+      {"AGE", human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000))});
+  auto out = info.str({false, false});
+
+  auto const& manifest = response.manifest();
+  std::vector<std::pair<std::string, std::string>> labels(manifest.labels().begin(),
+                                                          manifest.labels().end());
+  std::sort(labels.begin(), labels.end());
+  out += "\nLABELS\n";
+  if (labels.empty()) { out += "(no labels)\n"; }
+  if (!labels.empty()) {
+    table rows({"KEY", "VALUE"});
+    for (auto const& [k, v] : labels) { rows.add({k, v}); }
+    out += rows.str({false, false});
+  }
+
+  out += "\nTENSORS (" + std::to_string(manifest.tensors_size()) + ")\n";
+  if (manifest.tensors().empty()) { return out + "(no tensors)\n"; }
+  table tensors({"NAME", "DTYPE", "SHAPE", "OFFSET", "BYTES", "STRIDES", "ALIASES"});
+  for (auto const& t : manifest.tensors()) {
+    std::string aliases;
+    for (auto const& a : t.aliases()) { aliases += (aliases.empty() ? "" : ",") + a; }
+    tensors.add({t.name(),
+                 dtype_cell(t.dtype()),
+                 dims_cell(t.shape()),
+                 std::to_string(t.byte_offset()),
+                 std::to_string(tensor_bytes(t)),
+                 t.strides().empty() ? "-" : dims_cell(t.strides()),
+                 aliases.empty() ? "-" : aliases});
+  }
+  return out + tensors.str({false, false, false, true, true, false, false});
 }
 
 std::string format_delete(std::string const& name, v1::DeleteBufferResponse const& response)

@@ -32,6 +32,8 @@ std::string format_buffers(v1::ListBuffersResponse const& buffers, std::int64_t 
 /// Orders the buffers by name (then id: a deleted buffer still held keeps its
 /// name beside a new buffer that took it).
 void sort_buffers(v1::ListBuffersResponse* buffers);
+/// One buffer: its figures, its labels and its manifest's tensor table.
+std::string format_buffer(v1::DescribeBufferResponse const& buffer, std::int64_t now_unix_ms);
 /// What deleting buffer `name` did: "deleted 'x'; its memory goes back when
 /// its 2 holders close it".
 std::string format_delete(std::string const& name, v1::DeleteBufferResponse const& response);

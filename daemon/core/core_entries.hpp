@@ -97,6 +97,10 @@ struct buffer_entry {
   bool creator_charged{true};                 // the creating session is open and counts the bytes
   std::map<session_id, std::size_t> holders;  // session -> its opens (its create counts one)
   std::chrono::system_clock::time_point created;
+  bool allow_writers{false};
+  // Its manifest with the daemon's labels; null: none. Replaced whole, never
+  // changed in place, so a grant or a description shares it without a copy.
+  std::shared_ptr<buffer_manifest const> manifest;
 };
 
 /// A session's report for one pool, held against what it holds there now

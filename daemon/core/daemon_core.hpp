@@ -154,6 +154,15 @@ struct buffer_grant {
   shared_allocation block;
   buffer_state state{};
   bool persistent{false};
+  buffer_access access{buffer_access::read};
+  /// Its manifest (shared, never changed in place); null: it has none.
+  std::shared_ptr<buffer_manifest const> manifest;
+};
+
+/// One buffer as a session that may see it sees it, with its manifest.
+struct buffer_description {
+  buffer_info info;
+  std::shared_ptr<buffer_manifest const> manifest;  ///< null: it has none
 };
 
 class daemon_core {
@@ -341,9 +350,30 @@ class daemon_core {
   /// (not yet published; the creating session may open its own). Until
   /// `wait_until` it waits for the name to appear and be published (not for
   /// a permission), and answers UNAVAILABLE if the daemon drains meanwhile.
+  /// `how`: read-write only for its creating session or where the creator
+  /// allowed writers (PERMISSION_DENIED otherwise); labels it expects, in key
+  /// order, else FAILED_PRECONDITION naming the first that differs. A
+  /// refused open holds nothing.
   absl::StatusOr<buffer_grant> open_buffer(session_id session,
                                            std::string_view name,
-                                           std::chrono::steady_clock::time_point wait_until = {});
+                                           std::chrono::steady_clock::time_point wait_until = {},
+                                           buffer_open_options const& how                   = {});
+
+  /// Replaces the manifest of buffer `id` (the daemon's own labels stay).
+  /// INVALID_ARGUMENT (buffer_manifest_checks: the first problem, in words),
+  /// NOT_FOUND (no such buffer), FAILED_PRECONDITION (not its creating
+  /// session, or published or deleted already).
+  absl::Status set_buffer_manifest(session_id session, buffer_id id, buffer_manifest manifest);
+
+  /// The manifest of buffer `id`, which `session` holds; null when it has
+  /// none. NOT_FOUND when the session does not hold it.
+  absl::StatusOr<std::shared_ptr<buffer_manifest const>> buffer_manifest_of(session_id session,
+                                                                            buffer_id id) const;
+
+  /// The buffer named `name` with its manifest, where `session` may see it
+  /// (as list_buffers); NOT_FOUND otherwise.
+  absl::StatusOr<buffer_description> describe_buffer(session_id session,
+                                                     std::string_view name) const;
 
   /// `session` lets go of one open (or its create) of `id`. NOT_FOUND when it
   /// holds none. The last holder's close frees a buffer that is not
@@ -362,7 +392,9 @@ class daemon_core {
   absl::StatusOr<std::size_t> delete_buffer(session_id session, std::string_view name);
 
   /// The buffers `session` may see (see ListBuffers in rmmd.proto).
-  absl::StatusOr<std::vector<buffer_info>> list_buffers(session_id session) const;
+  /// Only those `filter` matches (its name prefix and every label).
+  absl::StatusOr<std::vector<buffer_info>> list_buffers(session_id session,
+                                                        buffer_filter const& filter = {}) const;
 
   /// Every buffer, deleted ones still held included (metrics, tests).
   [[nodiscard]] std::vector<buffer_info> buffers() const;
@@ -510,8 +542,17 @@ class daemon_core {
   /// Drops every hold of a closing session.
   void release_buffers_of_locked(session_entry& s) noexcept;
   buffer_info buffer_info_locked(buffer_entry const& b) const;
-  buffer_grant buffer_grant_locked(buffer_entry const& b) const;
+  buffer_grant buffer_grant_locked(buffer_entry const& b, buffer_access access) const;
   [[nodiscard]] bool may_open_locked(buffer_entry const& b, peer_credentials const& peer) const;
+  /// Whether a session of `peer` lists and describes `b` (ListBuffers's rule).
+  [[nodiscard]] bool may_see_locked(buffer_entry const& b,
+                                    session_id session,
+                                    peer_credentials const& peer) const;
+  /// Why an open of `b` as `how` is refused (access, the fingerprint guard).
+  [[nodiscard]] std::optional<absl::Status> open_refusal_locked(buffer_entry const& b,
+                                                                session_id session,
+                                                                buffer_open_options const& how,
+                                                                std::string_view request) const;
   /// Why session `s` may not open `b` although its uid may: `b` lives inside
   /// another tenant's pool (a pool pointer), if so.
   [[nodiscard]] std::optional<absl::Status> cross_tenant_refusal_locked(

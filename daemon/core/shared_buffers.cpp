@@ -7,6 +7,7 @@
 // (and frees what it created and never published).
 
 #include "common/buffer_name.hpp"
+#include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/daemon_core.hpp"
 
@@ -62,7 +63,7 @@ std::optional<absl::Status> daemon_core::cross_tenant_refusal_locked(buffer_entr
       s.tenant.text()));
 }
 
-buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b) const
+buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b, buffer_access access) const
 {
   return buffer_grant{.id         = b.id,
                       .pool       = b.pool,
@@ -70,25 +71,31 @@ buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b) const
                       .size       = b.size,
                       .block      = b.block,
                       .state      = b.state,
-                      .persistent = b.persistent};
+                      .persistent = b.persistent,
+                      .access     = access,
+                      .manifest   = b.manifest};
 }
 
 buffer_info daemon_core::buffer_info_locked(buffer_entry const& b) const
 {
-  return buffer_info{.id              = b.id,
-                     .name            = b.name,
-                     .pool            = b.pool,
-                     .pool_name       = pools_[b.pool]->config.name,
-                     .size            = b.size,
-                     .reserved_bytes  = b.charge,
-                     .creator_uid     = b.creator_uid,
-                     .creator_pid     = b.creator_pid,
-                     .creator_session = b.creator,
-                     .gid             = b.gid,
-                     .holders         = b.holders.size(),
-                     .state           = b.state,
-                     .persistent      = b.persistent,
-                     .created         = b.created};
+  return buffer_info{
+      .id              = b.id,
+      .name            = b.name,
+      .pool            = b.pool,
+      .pool_name       = pools_[b.pool]->config.name,
+      .size            = b.size,
+      .reserved_bytes  = b.charge,
+      .creator_uid     = b.creator_uid,
+      .creator_pid     = b.creator_pid,
+      .creator_session = b.creator,
+      .gid             = b.gid,
+      .holders         = b.holders.size(),
+      .state           = b.state,
+      .persistent      = b.persistent,
+      .created         = b.created,
+      .allow_writers   = b.allow_writers,
+      .labels          = b.manifest ? b.manifest->labels : std::map<std::string, std::string>{},
+      .tensor_count    = b.manifest ? b.manifest->tensors.size() : 0};
 }
 
 absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
@@ -235,7 +242,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
   uid_bytes_[uid] += reserved;
   creator->shared_bytes += reserved;
   // A delete may have taken the name meanwhile: the creator holds it all the same.
-  return buffer_grant_locked(b);
+  return buffer_grant_locked(b, buffer_access::read_write);
 }
 
 buffer_entry& daemon_core::take_name_locked(session_entry& s,
@@ -245,14 +252,19 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
                                             std::size_t charge,
                                             buffer_options const& options)
 {
-  auto entry         = std::make_unique<buffer_entry>();
-  entry->id          = next_buffer_++;
-  entry->name        = std::string(name);
-  entry->pool        = pool;
-  entry->size        = bytes;
-  entry->charge      = charge;
-  entry->persistent  = options.persistent;
-  entry->gid         = options.gid;
+  auto entry           = std::make_unique<buffer_entry>();
+  entry->id            = next_buffer_++;
+  entry->name          = std::string(name);
+  entry->pool          = pool;
+  entry->size          = bytes;
+  entry->charge        = charge;
+  entry->persistent    = options.persistent;
+  entry->gid           = options.gid;
+  entry->allow_writers = options.allow_writers;
+  if (auto const& uuid = pools_[pool]->config.gpu_uuid; !uuid.empty()) {
+    entry->manifest = std::make_shared<buffer_manifest const>(
+        buffer_manifest{.labels = {{std::string(gpu_uuid_label), uuid}}});
+  }
   entry->tenant      = s.tenant;
   entry->creator     = s.id;
   entry->creator_uid = s.peer.uid;
@@ -303,7 +315,10 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
 }
 
 absl::StatusOr<buffer_grant> daemon_core::open_buffer(
-    session_id session, std::string_view name, std::chrono::steady_clock::time_point wait_until)
+    session_id session,
+    std::string_view name,
+    std::chrono::steady_clock::time_point wait_until,
+    buffer_open_options const& how)
 {
   std::unique_lock lock(mutex_);
   auto const request = absl::StrFormat("open buffer %s", shown_name(name));
@@ -334,9 +349,10 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
       }
       if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
+        if (auto refused = open_refusal_locked(b, session, how, request)) { return *refused; }
         ++b.holders[session];
         ++s.holds[b.id];
-        return buffer_grant_locked(b);
+        return buffer_grant_locked(b, how.access);
       }
       waitable = absl::FailedPreconditionError(absl::StrCat(
           request,
@@ -433,19 +449,36 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
   return holders;
 }
 
-absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(session_id session) const
+bool daemon_core::may_see_locked(buffer_entry const& b,
+                                 session_id session,
+                                 peer_credentials const& peer) const
+{
+  if (b.creating) { return false; }
+  bool const all = peer.uid == 0 || peer.uid == options_.admin_uid;
+  return all || b.creator == session ||
+         (b.state != buffer_state::writing && may_open_locked(b, peer));
+}
+
+absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(
+    session_id session, buffer_filter const& filter) const
 {
   std::lock_guard lock(mutex_);
   auto found = session_locked(session, "list buffers");
   if (!found.ok()) { return found.status(); }
   auto const& peer = (*found)->peer;
-  bool const all   = peer.uid == 0 || peer.uid == options_.admin_uid;
   std::vector<buffer_info> out;
   for (auto const& [id, b] : buffers_) {
-    if (b->creating) { continue; }
-    bool const visible = all || b->creator == session ||
-                         (b->state != buffer_state::writing && may_open_locked(*b, peer));
-    if (visible) { out.push_back(buffer_info_locked(*b)); }
+    if (!may_see_locked(*b, session, peer) || !b->name.starts_with(filter.name_prefix)) {
+      continue;
+    }
+    auto const* labels = b->manifest ? &b->manifest->labels : nullptr;
+    bool const matches =
+        std::all_of(filter.labels.begin(), filter.labels.end(), [&](auto const& want) {
+          if (labels == nullptr) { return false; }
+          auto have = labels->find(want.first);
+          return have != labels->end() && have->second == want.second;
+        });
+    if (matches) { out.push_back(buffer_info_locked(*b)); }
   }
   return out;
 }

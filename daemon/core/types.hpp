@@ -176,6 +176,47 @@ struct buffer_options {
   bool persistent{false};
   /// Members of this group may open it too (besides the creator's uid and root).
   std::optional<gid_t> gid{};
+  /// Other sessions may open it for writing (buffer_access::read_write).
+  bool allow_writers{false};
+};
+
+/// How a session holds a buffer: its creating session read-write, others
+/// as they opened it (read-write only where the creator allowed writers).
+enum class buffer_access : std::uint8_t { read, read_write };
+
+/// One named tensor inside a buffer (TensorEntry in rmmd.proto; the checks
+/// are in buffer_manifest_checks.hpp).
+struct tensor_entry {
+  std::string name{};
+  std::int32_t dtype{};  ///< rmmd.v1.DType's number, kept raw so the checks see unknown ones
+  std::vector<std::uint64_t> shape{};
+  std::uint64_t byte_offset{};
+  std::vector<std::uint64_t> strides{};  ///< in elements; empty: contiguous, row-major
+  std::vector<std::string> aliases{};    ///< other names of the same bytes (tied weights)
+};
+
+/// What a buffer holds: its tensors and labels (BufferManifest in rmmd.proto).
+struct buffer_manifest {
+  std::vector<tensor_entry> tensors{};
+  std::map<std::string, std::string> labels{};
+
+  [[nodiscard]] bool empty() const noexcept
+  {
+    return tensors.empty() && labels.empty();
+  }
+};
+
+/// What an open asks beyond the name.
+struct buffer_open_options {
+  buffer_access access{buffer_access::read};
+  /// The fingerprint guard: labels the buffer must carry with these values.
+  std::map<std::string, std::string> expect_labels{};
+};
+
+/// Which buffers a listing wants: both filters together; empty: all.
+struct buffer_filter {
+  std::string name_prefix{};
+  std::map<std::string, std::string> labels{};  ///< each must be carried with this value
 };
 
 /// A shared buffer as an operator sees it.
@@ -194,6 +235,9 @@ struct buffer_info {
   buffer_state state{};
   bool persistent{false};
   std::chrono::system_clock::time_point created{};
+  bool allow_writers{false};
+  std::map<std::string, std::string> labels{};  ///< its manifest's
+  std::size_t tensor_count{};                   ///< its manifest's tensors
 };
 
 /// Some of the live sessions (see daemon_core::sessions), and what the rest

@@ -480,7 +480,10 @@ void write_all_calls(exposition& e, daemon_snapshot const& s)
                rpc_method::open_buffer,
                rpc_method::close_buffer,
                rpc_method::delete_buffer,
-               rpc_method::list_buffers});
+               rpc_method::list_buffers,
+               rpc_method::set_buffer_manifest,
+               rpc_method::describe_buffer,
+               rpc_method::get_buffer_manifest});
   write_calls(e,
               "rmmd_session_calls_total",
               "rmmd_session_call_duration_seconds",

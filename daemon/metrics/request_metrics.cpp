@@ -20,7 +20,10 @@ constexpr std::array<std::string_view, rpc_method_count> method_names{"Allocate"
                                                                       "CloseBuffer",
                                                                       "DeleteBuffer",
                                                                       "ListBuffers",
-                                                                      "BlocksDropped"};
+                                                                      "BlocksDropped",
+                                                                      "SetBufferManifest",
+                                                                      "DescribeBuffer",
+                                                                      "GetBufferManifest"};
 
 constexpr std::array<std::string_view, status_code_count> code_names{"OK",
                                                                      "CANCELLED",

@@ -34,8 +34,11 @@ enum class rpc_method : std::uint8_t {
   delete_buffer,
   list_buffers,
   blocks_dropped,  // session sockets only: a client let go of packed-lease blocks
+  set_buffer_manifest,
+  describe_buffer,
+  get_buffer_manifest,
 };
-inline constexpr std::size_t rpc_method_count = 15;
+inline constexpr std::size_t rpc_method_count = 18;
 
 /// The method's name in the service ("Allocate", "Free", ...).
 std::string_view method_name(rpc_method method) noexcept;

@@ -188,7 +188,7 @@ grpc::Status rmmd_service::OpenBuffer(grpc::ServerContext* context,
           std::chrono::milliseconds(request->wait_ms()), max_open_wait);
       auto const left = context->deadline() - std::chrono::system_clock::now();
       if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }
-      return wire::open_buffer(core_, session, *request, response, now + wait);
+      return wire::open_buffer(core_, session, *request, {}, response, now + wait);
     });
   });
 }
@@ -216,12 +216,45 @@ grpc::Status rmmd_service::DeleteBuffer(grpc::ServerContext* context,
 }
 
 grpc::Status rmmd_service::ListBuffers(grpc::ServerContext* context,
-                                       v1::ListBuffersRequest const*,
+                                       v1::ListBuffersRequest const* request,
                                        v1::ListBuffersResponse* response)
 {
   return observed(requests_, rpc_method::list_buffers, [&] {
     return session_call(caller(*context), [&](core::session_id session) {
-      return wire::list_buffers(core_, session, response);
+      return wire::list_buffers(core_, session, *request, response);
+    });
+  });
+}
+
+grpc::Status rmmd_service::SetBufferManifest(grpc::ServerContext* context,
+                                             v1::SetBufferManifestRequest const* request,
+                                             v1::SetBufferManifestResponse*)
+{
+  return observed(requests_, rpc_method::set_buffer_manifest, [&] {
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::set_buffer_manifest(core_, session, *request);
+    });
+  });
+}
+
+grpc::Status rmmd_service::DescribeBuffer(grpc::ServerContext* context,
+                                          v1::DescribeBufferRequest const* request,
+                                          v1::DescribeBufferResponse* response)
+{
+  return observed(requests_, rpc_method::describe_buffer, [&] {
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::describe_buffer(core_, session, *request, response);
+    });
+  });
+}
+
+grpc::Status rmmd_service::GetBufferManifest(grpc::ServerContext* context,
+                                             v1::GetBufferManifestRequest const* request,
+                                             v1::BufferManifest* response)
+{
+  return observed(requests_, rpc_method::get_buffer_manifest, [&] {
+    return session_call(caller(*context), [&](core::session_id session) {
+      return wire::get_buffer_manifest(core_, session, *request, response);
     });
   });
 }

@@ -69,6 +69,15 @@ class rmmd_service final : public v1::Rmmd::Service {
   grpc::Status ListBuffers(grpc::ServerContext* context,
                            v1::ListBuffersRequest const* request,
                            v1::ListBuffersResponse* response) override;
+  grpc::Status SetBufferManifest(grpc::ServerContext* context,
+                                 v1::SetBufferManifestRequest const* request,
+                                 v1::SetBufferManifestResponse* response) override;
+  grpc::Status DescribeBuffer(grpc::ServerContext* context,
+                              v1::DescribeBufferRequest const* request,
+                              v1::DescribeBufferResponse* response) override;
+  grpc::Status GetBufferManifest(grpc::ServerContext* context,
+                                 v1::GetBufferManifestRequest const* request,
+                                 v1::BufferManifest* response) override;
 
   /// Longest an OpenBuffer waits, whatever it asks: a waiting call holds one
   /// of gRPC's threads.

@@ -82,7 +82,8 @@ absl::Status dispatch(core::daemon_core& core,
     case v1::SessionCall::kOpenBuffer:
       // Never waits here: the call threads serve every session.
       method = rpc_method::open_buffer;
-      return wire::open_buffer(core, session, call.open_buffer(), reply.mutable_open_buffer());
+      return wire::open_buffer(
+          core, session, call.open_buffer(), rules, reply.mutable_open_buffer());
     case v1::SessionCall::kCloseBuffer:
       method = rpc_method::close_buffer;
       status = wire::close_buffer(core, session, call.close_buffer());
@@ -177,7 +178,8 @@ std::optional<std::string> handle_call(core::daemon_core& core,
                                        bool* held)
 {
   auto const start = std::chrono::steady_clock::now();
-  wire::transport_rules const rules{.may_hold = held != nullptr, .packing = true};
+  wire::transport_rules const rules{
+      .may_hold = held != nullptr, .packing = true, .manifest_inline = false};
   if (held != nullptr) { *held = false; }
   v1::SessionReply reply;
   std::optional<rpc_method> method;

@@ -1,5 +1,6 @@
 #include "daemon/startup/endpoints.hpp"
 
+#include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/log.hpp"
 #include "daemon/metrics/prometheus_text.hpp"
 #include "daemon/startup/runtime_dir_setup.hpp"
@@ -7,9 +8,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace rmmd::startup {
+namespace {
+
+/// The largest gRPC message the daemon accepts: what the settings say, and
+/// never less than a manifest of the largest size with room for its request.
+std::size_t grpc_message_bytes(config::daemon_settings const& settings)
+{
+  return std::max(settings.max_message_bytes, core::max_manifest_bytes + 64 * 1024);
+}
+
+}  // namespace
 
 std::unique_ptr<endpoints> endpoints::start(core::daemon_core& core,
                                             config::daemon_settings const& settings)
@@ -88,7 +100,7 @@ bool endpoints::start_grpc(config::daemon_settings const& settings)
   ::unlink(grpc_path_.c_str());
   builder.AddListeningPort("unix:" + grpc_path_.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(settings.max_message_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_message_bytes(settings)));
   // The sync server's threads notice a shutdown only when their completion
   // queue poll times out (1 s by default): poll more often so SIGTERM is quick.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 50);
@@ -114,7 +126,7 @@ bool endpoints::start_sessions(config::daemon_settings const& settings)
                 .socket_path       = path,
                 .hello_deadline    = settings.hello_timeout,
                 .admission         = settings.admission,
-                .max_message_bytes = static_cast<std::uint32_t>(settings.max_message_bytes),
+                .max_message_bytes = static_cast<std::uint32_t>(grpc_message_bytes(settings)),
                 .socket_mode       = settings.socket_mode,
                 .call_metrics      = &daemon_metrics_.session_calls(),
                 .admission_metrics = &daemon_metrics_.admission()});

@@ -1,5 +1,6 @@
 #include "daemon/wire/core_calls.hpp"
 
+#include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/wire/proto_convert.hpp"
 
 #include <absl/strings/str_format.h>
@@ -32,6 +33,14 @@ absl::Status wait_or_hold(
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
   return absl::OkStatus();
+}
+
+/// A grant for a transport that does not carry manifests: says one follows.
+void manifest_follows(transport_rules rules, v1::BufferGrant* reply)
+{
+  if (rules.manifest_inline || !reply->has_manifest()) { return; }
+  reply->clear_manifest();
+  reply->set_manifest_follows(true);
 }
 
 }  // namespace
@@ -153,7 +162,7 @@ absl::Status create_buffer(core::daemon_core& core,
                            v1::BufferGrant* reply,
                            bool* held)
 {
-  return wait_or_hold(
+  auto status = wait_or_hold(
       rules,
       held,
       [&] {
@@ -169,6 +178,8 @@ absl::Status create_buffer(core::daemon_core& core,
                                   core::reclaim_policy::wait);
       },
       reply);
+  if (status.ok()) { manifest_follows(rules, reply); }
+  return status;
 }
 
 absl::Status publish_buffer(core::daemon_core& core,
@@ -181,12 +192,58 @@ absl::Status publish_buffer(core::daemon_core& core,
 absl::Status open_buffer(core::daemon_core& core,
                          core::session_id session,
                          v1::OpenBufferRequest const& request,
+                         transport_rules rules,
                          v1::BufferGrant* reply,
                          std::chrono::steady_clock::time_point wait_until)
 {
-  auto grant = core.open_buffer(session, request.name(), wait_until);
+  if (!v1::BufferAccess_IsValid(request.access())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "open buffer: access %d is not one the protocol defines; ask for BUFFER_ACCESS_READ (0) "
+        "or BUFFER_ACCESS_READ_WRITE (1)",
+        static_cast<int>(request.access())));
+  }
+  auto grant = core.open_buffer(session, request.name(), wait_until, from_proto(request));
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
+  manifest_follows(rules, reply);
+  return absl::OkStatus();
+}
+
+absl::Status set_buffer_manifest(core::daemon_core& core,
+                                 core::session_id session,
+                                 v1::SetBufferManifestRequest const& request)
+{
+  if (auto bytes = request.manifest().ByteSizeLong(); bytes > core::max_manifest_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "set the manifest of buffer %d: it is %d bytes serialized; a manifest is at most %d "
+        "bytes (split the tensors over several buffers)",
+        request.buffer_id(),
+        bytes,
+        core::max_manifest_bytes));
+  }
+  return core.set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
+}
+
+absl::Status describe_buffer(core::daemon_core const& core,
+                             core::session_id session,
+                             v1::DescribeBufferRequest const& request,
+                             v1::DescribeBufferResponse* reply)
+{
+  auto described = core.describe_buffer(session, request.name());
+  if (!described.ok()) { return described.status(); }
+  to_proto(described->info, reply->mutable_info());
+  if (described->manifest) { to_proto(*described->manifest, reply->mutable_manifest()); }
+  return absl::OkStatus();
+}
+
+absl::Status get_buffer_manifest(core::daemon_core const& core,
+                                 core::session_id session,
+                                 v1::GetBufferManifestRequest const& request,
+                                 v1::BufferManifest* reply)
+{
+  auto manifest = core.buffer_manifest_of(session, request.buffer_id());
+  if (!manifest.ok()) { return manifest.status(); }
+  if (*manifest) { to_proto(**manifest, reply); }
   return absl::OkStatus();
 }
 
@@ -210,9 +267,10 @@ absl::Status delete_buffer(core::daemon_core& core,
 
 absl::Status list_buffers(core::daemon_core const& core,
                           core::session_id session,
+                          v1::ListBuffersRequest const& request,
                           v1::ListBuffersResponse* reply)
 {
-  auto buffers = core.list_buffers(session);
+  auto buffers = core.list_buffers(session, from_proto(request));
   if (!buffers.ok()) { return buffers.status(); }
   for (auto const& b : *buffers) { to_proto(b, reply->add_buffers()); }
   return absl::OkStatus();

@@ -30,6 +30,10 @@ struct transport_rules {
   /// Whether AllocateRequest.may_pack is honoured: a packed lease needs the
   /// RetireBlocks/BlocksDropped exchange of the session socket.
   bool packing{false};
+  /// Whether a buffer grant carries the buffer's manifest; otherwise it says
+  /// `manifest_follows` and GetBufferManifest brings it (the session socket:
+  /// one datagram is too small for a large table).
+  bool manifest_inline{true};
 };
 
 /// With rules.may_hold, `*held` is set (and OK returned) for a call held for
@@ -82,12 +86,30 @@ absl::Status publish_buffer(core::daemon_core& core,
                             v1::PublishBufferRequest const& request);
 
 /// Waits until `wait_until` at most (the transport bounds the request's
-/// wait_ms); the default waits not at all.
+/// wait_ms); the default waits not at all. INVALID_ARGUMENT for an access
+/// the protocol does not define.
 absl::Status open_buffer(core::daemon_core& core,
                          core::session_id session,
                          v1::OpenBufferRequest const& request,
+                         transport_rules rules,
                          v1::BufferGrant* reply,
                          std::chrono::steady_clock::time_point wait_until = {});
+
+/// INVALID_ARGUMENT also for a manifest larger than core::max_manifest_bytes
+/// serialized.
+absl::Status set_buffer_manifest(core::daemon_core& core,
+                                 core::session_id session,
+                                 v1::SetBufferManifestRequest const& request);
+
+absl::Status describe_buffer(core::daemon_core const& core,
+                             core::session_id session,
+                             v1::DescribeBufferRequest const& request,
+                             v1::DescribeBufferResponse* reply);
+
+absl::Status get_buffer_manifest(core::daemon_core const& core,
+                                 core::session_id session,
+                                 v1::GetBufferManifestRequest const& request,
+                                 v1::BufferManifest* reply);
 
 absl::Status close_buffer(core::daemon_core& core,
                           core::session_id session,
@@ -100,6 +122,7 @@ absl::Status delete_buffer(core::daemon_core& core,
 
 absl::Status list_buffers(core::daemon_core const& core,
                           core::session_id session,
+                          v1::ListBuffersRequest const& request,
                           v1::ListBuffersResponse* reply);
 
 }  // namespace rmmd::wire

@@ -166,6 +166,9 @@ void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
   out->set_name(in.name);
   out->set_state(to_proto(in.state));
   out->set_persistent(in.persistent);
+  out->set_access(in.access == core::buffer_access::read_write ? v1::BUFFER_ACCESS_READ_WRITE
+                                                               : v1::BUFFER_ACCESS_READ);
+  if (in.manifest && !in.manifest->empty()) { to_proto(*in.manifest, out->mutable_manifest()); }
   auto const& memory = in.block;
   if (memory.host_memfd) {
     out->mutable_host_memfd()->set_mapping_bytes(memory.block.bytes);
@@ -201,13 +204,62 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
   out->set_persistent(in.persistent);
   out->set_created_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(in.created.time_since_epoch()).count());
+  out->set_allow_writers(in.allow_writers);
+  out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  out->set_tensor_count(static_cast<std::uint32_t>(in.tensor_count));
 }
 
 core::buffer_options from_proto(v1::CreateBufferRequest const& in)
 {
   return core::buffer_options{.alignment  = in.alignment(),
                               .persistent = in.persistent(),
-                              .gid = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt};
+                              .gid = in.has_gid() ? std::optional<gid_t>(in.gid()) : std::nullopt,
+                              .allow_writers = in.allow_writers()};
+}
+
+void to_proto(core::buffer_manifest const& in, v1::BufferManifest* out)
+{
+  out->mutable_tensors()->Reserve(static_cast<int>(in.tensors.size()));
+  for (auto const& t : in.tensors) {
+    auto* e = out->add_tensors();
+    e->set_name(t.name);
+    e->set_dtype(static_cast<v1::DType>(t.dtype));
+    e->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+    e->set_byte_offset(t.byte_offset);
+    e->mutable_strides()->Add(t.strides.begin(), t.strides.end());
+    for (auto const& alias : t.aliases) { e->add_aliases(alias); }
+  }
+  out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+}
+
+core::buffer_manifest from_proto(v1::BufferManifest const& in)
+{
+  core::buffer_manifest out;
+  out.tensors.reserve(static_cast<std::size_t>(in.tensors_size()));
+  for (auto const& e : in.tensors()) {
+    out.tensors.push_back(core::tensor_entry{.name        = e.name(),
+                                             .dtype       = static_cast<std::int32_t>(e.dtype()),
+                                             .shape       = {e.shape().begin(), e.shape().end()},
+                                             .byte_offset = e.byte_offset(),
+                                             .strides = {e.strides().begin(), e.strides().end()},
+                                             .aliases = {e.aliases().begin(), e.aliases().end()}});
+  }
+  out.labels.insert(in.labels().begin(), in.labels().end());
+  return out;
+}
+
+core::buffer_open_options from_proto(v1::OpenBufferRequest const& in)
+{
+  return core::buffer_open_options{
+      .access        = in.access() == v1::BUFFER_ACCESS_READ_WRITE ? core::buffer_access::read_write
+                                                                   : core::buffer_access::read,
+      .expect_labels = {in.expect_labels().begin(), in.expect_labels().end()}};
+}
+
+core::buffer_filter from_proto(v1::ListBuffersRequest const& in)
+{
+  return core::buffer_filter{.name_prefix = in.name_prefix(),
+                             .labels      = {in.labels().begin(), in.labels().end()}};
 }
 
 }  // namespace rmmd::wire

@@ -23,5 +23,10 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out);
 v1::BufferState to_proto(core::buffer_state state);
 /// A CreateBufferRequest's options.
 core::buffer_options from_proto(v1::CreateBufferRequest const& in);
+void to_proto(core::buffer_manifest const& in, v1::BufferManifest* out);
+core::buffer_manifest from_proto(v1::BufferManifest const& in);
+/// An OpenBufferRequest's access and expected labels.
+core::buffer_open_options from_proto(v1::OpenBufferRequest const& in);
+core::buffer_filter from_proto(v1::ListBuffersRequest const& in);
 
 }  // namespace rmmd::wire
