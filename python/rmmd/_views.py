@@ -97,13 +97,13 @@ def _torch_views(memory: "Memory", manifest: Manifest) -> dict[str, Any]:
 
 
 def _cupy_views(memory: "Memory", manifest: Manifest) -> dict[str, Any]:
-    import cupy
-
     if memory.is_host:
         raise InvalidArgumentError(
             f"rmmd: {memory!r} is host memory; CuPy arrays are device memory "
             "(use framework='numpy' or 'torch')"
         )
+    import cupy
+
     with cupy.cuda.Device(memory.device):
         base = cupy.from_dlpack(memory)  # ordered after the buffer's stream
 
@@ -117,13 +117,13 @@ def _cupy_views(memory: "Memory", manifest: Manifest) -> dict[str, Any]:
 
 
 def _numpy_views(memory: "Memory", manifest: Manifest) -> dict[str, Any]:
-    import numpy as np
-
     if not memory.is_host:
         raise InvalidArgumentError(
             f"rmmd: {memory!r} is device memory; NumPy arrays are host memory "
             "(use framework='torch' or 'cupy')"
         )
+    import numpy as np
+
     base = np.from_dlpack(memory)
     if memory._read_only and base.flags.writeable:  # a NumPy older than DLPack 1.0
         base.flags.writeable = False

@@ -15,10 +15,11 @@ object mapping each tensor's name to ``{"dtype", "shape", "data_offsets":
 optional ``"__metadata__"`` of strings; then the data. Where the
 ``safetensors`` package is installed its reader checks the file too.
 
-The buffer keeps the file's layout (the tensors at their offsets in the
-data) where every tensor's offset is a multiple of its element size, as
-files written by the safetensors package are; otherwise each tensor is
-placed at an offset aligned to 256 bytes. The file's ``__metadata__``
+The buffer keeps the file's layout (the data as it is, each tensor at its
+offset) where every tensor's offset is a multiple of its element size, as
+in files the safetensors package writes (it orders tensors by alignment);
+otherwise (a file written in another order: a 3-byte bool tensor before a
+float32 one) each tensor is placed at an offset aligned to 256 bytes. The file's ``__metadata__``
 becomes labels where the key is one a label may have.
 
 This module imports without PyTorch or the safetensors package.
@@ -125,16 +126,27 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     data_bytes = size - data_start
     tensors = [_file_tensor(path, name, info, data_bytes) for name, info in header.items()]
     tensors.sort(key=lambda t: (t.begin, t.end))
+    # The format: the data is the tensors' bytes, each after the other,
+    # with no hole and nothing after the last.
     previous: FileTensor | None = None
     for t in tensors:
-        if t.begin == t.end:
-            continue
-        if previous is not None and t.begin < previous.end:
+        end = previous.end if previous is not None else 0
+        if t.begin < end:
             raise InvalidArgumentError(
-                f"rmmd: {path}: tensors '{previous.name}' and '{t.name}' overlap in the data "
-                f"([{previous.begin}, {previous.end}) and [{t.begin}, {t.end}))"
+                f"rmmd: {path}: tensors '{previous.name}' and '{t.name}' overlap in the data "  # type: ignore[union-attr]
+                f"([{previous.begin}, {previous.end}) and [{t.begin}, {t.end}))"  # type: ignore[union-attr]
+            )
+        if t.begin > end:
+            raise InvalidArgumentError(
+                f"rmmd: {path}: the data has a hole: bytes [{end}, {t.begin}) before tensor '{t.name}' "
+                "belong to no tensor"
             )
         previous = t
+    end = previous.end if previous is not None else 0
+    if end != data_bytes:
+        raise InvalidArgumentError(
+            f"rmmd: {path}: the data is {data_bytes} bytes, but its tensors end at byte {end}"
+        )
     out = Header(tuple(tensors), dict(metadata), data_start, size)
     _check_with_package(path, out)
     return out

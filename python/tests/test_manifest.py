@@ -190,7 +190,8 @@ def test_numpy_tensors_are_read_only_views_of_the_buffer(session: rmmd.Session, 
         assert t["step"].shape == () and int(t["step"]) == 7 and t["step"].dtype == np.int64
         assert t["mask"].shape == (3, 0) and t["mask"].dtype == np.bool_
         for name, entry in seen.manifest.items():
-            assert t[name].ctypes.data == seen.ptr + entry.offset  # no copy
+            if entry.nbytes:
+                assert t[name].ctypes.data == seen.ptr + entry.offset  # no copy
             assert not t[name].flags.writeable
         with pytest.raises(ValueError, match="read-only"):
             t["norm.bias"][0] = 1
@@ -218,6 +219,16 @@ def test_numpy_has_no_bfloat16_without_ml_dtypes(session: rmmd.Session) -> None:
         buf.set_manifest([TensorEntry("w", "bfloat16", (4,), 0)])
         with pytest.raises(rmmd.InvalidArgumentError, match="ml_dtypes"):
             buf.tensors("numpy")
+
+
+def test_numpy_gets_bfloat16_and_float8_from_ml_dtypes(session: rmmd.Session) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with rmmd.SharedBuffer.create(session, "m/ml", 4096, pool=session.host_pool) as buf:
+        buf.set_manifest([TensorEntry("w", "bfloat16", (4,), 0), TensorEntry("f8", "float8_e4m3fn", (3,), 256)])
+        t = buf.tensors("numpy")
+        t["w"][:] = np.array([1, 2, 3, 4], dtype=ml_dtypes.bfloat16)
+        assert t["w"].dtype == ml_dtypes.bfloat16 and t["f8"].dtype == ml_dtypes.float8_e4m3fn
+        assert np.frombuffer(buf.memoryview()[:8], dtype=np.uint16)[0] == 0x3F80  # 1.0 in bfloat16
 
 
 def test_device_frameworks_refuse_a_host_buffer(session: rmmd.Session) -> None:
