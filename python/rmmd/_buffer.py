@@ -13,7 +13,7 @@ from ._errors import InvalidArgumentError, PreconditionError, check
 from ._manifest import Manifest, TensorEntry, as_manifest
 from ._memory import Memory
 from ._session import Pool, pool_name
-from ._views import tensor_views
+from ._views import select, tensor_views
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -270,7 +270,7 @@ class SharedBuffer(Memory):
         self._manifest = None
         check(_lib.load().rmmd_buffer_set_manifest_json(handle, manifest.to_json().encode()))
 
-    def tensors(self, framework: str | None = None) -> dict[str, Any]:
+    def tensors(self, framework: str | None = None, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The manifest's tensors as views of this buffer (no copy): name ->
         array, each alias mapped to the same object as its tensor.
 
@@ -278,13 +278,15 @@ class SharedBuffer(Memory):
             framework: ``"torch"``, ``"cupy"`` or ``"numpy"`` (host buffers);
                 ``None``: torch where this process imported it, else cupy for
                 a device buffer and numpy for a host buffer.
+            names: only these tensors (by name or alias; each with all its
+                names); ``None``: all. NotFoundError for a name it lacks.
 
         Every view keeps the buffer open. NumPy views of a read-only buffer
         are not writeable; NumPy has no bfloat16 or float8 unless the
         ``ml_dtypes`` package is installed.
         """
         self._require_live()
-        return tensor_views(self, self.manifest, framework)
+        return tensor_views(self, select(self.manifest, names), framework)
 
     @property
     def stream(self) -> int | None:

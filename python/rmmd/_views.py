@@ -7,9 +7,9 @@ Every view holds that one array."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, NotFoundError
 from ._manifest import Manifest, TensorEntry
 
 if TYPE_CHECKING:
@@ -145,6 +145,21 @@ def _each(manifest: Manifest, view: Any) -> dict[str, Any]:
         for n in t.names:
             out[n] = v
     return out
+
+
+def select(manifest: Manifest, names: Iterable[str] | None) -> Manifest:
+    """The part of `manifest` with the tensors named in `names` (a name or an
+    alias: the tensor comes with all its names); None: all of it."""
+    if names is None:
+        return manifest
+    if isinstance(names, str):
+        names = (names,)
+    wanted = set()
+    for n in names:
+        if n not in manifest:
+            raise NotFoundError(f"rmmd: the buffer holds no tensor named '{n}'")
+        wanted.add(manifest[n].name)
+    return Manifest(tuple(t for t in manifest.tensors if t.name in wanted), manifest.labels)
 
 
 def tensor_views(memory: "Memory", manifest: Manifest, framework: str | None) -> dict[str, Any]:

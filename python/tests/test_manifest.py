@@ -207,6 +207,14 @@ def test_numpy_tensors_are_read_only_views_of_the_buffer(session: rmmd.Session, 
         assert other.buffers(prefix="m/views")[0].holders == 1
 
 
+def test_tensors_picks_some_by_name_or_alias(session: rmmd.Session) -> None:
+    with make(session, "m/some") as buf:
+        t = buf.tensors("numpy", names=["lm_head.weight", "step"])
+        assert set(t) == {"embed.weight", "lm_head.weight", "step"}
+        with pytest.raises(rmmd.NotFoundError, match="'nope'"):
+            buf.tensors("numpy", names=["nope"])
+
+
 def test_numpy_has_no_bfloat16_without_ml_dtypes(session: rmmd.Session) -> None:
     pytest.importorskip("numpy")
     try:

@@ -131,9 +131,9 @@ def main(argv: list[str]) -> int:
         import cupy
 
         buf = rmmd.SharedBuffer.open(session, argv[1])
-        arrays = buf.tensors("cupy")
-        # bfloat16 is no CuPy dtype (without ml_dtypes): leave it out
-        out = {k: float(cupy.asnumpy(a.astype(cupy.float64).sum())) for k, a in arrays.items() if k != "gate"}
+        # bfloat16 is no CuPy dtype: every tensor but that one
+        arrays = buf.tensors("cupy", names=[t.name for t in buf.manifest.tensors if t.dtype != "bfloat16"])
+        out = {k: float(cupy.asnumpy(a.astype(cupy.float64).sum())) for k, a in arrays.items()}
         say(sums=out, tied=arrays["lm_head.weight"] is arrays["embed.weight"],
             zero_copy=int(arrays["big"].data.ptr) == buf.ptr + buf.manifest["big"].offset)
     elif cmd == "write":
