@@ -121,6 +121,11 @@ def _state_dict(module_or_state_dict: Any) -> dict[str, Any]:
             )
         if value.is_meta:
             raise InvalidArgumentError(f"rmmd: '{name}' is on the meta device: it has no data to publish")
+        if value.layout is not torch.strided or value.is_quantized:
+            raise InvalidArgumentError(
+                f"rmmd: '{name}' is a {value.layout} tensor{' (quantized)' if value.is_quantized else ''}: "
+                "a buffer holds dense tensors only"
+            )
         out[name] = value.detach()
     if not out:
         raise InvalidArgumentError("rmmd: the state dict has no tensors: nothing to publish")

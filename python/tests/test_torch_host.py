@@ -94,7 +94,7 @@ def test_a_published_module_attaches_to_a_meta_module(torch: Any, daemon: Daemon
         assert torch.equal(state[k], v), k
     with pytest.raises(rmmd.PreconditionError, match="label 'revision' is 'r1', expected 'r2'"):
         rmmd.torch.attach("torch/tiny", Tiny().to("meta"), session=other, expect={"revision": "r2"})
-    del worker, state, held
+    del worker, state, held, t  # (t: the last of the views looked at)
     gc.collect()
     assert other.buffers(prefix="torch/tiny")[0].holders == 1  # the worker let go with its module
     buf.close()
