@@ -191,5 +191,55 @@ TEST_F(SessionProtocol, ErrorsCarryTheWireCodeAndNoPayload)
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
 }
 
+// A manifest never travels in a datagram: an open of a buffer that has one
+// says manifest_follows. Access and the fingerprint guard work here as on
+// gRPC, and a refused open holds nothing.
+TEST_F(SessionProtocol, OpenSaysTheManifestFollowsAndKeepsTheGuardAndTheAccessRules)
+{
+  v1::SessionCall c;
+  c.mutable_create_buffer()->set_name("team/m");
+  c.mutable_create_buffer()->set_size(4096);
+  auto r = send(c, 1);
+  ASSERT_TRUE(r && r->has_create_buffer()) << (r ? r->DebugString() : "no reply");
+  auto const id = r->create_buffer().buffer_id();
+  EXPECT_EQ(r->create_buffer().access(), v1::BUFFER_ACCESS_READ_WRITE);
+  EXPECT_FALSE(r->create_buffer().manifest_follows());  // a host pool: no labels yet
+
+  core::buffer_manifest m;
+  m.tensors = {core::tensor_entry{.name = "w", .dtype = 10, .shape = {16}, .byte_offset = 0}};
+  m.labels  = {{"model", "gpt"}};
+  ASSERT_TRUE(core_->set_buffer_manifest(session_, id, m).ok());
+  ASSERT_TRUE(core_->publish_buffer(session_, id).ok());
+
+  auto const holders = [&] { return core_->describe_buffer(session_, "team/m")->info.holders; };
+  c.Clear();
+  auto* open = c.mutable_open_buffer();
+  open->set_name("team/m");
+  (*open->mutable_expect_labels())["model"] = "llama";
+  r                                         = send(c, 2);
+  ASSERT_TRUE(r && r->has_error());
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(r->error().message(), "buffer 'team/m': label 'model' is 'gpt', expected 'llama'");
+  EXPECT_EQ(holders(), 1u);
+
+  (*open->mutable_expect_labels())["model"] = "gpt";
+  r                                         = send(c, 3);
+  ASSERT_TRUE(r && r->has_open_buffer()) << r->DebugString();
+  EXPECT_TRUE(r->open_buffer().manifest_follows());
+  EXPECT_FALSE(r->open_buffer().has_manifest());
+  EXPECT_EQ(r->open_buffer().access(), v1::BUFFER_ACCESS_READ);
+  EXPECT_EQ(holders(), 1u);  // the same session: one holder, two opens
+  // Its creator may open it read-write.
+  open->set_access(v1::BUFFER_ACCESS_READ_WRITE);
+  r = send(c, 4);
+  ASSERT_TRUE(r && r->has_open_buffer()) << r->DebugString();
+  EXPECT_EQ(r->open_buffer().access(), v1::BUFFER_ACCESS_READ_WRITE);
+  // An access the protocol does not define.
+  open->set_access(static_cast<v1::BufferAccess>(7));
+  r = send(c, 5);
+  ASSERT_TRUE(r && r->has_error());
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+}
+
 }  // namespace
 }  // namespace rmmd::session_socket
