@@ -11,7 +11,9 @@ package serves every Python 3 version. ``docs/python.md`` is the guide.
         numpy.asarray(a)[:4] = [1, 2, 3, 4]      # the shared memory, no copy
 
 Framework allocators live in their own modules, imported when asked for:
-``rmmd.allocators.torch`` and ``rmmd.allocators.cupy``.
+``rmmd.allocators.torch`` and ``rmmd.allocators.cupy``; so do the helpers
+that share model weights: ``rmmd.torch`` (publish, attach, load_state_dict)
+and ``rmmd.safetensors`` (publish_file).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ._errors import (
     SessionError,
     Status,
 )
+from ._manifest import BufferInfo, Manifest, TensorEntry
 from ._memory import Memory
 from ._resource import (
     Allocation,
@@ -47,6 +50,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError",
     "Allocation",
+    "BufferInfo",
     "DeviceAllocation",
     "DeviceResource",
     "Error",
@@ -54,6 +58,7 @@ __all__ = [
     "HostResource",
     "InternalError",
     "InvalidArgumentError",
+    "Manifest",
     "Memory",
     "MemoryResource",
     "NotFoundError",
@@ -66,6 +71,7 @@ __all__ = [
     "SessionError",
     "SharedBuffer",
     "Status",
+    "TensorEntry",
     "library_path",
     "library_version",
 ]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from . import _lib
 from ._common import exiting, positive_size, stream_handle
 from ._errors import InvalidArgumentError, PreconditionError, check
+from ._manifest import Manifest, TensorEntry, as_manifest
 from ._memory import Memory
 from ._session import Pool, pool_name
+from ._views import select, tensor_views
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -34,8 +37,17 @@ class SharedBuffer(Memory):
     ``numpy.from_dlpack(buf)``). Each view keeps the buffer object alive;
     ``close()`` waits for tensors made through DLPack before letting go.
 
-    "Read-only" for consumers is a contract, not enforced: CUDA cannot map
-    an imported range read-only (docs/sharing.md).
+    A buffer may carry a manifest (:meth:`set_manifest`, by its creator
+    before publishing): named tensors and labels, so that consumers get
+    typed views (:meth:`tensors`) without knowing the layout.
+
+    Consumers open it read-only unless they ask for ``writable=True`` and
+    the creator allowed writers: device buffers of their own allocation are
+    then mapped read-only by the GPU (a write is a CUDA error in the writing
+    process only), host buffers with ``PROT_READ`` (NumPy views are not
+    writeable; a write through a raw pointer is a segmentation fault). A
+    buffer served from a pool pointer (``--cuda-shared-buffer-memory=pool``)
+    cannot be mapped read-only: there it is the API's contract only.
 
     One object is not to be used from two threads at once.
     """
@@ -50,9 +62,12 @@ class SharedBuffer(Memory):
         self._session = session
         self._name = name
         self._close_pending: int | None = None
+        self._manifest: Manifest | None = None
         lib = _lib.load()
         self._close_fn = lib.rmmd_buffer_close
         try:
+            access = ctypes.c_int()
+            check(lib.rmmd_buffer_access_mode(handle, ctypes.byref(access)))
             ptr = ctypes.c_void_p()
             check(lib.rmmd_buffer_pointer(handle, ctypes.byref(ptr)))
             size = ctypes.c_size_t()
@@ -69,6 +84,7 @@ class SharedBuffer(Memory):
         self._nbytes = size.value
         self._id = ident.value
         self._device = device.value
+        self._read_only = access.value == _lib.BUFFER_READ
         self._ready_stream = None
         self._stream_owner: Any = None  # keeps the publish stream's object alive
         self._stream: int | None = None
@@ -85,6 +101,7 @@ class SharedBuffer(Memory):
         persistent: bool = False,
         gid: int | None = None,
         alignment: int = 256,
+        allow_writers: bool = False,
     ) -> "SharedBuffer":
         """Creates `nbytes` bytes named `name` (1-255 bytes of
         ``[A-Za-z0-9._/-]``), held by this process and seen by no other until
@@ -100,6 +117,8 @@ class SharedBuffer(Memory):
                 the daemon stops.
             gid: members of this group may open it too (else: this uid and root).
             alignment: a power of two up to the pool's ``max_alignment``.
+            allow_writers: others may open it with ``writable=True``; else
+                every other holder reads only.
 
         Raises:
             InvalidArgumentError: a bad name, size, alignment or pool.
@@ -115,6 +134,7 @@ class SharedBuffer(Memory):
             has_gid=0 if gid is None else 1,
             gid=0 if gid is None else int(gid),
             alignment=int(alignment),
+            allow_writers=1 if allow_writers else 0,
         )
         handle = _lib.buffer_t()
         check(
@@ -127,22 +147,50 @@ class SharedBuffer(Memory):
         return buf
 
     @classmethod
-    def open(cls, session: "Session", name: str, wait: float = 0.0) -> "SharedBuffer":
-        """Opens the published buffer `name`. With `wait` (seconds), waits up
-        to that long for it to be created and published; without, fails at
-        once when it is missing or unpublished.
+    def open(
+        cls,
+        session: "Session",
+        name: str,
+        wait: float = 0.0,
+        writable: bool = False,
+        expect: Mapping[str, str] | None = None,
+    ) -> "SharedBuffer":
+        """Opens the published buffer `name`, for reading unless `writable`.
+        With `wait` (seconds), waits up to that long for it to be created
+        and published; without, fails at once when it is missing or
+        unpublished.
+
+        Args:
+            writable: open it for writing too (only where its creator allowed
+                writers); else the mapping is read-only.
+            expect: the fingerprint guard: labels the buffer must carry with
+                exactly these values (``{"revision": "abc", "rank": "0"}``);
+                otherwise PreconditionError naming the first key that differs
+                (in key order), and nothing is opened.
 
         Raises:
             NotFoundError: no buffer has the name (or the wait ended first).
-            PreconditionError: not published yet (or the wait ended first).
-            PermissionError: this uid or gid may not open it.
+            PreconditionError: not published yet (or the wait ended first),
+                or a label differs from `expect`.
+            PermissionError: this uid or gid may not open it, or `writable`
+                where the creator did not allow writers.
             SessionError: the daemon is gone or draining.
         """
         if wait < 0 or math.isnan(wait):
             raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
         wait_ms = min(_MAX_WAIT_MS, int(math.ceil(wait * 1000)))
+        options = _lib.OpenOptions(
+            size=ctypes.sizeof(_lib.OpenOptions),
+            wait_ms=wait_ms,
+            access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
+            expect_labels_json=None if not expect else _labels_json(expect, "expect"),
+        )
         handle = _lib.buffer_t()
-        check(_lib.load().rmmd_buffer_open(session._require(), _name(name), wait_ms, ctypes.byref(handle)))
+        check(
+            _lib.load().rmmd_buffer_open_with(
+                session._require(), _name(name), ctypes.byref(options), ctypes.byref(handle)
+            )
+        )
         buf = cls._wrap(session, handle.value, name)
         buf._creator = False
         return buf
@@ -174,6 +222,71 @@ class SharedBuffer(Memory):
     @property
     def session(self) -> "Session":
         return self._session
+
+    @property
+    def writable(self) -> bool:
+        """Whether this hold may write: the creator's, or a ``writable`` open."""
+        return not self._read_only
+
+    @property
+    def manifest(self) -> Manifest:
+        """What the buffer holds (tensors and labels, the daemon's own
+        labels such as ``rmmd.gpu_uuid`` among them); empty when it has no
+        manifest."""
+        if self._manifest is None:
+            out = ctypes.c_void_p()
+            check(_lib.load().rmmd_buffer_manifest_json(self._require(), ctypes.byref(out)))
+            self._manifest = Manifest.from_json(_lib.take_string(out.value))
+        return self._manifest
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The manifest's labels."""
+        return dict(self.manifest.labels)
+
+    def set_manifest(
+        self,
+        tensors: Manifest | Iterable[TensorEntry] | Mapping[str, TensorEntry],
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """Says what the buffer holds: `tensors` (TensorEntry objects, or a
+        Manifest) and `labels` (added to a Manifest's own). Creator only,
+        before :meth:`publish`; a later call replaces the manifest.
+
+        Raises:
+            InvalidArgumentError: the daemon's checks (docs/sharing.md) refuse
+                the table: a bad name or label, a tensor past the buffer's
+                end, two tensors that overlap, too many of them; the message
+                names the tensor or label.
+            PreconditionError: not the creator, or published already.
+        """
+        handle = self._require()
+        if not self._creator:
+            raise PreconditionError(
+                f"rmmd: shared buffer '{self._name}' was opened, not created, by this "
+                "process: only its creator sets its manifest"
+            )
+        manifest = as_manifest(tensors, labels)
+        self._manifest = None
+        check(_lib.load().rmmd_buffer_set_manifest_json(handle, manifest.to_json().encode()))
+
+    def tensors(self, framework: str | None = None, names: Iterable[str] | None = None) -> dict[str, Any]:
+        """The manifest's tensors as views of this buffer (no copy): name ->
+        array, each alias mapped to the same object as its tensor.
+
+        Args:
+            framework: ``"torch"``, ``"cupy"`` or ``"numpy"`` (host buffers);
+                ``None``: torch where this process imported it, else cupy for
+                a device buffer and numpy for a host buffer.
+            names: only these tensors (by name or alias; each with all its
+                names); ``None``: all. NotFoundError for a name it lacks.
+
+        Every view keeps the buffer open. NumPy views of a read-only buffer
+        are not writeable; NumPy has no bfloat16 or float8 unless the
+        ``ml_dtypes`` package is installed.
+        """
+        self._require_live()
+        return tensor_views(self, select(self.manifest, names), framework)
 
     @property
     def stream(self) -> int | None:
@@ -264,6 +377,15 @@ class SharedBuffer(Memory):
         where = "host" if self.is_host else f"device {self._device}"
         state = " closed" if self._handle is None else ""
         return f"<rmmd.SharedBuffer '{self._name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
+
+
+def _labels_json(labels: Mapping[str, str], what: str) -> bytes:
+    if not isinstance(labels, Mapping):
+        raise InvalidArgumentError(f"rmmd: {what} is a dict of labels, not {labels!r}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError(f"rmmd: {what}: labels are str to str, not {k!r}: {v!r}")
+    return json.dumps(dict(labels)).encode()
 
 
 def _name(name: str) -> bytes:

@@ -91,8 +91,22 @@ class BufferOptions(Structure):
         ("has_gid", c_int),
         ("gid", c_uint32),
         ("alignment", c_size_t),
+        ("allow_writers", c_int),
     ]
 
+
+class OpenOptions(Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("wait_ms", c_uint32),
+        ("access", c_int),
+        ("expect_labels_json", c_char_p),
+    ]
+
+
+# rmmd_buffer_access
+BUFFER_READ = 0
+BUFFER_READ_WRITE = 1
 
 RESOURCE_DEVICE = 0
 RESOURCE_HOST = 1
@@ -141,6 +155,15 @@ _PROTOTYPES = {
     "rmmd_buffer_id": (status_t, [buffer_t, POINTER(c_uint64)]),
     "rmmd_buffer_device": (status_t, [buffer_t, POINTER(c_int)]),
     "rmmd_buffer_delete": (status_t, [session_t, c_char_p, POINTER(c_size_t)]),
+    "rmmd_buffer_open_with": (
+        status_t,
+        [session_t, c_char_p, POINTER(OpenOptions), POINTER(buffer_t)],
+    ),
+    "rmmd_buffer_set_manifest_json": (status_t, [buffer_t, c_char_p]),
+    "rmmd_buffer_manifest_json": (status_t, [buffer_t, POINTER(c_void_p)]),
+    "rmmd_buffer_access_mode": (status_t, [buffer_t, POINTER(c_int)]),
+    "rmmd_buffer_list_json": (status_t, [session_t, c_char_p, c_char_p, POINTER(c_void_p)]),
+    "rmmd_buffer_describe_json": (status_t, [session_t, c_char_p, POINTER(c_void_p)]),
     "rmmd_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "rmmd_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "rmmd_torch_allocate": (status_t, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),

@@ -34,6 +34,9 @@ class Memory:
     _ready_stream: int | None = None
     # Capsules and consumer tensors made by __dlpack__ and still alive.
     _exports: int = 0
+    # Mapped read-only (a shared buffer opened for reading): host views say
+    # so (a write would be a segmentation fault, not an exception).
+    _read_only: bool = False
 
     # -- subclasses provide -------------------------------------------------
 
@@ -73,8 +76,8 @@ class Memory:
     # -- host memory --------------------------------------------------------
 
     def memoryview(self) -> memoryview:
-        """A writable memoryview of the bytes (host memory only); it keeps
-        this object alive."""
+        """A memoryview of the bytes (host memory only), read-only where the
+        memory is mapped read-only; it keeps this object alive."""
         if not self.is_host:
             raise TypeError(
                 f"rmmd: this {type(self).__name__} is device memory: use "
@@ -85,7 +88,8 @@ class Memory:
             ctypes.c_ubyte * 0
         )()
         array._rmmd_owner = self  # type: ignore[attr-defined]
-        return memoryview(array).cast("B")
+        view = memoryview(array).cast("B")
+        return view.toreadonly() if self._read_only else view
 
     def __buffer__(self, flags: int) -> memoryview:  # PEP 688 (Python 3.12+)
         return self.memoryview()
@@ -98,7 +102,7 @@ class Memory:
         return {
             "shape": (self._nbytes,),
             "typestr": "|u1",
-            "data": (self._ptr, False),
+            "data": (self._ptr, self._read_only),
             "version": 3,
         }
 
@@ -162,4 +166,8 @@ class Memory:
             device_type,
             device_id,
             versioned=_dlpack.wants_versioned(max_version),
+            # Host memory mapped read-only says so (NumPy makes its array
+            # read-only); device memory does not: the GPU enforces it, and a
+            # consumer that refuses read-only tensors could not take it.
+            read_only=self._read_only and self.is_host,
         )

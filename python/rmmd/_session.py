@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from . import _lib
 from ._common import OwnsHandle
 from ._errors import InvalidArgumentError, NotFoundError, SessionError, check
+from ._manifest import BufferInfo, Manifest
 
 if TYPE_CHECKING:
     from ._resource import DeviceResource, HostResource
@@ -204,6 +205,40 @@ class Session(OwnsHandle):
             if s.get("session_id") == me:
                 return s
         return None
+
+    # -- shared buffers -----------------------------------------------------
+
+    def buffers(self, prefix: str = "", labels: Mapping[str, str] | None = None) -> list[BufferInfo]:
+        """The shared buffers this process may see (its uid's, its groups'
+        and, for root, all; ``rmmctl buffers``), by name: those whose name
+        starts with `prefix` and whose manifest carries every one of
+        `labels` with that value."""
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"rmmd: prefix is a str, not {prefix!r}")
+        labels_json = None
+        if labels:
+            for k, v in labels.items():
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise InvalidArgumentError(f"rmmd: labels are str to str, not {k!r}: {v!r}")
+            labels_json = json.dumps(dict(labels)).encode()
+        out = ctypes.c_void_p()
+        check(
+            _lib.load().rmmd_buffer_list_json(
+                self._require(), prefix.encode() if prefix else None, labels_json, ctypes.byref(out)
+            )
+        )
+        listed = json.loads(_lib.take_string(out.value) or "{}")
+        return [BufferInfo._from_wire(b) for b in listed.get("buffers", [])]
+
+    def describe_buffer(self, name: str) -> tuple[BufferInfo, Manifest]:
+        """One buffer and its manifest by name, without opening it.
+        NotFoundError for a name this process may not see."""
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"rmmd: a shared buffer's name is a str, not {name!r}")
+        out = ctypes.c_void_p()
+        check(_lib.load().rmmd_buffer_describe_json(self._require(), name.encode(), ctypes.byref(out)))
+        described = json.loads(_lib.take_string(out.value) or "{}")
+        return BufferInfo._from_wire(described.get("info", {})), Manifest._from_wire(described.get("manifest"))
 
     # -- resources ----------------------------------------------------------
 

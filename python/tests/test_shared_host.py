@@ -42,7 +42,9 @@ def test_this_process_reads_what_another_wrote_through_its_own_mapping(
         expected = np.arange(16384, dtype=np.uint64) * 2654435761 % (1 << 32)
         assert np.array_equal(arr.view(np.uint32), expected.astype(np.uint32))
         assert np.array_equal(np.from_dlpack(buf).view(np.uint32)[:4], expected[:4].astype(np.uint32))
-        arr[:4] = 0xEE  # holders may write (a contract, not enforced)
+        assert not arr.flags.writeable  # opened for reading: mapped read-only
+        with pytest.raises(ValueError, match="read-only"):
+            arr[:4] = 0xEE
     producer.communicate("\n", timeout=60)
 
 
