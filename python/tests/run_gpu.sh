@@ -17,4 +17,7 @@ tests_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck disable=SC1091
 source "$bundle/env"   # (it sets $here) LD_LIBRARY_PATH: the bundle's libraries, which librmmd_c.so needs
 export RMMD_LIBRARY="$bundle/bin/librmmd_c.so" RMMD_DAEMON="$bundle/bin/rmmd" RMMD_RMMCTL="$bundle/bin/rmmctl"
+# Packages that Python lacks there, installed into the bundle
+# (scripts/gpu-safetensors.sh install BUNDLE_DIR).
+[ ! -d "$bundle/pylib" ] || export PYTHONPATH="$bundle/pylib${PYTHONPATH:+:$PYTHONPATH}"
 exec "${RMMD_PYTHON:-/opt/torch/.venv/bin/python}" -m pytest -p no:cacheprovider -q -rs "$tests_dir" "$@"

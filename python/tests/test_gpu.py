@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, SCRIPTS, Daemon, need_module, read_line, run_python, start_python, wait_until
+from conftest import REPO, RMMCTL, SCRIPTS, Daemon, need_module, read_line, run_python, start_python, wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -197,12 +197,13 @@ def test_a_buffer_pytorch_fills_is_read_by_cupy_through_dlpack(gpu_daemon: Daemo
         ("torch_allocator.py", ["torch"], "through rmmd:"),
         ("cupy_allocator.py", ["cupy"], "the daemon counts"),
         ("share_torch_to_cupy.py", ["torch", "cupy"], "without a copy: ok"),
+        ("shared_weights/run.py", ["torch"], "run: ok"),
     ],
 )
 def test_the_examples_run(gpu_daemon: Daemon, example: str, needs: list[str], says: str) -> None:
     for module in needs:
         need_module(module)
-    out = run_python([str(EXAMPLES / example)], gpu_daemon.env())
+    out = run_python([str(EXAMPLES / example)], gpu_daemon.env(RMMD_RMMCTL=str(RMMCTL)))
     assert says in out.stdout, out.stdout
     assert out.stderr == "", out.stderr
 
