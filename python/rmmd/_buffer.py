@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from . import _lib
 from ._common import exiting, positive_size, stream_handle
 from ._errors import InvalidArgumentError, PreconditionError, check
-from ._manifest import Manifest, TensorEntry, as_manifest
+from ._manifest import Manifest, TensorEntry, as_manifest, checked_labels
 from ._memory import Memory
 from ._session import Pool, pool_name
 from ._views import select, tensor_views
@@ -179,11 +178,14 @@ class SharedBuffer(Memory):
         if wait < 0 or math.isnan(wait):
             raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
         wait_ms = min(_MAX_WAIT_MS, int(math.ceil(wait * 1000)))
+        keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
         options = _lib.OpenOptions(
             size=ctypes.sizeof(_lib.OpenOptions),
             wait_ms=wait_ms,
             access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
-            expect_labels_json=None if not expect else _labels_json(expect, "expect"),
+            expect_keys=keys,
+            expect_values=values,
+            expect_count=count,
         )
         handle = _lib.buffer_t()
         check(
@@ -377,15 +379,6 @@ class SharedBuffer(Memory):
         where = "host" if self.is_host else f"device {self._device}"
         state = " closed" if self._handle is None else ""
         return f"<rmmd.SharedBuffer '{self._name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
-
-
-def _labels_json(labels: Mapping[str, str], what: str) -> bytes:
-    if not isinstance(labels, Mapping):
-        raise InvalidArgumentError(f"rmmd: {what} is a dict of labels, not {labels!r}")
-    for k, v in labels.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidArgumentError(f"rmmd: {what}: labels are str to str, not {k!r}: {v!r}")
-    return json.dumps(dict(labels)).encode()
 
 
 def _name(name: str) -> bytes:

@@ -100,8 +100,20 @@ class OpenOptions(Structure):
         ("size", c_size_t),
         ("wait_ms", c_uint32),
         ("access", c_int),
-        ("expect_labels_json", c_char_p),
+        ("expect_keys", POINTER(c_char_p)),
+        ("expect_values", POINTER(c_char_p)),
+        ("expect_count", c_size_t),
     ]
+
+
+def label_arrays(labels: "dict[str, str]") -> "tuple[Any, Any, int]":
+    """Checked labels as the C ABI takes them: key and value arrays and
+    their count (each key once: a dict cannot name one twice)."""
+    if not labels:
+        return None, None, 0
+    keys = (c_char_p * len(labels))(*(k.encode() for k in labels))
+    values = (c_char_p * len(labels))(*(v.encode() for v in labels.values()))
+    return keys, values, len(labels)
 
 
 # rmmd_buffer_access
@@ -162,7 +174,10 @@ _PROTOTYPES = {
     "rmmd_buffer_set_manifest_json": (status_t, [buffer_t, c_char_p]),
     "rmmd_buffer_manifest_json": (status_t, [buffer_t, POINTER(c_void_p)]),
     "rmmd_buffer_access_mode": (status_t, [buffer_t, POINTER(c_int)]),
-    "rmmd_buffer_list_json": (status_t, [session_t, c_char_p, c_char_p, POINTER(c_void_p)]),
+    "rmmd_buffer_list_json": (
+        status_t,
+        [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],
+    ),
     "rmmd_buffer_describe_json": (status_t, [session_t, c_char_p, POINTER(c_void_p)]),
     "rmmd_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "rmmd_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),

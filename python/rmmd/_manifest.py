@@ -238,7 +238,10 @@ class Manifest(Mapping[str, TensorEntry]):
     def to_json(self) -> str:
         """The JSON the C ABI takes (rmmd.v1.BufferManifest)."""
         return json.dumps(
-            {"tensors": [t._to_wire() for t in self.tensors], "labels": dict(self.labels)},
+            {
+                "tensors": [t._to_wire() for t in self.tensors],
+                "labels": [{"key": k, "value": v} for k, v in sorted(self.labels.items())],
+            },
             separators=(",", ":"),
         )
 
@@ -252,8 +255,26 @@ class Manifest(Mapping[str, TensorEntry]):
         d = d or {}
         return cls(
             tensors=tuple(TensorEntry._from_wire(t) for t in d.get("tensors", ())),
-            labels=dict(d.get("labels", {})),
+            labels=labels_from_wire(d.get("labels")),
         )
+
+
+def labels_from_wire(labels: Any) -> dict[str, str]:
+    """Labels as the C ABI's JSON carries them: [{"key": k, "value": v}]
+    (protobuf's JSON of repeated rmmd.v1.Label)."""
+    return {str(label.get("key", "")): str(label.get("value", "")) for label in labels or ()}
+
+
+def checked_labels(labels: Mapping[str, str] | None, what: str) -> dict[str, str]:
+    """`labels` as a dict of str to str; InvalidArgumentError otherwise."""
+    if not labels:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise InvalidArgumentError(f"rmmd: {what} is a dict of labels, not {labels!r}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError(f"rmmd: {what}: labels are str to str, not {k!r}: {v!r}")
+    return dict(labels)
 
 
 def as_manifest(tensors: Any, labels: Mapping[str, str] | None) -> Manifest:
@@ -325,7 +346,7 @@ class BufferInfo:
             published=state == "published",
             persistent=bool(d.get("persistent", False)),
             allow_writers=bool(_field(d, "allow_writers", False)),
-            labels=dict(d.get("labels", {})),
+            labels=labels_from_wire(d.get("labels")),
             tensor_count=int(_field(d, "tensor_count", 0)),
             state=state,
             creator_pid=int(_field(d, "creator_pid", 0)),

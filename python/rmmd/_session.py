@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from . import _lib
 from ._common import OwnsHandle
 from ._errors import InvalidArgumentError, NotFoundError, SessionError, check
-from ._manifest import BufferInfo, Manifest
+from ._manifest import BufferInfo, Manifest, checked_labels
 
 if TYPE_CHECKING:
     from ._resource import DeviceResource, HostResource
@@ -215,16 +215,11 @@ class Session(OwnsHandle):
         `labels` with that value."""
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"rmmd: prefix is a str, not {prefix!r}")
-        labels_json = None
-        if labels:
-            for k, v in labels.items():
-                if not isinstance(k, str) or not isinstance(v, str):
-                    raise InvalidArgumentError(f"rmmd: labels are str to str, not {k!r}: {v!r}")
-            labels_json = json.dumps(dict(labels)).encode()
+        keys, values, count = _lib.label_arrays(checked_labels(labels, "labels"))
         out = ctypes.c_void_p()
         check(
             _lib.load().rmmd_buffer_list_json(
-                self._require(), prefix.encode() if prefix else None, labels_json, ctypes.byref(out)
+                self._require(), prefix.encode() if prefix else None, keys, values, count, ctypes.byref(out)
             )
         )
         listed = json.loads(_lib.take_string(out.value) or "{}")
