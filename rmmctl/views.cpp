@@ -73,7 +73,6 @@ std::string handle_name(int h)
   }
 }
 
-/// A manifest's labels as one cell: "k=v,k=v", cut to `most` bytes.
 /// Labels sorted by key (the daemon keeps them so; sorted here all the same).
 std::vector<std::pair<std::string, std::string>> sorted_labels(
     google::protobuf::RepeatedPtrField<v1::Label> const& labels)
@@ -85,11 +84,11 @@ std::vector<std::pair<std::string, std::string>> sorted_labels(
   return sorted;
 }
 
+/// A manifest's labels as one cell: "k=v,k=v", cut to `most` bytes.
 std::string labels_cell(google::protobuf::RepeatedPtrField<v1::Label> const& labels,
                         std::size_t most)
 {
   auto const sorted = sorted_labels(labels);
-  std::sort(sorted.begin(), sorted.end());
   std::string out;
   for (auto const& [k, v] : sorted) { out += (out.empty() ? "" : ",") + k + "=" + v; }
   if (out.empty()) { return "-"; }

@@ -271,13 +271,13 @@ TEST_F(BufferManifests, TheGuardAndReadWriteOpensHoldNothingWhenRefused)
   auto status = other_.open(open, &grant);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(status.error_message(), "buffer 'models/ro': label 'revision' is 'r1', expected 'r2'");
-  open.mutable_expect_labels()->clear();
+  open.mutable_expect_labels()->Clear();
   add_label(open.mutable_expect_labels(), "rank", "0");
   status = other_.open(open, &grant);
   EXPECT_EQ(status.error_message(), "buffer 'models/ro': has no label 'rank'");
   EXPECT_EQ(holders("models/ro"), 1u);
 
-  open.mutable_expect_labels()->clear();
+  open.mutable_expect_labels()->Clear();
   open.set_access(v1::BUFFER_ACCESS_READ_WRITE);
   status = other_.open(open, &grant);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);

@@ -231,7 +231,7 @@ TEST_F(SessionProtocol, OpenSaysTheManifestFollowsAndKeepsTheGuardAndTheAccessRu
   EXPECT_EQ(r->error().message(), "buffer 'team/m': label 'model' is 'gpt', expected 'llama'");
   EXPECT_EQ(holders(), 1u);
 
-  add_label(open->mutable_expect_labels(), "model", "gpt");
+  open->mutable_expect_labels(0)->set_value("gpt");
   r = send(c, 3);
   ASSERT_TRUE(r && r->has_open_buffer()) << r->DebugString();
   EXPECT_TRUE(r->open_buffer().manifest_follows());
