@@ -53,9 +53,13 @@ namespace rmmd {
 ///
 /// Slab mode by default (capture_checks::automatic, or slow_path_only): the
 /// fast path asks nothing, and carving under capture is RMM's
-/// pool_memory_resource's: memory freed during a capture goes back to the
-/// slab at once, and allocations outside the graph may reuse it while the
-/// graph's replays still use it. And RMM's pool, asked on a capturing stream
+/// pool_memory_resource's: a free during a capture is RMM's pool's free,
+/// whose event record on the capturing stream invalidates a global-mode
+/// capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated, on an
+/// H100 with CUDA 13.0, as with RMM's pool itself: graph_capture_test.cpp
+/// compares the two), and where a capture survives it, the memory is the
+/// slab's again at once, for allocations outside the graph while its
+/// replays still use it. And RMM's pool, asked on a capturing stream
 /// for a block that only blocks freed on other streams can give, makes the
 /// stream wait on events recorded outside the capture, which CUDA refuses
 /// and which invalidates the capture. Only where a lane's slabs cannot hold
