@@ -2,8 +2,8 @@
 # Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan) and
 # runs each for a bounded time, starting from its seed corpus in the tree.
 #   ./scripts/fuzz.sh [--seconds N] [TARGET...]
-# TARGET: session, config, service, client_messages, manifest (default: all, one after
-# the other, N = 60 s each). What a run finds goes to build-fuzz/corpus/TARGET
+# TARGET: session, config, service, client_messages, manifest, state_file (default:
+# all, one after the other, N = 60 s each). What a run finds goes to build-fuzz/corpus/TARGET
 # (not into the tree); a crash leaves its input in build-fuzz/artifacts/ and
 # fails the script. DEVELOPERS.md ("Fuzzing") gives the long-run command and
 # says how a crash becomes a regression input.
@@ -13,7 +13,7 @@ cd "$root"
 seconds=60
 if [ "${1:-}" = --seconds ]; then seconds=$2; shift 2; fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(session config service client_messages manifest)
+[ ${#targets[@]} -gt 0 ] || targets=(session config service client_messages manifest state_file)
 ./scripts/build.sh --preset fuzz
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1:abort_on_error=0}

@@ -1,0 +1,142 @@
+#include "daemon/restart/buffer_adoption.hpp"
+
+#include <absl/strings/str_format.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace rmmd::restart {
+namespace {
+
+/// Why `facts` is not what `record` describes, or nullopt.
+std::optional<std::string> mismatch(v1::StoredBuffer const& record, fd_facts const& facts)
+{
+  if (!facts.open) { return std::string("the fd cannot be examined (fstat failed)"); }
+  if (record.kind() == v1::STORED_BUFFER_KIND_HOST_MEMFD) {
+    if (!facts.memfd) { return std::string("the record is a host memfd, the fd is not a memfd"); }
+    if (!facts.sealed_size) {
+      return std::string("the memfd is not sealed against resizing, as rmmd seals every one");
+    }
+    if (facts.bytes != record.allocation_bytes()) {
+      return absl::StrFormat(
+          "the memfd has %d bytes, the record %d", facts.bytes, record.allocation_bytes());
+    }
+    return std::nullopt;
+  }
+  if (facts.memfd) { return std::string("the record is a CUDA allocation, the fd is a memfd"); }
+  return std::nullopt;
+}
+
+}  // namespace
+
+fd_facts inspect_fd(int fd) noexcept
+{
+  fd_facts facts;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) { return facts; }
+  facts.open = true;
+  if (!S_ISREG(st.st_mode)) { return facts; }
+  int const seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) { return facts; }
+  facts.memfd       = true;
+  facts.sealed_size = (seals & F_SEAL_SHRINK) != 0 && (seals & F_SEAL_GROW) != 0;
+  facts.bytes       = static_cast<std::uint64_t>(st.st_size);
+  return facts;
+}
+
+adoption_decision decide_adoption(v1::BufferRegistryState const* state,
+                                  std::span<stored_fd_view const> fds)
+{
+  adoption_decision d;
+  if (state != nullptr) {
+    d.next_fd_id = std::max<std::uint64_t>(d.next_fd_id, state->next_fd_id());
+  }
+  std::unordered_map<std::string_view, std::vector<std::size_t>> fds_by_name;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    fds_by_name[fds[i].fd_name].push_back(i);
+    if (fds[i].fd_id >= d.next_fd_id) { d.next_fd_id = fds[i].fd_id + 1; }
+  }
+  std::vector<bool> fd_used(fds.size(), false);
+  int const records = state != nullptr ? state->buffers_size() : 0;
+  for (int r = 0; r < records; ++r) {
+    auto const& record = state->buffers(r);
+    auto const index   = static_cast<std::size_t>(r);
+    auto const it      = fds_by_name.find(record.fd_name());
+    if (it == fds_by_name.end()) {
+      d.problems.push_back(absl::StrFormat(
+          "buffer '%s' (fd '%s'): the fd store passed no fd for it, so its memory is gone: not "
+          "served",
+          record.name(),
+          record.fd_name()));
+      d.drop_records.push_back(index);
+      continue;
+    }
+    for (auto f : it->second) { fd_used[f] = true; }
+    if (it->second.size() > 1) {
+      d.problems.push_back(absl::StrFormat(
+          "buffer '%s' (fd '%s'): the fd store passed %d fds of that name, which should be unique: "
+          "not served, all removed from the store",
+          record.name(),
+          record.fd_name(),
+          it->second.size()));
+      d.drop_records.push_back(index);
+      for (auto f : it->second) { d.drop_fds.push_back(f); }
+      continue;
+    }
+    auto const f = it->second.front();
+    if (auto why = mismatch(record, fds[f].facts)) {
+      d.problems.push_back(
+          absl::StrFormat("buffer '%s' (fd '%s'): %s: not served, removed from the store",
+                          record.name(),
+                          record.fd_name(),
+                          *why));
+      d.drop_records.push_back(index);
+      d.drop_fds.push_back(f);
+      continue;
+    }
+    d.adopt.emplace_back(index, f);
+  }
+  for (std::size_t f = 0; f < fds.size(); ++f) {
+    if (fd_used[f]) { continue; }
+    d.problems.push_back(absl::StrFormat(
+        "fd '%s' from the fd store: %s: closed, removed from the store",
+        fds[f].fd_name,
+        state != nullptr ? "no record of the state file names it (stored just before a crash?)"
+                         : "there is no usable state file to say which buffer it is"));
+    d.drop_fds.push_back(f);
+  }
+  std::sort(d.drop_fds.begin(), d.drop_fds.end());
+  return d;
+}
+
+adoption_result reconcile(std::optional<v1::BufferRegistryState> const& state,
+                          std::vector<passed_buffer_fd> fds)
+{
+  std::vector<stored_fd_view> views;
+  views.reserve(fds.size());
+  for (auto const& f : fds) {
+    views.push_back(
+        stored_fd_view{.fd_id = f.fd_id, .fd_name = f.name, .facts = inspect_fd(f.fd.get())});
+  }
+  auto const d = decide_adoption(state ? &*state : nullptr, views);
+  adoption_result result;
+  result.problems   = d.problems;
+  result.next_fd_id = d.next_fd_id;
+  for (auto [r, f] : d.adopt) {
+    result.adopted.push_back(
+        adopted_buffer{.record = state->buffers(static_cast<int>(r)), .fd = std::move(fds[f].fd)});
+  }
+  for (auto f : d.drop_fds) {
+    if (std::find(result.remove_from_store.begin(), result.remove_from_store.end(), fds[f].name) ==
+        result.remove_from_store.end()) {
+      result.remove_from_store.push_back(fds[f].name);
+    }
+    fds[f].fd = owned_fd();
+  }
+  return result;
+}
+
+}  // namespace rmmd::restart

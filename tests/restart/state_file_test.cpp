@@ -1,0 +1,238 @@
+#include "daemon/restart/state_file.hpp"
+
+#include "daemon/restart/detail/crc32c.hpp"
+#include "daemon/restart/fd_store.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace rmmd::restart {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::StoredBuffer host_record(std::uint64_t fd_id, std::string const& name)
+{
+  v1::StoredBuffer b;
+  b.set_fd_id(fd_id);
+  b.set_fd_name(buffer_fd_name(fd_id, name));
+  b.set_name(name);
+  b.set_size(1000);
+  b.set_allocation_bytes(4096);
+  b.set_pool_name("host");
+  b.set_kind(v1::STORED_BUFFER_KIND_HOST_MEMFD);
+  b.set_creator_uid(1000);
+  b.set_creator_pid(42);
+  b.set_persistent(true);
+  b.set_state(v1::BUFFER_STATE_PUBLISHED);
+  b.set_created_unix_ms(1'700'000'000'000);
+  return b;
+}
+
+v1::BufferRegistryState sample_state()
+{
+  v1::BufferRegistryState s;
+  s.set_format_version(state_format_version);
+  s.set_daemon_generation(3);
+  s.set_next_fd_id(3);
+  *s.add_buffers() = host_record(1, "team/model/layer0");
+  auto cuda        = host_record(2, "team/model/layer1");
+  cuda.set_kind(v1::STORED_BUFFER_KIND_VMM_POSIX_FD);
+  cuda.set_gpu_uuid("GPU-0123");
+  cuda.set_gid(77);
+  auto* label = cuda.mutable_manifest()->add_labels();
+  label->set_key("model");
+  label->set_value("llama");
+  *s.add_buffers() = cuda;
+  return s;
+}
+
+class StateFile : public ::testing::Test {
+ protected:
+  void SetUp() override
+  {
+    char tmpl[] = "/tmp/rmmd-state-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override
+  {
+    std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path file() const
+  {
+    return dir_ / "buffers.state";
+  }
+  void write_raw(std::string const& bytes) const
+  {
+    std::ofstream(file(), std::ios::binary) << bytes;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST(Crc32c, KnownVector)
+{
+  EXPECT_EQ(detail::crc32c("123456789"), 0xe3069283u);
+  EXPECT_EQ(detail::crc32c(""), 0u);
+}
+
+TEST_F(StateFile, MissingFileIsNoState)
+{
+  auto r = read_state_file(file());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value());
+}
+
+TEST_F(StateFile, WrittenStateReadsBackWholeWithMode0600AndNoTemporaryLeft)
+{
+  auto const state = sample_state();
+  ASSERT_TRUE(write_state_file(file(), state).ok());
+  auto r = read_state_file(file());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ((*r)->SerializeAsString(), state.SerializeAsString());
+  struct stat st {};
+  ASSERT_EQ(::stat(file().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_), {}), 1);
+
+  // A second write replaces the first.
+  auto smaller = state;
+  smaller.mutable_buffers()->RemoveLast();
+  ASSERT_TRUE(write_state_file(file(), smaller).ok());
+  r = read_state_file(file());
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_EQ((*r)->buffers_size(), 1);
+}
+
+TEST_F(StateFile, AnInvalidStateIsNotWrittenAndTheOldFileStays)
+{
+  ASSERT_TRUE(write_state_file(file(), sample_state()).ok());
+  auto bad = sample_state();
+  bad.mutable_buffers(1)->set_name("team/model/layer0");  // a duplicate name
+  auto s = write_state_file(file(), bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("another record has its name"));
+  auto r = read_state_file(file());
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_EQ((*r)->SerializeAsString(), sample_state().SerializeAsString());
+}
+
+TEST_F(StateFile, AWriteIntoAMissingDirectorySaysWhere)
+{
+  auto s = write_state_file(dir_ / "no-such-dir" / "state", sample_state());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no-such-dir"));
+}
+
+TEST_F(StateFile, EveryTruncationIsRefusedInWords)
+{
+  auto const bytes = encode_state(sample_state());
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    auto r = decode_state(std::string_view(bytes).substr(0, n));
+    ASSERT_FALSE(r.ok()) << n;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("truncated")) << n;
+  }
+  write_raw(bytes.substr(0, bytes.size() - 1));
+  auto r = read_state_file(file());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(file().string()));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("truncated"));
+}
+
+TEST_F(StateFile, EveryFlippedPayloadBitIsAChecksumMismatch)
+{
+  auto const bytes = encode_state(sample_state());
+  for (std::size_t i = state_file_header_bytes; i < bytes.size(); ++i) {
+    auto copy = bytes;
+    copy[i] ^= 0x10;
+    auto r = decode_state(copy);
+    ASSERT_FALSE(r.ok()) << i;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("checksum mismatch")) << i;
+  }
+}
+
+TEST_F(StateFile, ForeignTrailingAndOversizedFilesAreRefused)
+{
+  auto const bytes = encode_state(sample_state());
+  auto foreign     = bytes;
+  foreign[0]       = 'X';
+  EXPECT_THAT(std::string(decode_state(foreign).status().message()),
+              HasSubstr("not an rmmd state file"));
+  EXPECT_THAT(std::string(decode_state("hello").status().message()),
+              HasSubstr("not an rmmd state file"));
+  EXPECT_THAT(std::string(decode_state(bytes + "x").status().message()),
+              HasSubstr("1 bytes follow"));
+  auto huge = bytes;
+  huge[15]  = 0x7f;  // the length's top byte
+  EXPECT_THAT(std::string(decode_state(huge).status().message()), HasSubstr("more than"));
+}
+
+TEST_F(StateFile, APayloadThatIsNotTheMessageIsCorrupt)
+{
+  std::string payload = "\xff\xff\xff";
+  std::string bytes(state_file_magic);
+  for (int i = 0; i < 8; ++i) {
+    bytes.push_back(i == 0 ? static_cast<char>(payload.size()) : '\0');
+  }
+  auto crc = detail::crc32c(payload);
+  for (int i = 0; i < 4; ++i) { bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff)); }
+  bytes += payload;
+  auto r = decode_state(bytes);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("does not parse"));
+}
+
+TEST_F(StateFile, AnotherFormatVersionIsRefused)
+{
+  auto state = sample_state();
+  state.set_format_version(2);
+  auto r = decode_state(encode_state(state));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("format version 2"));
+}
+
+TEST(StateProblem, EachRuleNamesTheRecord)
+{
+  auto check = [](auto change, char const* expected) {
+    auto state = sample_state();
+    change(*state.mutable_buffers(1));
+    auto why = state_problem(state);
+    ASSERT_TRUE(why.has_value()) << expected;
+    EXPECT_THAT(*why, HasSubstr("record 1")) << expected;
+    EXPECT_THAT(*why, HasSubstr(expected));
+  };
+  check([](v1::StoredBuffer& b) { b.set_fd_name("a:b"); }, "fd name is not one systemd gives");
+  check([](v1::StoredBuffer& b) { b.set_fd_name("rmmd-buffer-9.x"); }, "does not carry its fd_id");
+  check(
+      [](v1::StoredBuffer& b) {
+        b.set_fd_id(7);
+        b.set_fd_name(buffer_fd_name(7, "x"));
+      },
+      "not below next_fd_id");
+  check([](v1::StoredBuffer& b) { b.set_name("/abs"); }, "buffer name");
+  check([](v1::StoredBuffer& b) { b.set_size(0); }, "size is 0");
+  check([](v1::StoredBuffer& b) { b.set_allocation_bytes(10); }, "smaller than its size");
+  check([](v1::StoredBuffer& b) { b.set_kind(v1::STORED_BUFFER_KIND_UNSPECIFIED); }, "kind 0");
+  check([](v1::StoredBuffer& b) { b.clear_gpu_uuid(); }, "without a GPU UUID");
+  check([](v1::StoredBuffer& b) { b.set_state(v1::BUFFER_STATE_WRITING); }, "not PUBLISHED");
+  check(
+      [](v1::StoredBuffer& b) {
+        b.set_fd_id(1);
+        b.set_fd_name(buffer_fd_name(1, "other"));
+      },
+      "another record has its fd");
+  EXPECT_FALSE(state_problem(sample_state()).has_value());
+}
+
+}  // namespace
+}  // namespace rmmd::restart
