@@ -186,6 +186,18 @@ void from_json(char const* json, google::protobuf::Message* out, std::string con
   }
 }
 
+/// A C enum field as the int its caller stored: C lets any int stand there,
+/// and C++ reading a value beyond the enumerators' range as the enum is
+/// undefined (UBSan says so), so it is read as bytes.
+template <typename Enum>
+int raw_enum(Enum const& field) noexcept
+{
+  static_assert(sizeof(Enum) == sizeof(int));
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
 /// The labels of key and value arrays (a C caller's), each key once.
 void labels_from_arrays(char const* const* keys,
                         char const* const* values,
@@ -410,13 +422,13 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
   return guarded([&] {
     auto const& s         = session->session;
     std::string_view pool = o->pool == nullptr ? std::string_view{} : std::string_view(o->pool);
-    switch (o->kind) {
+    switch (raw_enum(o->kind)) {
       case RMMD_RESOURCE_DEVICE: {
         rmmd::ipc_resource_options ro;
-        ro.mode          = o->mode == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
-                                                       : rmmd::allocation_mode::slab;
+        ro.mode          = raw_enum(o->mode) == RMMD_MODE_DIRECT ? rmmd::allocation_mode::direct
+                                                                 : rmmd::allocation_mode::slab;
         ro.carving_lanes = o->carving_lanes;  // RMMD_CARVING_LANES_AUTO is auto_carving_lanes
-        switch (o->capture_checks) {
+        switch (raw_enum(o->capture_checks)) {
           case RMMD_CAPTURE_CHECKS_AUTOMATIC:
             break;
           case RMMD_CAPTURE_CHECKS_EVERY_CALL:
@@ -427,7 +439,7 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
             break;
           default:
             throw rmmd::logic_error("rmmd: options->capture_checks is " +
-                                    std::to_string(o->capture_checks) +
+                                    std::to_string(raw_enum(o->capture_checks)) +
                                     "; use RMMD_CAPTURE_CHECKS_AUTOMATIC (0), _EVERY_CALL (1) or "
                                     "_SLOW_PATH_ONLY (2)");
         }
@@ -445,7 +457,7 @@ rmmd_status rmmd_resource_create(rmmd_session_t session,
         *resource = new rmmd_resource_s{.mr = rmmd::pinned_host_memory_resource(s, pool)};
         return;
     }
-    throw rmmd::logic_error("rmmd: unknown resource kind " + std::to_string(o->kind));
+    throw rmmd::logic_error("rmmd: unknown resource kind " + std::to_string(raw_enum(o->kind)));
   });
 }
 
@@ -617,9 +629,10 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
   defaults.size = sizeof(defaults);
   auto o        = read_struct(options, defaults);
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
-  if (o->access != RMMD_BUFFER_READ && o->access != RMMD_BUFFER_READ_WRITE) {
+  if (auto access = raw_enum(o->access);
+      access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
     return fail(RMMD_ERROR_INVALID_ARGUMENT,
-                "rmmd: options->access is " + std::to_string(static_cast<int>(o->access)) +
+                "rmmd: options->access is " + std::to_string(access) +
                     ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
   }
   return guarded([&] {
