@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Model weights as a shared asset, at the scale of real models (issue 26, points 4 and 6).
+"""Model weights as a shared asset, at the scale of real models: attach against size and against loading a file.
 
   python bench/python/weights_bench.py [--rmmd PATH | --runtime-dir DIR] [--out FILE.json]
         [--sizes-gib 1,10,100] [--tensors 1000] [--runs 5] [--procs 8]

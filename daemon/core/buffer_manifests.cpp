@@ -52,34 +52,19 @@ absl::Status daemon_core::set_buffer_manifest(session_id session,
 {
   std::unique_lock lock(mutex_);
   auto const request = absl::StrFormat("set the manifest of buffer %d", id);
-  if (auto found = session_locked(session, request); !found.ok()) { return found.status(); }
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || it->second->creating) {
-    return absl::NotFoundError(
-        absl::StrCat(request, ": no such buffer (never created, or freed already)"));
-  }
-  auto& b          = *it->second;
+  auto found         = writing_buffer_locked(session, id, request, "set its manifest");
+  if (!found.ok()) { return found.status(); }
+  auto const& b    = **found;
   auto const named = absl::StrFormat("%s (%s)", request, quoted_for_message(b.name));
-  if (b.creator != session) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(named, ": only the session that created it may set its manifest"));
-  }
-  if (b.state != buffer_state::writing) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(named,
-                     b.state == buffer_state::published
-                         ? ": it is published already; a manifest is set before publishing"
-                         : ": it was deleted before it was published; create it again"));
-  }
-  auto const size = b.size;
-  auto const pool = b.pool;
+  auto const size  = b.size;
+  auto const pool  = b.pool;
   // The checks of a large table take a while: not under the lock. The
   // buffer may change meanwhile, so what was found is looked at again after.
   lock.unlock();
   auto problem = manifest_problem(manifest, size);
   if (problem) { return absl::InvalidArgumentError(absl::StrCat(named, ": ", *problem)); }
   lock.lock();
-  it = buffers_.find(id);
+  auto it = buffers_.find(id);
   if (it == buffers_.end() || it->second->creator != session ||
       it->second->state != buffer_state::writing || find_session_locked(session) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -426,6 +426,14 @@ class daemon_core {
   [[nodiscard]] session_entry* find_session_locked(session_id id) const;
   /// The session `id`, or UNAUTHENTICATED saying that `request` came from a
   /// closed session.
+  /// Buffer `id` as its creating session may still change it: created by
+  /// `session` and neither published nor deleted. Otherwise NOT_FOUND or
+  /// FAILED_PRECONDITION, each worded `request: ...` ("only the session that
+  /// created it may <what>").
+  [[nodiscard]] absl::StatusOr<buffer_entry*> writing_buffer_locked(session_id session,
+                                                                    buffer_id id,
+                                                                    std::string const& request,
+                                                                    char const* what);
   [[nodiscard]] absl::StatusOr<session_entry*> session_locked(session_id id,
                                                               std::string_view request) const;
 

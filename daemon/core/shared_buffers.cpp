@@ -20,15 +20,6 @@
 namespace rmmd::core {
 namespace {
 
-/// A name as it may appear in a message: escaped, and cut to 80 bytes.
-std::string shown_name(std::string_view name)
-{
-  auto cut = name.substr(0, 80);
-  return absl::StrCat("'",
-                      absl::CHexEscape(absl::string_view(cut.data(), cut.size())),
-                      name.size() > cut.size() ? "...'" : "'");
-}
-
 std::string bytes_text(std::size_t bytes)
 {
   return absl::StrFormat("%d bytes", bytes);
@@ -129,7 +120,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
                                                              short_of_room when_short)
 {
   std::unique_lock lock(mutex_);
-  auto const request = absl::StrFormat("create buffer %s", shown_name(name));
+  auto const request = absl::StrFormat("create buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
@@ -284,32 +275,40 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
   return b;
 }
 
-absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
+absl::StatusOr<buffer_entry*> daemon_core::writing_buffer_locked(session_id session,
+                                                                 buffer_id id,
+                                                                 std::string const& request,
+                                                                 char const* what)
 {
-  std::lock_guard lock(mutex_);
-  auto const request = absl::StrFormat("publish buffer %d", id);
   if (auto found = session_locked(session, request); !found.ok()) { return found.status(); }
   auto it = buffers_.find(id);
   if (it == buffers_.end() || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": no such buffer (never created, or freed already)"));
   }
-  auto& b = *it->second;
+  auto& b          = *it->second;
+  auto const named = absl::StrFormat("%s (%s)", request, quoted_for_message(b.name));
   if (b.creator != session) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s (%s): only the session that created it may publish it", request, shown_name(b.name)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(named, ": only the session that created it may ", what));
   }
   if (b.state == buffer_state::published) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("%s (%s): it is published already", request, shown_name(b.name)));
+    return absl::FailedPreconditionError(absl::StrCat(named, ": it is published already"));
   }
   if (b.state == buffer_state::deleted) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("%s (%s): it was deleted before it was published; create it again",
-                        request,
-                        shown_name(b.name)));
+        absl::StrCat(named, ": it was deleted before it was published; create it again"));
   }
-  b.state = buffer_state::published;
+  return &b;
+}
+
+absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
+{
+  std::lock_guard lock(mutex_);
+  auto b =
+      writing_buffer_locked(session, id, absl::StrFormat("publish buffer %d", id), "publish it");
+  if (!b.ok()) { return b.status(); }
+  (*b)->state = buffer_state::published;
   buffers_changed_.notify_all();
   return absl::OkStatus();
 }
@@ -321,7 +320,7 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
     buffer_open_options const& how)
 {
   std::unique_lock lock(mutex_);
-  auto const request = absl::StrFormat("open buffer %s", shown_name(name));
+  auto const request = absl::StrFormat("open buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
@@ -421,7 +420,7 @@ absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) con
 absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::string_view name)
 {
   std::lock_guard lock(mutex_);
-  auto const request = absl::StrFormat("delete buffer %s", shown_name(name));
+  auto const request = absl::StrFormat("delete buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
