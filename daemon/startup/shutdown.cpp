@@ -54,6 +54,8 @@ void stop_serving(core::daemon_core& core, endpoints& endpoints, service_status&
   status.stopped();
   core.begin_drain();
   endpoints.stop();
+  // What the sessions' end frees stays kept: a restart serves it again.
+  core.set_buffer_keeper(nullptr);
   core.close_all_sessions();
   log::report_suppressed();
   log::info("stopped");
