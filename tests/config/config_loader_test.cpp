@@ -273,7 +273,8 @@ INSTANTIATE_TEST_SUITE_P(
             2,
             2,
             "is too long"},
-        semantic_case{"state_file: \"buffers.state\"", 1, 1, "state_file \"buffers.state\" is relative"},
+        semantic_case{
+            "state_file: \"buffers.state\"", 1, 1, "state_file \"buffers.state\" is relative"},
         semantic_case{"socket_mode: \"660x\"", 1, 1, "socket_mode \"660x\" is not an octal"},
         semantic_case{"socket_mode: \"4660\"", 1, 1, "is not an octal permission mode"},
         semantic_case{"socket_mode: \"0060\"", 1, 1, "must give the owner read and write"},
