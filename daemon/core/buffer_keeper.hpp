@@ -23,13 +23,13 @@ namespace rmmd::core {
 
 /// A published buffer with memory of its own, as a keeper records it.
 struct kept_buffer {
-  buffer_info info;                                 ///< name, pool, size, owner, access, ...
-  std::shared_ptr<buffer_manifest const> manifest;  ///< null: none
+  buffer_info info{};                                 ///< name, pool, size, owner, access, ...
+  std::shared_ptr<buffer_manifest const> manifest{};  ///< null: none
   int fd{-1};              ///< its shareable fd, owned by the backend: the keeper takes a dup
   bool host_memfd{false};  ///< `fd` is a host buffer's memfd
   bool fabric{false};      ///< it also has a fabric handle
   std::size_t allocation_bytes{};  ///< the allocation's bytes (>= info.size)
-  std::string gpu_uuid;            ///< its pool's GPU; empty for host pools
+  std::string gpu_uuid{};          ///< its pool's GPU; empty for host pools
 };
 
 /// Told of buffers to keep and to let go. Both calls come under the core's
@@ -51,7 +51,7 @@ class buffer_keeper {
 
 /// A buffer the last daemon kept, for daemon_core::adopt_buffer.
 struct adopted_buffer_spec {
-  std::string name;
+  std::string name{};
   pool_id pool{};
   std::size_t size{};
   bool persistent{false};
@@ -60,13 +60,13 @@ struct adopted_buffer_spec {
   uid_t creator_uid{};
   pid_t creator_pid{};
   std::chrono::system_clock::time_point created{};
-  std::shared_ptr<buffer_manifest const> manifest;  ///< as stored (the daemon's labels included)
+  std::shared_ptr<buffer_manifest const> manifest{};  ///< as stored (the daemon's labels included)
   /// Its memory: block.bytes the allocation's bytes, fd its shareable fd
   /// (the core's to close through `release`).
-  shared_allocation memory;
+  shared_allocation memory{};
   /// Frees `memory` (closes the fd, releases the driver's handle); called
   /// once, under the core's lock, when the buffer goes.
-  std::function<void(shared_allocation const&)> release;
+  std::function<void(shared_allocation const&)> release{};
 };
 
 }  // namespace rmmd::core
