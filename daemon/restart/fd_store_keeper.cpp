@@ -113,12 +113,6 @@ absl::Status fd_store_keeper::write_locked_records()
   return write_state_file(options_.state_file, state);
 }
 
-void fd_store_keeper::flush()
-{
-  std::unique_lock lock(mutex_);
-  idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
-}
-
 void fd_store_keeper::run()
 {
   std::unique_lock lock(mutex_);
@@ -127,12 +121,9 @@ void fd_store_keeper::run()
     if (queue_.empty()) { return; }  // stopping, and nothing left to do
     auto batch = std::move(queue_);
     queue_.clear();
-    busy_ = true;
     lock.unlock();
     apply(std::move(batch));
     lock.lock();
-    busy_ = false;
-    if (queue_.empty()) { idle_.notify_all(); }
   }
 }
 

@@ -52,7 +52,8 @@ class fd_store_keeper final : public core::buffer_keeper {
 
   /// Starts the writing thread. REQUIRES: `store` outlives the keeper.
   fd_store_keeper(options opts, fd_store& store);
-  /// Does what is queued, then stops the thread.
+  /// Does what is queued (a delete just before shutdown still leaves the
+  /// store), then stops the thread.
   ~fd_store_keeper() override;
 
   void keep(core::kept_buffer const& buffer) noexcept override;
@@ -65,9 +66,6 @@ class fd_store_keeper final : public core::buffer_keeper {
   /// Writes the state file now with what is kept (at start, once the
   /// adopted buffers are in). Errors as write_state_file.
   absl::Status write_now();
-
-  /// Waits until everything queued so far is done (tests, shutdown).
-  void flush();
 
  private:
   struct keep_event {
@@ -89,9 +87,7 @@ class fd_store_keeper final : public core::buffer_keeper {
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::condition_variable idle_;
   std::deque<event> queue_;
-  bool busy_{false};
   bool stopping_{false};
 
   std::mutex records_mutex_;  // records_ and next_fd_id_; taken after mutex_ is let go
