@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -61,7 +62,12 @@ absl::StatusOr<checked_memory> check_memory(std::vector<core::pool_description> 
         r.pool_name(),
         pool->gpu_uuid.empty() ? std::string("(none)") : pool->gpu_uuid));
   }
-  bool const fabric = r.fabric() && !pool->fabric_handle.empty();
+  // The pool's handle types, not its fabric_handle: a pool with a backend
+  // per tenant describes no tenant's handle here.
+  bool const pool_fabric =
+      std::find(pool->handle_types.begin(), pool->handle_types.end(), core::handle_type::fabric) !=
+      pool->handle_types.end();
+  bool const fabric = r.fabric() && pool_fabric;
   auto imported =
       backends::cuda::import_buffer(pool->device, b.fd.get(), r.allocation_bytes(), fabric);
   if (!imported.ok()) { return imported.status(); }
