@@ -76,10 +76,11 @@ int main(int argc, char** argv)
   auto const keeper = startup::restore_buffers(
       core, store, std::move(passed), rmmd::config::effective_state_file(*settings));
   if (keeper && flags.shared_buffer_memory != "own") {
-    rmmd::log::warn("buffers of CUDA pools are pointers of their pool "
-                    "(--cuda-shared-buffer-memory=%s), which no fd keeps: they are lost when the "
-                    "daemon restarts (host buffers are kept)",
-                    flags.shared_buffer_memory);
+    rmmd::log::warn(
+        "buffers of CUDA pools are pointers of their pool "
+        "(--cuda-shared-buffer-memory=%s), which no fd keeps: they are lost when the "
+        "daemon restarts (host buffers are kept)",
+        flags.shared_buffer_memory);
   }
   auto endpoints = startup::endpoints::start(core, *settings);
   if (!endpoints) { return 1; }

@@ -118,10 +118,8 @@ TEST(BuffersOutliveDaemon, APersistentHostBufferComesBackAfterSigkillWithItsByte
   EXPECT_EQ(stats.restart().dropped_at_start(), 0u);
   EXPECT_TRUE(stats.restart().keeping_buffers());
   EXPECT_GE(stats.pools(0).in_use_bytes(), buffer_bytes);  // charged to the pool again
-  auto text = run({program_path("rmmctl").string(),
-                   "--runtime-dir",
-                   daemon.runtime_dir().string(),
-                   "stats"});
+  auto text = run(
+      {program_path("rmmctl").string(), "--runtime-dir", daemon.runtime_dir().string(), "stats"});
   EXPECT_THAT(text.out, HasSubstr("restarts: 1; buffers served again after the last: 1 ("));
 
   // A second crash: still there, and the restarts count on.
