@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace rmmd::core {
 
@@ -27,9 +28,9 @@ struct kept_buffer {
   std::shared_ptr<buffer_manifest const> manifest{};  ///< null: none
   int fd{-1};              ///< its shareable fd, owned by the backend: the keeper takes a dup
   bool host_memfd{false};  ///< `fd` is a host buffer's memfd
-  bool fabric{false};      ///< it also has a fabric handle
-  std::size_t allocation_bytes{};  ///< the allocation's bytes (>= info.size)
-  std::string gpu_uuid{};          ///< its pool's GPU; empty for host pools
+  std::vector<std::byte> fabric_handle{};  ///< its fabric handle's bytes, or empty (none)
+  std::size_t allocation_bytes{};          ///< the allocation's bytes (>= info.size)
+  std::string gpu_uuid{};                  ///< its pool's GPU; empty for host pools
 };
 
 /// Told of buffers to keep and to let go. Both calls come under the core's

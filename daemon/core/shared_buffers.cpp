@@ -316,7 +316,7 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
                               .manifest         = b.manifest,
                               .fd               = b.block.fd,
                               .host_memfd       = b.block.host_memfd,
-                              .fabric           = !b.block.fabric_handle.empty(),
+                              .fabric_handle    = b.block.fabric_handle,
                               .allocation_bytes = b.block.block.bytes,
                               .gpu_uuid         = pools_[b.pool]->config.gpu_uuid});
   }

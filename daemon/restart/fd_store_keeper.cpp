@@ -34,7 +34,11 @@ v1::StoredBuffer stored_record(core::kept_buffer const& buffer)
   r.set_created_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(info.created.time_since_epoch())
           .count());
-  r.set_fabric(buffer.fabric);
+  r.set_fabric(!buffer.fabric_handle.empty());
+  if (!buffer.fabric_handle.empty()) {
+    r.set_fabric_handle(reinterpret_cast<char const*>(buffer.fabric_handle.data()),
+                        buffer.fabric_handle.size());
+  }
   if (buffer.manifest) { wire::to_proto(*buffer.manifest, r.mutable_manifest()); }
   return r;
 }

@@ -68,11 +68,16 @@ absl::StatusOr<checked_memory> check_memory(std::vector<core::pool_description> 
       std::find(pool->handle_types.begin(), pool->handle_types.end(), core::handle_type::fabric) !=
       pool->handle_types.end();
   bool const fabric = r.fabric() && pool_fabric;
-  auto imported =
-      backends::cuda::import_buffer(pool->device, b.fd.get(), r.allocation_bytes(), fabric);
+  auto imported     = backends::cuda::import_buffer(
+      pool->device, b.fd.get(), r.allocation_bytes(), fabric, r.fabric_handle());
   if (!imported.ok()) { return imported.status(); }
   b.fd.release();  // the imported memory owns it now
-  if (!imported->fabric_note.empty()) {
+  if (imported->recorded_fabric) {
+    log::info(
+        "buffer '%s' is served with the fabric handle it had before the restart (the state "
+        "file's; the driver exports none from an allocation imported by POSIX fd)",
+        r.name());
+  } else if (!imported->fabric_note.empty()) {
     log::warn(
         "buffer '%s' is served by its POSIX fd only, without a fabric handle: %s; "
         "processes that import it by fabric handle cannot open it until it is created again",

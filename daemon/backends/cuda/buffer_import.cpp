@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace rmmd::backends::cuda {
 namespace {
@@ -35,10 +36,8 @@ properties_fn allocation_properties()
 
 }  // namespace
 
-absl::StatusOr<imported_buffer> import_buffer(int device,
-                                              int fd,
-                                              std::size_t allocation_bytes,
-                                              bool fabric)
+absl::StatusOr<imported_buffer> import_buffer(
+    int device, int fd, std::size_t allocation_bytes, bool fabric, std::string_view recorded_fabric)
 {
   std::string why;
   auto const& api = gpu::vmm(&why);
@@ -103,15 +102,31 @@ absl::StatusOr<imported_buffer> import_buffer(int device,
       .block = {.bytes = allocation_bytes}, .fd = fd, .driver_handle = handle};
   if (fabric) {
     CUmemFabricHandle fh{};
+    std::string exported;  // why no handle came from the imported allocation
     if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) == 0) {
-      out.fabric_note = "its allocation, as the driver imports it, offers no fabric handle";
+      exported = "its allocation, as the driver imports it, offers no fabric handle";
     } else if (auto r = api->export_handle(&fh, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
                r != CUDA_SUCCESS) {
-      out.fabric_note = "the driver does not export the imported allocation as a fabric handle (" +
-                        api->name(r) + ")";
+      exported = "the driver does not export the imported allocation as a fabric handle (" +
+                 api->name(r) + ")";
     } else {
       auto const* p = reinterpret_cast<std::byte const*>(&fh);
       out.memory.fabric_handle.assign(p, p + sizeof(fh));
+    }
+    if (!exported.empty() && recorded_fabric.size() != sizeof(CUmemFabricHandle)) {
+      out.fabric_note = exported + ", and the state file holds no fabric handle for it";
+    } else if (!exported.empty()) {
+      std::memcpy(&fh, recorded_fabric.data(), sizeof(fh));
+      CUmemGenericAllocationHandle probe{};
+      if (auto r = api->import_handle(&probe, &fh, CU_MEM_HANDLE_TYPE_FABRIC); r != CUDA_SUCCESS) {
+        out.fabric_note =
+            exported + ", and does not import the recorded one (" + api->name(r) + ")";
+      } else {
+        api->mem_release(probe);
+        auto const* p = reinterpret_cast<std::byte const*>(recorded_fabric.data());
+        out.memory.fabric_handle.assign(p, p + recorded_fabric.size());
+        out.recorded_fabric = true;
+      }
     }
   }
   return out;
