@@ -2,10 +2,13 @@
 // and its endpoints, and waits for signals. Each step lives in
 // daemon/startup/.
 
+#include "daemon/backends/cuda/cuda_backend.hpp"
 #include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/library_logs.hpp"
 #include "daemon/log.hpp"
+#include "daemon/restart/fd_store.hpp"
+#include "daemon/startup/buffer_restore.hpp"
 #include "daemon/startup/config_source.hpp"
 #include "daemon/startup/daemon_flags.hpp"
 #include "daemon/startup/endpoints.hpp"
@@ -38,6 +41,9 @@ int main(int argc, char** argv)
     rmmd::backends::cuda::run_fabric_probe(flags.probe_fabric_device);
   }
 
+  // Before any thread runs: it reads and unsets the LISTEN_ variables.
+  auto passed = rmmd::restart::take_passed_fds();
+
   startup::config_source const source{.path          = flags.config_path,
                                       .explicit_path = app.count("--config") > 0};
   if (app.count("--check-config") > 0) {
@@ -64,6 +70,17 @@ int main(int argc, char** argv)
   if (!pools ||
       !startup::add_pools(core, *pools, flags.backend, flags.shared_buffer_memory == "own")) {
     return 1;
+  }
+  core.set_driver_usage_source(rmmd::backends::cuda::driver_used_bytes);
+  rmmd::restart::fd_store store;
+  auto const keeper = startup::restore_buffers(
+      core, store, std::move(passed), rmmd::config::effective_state_file(*settings));
+  if (keeper && flags.shared_buffer_memory != "own") {
+    rmmd::log::warn(
+        "buffers of CUDA pools are pointers of their pool "
+        "(--cuda-shared-buffer-memory=%s), which no fd keeps: they are lost when the "
+        "daemon restarts (host buffers are kept)",
+        flags.shared_buffer_memory);
   }
   auto endpoints = startup::endpoints::start(core, *settings);
   if (!endpoints) { return 1; }

@@ -258,6 +258,38 @@ std::string unlisted_sessions_line(Reply const& reply)
          " allocations (--top N lists more, --all every one)\n";
 }
 
+/// What the daemon took back at its start, and each GPU's memory beyond
+/// the ledger: nothing where buffers are not kept and there is no GPU.
+std::string restart_lines(v1::Stats const& stats)
+{
+  std::string out;
+  auto const& r = stats.restart();
+  if (r.keeping_buffers() || r.restarts() > 0) {
+    out += "restarts: " + std::to_string(r.restarts()) +
+           "; buffers served again after the last: " + std::to_string(r.readopted_buffers()) +
+           " (" + human_bytes(r.readopted_bytes()) + ")";
+    if (r.dropped_at_start() > 0) {
+      out +=
+          "; not served: " + std::to_string(r.dropped_at_start()) + " (the daemon's log says why)";
+    }
+    out += r.keeping_buffers() ? "\n"
+                               : "; buffers are not kept across a restart (no service manager)\n";
+  }
+  if (stats.gpu_memory_size() > 0) {
+    table gpus({"GPU", "DEVICE", "DRIVER USED", "RMMD LEDGER", "UNACCOUNTED"});
+    for (auto const& g : stats.gpu_memory()) {
+      gpus.add({g.gpu_uuid(),
+                std::to_string(g.device()),
+                human_bytes(g.driver_used_bytes()),
+                human_bytes(g.ledger_bytes()),
+                human_bytes(g.unaccounted_bytes())});
+    }
+    out += "\n" + gpus.str({false, true, true, true, true}) +
+           "(unaccounted: held from before a restart, CUDA contexts, other processes)\n";
+  }
+  return out;
+}
+
 std::string format_stats(v1::Stats const& stats)
 {
   table pools({"POOL",
@@ -328,7 +360,7 @@ std::string format_stats(v1::Stats const& stats)
          "\n" + tenants.str({false, false, true, true, true, true}) + "\n" +
          sessions.str({true, true, true, false, false, true, true, true, true, true, true}) +
          (stats.sessions().empty() && stats.session_count() == 0 ? "(no sessions)\n" : "") +
-         unlisted_sessions_line(stats);
+         unlisted_sessions_line(stats) + restart_lines(stats);
 }
 
 std::string format_pools(v1::ListPoolsResponse const& response)

@@ -59,7 +59,8 @@ constexpr reload_rule needs_restart(std::string_view name)
 }
 
 // Restart-only, and why: the sockets and their directory are made once at
-// start (runtime_dir, socket_group, runtime_dir_mode, socket_mode); pools,
+// start (runtime_dir, socket_group, runtime_dir_mode, socket_mode), and the
+// state file is read once, at start, before it is written again; pools,
 // those listed and those made per GPU, own driver memory that live leases
 // point into, and tenancy decides which pools (one per tenant, or one for
 // all) there are; hello_timeout_ms and max_message_bytes are fixed when the
@@ -72,6 +73,7 @@ constexpr std::array rules{
     needs_restart<[](auto& s) { return std::tie(s.socket_group, s.socket_group_name); }>("socket_group"),
     needs_restart<[](auto& s) -> auto& { return s.runtime_dir_mode; }>("runtime_dir_mode"),
     needs_restart<[](auto& s) -> auto& { return s.socket_mode; }>("socket_mode"),
+    needs_restart<[](auto& s) -> auto& { return s.state_file; }>("state_file"),
     applied<[](auto& s) -> auto& { return s.access.uids; }>("allowed_uids/allowed_users"),
     applied<[](auto& s) -> auto& { return s.access.gids; }>("allowed_gids/allowed_groups"),
     needs_restart<[](auto& s) -> auto& { return s.pools; }>("pools"),

@@ -10,6 +10,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <string_view>
+
 namespace rmmd::config {
 
 core::access_policy default_access()
@@ -29,6 +32,18 @@ daemon_settings default_settings()
                                   .device         = -1,
                                   .capacity_bytes = default_host_pool_bytes});
   return s;
+}
+
+std::filesystem::path effective_state_file(daemon_settings const& settings)
+{
+  if (!settings.state_file.empty()) { return settings.state_file; }
+  constexpr char const* file = "buffers.state";
+  if (char const* dirs = std::getenv("STATE_DIRECTORY"); dirs != nullptr && *dirs == '/') {
+    std::string_view first(dirs);
+    first = first.substr(0, first.find(':'));
+    return std::filesystem::path(first) / file;
+  }
+  return effective_runtime_dir(settings) / file;
 }
 
 std::filesystem::path effective_runtime_dir(daemon_settings const& settings)

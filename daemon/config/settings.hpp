@@ -101,6 +101,8 @@ struct daemon_settings {
   std::string socket_group_name;      ///< as written, for messages
   mode_t runtime_dir_mode{0750};
   mode_t socket_mode{0660};
+  /// Empty: see effective_state_file.
+  std::filesystem::path state_file;
 
   /// Resolved ids. When the file names none: the daemon's euid and the
   /// `rmmd` group (if it exists), and access_is_default is true.
@@ -140,6 +142,10 @@ core::access_policy default_access();
 /// $RMMD_RUNTIME_DIR if set, else `runtime_dir`, else /run/rmmd (the
 /// daemon's --runtime-dir comes before all three).
 std::filesystem::path effective_runtime_dir(daemon_settings const& settings);
+
+/// `state_file` if set, else buffers.state in $STATE_DIRECTORY (its first
+/// entry), else in effective_runtime_dir.
+std::filesystem::path effective_state_file(daemon_settings const& settings);
 
 /// A few lines for people: what the daemon would run with.
 std::string summary(daemon_settings const& settings);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -101,6 +102,9 @@ struct buffer_entry {
   // Its manifest with the daemon's labels; null: none. Replaced whole, never
   // changed in place, so a grant or a description shares it without a copy.
   std::shared_ptr<buffer_manifest const> manifest;
+  // Adopted from the daemon before a restart (daemon_core::adopt_buffer):
+  // frees `block`, which no tenant's backend made. Empty otherwise.
+  std::function<void(shared_allocation const&)> release;
 };
 
 /// A session's report for one pool, held against what it holds there now

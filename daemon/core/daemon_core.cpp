@@ -77,7 +77,12 @@ daemon_core::~daemon_core()
   // Persistent buffers stay until deleted or the daemon stops: it stops.
   std::lock_guard lock(mutex_);
   for (auto& [id, b] : buffers_) {
-    if (!b->creating) { pools_[b->pool]->tenants.backend(b->tenant).deallocate_shared(b->block); }
+    if (b->creating) { continue; }
+    if (b->release) {
+      b->release(b->block);
+    } else {
+      pools_[b->pool]->tenants.backend(b->tenant).deallocate_shared(b->block);
+    }
   }
   buffers_.clear();
   buffer_names_.clear();
@@ -482,13 +487,40 @@ absl::StatusOr<std::vector<pool_trim>> daemon_core::trim(session_id session,
 
 stats_snapshot daemon_core::stats(std::optional<std::size_t> top_sessions) const
 {
+  // The driver first, without the lock (one call per GPU).
+  std::map<int, std::optional<std::size_t>> driver_used;
+  if (driver_usage_) {
+    std::vector<int> devices;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto const& p : pools_) {
+        if (p->config.device >= 0) { devices.push_back(p->config.device); }
+      }
+    }
+    for (int d : devices) {
+      if (!driver_used.contains(d)) { driver_used[d] = driver_usage_(d); }
+    }
+  }
   std::lock_guard lock(mutex_);
-  return stats_.snapshot({.pools        = pools_,
-                          .descriptions = pools_locked(),
-                          .sessions     = sessions_,
-                          .blocks       = packed_,
-                          .buffers      = buffers_},
-                         top_sessions);
+  auto snapshot    = stats_.snapshot({.pools        = pools_,
+                                      .descriptions = pools_locked(),
+                                      .sessions     = sessions_,
+                                      .blocks       = packed_,
+                                      .buffers      = buffers_},
+                                  top_sessions);
+  snapshot.restart = restart_;
+  for (auto const& [device, used] : driver_used) {
+    if (!used) { continue; }
+    gpu_memory_use g{.device = device, .driver_used_bytes = *used};
+    for (auto const& p : snapshot.pools) {
+      if (p.pool.device != device) { continue; }
+      g.gpu_uuid = p.pool.gpu_uuid;
+      g.ledger_bytes += p.backend_reserved_bytes.value_or(0) + p.shared_bytes;
+    }
+    g.unaccounted_bytes = *used > g.ledger_bytes ? *used - g.ledger_bytes : 0;
+    snapshot.gpu_memory.push_back(std::move(g));
+  }
+  return snapshot;
 }
 
 std::vector<session_info> daemon_core::sessions() const

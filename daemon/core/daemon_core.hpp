@@ -20,6 +20,7 @@
 //
 // Errors are absl::Status with the codes of DESIGN.md's error table.
 
+#include "daemon/core/buffer_keeper.hpp"
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/core_stats.hpp"
 #include "daemon/core/lease_ledger.hpp"
@@ -402,6 +403,32 @@ class daemon_core {
   /// Opens waiting now for a buffer to appear or be published.
   [[nodiscard]] std::size_t waiting_opens() const;
 
+  // Buffers that outlive the daemon (buffer_keeper.hpp).
+
+  /// Who keeps published buffers across a restart; null: nobody. From now
+  /// on, every buffer published with an fd of its own is given to it, and
+  /// every kept buffer deleted or freed is taken back from it. Call before
+  /// serving requests, or with null at shutdown (before the sessions are
+  /// closed, so that what their end frees stays kept).
+  void set_buffer_keeper(std::shared_ptr<buffer_keeper> keeper);
+
+  /// Serves a buffer the daemon before this one kept: published, held by no
+  /// session, charged to its pool and to its creator's uid (not checked
+  /// against quotas: the memory exists already). Persistent or not as
+  /// recorded; a buffer that is not persistent goes when the last session
+  /// that opens it after the restart lets go, or when it is deleted.
+  /// INVALID_ARGUMENT (a bad name, an unknown pool, size 0 or above the
+  /// allocation), ALREADY_EXISTS (the name is taken); `spec.memory` is not
+  /// released then (the caller still owns it). Call before serving requests.
+  absl::StatusOr<buffer_id> adopt_buffer(adopted_buffer_spec spec);
+
+  /// What the start took back (stats and /metrics show it).
+  void set_restart_summary(restart_summary summary);
+
+  /// Where stats() reads each GPU's used bytes (stats_snapshot::gpu_memory);
+  /// called without the core's lock. Call before serving requests.
+  void set_driver_usage_source(driver_usage_source source);
+
  private:
   /// How a request that finds its pool short goes on (reclaim_policy, plus
   /// the hold of allocate_or_hold and create_buffer_or_hold).
@@ -601,6 +628,9 @@ class daemon_core {
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
   core_stats stats_;
+  std::shared_ptr<buffer_keeper> keeper_;  // null: buffers are not kept across a restart
+  restart_summary restart_;
+  driver_usage_source driver_usage_;  // set before serving, then only read
   reclaim_coordinator reclaim_;
   packed_blocks packed_;  // last: its sweeper stops (and joins) before the rest is destroyed
 };

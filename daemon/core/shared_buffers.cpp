@@ -310,6 +310,15 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
   if (!b.ok()) { return b.status(); }
   (*b)->state = buffer_state::published;
   buffers_changed_.notify_all();
+  if (keeper_ && b.block.fd >= 0) {
+    keeper_->keep(kept_buffer{.info             = buffer_info_locked(b),
+                              .manifest         = b.manifest,
+                              .fd               = b.block.fd,
+                              .host_memfd       = b.block.host_memfd,
+                              .fabric_handle    = b.block.fabric_handle,
+                              .allocation_bytes = b.block.block.bytes,
+                              .gpu_uuid         = pools_[b.pool]->config.gpu_uuid});
+  }
   return absl::OkStatus();
 }
 
@@ -442,7 +451,8 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
         b.creator_uid));
   }
   buffer_names_.erase(n);
-  b.state            = buffer_state::deleted;
+  b.state = buffer_state::deleted;
+  if (keeper_) { keeper_->forget(b.id); }
   auto const holders = b.holders.size();
   free_buffer_if_unheld_locked(b.id);
   return holders;
@@ -533,10 +543,17 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
   auto& b = *it->second;
   if (b.creating || !b.holders.empty()) { return false; }
   if (b.persistent && b.state == buffer_state::published) { return false; }
+  if (keeper_ && b.state == buffer_state::published) { keeper_->forget(b.id); }
   auto& p = *pools_[b.pool];
-  p.tenants.backend(b.tenant).deallocate_shared(b.block);
-  p.count(b.tenant, b.charge, -1);
-  if (auto* slot = p.tenants.find(b.tenant)) { --slot->buffers; }
+  if (b.release) {
+    // Adopted: its memory and its charge belong to no tenant's backend.
+    b.release(b.block);
+    p.in_use -= b.charge;
+  } else {
+    p.tenants.backend(b.tenant).deallocate_shared(b.block);
+    p.count(b.tenant, b.charge, -1);
+    if (auto* slot = p.tenants.find(b.tenant)) { --slot->buffers; }
+  }
   reclaim_.room_changed();
   if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
     u->second -= b.charge;
@@ -567,6 +584,76 @@ void daemon_core::release_buffers_of_locked(session_entry& s) noexcept
     }
   }
   buffers_changed_.notify_all();  // waiting opens of this session end
+}
+
+void daemon_core::set_buffer_keeper(std::shared_ptr<buffer_keeper> keeper)
+{
+  std::lock_guard lock(mutex_);
+  keeper_ = std::move(keeper);
+}
+
+void daemon_core::set_driver_usage_source(driver_usage_source source)
+{
+  std::lock_guard lock(mutex_);
+  driver_usage_ = std::move(source);
+}
+
+void daemon_core::set_restart_summary(restart_summary summary)
+{
+  std::lock_guard lock(mutex_);
+  restart_ = summary;
+}
+
+absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
+{
+  std::lock_guard lock(mutex_);
+  auto const request = absl::StrFormat("adopt buffer %s", shown_name(spec.name));
+  if (auto problem = names::buffer_name_problem(spec.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
+  }
+  if (spec.pool >= pools_.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: no pool %d", request, spec.pool));
+  }
+  auto const bytes = spec.memory.block.bytes;
+  if (spec.size == 0 || spec.size > bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: its size %s does not fit its allocation of %s",
+                        request,
+                        bytes_text(spec.size),
+                        bytes_text(bytes)));
+  }
+  if (buffer_names_.contains(spec.name)) {
+    return absl::AlreadyExistsError(absl::StrCat(request, ": the name is taken"));
+  }
+  auto entry             = std::make_unique<buffer_entry>();
+  entry->id              = next_buffer_++;
+  entry->name            = std::move(spec.name);
+  entry->pool            = spec.pool;
+  entry->size            = spec.size;
+  entry->charge          = bytes;
+  entry->block           = std::move(spec.memory);
+  entry->creating        = false;
+  entry->state           = buffer_state::published;
+  entry->persistent      = spec.persistent;
+  entry->gid             = spec.gid;
+  entry->tenant          = options_.tenancy.isolate
+                               ? tenant_key{.of = tenant_key::kind::uid, .id = spec.creator_uid}
+                               : tenant_key{};
+  entry->creator_uid     = spec.creator_uid;
+  entry->creator_pid     = spec.creator_pid;
+  entry->creator_charged = false;  // no session of this daemon created it
+  entry->created         = spec.created;
+  entry->allow_writers   = spec.allow_writers;
+  entry->manifest        = std::move(spec.manifest);
+  entry->release         = std::move(spec.release);
+  auto const id          = entry->id;
+  auto& p                = *pools_[entry->pool];
+  p.in_use += bytes;
+  stats_.grew(entry->pool, p.in_use);
+  uid_bytes_[entry->creator_uid] += bytes;
+  buffer_names_.emplace(entry->name, id);
+  buffers_.emplace(id, std::move(entry));
+  return id;
 }
 
 }  // namespace rmmd::core

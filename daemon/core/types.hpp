@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -249,6 +250,36 @@ struct session_listing {
   std::size_t unlisted_allocations{};  ///< `allocation_count` of those
 };
 
+/// What the start found of the last daemon's buffers (stats, /metrics).
+struct restart_summary {
+  /// Daemons that wrote the state file before this one (0: a first start,
+  /// or no state file).
+  std::uint64_t restarts{};
+  std::size_t adopted_buffers{};
+  std::size_t adopted_bytes{};  ///< their allocations' bytes
+  /// Stored buffers or fds not served, each said in the log.
+  std::size_t dropped{};
+  /// Buffers are kept across a restart (a service manager listens).
+  bool keeping{false};
+};
+
+/// One GPU's memory as the driver counts it, beside this daemon's ledger.
+struct gpu_memory_use {
+  std::string gpu_uuid{};
+  int device{-1};
+  std::size_t driver_used_bytes{};  ///< total minus free, every process's
+  /// The daemon's CUDA pools there: what their backends reserve, and their
+  /// shared buffers' bytes (allocations of their own, outside the pools).
+  std::size_t ledger_bytes{};
+  /// driver_used_bytes - ledger_bytes (0 if below): held from before a
+  /// restart, CUDA contexts, other processes.
+  std::size_t unaccounted_bytes{};
+};
+
+/// Bytes the driver counts as used on a device (by the daemon's ordinal), or
+/// nullopt where it cannot say.
+using driver_usage_source = std::function<std::optional<std::size_t>(int device)>;
+
 struct stats_snapshot {
   std::vector<pool_stats> pools{};
   /// Every session (by id), or those holding the most (see
@@ -261,6 +292,10 @@ struct stats_snapshot {
   /// (charged to that uid's quota beside its sessions' leases, even after
   /// the creating session ended). Uids without any are absent.
   std::map<uid_t, std::size_t> uid_shared_bytes{};
+  /// What the start took back from the daemon before it.
+  restart_summary restart{};
+  /// Per GPU of a CUDA pool, where a driver_usage_source is set.
+  std::vector<gpu_memory_use> gpu_memory{};
 };
 
 }  // namespace rmmd::core

@@ -164,6 +164,46 @@ void write_daemon(exposition& e, daemon_snapshot const& s)
   e.sample("rmmd_sessions", {}, static_cast<std::uint64_t>(s.stats.sessions.size()));
 }
 
+/// What the start took back from the daemons before it, and what the
+/// driver holds beyond the ledger.
+void write_restart(exposition& e, core::stats_snapshot const& stats)
+{
+  auto const& r = stats.restart;
+  e.family("rmmd_restarts_total",
+           "counter",
+           "Daemons before this one that kept buffers in the fd store (the state file's "
+           "generation less one).");
+  e.sample("rmmd_restarts_total", {}, static_cast<std::uint64_t>(r.restarts));
+  e.family("rmmd_readopted_buffers", "gauge", "Buffers served again after the last restart.");
+  e.sample("rmmd_readopted_buffers", {}, static_cast<std::uint64_t>(r.adopted_buffers));
+  e.family("rmmd_readopted_bytes",
+           "gauge",
+           "Bytes of the allocations of the buffers served again after the last restart.");
+  e.sample("rmmd_readopted_bytes", {}, static_cast<std::uint64_t>(r.adopted_bytes));
+  e.family("rmmd_restart_dropped",
+           "gauge",
+           "Stored buffers or fds the start did not serve, each said in the log.");
+  e.sample("rmmd_restart_dropped", {}, static_cast<std::uint64_t>(r.dropped));
+  e.family("rmmd_keeping_buffers",
+           "gauge",
+           "1 where published buffers are kept across a restart (a service manager's fd store).");
+  e.sample("rmmd_keeping_buffers", {}, std::uint64_t{r.keeping ? 1u : 0u});
+  auto gpu = [](core::gpu_memory_use const& g) {
+    return labels{{"gpu_uuid", g.gpu_uuid}, {"device", std::to_string(g.device)}};
+  };
+  e.gauge_per("rmmd_gpu_driver_used_bytes",
+              "Bytes the driver counts as used on the GPU (every process's).",
+              stats.gpu_memory,
+              gpu,
+              [](auto const& g) { return static_cast<std::uint64_t>(g.driver_used_bytes); });
+  e.gauge_per("rmmd_gpu_unaccounted_bytes",
+              "Driver-used bytes beyond rmmd's ledger on the GPU: memory still held from before a "
+              "restart, CUDA contexts, other processes.",
+              stats.gpu_memory,
+              gpu,
+              [](auto const& g) { return static_cast<std::uint64_t>(g.unaccounted_bytes); });
+}
+
 /// Admission: a fixed label set (the four limits), never one series per uid.
 void write_admission(exposition& e, admission_snapshot const& admission)
 {
@@ -528,6 +568,7 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
 {
   exposition e;
   write_daemon(e, s);
+  write_restart(e, s.stats);
   write_admission(e, s.admission);
   write_pools(e, s.stats.pools);
   write_shared_buffers(e, s.stats.pools);

@@ -38,6 +38,11 @@ void add_file_options(CLI::App& app, daemon_flags& flags)
                  flags.runtime_dir,
                  std::string("Directory for the sockets (default: $") + runtime::runtime_dir_env +
                      ", else the file's runtime_dir, else " + runtime::default_runtime_dir + ")");
+  app.add_option("--state-file",
+                 flags.state_file,
+                 "The state file naming the buffers kept in systemd's fd store across a restart "
+                 "(default: the file's state_file, else buffers.state in $STATE_DIRECTORY, else "
+                 "in the runtime directory)");
   app.add_option("--probe-fabric", flags.probe_fabric_device, "(internal) fabric export probe")
       ->group("");
 }
@@ -187,6 +192,13 @@ bool apply_field_flags(CLI::App const& app, daemon_flags const& flags, config::d
   if (given("--reclaim-timeout-ms")) { s.reclaim_timeout = milliseconds(flags.reclaim_timeout_ms); }
   if (given("--cuda-pack-up-to")) { s.pack_up_to = flags.pack_up_to; }
   if (given("--metrics-address")) { s.metrics_address = flags.metrics_address; }
+  if (given("--state-file")) {
+    if (!std::filesystem::path(flags.state_file).is_absolute()) {
+      log::error("--state-file %s: give an absolute path", flags.state_file);
+      return false;
+    }
+    s.state_file = flags.state_file;
+  }
   if (given("--metrics-top-sessions")) { s.metrics_top_sessions = flags.metrics_top_sessions; }
   if (given("--log-level")) { s.log_level = parse_level(flags.log_level); }
   if (flags.verbose) { s.log_level = log::level::debug; }

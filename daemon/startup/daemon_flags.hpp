@@ -23,6 +23,7 @@ struct daemon_flags {
   std::string config_path{config::default_config_path};
   std::string check_config_path;
   std::string runtime_dir;
+  std::string state_file;
   std::string backend{"auto"};
   std::size_t cuda_pool_bytes{};
   std::size_t cuda_release_threshold{};

@@ -109,6 +109,20 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
   out->set_session_count(in.session_count);
   out->set_unlisted_session_bytes(in.unlisted_bytes);
   out->set_unlisted_session_allocations(in.unlisted_allocations);
+  auto* r = out->mutable_restart();
+  r->set_restarts(in.restart.restarts);
+  r->set_readopted_buffers(in.restart.adopted_buffers);
+  r->set_readopted_bytes(in.restart.adopted_bytes);
+  r->set_dropped_at_start(in.restart.dropped);
+  r->set_keeping_buffers(in.restart.keeping);
+  for (auto const& g : in.gpu_memory) {
+    auto* m = out->add_gpu_memory();
+    m->set_gpu_uuid(g.gpu_uuid);
+    m->set_device(g.device);
+    m->set_driver_used_bytes(g.driver_used_bytes);
+    m->set_ledger_bytes(g.ledger_bytes);
+    m->set_unaccounted_bytes(g.unaccounted_bytes);
+  }
 }
 
 void to_proto(core::session_listing const& in, v1::ListSessionsResponse* out)

@@ -112,12 +112,14 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
     metrics_top_sessions: 25
     log_level: DEBUG
     pack_up_to_bytes: 4096
+    state_file: "/var/lib/rmmd-test/buffers.state"
   )");
   EXPECT_EQ(s.pack_up_to, 4096u);
   EXPECT_EQ(s.runtime_dir, "/run/rmmd-test");
   EXPECT_EQ(s.socket_group, gid_t{0});
   EXPECT_EQ(s.runtime_dir_mode, 0710u);
   EXPECT_EQ(s.socket_mode, 0600u);
+  EXPECT_EQ(s.state_file, "/var/lib/rmmd-test/buffers.state");
   EXPECT_FALSE(s.access_is_default);
   EXPECT_THAT(s.access.uids, ElementsAre(1000u, 1001u, 0u));
   EXPECT_THAT(s.access.gids, ElementsAre(2000u, 0u));
@@ -271,6 +273,8 @@ INSTANTIATE_TEST_SUITE_P(
             2,
             2,
             "is too long"},
+        semantic_case{
+            "state_file: \"buffers.state\"", 1, 1, "state_file \"buffers.state\" is relative"},
         semantic_case{"socket_mode: \"660x\"", 1, 1, "socket_mode \"660x\" is not an octal"},
         semantic_case{"socket_mode: \"4660\"", 1, 1, "is not an octal permission mode"},
         semantic_case{"socket_mode: \"0060\"", 1, 1, "must give the owner read and write"},

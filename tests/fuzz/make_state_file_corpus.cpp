@@ -1,9 +1,10 @@
 // Writes the state_file fuzzer's seeds into DIR/state_file/ (run it again
 // after a change to proto/rmmd/v1/state.proto):
 //   rmmd_fuzz_state_file_corpus tests/fuzz/corpus
-// Seeds: an empty registry, a host and a CUDA buffer with a manifest, a
-// registry of 64 buffers, and three files a reader must refuse (truncated,
-// a flipped payload byte, another format version).
+// Seeds: an empty registry, a host and a CUDA buffer with a manifest (the
+// CUDA one with a fabric handle), a registry of 64 buffers, and three files
+// a reader must refuse (truncated, a flipped payload byte, another format
+// version).
 
 #include "daemon/restart/fd_store.hpp"
 #include "daemon/restart/state_file.hpp"
@@ -28,6 +29,10 @@ v1::StoredBuffer buffer(std::uint64_t id, std::string const& name, bool cuda)
   b.set_allocation_bytes(2 << 20);
   b.set_pool_name(cuda ? "gpu0" : "host");
   if (cuda) { b.set_gpu_uuid("GPU-5f3c2a1e-0000-1111-2222-333344445555"); }
+  if (cuda && id % 4 == 2) {  // a fabric pool's buffer: its 64-byte handle
+    b.set_fabric(true);
+    b.set_fabric_handle(std::string(64, static_cast<char>(0xa0 + id % 16)));
+  }
   b.set_kind(cuda ? v1::STORED_BUFFER_KIND_VMM_POSIX_FD : v1::STORED_BUFFER_KIND_HOST_MEMFD);
   b.set_creator_uid(1000);
   b.set_creator_pid(4242);

@@ -248,6 +248,8 @@ TEST(Deploy, SystemdAcceptsTheUnit)
   for (std::string const& line :
        {std::string("Type=notify"),
         std::string("RuntimeDirectory=rmmd"),
+        std::string("StateDirectory=rmmd"),
+        std::string("FileDescriptorStoreMax="),
         "ExecStartPre=" + program_path("rmmd").string() + " --check-config",
         std::string("ExecReload=/bin/kill -HUP $MAINPID"),
         std::string("Restart=on-failure")}) {

@@ -302,6 +302,31 @@ TEST(RenderPrometheus, TiesInBytesKeepTheOldestSessions)
   EXPECT_EQ(series_count(text, "rmmd_session_bytes"), 2u);
 }
 
+TEST(RenderPrometheus, ShowsRestartsReadoptedBuffersAndUnaccountedGpuMemory)
+{
+  auto s          = sample_snapshot();
+  s.stats.restart = {
+      .restarts = 3, .adopted_buffers = 2, .adopted_bytes = 1 << 21, .dropped = 1, .keeping = true};
+  s.stats.gpu_memory = {{.gpu_uuid          = "GPU-5f3c2b1a-0000-1111-2222-333344445555",
+                         .device            = 0,
+                         .driver_used_bytes = 1 << 26,
+                         .ledger_bytes      = 1 << 25,
+                         .unaccounted_bytes = 1 << 25}};
+  auto const text    = render_prometheus(s);
+  for (auto const& line :
+       {"rmmd_restarts_total 3",
+        "rmmd_readopted_buffers 2",
+        "rmmd_readopted_bytes 2097152",
+        "rmmd_restart_dropped 1",
+        "rmmd_keeping_buffers 1",
+        "rmmd_gpu_driver_used_bytes{gpu_uuid=\"GPU-5f3c2b1a-0000-1111-2222-333344445555\","
+        "device=\"0\"} 67108864",
+        "rmmd_gpu_unaccounted_bytes{gpu_uuid=\"GPU-5f3c2b1a-0000-1111-2222-333344445555\","
+        "device=\"0\"} 33554432"}) {
+    EXPECT_THAT(text, HasSubstr(std::string(line) + "\n"));
+  }
+}
+
 TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
 {
   auto const text = render_prometheus(sample_snapshot());

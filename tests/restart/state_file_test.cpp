@@ -2,6 +2,7 @@
 
 #include "daemon/restart/detail/crc32c.hpp"
 #include "daemon/restart/fd_store.hpp"
+#include "daemon/restart/fd_store_keeper.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,9 +11,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 namespace rmmd::restart {
 namespace {
@@ -111,6 +114,44 @@ TEST_F(StateFile, WrittenStateReadsBackWholeWithMode0600AndNoTemporaryLeft)
   r = read_state_file(file());
   ASSERT_TRUE(r.ok() && r->has_value());
   EXPECT_EQ((*r)->buffers_size(), 1);
+}
+
+TEST_F(StateFile, AFabricBuffersRecordKeepsItsHandleBytesThroughTheFile)
+{
+  // The 64 bytes of a CUmemFabricHandle, zero bytes included: the next
+  // daemon hands them to clients again (the driver exports no fabric handle
+  // from an allocation imported by POSIX fd).
+  std::vector<std::byte> handle(64);
+  for (std::size_t i = 0; i < handle.size(); ++i) {
+    handle[i] = static_cast<std::byte>((i * 37) % 256);
+  }
+  core::kept_buffer fabric{.fd = -1, .fabric_handle = handle, .allocation_bytes = 2 << 20};
+  fabric.info.name      = "team/gpu-weights";
+  fabric.info.size      = 1000;
+  fabric.info.pool_name = "gpu0";
+  fabric.gpu_uuid       = "GPU-0123";
+  auto record           = stored_record(fabric);
+  record.set_fd_id(1);
+  record.set_fd_name(buffer_fd_name(1, "team/gpu-weights"));
+  core::kept_buffer posix = fabric;
+  posix.fabric_handle.clear();
+  auto plain = stored_record(posix);
+  EXPECT_FALSE(plain.fabric());
+  EXPECT_TRUE(plain.fabric_handle().empty());
+
+  v1::BufferRegistryState state;
+  state.set_format_version(state_format_version);
+  state.set_next_fd_id(2);
+  *state.add_buffers() = record;
+  ASSERT_TRUE(write_state_file(file(), state).ok());
+  auto r = read_state_file(file());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  ASSERT_EQ((*r)->buffers_size(), 1);
+  auto const& back = (*r)->buffers(0);
+  EXPECT_TRUE(back.fabric());
+  ASSERT_EQ(back.fabric_handle().size(), 64u);
+  EXPECT_EQ(std::memcmp(back.fabric_handle().data(), handle.data(), 64), 0);
 }
 
 TEST_F(StateFile, AnInvalidStateIsNotWrittenAndTheOldFileStays)

@@ -54,6 +54,17 @@ int device_count() noexcept
   return n;
 }
 
+std::optional<std::size_t> driver_used_bytes(int device) noexcept
+{
+  std::size_t free  = 0;
+  std::size_t total = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  return total - free;
+}
+
 cuda_streams::cuda_streams(int device) : device_(device)
 {
   use_device(device);

@@ -135,4 +135,8 @@ class cuda_backend final : public core::pool_backend {
 /// Number of CUDA devices; 0 when there is no GPU or no driver.
 int device_count() noexcept;
 
+/// Bytes the driver counts as used on `device` (cudaMemGetInfo's total
+/// minus free: every process's), or nullopt if it cannot say.
+std::optional<std::size_t> driver_used_bytes(int device) noexcept;
+
 }  // namespace rmmd::backends::cuda

@@ -38,6 +38,20 @@ void check_runtime(checked_file& f, daemon_settings& s)
       s.runtime_dir = dir;
     }
   }
+  if (auto const& file = f.config().state_file(); !file.empty()) {
+    if (std::filesystem::path(file).is_absolute() && !std::filesystem::path(file).has_filename()) {
+      f.error(f.root(), "state_file", -1, "state_file \"%s\" names a directory; name a file", file);
+    } else if (!std::filesystem::path(file).is_absolute()) {
+      f.error(f.root(),
+              "state_file",
+              -1,
+              "state_file \"%s\" is relative; give an absolute path such as "
+              "\"/var/lib/rmmd/buffers.state\"",
+              file);
+    } else {
+      s.state_file = file;
+    }
+  }
   if (auto const& g = f.config().socket_group(); !g.empty()) {
     std::uint32_t gid = 0;
     if (std::all_of(g.begin(), g.end(), absl::ascii_isdigit) && absl::SimpleAtoi(g, &gid)) {
