@@ -62,7 +62,7 @@ class direct_upstream {
       }
     }
     try {
-      void* ptr = owner_->lease(stream, bytes, alignment);
+      void* ptr = owner_->lease_slab(stream, bytes, alignment);
       slab_bytes_->fetch_add(bytes, std::memory_order_relaxed);
       if (ranges_ != nullptr) {
         // The end first: a reader that sees the begin sees its end.
@@ -91,7 +91,7 @@ class direct_upstream {
         }
       }
     }
-    owner_->unlease(stream, ptr);
+    owner_->unlease_slab(stream, ptr);
     slab_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
   }
   void* allocate_sync(std::size_t bytes, std::size_t alignment)
@@ -470,7 +470,10 @@ carved_usage slab_carver::usage(carved_figures carved, std::size_t slabs) const 
   // and the lanes are read again after `carved`: a lane whose last carving
   // was freed meanwhile may count as reclaimable while `carved` still holds
   // it. The daemon refuses a report with more carved than slabs, or more
-  // reclaimable than the slabs not carved: both are capped here.
+  // reclaimable than the slabs not carved: both are capped here. Slabs of a
+  // daemon the session reconnected away from are not the daemon of now's:
+  // left out (what they carve may then be counted against the new ones, capped).
+  slabs -= std::min(slabs, owner_.slab_bytes_of_earlier_daemons());
   auto const carved_bytes = std::min(carved.bytes, slabs);
   return carved_usage{
       .pool_id          = owner_.pool().id,

@@ -57,11 +57,17 @@ int connect_session_socket(std::filesystem::path const& dir)
 
 /// Sends the hello on `fd` and reads the welcome into `out`. Closes `fd`
 /// and every fd that came when it throws.
-void say_hello(int fd, std::string const& client_name, session_welcome& out)
+void say_hello(int fd,
+               std::string const& client_name,
+               session_welcome& out,
+               std::uint64_t previous_session_id = 0,
+               std::uint32_t reconnects          = 0)
 {
   v1::SessionHello hello;
   hello.set_protocol_version(1);
   hello.set_client_name(client_name);
+  hello.set_previous_session_id(previous_session_id);
+  hello.set_reconnects(reconnects);
   auto bytes = hello.SerializeAsString();
   // A daemon that refuses the connection before it reads the hello (a uid at
   // its admission limit) has sent its reason already: read it even if the
@@ -106,6 +112,33 @@ void say_hello(int fd, std::string const& client_name, session_welcome& out)
   out.pool_fds = std::move(read.pool_fds);
 }
 
+/// A call's socket after the hello: a blocking receive wakes a few times
+/// per call_timeout (at most every 50 ms) to look at the call's own
+/// deadline, so a call overruns it by a quarter of call_timeout at most.
+void set_receive_slice(int fd, std::chrono::milliseconds call_timeout)
+{
+  auto const slice_us = std::clamp<std::int64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(call_timeout).count() / 4,
+      1000,
+      50'000);
+  timeval slice{.tv_sec = 0, .tv_usec = static_cast<suseconds_t>(slice_us)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
+}
+
+/// What matches a pool of one daemon to a pool of another: its name and GPU.
+std::string pool_key(v1::PoolDescription const& p)
+{
+  return p.name() + '\x1f' + p.gpu_uuid();
+}
+
+/// ABORTED: the daemon a call was meant for was replaced while it waited.
+constexpr char const* reconnected_meanwhile = "rmmd: reconnected meanwhile";
+
+bool is_reconnected_meanwhile(grpc::Status const& s)
+{
+  return s.error_code() == grpc::StatusCode::ABORTED && s.error_message() == reconnected_meanwhile;
+}
+
 }  // namespace
 
 [[noreturn]] void throw_status(grpc::Status const& status, std::string_view what)
@@ -141,24 +174,24 @@ void say_hello(int fd, std::string const& client_name, session_welcome& out)
 session_channel::session_channel(session::options const& options, session_welcome& welcome)
     : options_(options)
 {
-  socket_fd_ = connect_session_socket(options_.runtime_dir);
-  say_hello(socket_fd_, options_.client_name, welcome);
+  int const fd = connect_session_socket(options_.runtime_dir);
+  say_hello(fd, options_.client_name, welcome);
   // The hello is done: from here the socket carries the session's calls and
   // its close ends the session. A call waits for its reply in a blocking
-  // receive (no poll first: one system call fewer per call), which wakes a
-  // few times per call_timeout (at most every 50 ms) to look at the call's
-  // own deadline: a call overruns it by a quarter of call_timeout at most.
-  auto const slice_us = std::clamp<std::int64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(options_.call_timeout).count() / 4,
-      1000,
-      50'000);
-  timeval slice{.tv_sec = 0, .tv_usec = static_cast<suseconds_t>(slice_us)};
-  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
-  auto const& w       = welcome.welcome;
-  token_hex_          = common::to_hex(w.token());
-  daemon_takes_calls_ = w.session_calls();
-  session_calls_ = daemon_takes_calls_ && options_.lease_calls == call_transport::session_socket;
+  // receive (no poll first: one system call fewer per call).
+  set_receive_slice(fd, options_.call_timeout);
+  socket_fd_.store(fd);
+  for (auto const& p : welcome.welcome.pools()) {
+    first_pool_keys_.push_back(pool_key(p));
+    to_daemon_pool_.push_back(p.id());
+    from_daemon_pool_.push_back(p.id());
+  }
+  adopt_welcome_locked(welcome.welcome, 0);
+  releases_->channel = this;
+}
 
+void session_channel::adopt_welcome_locked(v1::SessionWelcome const& w, std::uint32_t generation)
+{
   grpc::ChannelArguments args;
   if (w.max_message_bytes() > 0) {
     args.SetMaxSendMessageSize(static_cast<int>(w.max_message_bytes()));
@@ -166,20 +199,32 @@ session_channel::session_channel(session::options const& options, session_welcom
   // A manifest may be 4 MiB serialized (GetBufferManifest, DescribeBuffer,
   // an OpenBuffer grant), a listing more: gRPC's default of 4 MiB is short.
   args.SetMaxReceiveMessageSize(max_receive_bytes);
-  channel_ = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
-                                       grpc::InsecureChannelCredentials(),
-                                       args);
-  stub_    = v1::Rmmd::NewStub(channel_);
-  releases_->channel = this;
+  // A channel of its own per daemon: the last one's may be waiting out
+  // gRPC's backoff from the moment its daemon went away.
+  auto channel = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
+                                           grpc::InsecureChannelCredentials(),
+                                           args);
+  auto stub    = v1::Rmmd::NewStub(channel);
+  std::lock_guard lock(ids_mutex_);
+  token_hex_ = common::to_hex(w.token());
+  daemon_takes_calls_.store(w.session_calls());
+  session_calls_.store(w.session_calls() && options_.lease_calls == call_transport::session_socket);
+  session_id_.store(w.session_id(), std::memory_order_release);
+  generation_.store(generation, std::memory_order_release);
+  grpc_channels_.push_back(std::move(channel));
+  stubs_.push_back(std::move(stub));
+  stub_.store(stubs_.back().get(), std::memory_order_release);
 }
 
 session_channel::~session_channel()
 {
-  ::close(socket_fd_);
+  ::close(socket_fd_.load());
+  for (int fd : old_fds_) { ::close(fd); }
 }
 
 void session_channel::close() noexcept
 {
+  closing_.store(true);
   if (reader_.joinable()) {
     reader_.request_stop();
     ::eventfd_write(reader_wake_fd_, 1);
@@ -204,9 +249,72 @@ void session_channel::close() noexcept
 std::unique_ptr<grpc::ClientContext> session_channel::context() const
 {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->AddMetadata("rmmd-token", token_hex_);
+  ctx->AddMetadata("rmmd-token", token_hex());
   ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
   return ctx;
+}
+
+std::unique_ptr<grpc::ClientContext> session_channel::context_for(std::uint32_t generation) const
+{
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  {
+    std::lock_guard lock(ids_mutex_);
+    // The token and the generation change together, under this lock.
+    if (generation_.load(std::memory_order_relaxed) != generation) { return nullptr; }
+    ctx->AddMetadata("rmmd-token", token_hex_);
+  }
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
+  return ctx;
+}
+
+std::string session_channel::token_hex() const
+{
+  std::lock_guard lock(ids_mutex_);
+  return token_hex_;
+}
+
+std::optional<std::uint32_t> session_channel::daemon_pool(std::uint32_t pool_id) const
+{
+  std::lock_guard lock(ids_mutex_);
+  if (pool_id >= to_daemon_pool_.size() || to_daemon_pool_[pool_id] < 0) { return std::nullopt; }
+  return static_cast<std::uint32_t>(to_daemon_pool_[pool_id]);
+}
+
+std::optional<std::uint32_t> session_channel::session_pool(std::uint32_t daemon_pool_id) const
+{
+  std::lock_guard lock(ids_mutex_);
+  if (daemon_pool_id >= from_daemon_pool_.size() || from_daemon_pool_[daemon_pool_id] < 0) {
+    return std::nullopt;
+  }
+  return static_cast<std::uint32_t>(from_daemon_pool_[daemon_pool_id]);
+}
+
+std::optional<std::uint64_t> session_channel::daemon_buffer(std::uint64_t id) const
+{
+  std::lock_guard lock(ids_mutex_);
+  auto const now = generation_.load(std::memory_order_relaxed);
+  if (generation_of(id) != now) {
+    auto it = renamed_.find(id);
+    if (it == renamed_.end()) { return std::nullopt; }
+    id = it->second;
+  }
+  return id & daemon_id_mask;
+}
+
+grpc::Status session_channel::grpc_unary(
+    std::function<grpc::Status(grpc::ClientContext*, std::uint32_t)> const& rpc)
+{
+  while (true) {
+    auto const generation = this->generation();
+    auto ctx              = context_for(generation);
+    if (!ctx) { continue; }  // a reconnect came between: ask the new daemon
+    auto status = rpc(ctx.get(), generation);
+    if (status.ok() || options_.reconnect.count() <= 0) { return status; }
+    auto const code = status.error_code();
+    // The old token at a new daemon: that daemon is the session's now.
+    if (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) { continue; }
+    if (code != grpc::StatusCode::UNAVAILABLE || !reconnect_after(generation)) { return status; }
+  }
 }
 
 class session_channel::call_lock {
@@ -220,6 +328,7 @@ class session_channel::call_lock {
   ~call_lock()
   {
     c_.call_mutex_.unlock();
+    c_.tell_reconnects();
     c_.drain_releases();
   }
 
@@ -233,46 +342,96 @@ grpc::Status session_channel::call(v1::SessionCall& call,
 {
   v1::SessionReply ignored;
   if (reply == nullptr) { reply = &ignored; }
+  bool const may_reconnect = options_.reconnect.count() > 0;
+  v1::SessionCall asked;  // with the client's ids, for a second try at a new daemon
+  if (may_reconnect) { asked = call; }
+  while (true) {
+    auto const generation = this->generation();
+    if (auto answered = to_daemon(call, generation)) { return *answered; }
+    auto status = route(call, reply, fds, generation);
+    if (!may_reconnect) { return status; }
+    if (status.ok()) {
+      note_holds(asked, *reply);
+      return status;
+    }
+    auto const code = status.error_code();
+    auto const kind = call.call_case();
+    // A Free or a close that finds its daemon gone is done: what it let go
+    // of went with the daemon (and a daemon started again never lent it).
+    // No need to wait for one to come back.
+    if (code == grpc::StatusCode::UNAVAILABLE && this->generation() == generation &&
+        (kind == v1::SessionCall::kFree || kind == v1::SessionCall::kCloseBuffer ||
+         kind == v1::SessionCall::kBlocksDropped) &&
+        socket_closed()) {
+      if (kind == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
+      return grpc::Status::OK;
+    }
+    bool const again =
+        is_reconnected_meanwhile(status) ||
+        (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||
+        (code == grpc::StatusCode::UNAVAILABLE && reconnect_after(generation));
+    if (!again) {
+      if (call.call_case() == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
+      return status;
+    }
+    // The daemon that went away took the call's subject with it; the new
+    // one is asked afresh (a Free or a close of the old one's is answered
+    // by to_daemon).
+    call = asked;
+    reply->Clear();
+  }
+}
+
+grpc::Status session_channel::route(v1::SessionCall& call,
+                                    v1::SessionReply* reply,
+                                    std::vector<int>* fds,
+                                    std::uint32_t generation)
+{
   auto const kind = call.call_case();
-  if (session_calls_ || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls_)) {
+  if (uses_session_calls() || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls())) {
     if (kind != v1::SessionCall::kOpenBuffer || call.open_buffer().wait_ms() == 0) {
-      return socket_call(call, reply, fds);
+      return socket_call(call, reply, fds, generation);
     }
     // The daemon waits for a buffer only on gRPC (its session-socket call
     // threads wait for no one): ask without waiting first.
     auto const wait_ms = call.open_buffer().wait_ms();
     call.mutable_open_buffer()->set_wait_ms(0);
-    auto status = socket_call(call, reply, fds);
+    auto status = socket_call(call, reply, fds, generation);
     call.mutable_open_buffer()->set_wait_ms(wait_ms);
     bool const waitable = status.error_code() == grpc::StatusCode::NOT_FOUND ||
                           status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
     if (status.ok() || !waitable) { return status; }
   }
-  return grpc_call(call, reply);
+  auto status = grpc_call(call, reply, generation);
+  if (status.ok() && reply != nullptr) { status = from_daemon(*reply, generation); }
+  return status;
 }
 
-grpc::Status session_channel::grpc_call(v1::SessionCall const& call, v1::SessionReply* reply) const
+grpc::Status session_channel::grpc_call(v1::SessionCall const& call,
+                                        v1::SessionReply* reply,
+                                        std::uint32_t generation) const
 {
   v1::SessionReply ignored;
   auto& out = reply != nullptr ? *reply : ignored;
-  auto ctx  = context();
+  auto ctx  = context_for(generation);
+  if (!ctx) { return {grpc::StatusCode::ABORTED, reconnected_meanwhile}; }
   switch (call.call_case()) {
     case v1::SessionCall::kAllocate:
-      return stub_->Allocate(ctx.get(), call.allocate(), out.mutable_allocate());
+      return stub().Allocate(ctx.get(), call.allocate(), out.mutable_allocate());
     case v1::SessionCall::kFree:
-      return stub_->Free(ctx.get(), call.free(), out.mutable_free());
+      return stub().Free(ctx.get(), call.free(), out.mutable_free());
     case v1::SessionCall::kCreateBuffer:
-      return stub_->CreateBuffer(ctx.get(), call.create_buffer(), out.mutable_create_buffer());
+      return stub().CreateBuffer(ctx.get(), call.create_buffer(), out.mutable_create_buffer());
     case v1::SessionCall::kPublishBuffer:
-      return stub_->PublishBuffer(ctx.get(), call.publish_buffer(), out.mutable_publish_buffer());
+      return stub().PublishBuffer(ctx.get(), call.publish_buffer(), out.mutable_publish_buffer());
     case v1::SessionCall::kCloseBuffer:
-      return stub_->CloseBuffer(ctx.get(), call.close_buffer(), out.mutable_close_buffer());
+      return stub().CloseBuffer(ctx.get(), call.close_buffer(), out.mutable_close_buffer());
     case v1::SessionCall::kOpenBuffer:
       // The daemon may wait up to wait_ms for the buffer: so may we.
       ctx->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(call.open_buffer().wait_ms()) +
                         options_.call_timeout);
-      return stub_->OpenBuffer(ctx.get(), call.open_buffer(), out.mutable_open_buffer());
+      return stub().OpenBuffer(ctx.get(), call.open_buffer(), out.mutable_open_buffer());
     case v1::SessionCall::kPing:
       return {grpc::StatusCode::FAILED_PRECONDITION, "this session makes no session-socket calls"};
     case v1::SessionCall::kBufferFd:
@@ -288,13 +447,18 @@ grpc::Status session_channel::grpc_call(v1::SessionCall const& call, v1::Session
 
 grpc::Status session_channel::socket_call(v1::SessionCall& call,
                                           v1::SessionReply* reply,
-                                          std::vector<int>* fds)
+                                          std::vector<int>* fds,
+                                          std::uint32_t generation)
 {
   grpc::Status status;
   std::vector<std::uint32_t> reclaims;
   std::vector<std::uint64_t> retired;
   {
     call_lock lock(*this);
+    // The call's ids are that generation's: a reconnect came between.
+    if (this->generation() != generation) {
+      return {grpc::StatusCode::ABORTED, reconnected_meanwhile};
+    }
     {
       // Calls that streams reached go first: the daemon handles a session's
       // calls in order, so this call sees their memory back.
@@ -306,6 +470,7 @@ grpc::Status session_channel::socket_call(v1::SessionCall& call,
       send_releases_locked(calls);
     }
     status = call_locked(call, reply, fds);
+    if (status.ok()) { status = from_daemon(*reply, generation); }
     if (status.ok() && reply->has_allocate() && reply->allocate().block_id() != 0) {
       // A packed lease is live in its block from its grant on: a RetireBlocks
       // this call heard (acted on below) must not take the block from under
@@ -415,13 +580,17 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
           c.mutable_blocks_dropped()->add_block_ids(q.id);
           break;
       }
+      if (q.what == kind::close_buffer) { note_holds(c, v1::SessionReply{}); }
+      // About an earlier daemon's allocation, buffer or block: nothing to send.
+      auto const generation = this->generation();
+      if (to_daemon(c, generation)) { continue; }
       grpc::Status sent;
-      if (session_calls_) {
+      if (uses_session_calls()) {
         // The daemon answers only if the call fails; call_locked prints that.
         c.set_reply_only_on_error(true);
         sent = send_locked(c, std::chrono::steady_clock::now() + options_.call_timeout);
       } else if (q.what != kind::drop_block) {
-        sent = grpc_call(c, nullptr);
+        sent = grpc_call(c, nullptr, generation);
       }
       // UNAVAILABLE: the daemon is gone, and with it the lease or the hold.
       if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -444,11 +613,15 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
 
 void session_channel::take_unasked_locked(v1::SessionReply const& reply)
 {
-  if (reply.has_reclaim()) {
-    reclaims_heard_.push_back(reply.reclaim().pool_id());
-  } else if (reply.has_retire_blocks()) {
-    auto const& ids = reply.retire_blocks().block_ids();
-    retired_heard_.insert(retired_heard_.end(), ids.begin(), ids.end());
+  if (reply.has_reclaim() || reply.has_retire_blocks()) {
+    v1::SessionReply ours = reply;
+    if (!from_daemon(ours, generation()).ok()) { return; }  // a pool it did not describe
+    if (ours.has_reclaim()) {
+      reclaims_heard_.push_back(ours.reclaim().pool_id());
+    } else {
+      auto const& ids = ours.retire_blocks().block_ids();
+      retired_heard_.insert(retired_heard_.end(), ids.begin(), ids.end());
+    }
   } else if (reply.has_error()) {
     // The answer to an earlier call that did not wait: a queued call sent
     // with reply_only_on_error that failed, or a call that timed out.
@@ -482,6 +655,7 @@ void session_channel::read_unasked(std::stop_token stop) noexcept
 {
   reader_thread = true;
   while (!stop.stop_requested()) {
+    auto const generation = this->generation();
     std::array<pollfd, 2> watched{pollfd{.fd = socket_fd_, .events = POLLIN, .revents = 0},
                                   pollfd{.fd = reader_wake_fd_, .events = POLLIN, .revents = 0}};
     if (::poll(watched.data(), watched.size(), -1) < 0) {
@@ -489,8 +663,12 @@ void session_channel::read_unasked(std::stop_token stop) noexcept
       return;
     }
     if (watched[1].revents != 0) { return; }
-    // The daemon is gone: the next call says so.
-    if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) { return; }
+    // The daemon is gone: reconnect now (so that a keeper's reports and
+    // reclaims go on), or the next call says so.
+    if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
+      if (!stop.stop_requested() && reconnect_after(generation)) { continue; }
+      return;
+    }
     if ((watched[0].revents & POLLIN) == 0) { continue; }
     std::vector<std::uint32_t> reclaims;
     std::vector<std::uint64_t> retired;
@@ -601,6 +779,385 @@ grpc::Status session_channel::call_locked(v1::SessionCall& call,
     }
     if (fds != nullptr) { fds->assign(attached.begin(), attached.begin() + got.fd_count); }
     return read.status;
+  }
+}
+
+std::optional<grpc::Status> session_channel::to_daemon(v1::SessionCall& call,
+                                                       std::uint32_t generation) const
+{
+  std::lock_guard lock(ids_mutex_);
+  auto pool = [&](std::uint32_t id) -> std::optional<std::uint32_t> {
+    if (id >= to_daemon_pool_.size() || to_daemon_pool_[id] < 0) { return std::nullopt; }
+    return static_cast<std::uint32_t>(to_daemon_pool_[id]);
+  };
+  auto no_pool = [](std::uint32_t id) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "pool " + std::to_string(id) +
+                            " of this session is not served by the daemon it reconnected to "
+                            "(no pool of that name and GPU; rmmctl pools lists what it serves)");
+  };
+  // A buffer id of now, or the new id of a buffer held again.
+  auto buffer = [&](std::uint64_t id) -> std::optional<std::uint64_t> {
+    if (generation_of(id) != generation) {
+      auto it = renamed_.find(id);
+      if (it == renamed_.end() || generation_of(it->second) != generation) { return std::nullopt; }
+      id = it->second;
+    }
+    return id & daemon_id_mask;
+  };
+  switch (call.call_case()) {
+    case v1::SessionCall::kAllocate: {
+      auto id = pool(call.allocate().pool_id());
+      if (!id) { return no_pool(call.allocate().pool_id()); }
+      call.mutable_allocate()->set_pool_id(*id);
+      break;
+    }
+    case v1::SessionCall::kCreateBuffer: {
+      auto id = pool(call.create_buffer().pool_id());
+      if (!id) { return no_pool(call.create_buffer().pool_id()); }
+      call.mutable_create_buffer()->set_pool_id(*id);
+      break;
+    }
+    case v1::SessionCall::kFree: {
+      // An earlier daemon's lease went with it: freed here, nothing to ask.
+      auto const id = call.free().allocation_id();
+      if (generation_of(id) != generation) { return grpc::Status::OK; }
+      call.mutable_free()->set_allocation_id(id & daemon_id_mask);
+      break;
+    }
+    case v1::SessionCall::kPublishBuffer: {
+      auto id = buffer(call.publish_buffer().buffer_id());
+      if (!id) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "the daemon that served this buffer went away before it was "
+                            "published, and an unpublished buffer goes with its daemon; create "
+                            "it again");
+      }
+      call.mutable_publish_buffer()->set_buffer_id(*id);
+      break;
+    }
+    case v1::SessionCall::kCloseBuffer: {
+      auto id = buffer(call.close_buffer().buffer_id());
+      if (!id) { return grpc::Status::OK; }  // the daemon holding it went away
+      call.mutable_close_buffer()->set_buffer_id(*id);
+      break;
+    }
+    case v1::SessionCall::kBufferFd: {
+      auto id = buffer(call.buffer_fd().buffer_id());
+      if (!id) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "the daemon that served this buffer went away, and the one serving "
+                            "now does not know it");
+      }
+      call.mutable_buffer_fd()->set_buffer_id(*id);
+      break;
+    }
+    case v1::SessionCall::kBlocksDropped: {
+      auto* ids = call.mutable_blocks_dropped()->mutable_block_ids();
+      auto kept = std::remove_if(ids->begin(), ids->end(), [&](std::uint64_t id) {
+        return generation_of(id) != generation;
+      });
+      ids->erase(kept, ids->end());
+      if (ids->empty()) { return grpc::Status::OK; }
+      for (auto& id : *ids) { id &= daemon_id_mask; }
+      break;
+    }
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+grpc::Status session_channel::from_daemon(v1::SessionReply& reply, std::uint32_t generation) const
+{
+  auto const too_large =
+      grpc::Status(grpc::StatusCode::INTERNAL,
+                   "the daemon sent an id of 2^48 or more, which this client cannot take");
+  auto ours = [&](std::uint64_t& id) {
+    if ((id & ~daemon_id_mask) != 0) { return false; }
+    id = client_id(id, generation);
+    return true;
+  };
+  std::lock_guard lock(ids_mutex_);
+  auto pool = [&](std::uint32_t id) -> std::optional<std::uint32_t> {
+    if (id >= from_daemon_pool_.size() || from_daemon_pool_[id] < 0) { return std::nullopt; }
+    return static_cast<std::uint32_t>(from_daemon_pool_[id]);
+  };
+  auto const unknown_pool = grpc::Status(grpc::StatusCode::INTERNAL,
+                                         "the daemon named a pool this session does not know");
+  auto grant              = [&](v1::BufferGrant& g) {
+    std::uint64_t id = g.buffer_id();
+    if (!ours(id)) { return too_large; }
+    g.set_buffer_id(id);
+    auto p = pool(g.pool_id());
+    if (!p) { return unknown_pool; }
+    g.set_pool_id(*p);
+    return grpc::Status::OK;
+  };
+  switch (reply.reply_case()) {
+    case v1::SessionReply::kAllocate: {
+      auto* a             = reply.mutable_allocate();
+      std::uint64_t id    = a->allocation_id();
+      std::uint64_t block = a->block_id();
+      if (!ours(id) || (block != 0 && !ours(block))) { return too_large; }
+      a->set_allocation_id(id);
+      a->set_block_id(block);
+      break;
+    }
+    case v1::SessionReply::kCreateBuffer:
+      return grant(*reply.mutable_create_buffer());
+    case v1::SessionReply::kOpenBuffer:
+      return grant(*reply.mutable_open_buffer());
+    case v1::SessionReply::kReclaim: {
+      auto p = pool(reply.reclaim().pool_id());
+      if (!p) { return unknown_pool; }
+      reply.mutable_reclaim()->set_pool_id(*p);
+      break;
+    }
+    case v1::SessionReply::kRetireBlocks: {
+      auto* r = reply.mutable_retire_blocks();
+      auto p  = pool(r->pool_id());
+      if (!p) { return unknown_pool; }
+      r->set_pool_id(*p);
+      for (auto& id : *r->mutable_block_ids()) {
+        if (!ours(id)) { return too_large; }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return grpc::Status::OK;
+}
+
+void session_channel::note_holds(v1::SessionCall const& call, v1::SessionReply const& reply)
+{
+  try {
+    std::lock_guard lock(ids_mutex_);
+    switch (call.call_case()) {
+      case v1::SessionCall::kCreateBuffer:
+      case v1::SessionCall::kOpenBuffer: {
+        auto const& grant = reply.has_create_buffer() ? reply.create_buffer() : reply.open_buffer();
+        auto& held        = held_[grant.buffer_id()];
+        held.name =
+            call.has_create_buffer() ? call.create_buffer().name() : call.open_buffer().name();
+        ++held.opens;
+        break;
+      }
+      case v1::SessionCall::kCloseBuffer: {
+        auto id = call.close_buffer().buffer_id();
+        if (auto it = renamed_.find(id); it != renamed_.end()) { id = it->second; }
+        if (auto it = held_.find(id); it != held_.end() && --it->second.opens == 0) {
+          held_.erase(it);
+          renamed_.erase(call.close_buffer().buffer_id());
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  } catch (std::bad_alloc const&) {
+    // Out of memory: a reconnect does not hold this buffer again.
+  }
+}
+
+bool session_channel::socket_closed() const noexcept
+{
+  pollfd p{.fd = socket_fd_.load(), .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (::poll(&p, 1, 0) < 0) { return false; }
+  return (p.revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP)) != 0;
+}
+
+bool session_channel::reconnect_after(std::uint32_t generation)
+{
+  if (options_.reconnect.count() <= 0 || closing_.load()) { return false; }
+  call_lock lock(*this);
+  if (this->generation() != generation) { return true; }  // another call reconnected
+  if (gone_ || !socket_closed()) { return false; }
+  return reconnect_locked();
+}
+
+void session_channel::wait_to_retry(std::chrono::steady_clock::duration wait) const noexcept
+{
+  auto const ms = std::max<std::int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(wait).count());
+  // The reader's eventfd wakes a wait of the reader's when the session closes.
+  pollfd p{.fd = reader_wake_fd_.load(), .events = POLLIN, .revents = 0};
+  if (p.fd >= 0) {
+    ::poll(&p, 1, static_cast<int>(ms));
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+}
+
+bool session_channel::reconnect_locked()
+{
+  using clock         = std::chrono::steady_clock;
+  auto const started  = clock::now();
+  auto const deadline = started + options_.reconnect;
+  auto const previous = session_id();
+  auto const count    = reconnects() + 1;
+  auto wait           = clock::duration(std::chrono::milliseconds(50));
+  session_welcome welcome;
+  int fd = -1;
+  std::string why;
+  while (true) {
+    try {
+      fd = connect_session_socket(options_.runtime_dir);
+      say_hello(fd, options_.client_name, welcome, previous, count);  // closes fd when it throws
+      break;
+    } catch (std::exception const& e) {
+      why = e.what();
+      fd  = -1;
+    }
+    auto const now = clock::now();
+    if (now >= deadline || closing_.load()) {
+      gone_ = true;
+      std::fprintf(stderr,
+                   "rmmd: the daemon went away and none came back at %s within %lld ms (%s); "
+                   "this session is over: memory it holds stays mapped, and every call fails\n",
+                   options_.runtime_dir.c_str(),
+                   static_cast<long long>(options_.reconnect.count()),
+                   why.c_str());
+      return false;
+    }
+    wait_to_retry(std::min(wait, deadline - now));
+    wait = std::min<clock::duration>(wait * 2, std::chrono::seconds(2));
+  }
+  set_receive_slice(fd, options_.call_timeout);
+  // The new daemon's pools, matched to the first welcome's by name and GPU.
+  std::vector<std::int64_t> to(first_pool_keys_.size(), -1);
+  std::vector<std::int64_t> from(static_cast<std::size_t>(welcome.welcome.pools_size()), -1);
+  for (auto const& p : welcome.welcome.pools()) {
+    auto it = std::find(first_pool_keys_.begin(), first_pool_keys_.end(), pool_key(p));
+    if (it == first_pool_keys_.end() || p.id() >= from.size()) { continue; }
+    auto const ours = static_cast<std::size_t>(it - first_pool_keys_.begin());
+    to[ours]        = p.id();
+    from[p.id()]    = static_cast<std::int64_t>(ours);
+  }
+  auto const old_generation = generation();
+  auto const generation     = (old_generation + 1) % generation_count;
+  auto const welcome_copy   = welcome.welcome;
+  // The pools first: a call that sees the new generation finds them.
+  if (hooks_.adopt_pools) {
+    hooks_.adopt_pools(generation, std::move(welcome), to);
+  } else {
+    for (int f : welcome.pool_fds) {
+      if (f >= 0) { ::close(f); }
+    }
+  }
+  old_fds_.push_back(socket_fd_.load());
+  socket_fd_.store(fd);
+  orphans_.clear();  // the old daemon's, gone with it
+  reclaims_heard_.clear();
+  retired_heard_.clear();
+  {
+    std::lock_guard lock(ids_mutex_);
+    to_daemon_pool_   = std::move(to);
+    from_daemon_pool_ = std::move(from);
+  }
+  adopt_welcome_locked(welcome_copy, generation);
+  reconnects_.store(count, std::memory_order_release);
+
+  reconnect_info info{
+      .previous_session_id = previous, .session_id = session_id(), .reconnects = count};
+  std::string unknown;
+  hold_again_locked(info, unknown);
+  auto const took = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
+  std::fprintf(stderr,
+               "rmmd: the daemon went away; reconnected to the daemon at %s after %lld ms "
+               "(session %llu, was %llu; reconnect %u): memory held from before stays valid and "
+               "is freed here without a request, new allocations come from the new daemon; %zu "
+               "open shared buffer(s) held again%s%s\n",
+               options_.runtime_dir.c_str(),
+               static_cast<long long>(took.count()),
+               static_cast<unsigned long long>(info.session_id),
+               static_cast<unsigned long long>(previous),
+               count,
+               info.buffers_held_again,
+               unknown.empty() ? "" : "; not known to the new daemon, kept mapped here: ",
+               unknown.c_str());
+  try {
+    std::lock_guard lock(ids_mutex_);
+    untold_.emplace_back(info, old_generation);
+  } catch (std::bad_alloc const&) {
+  }
+  return true;
+}
+
+void session_channel::hold_again_locked(reconnect_info& info, std::string& unknown)
+{
+  std::unordered_map<std::uint64_t, held_buffer> held;
+  {
+    std::lock_guard lock(ids_mutex_);
+    held.swap(held_);
+  }
+  auto const generation = this->generation();
+  std::unordered_map<std::uint64_t, std::uint64_t> renamed;  // id of the old daemon -> new
+  std::unordered_map<std::uint64_t, held_buffer> held_now;
+  for (auto const& [old_id, h] : held) {
+    std::uint64_t new_id = 0;
+    for (std::size_t i = 0; i < h.opens; ++i) {
+      v1::SessionCall open;
+      open.mutable_open_buffer()->set_name(h.name);
+      v1::SessionReply reply;
+      auto status = daemon_takes_calls() ? call_locked(open, &reply, nullptr)
+                                         : grpc_call(open, &reply, generation);
+      if (status.ok()) { status = from_daemon(reply, generation); }
+      if (!status.ok() || !reply.has_open_buffer()) { break; }
+      new_id = reply.open_buffer().buffer_id();
+    }
+    if (new_id == 0) {
+      ++info.buffers_unknown;
+      unknown += (unknown.empty() ? "" : ", ") + h.name;
+      continue;
+    }
+    ++info.buffers_held_again;
+    renamed[old_id]  = new_id;
+    held_now[new_id] = h;
+  }
+  std::lock_guard lock(ids_mutex_);
+  // Ids of earlier daemons that named a buffer held again name its new id.
+  for (auto& [earlier, now] : renamed_) {
+    if (auto it = renamed.find(now); it != renamed.end()) { now = it->second; }
+  }
+  renamed_.merge(renamed);
+  held_.swap(held_now);
+}
+
+void session_channel::tell_reconnects() noexcept
+{
+  thread_local bool telling = false;  // on_reconnect that calls the session
+  if (telling) { return; }
+  while (true) {
+    {
+      std::lock_guard lock(ids_mutex_);
+      if (untold_.empty()) { return; }
+    }
+    // Another thread tells: it looks again once done.
+    if (!tell_mutex_.try_lock()) { return; }
+    telling = true;
+    while (true) {
+      std::vector<std::pair<reconnect_info, std::uint32_t>> untold;
+      {
+        std::lock_guard lock(ids_mutex_);
+        untold.swap(untold_);
+      }
+      if (untold.empty()) { break; }
+      for (auto const& [info, old_generation] : untold) {
+        if (hooks_.forget_generation) { hooks_.forget_generation(old_generation); }
+        if (!options_.on_reconnect) { continue; }
+        try {
+          options_.on_reconnect(info);
+        } catch (std::exception const& e) {
+          std::fprintf(stderr, "rmmd: on_reconnect threw: %s\n", e.what());
+        } catch (...) {
+          std::fprintf(stderr, "rmmd: on_reconnect threw\n");
+        }
+      }
+    }
+    telling = false;
+    tell_mutex_.unlock();
   }
 }
 

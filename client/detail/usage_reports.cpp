@@ -10,23 +10,34 @@ namespace rmmd::detail {
 
 std::vector<std::uint32_t> usage_reports::send(std::vector<carved_usage> const& usage)
 {
-  v1::UsageReport request;
-  for (auto const& u : usage) {
-    auto* p = request.add_pools();
-    p->set_pool_id(u.pool_id);
-    p->set_bytes(u.bytes);
-    p->set_allocation_count(u.allocation_count);
-    p->set_slab_bytes(u.slab_bytes);
-    p->set_reclaimable_bytes(u.reclaimable_bytes);
-  }
   v1::UsageReply reply;
-  auto ctx    = channel_.context();
-  auto status = channel_.stub().ReportUsage(ctx.get(), request, &reply);
+  // Pool ids as the daemon of now numbers them (after a reconnect, its pools
+  // are matched to the session's by name and GPU); a pool it does not serve
+  // is not reported.
+  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    v1::UsageReport request;
+    for (auto const& u : usage) {
+      auto pool = channel_.daemon_pool(u.pool_id);
+      if (!pool) { continue; }
+      auto* p = request.add_pools();
+      p->set_pool_id(*pool);
+      p->set_bytes(u.bytes);
+      p->set_allocation_count(u.allocation_count);
+      p->set_slab_bytes(u.slab_bytes);
+      p->set_reclaimable_bytes(u.reclaimable_bytes);
+    }
+    reply.Clear();
+    return channel_.stub().ReportUsage(ctx, request, &reply);
+  });
   if (!status.ok()) {
     // The daemon's refusals name the call already; gRPC's own do not.
     throw_status(status, status.error_message().starts_with("report usage") ? "" : "report usage");
   }
-  return {reply.trim_pool_ids().begin(), reply.trim_pool_ids().end()};
+  std::vector<std::uint32_t> pressed;
+  for (auto id : reply.trim_pool_ids()) {
+    if (auto ours = channel_.session_pool(id)) { pressed.push_back(*ours); }
+  }
+  return pressed;
 }
 
 std::vector<std::uint32_t> usage_reports::report_carved(void const* reporter,
