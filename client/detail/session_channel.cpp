@@ -199,8 +199,11 @@ void session_channel::adopt_welcome_locked(v1::SessionWelcome const& w, std::uin
   // A manifest may be 4 MiB serialized (GetBufferManifest, DescribeBuffer,
   // an OpenBuffer grant), a listing more: gRPC's default of 4 MiB is short.
   args.SetMaxReceiveMessageSize(max_receive_bytes);
-  // A channel of its own per daemon: the last one's may be waiting out
-  // gRPC's backoff from the moment its daemon went away.
+  // A channel of its own per daemon, with connections of its own (gRPC
+  // shares them between channels to one address by default): the last
+  // one's broke, or waits out gRPC's backoff, from the moment its daemon
+  // went away.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
                                            grpc::InsecureChannelCredentials(),
                                            args);

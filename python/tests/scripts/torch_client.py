@@ -10,6 +10,9 @@ daemon). Prints one line of JSON when it has done its part; `hold` and
   graph WAY MODE REPLAYS   a small model's forward and backward captured by torch.cuda.graph
                            (into the rmmd MemPool for WAY mempool), replayed REPLAYS times;
                            its losses and gradients, and rmmd's live bytes before and after
+  restarts WAY MODE N      a tensor through rmmd, then N times: a line on stdin (the daemon
+                           was restarted), the tensor checked and written, a new one made
+                           (from the new daemon) and computed with; one line of JSON each
 
 WAY: mempool (a torch.cuda.MemPool over rmmd) or allocator (rmmd for the
 whole process); MODE: slab or direct.
@@ -223,6 +226,30 @@ def main(argv: list[str]) -> int:
         say(pid=os.getpid(), **said)
         if way != "default":
             sys.stdin.readline()
+    elif cmd == "restarts":
+        way, mode, rounds = argv[1], argv[2], int(argv[3])
+        with with_rmmd(way, mode):
+            old = torch.arange(4 << 20, dtype=torch.float32, device="cuda")  # 16 MiB
+            torch.cuda.synchronize()
+            say(pid=os.getpid(), ready=True)
+            for r in range(1, rounds + 1):
+                sys.stdin.readline()  # the daemon was killed and started again
+                # Memory from an earlier daemon: still there, still writable.
+                old_ok = bool(torch.equal(old, torch.arange(old.numel(), dtype=torch.float32,
+                                                            device="cuda") + (r - 1)))
+                old += 1
+                # Larger than any slab so far: a lease from the new daemon.
+                new = torch.full((24 << 20,), float(r), device="cuda")  # 96 MiB
+                new_ok = bool(torch.equal(new[: old.numel()].add_(old), old + r))
+                torch.cuda.synchronize()
+                say(round=r, old_ok=old_ok, new_ok=new_ok, new_bytes=new.numel() * 4)
+                del new
+            sys.stdin.readline()
+            del old
+            globals().pop("_pool", None)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        say(done=True, rmmd_stats=rmmd_torch.memory_stats(0))
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
