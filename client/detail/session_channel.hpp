@@ -15,7 +15,9 @@
 // ways, in one place (to_daemon / from_daemon): a call about an older
 // generation's id is answered here (a Free or a close: done, nothing to ask;
 // the new daemon never lent it), unless it is a shared buffer the new daemon
-// holds for this session again, whose new id it takes.
+// holds for this session again, whose new id it takes. The reconnect and
+// the translation live in session_reconnect.cpp, the hello in
+// session_hello.hpp.
 //
 // Owns: the socket fd (closed by the destructor: that ends the session in
 // the daemon), the gRPC channel, the reader thread and its eventfd, the
@@ -144,7 +146,7 @@ class session_channel {
     return generation_.load(std::memory_order_acquire);
   }
   /// The first welcome's pool `pool_id` at the daemon of now; nullopt when
-  /// that daemon serves no such pool.
+  /// that daemon serves no such pool (an id no welcome described: itself).
   [[nodiscard]] std::optional<std::uint32_t> daemon_pool(std::uint32_t pool_id) const;
   /// The first welcome's id of the daemon of now's pool `daemon_pool_id`.
   [[nodiscard]] std::optional<std::uint32_t> session_pool(std::uint32_t daemon_pool_id) const;

@@ -155,6 +155,9 @@ class session {
   [[nodiscard]] lease allocate(std::uint32_t pool_id,
                                std::size_t bytes,
                                std::size_t alignment) const;
+  /// A lease of a daemon this session has reconnected away from (or whose
+  /// daemon is gone, while the session may reconnect) is freed without a
+  /// request: the daemon that lent it took it along.
   void free(std::uint64_t allocation_id) const;
 
   /// Tells the daemon what slab-mode resources carved (replacing the last

@@ -165,7 +165,9 @@ class Session(OwnsHandle):
             )
         reconnect_ms = -1 if not reconnect else max(1, int(reconnect * 1000))
         # Kept as long as the session: the C library calls it.
-        self._on_reconnect = _lib.reconnect_fn(0) if on_reconnect is None else _reconnect_callback(on_reconnect)
+        self._on_reconnect = (
+            _lib.reconnect_fn(0) if on_reconnect is None else _reconnect_callback(on_reconnect)
+        )
         options = _lib.SessionOptions(
             size=ctypes.sizeof(_lib.SessionOptions),
             runtime_dir=None if runtime_dir is None else str(runtime_dir).encode(),
