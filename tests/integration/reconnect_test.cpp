@@ -96,12 +96,14 @@ TEST(Reconnect, HostClientRidesThroughThreeRestarts)
   }
 
   std::unique_ptr<harness::daemon_process> current;  // the first owns the directory
+  std::uint64_t previous_id = 0;
   testing::internal::CaptureStderr();
   for (std::uint32_t restart = 1; restart <= 3; ++restart) {
     kill_daemon(current ? *current : *first);
     current.reset();
     current             = start_rmmd(dir);
     auto const previous = s.id();
+    previous_id         = previous;
 
     // What this process held stays readable and writable.
     for (auto& b : held) {
@@ -152,6 +154,10 @@ TEST(Reconnect, HostClientRidesThroughThreeRestarts)
   }
   auto const stats = stats_of(s);
   EXPECT_EQ(in_use(stats, s.host_pool().id), 0u) << stats.DebugString();
+  // The daemon's log says whose reconnect it took (the hello says so).
+  EXPECT_THAT(current->log_tail(50),
+              HasSubstr("a client reconnecting (it was session " + std::to_string(previous_id) +
+                        " of the daemon before, reconnect 3)"));
   auto const said = lines_of(testing::internal::GetCapturedStderr());
   // One line per reconnect, and nothing else.
   ASSERT_EQ(said.size(), 3u) << ::testing::PrintToString(said);
