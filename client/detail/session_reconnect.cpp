@@ -197,6 +197,11 @@ grpc::Status session_channel::from_daemon(v1::SessionReply& reply, std::uint32_t
 
 void session_channel::note_holds(v1::SessionCall const& call, v1::SessionReply const& reply)
 {
+  auto const kind = call.call_case();
+  if (kind != v1::SessionCall::kCreateBuffer && kind != v1::SessionCall::kOpenBuffer &&
+      kind != v1::SessionCall::kCloseBuffer) {
+    return;  // Allocate and Free: no lock
+  }
   try {
     std::lock_guard lock(ids_mutex_);
     switch (call.call_case()) {

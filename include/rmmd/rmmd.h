@@ -90,15 +90,14 @@ typedef struct rmmd_session_options {
   int use_grpc;             /* nonzero: calls over gRPC, not the session socket */
   int import_by_fabric;     /* nonzero: import CUDA pools by fabric handle */
   uint32_t call_timeout_ms; /* 0: 30000 */
-  /* Since 0.2 (a caller built with the older layout passes its size and
-   * gets the defaults). When the daemon goes away (restart, crash), the
-   * session waits up to reconnect_ms for one to serve the runtime directory
-   * again and reconnects to it: memory held from before stays valid and is
-   * freed locally, new allocations come from the new daemon, open shared
-   * buffers stay mapped and are held again where the new daemon has them
-   * (rmmd::session::options::reconnect says it all). One line on stderr and
-   * one on_reconnect call per reconnect. A daemon that does not come back in
-   * time: calls fail with RMMD_ERROR_SESSION, as with no reconnect. */
+  /* Added after the fields above (a caller built with the older layout
+   * passes its size, 40 on 64-bit, and gets the defaults). When the daemon goes away (restart,
+   * crash), the session waits up to reconnect_ms for one to serve the runtime directory again and
+   * reconnects to it: memory held from before stays valid and is freed locally, new allocations
+   * come from the new daemon, open shared buffers stay mapped and are held again where the new
+   * daemon has them (rmmd::session::options::reconnect says it all). One line on stderr and one
+   * on_reconnect call per reconnect. A daemon that does not come back in time: calls fail with
+   * RMMD_ERROR_SESSION, as with no reconnect. */
   rmmd_reconnect_fn on_reconnect; /* NULL: none */
   void* on_reconnect_user_data;   /* passed to on_reconnect */
   int64_t reconnect_ms;           /* 0: 60000; negative: no reconnect */
