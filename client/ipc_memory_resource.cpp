@@ -368,13 +368,13 @@ void ipc_memory_resource_impl::unlease_slab(cuda::stream_ref stream, void* ptr) 
   unlease(stream, ptr);
 }
 
-std::size_t ipc_memory_resource_impl::slab_bytes_of_earlier_daemons() const noexcept
+std::size_t ipc_memory_resource_impl::slab_bytes_not_lent_by(
+    std::uint32_t generation) const noexcept
 {
-  auto const now = session_.impl().channel().generation();
   std::size_t bytes{};
   std::lock_guard lock(slabs_mutex_);
   for (auto const& [ptr, slab] : slabs_) {
-    if (slab.first != now) { bytes += slab.second; }
+    if (slab.first != generation) { bytes += slab.second; }
   }
   return bytes;
 }

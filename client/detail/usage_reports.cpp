@@ -10,13 +10,21 @@ namespace rmmd::detail {
 
 std::vector<std::uint32_t> usage_reports::send(std::vector<carved_usage> const& usage)
 {
+  return send_built([&](std::uint32_t) { return usage; });
+}
+
+std::vector<std::uint32_t> usage_reports::send_built(
+    std::function<std::vector<carved_usage>(std::uint32_t generation)> const& build)
+{
   v1::UsageReply reply;
   // Pool ids as the daemon of now numbers them (after a reconnect, its pools
   // are matched to the session's by name and GPU); a pool it does not serve
-  // is not reported.
-  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+  // is not reported. The figures are built for each try: a try that went to
+  // a daemon the session then reconnected away from is made again, for the
+  // new one.
+  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t generation) {
     v1::UsageReport request;
-    for (auto const& u : usage) {
+    for (auto const& u : build(generation)) {
       auto pool = channel_.daemon_pool(u.pool_id);
       if (!pool) { continue; }
       auto* p = request.add_pools();
@@ -41,10 +49,11 @@ std::vector<std::uint32_t> usage_reports::send(std::vector<carved_usage> const& 
 }
 
 std::vector<std::uint32_t> usage_reports::report_carved(void const* reporter,
-                                                        carved_usage const& usage)
+                                                        carved_usage const& usage,
+                                                        std::uint32_t generation)
 {
   std::lock_guard lock(carved_mutex_);
-  carved_[usage.pool_id][reporter] = usage;
+  carved_[usage.pool_id][reporter] = {usage, generation};
   return send_carved_locked(usage.pool_id);
 }
 
@@ -62,14 +71,22 @@ void usage_reports::forget_reporter(void const* reporter, std::uint32_t pool_id)
 
 std::vector<std::uint32_t> usage_reports::send_carved_locked(std::uint32_t pool_id)
 {
-  carved_usage sum{.pool_id = pool_id};
-  for (auto const& [reporter, u] : carved_[pool_id]) {
-    sum.bytes += u.bytes;
-    sum.allocation_count += u.allocation_count;
-    sum.slab_bytes += u.slab_bytes;
-    sum.reclaimable_bytes += u.reclaimable_bytes;
-  }
-  return send({sum});
+  auto const& reporters = carved_[pool_id];
+  return send_built([&](std::uint32_t generation) {
+    // Figures made for another daemon are left out: the slabs they count
+    // are not all this one's (it refuses more slabs than the session holds
+    // there). Their reporters report again within a second while they hold
+    // slabs.
+    carved_usage sum{.pool_id = pool_id};
+    for (auto const& [reporter, r] : reporters) {
+      if (r.generation != generation) { continue; }
+      sum.bytes += r.usage.bytes;
+      sum.allocation_count += r.usage.allocation_count;
+      sum.slab_bytes += r.usage.slab_bytes;
+      sum.reclaimable_bytes += r.usage.reclaimable_bytes;
+    }
+    return std::vector<carved_usage>{sum};
+  });
 }
 
 std::uint64_t usage_reports::watch(std::uint32_t pool_id,

@@ -9,6 +9,8 @@
 // error is the one sessions always gave. tests/gpu/reconnect_test.cpp does
 // the same for CUDA pools in direct and slab mode.
 
+#include "client/detail/session_impl.hpp"
+#include "client/detail/usage_reports.hpp"
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -244,6 +246,64 @@ TEST(Reconnect, TheReaderThreadReconnectsWithoutACallAndReportsGoOn)
   EXPECT_EQ(session_in(stats, s.id())->carved_bytes(), 4096u) << stats.DebugString();
   s.free(lease.id);
   s.unwatch_reclaims(watch);
+}
+
+// Slab mode's reports (the only reporter is the device resource's carver,
+// tests/gpu/reconnect_test.cpp) go through usage_reports with the daemon
+// they were counted for: here the same path with host-pool leases standing
+// in for slabs. A report counted for the daemon before a restart that
+// reaches the new one (its try at the old one failed, and the session
+// reconnected) must not count the old daemon's slabs there: the new daemon
+// refuses more slabs than the session holds in the pool.
+TEST(Reconnect, CarvedReportsCountedForAnEarlierDaemonAreLeftOut)
+{
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto first                = start_rmmd();
+  auto const dir            = first->runtime_dir();
+  rmmd::session s(rmmd::session::options{.runtime_dir = dir, .reconnect = 30s});
+  auto const pool = s.host_pool().id;
+  auto& reports   = s.impl().reports();
+  int const old_reporter{};
+  int const new_reporter{};
+  // At the first daemon: a 16 MiB "slab", 1 MiB carved from it.
+  auto const slab      = s.allocate(pool, 16 * MiB, 256);
+  auto const first_gen = s.impl().channel().generation();
+  carved_usage const old_figures{
+      .pool_id = pool, .bytes = MiB, .allocation_count = 1, .slab_bytes = 16 * MiB};
+  EXPECT_NO_THROW(static_cast<void>(reports.report_carved(&old_reporter, old_figures, first_gen)));
+  EXPECT_EQ(session_in(stats_of(s), s.id())->carved_bytes(), MiB);
+
+  testing::internal::CaptureStderr();
+  kill_daemon(*first);
+  auto second = start_rmmd(dir);
+  // The figures counted for the first daemon: the try at it fails, the
+  // session reconnects, and the new daemon hears nothing of them.
+  EXPECT_NO_THROW(static_cast<void>(reports.report_carved(&old_reporter, old_figures, first_gen)));
+  EXPECT_EQ(s.reconnects(), 1u);
+  auto const second_gen = s.impl().channel().generation();
+  EXPECT_NE(second_gen, first_gen);
+  auto stats = stats_of(s);
+  ASSERT_NE(session_in(stats, s.id()), nullptr) << stats.DebugString();
+  EXPECT_EQ(session_in(stats, s.id())->carved_bytes(), 0u) << stats.DebugString();
+
+  // Another reporter's figures for the new daemon: the old ones are not
+  // added to them (16 MiB more of slabs than the session holds there).
+  auto const lease = s.allocate(pool, 4 * MiB, 256);
+  EXPECT_NO_THROW(static_cast<void>(reports.report_carved(
+      &new_reporter,
+      carved_usage{.pool_id = pool, .bytes = MiB, .allocation_count = 1, .slab_bytes = 4 * MiB},
+      second_gen)));
+  stats = stats_of(s);
+  EXPECT_EQ(session_in(stats, s.id())->carved_bytes(), MiB) << stats.DebugString();
+  EXPECT_EQ(session_in(stats, s.id())->carved_allocations(), 1u) << stats.DebugString();
+
+  reports.forget_reporter(&old_reporter, pool);
+  reports.forget_reporter(&new_reporter, pool);
+  s.free(slab.id);  // the first daemon's: answered here
+  s.free(lease.id);
+  auto const said = lines_of(testing::internal::GetCapturedStderr());
+  ASSERT_EQ(said.size(), 1u) << ::testing::PrintToString(said);
+  EXPECT_THAT(said.front(), HasSubstr("reconnected to the daemon at"));
 }
 
 TEST(Reconnect, OpenBuffersStayMappedAndTheLogSaysWhatTheNewDaemonDoesNotKnow)

@@ -150,13 +150,14 @@ class ipc_memory_resource_impl {
   }
   void unlease(cuda::stream_ref stream, void* ptr) noexcept;
   /// The same for slab mode's slabs, which it also counts by the daemon that
-  /// lent them (see slab_bytes_of_earlier_daemons()).
+  /// lent them (see slab_bytes_not_lent_by()).
   [[nodiscard]] void* lease_slab(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
   void unlease_slab(cuda::stream_ref stream, void* ptr) noexcept;
-  /// The bytes of the slabs still held from daemons the session reconnected
-  /// away from: they carve on, but the daemon of now never lent them, so its
-  /// usage reports leave them out.
-  [[nodiscard]] std::size_t slab_bytes_of_earlier_daemons() const noexcept;
+  /// The bytes of the slabs held that the daemon of `generation` did not
+  /// lend (those of daemons the session reconnected away from, or of one it
+  /// reconnected to since): they carve on, but a usage report to that
+  /// daemon leaves them out.
+  [[nodiscard]] std::size_t slab_bytes_not_lent_by(std::uint32_t generation) const noexcept;
 
   /// Slab mode: gives idle slabs back now; returns the bytes given back (0
   /// when something is still carved from them, or in direct mode).
