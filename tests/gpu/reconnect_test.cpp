@@ -126,10 +126,15 @@ TEST(Reconnect, DeviceResourcesRideThroughThreeRestarts)
     auto small = make("carved from an old slab", slabs, MiB);
     EXPECT_TRUE(holds(small.ptr, small.bytes, small.value));
     slabs.deallocate(stream, small.ptr, small.bytes, 256);
-    // New ones come from the new daemon (the first reconnects).
+    // New ones come from the new daemon (the first reconnects). The one
+    // carved must not fit any slab held: RMM's pool carves from a free slab
+    // of any daemon (the previous round's 16 MiB slab is free by the third
+    // round), and grows by max(asked, its size). 16, 32, 64 MiB: each more
+    // than every free block, so each leases a slab from the new daemon.
+    auto const new_slab_bytes = (16 * MiB) << (restart - 1);
     std::vector<held_memory> fresh{make("direct", direct, 16 * MiB),
                                    make("packed", direct, 4096),
-                                   make("new slab", slabs, 16 * MiB)};
+                                   make("new slab", slabs, new_slab_bytes)};
     for (auto const& h : fresh) { EXPECT_TRUE(holds(h.ptr, h.bytes, h.value)) << h.what; }
     EXPECT_EQ(told.load(), restart);
     EXPECT_EQ(s.reconnects(), static_cast<std::uint32_t>(restart));
@@ -137,10 +142,9 @@ TEST(Reconnect, DeviceResourcesRideThroughThreeRestarts)
     ASSERT_EQ(stats.sessions_size(), 1) << stats.DebugString();
     auto const* mine = session_in(stats, s.id());
     ASSERT_NE(mine, nullptr) << stats.DebugString();
-    // The direct allocation, the packed one (and its block), the new slab:
-    // nothing older (that would be 3 more).
-    EXPECT_GE(mine->allocation_count(), 3u) << stats.DebugString();
-    EXPECT_LE(mine->allocation_count(), 4u) << stats.DebugString();
+    // The daemon counts leases: the direct allocation, the packed one (its
+    // block is no lease), the new slab; nothing older (that would be 3 more).
+    EXPECT_EQ(mine->allocation_count(), 3u) << stats.DebugString();
     auto const count_now = mine->allocation_count();
     auto const bytes_now = mine->bytes();
 

@@ -12,7 +12,8 @@ daemon). Prints one line of JSON when it has done its part; `hold` and
                            its losses and gradients, and rmmd's live bytes before and after
   restarts WAY MODE N      a tensor through rmmd, then N times: a line on stdin (the daemon
                            was restarted), the tensor checked and written, a new one made
-                           (from the new daemon) and computed with; one line of JSON each
+                           (round R: R * 96 MiB, from the new daemon) and computed with;
+                           one line of JSON each
 
 WAY: mempool (a torch.cuda.MemPool over rmmd) or allocator (rmmd for the
 whole process); MODE: slab or direct.
@@ -238,8 +239,11 @@ def main(argv: list[str]) -> int:
                 old_ok = bool(torch.equal(old, torch.arange(old.numel(), dtype=torch.float32,
                                                             device="cuda") + (r - 1)))
                 old += 1
-                # Larger than any slab so far: a lease from the new daemon.
-                new = torch.full((24 << 20,), float(r), device="cuda")  # 96 MiB
+                # From the new daemon: larger than any block PyTorch's cache
+                # holds (it keeps what earlier rounds freed, and would serve
+                # a tensor from that without a call to rmmd, so the session
+                # would not reconnect) and than any free slab (slab mode).
+                new = torch.full((r * (24 << 20),), float(r), device="cuda")  # r * 96 MiB
                 new_ok = bool(torch.equal(new[: old.numel()].add_(old), old + r))
                 torch.cuda.synchronize()
                 say(round=r, old_ok=old_ok, new_ok=new_ok, new_bytes=new.numel() * 4)
