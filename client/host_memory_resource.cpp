@@ -1,6 +1,7 @@
 #include <rmmd/host_memory_resource.hpp>
 
 #include "client/detail/process_exit.hpp"
+#include "client/detail/session_impl.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -14,13 +15,18 @@ host_memory_resource_impl::host_memory_resource_impl(session s,
                                                      std::string_view pool_name,
                                                      bool pinned)
     : session_(std::move(s)),
-      pool_(pool_name.empty() ? session_.host_pool() : session_.pool(pool_name))
+      pool_(pool_name.empty() ? session_.host_pool() : session_.pool(pool_name)),
+      pinned_(pinned)
 {
   if (pool_.backend != backend_kind::host) {
     throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
                             "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
   }
-  base_ = pinned ? session_.pinned_host_pool_base(pool_.id) : session_.host_pool_base(pool_.id);
+  auto& mappings    = session_.impl().mappings();
+  auto const latest = mappings.latest();
+  base_.store(pinned ? mappings.pinned_host_pool_base(pool_.id, latest)
+                     : mappings.host_pool_base(pool_.id, latest));
+  base_generation_ = latest;
   // Page-locking the pool started CUDA; a plain mapping did not.
   if (pinned) {
     watch_process_exit();
@@ -70,10 +76,32 @@ void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t al
                              std::to_string(pool_.capacity_bytes) +
                              " bytes; ask for less, or have the operator give the pool more");
   }
-  auto lease = session_.allocate(pool_.id, bytes, alignment);
-  void* ptr  = base_ + lease.host_offset;
+  auto granted = session_.impl().lease_memory(pool_.id, bytes, alignment, false);
+  auto& lease  = granted.granted;
+  std::byte* base{};
+  try {
+    base = base_of(granted.generation);
+  } catch (...) {
+    free_lease(lease.id);
+    throw;
+  }
+  void* ptr = base + lease.host_offset;
   leases_.add(ptr, lease.id);
   return ptr;
+}
+
+std::byte* host_memory_resource_impl::base_of(std::uint32_t generation)
+{
+  // Each allocation makes a round trip: a lock here costs nothing that shows.
+  std::lock_guard lock(base_mutex_);
+  if (generation == base_generation_) { return base_.load(std::memory_order_relaxed); }
+  // A lease of a daemon the session reconnected to: its pool's mapping.
+  auto& mappings = session_.impl().mappings();
+  auto* base     = pinned_ ? mappings.pinned_host_pool_base(pool_.id, generation)
+                           : mappings.host_pool_base(pool_.id, generation);
+  base_.store(base, std::memory_order_release);
+  base_generation_ = generation;
+  return base;
 }
 
 void host_memory_resource_impl::deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept

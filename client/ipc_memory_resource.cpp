@@ -82,7 +82,8 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
         (visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "") +
         "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
   }
-  imported_ = session_.cuda_pool(pool_.id);
+  imported_generation_ = session_.impl().mappings().latest();
+  imported_            = session_.impl().mappings().cuda_pool(pool_.id, imported_generation_);
   watch_process_exit();
   if (options_.mode == allocation_mode::slab) { carver_ = std::make_unique<slab_carver>(*this); }
 }
@@ -256,7 +257,8 @@ std::size_t ipc_memory_resource_impl::trim() noexcept
 
 void* ipc_memory_resource_impl::lease_into(lease_table& table,
                                            std::size_t bytes,
-                                           std::size_t alignment)
+                                           std::size_t alignment,
+                                           std::uint32_t* generation)
 {
   // Not on the carving path: the first slab, like every direct allocation,
   // is leased here.
@@ -285,6 +287,7 @@ void* ipc_memory_resource_impl::lease_into(lease_table& table,
       return impl.lease_memory(pool_.id, bytes, alignment, true);
     }
   }();
+  if (generation != nullptr) { *generation = lease.generation; }
   if (lease.block_id != 0) {
     // Carved by the daemon out of a block of this session's: the block is
     // imported once, and this allocation is a place in it.
@@ -305,7 +308,21 @@ void* ipc_memory_resource_impl::lease_into(lease_table& table,
   }
   void* ptr = nullptr;
   auto data = reinterpret_cast<cudaMemPoolPtrExportData*>(lease.granted.cuda_export.data());
-  if (auto err = cudaMemPoolImportPointer(&ptr, imported_, data); err != cudaSuccess) {
+  // A daemon the session reconnected to: its pool, imported once.
+  cudaMemPool_t pool = imported_;
+  if (lease.generation != imported_generation_) {
+    try {
+      pool = impl.mappings().cuda_pool(pool_.id, lease.generation);
+    } catch (...) {
+      try {
+        session_.free(lease.granted.id);
+      } catch (std::exception const&) {
+        // The daemon reclaims it with the session at the latest.
+      }
+      throw;
+    }
+  }
+  if (auto err = cudaMemPoolImportPointer(&ptr, pool, data); err != cudaSuccess) {
     cudaGetLastError();
     try {
       session_.free(lease.granted.id);
@@ -325,6 +342,41 @@ void ipc_memory_resource_impl::unlease(cuda::stream_ref stream, void* ptr) noexc
   // either way the constructor ran watch_process_exit().
   if (exit_marked()) { return; }
   if (auto id = leases_.take(ptr)) { release(stream.get(), ptr, *id); }
+}
+
+void* ipc_memory_resource_impl::lease_slab(cuda::stream_ref,
+                                           std::size_t bytes,
+                                           std::size_t alignment)
+{
+  std::uint32_t generation{};
+  void* ptr = lease_into(leases_, bytes, alignment, &generation);
+  try {
+    std::lock_guard lock(slabs_mutex_);
+    slabs_[ptr] = {generation, bytes};
+  } catch (std::bad_alloc const&) {
+    // Uncounted: a report after a reconnect may count it as the new daemon's.
+  }
+  return ptr;
+}
+
+void ipc_memory_resource_impl::unlease_slab(cuda::stream_ref stream, void* ptr) noexcept
+{
+  {
+    std::lock_guard lock(slabs_mutex_);
+    slabs_.erase(ptr);
+  }
+  unlease(stream, ptr);
+}
+
+std::size_t ipc_memory_resource_impl::slab_bytes_not_lent_by(
+    std::uint32_t generation) const noexcept
+{
+  std::size_t bytes{};
+  std::lock_guard lock(slabs_mutex_);
+  for (auto const& [ptr, slab] : slabs_) {
+    if (slab.first != generation) { bytes += slab.second; }
+  }
+  return bytes;
 }
 
 bool ipc_memory_resource_impl::wait_for_releases(

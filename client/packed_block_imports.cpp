@@ -43,8 +43,9 @@ void* packed_block_imports::base(std::uint32_t pool_id,
   if (auto it = imports_.find(block); it != imports_.end()) { return it->second.base; }
   void* base = nullptr;
   auto data  = static_cast<cudaMemPoolPtrExportData const*>(export_data);
-  if (auto err = cudaMemPoolImportPointer(
-          &base, pools_.cuda_pool(pool_id), const_cast<cudaMemPoolPtrExportData*>(data));
+  if (auto err = cudaMemPoolImportPointer(&base,
+                                          pools_.cuda_pool(pool_id, generation_of(block)),
+                                          const_cast<cudaMemPoolPtrExportData*>(data));
       err != cudaSuccess) {
     cudaGetLastError();
     throw rmm::bad_alloc("rmmd: importing packed block " + std::to_string(block) + " of pool " +
@@ -179,6 +180,22 @@ import taken;
     }
     say_dropped(block);
   }
+}
+
+void packed_block_imports::forget_generation(std::uint32_t old) noexcept
+{
+  std::vector<std::uint64_t> idle;
+  try {
+    std::lock_guard lock(imports_mutex_);
+    std::lock_guard live(live_mutex_);
+    for (auto const& [block, i] : imports_) {
+      if (generation_of(block) == old && !block_live_.contains(block)) { idle.push_back(block); }
+    }
+  } catch (std::bad_alloc const&) {
+    return;  // they stay until the session ends
+  }
+  // Their BlocksDropped are about the old daemon's blocks: the channel sends none.
+  drop(idle);
 }
 
 }  // namespace rmmd::detail

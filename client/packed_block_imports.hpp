@@ -65,6 +65,13 @@ class packed_block_imports {
   /// (BlocksDropped, queued like a Free). Takes no lock of the channel's.
   void drop(std::vector<std::uint64_t> const& blocks) noexcept;
 
+  /// The daemon of generation `old` went away (the session reconnected):
+  /// frees the imports of its blocks with no live lease. A block with live
+  /// leases keeps its import until the session ends (its memory stays
+  /// valid). Block ids are client ids (session_channel.hpp), so a new
+  /// daemon's blocks never meet an old one's.
+  void forget_generation(std::uint32_t old) noexcept;
+
  private:
   struct import {
     void* base{};

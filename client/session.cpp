@@ -23,7 +23,12 @@ session::session(options opts) : impl_(std::make_shared<detail::session_impl>(st
 
 std::uint64_t session::id() const noexcept
 {
-  return impl_->id;
+  return impl_->channel().session_id();
+}
+
+std::uint32_t session::reconnects() const noexcept
+{
+  return impl_->channel().reconnects();
 }
 
 std::vector<pool_info> const& session::pools() const noexcept

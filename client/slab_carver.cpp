@@ -62,7 +62,7 @@ class direct_upstream {
       }
     }
     try {
-      void* ptr = owner_->lease(stream, bytes, alignment);
+      void* ptr = owner_->lease_slab(stream, bytes, alignment);
       slab_bytes_->fetch_add(bytes, std::memory_order_relaxed);
       if (ranges_ != nullptr) {
         // The end first: a reader that sees the begin sees its end.
@@ -91,7 +91,7 @@ class direct_upstream {
         }
       }
     }
-    owner_->unlease(stream, ptr);
+    owner_->unlease_slab(stream, ptr);
     slab_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
   }
   void* allocate_sync(std::size_t bytes, std::size_t alignment)
@@ -463,14 +463,19 @@ std::size_t slab_carver::reclaimable_bytes() const noexcept
   return sum;
 }
 
-carved_usage slab_carver::usage(carved_figures carved, std::size_t slabs) const noexcept
+carved_usage slab_carver::usage(carved_figures carved,
+                                std::size_t slabs,
+                                std::uint32_t generation) const noexcept
 {
   // A carve is counted before its pool grows (see carve()): while a new
   // slab is on its way, what is carved may exceed the slabs read after it,
   // and the lanes are read again after `carved`: a lane whose last carving
   // was freed meanwhile may count as reclaimable while `carved` still holds
   // it. The daemon refuses a report with more carved than slabs, or more
-  // reclaimable than the slabs not carved: both are capped here.
+  // reclaimable than the slabs not carved: both are capped here. Slabs of a
+  // daemon other than `generation`'s are not that daemon's: left out (what
+  // they carve may then be counted against its ones, capped).
+  slabs -= std::min(slabs, owner_.slab_bytes_not_lent_by(generation));
   auto const carved_bytes = std::min(carved.bytes, slabs);
   return carved_usage{
       .pool_id          = owner_.pool().id,
@@ -497,17 +502,20 @@ bool slab_carver::note_idle_lanes(keeper_state& state, clock::time_point now) no
 
 bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_point now) noexcept
 {
-  auto const figures = carved();
-  auto const slabs   = slab_bytes();
-  bool const changed = figures.bytes != state.reported.bytes ||
+  // The daemon the figures are counted for: read first, so that a slab a
+  // later daemon lends meanwhile is left out rather than counted for this one.
+  auto const generation = owner_.get_session().impl().channel().generation();
+  auto const figures    = carved();
+  auto const slabs      = slab_bytes();
+  bool const changed    = figures.bytes != state.reported.bytes ||
                        figures.count != state.reported.count || slabs != state.reported_slabs;
   // While it holds slabs it reports every second, to hear of pressure.
   if (!changed && !(holding && now - state.last_report >= std::chrono::seconds(1))) {
     return false;
   }
   try {
-    auto const trim_pools =
-        owner_.get_session().impl().reports().report_carved(this, usage(figures, slabs));
+    auto const trim_pools = owner_.get_session().impl().reports().report_carved(
+        this, usage(figures, slabs, generation), generation);
     state.reported       = figures;
     state.reported_slabs = slabs;
     state.last_report    = now;
@@ -523,11 +531,12 @@ bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_p
 
 void slab_carver::report_now(keeper_state& state, clock::time_point now) noexcept
 {
-  auto const slabs   = slab_bytes();
-  auto const figures = carved();
+  auto const generation = owner_.get_session().impl().channel().generation();  // first: see above
+  auto const slabs      = slab_bytes();
+  auto const figures    = carved();
   try {
-    static_cast<void>(
-        owner_.get_session().impl().reports().report_carved(this, usage(figures, slabs)));
+    static_cast<void>(owner_.get_session().impl().reports().report_carved(
+        this, usage(figures, slabs, generation), generation));
     state.reported       = figures;
     state.reported_slabs = slabs;
     state.last_report    = now;

@@ -126,8 +126,11 @@ class slab_carver {
   bool report_if_due(keeper_state& state, bool holding, clock::time_point now) noexcept;
   /// Reports the figures now (after a trim, or answering a reclaim request).
   void report_now(keeper_state& state, clock::time_point now) noexcept;
-  /// What the daemon hears: carved bytes, the slabs, and the reclaimable ones.
-  [[nodiscard]] carved_usage usage(carved_figures carved, std::size_t slabs) const noexcept;
+  /// What the daemon of `generation` hears: carved bytes, the slabs (those
+  /// it lent), and the reclaimable ones.
+  [[nodiscard]] carved_usage usage(carved_figures carved,
+                                   std::size_t slabs,
+                                   std::uint32_t generation) const noexcept;
   /// The slabs of the lanes nothing is carved from.
   [[nodiscard]] std::size_t reclaimable_bytes() const noexcept;
   /// allocate() when the lane's word says closed: makes its pool (leasing its

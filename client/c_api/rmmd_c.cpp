@@ -330,10 +330,29 @@ rmmd_status rmmd_session_create(rmmd_session_options const* options, rmmd_sessio
   if (session == nullptr) { return null_argument("session"); }
   rmmd_session_options defaults{};
   defaults.size = sizeof(defaults);
-  auto o        = read_struct(options, defaults);
+  // 40: the layout before reconnect_ms, on_reconnect and its user data.
+  auto o = read_struct(options, defaults, {offsetof(rmmd_session_options, on_reconnect)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   return guarded([&] {
     rmmd::session::options so;
+    if (o->reconnect_ms < 0) {
+      so.reconnect = std::chrono::milliseconds(0);
+    } else if (o->reconnect_ms > 0) {
+      so.reconnect = std::chrono::milliseconds(o->reconnect_ms);
+    }
+    if (o->on_reconnect != nullptr) {
+      so.on_reconnect = [fn   = o->on_reconnect,
+                         user = o->on_reconnect_user_data](rmmd::reconnect_info const& i) {
+        rmmd_reconnect_info info{};
+        info.size                = sizeof(info);
+        info.previous_session_id = i.previous_session_id;
+        info.session_id          = i.session_id;
+        info.reconnects          = i.reconnects;
+        info.buffers_held_again  = static_cast<std::uint32_t>(i.buffers_held_again);
+        info.buffers_unknown     = static_cast<std::uint32_t>(i.buffers_unknown);
+        fn(user, &info);
+      };
+    }
     if (o->runtime_dir != nullptr) { so.runtime_dir = o->runtime_dir; }
     if (o->client_name != nullptr) { so.client_name = o->client_name; }
     so.lease_calls =
@@ -355,6 +374,15 @@ rmmd_status rmmd_session_id(rmmd_session_t session, uint64_t* id)
 {
   if (session == nullptr || id == nullptr) { return null_argument("session or id"); }
   *id = session->session.id();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_session_reconnects(rmmd_session_t session, uint32_t* reconnects)
+{
+  if (session == nullptr || reconnects == nullptr) {
+    return null_argument("session or reconnects");
+  }
+  *reconnects = session->session.reconnects();
   return RMMD_SUCCESS;
 }
 

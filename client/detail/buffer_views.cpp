@@ -68,14 +68,15 @@ void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& p
     }
     if (devices > 0) {
       try {
-        base = pools_.pinned_host_pool_base(pool.id);
+        base = pools_.pinned_host_pool_base(pool.id, generation_of(grant.buffer_id()));
       } catch (rmm::bad_alloc const&) {
         // Not page-locked (RLIMIT_MEMLOCK, no usable driver): the plain
         // mapping serves all the same, as in a process without a GPU.
       }
     }
   }
-  if (base == nullptr) { base = pools_.host_pool_base(pool.id); }
+  // The mapping of the daemon that granted it (a reconnect may have come since).
+  if (base == nullptr) { base = pools_.host_pool_base(pool.id, generation_of(grant.buffer_id())); }
   return base + grant.host().offset();
 }
 
@@ -145,7 +146,8 @@ void* buffer_views::attach_pool_pointer(v1::BufferGrant const& grant, pool_info 
   }
   std::memcpy(&export_data, bytes.data(), sizeof(export_data));
   void* data = nullptr;
-  if (auto err = cudaMemPoolImportPointer(&data, pools_.cuda_pool(pool.id), &export_data);
+  if (auto err = cudaMemPoolImportPointer(
+          &data, pools_.cuda_pool(pool.id, generation_of(grant.buffer_id())), &export_data);
       err != cudaSuccess) {
     cudaGetLastError();
     throw rmm::bad_alloc("rmmd: importing buffer " + in_quotes(grant.name()) + " of pool '" +

@@ -2,6 +2,7 @@
 
 #include "client/detail/daemon_message_checks.hpp"
 #include "client/detail/process_exit.hpp"
+#include "client/detail/session_hello.hpp"
 #include "client/detail/usage_reports.hpp"
 #include "client/packed_block_imports.hpp"
 #include "common/fd_passing.hpp"
@@ -30,80 +31,12 @@ thread_local bool reader_thread = false;
 /// spare, and a listing of many buffers with their labels.
 constexpr int max_receive_bytes = 64 << 20;
 
-int connect_session_socket(std::filesystem::path const& dir)
-{
-  auto const path = dir / "rmmd-session.sock";
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.native().size() >= sizeof(addr.sun_path)) {
-    throw rmmd::logic_error("rmmd: runtime directory path too long: " + dir.string());
-  }
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) { throw session_error(std::string("rmmd: socket: ") + std::strerror(errno)); }
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EACCES || err == EPERM) {
-      throw permission_error("rmmd: no permission to connect to " + path.string() +
-                             ": ask the operator to add you to the rmmd group");
-    }
-    throw session_error("rmmd: no daemon is listening at " + path.string() + " (" +
-                        std::strerror(err) +
-                        "): is rmmd running? (systemctl status rmmd), or set RMMD_RUNTIME_DIR");
-  }
-  return fd;
-}
+/// ABORTED: the daemon a call was meant for was replaced while it waited.
+constexpr char const* reconnected_meanwhile = "rmmd: reconnected meanwhile";
 
-/// Sends the hello on `fd` and reads the welcome into `out`. Closes `fd`
-/// and every fd that came when it throws.
-void say_hello(int fd, std::string const& client_name, session_welcome& out)
+bool is_reconnected_meanwhile(grpc::Status const& s)
 {
-  v1::SessionHello hello;
-  hello.set_protocol_version(1);
-  hello.set_client_name(client_name);
-  auto bytes = hello.SerializeAsString();
-  // A daemon that refuses the connection before it reads the hello (a uid at
-  // its admission limit) has sent its reason already: read it even if the
-  // send failed, and say why the send failed only when there is none.
-  int send_error = 0;
-  if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    send_error = errno;
-  }
-  // The welcome comes at once; do not wait forever on a daemon that hangs.
-  timeval tv{.tv_sec = 10, .tv_usec = 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::vector<char> buffer(1 << 16);
-  std::array<int, 64> received_fds{};
-  auto const received = fd_passing::receive_datagram(fd, buffer, received_fds);
-  auto const n        = received.bytes;
-  std::vector<int> fds(received_fds.begin(), received_fds.begin() + received.fd_count);
-  auto fail = [&](auto error) {
-    for (int f : fds) { ::close(f); }
-    ::close(fd);
-    throw error;
-  };
-  if (n <= 0 && send_error != 0) {
-    fail(session_error(std::string("rmmd: sending the session hello failed: ") +
-                       std::strerror(send_error)));
-  }
-  if (n <= 0) {
-    fail(session_error("rmmd: the daemon closed the session socket without a welcome"));
-  }
-  if (received.truncated || received.fds_truncated) {
-    fail(
-        session_error("rmmd: the daemon's welcome is larger than this client takes (64 KiB, 64 "
-                      "pool fds)"));
-  }
-  auto read = read_welcome(std::span(buffer.data(), static_cast<std::size_t>(n)), fds, out.welcome);
-  if (read.status == welcome_status::permission_denied) { fail(permission_error(read.message)); }
-  if (read.status != welcome_status::ok) { fail(session_error(read.message)); }
-  for (int f : fds) {  // attached, but named by no pool
-    if (std::find(read.pool_fds.begin(), read.pool_fds.end(), f) == read.pool_fds.end()) {
-      ::close(f);
-    }
-  }
-  out.pool_fds = std::move(read.pool_fds);
+  return s.error_code() == grpc::StatusCode::ABORTED && s.error_message() == reconnected_meanwhile;
 }
 
 }  // namespace
@@ -141,24 +74,24 @@ void say_hello(int fd, std::string const& client_name, session_welcome& out)
 session_channel::session_channel(session::options const& options, session_welcome& welcome)
     : options_(options)
 {
-  socket_fd_ = connect_session_socket(options_.runtime_dir);
-  say_hello(socket_fd_, options_.client_name, welcome);
+  int const fd = connect_session_socket(options_.runtime_dir);
+  say_hello(fd, options_.client_name, welcome);
   // The hello is done: from here the socket carries the session's calls and
   // its close ends the session. A call waits for its reply in a blocking
-  // receive (no poll first: one system call fewer per call), which wakes a
-  // few times per call_timeout (at most every 50 ms) to look at the call's
-  // own deadline: a call overruns it by a quarter of call_timeout at most.
-  auto const slice_us = std::clamp<std::int64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(options_.call_timeout).count() / 4,
-      1000,
-      50'000);
-  timeval slice{.tv_sec = 0, .tv_usec = static_cast<suseconds_t>(slice_us)};
-  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
-  auto const& w       = welcome.welcome;
-  token_hex_          = common::to_hex(w.token());
-  daemon_takes_calls_ = w.session_calls();
-  session_calls_ = daemon_takes_calls_ && options_.lease_calls == call_transport::session_socket;
+  // receive (no poll first: one system call fewer per call).
+  set_receive_slice(fd, options_.call_timeout);
+  socket_fd_.store(fd);
+  for (auto const& p : welcome.welcome.pools()) {
+    first_pool_keys_.push_back(pool_key(p));
+    to_daemon_pool_.push_back(p.id());
+    from_daemon_pool_.push_back(p.id());
+  }
+  adopt_welcome_locked(welcome.welcome, 0);
+  releases_->channel = this;
+}
 
+void session_channel::adopt_welcome_locked(v1::SessionWelcome const& w, std::uint32_t generation)
+{
   grpc::ChannelArguments args;
   if (w.max_message_bytes() > 0) {
     args.SetMaxSendMessageSize(static_cast<int>(w.max_message_bytes()));
@@ -166,20 +99,35 @@ session_channel::session_channel(session::options const& options, session_welcom
   // A manifest may be 4 MiB serialized (GetBufferManifest, DescribeBuffer,
   // an OpenBuffer grant), a listing more: gRPC's default of 4 MiB is short.
   args.SetMaxReceiveMessageSize(max_receive_bytes);
-  channel_ = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
-                                       grpc::InsecureChannelCredentials(),
-                                       args);
-  stub_    = v1::Rmmd::NewStub(channel_);
-  releases_->channel = this;
+  // A channel of its own per daemon, with connections of its own (gRPC
+  // shares them between channels to one address by default): the last
+  // one's broke, or waits out gRPC's backoff, from the moment its daemon
+  // went away.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel("unix:" + (options_.runtime_dir / "rmmd.sock").string(),
+                                           grpc::InsecureChannelCredentials(),
+                                           args);
+  auto stub    = v1::Rmmd::NewStub(channel);
+  std::lock_guard lock(ids_mutex_);
+  token_hex_ = common::to_hex(w.token());
+  daemon_takes_calls_.store(w.session_calls());
+  session_calls_.store(w.session_calls() && options_.lease_calls == call_transport::session_socket);
+  session_id_.store(w.session_id(), std::memory_order_release);
+  generation_.store(generation, std::memory_order_release);
+  grpc_channels_.push_back(std::move(channel));
+  stubs_.push_back(std::move(stub));
+  stub_.store(stubs_.back().get(), std::memory_order_release);
 }
 
 session_channel::~session_channel()
 {
-  ::close(socket_fd_);
+  ::close(socket_fd_.load());
+  for (int fd : old_fds_) { ::close(fd); }
 }
 
 void session_channel::close() noexcept
 {
+  closing_.store(true);
   if (reader_.joinable()) {
     reader_.request_stop();
     ::eventfd_write(reader_wake_fd_, 1);
@@ -204,9 +152,44 @@ void session_channel::close() noexcept
 std::unique_ptr<grpc::ClientContext> session_channel::context() const
 {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->AddMetadata("rmmd-token", token_hex_);
+  ctx->AddMetadata("rmmd-token", token_hex());
   ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
   return ctx;
+}
+
+std::unique_ptr<grpc::ClientContext> session_channel::context_for(std::uint32_t generation) const
+{
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  {
+    std::lock_guard lock(ids_mutex_);
+    // The token and the generation change together, under this lock.
+    if (generation_.load(std::memory_order_relaxed) != generation) { return nullptr; }
+    ctx->AddMetadata("rmmd-token", token_hex_);
+  }
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
+  return ctx;
+}
+
+std::string session_channel::token_hex() const
+{
+  std::lock_guard lock(ids_mutex_);
+  return token_hex_;
+}
+
+grpc::Status session_channel::grpc_unary(
+    std::function<grpc::Status(grpc::ClientContext*, std::uint32_t)> const& rpc)
+{
+  while (true) {
+    auto const generation = this->generation();
+    auto ctx              = context_for(generation);
+    if (!ctx) { continue; }  // a reconnect came between: ask the new daemon
+    auto status = rpc(ctx.get(), generation);
+    if (status.ok() || options_.reconnect.count() <= 0) { return status; }
+    auto const code = status.error_code();
+    // The old token at a new daemon: that daemon is the session's now.
+    if (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) { continue; }
+    if (code != grpc::StatusCode::UNAVAILABLE || !reconnect_after(generation)) { return status; }
+  }
 }
 
 class session_channel::call_lock {
@@ -220,6 +203,7 @@ class session_channel::call_lock {
   ~call_lock()
   {
     c_.call_mutex_.unlock();
+    c_.tell_reconnects();
     c_.drain_releases();
   }
 
@@ -233,46 +217,96 @@ grpc::Status session_channel::call(v1::SessionCall& call,
 {
   v1::SessionReply ignored;
   if (reply == nullptr) { reply = &ignored; }
+  bool const may_reconnect = options_.reconnect.count() > 0;
+  v1::SessionCall asked;  // with the client's ids, for a second try at a new daemon
+  if (may_reconnect) { asked = call; }
+  while (true) {
+    auto const generation = this->generation();
+    if (auto answered = to_daemon(call, generation)) { return *answered; }
+    auto status = route(call, reply, fds, generation);
+    if (!may_reconnect) { return status; }
+    if (status.ok()) {
+      note_holds(asked, *reply);
+      return status;
+    }
+    auto const code = status.error_code();
+    auto const kind = call.call_case();
+    // A Free or a close that finds its daemon gone is done: what it let go
+    // of went with the daemon (and a daemon started again never lent it).
+    // No need to wait for one to come back.
+    if (code == grpc::StatusCode::UNAVAILABLE && this->generation() == generation &&
+        (kind == v1::SessionCall::kFree || kind == v1::SessionCall::kCloseBuffer ||
+         kind == v1::SessionCall::kBlocksDropped) &&
+        socket_closed()) {
+      if (kind == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
+      return grpc::Status::OK;
+    }
+    bool const again =
+        is_reconnected_meanwhile(status) ||
+        (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||
+        (code == grpc::StatusCode::UNAVAILABLE && reconnect_after(generation));
+    if (!again) {
+      if (call.call_case() == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
+      return status;
+    }
+    // The daemon that went away took the call's subject with it; the new
+    // one is asked afresh (a Free or a close of the old one's is answered
+    // by to_daemon).
+    call = asked;
+    reply->Clear();
+  }
+}
+
+grpc::Status session_channel::route(v1::SessionCall& call,
+                                    v1::SessionReply* reply,
+                                    std::vector<int>* fds,
+                                    std::uint32_t generation)
+{
   auto const kind = call.call_case();
-  if (session_calls_ || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls_)) {
+  if (uses_session_calls() || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls())) {
     if (kind != v1::SessionCall::kOpenBuffer || call.open_buffer().wait_ms() == 0) {
-      return socket_call(call, reply, fds);
+      return socket_call(call, reply, fds, generation);
     }
     // The daemon waits for a buffer only on gRPC (its session-socket call
     // threads wait for no one): ask without waiting first.
     auto const wait_ms = call.open_buffer().wait_ms();
     call.mutable_open_buffer()->set_wait_ms(0);
-    auto status = socket_call(call, reply, fds);
+    auto status = socket_call(call, reply, fds, generation);
     call.mutable_open_buffer()->set_wait_ms(wait_ms);
     bool const waitable = status.error_code() == grpc::StatusCode::NOT_FOUND ||
                           status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
     if (status.ok() || !waitable) { return status; }
   }
-  return grpc_call(call, reply);
+  auto status = grpc_call(call, reply, generation);
+  if (status.ok() && reply != nullptr) { status = from_daemon(*reply, generation); }
+  return status;
 }
 
-grpc::Status session_channel::grpc_call(v1::SessionCall const& call, v1::SessionReply* reply) const
+grpc::Status session_channel::grpc_call(v1::SessionCall const& call,
+                                        v1::SessionReply* reply,
+                                        std::uint32_t generation) const
 {
   v1::SessionReply ignored;
   auto& out = reply != nullptr ? *reply : ignored;
-  auto ctx  = context();
+  auto ctx  = context_for(generation);
+  if (!ctx) { return {grpc::StatusCode::ABORTED, reconnected_meanwhile}; }
   switch (call.call_case()) {
     case v1::SessionCall::kAllocate:
-      return stub_->Allocate(ctx.get(), call.allocate(), out.mutable_allocate());
+      return stub().Allocate(ctx.get(), call.allocate(), out.mutable_allocate());
     case v1::SessionCall::kFree:
-      return stub_->Free(ctx.get(), call.free(), out.mutable_free());
+      return stub().Free(ctx.get(), call.free(), out.mutable_free());
     case v1::SessionCall::kCreateBuffer:
-      return stub_->CreateBuffer(ctx.get(), call.create_buffer(), out.mutable_create_buffer());
+      return stub().CreateBuffer(ctx.get(), call.create_buffer(), out.mutable_create_buffer());
     case v1::SessionCall::kPublishBuffer:
-      return stub_->PublishBuffer(ctx.get(), call.publish_buffer(), out.mutable_publish_buffer());
+      return stub().PublishBuffer(ctx.get(), call.publish_buffer(), out.mutable_publish_buffer());
     case v1::SessionCall::kCloseBuffer:
-      return stub_->CloseBuffer(ctx.get(), call.close_buffer(), out.mutable_close_buffer());
+      return stub().CloseBuffer(ctx.get(), call.close_buffer(), out.mutable_close_buffer());
     case v1::SessionCall::kOpenBuffer:
       // The daemon may wait up to wait_ms for the buffer: so may we.
       ctx->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(call.open_buffer().wait_ms()) +
                         options_.call_timeout);
-      return stub_->OpenBuffer(ctx.get(), call.open_buffer(), out.mutable_open_buffer());
+      return stub().OpenBuffer(ctx.get(), call.open_buffer(), out.mutable_open_buffer());
     case v1::SessionCall::kPing:
       return {grpc::StatusCode::FAILED_PRECONDITION, "this session makes no session-socket calls"};
     case v1::SessionCall::kBufferFd:
@@ -288,13 +322,18 @@ grpc::Status session_channel::grpc_call(v1::SessionCall const& call, v1::Session
 
 grpc::Status session_channel::socket_call(v1::SessionCall& call,
                                           v1::SessionReply* reply,
-                                          std::vector<int>* fds)
+                                          std::vector<int>* fds,
+                                          std::uint32_t generation)
 {
   grpc::Status status;
   std::vector<std::uint32_t> reclaims;
   std::vector<std::uint64_t> retired;
   {
     call_lock lock(*this);
+    // The call's ids are that generation's: a reconnect came between.
+    if (this->generation() != generation) {
+      return {grpc::StatusCode::ABORTED, reconnected_meanwhile};
+    }
     {
       // Calls that streams reached go first: the daemon handles a session's
       // calls in order, so this call sees their memory back.
@@ -306,6 +345,7 @@ grpc::Status session_channel::socket_call(v1::SessionCall& call,
       send_releases_locked(calls);
     }
     status = call_locked(call, reply, fds);
+    if (status.ok()) { status = from_daemon(*reply, generation); }
     if (status.ok() && reply->has_allocate() && reply->allocate().block_id() != 0) {
       // A packed lease is live in its block from its grant on: a RetireBlocks
       // this call heard (acted on below) must not take the block from under
@@ -415,13 +455,17 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
           c.mutable_blocks_dropped()->add_block_ids(q.id);
           break;
       }
+      if (q.what == kind::close_buffer) { note_holds(c, v1::SessionReply{}); }
+      // About an earlier daemon's allocation, buffer or block: nothing to send.
+      auto const generation = this->generation();
+      if (to_daemon(c, generation)) { continue; }
       grpc::Status sent;
-      if (session_calls_) {
+      if (uses_session_calls()) {
         // The daemon answers only if the call fails; call_locked prints that.
         c.set_reply_only_on_error(true);
         sent = send_locked(c, std::chrono::steady_clock::now() + options_.call_timeout);
       } else if (q.what != kind::drop_block) {
-        sent = grpc_call(c, nullptr);
+        sent = grpc_call(c, nullptr, generation);
       }
       // UNAVAILABLE: the daemon is gone, and with it the lease or the hold.
       if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -444,11 +488,15 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
 
 void session_channel::take_unasked_locked(v1::SessionReply const& reply)
 {
-  if (reply.has_reclaim()) {
-    reclaims_heard_.push_back(reply.reclaim().pool_id());
-  } else if (reply.has_retire_blocks()) {
-    auto const& ids = reply.retire_blocks().block_ids();
-    retired_heard_.insert(retired_heard_.end(), ids.begin(), ids.end());
+  if (reply.has_reclaim() || reply.has_retire_blocks()) {
+    v1::SessionReply ours = reply;
+    if (!from_daemon(ours, generation()).ok()) { return; }  // a pool it did not describe
+    if (ours.has_reclaim()) {
+      reclaims_heard_.push_back(ours.reclaim().pool_id());
+    } else {
+      auto const& ids = ours.retire_blocks().block_ids();
+      retired_heard_.insert(retired_heard_.end(), ids.begin(), ids.end());
+    }
   } else if (reply.has_error()) {
     // The answer to an earlier call that did not wait: a queued call sent
     // with reply_only_on_error that failed, or a call that timed out.
@@ -482,6 +530,7 @@ void session_channel::read_unasked(std::stop_token stop) noexcept
 {
   reader_thread = true;
   while (!stop.stop_requested()) {
+    auto const generation = this->generation();
     std::array<pollfd, 2> watched{pollfd{.fd = socket_fd_, .events = POLLIN, .revents = 0},
                                   pollfd{.fd = reader_wake_fd_, .events = POLLIN, .revents = 0}};
     if (::poll(watched.data(), watched.size(), -1) < 0) {
@@ -489,8 +538,12 @@ void session_channel::read_unasked(std::stop_token stop) noexcept
       return;
     }
     if (watched[1].revents != 0) { return; }
-    // The daemon is gone: the next call says so.
-    if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) { return; }
+    // The daemon is gone: reconnect now (so that a keeper's reports and
+    // reclaims go on), or the next call says so.
+    if ((watched[0].revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
+      if (!stop.stop_requested() && reconnect_after(generation)) { continue; }
+      return;
+    }
     if ((watched[0].revents & POLLIN) == 0) { continue; }
     std::vector<std::uint32_t> reclaims;
     std::vector<std::uint64_t> retired;
@@ -602,6 +655,15 @@ grpc::Status session_channel::call_locked(v1::SessionCall& call,
     if (fds != nullptr) { fds->assign(attached.begin(), attached.begin() + got.fd_count); }
     return read.status;
   }
+}
+
+bool session_channel::reconnect_after(std::uint32_t generation)
+{
+  if (options_.reconnect.count() <= 0 || closing_.load()) { return false; }
+  call_lock lock(*this);
+  if (this->generation() != generation) { return true; }  // another call reconnected
+  if (gone_ || !socket_closed()) { return false; }
+  return reconnect_locked();
 }
 
 }  // namespace rmmd::detail

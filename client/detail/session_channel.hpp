@@ -3,7 +3,21 @@
 // The session's line to the daemon: the session socket (the hello, then one
 // datagram call at a time), the gRPC channel and its stub, the token, the
 // calls' tags, the queue of calls that CUDA host functions leave to be sent,
-// and the reader thread that hears what the daemon sends unasked.
+// and the reader thread that hears what the daemon sends unasked; and the
+// reconnect to a restarted daemon (session::options::reconnect).
+//
+// Generations: each daemon the session has connected to is a generation
+// (0 the first, then one more per reconnect). The ids the parts hold
+// (allocations, packed blocks, shared buffers) are *client ids*: the
+// daemon's id with the generation in bits 48 to 62 (generation 0: the
+// daemon's id itself). Pool ids are those of the first welcome, matched to
+// each later daemon's pools by name and GPU. The channel translates both
+// ways, in one place (to_daemon / from_daemon): a call about an older
+// generation's id is answered here (a Free or a close: done, nothing to ask;
+// the new daemon never lent it), unless it is a shared buffer the new daemon
+// holds for this session again, whose new id it takes. The reconnect and
+// the translation live in session_reconnect.cpp, the hello in
+// session_hello.hpp.
 //
 // Owns: the socket fd (closed by the destructor: that ends the session in
 // the daemon), the gRPC channel, the reader thread and its eventfd, the
@@ -16,6 +30,12 @@
 //   A holder of call_mutex_ may wait for it; a holder of it only tries
 //   call_mutex_ (try_lock), so a host function never waits for a round trip.
 // - reader_mutex_: starting the reader thread (a leaf).
+// - ids_mutex_: the token, the gRPC stubs, the pool id tables, the held
+//   buffers and their new ids, the reconnects not yet told (a leaf).
+// A reconnect holds call_mutex_ throughout (calls wait for it; host
+// functions queue theirs) and calls the parts' hooks under it (the pool
+// mappings' lock and the packed imports' locks are taken after call_mutex_,
+// never before). on_reconnect runs after call_mutex_ is let go.
 // What the daemon sends unasked goes to the packed block imports (retired
 // blocks) and the usage reports (reclaim requests) after call_mutex_ is let
 // go: neither is called with it held.
@@ -26,16 +46,20 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace rmmd::detail {
@@ -54,6 +78,34 @@ struct session_welcome {
   std::vector<int> pool_fds;
 };
 
+/// Client ids (see above): the daemon's id with the generation in bits 48-62.
+inline constexpr unsigned generation_shift      = 48;
+inline constexpr std::uint32_t generation_count = 1u << 15;
+inline constexpr std::uint64_t daemon_id_mask   = (std::uint64_t{1} << generation_shift) - 1;
+[[nodiscard]] constexpr std::uint32_t generation_of(std::uint64_t client_id) noexcept
+{
+  return static_cast<std::uint32_t>(client_id >> generation_shift) & (generation_count - 1);
+}
+[[nodiscard]] constexpr std::uint64_t client_id(std::uint64_t daemon_id,
+                                                std::uint32_t generation) noexcept
+{
+  return daemon_id | (std::uint64_t{generation} << generation_shift);
+}
+
+/// What the session's parts do when the channel has reconnected, called
+/// with call_mutex_ held (they must not call the channel).
+struct reconnect_hooks {
+  /// Takes the new daemon's welcome (its pool fds too) as generation
+  /// `generation`; `daemon_pool`: by pool id of the first welcome, the new
+  /// daemon's id of that pool, -1 where it serves none such.
+  std::function<void(std::uint32_t generation,
+                     session_welcome&& welcome,
+                     std::vector<std::int64_t> const& daemon_pool)>
+      adopt_pools;
+  /// The daemon of generation `old` is gone: its packed blocks go where
+  /// nothing lives in them.
+  std::function<void(std::uint32_t old)> forget_generation;
+};
 class session_channel {
  public:
   /// Connects to the session socket, says hello and fills `welcome`; then
@@ -67,14 +119,48 @@ class session_channel {
   /// REQUIRES: close() ran.
   ~session_channel();
 
-  /// Where unasked messages go (retired blocks, reclaim requests). Both
-  /// outlive the reader thread (close() stops it).
-  void connect_parts(packed_block_imports& packed, usage_reports& reports) noexcept
+  /// Where unasked messages go (retired blocks, reclaim requests), and what
+  /// the parts do on a reconnect. All outlive the reader thread (close()
+  /// stops it).
+  void connect_parts(packed_block_imports& packed,
+                     usage_reports& reports,
+                     reconnect_hooks hooks) noexcept
   {
     packed_  = &packed;
     reports_ = &reports;
+    hooks_   = std::move(hooks);
   }
 
+  /// The session's id at the daemon now, and its reconnects so far.
+  [[nodiscard]] std::uint64_t session_id() const noexcept
+  {
+    return session_id_.load(std::memory_order_acquire);
+  }
+  [[nodiscard]] std::uint32_t reconnects() const noexcept
+  {
+    return reconnects_.load(std::memory_order_acquire);
+  }
+  /// The generation of the daemon the session talks to now (see above).
+  [[nodiscard]] std::uint32_t generation() const noexcept
+  {
+    return generation_.load(std::memory_order_acquire);
+  }
+  /// The first welcome's pool `pool_id` at the daemon of now; nullopt when
+  /// that daemon serves no such pool (an id no welcome described: itself).
+  [[nodiscard]] std::optional<std::uint32_t> daemon_pool(std::uint32_t pool_id) const;
+  /// The first welcome's id of the daemon of now's pool `daemon_pool_id`.
+  [[nodiscard]] std::optional<std::uint32_t> session_pool(std::uint32_t daemon_pool_id) const;
+  /// The daemon's id of shared buffer `id` (a client id) now: its own, or the
+  /// new one of a buffer held again after a reconnect; nullopt when the
+  /// daemon of now does not know it.
+  [[nodiscard]] std::optional<std::uint64_t> daemon_buffer(std::uint64_t id) const;
+
+  /// A gRPC call of the kind only gRPC carries, made by `rpc(context,
+  /// generation)` with a context for the daemon of that generation: when it
+  /// fails because that daemon went away, the channel reconnects (within
+  /// the bound) and calls `rpc` again for the new one.
+  grpc::Status grpc_unary(
+      std::function<grpc::Status(grpc::ClientContext*, std::uint32_t generation)> const& rpc);
   /// Sends `call` and waits for its reply, within call_timeout, on whichever
   /// transport this session's calls take: a datagram on the session socket
   /// (the default, where the daemon takes them), else the gRPC method of the
@@ -139,25 +225,24 @@ class session_channel {
   /// A gRPC client context carrying the token and the call deadline, for the
   /// calls only gRPC carries (stats, usage reports, deletes, admin).
   [[nodiscard]] std::unique_ptr<grpc::ClientContext> context() const;
+  /// The stub of the gRPC channel of now (those of earlier daemons stay
+  /// valid, for calls under way, until the session ends).
   [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept
   {
-    return *stub_;
+    return *stub_.load(std::memory_order_acquire);
   }
   /// The session's credential, as sent in `rmmd-token` metadata.
-  [[nodiscard]] std::string const& token_hex() const noexcept
-  {
-    return token_hex_;
-  }
+  [[nodiscard]] std::string token_hex() const;
   /// Whether the session's calls travel on the session socket.
   [[nodiscard]] bool uses_session_calls() const noexcept
   {
-    return session_calls_;
+    return session_calls_.load(std::memory_order_relaxed);
   }
   /// Whether the daemon takes session-socket calls at all (whatever the
   /// options chose): BufferFd needs it.
   [[nodiscard]] bool daemon_takes_calls() const noexcept
   {
-    return daemon_takes_calls_;
+    return daemon_takes_calls_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -165,9 +250,49 @@ class session_channel {
   /// queued meanwhile (they could not take the socket while it was held).
   class call_lock;
   /// The gRPC method of `call`'s kind; its response fills `reply`.
-  grpc::Status grpc_call(v1::SessionCall const& call, v1::SessionReply* reply) const;
+  grpc::Status grpc_call(v1::SessionCall const& call,
+                         v1::SessionReply* reply,
+                         std::uint32_t generation) const;
+  /// call() on one daemon (generation `generation`): on the socket or gRPC.
+  /// ABORTED when the generation is past (a reconnect came between).
+  grpc::Status route(v1::SessionCall& call,
+                     v1::SessionReply* reply,
+                     std::vector<int>* fds,
+                     std::uint32_t generation);
   /// A datagram round trip: sends the queued calls first, then `call`.
-  grpc::Status socket_call(v1::SessionCall& call, v1::SessionReply* reply, std::vector<int>* fds);
+  grpc::Status socket_call(v1::SessionCall& call,
+                           v1::SessionReply* reply,
+                           std::vector<int>* fds,
+                           std::uint32_t generation);
+  /// `call`'s ids as the daemon of `generation` knows them; an answer when
+  /// the call is about what only an earlier daemon knew (see above).
+  std::optional<grpc::Status> to_daemon(v1::SessionCall& call, std::uint32_t generation) const;
+  /// `reply`'s ids as client ids (and pool ids of the first welcome).
+  grpc::Status from_daemon(v1::SessionReply& reply, std::uint32_t generation) const;
+  /// Notes the buffers a successful `call` opened or closed (held_).
+  void note_holds(v1::SessionCall const& call, v1::SessionReply const& reply);
+  /// After a call to generation `generation` failed for want of a daemon:
+  /// reconnects unless another call did. False when the daemon is there (it
+  /// answered UNAVAILABLE itself), reconnecting is off, or no daemon came
+  /// back within the bound.
+  bool reconnect_after(std::uint32_t generation);
+  /// Connects to the daemon serving the runtime directory now, says hello,
+  /// and makes it the session's: the parts' hooks, the held buffers opened
+  /// again. Holds call_mutex_. False (and gone_) when none came in time.
+  bool reconnect_locked();
+  /// Takes a welcome: token, transport, gRPC channel. Holds call_mutex_
+  /// (or is the constructor).
+  void adopt_welcome_locked(v1::SessionWelcome const& welcome, std::uint32_t generation);
+  /// Waits `wait` before the next try to reconnect (less when the channel closes).
+  void wait_to_retry(std::chrono::steady_clock::duration wait) const noexcept;
+  /// Opens the held buffers again at the new daemon. Holds call_mutex_.
+  void hold_again_locked(reconnect_info& info, std::string& unknown);
+  /// Runs on_reconnect for the reconnects not yet told. Holds no lock.
+  void tell_reconnects() noexcept;
+  /// Whether the session socket of now is closed at the daemon's end.
+  [[nodiscard]] bool socket_closed() const noexcept;
+  /// A context for generation `generation`, null when it is past.
+  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context_for(std::uint32_t generation) const;
   /// Sends the queued calls. Holds call_mutex_.
   void send_releases_locked(std::vector<queued_call>& calls) noexcept;
   /// Sends queued calls while there are any and the socket is free.
@@ -196,14 +321,38 @@ class session_channel {
   [[nodiscard]] grpc::Status timed_out() const;
 
   session::options const& options_;
-  int socket_fd_{-1};
-  bool session_calls_{false};
-  bool daemon_takes_calls_{false};
-  std::string token_hex_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Rmmd::Stub> stub_;
+  std::atomic<int> socket_fd_{-1};  // written under call_mutex_
+  std::atomic<bool> session_calls_{false};
+  std::atomic<bool> daemon_takes_calls_{false};
   packed_block_imports* packed_{};
   usage_reports* reports_{};
+  reconnect_hooks hooks_;
+
+  // Reconnects. Written under call_mutex_.
+  std::atomic<std::uint32_t> generation_{0};  // modulo generation_count
+  std::atomic<std::uint32_t> reconnects_{0};
+  std::atomic<std::uint64_t> session_id_{0};
+  bool gone_{false};          // no daemon came back: no more tries
+  std::vector<int> old_fds_;  // earlier daemons' sockets, closed with the channel
+  std::atomic<bool> closing_{false};
+
+  mutable std::mutex ids_mutex_;
+  std::string token_hex_;
+  std::vector<std::shared_ptr<grpc::Channel>> grpc_channels_;  // every daemon's
+  std::vector<std::unique_ptr<v1::Rmmd::Stub>> stubs_;
+  std::atomic<v1::Rmmd::Stub*> stub_{nullptr};  // the last of stubs_
+  std::vector<std::string> first_pool_keys_;    // by pool id: name and GPU
+  std::vector<std::int64_t> to_daemon_pool_;    // by pool id: the daemon's, -1 none
+  std::vector<std::int64_t> from_daemon_pool_;  // by the daemon's pool id: ours, -1 none
+  struct held_buffer {
+    std::string name;
+    std::size_t opens{};
+  };
+  std::unordered_map<std::uint64_t, held_buffer> held_;       // by client id of now
+  std::unordered_map<std::uint64_t, std::uint64_t> renamed_;  // earlier id -> id of now
+  /// Reconnects not yet told (on_reconnect), with the generation each ended.
+  std::vector<std::pair<reconnect_info, std::uint32_t>> untold_;
+  std::mutex tell_mutex_;  // one teller at a time
 
   std::mutex call_mutex_;
   std::uint64_t last_tag_{};
@@ -213,7 +362,7 @@ class session_channel {
   std::shared_ptr<release_queue> releases_ = std::make_shared<release_queue>();
 
   std::mutex reader_mutex_;
-  int reader_wake_fd_{-1};  // eventfd: stops read_unasked
+  std::atomic<int> reader_wake_fd_{-1};  // eventfd: stops read_unasked (and a reconnect's wait)
   std::jthread reader_;
 };
 

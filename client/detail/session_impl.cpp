@@ -15,12 +15,21 @@ session_impl::session_impl(session::options opts)
       packed_(channel_, mappings_),
       buffers_(channel_, mappings_, options.import_by_fabric)
 {
-  channel_.connect_parts(packed_, reports_);
+  channel_.connect_parts(
+      packed_,
+      reports_,
+      reconnect_hooks{
+          .adopt_pools =
+              [this](std::uint32_t generation,
+                     session_welcome&& welcome,
+                     std::vector<std::int64_t> const& daemon_pool) {
+                mappings_.adopt(generation, std::move(welcome), daemon_pool);
+              },
+          .forget_generation = [this](std::uint32_t old) { packed_.forget_generation(old); }});
 }
 
 session_welcome&& session_impl::take_welcome() noexcept
 {
-  id = welcome_.welcome.session_id();
   return std::move(welcome_);
 }
 
@@ -46,17 +55,17 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
   v1::SessionReply reply;
   auto status = channel_.call(call, &reply);
   if (!status.ok()) { throw_status(status, "allocate " + std::to_string(bytes) + " bytes"); }
-  auto const& response = reply.allocate();
-  auto const& pools    = mappings_.unmapped();
-  auto checked         = pool_id < pools.size()
-                             ? check_allocation(response,
-                                        {.host_pool = pools[pool_id].backend == backend_kind::host,
-                                                 .pool_capacity = pools[pool_id].capacity_bytes,
-                                                 .bytes         = bytes,
-                                                 .alignment     = alignment,
-                                                 .may_pack      = packable})
-                             : grpc::Status(grpc::StatusCode::INTERNAL,
-                                    "the daemon granted a pool it did not describe");
+  auto const& response  = reply.allocate();
+  auto const generation = generation_of(response.allocation_id());
+  auto const pool       = mappings_.described(pool_id, generation);
+  auto checked          = pool ? check_allocation(response,
+                                         {.host_pool     = pool->backend == backend_kind::host,
+                                                   .pool_capacity = pool->capacity_bytes,
+                                                   .bytes         = bytes,
+                                                   .alignment     = alignment,
+                                                   .may_pack      = packable})
+                               : grpc::Status(grpc::StatusCode::INTERNAL,
+                                     "the daemon granted a pool it did not describe");
   if (!checked.ok()) {
     v1::FreeRequest give_back;  // not usable, and ours to free all the same
     give_back.set_allocation_id(response.allocation_id());
@@ -67,6 +76,7 @@ session_impl::granted_lease session_impl::lease_memory(std::uint32_t pool_id,
       .granted      = {.id          = response.allocation_id(),
                        .bytes       = response.size(),
                        .host_offset = response.has_host() ? response.host().offset() : 0},
+      .generation   = generation,
       .block_id     = response.block_id(),
       .block_offset = response.block_offset()};
   auto& out = granted.granted;
@@ -137,19 +147,37 @@ grpc::Status session_impl::open_buffer(v1::OpenBufferRequest const& request, v1:
   return status;
 }
 
+namespace {
+
+grpc::Status buffer_unknown_now()
+{
+  return {grpc::StatusCode::NOT_FOUND,
+          "the daemon that served this buffer went away, and the one serving now does not know it"};
+}
+
+}  // namespace
+
 grpc::Status session_impl::set_buffer_manifest(v1::SetBufferManifestRequest const& request)
 {
-  v1::SetBufferManifestResponse response;
-  auto ctx = context();
-  return stub().SetBufferManifest(ctx.get(), request, &response);
+  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    auto id = channel_.daemon_buffer(request.buffer_id());
+    if (!id) { return buffer_unknown_now(); }
+    auto ours = request;
+    ours.set_buffer_id(*id);
+    v1::SetBufferManifestResponse response;
+    return channel_.stub().SetBufferManifest(ctx, ours, &response);
+  });
 }
 
 grpc::Status session_impl::get_buffer_manifest(std::uint64_t id, v1::BufferManifest* manifest)
 {
-  v1::GetBufferManifestRequest request;
-  request.set_buffer_id(id);
-  auto ctx = context();
-  return stub().GetBufferManifest(ctx.get(), request, manifest);
+  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    auto theirs = channel_.daemon_buffer(id);
+    if (!theirs) { return buffer_unknown_now(); }
+    v1::GetBufferManifestRequest request;
+    request.set_buffer_id(*theirs);
+    return channel_.stub().GetBufferManifest(ctx, request, manifest);
+  });
 }
 
 grpc::Status session_impl::describe_buffer(std::string const& name,
@@ -157,15 +185,17 @@ grpc::Status session_impl::describe_buffer(std::string const& name,
 {
   v1::DescribeBufferRequest request;
   request.set_name(name);
-  auto ctx = context();
-  return stub().DescribeBuffer(ctx.get(), request, response);
+  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    return channel_.stub().DescribeBuffer(ctx, request, response);
+  });
 }
 
 grpc::Status session_impl::list_buffers(v1::ListBuffersRequest const& request,
                                         v1::ListBuffersResponse* response)
 {
-  auto ctx = context();
-  return stub().ListBuffers(ctx.get(), request, response);
+  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    return channel_.stub().ListBuffers(ctx, request, response);
+  });
 }
 
 grpc::Status session_impl::publish_buffer(std::uint64_t id)

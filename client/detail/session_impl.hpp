@@ -42,7 +42,6 @@ class session_impl {
   ~session_impl();
 
   session::options const options;
-  std::uint64_t id{};
 
   [[nodiscard]] session_channel& channel() noexcept
   {
@@ -67,7 +66,10 @@ class session_impl {
 
   /// A lease, and where it lies when it is packed.
   struct granted_lease {
-    lease granted;
+    lease granted;  ///< its id a client id (session_channel.hpp)
+    /// The daemon that granted it (session_channel.hpp): its pool mappings
+    /// are those of this generation.
+    std::uint32_t generation{};
     std::uint64_t block_id{};  ///< 0: an allocation of its own
     std::uint64_t block_offset{};
   };
@@ -120,7 +122,7 @@ class session_impl {
   {
     return channel_.stub();
   }
-  [[nodiscard]] std::string const& token_hex() const noexcept
+  [[nodiscard]] std::string token_hex() const
   {
     return channel_.token_hex();
   }
@@ -152,7 +154,7 @@ class session_impl {
   }
 
  private:
-  /// For the constructor: sets `id` and hands the welcome to the mappings.
+  /// For the constructor: hands the welcome to the mappings.
   session_welcome&& take_welcome() noexcept;
 
   session_welcome welcome_;  // the constructor's only

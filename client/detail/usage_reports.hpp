@@ -34,9 +34,15 @@ class usage_reports {
   /// ReportUsage: replaces the daemon's figures for those pools. Returns the
   /// pools under pressure. Throws as error.hpp says.
   std::vector<std::uint32_t> send(std::vector<carved_usage> const& usage);
-  /// What one slab-mode resource (`reporter`) has carved from a pool now;
-  /// sends the sum of that pool's reporters. Returns the pools under pressure.
-  std::vector<std::uint32_t> report_carved(void const* reporter, carved_usage const& usage);
+  /// What one slab-mode resource (`reporter`) has carved from a pool now,
+  /// counted for the daemon of `generation` (its slabs from other daemons
+  /// left out); sends the sum of that pool's reporters whose figures were
+  /// counted for the daemon the report reaches (after a reconnect, figures
+  /// counted for an earlier daemon are left out). Returns the pools under
+  /// pressure.
+  std::vector<std::uint32_t> report_carved(void const* reporter,
+                                           carved_usage const& usage,
+                                           std::uint32_t generation);
   /// `reporter` is gone: the others' sum goes to the daemon (best effort).
   void forget_reporter(void const* reporter, std::uint32_t pool_id) noexcept;
 
@@ -47,12 +53,20 @@ class usage_reports {
   void run_watches(std::vector<std::uint32_t> const& reclaims) noexcept;
 
  private:
+  /// ReportUsage with what `build` makes for the daemon of the generation
+  /// each try reaches.
+  std::vector<std::uint32_t> send_built(
+      std::function<std::vector<carved_usage>(std::uint32_t generation)> const& build);
   /// Sends the sum of what the resources of `pool_id` carved. Holds carved_mutex_.
   std::vector<std::uint32_t> send_carved_locked(std::uint32_t pool_id);
 
   session_channel& channel_;
   std::mutex carved_mutex_;
-  std::unordered_map<std::uint32_t, std::unordered_map<void const*, carved_usage>> carved_;
+  struct carved_report {
+    carved_usage usage;
+    std::uint32_t generation{};  // the daemon it was counted for
+  };
+  std::unordered_map<std::uint32_t, std::unordered_map<void const*, carved_report>> carved_;
   struct reclaim_watch {
     std::uint32_t pool_id{};
     std::function<void(std::uint32_t)> on_request;

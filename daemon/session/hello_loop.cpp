@@ -257,12 +257,18 @@ hello_loop::hello_outcome hello_loop::welcome(connection& c, hello_answer const&
   // The token is a credential: log only its first 4 hex digits.
   log::limited(session_lines,
                log::level::info,
-               "session %d opened: pid %d uid %d (%s), token %s...",
+               "session %d opened: pid %d uid %d (%s), token %s...%s",
                grant.id,
                c.peer.pid,
                c.peer.uid,
                answer.client_name,
-               common::to_hex(grant.token).substr(0, 4));
+               common::to_hex(grant.token).substr(0, 4),
+               answer.reconnects == 0
+                   ? std::string()
+                   : absl::StrFormat("; a client reconnecting (it was session %d of the daemon "
+                                     "before, reconnect %d)",
+                                     answer.previous_session_id,
+                                     answer.reconnects));
   if (!send_message(c.fd, answer.message, answer.fds)) {
     --open_sessions_;
     core_.close_session(grant.id);

@@ -136,8 +136,10 @@ hello_answer handle_hello(core::daemon_core& core,
                         hello.protocol_version())));
     return answer;
   }
-  answer.client_name = hello.client_name();
-  auto grant         = core.open_session(peer, std::move(command), hello.client_name());
+  answer.client_name         = hello.client_name();
+  answer.previous_session_id = hello.previous_session_id();
+  answer.reconnects          = hello.reconnects();
+  auto grant                 = core.open_session(peer, std::move(command), hello.client_name());
   if (!grant.ok()) {
     answer.refusal = grant.status();
     answer.message = refusal_welcome(grant.status());

@@ -53,6 +53,11 @@ struct hello_answer {
   absl::Status refusal;
   /// What the client called itself (the hello's client_name), for the log.
   std::string client_name;
+  /// A client reconnecting after its daemon went away: the session id the
+  /// earlier daemon gave it and its reconnect count (0: a first hello), for
+  /// the log.
+  std::uint64_t previous_session_id{};
+  std::uint32_t reconnects{};
 };
 
 /// A SessionWelcome that refuses the session with `status`.

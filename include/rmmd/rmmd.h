@@ -68,6 +68,21 @@ RMMD_API void rmmd_string_free(char* s);
 
 typedef struct rmmd_session_s* rmmd_session_t;
 
+/* What a session that reconnected to a restarted daemon tells its
+ * on_reconnect callback (rmmd::reconnect_info). */
+typedef struct rmmd_reconnect_info {
+  size_t size;                  /* sizeof(rmmd_reconnect_info) */
+  uint64_t previous_session_id; /* the id the daemon that went away gave */
+  uint64_t session_id;          /* the new daemon's id for the session */
+  uint32_t reconnects;          /* this session's reconnects, this one included */
+  uint32_t buffers_held_again;  /* open shared buffers the new daemon holds again */
+  uint32_t buffers_unknown;     /* open shared buffers it does not know (kept mapped) */
+} rmmd_reconnect_info;
+
+/* Runs after each reconnect, on the thread that reconnected, with no lock of
+ * the session held (it may call the session). `info` is valid during the call. */
+typedef void (*rmmd_reconnect_fn)(void* user_data, rmmd_reconnect_info const* info);
+
 typedef struct rmmd_session_options {
   size_t size;              /* sizeof(rmmd_session_options) */
   char const* runtime_dir;  /* NULL: $RMMD_RUNTIME_DIR, else /run/rmmd */
@@ -75,6 +90,17 @@ typedef struct rmmd_session_options {
   int use_grpc;             /* nonzero: calls over gRPC, not the session socket */
   int import_by_fabric;     /* nonzero: import CUDA pools by fabric handle */
   uint32_t call_timeout_ms; /* 0: 30000 */
+  /* Added after the fields above (a caller built with the older layout
+   * passes its size, 40 on 64-bit, and gets the defaults). When the daemon goes away (restart,
+   * crash), the session waits up to reconnect_ms for one to serve the runtime directory again and
+   * reconnects to it: memory held from before stays valid and is freed locally, new allocations
+   * come from the new daemon, open shared buffers stay mapped and are held again where the new
+   * daemon has them (rmmd::session::options::reconnect says it all). One line on stderr and one
+   * on_reconnect call per reconnect. A daemon that does not come back in time: calls fail with
+   * RMMD_ERROR_SESSION, as with no reconnect. */
+  rmmd_reconnect_fn on_reconnect; /* NULL: none */
+  void* on_reconnect_user_data;   /* passed to on_reconnect */
+  int64_t reconnect_ms;           /* 0: 60000; negative: no reconnect */
 } rmmd_session_options;
 
 /* options may be NULL (all defaults). */
@@ -83,7 +109,10 @@ RMMD_API rmmd_status rmmd_session_create(rmmd_session_options const* options,
 /* Ends this handle's share: the session closes once every resource and
  * buffer made from it is gone too. NULL is fine. */
 RMMD_API rmmd_status rmmd_session_destroy(rmmd_session_t session);
+/* The daemon's id for the session (a new one after each reconnect). */
 RMMD_API rmmd_status rmmd_session_id(rmmd_session_t session, uint64_t* id);
+/* How many times the session has reconnected to a restarted daemon. */
+RMMD_API rmmd_status rmmd_session_reconnects(rmmd_session_t session, uint32_t* reconnects);
 /* The pools, as JSON: [{"id":0,"name":"host","backend":"host","device":-1,
  * "capacity_bytes":...,"pinnable":false,"gpu_uuid":"","max_alignment":...},...].
  * Free with rmmd_string_free. */

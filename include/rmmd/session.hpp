@@ -65,8 +65,21 @@ enum class call_transport {
   grpc,
 };
 
+/// What a session that reconnected to a restarted daemon passes to
+/// session::options::on_reconnect.
+struct reconnect_info {
+  std::uint64_t previous_session_id{};  ///< the session id the daemon that went away gave
+  std::uint64_t session_id{};           ///< the new daemon's session id (session::id() now)
+  std::uint32_t reconnects{};           ///< this session's reconnects so far, this one included
+  std::size_t buffers_held_again{};     ///< open shared buffers the new daemon holds for it again
+  std::size_t buffers_unknown{};        ///< open shared buffers the new daemon does not know
+};
+
 /// One allocation the daemon granted to this session.
 struct lease {
+  /// The daemon's allocation id; once the session has reconnected (see
+  /// session::options::reconnect), bits 48 to 62 hold the reconnect count
+  /// (modulo 2^15) of the daemon that granted it.
   std::uint64_t id{};
   std::size_t bytes{};          ///< bytes reserved, >= bytes asked for
   std::uint64_t host_offset{};  ///< host pools: offset into the pool's mapping
@@ -97,6 +110,26 @@ class session {
     bool import_by_fabric{false};
     /// How allocate() and free() reach the daemon.
     call_transport lease_calls{call_transport::session_socket};
+    /// How long a session whose daemon went away (its session socket
+    /// closed) waits for a daemon to serve the runtime directory again, and
+    /// then reconnects to it: tries with a backoff from 50 ms doubling up to
+    /// 2 s, a new hello and welcome, the pools imported again (the new
+    /// daemon's pools, matched by name and GPU). Memory held from the old
+    /// daemon stays valid and is freed locally (no request: the new daemon
+    /// never lent it); slab-mode resources carve from their old slabs until
+    /// they give them back; new allocations come from the new daemon; open
+    /// shared buffers stay mapped and are held again by name where the new
+    /// daemon has them. Calls made meanwhile wait for the reconnect. Each
+    /// reconnect prints one line on stderr and runs on_reconnect. A daemon
+    /// that does not come back within this bound: the call fails with
+    /// session_error as with zero. Zero: no reconnect (every later call
+    /// fails with session_error "the daemon is gone").
+    std::chrono::milliseconds reconnect{std::chrono::seconds(60)};
+    /// Runs after each reconnect, on the thread that reconnected (a caller's,
+    /// or the session's reader), with no lock of the session held: it may
+    /// call the session. It must not throw (what it throws is printed and
+    /// dropped).
+    std::function<void(reconnect_info const&)> on_reconnect{};
   };
 
   static std::filesystem::path default_runtime_dir();
@@ -106,7 +139,10 @@ class session {
   session();
   explicit session(options opts);
 
+  /// The daemon's id for this session (a new one after each reconnect).
   [[nodiscard]] std::uint64_t id() const noexcept;
+  /// How many times this session has reconnected to a restarted daemon.
+  [[nodiscard]] std::uint32_t reconnects() const noexcept;
   [[nodiscard]] std::vector<pool_info> const& pools() const noexcept;
   /// Throws rmmd::logic_error naming the pools there are.
   [[nodiscard]] pool_info const& pool(std::string_view name) const;
@@ -119,6 +155,9 @@ class session {
   [[nodiscard]] lease allocate(std::uint32_t pool_id,
                                std::size_t bytes,
                                std::size_t alignment) const;
+  /// A lease of a daemon this session has reconnected away from (or whose
+  /// daemon is gone, while the session may reconnect) is freed without a
+  /// request: the daemon that lent it took it along.
   void free(std::uint64_t allocation_id) const;
 
   /// Tells the daemon what slab-mode resources carved (replacing the last

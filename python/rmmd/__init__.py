@@ -43,7 +43,7 @@ from ._resource import (
     MemoryResource,
     ResourceStats,
 )
-from ._session import Pool, Session
+from ._session import Pool, ReconnectInfo, Session
 
 __version__ = "0.1.0"
 
@@ -66,6 +66,7 @@ __all__ = [
     "PermissionError",
     "Pool",
     "PreconditionError",
+    "ReconnectInfo",
     "ResourceStats",
     "Session",
     "SessionError",

@@ -21,8 +21,10 @@ import threading
 from ctypes import (
     POINTER,
     Structure,
+    CFUNCTYPE,
     c_char_p,
     c_int,
+    c_int64,
     c_uint,
     c_size_t,
     c_uint32,
@@ -37,6 +39,21 @@ LIBRARY_NAMES = ("librmmd_c.so", "librmmd_c.so.0")
 status_t = c_int
 
 
+class ReconnectInfo(Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("previous_session_id", c_uint64),
+        ("session_id", c_uint64),
+        ("reconnects", c_uint32),
+        ("buffers_held_again", c_uint32),
+        ("buffers_unknown", c_uint32),
+    ]
+
+
+# rmmd_reconnect_fn: void (*)(void* user_data, rmmd_reconnect_info const* info)
+reconnect_fn = CFUNCTYPE(None, c_void_p, POINTER(ReconnectInfo))
+
+
 class SessionOptions(Structure):
     _fields_ = [
         ("size", c_size_t),
@@ -45,6 +62,9 @@ class SessionOptions(Structure):
         ("use_grpc", c_int),
         ("import_by_fabric", c_int),
         ("call_timeout_ms", c_uint32),
+        ("on_reconnect", reconnect_fn),
+        ("on_reconnect_user_data", c_void_p),
+        ("reconnect_ms", c_int64),
     ]
 
 
@@ -140,6 +160,7 @@ _PROTOTYPES = {
     "rmmd_session_create": (status_t, [POINTER(SessionOptions), POINTER(session_t)]),
     "rmmd_session_destroy": (status_t, [session_t]),
     "rmmd_session_id": (status_t, [session_t, POINTER(c_uint64)]),
+    "rmmd_session_reconnects": (status_t, [session_t, POINTER(c_uint32)]),
     "rmmd_session_pools_json": (status_t, [session_t, POINTER(c_void_p)]),
     "rmmd_session_stats_json": (status_t, [session_t, POINTER(c_void_p)]),
     "rmmd_resource_create": (

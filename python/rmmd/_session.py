@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from . import _lib
 from ._common import OwnsHandle
@@ -14,6 +15,23 @@ from ._manifest import BufferInfo, Manifest, checked_labels
 
 if TYPE_CHECKING:
     from ._resource import DeviceResource, HostResource
+
+
+@dataclass(frozen=True)
+class ReconnectInfo:
+    """What a Session that reconnected to a restarted daemon passes to its
+    ``on_reconnect`` callable (``rmmd::reconnect_info``)."""
+
+    previous_session_id: int
+    """The id the daemon that went away gave the session."""
+    session_id: int
+    """The new daemon's id for it (``Session.id`` now)."""
+    reconnects: int
+    """The session's reconnects so far, this one included."""
+    buffers_held_again: int
+    """Open shared buffers the new daemon holds for the session again."""
+    buffers_unknown: int
+    """Open shared buffers the new daemon does not know (they stay mapped)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,19 @@ class Session(OwnsHandle):
         import_by_fabric: import CUDA pools by fabric handle (needs an IMEX
             channel).
         call_timeout_ms: how long one call to the daemon may take; 0: 30 s.
+        reconnect: seconds to wait, when the daemon goes away (a restart, an
+            upgrade, a crash), for one to serve the runtime directory again,
+            then reconnect to it; ``0`` or ``None``: never (every later call
+            raises SessionError). Memory held from before stays valid and is
+            freed locally; new allocations come from the new daemon; open
+            shared buffers stay mapped and are held again where the new daemon
+            has them. Calls made meanwhile wait. One line on stderr per
+            reconnect. A daemon that does not come back in time: calls raise
+            SessionError, as without reconnect.
+        on_reconnect: called with a :class:`ReconnectInfo` after each
+            reconnect, on the thread that reconnected (a caller's, or the
+            session's own); it may use the session. What it raises is printed
+            and dropped.
 
     Raises:
         SessionError: no daemon answers there, or it refused the session.
@@ -122,9 +153,21 @@ class Session(OwnsHandle):
         use_grpc: bool = False,
         import_by_fabric: bool = False,
         call_timeout_ms: int = 0,
+        reconnect: float | None = 60.0,
+        on_reconnect: Callable[[ReconnectInfo], None] | None = None,
     ) -> None:
         self._handle: int | None = None
         lib = _lib.load()
+        if reconnect is not None and reconnect < 0:
+            raise InvalidArgumentError(
+                f"rmmd: reconnect={reconnect!r}: give seconds to wait for a daemon to come "
+                "back, or 0 (or None) for no reconnect"
+            )
+        reconnect_ms = -1 if not reconnect else max(1, int(reconnect * 1000))
+        # Kept as long as the session: the C library calls it.
+        self._on_reconnect = (
+            _lib.reconnect_fn(0) if on_reconnect is None else _reconnect_callback(on_reconnect)
+        )
         options = _lib.SessionOptions(
             size=ctypes.sizeof(_lib.SessionOptions),
             runtime_dir=None if runtime_dir is None else str(runtime_dir).encode(),
@@ -132,6 +175,9 @@ class Session(OwnsHandle):
             use_grpc=1 if use_grpc else 0,
             import_by_fabric=1 if import_by_fabric else 0,
             call_timeout_ms=int(call_timeout_ms),
+            on_reconnect=self._on_reconnect,
+            on_reconnect_user_data=None,
+            reconnect_ms=reconnect_ms,
         )
         handle = _lib.session_t()
         check(lib.rmmd_session_create(ctypes.byref(options), ctypes.byref(handle)))
@@ -161,6 +207,13 @@ class Session(OwnsHandle):
         """The daemon's id for this session (``rmmctl stats`` shows it)."""
         value = ctypes.c_uint64()
         check(_lib.load().rmmd_session_id(self._require(), ctypes.byref(value)))
+        return value.value
+
+    @property
+    def reconnects(self) -> int:
+        """How many times this session has reconnected to a restarted daemon."""
+        value = ctypes.c_uint32()
+        check(_lib.load().rmmd_session_reconnects(self._require(), ctypes.byref(value)))
         return value.value
 
     @property
@@ -293,3 +346,24 @@ def pool_name(pool: str | Pool | None) -> bytes | None:
     if isinstance(pool, str):
         return pool.encode()
     raise InvalidArgumentError(f"rmmd: pool must be a name or a Pool, not {pool!r}")
+
+
+def _reconnect_callback(on_reconnect: Callable[[ReconnectInfo], None]) -> Any:
+    """on_reconnect as the C library calls it (ctypes takes the GIL)."""
+
+    def call(_user: int | None, info: Any) -> None:
+        i = info.contents
+        try:
+            on_reconnect(
+                ReconnectInfo(
+                    previous_session_id=i.previous_session_id,
+                    session_id=i.session_id,
+                    reconnects=i.reconnects,
+                    buffers_held_again=i.buffers_held_again,
+                    buffers_unknown=i.buffers_unknown,
+                )
+            )
+        except BaseException as e:  # noqa: BLE001 - nothing may cross into C
+            print(f"rmmd: on_reconnect raised {e!r}", file=sys.stderr)
+
+    return _lib.reconnect_fn(call)

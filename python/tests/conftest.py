@@ -76,14 +76,24 @@ class Daemon:
             pytest.fail(f"no rmmd program at {DAEMON} (build it, or set RMMD_DAEMON)")
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="rmmd-py-"))
         self.log_path = self.runtime_dir / "rmmd.log"
-        notify_path = self.runtime_dir / "notify.sock"
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(notify_path))
-        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
         if "--drain-timeout-ms" not in args:
             args = (*args, "--drain-timeout-ms", "0")  # tests stop it at once
         self.args = [str(DAEMON), "--runtime-dir", str(self.runtime_dir), *args]
-        with open(self.log_path, "wb") as log:
+        self._start(ready_timeout)
+
+    def restart(self, sig: int = signal.SIGKILL, ready_timeout: float = 30.0) -> None:
+        """Kills the daemon with `sig` and starts it again in the same runtime
+        directory (its log goes on in the same file)."""
+        self.kill(sig)
+        self._start(ready_timeout)
+
+    def _start(self, ready_timeout: float) -> None:
+        notify_path = self.runtime_dir / "notify.sock"
+        notify_path.unlink(missing_ok=True)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(notify_path))
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
+        with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )

@@ -1,5 +1,6 @@
 // The daemon killed with SIGKILL while clients hold CUDA-pool memory (direct
-// and slab) and pinned host memory: what they imported stays valid and
+// and slab) and pinned host memory, this process's sessions not reconnecting
+// (reconnect_test.cpp has the default, which does): what they imported stays valid and
 // writable (DESIGN.md: measured), their next call that needs the daemon fails
 // with session_error saying it is gone, their processes exit cleanly, and a
 // new session to a daemon started again on the same runtime directory
@@ -85,7 +86,9 @@ TEST(DaemonRestart, DeviceClientsKeepTheirDataAndGoOnWithANewSession)
 
   // This process: one buffer from each kind of resource.
   auto session = std::make_unique<rmmd::session>(
-      rmmd::session::options{.runtime_dir = dir, .client_name = "gpu-survivor"});
+      rmmd::session::options{.runtime_dir = dir,
+                             .client_name = "gpu-survivor",
+                             .reconnect   = std::chrono::milliseconds(0)});
   cudaStream_t stream{};
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   std::vector<held_memory> held;
@@ -177,7 +180,8 @@ TEST(DaemonRestart, DeviceResourcesSayOnceThatTheDaemonIsGone)
   auto daemon = start_rmmd();
   std::vector<std::string> said;
   {
-    rmmd::session s(rmmd::session::options{.runtime_dir = daemon->runtime_dir()});
+    rmmd::session s(rmmd::session::options{.runtime_dir = daemon->runtime_dir(),
+                                           .reconnect   = std::chrono::milliseconds(0)});
     rmmd::ipc_memory_resource mr(s, 0, direct);
     cudaStream_t stream{};
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);

@@ -298,7 +298,10 @@ TEST_F(IpcMemoryResource, SigkilledClientsDeviceMemoryGoesBackToThePool)
 
 TEST_F(IpcMemoryResource, DaemonKilledClientKeepsItsMemoryAndGetsSessionError)
 {
-  rmmd::ipc_memory_resource mr(*session_, direct);
+  // Without reconnecting (tests/gpu/reconnect_test.cpp has that).
+  rmmd::session s(rmmd::session::options{.runtime_dir = daemon_->runtime_dir(),
+                                         .reconnect   = std::chrono::milliseconds(0)});
+  rmmd::ipc_memory_resource mr(s, direct);
   cuda::stream_ref stream{cudaStream_t{}};
   constexpr std::size_t n = 1 << 16;
   auto* p                 = static_cast<int*>(mr.allocate(stream, n * sizeof(int), 256));

@@ -1,6 +1,7 @@
-// The daemon killed with SIGKILL while clients hold host-pool memory: the
-// clients keep their data, their next call fails with session_error saying
-// the daemon is gone, a resource whose frees can no longer reach a daemon
+// The daemon killed with SIGKILL while clients hold host-pool memory, with
+// reconnecting off (session::options::reconnect = 0; reconnect_test.cpp has
+// the default): the clients keep their data, their next call fails with
+// session_error saying the daemon is gone, a resource whose frees can no longer reach a daemon
 // says so once and its process exits cleanly, and a client that wants to go
 // on opens a new session to a daemon started again on the same runtime
 // directory (which replaces the socket files the killed one left) and
@@ -48,8 +49,10 @@ rmmd::session open_session(std::filesystem::path const& dir,
                            std::string name,
                            call_transport calls = call_transport::session_socket)
 {
-  return rmmd::session(rmmd::session::options{
-      .runtime_dir = dir, .client_name = std::move(name), .lease_calls = calls});
+  return rmmd::session(rmmd::session::options{.runtime_dir = dir,
+                                              .client_name = std::move(name),
+                                              .lease_calls = calls,
+                                              .reconnect   = std::chrono::milliseconds(0)});
 }
 
 struct held_buffer {

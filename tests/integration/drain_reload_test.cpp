@@ -74,7 +74,10 @@ TEST(Drain, ALiveClientKeepsWorkingUntilItLeavesAndNewSessionsAreRefused)
 TEST(Drain, TheDeadlineEndsSessionsThatStay)
 {
   logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "300"});
-  auto client     = daemon.open_session("stays");
+  // Not reconnecting (that would wait for a daemon to come back first).
+  rmmd::session client(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
+                                              .client_name = "stays",
+                                              .reconnect   = std::chrono::milliseconds(0)});
   auto const pool = client.host_pool().id;
   (void)client.allocate(pool, 4 * KiB, 0);
   daemon.process().kill(SIGTERM);

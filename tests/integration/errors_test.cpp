@@ -182,12 +182,17 @@ TEST_P(ErrorTable, PoolExhaustionIsResourceExhausted)
 
 TEST_P(ErrorTable, AStoppedDaemonIsASessionError)
 {
-  (void)session_.allocate(pool_, 4096, 0);
+  // A session that does not wait for a daemon to come back (reconnect_test.cpp).
+  rmmd::session session(rmmd::session::options{.runtime_dir = daemon_.runtime_dir(),
+                                               .client_name = "stopped",
+                                               .lease_calls = GetParam(),
+                                               .reconnect   = std::chrono::milliseconds(0)});
+  (void)session.allocate(pool_, 4096, 0);
   daemon_.process().kill(SIGTERM);
   // The daemon stops (no drain deadline here); the session then reports it is gone.
   EXPECT_TRUE(daemon_.process().wait(30s).has_value());
   try {
-    (void)session_.allocate(pool_, 4096, 0);
+    (void)session.allocate(pool_, 4096, 0);
     FAIL() << "allocate succeeded against a stopped daemon";
   } catch (rmmd::session_error const& e) {
     EXPECT_THAT(e.what(), HasSubstr("allocate 4096 bytes"));

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string_view>
 
 namespace rmmd::detail {
@@ -45,7 +46,8 @@ class host_memory_resource_impl {
   }
   [[nodiscard]] std::uint64_t offset_of(void const* ptr) const noexcept
   {
-    return static_cast<std::uint64_t>(static_cast<std::byte const*>(ptr) - base_);
+    return static_cast<std::uint64_t>(static_cast<std::byte const*>(ptr) -
+                                      base_.load(std::memory_order_acquire));
   }
 
   friend void get_property(host_memory_resource_impl const&, cuda::mr::host_accessible) noexcept {}
@@ -53,10 +55,17 @@ class host_memory_resource_impl {
  private:
   /// Has the daemon free lease `id`; never throws.
   void free_lease(std::uint64_t id) noexcept;
+  /// This process's mapping of the pool at the daemon of `generation` (a
+  /// new one after each reconnect: the new daemon's pool is a new memfd).
+  [[nodiscard]] std::byte* base_of(std::uint32_t generation);
 
   session session_;
   pool_info pool_;
-  std::byte* base_{};
+  bool const pinned_;
+  /// The mapping of the last lease's daemon (offset_of() reads it), and its generation.
+  std::mutex base_mutex_;
+  std::atomic<std::byte*> base_{};
+  std::uint32_t base_generation_{0};  // guarded by base_mutex_
   lease_table leases_;
   std::atomic<bool> session_over_{false};  // a free failed with session_error
 };

@@ -14,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace rmmd {
@@ -147,6 +149,15 @@ class ipc_memory_resource_impl {
     return lease_into(leases_, bytes, alignment);
   }
   void unlease(cuda::stream_ref stream, void* ptr) noexcept;
+  /// The same for slab mode's slabs, which it also counts by the daemon that
+  /// lent them (see slab_bytes_not_lent_by()).
+  [[nodiscard]] void* lease_slab(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
+  void unlease_slab(cuda::stream_ref stream, void* ptr) noexcept;
+  /// The bytes of the slabs held that the daemon of `generation` did not
+  /// lend (those of daemons the session reconnected away from, or of one it
+  /// reconnected to since): they carve on, but a usage report to that
+  /// daemon leaves them out.
+  [[nodiscard]] std::size_t slab_bytes_not_lent_by(std::uint32_t generation) const noexcept;
 
   /// Slab mode: gives idle slabs back now; returns the bytes given back (0
   /// when something is still carved from them, or in direct mode).
@@ -156,7 +167,10 @@ class ipc_memory_resource_impl {
 
  private:
   /// A daemon allocation, imported, entered in `table`.
-  [[nodiscard]] void* lease_into(lease_table& table, std::size_t bytes, std::size_t alignment);
+  [[nodiscard]] void* lease_into(lease_table& table,
+                                 std::size_t bytes,
+                                 std::size_t alignment,
+                                 std::uint32_t* generation = nullptr);
   /// Under capture_checks::slow_path_only the carver asks for capture where
   /// it would lease a slab, and hands such an allocation to allocate_captured().
   friend class slab_carver;
@@ -197,6 +211,10 @@ class ipc_memory_resource_impl {
   /// ask whether their stream captures. Else only slow paths ask.
   bool checks_every_call_;
   cudaMemPool_t imported_{};
+  std::uint32_t imported_generation_{};  // the daemon imported_ came from
+  /// Slab mode: each slab's daemon (generation) and bytes.
+  mutable std::mutex slabs_mutex_;
+  std::unordered_map<void*, std::pair<std::uint32_t, std::size_t>> slabs_;
   lease_table leases_;
   std::shared_ptr<pending_releases> pending_ = std::make_shared<pending_releases>();
   /// Watching for exit again at the first lease covers a resource in a

@@ -10,6 +10,10 @@ daemon). Prints one line of JSON when it has done its part; `hold` and
   graph WAY MODE REPLAYS   a small model's forward and backward captured by torch.cuda.graph
                            (into the rmmd MemPool for WAY mempool), replayed REPLAYS times;
                            its losses and gradients, and rmmd's live bytes before and after
+  restarts WAY MODE N      a tensor through rmmd, then N times: a line on stdin (the daemon
+                           was restarted), the tensor checked and written, a new one made
+                           (round R: R * 96 MiB, from the new daemon) and computed with;
+                           one line of JSON each
 
 WAY: mempool (a torch.cuda.MemPool over rmmd) or allocator (rmmd for the
 whole process); MODE: slab or direct.
@@ -223,6 +227,33 @@ def main(argv: list[str]) -> int:
         say(pid=os.getpid(), **said)
         if way != "default":
             sys.stdin.readline()
+    elif cmd == "restarts":
+        way, mode, rounds = argv[1], argv[2], int(argv[3])
+        with with_rmmd(way, mode):
+            old = torch.arange(4 << 20, dtype=torch.float32, device="cuda")  # 16 MiB
+            torch.cuda.synchronize()
+            say(pid=os.getpid(), ready=True)
+            for r in range(1, rounds + 1):
+                sys.stdin.readline()  # the daemon was killed and started again
+                # Memory from an earlier daemon: still there, still writable.
+                old_ok = bool(torch.equal(old, torch.arange(old.numel(), dtype=torch.float32,
+                                                            device="cuda") + (r - 1)))
+                old += 1
+                # From the new daemon: larger than any block PyTorch's cache
+                # holds (it keeps what earlier rounds freed, and would serve
+                # a tensor from that without a call to rmmd, so the session
+                # would not reconnect) and than any free slab (slab mode).
+                new = torch.full((r * (24 << 20),), float(r), device="cuda")  # r * 96 MiB
+                new_ok = bool(torch.equal(new[: old.numel()].add_(old), old + r))
+                torch.cuda.synchronize()
+                say(round=r, old_ok=old_ok, new_ok=new_ok, new_bytes=new.numel() * 4)
+                del new
+            sys.stdin.readline()
+            del old
+            globals().pop("_pool", None)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        say(done=True, rmmd_stats=rmmd_torch.memory_stats(0))
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
