@@ -305,10 +305,11 @@ absl::StatusOr<buffer_entry*> daemon_core::writing_buffer_locked(session_id sess
 absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
 {
   std::lock_guard lock(mutex_);
-  auto b =
+  auto found =
       writing_buffer_locked(session, id, absl::StrFormat("publish buffer %d", id), "publish it");
-  if (!b.ok()) { return b.status(); }
-  (*b)->state = buffer_state::published;
+  if (!found.ok()) { return found.status(); }
+  auto& b = **found;
+  b.state = buffer_state::published;
   buffers_changed_.notify_all();
   if (keeper_ && b.block.fd >= 0) {
     keeper_->keep(kept_buffer{.info             = buffer_info_locked(b),
@@ -607,7 +608,7 @@ void daemon_core::set_restart_summary(restart_summary summary)
 absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
 {
   std::lock_guard lock(mutex_);
-  auto const request = absl::StrFormat("adopt buffer %s", shown_name(spec.name));
+  auto const request = absl::StrFormat("adopt buffer %s", quoted_for_message(spec.name));
   if (auto problem = names::buffer_name_problem(spec.name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
