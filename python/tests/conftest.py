@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from service_manager import ServiceManager
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_DIR = REPO / "python"
@@ -68,16 +69,67 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = 
         time.sleep(0.01)
 
 
-class Daemon:
-    """A real rmmd in its own runtime directory."""
+def _proto_fields(message: bytes, number: int) -> list[bytes]:
+    """The values of the length-delimited field `number` of a serialized
+    protobuf message (enough of the wire format to read a state file's names)."""
 
-    def __init__(self, *args: str, ready_timeout: float = 30.0) -> None:
+    def varint(at: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = message[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value, at
+
+    out: list[bytes] = []
+    at = 0
+    while at < len(message):
+        key, at = varint(at)
+        wire = key & 7
+        if wire == 0:
+            _, at = varint(at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            n, at = varint(at)
+            if key >> 3 == number:
+                out.append(message[at : at + n])
+            at += n
+        else:
+            raise ValueError(f"protobuf wire type {wire} at byte {at}")
+    return out
+
+
+class Daemon:
+    """A real rmmd in its own runtime directory.
+
+    With ``keep_buffers``, this process is its service manager, as systemd
+    is where it is PID 1 (service_manager.ServiceManager): rmmd's published
+    buffers go to the manager's fd store and come back to every restart,
+    and rmmd's state file (``state_file``) lives in a directory of its own
+    (``state_dir``, beside the notify socket) that restarts keep. Without,
+    the daemon keeps nothing across a restart, as under no service manager.
+    """
+
+    def __init__(self, *args: str, ready_timeout: float = 30.0, keep_buffers: bool = False) -> None:
         if not DAEMON.exists():
             pytest.fail(f"no rmmd program at {DAEMON} (build it, or set RMMD_DAEMON)")
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="rmmd-py-"))
         self.log_path = self.runtime_dir / "rmmd.log"
         if "--drain-timeout-ms" not in args:
             args = (*args, "--drain-timeout-ms", "0")  # tests stop it at once
+        self.manager: ServiceManager | None = None
+        self.state_dir: Path | None = None
+        self.state_file: Path | None = None
+        if keep_buffers:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="rmmd-py-kept-"))
+            self.state_file = self.state_dir / "buffers.state"
+            self.manager = ServiceManager(self.state_dir / "notify.sock")
+            args = (*args, "--state-file", str(self.state_file))
         self.args = [str(DAEMON), "--runtime-dir", str(self.runtime_dir), *args]
         self._start(ready_timeout)
 
@@ -88,6 +140,9 @@ class Daemon:
         self._start(ready_timeout)
 
     def _start(self, ready_timeout: float) -> None:
+        if self.manager is not None:
+            self._start_managed(ready_timeout)
+            return
         notify_path = self.runtime_dir / "notify.sock"
         notify_path.unlink(missing_ok=True)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -116,6 +171,79 @@ class Daemon:
                     pytest.fail(f"rmmd did not report READY=1 ({why}); log:\n{self.log()}")
         finally:
             notify.close()
+
+    def _start_managed(self, ready_timeout: float) -> None:
+        assert self.manager is not None
+        with open(self.log_path, "ab") as log:
+            self.process = self.manager.start(self.args, os.environ, stdout=log)
+        if self.manager.wait_for("READY=1", ready_timeout) is None:
+            why = (
+                f"it exited with status {self.process.returncode}"
+                if self.process.poll() is not None
+                else f"not ready after {ready_timeout} s"
+            )
+            self.stop()
+            pytest.fail(f"rmmd did not report READY=1 ({why}); log:\n{self.log()}")
+
+    def stored_buffers(self) -> list[str]:
+        """The names of the buffer fds in the manager's store
+        ("rmmd-buffer-<id>.<buffer name>"), in store order."""
+        assert self.manager is not None, "a Daemon(keep_buffers=True) has a store"
+        return [n for n in self.manager.stored_names() if n.startswith("rmmd-buffer-")]
+
+    def wait_for_stored(self, names: list[str], timeout: float = 20.0) -> bool:
+        """Waits until the store holds exactly one buffer fd per name of
+        `names` and no other buffer fd."""
+        assert self.manager is not None, "a Daemon(keep_buffers=True) has a store"
+        want = sorted(names)
+
+        def done(stored: list[str]) -> bool:
+            held = [n.split(".", 1)[1] for n in stored if n.startswith("rmmd-buffer-") and "." in n]
+            return sorted(held) == want and len(held) == len([n for n in stored if n.startswith("rmmd-buffer-")])
+
+        return self.manager.wait_for_store(done, timeout)
+
+    def state_file_buffers(self) -> list[str] | None:
+        """The buffer names rmmd's state file records, in its order; None
+        where there is no whole file (daemon/restart/state_file.hpp: magic,
+        payload length, CRC-32C, then a BufferRegistryState, whose field 4
+        holds the StoredBuffer records, each naming its buffer in field 3)."""
+        assert self.state_file is not None, "a Daemon(keep_buffers=True) has a state file"
+        try:
+            raw = self.state_file.read_bytes()
+        except OSError:
+            return None
+        if raw[:8] != b"RMMDST01" or len(raw) < 20:
+            return None
+        length = int.from_bytes(raw[8:16], "little")
+        payload = raw[20:]
+        if len(payload) != length:
+            return None
+        return [
+            value.decode()
+            for record in _proto_fields(payload, 4)
+            for value in _proto_fields(record, 3)
+        ]
+
+    def wait_until_kept(self, names: list[str], timeout: float = 20.0) -> None:
+        """Waits until the store holds a buffer fd for each of `names`
+        (and no other) and the state file records exactly them: a SIGKILL
+        then loses none of them."""
+        assert self.wait_for_stored(names, timeout), f"store: {self.stored_buffers()}\n{self.log()}"
+        wait_until(
+            lambda: sorted(self.state_file_buffers() or []) == sorted(names),
+            timeout,
+            f"the state file to record {names} (it has {self.state_file_buffers()})",
+        )
+
+    def restart_stats(self) -> dict[str, int]:
+        """Stats.restart as ``rmmctl stats --json`` says it, every figure an
+        int (0 where the JSON leaves a zero out)."""
+        r = self.stats().get("restart", {})
+        return {
+            k: int(r.get(k, 0))
+            for k in ("restarts", "readopted_buffers", "readopted_bytes", "dropped_at_start")
+        } | {"keeping_buffers": bool(r.get("keeping_buffers", False))}
 
     @property
     def pid(self) -> int:
@@ -152,13 +280,19 @@ class Daemon:
         raise AssertionError(f"no pool named {name}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.process.poll() is None:
+        if self.manager is not None:
+            self.manager.kill(sig)
+        elif self.process.poll() is None:
             self.process.send_signal(sig)
             self.process.wait(timeout=30)
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
+        if self.manager is not None:
+            self.manager.close()  # the store's fds too: what it kept goes
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -171,17 +305,27 @@ def daemon() -> Iterator[Daemon]:
 
 @pytest.fixture
 def fresh_daemon() -> Iterator[Callable[..., Daemon]]:
-    """Starts daemons of a test's own (stopped at its end): fresh_daemon(*flags)."""
+    """Starts daemons of a test's own (stopped at its end):
+    fresh_daemon(*flags, keep_buffers=False)."""
     started: list[Daemon] = []
 
-    def start(*args: str) -> Daemon:
-        d = Daemon(*args)
+    def start(*args: str, keep_buffers: bool = False) -> Daemon:
+        d = Daemon(*args, keep_buffers=keep_buffers)
         started.append(d)
         return d
 
     yield start
     for d in started:
         d.stop()
+
+
+@pytest.fixture
+def kept_daemon() -> Iterator[Daemon]:
+    """A daemon with one 64 MiB host pool under this process as its service
+    manager: published buffers outlive it (Daemon(keep_buffers=True))."""
+    d = Daemon("--backend", "host", "--host-pool-bytes", "64MiB", keep_buffers=True)
+    yield d
+    d.stop()
 
 
 @pytest.fixture
