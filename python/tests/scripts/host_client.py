@@ -2,8 +2,12 @@
 daemon). Prints one line of JSON when it has done its part; some commands
 then wait for a line on stdin before they finish.
 
-  produce NAME BYTES [--persistent]   create in the host pool, write the
-                                      pattern, publish; wait; close
+  produce NAME BYTES [--persistent] [--manifest]
+                                      create in the host pool, write the
+                                      pattern (with --manifest: described as
+                                      the uint32 tensor "pattern", labels
+                                      model=pattern and revision=r1),
+                                      publish; wait; close
   consume NAME [--wait S]             open, check the pattern, close
   hold BYTES                          allocate and write; wait; exit
   leave BYTES                         allocate, create a buffer, exit without
@@ -38,6 +42,11 @@ def main(argv: list[str]) -> int:
             session, name, nbytes, pool=session.host_pool, persistent="--persistent" in argv
         )
         np.frombuffer(buf.memoryview(), dtype=np.uint32)[:] = pattern(nbytes)
+        if "--manifest" in argv:
+            buf.set_manifest(
+                [rmmd.TensorEntry("pattern", "uint32", (nbytes // 4,), 0)],
+                {"model": "pattern", "revision": "r1"},
+            )
         buf.publish()
         say(id=buf.id, session=session.id, nbytes=buf.nbytes)
         sys.stdin.readline()
