@@ -125,6 +125,7 @@ class ServiceManager:
         self._store: list[_StoredFd] = []
         self._messages: list[NotifyMessage] = []
         self._log: list[str] = []
+        self._closed = False
         self._receiver = threading.Thread(target=self._receive_loop, name="notify-socket", daemon=True)
         self._receiver.start()
 
@@ -263,7 +264,10 @@ class ServiceManager:
 
     def close(self) -> None:
         """SIGKILLs the service if it runs, stops receiving, closes every
-        stored fd and removes the socket file."""
+        stored fd and removes the socket file. Once; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.kill(signal.SIGKILL)
         if self._receiver.is_alive():
             os.write(self._stop_w, b"x")
