@@ -25,9 +25,9 @@ pytestmark = pytest.mark.gpu
 CLIENT = str(SCRIPTS / "restart_client.py")
 NAME = "weights/restart-mlp"
 LABELS = {"model": "restart-mlp", "revision": "r27"}  # restart_client.LABELS
-STEPS = 300
-GAP = 25  # steps the trainer goes on after a kill before it waits for the restart
-CHECKPOINTS = (60, 140, 220)  # the steps at which rmmd is killed
+STEPS = 400
+GAP = 50  # steps the trainer goes on after a kill before it waits for the restart
+CHECKPOINTS = (80, 190, 300)  # the steps at which rmmd is killed
 
 
 def cuda_in_use(d: Daemon) -> int:
@@ -74,6 +74,7 @@ def test_training_and_a_cupy_consumer_ride_through_three_sigkills(fresh_daemon, 
     opened = json.loads(read_line(consumer))
     assert opened["digest"] == published["digest"], (opened, published)
     assert json.loads(read_line(trainer))["ready"]
+    tell(trainer, "go")  # both run now
 
     for r, step in enumerate(CHECKPOINTS, 1):
         assert json.loads(read_line(trainer)) == {"step": step}

@@ -15,7 +15,8 @@ JSON.
   check NAME             (CuPy) opens NAME by name and says its digest
   train STEPS GAP C...   (PyTorch) a small MLP on an rmmd MemPool: STEPS
                          steps from fixed seeds without a pause (the
-                         reference), then the same STEPS again where at each
+                         reference), then (after a line on stdin) the same
+                         STEPS again where at each
                          step C it says {"step": C} and goes on, and at
                          step C + GAP waits for a line on stdin (the daemon
                          was restarted), then takes a tensor larger than
@@ -188,6 +189,7 @@ def train(steps: int, gap: int, checkpoints: list[int]) -> None:
     with rmmd_torch.use_mem_pool(pool):
         reference = run(pause=False)
         say(pid=os.getpid(), ready=True)
+        sys.stdin.readline()  # go
         losses = run(pause=True)
     torch.cuda.synchronize()
     say(losses=losses, reference=reference)
