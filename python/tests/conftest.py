@@ -10,6 +10,11 @@ Where things are (each may be set; the defaults are a build tree's paths):
 
 GPU tests (marked ``gpu``) skip, saying why, where CUDA sees no GPU or
 PyTorch or CuPy is missing.
+
+Buffers that outlive the daemon: ``Daemon(..., keep_buffers=True)`` (and the
+``kept_daemon`` fixture, ``fresh_daemon(..., keep_buffers=True)``) run rmmd
+under this process as its service manager with an fd store
+(service_manager.py, as harness/service_manager.cpp for the C++ tests).
 """
 
 from __future__ import annotations
