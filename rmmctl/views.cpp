@@ -264,10 +264,11 @@ std::string restart_lines(v1::Stats const& stats)
 {
   std::string out;
   auto const& r = stats.restart();
-  if (r.keeping_buffers() || r.restarts() > 0) {
+  if (r.keeping_buffers() || r.restarts() > 0 || r.reconnected_sessions() > 0) {
     out += "restarts: " + std::to_string(r.restarts()) +
            "; buffers served again after the last: " + std::to_string(r.readopted_buffers()) +
-           " (" + human_bytes(r.readopted_bytes()) + ")";
+           " (" + human_bytes(r.readopted_bytes()) + ")" +
+           "; sessions reconnected since: " + std::to_string(r.reconnected_sessions());
     if (r.dropped_at_start() > 0) {
       out +=
           "; not served: " + std::to_string(r.dropped_at_start()) + " (the daemon's log says why)";

@@ -48,6 +48,14 @@ class buffer_keeper {
   /// Buffer `id` was deleted or freed: it is not to be served after a
   /// restart. Ids the keeper does not keep are ignored.
   virtual void forget(buffer_id id) noexcept = 0;
+  /// Returns once what keep() and forget() were told before this call is
+  /// kept for good (a crash from then on finds it), or at `deadline`
+  /// (false). Called without the core's lock: publish answers only after it,
+  /// so that a publish the client heard of survives a SIGKILL right after.
+  virtual bool wait_until_kept(std::chrono::steady_clock::time_point /*deadline*/) noexcept
+  {
+    return true;
+  }
 };
 
 /// A buffer the last daemon kept, for daemon_core::adopt_buffer.

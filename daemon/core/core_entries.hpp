@@ -61,6 +61,8 @@ struct session_entry {
   tenant_key tenant;  // whose backends serve it
   std::string command;
   std::string client_name;
+  std::uint32_t reconnects{};  // a client reconnecting: how many times, and its earlier session
+  session_id previous_session{};
   std::size_t bytes{};  // leases and packed blocks
   std::size_t count{};  // leases
   std::chrono::system_clock::time_point started;

@@ -10,6 +10,8 @@ session_info core_stats::info(session_entry const& s, packed_blocks const& block
                     .peer             = s.peer,
                     .command          = s.command,
                     .client_name      = s.client_name,
+                    .reconnects       = s.reconnects,
+                    .previous_session = s.previous_session,
                     .bytes            = s.bytes,
                     .allocation_count = s.count,
                     .started          = s.started,

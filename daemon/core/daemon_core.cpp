@@ -237,7 +237,7 @@ absl::StatusOr<session_entry*> daemon_core::session_locked(session_id id,
 
 absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
                                                         std::string command,
-                                                        std::string client_name)
+                                                        session_origin origin)
 {
   auto const refusal = [&]() -> std::optional<absl::Status> {
     if (draining_ || sessions_closed_) {
@@ -269,16 +269,19 @@ absl::StatusOr<session_grant> daemon_core::open_session(peer_credentials peer,
     }
     lock.lock();
   }
-  auto token         = random_token();
-  auto entry         = std::make_unique<session_entry>();
-  entry->id          = next_session_++;
-  entry->token_hex   = common::to_hex(std::span<std::byte const>(token));
-  entry->peer        = std::move(peer);
-  entry->tenant      = tenant;
-  entry->command     = std::move(command);
-  entry->client_name = std::move(client_name);
-  entry->started     = std::chrono::system_clock::now();
-  auto const id      = entry->id;
+  auto token              = random_token();
+  auto entry              = std::make_unique<session_entry>();
+  entry->id               = next_session_++;
+  entry->token_hex        = common::to_hex(std::span<std::byte const>(token));
+  entry->peer             = std::move(peer);
+  entry->tenant           = tenant;
+  entry->command          = std::move(command);
+  entry->client_name      = std::move(origin.client_name);
+  entry->reconnects       = origin.reconnects;
+  entry->previous_session = origin.reconnects > 0 ? origin.previous_session : session_id{};
+  entry->started          = std::chrono::system_clock::now();
+  if (origin.reconnects > 0) { ++restart_.reconnected_sessions; }
+  auto const id = entry->id;
   by_token_.emplace(entry->token_hex, id);
   sessions_.emplace(id, std::move(entry));
   ++tenant_sessions_[tenant];

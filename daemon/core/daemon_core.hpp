@@ -202,10 +202,18 @@ class daemon_core {
   [[nodiscard]] absl::StatusOr<std::vector<pool_description>> pools_for(session_id session) const;
 
   /// PERMISSION_DENIED if the policy does not allow `peer`; UNAVAILABLE while
-  /// draining.
+  /// draining. A session whose origin says it reconnects counts in
+  /// stats().restart.reconnected_sessions.
   absl::StatusOr<session_grant> open_session(peer_credentials peer,
                                              std::string command,
-                                             std::string client_name);
+                                             session_origin origin);
+  absl::StatusOr<session_grant> open_session(peer_credentials peer,
+                                             std::string command,
+                                             std::string client_name)
+  {
+    return open_session(
+        std::move(peer), std::move(command), session_origin{.client_name = std::move(client_name)});
+  }
 
   /// Ends a session and frees every lease it still holds. Unknown ids are
   /// ignored (the session socket and shutdown may both close one).

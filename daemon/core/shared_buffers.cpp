@@ -304,22 +304,27 @@ absl::StatusOr<buffer_entry*> daemon_core::writing_buffer_locked(session_id sess
 
 absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
 {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   auto found =
       writing_buffer_locked(session, id, absl::StrFormat("publish buffer %d", id), "publish it");
   if (!found.ok()) { return found.status(); }
   auto& b = **found;
   b.state = buffer_state::published;
   buffers_changed_.notify_all();
-  if (keeper_ && b.block.fd >= 0) {
-    keeper_->keep(kept_buffer{.info             = buffer_info_locked(b),
-                              .manifest         = b.manifest,
-                              .fd               = b.block.fd,
-                              .host_memfd       = b.block.host_memfd,
-                              .fabric_handle    = b.block.fabric_handle,
-                              .allocation_bytes = b.block.block.bytes,
-                              .gpu_uuid         = pools_[b.pool]->config.gpu_uuid});
-  }
+  if (!keeper_ || b.block.fd < 0) { return absl::OkStatus(); }
+  keeper_->keep(kept_buffer{.info             = buffer_info_locked(b),
+                            .manifest         = b.manifest,
+                            .fd               = b.block.fd,
+                            .host_memfd       = b.block.host_memfd,
+                            .fabric_handle    = b.block.fabric_handle,
+                            .allocation_bytes = b.block.block.bytes,
+                            .gpu_uuid         = pools_[b.pool]->config.gpu_uuid});
+  // Answered once it is kept for good: a client that heard "published" and
+  // then sees the daemon SIGKILLed finds the buffer after the restart.
+  // (A keeper that takes longer says so in its log; the buffer is served.)
+  auto const keeper = keeper_;
+  lock.unlock();
+  keeper->wait_until_kept(std::chrono::steady_clock::now() + std::chrono::seconds(10));
   return absl::OkStatus();
 }
 

@@ -154,6 +154,10 @@ struct session_info {
   peer_credentials peer{};
   std::string command{};      ///< the kernel's command name for the peer pid
   std::string client_name{};  ///< what the client called itself
+  /// A client reconnecting after its daemon went away: how many times it
+  /// has (0: a first connection) and the session it had before.
+  std::uint32_t reconnects{};
+  session_id previous_session{};
   std::size_t bytes{};
   std::size_t allocation_count{};
   std::chrono::system_clock::time_point started{};
@@ -261,6 +265,16 @@ struct restart_summary {
   std::size_t dropped{};
   /// Buffers are kept across a restart (a service manager listens).
   bool keeping{false};
+  /// Sessions opened since this start by clients reconnecting after a
+  /// daemon before this one went away (counted by open_session).
+  std::uint64_t reconnected_sessions{};
+};
+
+/// Where a session comes from, beside its peer: what its hello said.
+struct session_origin {
+  std::string client_name{};      ///< what the client called itself
+  std::uint32_t reconnects{};     ///< 0: a first connection
+  session_id previous_session{};  ///< its session with the daemon before (reconnects > 0)
 };
 
 /// One GPU's memory as the driver counts it, beside this daemon's ledger.

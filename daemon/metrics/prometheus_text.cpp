@@ -188,6 +188,11 @@ void write_restart(exposition& e, core::stats_snapshot const& stats)
            "gauge",
            "1 where published buffers are kept across a restart (a service manager's fd store).");
   e.sample("rmmd_keeping_buffers", {}, std::uint64_t{r.keeping ? 1u : 0u});
+  e.family("rmmd_reconnected_sessions_total",
+           "counter",
+           "Sessions opened since this start by clients that reconnected after a daemon before "
+           "this one went away.");
+  e.sample("rmmd_reconnected_sessions_total", {}, r.reconnected_sessions);
   auto gpu = [](core::gpu_memory_use const& g) {
     return labels{{"gpu_uuid", g.gpu_uuid}, {"device", std::to_string(g.device)}};
   };

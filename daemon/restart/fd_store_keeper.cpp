@@ -73,6 +73,7 @@ void fd_store_keeper::keep(core::kept_buffer const& buffer) noexcept
   try {
     std::lock_guard lock(mutex_);
     queue_.emplace_back(keep_event{.buffer = buffer, .fd = owned_fd(copy)});
+    ++queued_;
   } catch (...) {
     ::close(copy);  // out of memory: the buffer is served, not kept
     return;
@@ -85,10 +86,25 @@ void fd_store_keeper::forget(core::buffer_id id) noexcept
   try {
     std::lock_guard lock(mutex_);
     queue_.emplace_back(forget_event{.id = id});
+    ++queued_;
   } catch (...) {
     return;  // the next start finds its fd without a use: it drops it then
   }
   wake_.notify_one();
+}
+
+bool fd_store_keeper::wait_until_kept(std::chrono::steady_clock::time_point deadline) noexcept
+{
+  std::unique_lock lock(mutex_);
+  auto const target = queued_;
+  if (applied_changed_.wait_until(lock, deadline, [&] { return applied_ >= target; })) {
+    return true;
+  }
+  log::warn(
+      "a published buffer is served but not yet kept across a restart: the fd store and the "
+      "state file (%s) are slow to take it",
+      options_.state_file.string());
+  return false;
 }
 
 void fd_store_keeper::adopted(core::buffer_id id, v1::StoredBuffer record)
@@ -125,9 +141,12 @@ void fd_store_keeper::run()
     if (queue_.empty()) { return; }  // stopping, and nothing left to do
     auto batch = std::move(queue_);
     queue_.clear();
+    auto const count = batch.size();
     lock.unlock();
     apply(std::move(batch));
     lock.lock();
+    applied_ += count;
+    applied_changed_.notify_all();
   }
 }
 

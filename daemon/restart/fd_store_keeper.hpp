@@ -24,6 +24,7 @@
 
 #include <absl/status/status.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -58,6 +59,7 @@ class fd_store_keeper final : public core::buffer_keeper {
 
   void keep(core::kept_buffer const& buffer) noexcept override;
   void forget(core::buffer_id id) noexcept override;
+  bool wait_until_kept(std::chrono::steady_clock::time_point deadline) noexcept override;
 
   /// A buffer adopted at start, whose fd is in the store already under
   /// record.fd_name. Call before serving.
@@ -89,6 +91,9 @@ class fd_store_keeper final : public core::buffer_keeper {
   std::condition_variable wake_;
   std::deque<event> queue_;
   bool stopping_{false};
+  std::uint64_t queued_{0};   // events queued since the start
+  std::uint64_t applied_{0};  // of those, stored, written and removed
+  std::condition_variable applied_changed_;
 
   std::mutex records_mutex_;  // records_ and next_fd_id_; taken after mutex_ is let go
   std::map<core::buffer_id, v1::StoredBuffer> records_;

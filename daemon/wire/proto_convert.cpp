@@ -67,6 +67,8 @@ void to_proto(core::session_info const& in, v1::SessionInfo* out)
   out->set_reclaimable_bytes(in.reclaimable_bytes);
   out->set_shared_bytes(in.shared_bytes);
   out->set_buffers_held(in.buffers_held);
+  out->set_reconnects(in.reconnects);
+  out->set_previous_session_id(in.previous_session);
   out->set_started_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(in.started.time_since_epoch()).count());
 }
@@ -115,6 +117,7 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
   r->set_readopted_bytes(in.restart.adopted_bytes);
   r->set_dropped_at_start(in.restart.dropped);
   r->set_keeping_buffers(in.restart.keeping);
+  r->set_reconnected_sessions(in.restart.reconnected_sessions);
   for (auto const& g : in.gpu_memory) {
     auto* m = out->add_gpu_memory();
     m->set_gpu_uuid(g.gpu_uuid);

@@ -142,6 +142,25 @@ TEST(BuffersOutliveDaemon, APersistentHostBufferComesBackAfterSigkillWithItsByte
   EXPECT_EQ(stats_of(daemon).pools(0).in_use_bytes(), 0u);
 }
 
+TEST(BuffersOutliveDaemon, APublishTheClientHeardOfSurvivesASigkillRightAfterIt)
+{
+  // Publish answers once the fd is stored and the state file names it, so a
+  // crash the moment the producer hears "published" loses nothing. (Before,
+  // a SIGKILL between the store and the file dropped the buffer at start:
+  // "no record of the state file names it".)
+  managed_rmmd daemon(host_args());
+  ASSERT_TRUE(daemon.start());
+  for (int round = 0; round < 5; ++round) {
+    auto const name = "team/quick-" + std::to_string(round);
+    produce(daemon, name, buffer_bytes, seed + round, persistent_options());
+    crash_and_restart(daemon);  // no wait for the store: at once
+    EXPECT_EQ(consume(daemon, name, buffer_bytes, seed + round, {"--pool", "host"}), "verified")
+        << daemon.log();
+    EXPECT_EQ(stats_of(daemon).restart().dropped_at_start(), 0u) << daemon.log();
+  }
+  EXPECT_EQ(listed(daemon).size(), 5u);
+}
+
 TEST(BuffersOutliveDaemon, AGracefulStopKeepsWhatIsPublishedForTheNextStart)
 {
   auto args = host_args();

@@ -135,6 +135,11 @@ TEST(Reconnect, HostClientRidesThroughThreeRestarts)
     ASSERT_NE(mine, nullptr) << stats.DebugString();
     EXPECT_EQ(mine->client_name(), "rider");
     EXPECT_EQ(mine->allocation_count(), 2u);
+    // The operator sees a reconnected session: which reconnect, and the
+    // session it had with the daemon before.
+    EXPECT_EQ(mine->reconnects(), restart);
+    EXPECT_EQ(mine->previous_session_id(), previous);
+    EXPECT_EQ(stats.restart().reconnected_sessions(), 1u) << stats.DebugString();
     EXPECT_EQ(in_use(stats, s.host_pool().id), 2 * buffer_bytes);
 
     // Freeing what an earlier daemon lent asks nothing of this one.

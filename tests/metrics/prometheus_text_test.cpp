@@ -304,9 +304,13 @@ TEST(RenderPrometheus, TiesInBytesKeepTheOldestSessions)
 
 TEST(RenderPrometheus, ShowsRestartsReadoptedBuffersAndUnaccountedGpuMemory)
 {
-  auto s          = sample_snapshot();
-  s.stats.restart = {
-      .restarts = 3, .adopted_buffers = 2, .adopted_bytes = 1 << 21, .dropped = 1, .keeping = true};
+  auto s             = sample_snapshot();
+  s.stats.restart    = {.restarts             = 3,
+                        .adopted_buffers      = 2,
+                        .adopted_bytes        = 1 << 21,
+                        .dropped              = 1,
+                        .keeping              = true,
+                        .reconnected_sessions = 4};
   s.stats.gpu_memory = {{.gpu_uuid          = "GPU-5f3c2b1a-0000-1111-2222-333344445555",
                          .device            = 0,
                          .driver_used_bytes = 1 << 26,
@@ -319,6 +323,7 @@ TEST(RenderPrometheus, ShowsRestartsReadoptedBuffersAndUnaccountedGpuMemory)
         "rmmd_readopted_bytes 2097152",
         "rmmd_restart_dropped 1",
         "rmmd_keeping_buffers 1",
+        "rmmd_reconnected_sessions_total 4",
         "rmmd_gpu_driver_used_bytes{gpu_uuid=\"GPU-5f3c2b1a-0000-1111-2222-333344445555\","
         "device=\"0\"} 67108864",
         "rmmd_gpu_unaccounted_bytes{gpu_uuid=\"GPU-5f3c2b1a-0000-1111-2222-333344445555\","
