@@ -72,7 +72,7 @@ std::unique_ptr<child_process> soak_client(std::filesystem::path const& runtime_
 /// The GPU's used bytes as a fresh process sees them.
 std::optional<std::size_t> gpu_used_bytes()
 {
-  auto r = run({program_path("rmmd_restart_soak_client").string(), "memory"});
+  auto r                  = run({program_path("rmmd_restart_soak_client").string(), "memory"});
   unsigned long long used = 0, total = 0;
   if (r.status != 0 || std::sscanf(r.out.c_str(), "memory %llu %llu", &used, &total) != 2) {
     ADD_FAILURE() << "rmmd_restart_soak_client memory said: " << r.out;
@@ -88,7 +88,7 @@ struct soak_loop {
   std::uint64_t iterations{};
   std::uint32_t reconnects{};
   std::uint64_t errors{};
-  std::vector<std::string> said;  // its lines other than progress reports
+  std::vector<std::string> said{};  // its lines other than progress reports
 
   /// Asks for a report and reads it; false if none came.
   bool report()
@@ -96,7 +96,7 @@ struct soak_loop {
     process->write_line("report");
     while (auto line = process->read_line(60s)) {
       unsigned long long i = 0, e = 0;
-      unsigned r           = 0;
+      unsigned r = 0;
       if (std::sscanf(line->c_str(), "progress %llu %u %llu", &i, &r, &e) == 3) {
         iterations = i;
         reconnects = r;
@@ -114,20 +114,16 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   REQUIRE_GPUS(1);
   auto const rounds = env_or("RMMD_SOAK_ROUNDS", 100);
   auto const seed   = env_or("RMMD_SOAK_SEED", std::random_device{}());
-  std::cout << "restart soak: " << rounds << " rounds, seed " << seed
-            << " (RMMD_SOAK_SEED=" << seed << " repeats the kill moments)\n"
+  std::cout << "restart soak: " << rounds << " rounds, seed " << seed << " (RMMD_SOAK_SEED=" << seed
+            << " repeats the kill moments)\n"
             << std::flush;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> kill_after_ms(0, 300);
 
   auto const used_before = gpu_used_bytes();
   ASSERT_TRUE(used_before);
-  managed_rmmd daemon({"--cuda-pool-bytes",
-                       "4GiB",
-                       "--host-pool-bytes",
-                       "256MiB",
-                       "--drain-timeout-ms",
-                       "0"});
+  managed_rmmd daemon(
+      {"--cuda-pool-bytes", "4GiB", "--host-pool-bytes", "256MiB", "--drain-timeout-ms", "0"});
   ASSERT_TRUE(daemon.start());
   auto const stats = stats_of(daemon);
   auto pool        = std::find_if(stats.pools().begin(), stats.pools().end(), [](auto& p) {
@@ -171,12 +167,9 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
     ASSERT_TRUE(daemon.start());
     ++restarts;
 
-    auto r = run({program_path("rmmd_restart_soak_client").string(),
-                  "check",
-                  buffer_name,
-                  bytes,
-                  seeds},
-                 120s);
+    auto r =
+        run({program_path("rmmd_restart_soak_client").string(), "check", buffer_name, bytes, seeds},
+            120s);
     ASSERT_EQ(r.status, 0) << r.out << daemon.log();
     ASSERT_TRUE(r.out.starts_with("intact " + bytes)) << r.out;
     if (round == 1) { std::cout << "the check says: " << r.out << std::flush; }
@@ -213,8 +206,8 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
     auto rest = loop.process->read_all(120s);
     EXPECT_EQ(loop.process->wait(120s), 0) << rest;
     unsigned long long i = 0, e = 0;
-    unsigned r           = 0;
-    auto const at        = rest.rfind("done ");
+    unsigned r    = 0;
+    auto const at = rest.rfind("done ");
     ASSERT_NE(at, std::string::npos) << rest;
     ASSERT_EQ(std::sscanf(rest.c_str() + at, "done %llu %u %llu", &i, &r, &e), 3) << rest;
     EXPECT_EQ(r, rounds);
@@ -240,11 +233,10 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   ASSERT_TRUE(used_after);
   auto const grown = *used_after > *used_before ? *used_after - *used_before : 0;
   EXPECT_LE(grown, memory_slack_bytes)
-      << "GPU memory used: " << *used_before << " bytes before the daemon started, "
-      << *used_after << " after the soak";
-  std::printf("restart soak: %" PRIu64 " rounds, seed %" PRIu64 ", %" PRIu64
-              " restarts, %" PRIu64 " bytes checked, %" PRIu64
-              " client iterations, GPU used %zu -> %zu bytes\n",
+      << "GPU memory used: " << *used_before << " bytes before the daemon started, " << *used_after
+      << " after the soak";
+  std::printf("restart soak: %" PRIu64 " rounds, seed %" PRIu64 ", %" PRIu64 " restarts, %" PRIu64
+              " bytes checked, %" PRIu64 " client iterations, GPU used %zu -> %zu bytes\n",
               rounds,
               seed,
               restarts,

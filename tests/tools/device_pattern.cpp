@@ -6,8 +6,8 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace rmmd::test {
@@ -97,7 +97,7 @@ void device_fill(void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t st
   auto const& k    = loaded();
   if (k.problem.empty()) {
     unsigned long long count = words, s = seed;
-    void* args[]             = {&p, &count, &s};
+    void* args[] = {&p, &count, &s};
     launch(k, k.fill, stream, args, words);
     return;
   }
@@ -115,7 +115,10 @@ void device_fill(void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t st
   }
 }
 
-long device_first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed, cudaStream_t stream)
+long device_first_mismatch(void const* p,
+                           std::size_t bytes,
+                           std::uint64_t seed,
+                           cudaStream_t stream)
 {
   auto const words = bytes / 8;
   auto const& k    = loaded();
@@ -124,7 +127,7 @@ long device_first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed,
     check_cuda(cudaMallocAsync(&first, sizeof(std::uint64_t), stream), "cudaMallocAsync");
     check_cuda(cudaMemsetAsync(first, 0xff, sizeof(std::uint64_t), stream), "cudaMemsetAsync");
     unsigned long long count = words, s = seed;
-    void* args[]             = {&p, &count, &s, &first};
+    void* args[] = {&p, &count, &s, &first};
     launch(k, k.check, stream, args, words);
     std::uint64_t result = 0;
     check_cuda(cudaMemcpyAsync(&result, first, sizeof result, cudaMemcpyDeviceToHost, stream),

@@ -26,7 +26,10 @@ void device_fill(void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t st
 /// The index of the first word of [p, p + bytes) that does not hold the
 /// pattern of `seed`, or -1. Runs after the work queued on `stream` and
 /// synchronises it. Throws std::runtime_error naming the CUDA error.
-long device_first_mismatch(void const* p, std::size_t bytes, std::uint64_t seed, cudaStream_t stream);
+long device_first_mismatch(void const* p,
+                           std::size_t bytes,
+                           std::uint64_t seed,
+                           cudaStream_t stream);
 
 /// "kernel", or "host copies (WHY the kernels did not load)".
 std::string device_pattern_method();

@@ -198,24 +198,25 @@ void run_loop(std::string_view mode,
               loop_state& st)
 {
   std::mt19937_64 rng(seed);
-  auto const stream = new_stream();
+  auto const stream = mode == "host" ? cudaStream_t{} : new_stream();  // host: no CUDA at all
   std::function<void(std::uint64_t)> iteration;
   std::optional<rmmd::ipc_memory_resource> device_mr;
   std::optional<rmmd::host_memory_resource> host_mr;
   rmmd::shared_buffer held;
   if (mode == "direct" || mode == "packed") {
     device_mr.emplace(s, 0, rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct});
-    auto const [count, low, high] = mode == "direct" ? std::tuple{std::size_t{1}, 256 * KiB, 8 * MiB}
-                                                     : std::tuple{std::size_t{16}, 4 * KiB, 64 * KiB};
-    iteration = [&, count, low, high](std::uint64_t i) {
+    auto const [count, low, high] = mode == "direct"
+                                        ? std::tuple{std::size_t{1}, 256 * KiB, 8 * MiB}
+                                        : std::tuple{std::size_t{16}, 4 * KiB, 64 * KiB};
+    iteration                     = [&, count, low, high](std::uint64_t i) {
       device_round(*device_mr, stream, random_sizes(rng, count, low, high), seed + i * 64, st);
     };
   } else if (mode == "slab") {
-    device_mr.emplace(s,
-                      0,
-                      rmmd::ipc_resource_options{.mode       = rmmd::allocation_mode::slab,
-                                                 .slab_bytes = 8 * MiB,
-                                                 .idle_trim  = 1s});
+    device_mr.emplace(
+        s,
+        0,
+        rmmd::ipc_resource_options{
+            .mode = rmmd::allocation_mode::slab, .slab_bytes = 8 * MiB, .idle_trim = 1s});
     iteration = [&](std::uint64_t i) {
       device_round(*device_mr, stream, random_sizes(rng, 8, 4 * KiB, 4 * MiB), seed + i * 64, st);
       if (i % 8 == 7) { device_mr->trim(); }
@@ -261,8 +262,10 @@ void run_loop(std::string_view mode,
   }
   if (device_mr) { device_mr->trim(); }
   held.close();
-  cudaStreamSynchronize(stream);
-  cudaStreamDestroy(stream);
+  if (stream != cudaStream_t{}) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
 }
 
 int loop(std::string_view mode, std::string const& name, std::size_t bytes, std::uint64_t seed)
