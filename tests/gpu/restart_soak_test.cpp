@@ -123,7 +123,7 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   auto const used_before = gpu_used_bytes();
   ASSERT_TRUE(used_before);
   managed_rmmd daemon(
-      {"--cuda-pool-bytes", "4GiB", "--host-pool-bytes", "256MiB", "--drain-timeout-ms", "0"});
+      {"--cuda-pool-bytes", "8GiB", "--host-pool-bytes", "256MiB", "--drain-timeout-ms", "0"});
   ASSERT_TRUE(daemon.start());
   auto const stats = stats_of(daemon);
   auto pool        = std::find_if(stats.pools().begin(), stats.pools().end(), [](auto& p) {

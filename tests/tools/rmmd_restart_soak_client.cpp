@@ -102,14 +102,19 @@ int publish(std::string const& name, std::size_t bytes, std::uint64_t seed, std:
   }
   buffer.publish(cuda::stream_ref{stream});
   buffer.close(cuda::stream_ref{stream});
-  // The publication is sent by a host function; a new session sees it.
-  for (auto const& b : rmmd::shared_buffer::list(s, {.name_prefix = name})) {
-    if (b.name == name && b.published) {
-      say("published %llu\n", static_cast<unsigned long long>(b.id));
-      return 0;
+  // The publication is sent by a host function when the stream reaches it:
+  // wait until the daemon lists it published.
+  auto const deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (auto const& b : rmmd::shared_buffer::list(s, {.name_prefix = name})) {
+      if (b.name == name && b.published) {
+        say("published %llu\n", static_cast<unsigned long long>(b.id));
+        return 0;
+      }
     }
+    std::this_thread::sleep_for(2ms);
   }
-  say("error: %s is not listed as published\n", name.c_str());
+  say("error: %s is not listed as published after 60 s\n", name.c_str());
   return 1;
 }
 
