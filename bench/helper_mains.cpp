@@ -5,6 +5,7 @@
 
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_r.hpp"
 #include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 
@@ -157,7 +158,22 @@ int share_consumer(int argc, char** argv)
   return share_consumer_main(*method, bytes, reps, warmup, seconds, argv[7]);
 }
 
-constexpr std::array<helper_entry, 13> table{{
+int restart_publisher(int argc, char** argv)
+{
+  auto count = argc == 6 ? count_arg(argv[4]) : std::nullopt;
+  auto bytes = argc == 6 ? count_arg(argv[5]) : std::nullopt;
+  if (!count || !bytes) { return usage(argv); }
+  return restart_publisher_main(argv[2], argv[3], *count, *bytes);
+}
+
+int restart_opener(int argc, char** argv)
+{
+  auto count = argc == 4 ? count_arg(argv[3]) : std::nullopt;
+  if (!count) { return usage(argv); }
+  return restart_opener_main(argv[2], *count);
+}
+
+constexpr std::array<helper_entry, 15> table{{
     {"--exporter", "(socket on fd 3)", exporter},
     {"--raw-leases", "RUNTIME_DIR host|cuda COUNT 256", raw_leases},
     {"--raw-sessions", "RUNTIME_DIR COUNT 256", raw_sessions},
@@ -173,6 +189,8 @@ constexpr std::array<helper_entry, 13> table{{
     {"--holder", "fast|direct BYTES", holder},
     {"--tenant-sessions", "RUNTIME_DIR COUNT", tenant_sessions},
     {"--tenant-idle", "RUNTIME_DIR host|cuda COUNT BYTES", tenant_idle},
+    {"--restart-publisher", "RUNTIME_DIR POOL COUNT BYTES", restart_publisher},
+    {"--restart-opener", "RUNTIME_DIR COUNT", restart_opener},
 }};
 
 }  // namespace

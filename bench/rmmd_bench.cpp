@@ -1,8 +1,9 @@
 // rmmd_bench: rmmd against in-process RMM on one GPU, in one run.
 //
 //   rmmd_bench --rmmd PATH_TO_rmmd --out FILE.json [--quick] [--sections
-//   a,a8,b,b2,c,c2,d,e,f,g,h,t]
+//   a,a8,b,b2,c,c2,d,e,f,g,h,t,r]
 //              [--a8-threads 1,8] [--a8-rounds N]
+//              [--restart-buffers N] [--restart-buffer-bytes S]
 //
 // Starts its own rmmd (temporary runtime directory, --backend=cuda), runs the
 // sections (bench/README.md says what each one is; `sections` below lists
@@ -14,13 +15,14 @@
 // the whole run passed --max-seconds.
 //
 // The same binary is its own helper process, given a helper name first
-// (helper_mains.cpp). Without a GPU, `--sections h` runs section h's host
-// figures alone.
+// (helper_mains.cpp). Without a GPU, `--sections h`, `--sections t` or
+// `--sections r` alone runs that section's host figures.
 
 #include "bench/helper_mains.hpp"
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_r.hpp"
 #include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 
@@ -53,6 +55,9 @@ struct bench_options {
   std::uint64_t release_threshold = 0;
   std::vector<int> a8_threads{1, 8};
   std::size_t a8_rounds = 0;
+  // Section r's buffers; bytes 0: 1 GiB on a GPU, 1 MiB on a host pool.
+  std::size_t restart_buffers      = 100;
+  std::size_t restart_buffer_bytes = 0;
   std::vector<std::string> sections;
   std::string command;  // argv, joined
 };
@@ -175,12 +180,39 @@ void run_t(bench_context& c)
   for (auto const& t : targets) { (void)c.st.check(t); }
 }
 
+/// Section r's options. Without --restart-buffer-bytes: 1 MiB on a host pool;
+/// on a GPU 1 GiB, halved until the buffers take at most 60% of GPU 0's free
+/// memory (100 GiB fits an H200, not an H100).
+restart_options restart_options_of(bench_options const& o, bool cuda)
+{
+  auto fallback    = cuda ? std::size_t{1} << 30 : std::size_t{1} << 20;
+  std::size_t free = 0, total = 0;
+  if (cuda && cudaMemGetInfo(&free, &total) == cudaSuccess) {
+    while (fallback > (std::size_t{1} << 20) && o.restart_buffers * fallback > free / 10 * 6) {
+      fallback /= 2;
+    }
+  }
+  return {.rmmd         = o.rmmd_path,
+          .self         = self_path(),
+          .helper_env   = self_env(),
+          .cuda         = cuda,
+          .buffers      = o.restart_buffers,
+          .buffer_bytes = o.restart_buffer_bytes != 0 ? o.restart_buffer_bytes : fallback};
+}
+
+void run_r(bench_context& c)
+{
+  auto const targets =
+      section_restart(restart_options_of(c.options, true), *c.st.doc.mutable_restart());
+  for (auto const& t : targets) { (void)c.st.check(t); }
+}
+
 /// The sections, in the order they run (a run runs those --sections names).
 struct section_entry {
   char const* name;
   void (*run)(bench_context&);
 };
-constexpr std::array<section_entry, 12> sections{{{"a", run_a},
+constexpr std::array<section_entry, 13> sections{{{"a", run_a},
                                                   {"a8", run_a8},
                                                   {"b", run_b},
                                                   {"b2", run_b2},
@@ -191,7 +223,8 @@ constexpr std::array<section_entry, 12> sections{{{"a", run_a},
                                                   {"f", run_f},
                                                   {"g", run_g},
                                                   {"h", run_h},
-                                                  {"t", run_t}}};
+                                                  {"t", run_t},
+                                                  {"r", run_r}}};
 
 std::vector<std::string> section_names()
 {
@@ -236,6 +269,16 @@ std::optional<int> parse_options(int argc, char** argv, bench_options& o)
   app.add_option(
          "--a8-rounds", o.a8_rounds, "Section a8's rounds (0: 24, --quick 4; more for a profile)")
       ->capture_default_str();
+  app.add_option("--restart-buffers",
+                 o.restart_buffers,
+                 "Section r: persistent buffers the restarted daemon serves again")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--restart-buffer-bytes",
+                 o.restart_buffer_bytes,
+                 "Section r: each buffer's size (e.g. 1GiB; default 1GiB on a GPU, 1MiB on a "
+                 "host pool)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--sections",
                  o.sections,
                  "The sections to run, comma-separated (bench/README.md); b takes the direct "
@@ -443,12 +486,16 @@ int bench_main(int argc, char** argv)
         o.out_path,
         o.command);
   }
+  if (visible_gpus(why) == 0 && o.sections == std::vector<std::string>{"r"}) {
+    ::signal(SIGPIPE, SIG_IGN);
+    return section_restart_without_gpu(restart_options_of(o, false), o.out_path, o.command);
+  }
   if (visible_gpus(why) == 0) {
     std::fprintf(
         stderr,
         "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
-        "a GPU: run it on the GPU host (bench/README.md); `--sections h` or `--sections t` "
-        "alone runs that section's host figures without one.\n",
+        "a GPU: run it on the GPU host (bench/README.md); `--sections h`, `--sections t` or "
+        "`--sections r` alone runs that section's host figures without one.\n",
         why.c_str());
     return 2;
   }
