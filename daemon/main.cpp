@@ -83,10 +83,11 @@ int main(int argc, char** argv)
         "daemon restarts (host buffers are kept)",
         flags.shared_buffer_memory);
   }
-  auto endpoints = startup::endpoints::start(
-      core,
-      *settings,
-      settings->peering.enabled() ? startup::make_peer_probes(core) : rmmd::peering::probe_exchange{});
+  auto endpoints =
+      startup::endpoints::start(core,
+                                *settings,
+                                settings->peering.enabled() ? startup::make_peer_probes(core)
+                                                            : rmmd::peering::probe_exchange{});
   if (!endpoints) { return 1; }
 
   startup::service_status status(core.pools().size());

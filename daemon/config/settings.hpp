@@ -96,27 +96,27 @@ struct per_gpu_pools {
 
 /// peering.tls: the files, as written (checked readable at load).
 struct peer_tls_files {
-  std::filesystem::path certificate;
-  std::filesystem::path private_key;
-  std::filesystem::path trusted_ca;
+  std::filesystem::path certificate{};
+  std::filesystem::path private_key{};
+  std::filesystem::path trusted_ca{};
 
   bool operator==(peer_tls_files const& other) const = default;
 };
 
 /// One peering.peers entry: a daemon this one dials.
 struct peer_node_settings {
-  std::string name;
-  std::string address;          ///< "HOST:PORT"
-  std::string identity;         ///< the subject its certificate must carry; empty: any
-  std::string tls_server_name;  ///< empty: the address's host
+  std::string name{};
+  std::string address{};          ///< "HOST:PORT"
+  std::string identity{};         ///< the subject its certificate must carry; empty: any
+  std::string tls_server_name{};  ///< empty: the address's host
 
   bool operator==(peer_node_settings const& other) const = default;
 };
 
 /// One peering.grants entry: what a peer identity may open here.
 struct peer_grant_settings {
-  std::string identity;  ///< a certificate subject, exactly; "*": any trusted peer
-  std::vector<std::string> name_prefixes;
+  std::string identity{};  ///< a certificate subject, exactly; "*": any trusted peer
+  std::vector<std::string> name_prefixes{};
   bool allow_writers{false};
 
   bool operator==(peer_grant_settings const& other) const = default;
@@ -128,12 +128,12 @@ inline constexpr std::chrono::milliseconds default_peer_keepalive{5000};
 
 /// rmmd.conf's `peering`: daemons of other nodes (docs/configuration.md).
 struct peering_settings {
-  std::string node_name;       ///< the file's, else the host name
-  std::string listen_address;  ///< empty: no peer listener
-  std::optional<peer_tls_files> tls;
+  std::string node_name{};       ///< the file's, else the host name
+  std::string listen_address{};  ///< empty: no peer listener
+  std::optional<peer_tls_files> tls{};
   bool insecure_plaintext_for_tests{false};
-  std::vector<peer_node_settings> peers;
-  std::vector<peer_grant_settings> grants;
+  std::vector<peer_node_settings> peers{};
+  std::vector<peer_grant_settings> grants{};
   std::chrono::milliseconds hold_lease{default_peer_hold_lease};
   std::chrono::milliseconds renew_interval{default_peer_renew_interval};
   std::chrono::milliseconds keepalive{default_peer_keepalive};

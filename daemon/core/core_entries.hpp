@@ -110,7 +110,7 @@ struct buffer_entry {
   session_id creator{};
   uid_t creator_uid{};
   pid_t creator_pid{};
-  bool creator_charged{true};                 // the creating session is open and counts the bytes
+  bool creator_charged{true};  // the creating session is open and counts the bytes
   // session -> its opens (its create counts one); other nodes' holds are
   // here too, each under remote_holder_key(its id).
   std::map<session_id, std::size_t> holders;

@@ -163,8 +163,8 @@ struct buffer_grant {
 /// One of this node's buffers as another node's daemon holds it (peering).
 struct remote_buffer_grant {
   remote_hold_id hold{};
-  buffer_grant grant;    ///< its block carries the fabric handle
-  std::string gpu_uuid;  ///< the GPU of its pool
+  buffer_grant grant{};    ///< its block carries the fabric handle
+  std::string gpu_uuid{};  ///< the GPU of its pool
 };
 
 /// Told, without the core's lock, that a session let go of a buffer of
@@ -679,7 +679,7 @@ class daemon_core {
   remote_hold_id next_remote_hold_{1};
   std::map<remote_hold_id, remote_hold_entry> remote_holds_;
   foreign_release_notifier foreign_released_;  // called without mutex_
-  std::shared_ptr<buffer_keeper> keeper_;  // null: buffers are not kept across a restart
+  std::shared_ptr<buffer_keeper> keeper_;      // null: buffers are not kept across a restart
   restart_summary restart_;
   driver_usage_source driver_usage_;  // set before serving, then only read
   reclaim_coordinator reclaim_;

@@ -17,7 +17,8 @@ absl::StatusOr<remote_buffer_grant> daemon_core::open_remote_buffer(std::string_
                                                                     buffer_open_options const& how)
 {
   std::lock_guard lock(mutex_);
-  auto const request = absl::StrFormat("open buffer %s from another node", quoted_for_message(name));
+  auto const request =
+      absl::StrFormat("open buffer %s from another node", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }

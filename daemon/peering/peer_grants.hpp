@@ -18,8 +18,8 @@ namespace rmmd::peering {
 /// A remote open, checked: the buffer's name and how it is opened, its access
 /// narrowed to what the grant allows.
 struct checked_open {
-  std::string name;
-  core::buffer_open_options how;
+  std::string name{};
+  core::buffer_open_options how{};
 };
 
 /// The grant of `identity` (its certificate subject; "" for a plaintext

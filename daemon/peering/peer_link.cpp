@@ -14,7 +14,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr auto call_deadline = 10s;
+constexpr auto call_deadline  = 10s;
 constexpr auto close_deadline = 1s;
 constexpr auto first_backoff  = 200ms;
 constexpr auto most_backoff   = 10s;
@@ -29,7 +29,8 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
 std::string dial_problem(grpc::Status const& s)
 {
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::StrCat("cannot reach it (", s.error_message(),
+    return absl::StrCat("cannot reach it (",
+                        s.error_message(),
                         "): is its rmmd running with peering.listen_address there, and do both "
                         "certificates chain to the other's trusted CA?");
   }
@@ -131,9 +132,13 @@ bool peer_link::hello()
     return false;
   }
   if (welcome.node_name() != peer_.name) {
-    log::warn("peer '%s' at %s calls itself '%s' (its peering.node_name); clients here still "
-              "name it '%s'",
-              peer_.name, peer_.address, welcome.node_name(), peer_.name);
+    log::warn(
+        "peer '%s' at %s calls itself '%s' (its peering.node_name); clients here still "
+        "name it '%s'",
+        peer_.name,
+        peer_.address,
+        welcome.node_name(),
+        peer_.name);
   }
   probe_verdict ours_of_theirs;
   auto theirs = from_proto(welcome.probe());
@@ -155,9 +160,13 @@ bool peer_link::hello()
     set_state(link_state::ready, {});
   } else {
     std::string problem;
-    if (!ours_of_theirs.ok) { problem = absl::StrCat("we cannot import its probe: ", ours_of_theirs.problem); }
+    if (!ours_of_theirs.ok) {
+      problem = absl::StrCat("we cannot import its probe: ", ours_of_theirs.problem);
+    }
     if (!welcome.your_probe().ok()) {
-      absl::StrAppend(&problem, problem.empty() ? "" : "; ", "it cannot import ours: ",
+      absl::StrAppend(&problem,
+                      problem.empty() ? "" : "; ",
+                      "it cannot import ours: ",
                       welcome.your_probe().problem());
     }
     set_state(link_state::probe_failed, problem);
@@ -181,9 +190,12 @@ bool peer_link::renew_and_close()
     v1::CloseHoldsResponse reply;
     auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
     if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
-      log::warn("peer '%s': CloseHolds of %d hold(s) failed (%s); they end when their lease "
-                "runs out",
-                peer_.name, closing.size(), s.error_message());
+      log::warn(
+          "peer '%s': CloseHolds of %d hold(s) failed (%s); they end when their lease "
+          "runs out",
+          peer_.name,
+          closing.size(),
+          s.error_message());
       return s.error_code() != grpc::StatusCode::UNAVAILABLE &&
              s.error_code() != grpc::StatusCode::FAILED_PRECONDITION;
     }
@@ -207,7 +219,8 @@ bool peer_link::renew_and_close()
   for (auto id : reply.unknown_hold_ids()) {
     if (holds_.erase(id) > 0) {
       log::warn("peer '%s': hold %d ended there (expired, or its buffer is gone); dropped here",
-                peer_.name, id);
+                peer_.name,
+                id);
     }
   }
   return true;
@@ -257,9 +270,12 @@ void peer_link::stop() noexcept
   v1::CloseHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
   if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
-    log::warn("peer '%s': closing %d hold(s) at shutdown failed (%s); they end when their "
-              "lease runs out",
-              peer_.name, request.hold_ids_size(), s.error_message());
+    log::warn(
+        "peer '%s': closing %d hold(s) at shutdown failed (%s); they end when their "
+        "lease runs out",
+        peer_.name,
+        request.hold_ids_size(),
+        s.error_message());
   }
 }
 
@@ -268,9 +284,12 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
   {
     std::lock_guard lock(mutex_);
     if (state_ != link_state::ready && state_ != link_state::probe_failed) {
-      return absl::UnavailableError(absl::StrFormat(
-          "peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready", peer_.name,
-          peer_.address, state_name(state_), problem_.empty() ? "" : absl::StrCat(": ", problem_)));
+      return absl::UnavailableError(
+          absl::StrFormat("peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready",
+                          peer_.name,
+                          peer_.address,
+                          state_name(state_),
+                          problem_.empty() ? "" : absl::StrCat(": ", problem_)));
     }
   }
   request.set_incarnation(options_.incarnation);

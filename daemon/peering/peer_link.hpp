@@ -35,21 +35,21 @@ std::string_view state_name(link_state state) noexcept;
 
 /// What every link of this daemon shares.
 struct link_options {
-  std::string node_name;  ///< ours
+  std::string node_name{};  ///< ours
   std::uint64_t incarnation{};
   probe_exchange const* probes{};
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::shared_ptr<grpc::ChannelCredentials> credentials{};
   std::chrono::milliseconds keepalive{};
   std::chrono::milliseconds renew_interval{};
 };
 
 /// One link as ListPeers shows it.
 struct link_view {
-  config::peer_node_settings peer;
+  config::peer_node_settings peer{};
   link_state state{link_state::connecting};
-  std::string problem;
-  std::string identity_seen;
-  std::string node_name_seen;
+  std::string problem{};
+  std::string identity_seen{};
+  std::string node_name_seen{};
   bool probe_ok{false};
   bool their_probe_ok{false};
   std::size_t holds{};

@@ -15,9 +15,9 @@ constexpr int max_ids_per_call = 1 << 20;
 
 grpc::Status too_many(char const* what, int n)
 {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrFormat("%s: %d hold ids in one call; at most %d", what, n,
-                                      max_ids_per_call));
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrFormat("%s: %d hold ids in one call; at most %d", what, n, max_ids_per_call));
 }
 
 }  // namespace
@@ -88,10 +88,10 @@ grpc::Status peer_service::Hello(grpc::ServerContext* context,
   auto theirs = from_proto(request->probe());
   probe_verdict verdict;
   if (theirs.fabric_handle.empty()) {
-    verdict = {.ok      = false,
-               .problem = "it exports no probe: " +
-                          (theirs.problem.empty() ? std::string("(no reason given)")
-                                                  : theirs.problem)};
+    verdict = {
+        .ok      = false,
+        .problem = "it exports no probe: " +
+                   (theirs.problem.empty() ? std::string("(no reason given)") : theirs.problem)};
   } else {
     verdict = probes_.import(theirs);
   }

@@ -69,8 +69,9 @@ absl::StatusOr<tls_material> read_tls(config::peer_tls_files const& files)
   if (!key.ok()) { return key.status(); }
   auto ca = read_file(files.trusted_ca, "trusted_ca_file");
   if (!ca.ok()) { return ca.status(); }
-  return tls_material{
-      .certificate_chain = *std::move(cert), .private_key = *std::move(key), .trusted_ca = *std::move(ca)};
+  return tls_material{.certificate_chain = *std::move(cert),
+                      .private_key       = *std::move(key),
+                      .trusted_ca        = *std::move(ca)};
 }
 
 peering::peering(core::daemon_core& core,
@@ -92,10 +93,11 @@ std::unique_ptr<peering> peering::start(core::daemon_core& core,
   std::unique_ptr<peering> p(new peering(core, settings, std::move(probes)));
   std::optional<tls_material> tls;
   if (settings.insecure_plaintext_for_tests) {
-    log::warn("peering: insecure_plaintext_for_tests is set: the peer listener and links speak "
-              "plaintext TCP, and anyone who reaches %s may open what the grant \"*\" allows; "
-              "never in production",
-              settings.listen_address.empty() ? std::string("this node") : settings.listen_address);
+    log::warn(
+        "peering: insecure_plaintext_for_tests is set: the peer listener and links speak "
+        "plaintext TCP, and anyone who reaches %s may open what the grant \"*\" allows; "
+        "never in production",
+        settings.listen_address.empty() ? std::string("this node") : settings.listen_address);
   } else {
     auto read = read_tls(*settings.tls);
     if (!read.ok()) {
@@ -107,15 +109,16 @@ std::unique_ptr<peering> peering::start(core::daemon_core& core,
   if (!p->listen(tls ? &*tls : nullptr) || !p->dial(tls ? &*tls : nullptr)) { return nullptr; }
   p->ledger_.start_reaper();
   core.set_foreign_release_notifier([raw = p.get()](core::buffer_id id) { raw->released(id); });
-  log::info("peering: node '%s', %d peer(s) to dial%s; probe: %s",
-            settings.node_name,
-            settings.peers.size(),
-            settings.listen_address.empty()
-                ? std::string(", no listener")
-                : absl::StrFormat(", listening on %s", settings.listen_address),
-            p->probes_.ours.fabric_handle.empty()
-                ? p->probes_.ours.problem
-                : absl::StrFormat("%d bytes on %s", p->probes_.ours.bytes, p->probes_.ours.gpu_uuid));
+  log::info(
+      "peering: node '%s', %d peer(s) to dial%s; probe: %s",
+      settings.node_name,
+      settings.peers.size(),
+      settings.listen_address.empty()
+          ? std::string(", no listener")
+          : absl::StrFormat(", listening on %s", settings.listen_address),
+      p->probes_.ours.fabric_handle.empty()
+          ? p->probes_.ours.problem
+          : absl::StrFormat("%d bytes on %s", p->probes_.ours.bytes, p->probes_.ours.gpu_uuid));
   return p;
 }
 
@@ -248,9 +251,10 @@ absl::Status peering::open(core::session_id session,
     if (l->name() == request.peer()) { link = l.get(); }
   }
   if (link == nullptr) {
-    return absl::NotFoundError(absl::StrFormat(
-        "open buffer '%s': no peer '%s' in peering.peers (see `rmmctl peers`)",
-        request.name(), request.peer()));
+    return absl::NotFoundError(
+        absl::StrFormat("open buffer '%s': no peer '%s' in peering.peers (see `rmmctl peers`)",
+                        request.name(),
+                        request.peer()));
   }
   auto who = core_.session_peer(session);
   if (!who.ok()) { return who.status(); }
@@ -338,9 +342,9 @@ void peering::list_peers(v1::ListPeersResponse* reply) const
     p->set_identity(a.identity);
     p->set_direction("accepted");
     p->set_state(a.we_imported_its_probe ? "ready" : "probe_failed");
-    p->set_problem(a.we_imported_its_probe ? std::string()
-                                           : absl::StrCat("we cannot import its probe: ",
-                                                          a.probe_problem));
+    p->set_problem(a.we_imported_its_probe
+                       ? std::string()
+                       : absl::StrCat("we cannot import its probe: ", a.probe_problem));
     p->set_probe_ok(a.we_imported_its_probe);
     p->set_holds_they_have(static_cast<std::uint32_t>(a.holds));
     p->set_bytes_they_hold(a.bytes);
@@ -366,10 +370,10 @@ std::string peering::metrics_text() const
       "# TYPE rmmd_peer_holds gauge\n";
   for (auto const& p : peers.peers()) {
     auto const name = label_value(p.node_name());
-    absl::StrAppendFormat(&out, "rmmd_peer_holds{peer=\"%s\",direction=\"theirs\"} %d\n", name,
-                          p.holds_they_have());
-    absl::StrAppendFormat(&out, "rmmd_peer_holds{peer=\"%s\",direction=\"ours\"} %d\n", name,
-                          p.holds_we_have());
+    absl::StrAppendFormat(
+        &out, "rmmd_peer_holds{peer=\"%s\",direction=\"theirs\"} %d\n", name, p.holds_they_have());
+    absl::StrAppendFormat(
+        &out, "rmmd_peer_holds{peer=\"%s\",direction=\"ours\"} %d\n", name, p.holds_we_have());
   }
   absl::StrAppendFormat(&out,
                         "# HELP rmmd_peer_hold_expiries_total Other nodes' holds ended here "

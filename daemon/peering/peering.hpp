@@ -29,9 +29,9 @@ namespace rmmd::peering {
 
 /// The TLS files read, or why one cannot be.
 struct tls_material {
-  std::string certificate_chain;
-  std::string private_key;
-  std::string trusted_ca;
+  std::string certificate_chain{};
+  std::string private_key{};
+  std::string trusted_ca{};
 };
 absl::StatusOr<tls_material> read_tls(config::peer_tls_files const& files);
 

@@ -109,14 +109,16 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
 }
 
 absl::StatusOr<std::vector<std::uint64_t>> remote_hold_ledger::renew(
-    std::string const& identity, std::uint64_t incarnation, std::vector<std::uint64_t> const& ids)
+    std::string const& identity,
+    std::uint64_t incarnation,
+    std::vector<std::uint64_t> const& ids,
+    clock::time_point now)
 {
   std::lock_guard lock(mutex_);
   if (auto s = check_incarnation_locked(identity, incarnation, "renew holds"); !s.ok()) {
     return s;
   }
   std::vector<std::uint64_t> unknown;
-  auto const now = clock::now();
   for (auto id : ids) {
     auto it = holds_.find(id);
     if (it == holds_.end() || it->second.identity != identity ||
@@ -160,10 +162,11 @@ std::size_t remote_hold_ledger::expire(clock::time_point now)
   std::size_t ended = 0;
   for (auto it = holds_.begin(); it != holds_.end();) {
     auto next = std::next(it);
-    auto const since = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.renewed);
+    auto const since =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.renewed);
     if (since > lease_) {
-      auto c           = callers_.find(it->second.identity);
-      auto const node  = c == callers_.end() ? std::string("?") : c->second.node_name;
+      auto c          = callers_.find(it->second.identity);
+      auto const node = c == callers_.end() ? std::string("?") : c->second.node_name;
       log::warn(
           "peer '%s' (node '%s'): hold %d on buffer %s ended: not renewed for %d ms (lease %d "
           "ms); its daemon is gone or cut off",
@@ -184,8 +187,9 @@ std::size_t remote_hold_ledger::expire(clock::time_point now)
 
 void remote_hold_ledger::start_reaper()
 {
-  auto const period = std::max<std::chrono::milliseconds>(lease_ / 4, std::chrono::milliseconds(50));
-  reaper_           = std::thread([this, period] {
+  auto const period =
+      std::max<std::chrono::milliseconds>(lease_ / 4, std::chrono::milliseconds(50));
+  reaper_ = std::thread([this, period] {
     std::unique_lock lock(mutex_);
     while (!stopping_) {
       stop_wake_.wait_for(lock, period);

@@ -36,12 +36,12 @@ struct remote_holder {
 
 /// A peer that said Hello, as ListPeers shows it.
 struct accepted_peer {
-  std::string identity;
-  std::string node_name;
-  std::string address;  ///< where its calls come from
+  std::string identity{};
+  std::string node_name{};
+  std::string address{};  ///< where its calls come from
   std::uint64_t incarnation{};
   bool we_imported_its_probe{false};
-  std::string probe_problem;
+  std::string probe_problem{};
   std::size_t holds{};
   std::size_t bytes{};
   std::chrono::system_clock::time_point last_contact{};
@@ -80,11 +80,12 @@ class remote_hold_ledger {
                                                  checked_open const& open,
                                                  remote_holder const& holder);
 
-  /// Renews `ids` of `identity`'s incarnation; returns those it does not
-  /// hold (ended already). FAILED_PRECONDITION as open().
+  /// Renews `ids` of `identity`'s incarnation as of `now`; returns those it
+  /// does not hold (ended already). FAILED_PRECONDITION as open().
   absl::StatusOr<std::vector<std::uint64_t>> renew(std::string const& identity,
                                                    std::uint64_t incarnation,
-                                                   std::vector<std::uint64_t> const& ids);
+                                                   std::vector<std::uint64_t> const& ids,
+                                                   clock::time_point now = clock::now());
 
   /// Ends `ids` of `identity`'s incarnation (others' and unknown ones are
   /// ignored). FAILED_PRECONDITION as open().
@@ -111,19 +112,19 @@ class remote_hold_ledger {
 
  private:
   struct hold {
-    std::string identity;
+    std::string identity{};
     std::uint64_t incarnation{};
     std::size_t bytes{};
     clock::time_point renewed{};
-    remote_holder holder;
-    std::string buffer;
+    remote_holder holder{};
+    std::string buffer{};
   };
   struct caller {
-    std::string node_name;
-    std::string address;
+    std::string node_name{};
+    std::string address{};
     std::uint64_t incarnation{};
     bool we_imported_its_probe{false};
-    std::string probe_problem;
+    std::string probe_problem{};
     std::chrono::system_clock::time_point last_contact{};
   };
 

@@ -29,7 +29,8 @@ std::unique_ptr<endpoints> endpoints::start(core::daemon_core& core,
 {
   std::unique_ptr<endpoints> e(new endpoints(core));
   e->metrics_top_sessions_ = settings.metrics_top_sessions;
-  if (!e->start_peering(settings, std::move(probes)) || !e->start_metrics(settings) || !e->start_grpc(settings) || !e->start_sessions(settings)) {
+  if (!e->start_peering(settings, std::move(probes)) || !e->start_metrics(settings) ||
+      !e->start_grpc(settings) || !e->start_sessions(settings)) {
     return nullptr;
   }
   return e;
@@ -83,9 +84,9 @@ bool endpoints::start_metrics(config::daemon_settings const& settings)
   if (settings.metrics_address.empty()) { return true; }
   try {
     metrics_ = std::make_unique<metrics::metrics_server>(settings.metrics_address, [this] {
-      auto text = render_prometheus(
-          daemon_metrics_.snapshot(),
-          metrics::render_options{.top_sessions = metrics_top_sessions_.load()});
+      auto text =
+          render_prometheus(daemon_metrics_.snapshot(),
+                            metrics::render_options{.top_sessions = metrics_top_sessions_.load()});
       if (peering_) { text += peering_->metrics_text(); }
       return text;
     });

@@ -515,15 +515,16 @@ TEST(Peering, PlaintextOnlyWhenTheTestEscapeSaysSo)
               HasSubstr("listen_address is set without peering.tls"));
   EXPECT_THAT(only_error("peering { peers { name: 'b' address: 'b:1' } }").message,
               HasSubstr("peers are set without peering.tls"));
-  auto s = parse_ok("peering { listen_address: '127.0.0.1:7070' insecure_plaintext_for_tests: true }");
+  auto s =
+      parse_ok("peering { listen_address: '127.0.0.1:7070' insecure_plaintext_for_tests: true }");
   EXPECT_TRUE(s.peering.insecure_plaintext_for_tests);
 }
 
 TEST(Peering, BadValuesAreNamed)
 {
-  EXPECT_THAT(only_error("peering { insecure_plaintext_for_tests: true listen_address: 'nohost' }")
-                  .message,
-              HasSubstr("peering.listen_address \"nohost\": it has no port"));
+  EXPECT_THAT(
+      only_error("peering { insecure_plaintext_for_tests: true listen_address: 'nohost' }").message,
+      HasSubstr("peering.listen_address \"nohost\": it has no port"));
   EXPECT_THAT(only_error("peering { insecure_plaintext_for_tests: true peers { name: 'b' "
                          "address: 'b:99999' } }")
                   .message,
@@ -547,15 +548,19 @@ TEST(Peering, BadValuesAreNamed)
 TEST(Peering, TlsFilesMustBeReadable)
 {
   auto e = only_error("peering { listen_address: '127.0.0.1:7070' tls { certificate_file: '" +
-                      readable_file("c.pem") + "' private_key_file: '/nonexistent/k.pem' "
-                      "trusted_ca_file: '" + readable_file("ca2.pem") + "' } }");
-  EXPECT_THAT(e.message, HasSubstr("peering.tls.private_key_file \"/nonexistent/k.pem\" cannot be "
-                                   "read: No such file or directory"));
-  EXPECT_THAT(only_error("peering { listen_address: '127.0.0.1:7070' tls { certificate_file: "
-                         "'a.pem' private_key_file: '" + readable_file("k2") + "' trusted_ca_file: '" +
-                         readable_file("ca3") + "' } }")
-                  .message,
-              HasSubstr("is relative"));
+                      readable_file("c.pem") +
+                      "' private_key_file: '/nonexistent/k.pem' "
+                      "trusted_ca_file: '" +
+                      readable_file("ca2.pem") + "' } }");
+  EXPECT_THAT(e.message,
+              HasSubstr("peering.tls.private_key_file \"/nonexistent/k.pem\" cannot be "
+                        "read: No such file or directory"));
+  EXPECT_THAT(
+      only_error("peering { listen_address: '127.0.0.1:7070' tls { certificate_file: "
+                 "'a.pem' private_key_file: '" +
+                 readable_file("k2") + "' trusted_ca_file: '" + readable_file("ca3") + "' } }")
+          .message,
+      HasSubstr("is relative"));
 }
 
 }  // namespace

@@ -50,8 +50,8 @@ grpc::Status call(peering::peer_service& svc, Method method, std::span<char cons
 extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size)
 {
   using peering::peer_service;
-  auto const owned = fuzz::make_host_core();
-  auto& core       = *owned;
+  auto const owned  = fuzz::make_host_core();
+  auto& core        = *owned;
   auto const probes = peering::no_fabric_probe();
   peering::remote_hold_ledger ledger(core, std::chrono::milliseconds(1000));
   peer_service service("fuzz-node",

@@ -67,8 +67,8 @@ class Peering : public ::testing::Test {
 
   void SetUp() override
   {
-    port_a_ = free_port();
-    port_b_ = free_port();
+    port_a_  = free_port();
+    port_b_  = free_port();
     auto tls = [](std::string const& node) {
       return "tls { certificate_file: '" + (certs_ / (node + ".pem")).string() +
              "' private_key_file: '" + (certs_ / (node + ".key")).string() +
@@ -88,10 +88,10 @@ class Peering : public ::testing::Test {
                      " peers { name: 'nodeA' address: '127.0.0.1:" + std::to_string(port_a_) +
                      "' identity: 'CN=rmmd-nodeA' tls_server_name: 'localhost' }"
                      " hold_lease_ms: 2000 renew_interval_ms: 500 }");
-    a_ = std::make_unique<daemon_process>(std::vector<std::string>{
-        "--backend", "host", "--config", (certs_ / "a.conf").string()});
-    b_ = std::make_unique<daemon_process>(std::vector<std::string>{
-        "--backend", "host", "--config", (certs_ / "b.conf").string()});
+    a_ = std::make_unique<daemon_process>(
+        std::vector<std::string>{"--backend", "host", "--config", (certs_ / "a.conf").string()});
+    b_ = std::make_unique<daemon_process>(
+        std::vector<std::string>{"--backend", "host", "--config", (certs_ / "b.conf").string()});
   }
 
   void write_config(std::string const& name, std::string const& text)
@@ -154,8 +154,8 @@ class Peering : public ::testing::Test {
 
 TEST_F(Peering, BothDaemonsSeeEachOtherWithTheHostBackendsProbeProblem)
 {
-  auto sa = a_->open_session("a", call_transport::grpc);
-  auto sb = b_->open_session("b", call_transport::grpc);
+  auto sa      = a_->open_session("a", call_transport::grpc);
+  auto sb      = b_->open_session("b", call_transport::grpc);
   auto settled = [&](rmmd::session& s, std::string const& other) {
     auto r = peers(s);
     for (auto const& p : r.peers()) {
@@ -189,8 +189,7 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   v1::PublishBufferRequest publish;
   publish.set_buffer_id(made.buffer_id());
   v1::PublishBufferResponse published;
-  ASSERT_TRUE(
-      sa.impl().stub().PublishBuffer(sa.impl().context().get(), publish, &published).ok());
+  ASSERT_TRUE(sa.impl().stub().PublishBuffer(sa.impl().context().get(), publish, &published).ok());
   ASSERT_TRUE(eventually(
       [&] {
         auto r = peers(sb);
@@ -239,7 +238,9 @@ TEST_F(Peering, AnIdentityWithoutAGrantIsPermissionDenied)
 TEST_F(Peering, AnotherCAsExpiredAndPlaintextCallersAreRefusedAndChangeNothing)
 {
   auto sa = a_->open_session("a", call_transport::grpc);
-  ASSERT_TRUE(eventually([&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; },
+      30s));
   auto const before = ledger(sa);
   for (std::string node : {"stranger", "expired", ""}) {
     auto stub = raw_peer(node);

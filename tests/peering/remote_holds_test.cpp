@@ -66,13 +66,13 @@ class RemoteHolds : public ::testing::Test {
   {
     core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    host_ = core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+    host_   = core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
                             std::make_unique<backends::host::host_backend>("host", 1 << 20));
     fabric_ = core_->add_pool(
         {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
         std::make_unique<fabric_like_backend>("fab", 1 << 20));
-    auto grant = core_->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()},
-                                     "test", "creator");
+    auto grant = core_->open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "test", "creator");
     ASSERT_TRUE(grant.ok()) << grant.status();
     session_ = grant->id;
   }
@@ -178,11 +178,11 @@ TEST_F(RemoteHolds, AHoldNotRenewedWithinTheLeaseEnds)
   auto stale = ledger_->open("CN=b", 7, open_of("w/fab"), {});
   ASSERT_TRUE(kept.ok() && stale.ok());
   EXPECT_EQ(holders("w/fab"), 3u);
-  auto const later = remote_hold_ledger::clock::now() + 800ms;
   // Only `kept` is renewed; the clock is moved, not waited for.
-  EXPECT_EQ(ledger_->expire(later), 0u);
-  ASSERT_TRUE(ledger_->renew("CN=b", 7, {kept->hold}).ok());
-  EXPECT_EQ(ledger_->expire(remote_hold_ledger::clock::now() + 1100ms), 1u);
+  auto const start = remote_hold_ledger::clock::now();
+  EXPECT_EQ(ledger_->expire(start + 800ms), 0u);
+  ASSERT_TRUE(ledger_->renew("CN=b", 7, {kept->hold}, start + 800ms).ok());
+  EXPECT_EQ(ledger_->expire(start + 1100ms), 1u);
   EXPECT_EQ(ledger_->expiries(), 1u);
   EXPECT_EQ(holders("w/fab"), 2u);
   auto unknown = ledger_->renew("CN=b", 7, {kept->hold, stale->hold});
@@ -257,8 +257,7 @@ TEST(PeerGrants, IdentityAndPrefixDecide)
   ASSERT_TRUE(rw.ok()) << rw.status();
   EXPECT_EQ(rw->how.access, core::buffer_access::read_write);
   r.set_access(static_cast<v1::BufferAccess>(7));
-  EXPECT_EQ(check_remote_open(grants, "", r).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check_remote_open(grants, "", r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -29,9 +29,21 @@ void write(std::filesystem::path const& path, std::string const& text)
 /// An EC key and a self-signed CA certificate.
 void make_ca(std::filesystem::path const& dir, std::string const& name, std::string const& cn)
 {
-  openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-           "-keyout", (dir / (name + ".key")).string(), "-out", (dir / (name + ".pem")).string(),
-           "-days", "2", "-subj", "/CN=" + cn});
+  openssl({"req",
+           "-x509",
+           "-newkey",
+           "ec",
+           "-pkeyopt",
+           "ec_paramgen_curve:prime256v1",
+           "-nodes",
+           "-keyout",
+           (dir / (name + ".key")).string(),
+           "-out",
+           (dir / (name + ".pem")).string(),
+           "-days",
+           "2",
+           "-subj",
+           "/CN=" + cn});
 }
 
 void make_signed(std::filesystem::path const& dir,
@@ -41,11 +53,33 @@ void make_signed(std::filesystem::path const& dir,
 {
   auto const key = (dir / (name + ".key")).string();
   auto const csr = (dir / (name + ".csr")).string();
-  openssl({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-           key, "-out", csr, "-subj", "/CN=" + cn});
-  openssl({"x509", "-req", "-in", csr, "-CA", (dir / (ca + ".pem")).string(), "-CAkey",
-           (dir / (ca + ".key")).string(), "-CAcreateserial", "-out",
-           (dir / (name + ".pem")).string(), "-days", "2", "-extfile", (dir / "san.cnf").string()});
+  openssl({"req",
+           "-newkey",
+           "ec",
+           "-pkeyopt",
+           "ec_paramgen_curve:prime256v1",
+           "-nodes",
+           "-keyout",
+           key,
+           "-out",
+           csr,
+           "-subj",
+           "/CN=" + cn});
+  openssl({"x509",
+           "-req",
+           "-in",
+           csr,
+           "-CA",
+           (dir / (ca + ".pem")).string(),
+           "-CAkey",
+           (dir / (ca + ".key")).string(),
+           "-CAcreateserial",
+           "-out",
+           (dir / (name + ".pem")).string(),
+           "-days",
+           "2",
+           "-extfile",
+           (dir / "san.cnf").string()});
 }
 
 }  // namespace
@@ -70,11 +104,34 @@ void make_test_certs(std::filesystem::path const& dir)
             "default_md = sha256\npolicy = any\ncopy_extensions = copy\n"
             "[any]\ncommonName = supplied\n");
   auto const csr = (dir / "expired.csr").string();
-  openssl({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-           (dir / "expired.key").string(), "-out", csr, "-subj", "/CN=rmmd-expired"});
-  openssl({"ca", "-batch", "-notext", "-config", (ca_dir / "ca.cnf").string(), "-cert",
-           (dir / "ca.pem").string(), "-keyfile", (dir / "ca.key").string(), "-in", csr, "-out",
-           (dir / "expired.pem").string(), "-startdate", "20200101000000Z", "-enddate",
+  openssl({"req",
+           "-newkey",
+           "ec",
+           "-pkeyopt",
+           "ec_paramgen_curve:prime256v1",
+           "-nodes",
+           "-keyout",
+           (dir / "expired.key").string(),
+           "-out",
+           csr,
+           "-subj",
+           "/CN=rmmd-expired"});
+  openssl({"ca",
+           "-batch",
+           "-notext",
+           "-config",
+           (ca_dir / "ca.cnf").string(),
+           "-cert",
+           (dir / "ca.pem").string(),
+           "-keyfile",
+           (dir / "ca.key").string(),
+           "-in",
+           csr,
+           "-out",
+           (dir / "expired.pem").string(),
+           "-startdate",
+           "20200101000000Z",
+           "-enddate",
            "20200102000000Z"});
 }
 

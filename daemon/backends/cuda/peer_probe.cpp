@@ -36,7 +36,9 @@ std::uint64_t random_pattern()
 {
   std::uint64_t p = 0;
   while (p == 0) {
-    if (::getrandom(&p, sizeof(p), 0) != static_cast<ssize_t>(sizeof(p))) { p = 0x5eed'f00d'cafe'0001; }
+    if (::getrandom(&p, sizeof(p), 0) != static_cast<ssize_t>(sizeof(p))) {
+      p = 0x5eed'f00d'cafe'0001;
+    }
   }
   return p;
 }
@@ -51,7 +53,7 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
   if (auto err = cudaSetDevice(device); err != cudaSuccess) {
     throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorName(err));
   }
-  auto const prop = gpu::device_allocation(device, CU_MEM_HANDLE_TYPE_FABRIC);
+  auto const prop   = gpu::device_allocation(device, CU_MEM_HANDLE_TYPE_FABRIC);
   std::size_t grain = 0;
   if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
       r != CUDA_SUCCESS || grain == 0) {
@@ -83,7 +85,7 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
   access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   pattern_             = random_pattern();
   std::vector<std::uint64_t> words(grain / sizeof(std::uint64_t), pattern_);
-  auto r = api->set_access(ptr, grain, &access, 1);
+  auto r             = api->set_access(ptr, grain, &access, 1);
   cudaError_t copied = cudaErrorUnknown;
   if (r == CUDA_SUCCESS) {
     copied = cudaMemcpy(reinterpret_cast<void*>(ptr), words.data(), grain, cudaMemcpyHostToDevice);
@@ -96,7 +98,8 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
     throw std::runtime_error(std::string("cudaMemcpy: ") + cudaGetErrorName(copied));
   }
   CUmemFabricHandle fabric{};
-  if (auto e = api->export_handle(&fabric, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0); e != CUDA_SUCCESS) {
+  if (auto e = api->export_handle(&fabric, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+      e != CUDA_SUCCESS) {
     fail("cuMemExportToShareableHandle (fabric)", e);
   }
   auto const* p = reinterpret_cast<std::byte const*>(&fabric);
@@ -120,8 +123,8 @@ std::string import_fabric_probe(int device,
   auto const& api = gpu::vmm(&why);
   if (!api) { return why; }
   if (fabric_handle.size() != sizeof(CUmemFabricHandle)) {
-    return "the probe's fabric handle is " + std::to_string(fabric_handle.size()) +
-           " bytes, not " + std::to_string(sizeof(CUmemFabricHandle));
+    return "the probe's fabric handle is " + std::to_string(fabric_handle.size()) + " bytes, not " +
+           std::to_string(sizeof(CUmemFabricHandle));
   }
   if (bytes < sizeof(std::uint64_t) || bytes > (std::uint64_t{1} << 30)) {
     return "the probe's size " + std::to_string(bytes) + " is not one a probe has";
@@ -152,8 +155,8 @@ std::string import_fabric_probe(int device,
       problem = "cuMemSetAccess: " + words_for(a, api->name(a));
     } else {
       std::uint64_t word = 0;
-      if (auto err = cudaMemcpy(&word, reinterpret_cast<void*>(ptr), sizeof(word),
-                                cudaMemcpyDeviceToHost);
+      if (auto err =
+              cudaMemcpy(&word, reinterpret_cast<void*>(ptr), sizeof(word), cudaMemcpyDeviceToHost);
           err != cudaSuccess) {
         problem = std::string("reading the probe: ") + cudaGetErrorName(err);
       } else if (word != pattern) {

@@ -24,8 +24,8 @@ std::string node_name_problem(std::string const& name)
   if (name.size() > 253) { return "it is longer than 253 characters"; }
   for (char c : name) {
     if (c == ':' || c == '/') {
-      return absl::StrCat("it contains '", std::string(1, c),
-                          "', which the client APIs use to split NODE:NAME");
+      return absl::StrCat(
+          "it contains '", std::string(1, c), "', which the client APIs use to split NODE:NAME");
     }
     if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) {
       return "it contains a space or a control character";
@@ -56,8 +56,8 @@ void check_tls(checked_file& f, node const& peering, daemon_settings& s)
       f.error(tls, field, -1, "peering.tls.%s is not set; name a PEM file", field);
       ok = false;
     } else if (!std::filesystem::path(path).is_absolute()) {
-      f.error(tls, field, -1, "peering.tls.%s \"%s\" is relative; give an absolute path", field,
-              path);
+      f.error(
+          tls, field, -1, "peering.tls.%s \"%s\" is relative; give an absolute path", field, path);
       ok = false;
     } else if (auto why = unreadable(path); !why.empty()) {
       f.error(tls, field, -1, "peering.tls.%s \"%s\" cannot be read: %s", field, path, why);
@@ -81,13 +81,20 @@ void check_peers(checked_file& f, node const& peering, daemon_settings& s)
     if (auto why = node_name_problem(peer.name()); !why.empty()) {
       f.error(at, "name", -1, "peering.peers[%d].name \"%s\": %s", i, peer.name(), why);
     } else if (peer.name() == s.peering.node_name) {
-      f.error(at, "name", -1,
+      f.error(at,
+              "name",
+              -1,
               "peering.peers[%d].name \"%s\" is this node's own name (peering.node_name); a "
               "daemon does not dial itself",
-              i, peer.name());
+              i,
+              peer.name());
     } else if (!names.insert(peer.name()).second) {
-      f.error(at, "name", -1,
-              "peering.peers[%d].name \"%s\" is named twice; each peer once", i, peer.name());
+      f.error(at,
+              "name",
+              -1,
+              "peering.peers[%d].name \"%s\" is named twice; each peer once",
+              i,
+              peer.name());
     }
     if (auto why = check_address(peer.address()); !why.empty()) {
       f.error(at, "address", -1, "peering.peers[%d].address \"%s\": %s", i, peer.address(), why);
@@ -106,7 +113,9 @@ void check_grants(checked_file& f, node const& peering, daemon_settings& s)
     auto const& grant = p.grants(i);
     auto const at     = f.nested(peering, "grants", i);
     if (grant.identity().empty()) {
-      f.error(at, "identity", -1,
+      f.error(at,
+              "identity",
+              -1,
               "peering.grants[%d].identity is empty; give a certificate subject such as "
               "\"CN=rmmd-nodeB\", or \"*\" for any peer the trusted CA signed",
               i);
@@ -121,25 +130,36 @@ void check_grants(checked_file& f, node const& peering, daemon_settings& s)
 void check_lease_times(checked_file& f, node const& peering, daemon_settings& s)
 {
   auto const& p = f.config().peering();
-  auto ranged   = [&](char const* field, bool has, std::uint32_t value,
-                    std::chrono::milliseconds& out) {
-    if (!has) { return; }
-    if (value < min_lease_ms || value > max_lease_ms) {
-      f.error(peering, field, -1, "peering.%s %d is out of range; give %d to %d", field, value,
-              min_lease_ms, max_lease_ms);
-      return;
-    }
-    out = std::chrono::milliseconds(value);
-  };
+  auto ranged =
+      [&](char const* field, bool has, std::uint32_t value, std::chrono::milliseconds& out) {
+        if (!has) { return; }
+        if (value < min_lease_ms || value > max_lease_ms) {
+          f.error(peering,
+                  field,
+                  -1,
+                  "peering.%s %d is out of range; give %d to %d",
+                  field,
+                  value,
+                  min_lease_ms,
+                  max_lease_ms);
+          return;
+        }
+        out = std::chrono::milliseconds(value);
+      };
   ranged("hold_lease_ms", p.has_hold_lease_ms(), p.hold_lease_ms(), s.peering.hold_lease);
-  ranged("renew_interval_ms", p.has_renew_interval_ms(), p.renew_interval_ms(),
+  ranged("renew_interval_ms",
+         p.has_renew_interval_ms(),
+         p.renew_interval_ms(),
          s.peering.renew_interval);
   ranged("keepalive_ms", p.has_keepalive_ms(), p.keepalive_ms(), s.peering.keepalive);
   if (s.peering.renew_interval * 2 > s.peering.hold_lease) {
-    f.error(peering, p.has_renew_interval_ms() ? "renew_interval_ms" : "hold_lease_ms", -1,
+    f.error(peering,
+            p.has_renew_interval_ms() ? "renew_interval_ms" : "hold_lease_ms",
+            -1,
             "peering.renew_interval_ms (%d) must be at most half of peering.hold_lease_ms (%d): "
             "one late renewal would end every hold",
-            s.peering.renew_interval.count(), s.peering.hold_lease.count());
+            s.peering.renew_interval.count(),
+            s.peering.hold_lease.count());
   }
 }
 
@@ -158,8 +178,12 @@ void check_peering(checked_file& f, daemon_settings& s)
   }
   if (!p.listen_address().empty()) {
     if (auto why = check_address(p.listen_address()); !why.empty()) {
-      f.error(peering, "listen_address", -1, "peering.listen_address \"%s\": %s",
-              p.listen_address(), why);
+      f.error(peering,
+              "listen_address",
+              -1,
+              "peering.listen_address \"%s\": %s",
+              p.listen_address(),
+              why);
     }
     s.peering.listen_address = p.listen_address();
   }
@@ -169,7 +193,9 @@ void check_peering(checked_file& f, daemon_settings& s)
   check_grants(f, peering, s);
   check_lease_times(f, peering, s);
   if (s.peering.enabled() && !p.has_tls() && !p.insecure_plaintext_for_tests()) {
-    f.error(peering, p.listen_address().empty() ? "peers" : "listen_address", -1,
+    f.error(peering,
+            p.listen_address().empty() ? "peers" : "listen_address",
+            -1,
             "peering: %s without peering.tls; give certificate_file, private_key_file and "
             "trusted_ca_file (peers talk mutual TLS), or set insecure_plaintext_for_tests "
             "(tests only: anyone on the network could open the granted buffers)",
