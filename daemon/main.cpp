@@ -12,6 +12,7 @@
 #include "daemon/startup/config_source.hpp"
 #include "daemon/startup/daemon_flags.hpp"
 #include "daemon/startup/endpoints.hpp"
+#include "daemon/startup/peer_probes.hpp"
 #include "daemon/startup/pools.hpp"
 #include "daemon/startup/reload.hpp"
 #include "daemon/startup/runtime_dir_setup.hpp"
@@ -82,7 +83,11 @@ int main(int argc, char** argv)
         "daemon restarts (host buffers are kept)",
         flags.shared_buffer_memory);
   }
-  auto endpoints = startup::endpoints::start(core, *settings);
+  auto endpoints =
+      startup::endpoints::start(core,
+                                *settings,
+                                settings->peering.enabled() ? startup::make_peer_probes(core)
+                                                            : rmmd::peering::probe_exchange{});
   if (!endpoints) { return 1; }
 
   startup::service_status status(core.pools().size());

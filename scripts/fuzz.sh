@@ -13,7 +13,7 @@ cd "$root"
 seconds=60
 if [ "${1:-}" = --seconds ]; then seconds=$2; shift 2; fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(session config service client_messages manifest state_file)
+[ ${#targets[@]} -gt 0 ] || targets=(session config service peer_service client_messages manifest state_file)
 ./scripts/build.sh --preset fuzz
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1:abort_on_error=0}

@@ -54,6 +54,7 @@ daemon_settings validate(v1::DaemonConfig const& config,
   detail::check_admission(file, s);
   detail::check_timing(file, s);
   detail::check_outputs(file, s);
+  detail::check_peering(file, s);
   return s;
 }
 

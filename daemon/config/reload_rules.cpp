@@ -22,6 +22,14 @@ std::string text(log::level v)
 {
   return std::string(level_name(v));
 }
+std::string text(std::vector<peer_grant_settings> const& grants)
+{
+  return absl::StrCat(grants.size(), " grant(s)");
+}
+std::string text(std::optional<peer_tls_files> const& tls)
+{
+  return tls ? tls->certificate.string() : std::string("none");
+}
 template <typename Id>
 std::string text(std::vector<Id> const& ids)
 {
@@ -64,7 +72,9 @@ constexpr reload_rule needs_restart(std::string_view name)
 // those listed and those made per GPU, own driver memory that live leases
 // point into, and tenancy decides which pools (one per tenant, or one for
 // all) there are; hello_timeout_ms and max_message_bytes are fixed when the
-// listener and the gRPC server are built; the metrics endpoint listens once.
+// listener and the gRPC server are built; the metrics endpoint listens once;
+// the peer listener, the peers dialed and the lease times are set up once
+// (the TLS files are read again, and the grants taken, on every reload).
 // One row a field; clang-format 14 breaks a lambda given as a template
 // argument across lines, so the table is kept as written.
 // clang-format off
@@ -94,6 +104,9 @@ constexpr std::array rules{
     needs_restart<[](auto& s) -> auto& { return s.metrics_address; }>("metrics_address"),
     applied<[](auto& s) -> auto& { return s.metrics_top_sessions; }>("metrics_top_sessions"),
     applied<[](auto& s) -> auto& { return s.log_level; }>("log_level"),
+    needs_restart<[](auto& s) { return std::tie(s.peering.node_name, s.peering.listen_address, s.peering.insecure_plaintext_for_tests, s.peering.peers, s.peering.hold_lease, s.peering.renew_interval, s.peering.keepalive); }>("peering"),
+    applied<[](auto& s) -> auto& { return s.peering.tls; }>("peering.tls"),
+    applied<[](auto& s) -> auto& { return s.peering.grants; }>("peering.grants"),
 };
 // clang-format on
 

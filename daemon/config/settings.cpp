@@ -15,6 +15,13 @@
 
 namespace rmmd::config {
 
+std::string host_name()
+{
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) { return "localhost"; }
+  return name;
+}
+
 core::access_policy default_access()
 {
   core::access_policy policy;
@@ -26,7 +33,8 @@ core::access_policy default_access()
 daemon_settings default_settings()
 {
   daemon_settings s;
-  s.access = default_access();
+  s.access            = default_access();
+  s.peering.node_name = host_name();
   s.pools.push_back(pool_settings{.name           = "host",
                                   .backend        = core::backend_kind::host,
                                   .device         = -1,

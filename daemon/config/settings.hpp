@@ -94,6 +94,62 @@ struct per_gpu_pools {
   bool operator==(per_gpu_pools const& other) const = default;
 };
 
+/// peering.tls: the files, as written (checked readable at load).
+struct peer_tls_files {
+  std::filesystem::path certificate{};
+  std::filesystem::path private_key{};
+  std::filesystem::path trusted_ca{};
+
+  bool operator==(peer_tls_files const& other) const = default;
+};
+
+/// One peering.peers entry: a daemon this one dials.
+struct peer_node_settings {
+  std::string name{};
+  std::string address{};          ///< "HOST:PORT"
+  std::string identity{};         ///< the subject its certificate must carry; empty: any
+  std::string tls_server_name{};  ///< empty: the address's host
+
+  bool operator==(peer_node_settings const& other) const = default;
+};
+
+/// One peering.grants entry: what a peer identity may open here.
+struct peer_grant_settings {
+  std::string identity{};  ///< a certificate subject, exactly; "*": any trusted peer
+  std::vector<std::string> name_prefixes{};
+  bool allow_writers{false};
+
+  bool operator==(peer_grant_settings const& other) const = default;
+};
+
+inline constexpr std::chrono::milliseconds default_peer_hold_lease{15000};
+inline constexpr std::chrono::milliseconds default_peer_renew_interval{3000};
+inline constexpr std::chrono::milliseconds default_peer_keepalive{5000};
+
+/// rmmd.conf's `peering`: daemons of other nodes (docs/configuration.md).
+struct peering_settings {
+  std::string node_name{};       ///< the file's, else the host name
+  std::string listen_address{};  ///< empty: no peer listener
+  std::optional<peer_tls_files> tls{};
+  bool insecure_plaintext_for_tests{false};
+  std::vector<peer_node_settings> peers{};
+  std::vector<peer_grant_settings> grants{};
+  std::chrono::milliseconds hold_lease{default_peer_hold_lease};
+  std::chrono::milliseconds renew_interval{default_peer_renew_interval};
+  std::chrono::milliseconds keepalive{default_peer_keepalive};
+
+  /// Whether this daemon listens for peers or dials any.
+  [[nodiscard]] bool enabled() const noexcept
+  {
+    return !listen_address.empty() || !peers.empty();
+  }
+
+  bool operator==(peering_settings const& other) const = default;
+};
+
+/// This host's name (gethostname), the default peering.node_name.
+std::string host_name();
+
 struct daemon_settings {
   /// Empty: $RMMD_RUNTIME_DIR, else /run/rmmd (see effective_runtime_dir).
   std::filesystem::path runtime_dir;
@@ -130,6 +186,7 @@ struct daemon_settings {
   /// Sessions with metrics series of their own (the top ones by bytes).
   std::size_t metrics_top_sessions{10};
   log::level log_level{log::level::info};
+  peering_settings peering;  ///< node_name: the host name unless the file says
 };
 
 /// The built-in settings: what the daemon runs with when no file exists.

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -70,6 +71,7 @@ struct session_entry {
   std::map<pool_id, carved_usage> carved;     // what it says it carved, per pool
   std::size_t shared_bytes{};                 // buffers it created and holds (charged with `bytes`)
   std::map<buffer_id, std::size_t> holds;     // buffers it holds: opens (and its create) not closed
+  std::set<buffer_id> foreign_holds;          // buffers of other nodes it holds (peering)
 
   /// What it holds in `pool` now.
   [[nodiscard]] std::size_t held_in(pool_id pool) const
@@ -81,6 +83,19 @@ struct session_entry {
 
 /// The live sessions, by id.
 using session_map = std::map<session_id, std::unique_ptr<session_entry>>;
+
+/// The key of remote hold `id` among a buffer's holders: outside the range
+/// of session ids, which count up from 1.
+inline constexpr session_id remote_holder_key(remote_hold_id id) noexcept
+{
+  return (session_id{1} << 63) | id;
+}
+
+/// A remote hold: the buffer it holds and its allocation's bytes.
+struct remote_hold_entry {
+  buffer_id buffer{};
+  std::size_t bytes{};
+};
 
 struct buffer_entry {
   buffer_id id{};
@@ -97,8 +112,10 @@ struct buffer_entry {
   session_id creator{};
   uid_t creator_uid{};
   pid_t creator_pid{};
-  bool creator_charged{true};                 // the creating session is open and counts the bytes
-  std::map<session_id, std::size_t> holders;  // session -> its opens (its create counts one)
+  bool creator_charged{true};  // the creating session is open and counts the bytes
+  // session -> its opens (its create counts one); other nodes' holds are
+  // here too, each under remote_holder_key(its id).
+  std::map<session_id, std::size_t> holders;
   std::chrono::system_clock::time_point created;
   bool allow_writers{false};
   // Its manifest with the daemon's labels; null: none. Replaced whole, never

@@ -292,11 +292,15 @@ void daemon_core::close_session(session_id id) noexcept
 {
   std::size_t leases = 0;
   std::vector<std::shared_ptr<pool_backend>> retired;  // destroyed without the lock
+  std::set<buffer_id> foreign;                         // told without the lock
+  foreign_release_notifier notify;
   {
     std::lock_guard lock(mutex_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) { return; }
     leases = ledger_.held_count(id);
+    foreign.swap(it->second->foreign_holds);
+    notify = foreign_released_;
     release_all_leases_locked(*it->second);
     release_buffers_of_locked(*it->second);
     auto const tenant = it->second->tenant;
@@ -309,6 +313,9 @@ void daemon_core::close_session(session_id id) noexcept
     reclaim_.room_changed();  // its leases are back, and its idle slabs gone from the count
   }
   retired.clear();
+  if (notify) {
+    for (auto f : foreign) { notify(f); }
+  }
   // A session that held many leases leaves megabytes of freed tables and
   // batches in the heap, which glibc keeps (50 MiB after a million leases):
   // give them back to the kernel, without the lock.

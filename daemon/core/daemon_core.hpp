@@ -160,6 +160,17 @@ struct buffer_grant {
   std::shared_ptr<buffer_manifest const> manifest;
 };
 
+/// One of this node's buffers as another node's daemon holds it (peering).
+struct remote_buffer_grant {
+  remote_hold_id hold{};
+  buffer_grant grant{};    ///< its block carries the fabric handle
+  std::string gpu_uuid{};  ///< the GPU of its pool
+};
+
+/// Told, without the core's lock, that a session let go of a buffer of
+/// another node (close_buffer or its end): see add_foreign_hold.
+using foreign_release_notifier = std::function<void(buffer_id)>;
+
 /// One buffer as a session that may see it sees it, with its manifest.
 struct buffer_description {
   buffer_info info;
@@ -430,6 +441,43 @@ class daemon_core {
   /// released then (the caller still owns it). Call before serving requests.
   absl::StatusOr<buffer_id> adopt_buffer(adopted_buffer_spec spec);
 
+  // Peering (docs/operations.md, "Across nodes"): this node's buffers held
+  // by other nodes' daemons, and other nodes' buffers held by sessions here.
+  // The identity of a peer, its leases and its grants are the peering
+  // layer's; the core keeps what a hold keeps alive.
+
+  /// The published buffer named `name`, held for another node's daemon as a
+  /// session holds it (it keeps the memory alive, counts in `holders`, a
+  /// delete waits for it), charged to no uid, until close_remote_hold().
+  /// Only a buffer with an allocation of its own that exports a fabric
+  /// handle can be held so. `how` as open_buffer's (its access already
+  /// narrowed by the peer's grant). INVALID_ARGUMENT (bad name), NOT_FOUND
+  /// (no such buffer, or not published), FAILED_PRECONDITION (no fabric
+  /// handle; a label differs), PERMISSION_DENIED (writing where the creator
+  /// allowed no writers), UNAVAILABLE (draining).
+  absl::StatusOr<remote_buffer_grant> open_remote_buffer(std::string_view name,
+                                                         buffer_open_options const& how);
+
+  /// Ends remote hold `id` (the last holder's end frees the buffer as a
+  /// session's close does). NOT_FOUND when it ended already.
+  absl::Status close_remote_hold(remote_hold_id id);
+
+  /// The remote holds alive, with their bytes.
+  [[nodiscard]] std::map<remote_hold_id, remote_hold_entry> remote_holds() const;
+
+  /// A buffer of another node that `session` now holds: a new id of this
+  /// daemon's buffer ids (never one of its own buffers'). close_buffer() of it
+  /// and the session's end let go of it, telling the foreign release
+  /// notifier. UNAUTHENTICATED (session gone).
+  absl::StatusOr<buffer_id> add_foreign_hold(session_id session);
+
+  /// Who is told of each foreign hold let go of; null: nobody.
+  void set_foreign_release_notifier(foreign_release_notifier notify);
+
+  /// Who is on the other end of `session` (for the peering layer's
+  /// ledger); UNAUTHENTICATED when it is gone.
+  [[nodiscard]] absl::StatusOr<peer_credentials> session_peer(session_id session) const;
+
   /// What the start took back (stats and /metrics show it).
   void set_restart_summary(restart_summary summary);
 
@@ -636,7 +684,10 @@ class daemon_core {
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
   core_stats stats_;
-  std::shared_ptr<buffer_keeper> keeper_;  // null: buffers are not kept across a restart
+  remote_hold_id next_remote_hold_{1};
+  std::map<remote_hold_id, remote_hold_entry> remote_holds_;
+  foreign_release_notifier foreign_released_;  // called without mutex_
+  std::shared_ptr<buffer_keeper> keeper_;      // null: buffers are not kept across a restart
   restart_summary restart_;
   driver_usage_source driver_usage_;  // set before serving, then only read
   reclaim_coordinator reclaim_;

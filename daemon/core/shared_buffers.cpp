@@ -399,10 +399,16 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
 
 absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
 {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   auto const request = absl::StrFormat("close buffer %d", id);
   auto found         = session_locked(session, request);
   if (!found.ok()) { return found.status(); }
+  if ((*found)->foreign_holds.erase(id) > 0) {
+    auto notify = foreign_released_;
+    lock.unlock();
+    if (notify) { notify(id); }
+    return absl::OkStatus();
+  }
   auto it = buffers_.find(id);
   if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(

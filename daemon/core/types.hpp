@@ -20,6 +20,8 @@ using pool_id       = std::uint32_t;
 using session_id    = std::uint64_t;
 using allocation_id = std::uint64_t;
 using buffer_id     = std::uint64_t;
+/// A hold of one of this node's buffers by another node's daemon (peering).
+using remote_hold_id = std::uint64_t;
 
 /// Alignment used when a request asks for none (RMM's CUDA_ALLOCATION_ALIGNMENT).
 inline constexpr std::size_t default_alignment = 256;

@@ -3,6 +3,8 @@
 #include "daemon/wire/core_calls.hpp"
 #include "daemon/wire/status_mapping.hpp"
 
+#include <absl/strings/str_format.h>
+
 #include <unistd.h>
 
 namespace rmmd::service {
@@ -181,6 +183,15 @@ grpc::Status rmmd_service::OpenBuffer(grpc::ServerContext* context,
 {
   return observed(requests_, rpc_method::open_buffer, [&] {
     return session_call(caller(*context), [&](core::session_id session) {
+      if (!request->peer().empty()) {
+        if (remote_ == nullptr) {
+          return absl::NotFoundError(absl::StrFormat(
+              "open buffer '%s': no peer '%s' in peering.peers (peering is off on this node)",
+              request->name(),
+              request->peer()));
+        }
+        return remote_->open(session, *request, response);
+      }
       // Wait no longer than asked, than the caller waits for the answer, or
       // than max_open_wait.
       auto const now = std::chrono::steady_clock::now();
@@ -256,6 +267,16 @@ grpc::Status rmmd_service::GetBufferManifest(grpc::ServerContext* context,
     return session_call(caller(*context), [&](core::session_id session) {
       return wire::get_buffer_manifest(core_, session, *request, response);
     });
+  });
+}
+
+grpc::Status rmmd_service::ListPeers(grpc::ServerContext* context,
+                                     v1::ListPeersRequest const*,
+                                     v1::ListPeersResponse* response)
+{
+  return session_call(caller(*context), [&](core::session_id) {
+    if (remote_ != nullptr) { remote_->list_peers(response); }
+    return absl::OkStatus();
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/metrics/request_metrics.hpp"
+#include "daemon/service/remote_buffers.hpp"
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
 #include <chrono>
@@ -78,10 +79,21 @@ class rmmd_service final : public v1::Rmmd::Service {
   grpc::Status GetBufferManifest(grpc::ServerContext* context,
                                  v1::GetBufferManifestRequest const* request,
                                  v1::BufferManifest* response) override;
+  grpc::Status ListPeers(grpc::ServerContext* context,
+                         v1::ListPeersRequest const* request,
+                         v1::ListPeersResponse* response) override;
 
   /// Longest an OpenBuffer waits, whatever it asks: a waiting call holds one
   /// of gRPC's threads.
   static constexpr std::chrono::minutes max_open_wait{10};
+
+  /// Who serves OpenBuffer with `peer` set, and ListPeers; null: peering is
+  /// off (such an open answers NOT_FOUND). REQUIRES: called before the
+  /// service serves calls.
+  void set_remote_buffers(remote_buffers* remote)
+  {
+    remote_ = remote;
+  }
 
   /// The metrics endpoint's address, which Health reports.
   /// REQUIRES: called before the service serves calls.
@@ -97,6 +109,7 @@ class rmmd_service final : public v1::Rmmd::Service {
   std::chrono::steady_clock::time_point started_{std::chrono::steady_clock::now()};
   std::chrono::system_clock::time_point started_wall_{std::chrono::system_clock::now()};
   std::string metrics_address_;
+  remote_buffers* remote_{nullptr};
   metrics::request_metrics& requests_;
 };
 

@@ -24,11 +24,13 @@ std::size_t grpc_message_bytes(config::daemon_settings const& settings)
 }  // namespace
 
 std::unique_ptr<endpoints> endpoints::start(core::daemon_core& core,
-                                            config::daemon_settings const& settings)
+                                            config::daemon_settings const& settings,
+                                            peering::probe_exchange probes)
 {
   std::unique_ptr<endpoints> e(new endpoints(core));
   e->metrics_top_sessions_ = settings.metrics_top_sessions;
-  if (!e->start_metrics(settings) || !e->start_grpc(settings) || !e->start_sessions(settings)) {
+  if (!e->start_peering(settings, std::move(probes)) || !e->start_metrics(settings) ||
+      !e->start_grpc(settings) || !e->start_sessions(settings)) {
     return nullptr;
   }
   return e;
@@ -55,6 +57,7 @@ void endpoints::reconfigure(config::daemon_settings const& settings)
 {
   listener_->set_admission_limits(settings.admission);
   metrics_top_sessions_ = settings.metrics_top_sessions;
+  if (peering_) { peering_->reload(settings.peering); }
 }
 
 void endpoints::stop_accepting()
@@ -64,6 +67,7 @@ void endpoints::stop_accepting()
 
 void endpoints::stop()
 {
+  if (peering_) { peering_->stop(); }
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now());
     server_.reset();
@@ -80,9 +84,11 @@ bool endpoints::start_metrics(config::daemon_settings const& settings)
   if (settings.metrics_address.empty()) { return true; }
   try {
     metrics_ = std::make_unique<metrics::metrics_server>(settings.metrics_address, [this] {
-      return render_prometheus(
-          daemon_metrics_.snapshot(),
-          metrics::render_options{.top_sessions = metrics_top_sessions_.load()});
+      auto text =
+          render_prometheus(daemon_metrics_.snapshot(),
+                            metrics::render_options{.top_sessions = metrics_top_sessions_.load()});
+      if (peering_) { text += peering_->metrics_text(); }
+      return text;
     });
   } catch (std::exception const& e) {
     log::error("metrics_address %s: %s", settings.metrics_address, e.what());
@@ -137,6 +143,17 @@ bool endpoints::start_sessions(config::daemon_settings const& settings)
     return false;
   }
   return give_to_group(path, settings);
+}
+
+bool endpoints::start_peering(config::daemon_settings const& settings,
+                              peering::probe_exchange probes)
+{
+  if (!settings.peering.enabled()) { return true; }
+  if (!probes.import) { probes = peering::no_fabric_probe(); }
+  peering_ = peering::peering::start(core_, settings.peering, std::move(probes));
+  if (!peering_) { return false; }
+  service_.set_remote_buffers(peering_.get());
+  return true;
 }
 
 }  // namespace rmmd::startup

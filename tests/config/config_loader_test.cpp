@@ -458,3 +458,110 @@ TEST(Settings, TheSummaryNamesWhatMatters)
 
 }  // namespace
 }  // namespace rmmd::config
+
+namespace rmmd::config {
+namespace {
+
+/// A readable PEM-looking file for the peering checks (they check that it
+/// reads, not what it says).
+std::string readable_file(std::string const& name)
+{
+  auto const path = std::filesystem::temp_directory_path() / ("rmmd-config-test-" + name);
+  std::ofstream(path) << "-----BEGIN CERTIFICATE-----\n";
+  return path.string();
+}
+
+std::string tls_block()
+{
+  return "tls { certificate_file: '" + readable_file("a.pem") + "' private_key_file: '" +
+         readable_file("a.key") + "' trusted_ca_file: '" + readable_file("ca.pem") + "' }";
+}
+
+TEST(Peering, IsOffByDefaultAndNamesTheNodeByItsHostName)
+{
+  auto s = parse_ok("");
+  EXPECT_FALSE(s.peering.enabled());
+  EXPECT_EQ(s.peering.node_name, host_name());
+  EXPECT_EQ(s.peering.hold_lease, std::chrono::milliseconds(15000));
+  EXPECT_EQ(s.peering.renew_interval, std::chrono::milliseconds(3000));
+  EXPECT_EQ(s.peering.keepalive, std::chrono::milliseconds(5000));
+}
+
+TEST(Peering, EveryFieldReachesTheSettings)
+{
+  auto s = parse_ok("peering { node_name: 'nodeA' listen_address: '0.0.0.0:7070' " + tls_block() +
+                    " peers { name: 'nodeB' address: 'b.example:7070' identity: 'CN=rmmd-nodeB' "
+                    "tls_server_name: 'b' } grants { identity: 'CN=rmmd-nodeB' name_prefixes: "
+                    "'models/' name_prefixes: 'kv/' allow_writers: true } hold_lease_ms: 9000 "
+                    "renew_interval_ms: 1000 keepalive_ms: 2000 }");
+  EXPECT_TRUE(s.peering.enabled());
+  EXPECT_EQ(s.peering.node_name, "nodeA");
+  EXPECT_EQ(s.peering.listen_address, "0.0.0.0:7070");
+  ASSERT_TRUE(s.peering.tls);
+  ASSERT_EQ(s.peering.peers.size(), 1u);
+  EXPECT_EQ(s.peering.peers[0].identity, "CN=rmmd-nodeB");
+  EXPECT_EQ(s.peering.peers[0].tls_server_name, "b");
+  ASSERT_EQ(s.peering.grants.size(), 1u);
+  EXPECT_THAT(s.peering.grants[0].name_prefixes, ::testing::ElementsAre("models/", "kv/"));
+  EXPECT_TRUE(s.peering.grants[0].allow_writers);
+  EXPECT_EQ(s.peering.hold_lease, std::chrono::milliseconds(9000));
+  EXPECT_EQ(s.peering.renew_interval, std::chrono::milliseconds(1000));
+  EXPECT_EQ(s.peering.keepalive, std::chrono::milliseconds(2000));
+}
+
+TEST(Peering, PlaintextOnlyWhenTheTestEscapeSaysSo)
+{
+  EXPECT_THAT(only_error("peering { listen_address: '127.0.0.1:7070' }").message,
+              HasSubstr("listen_address is set without peering.tls"));
+  EXPECT_THAT(only_error("peering { peers { name: 'b' address: 'b:1' } }").message,
+              HasSubstr("peers are set without peering.tls"));
+  auto s =
+      parse_ok("peering { listen_address: '127.0.0.1:7070' insecure_plaintext_for_tests: true }");
+  EXPECT_TRUE(s.peering.insecure_plaintext_for_tests);
+}
+
+TEST(Peering, BadValuesAreNamed)
+{
+  EXPECT_THAT(
+      only_error("peering { insecure_plaintext_for_tests: true listen_address: 'nohost' }").message,
+      HasSubstr("peering.listen_address \"nohost\": it has no port"));
+  EXPECT_THAT(only_error("peering { insecure_plaintext_for_tests: true peers { name: 'b' "
+                         "address: 'b:99999' } }")
+                  .message,
+              HasSubstr("peering.peers[0].address \"b:99999\""));
+  EXPECT_THAT(only_error("peering { node_name: 'a' insecure_plaintext_for_tests: true peers { "
+                         "name: 'a' address: 'a:1' } }")
+                  .message,
+              HasSubstr("is this node's own name"));
+  EXPECT_THAT(only_error("peering { insecure_plaintext_for_tests: true peers { name: 'b' "
+                         "address: 'b:1' } peers { name: 'b' address: 'c:1' } }")
+                  .message,
+              HasSubstr("peering.peers[1].name \"b\" is named twice"));
+  EXPECT_THAT(only_error("peering { node_name: 'a:b' }").message,
+              HasSubstr("which the client APIs use to split NODE:NAME"));
+  EXPECT_THAT(only_error("peering { grants { name_prefixes: 'x' } }").message,
+              HasSubstr("peering.grants[0].identity is empty"));
+  EXPECT_THAT(only_error("peering { hold_lease_ms: 1000 renew_interval_ms: 900 }").message,
+              HasSubstr("must be at most half of peering.hold_lease_ms"));
+}
+
+TEST(Peering, TlsFilesMustBeReadable)
+{
+  auto e = only_error("peering { listen_address: '127.0.0.1:7070' tls { certificate_file: '" +
+                      readable_file("c.pem") +
+                      "' private_key_file: '/nonexistent/k.pem' "
+                      "trusted_ca_file: '" +
+                      readable_file("ca2.pem") + "' } }");
+  EXPECT_THAT(e.message,
+              HasSubstr("peering.tls.private_key_file \"/nonexistent/k.pem\" cannot be "
+                        "read: No such file or directory"));
+  EXPECT_THAT(
+      only_error("peering { listen_address: '127.0.0.1:7070' tls { certificate_file: "
+                 "'a.pem' private_key_file: '" +
+                 readable_file("k2") + "' trusted_ca_file: '" + readable_file("ca3") + "' } }")
+          .message,
+      HasSubstr("is relative"));
+}
+
+}  // namespace
+}  // namespace rmmd::config

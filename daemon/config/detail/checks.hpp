@@ -28,4 +28,7 @@ void check_timing(checked_file& f, daemon_settings& s);
 /// max_message_bytes, metrics_address, metrics_top_sessions, log_level (limit_checks.cpp).
 void check_outputs(checked_file& f, daemon_settings& s);
 
+/// peering (peering_checks.cpp).
+void check_peering(checked_file& f, daemon_settings& s);
+
 }  // namespace rmmd::config::detail

@@ -1,0 +1,69 @@
+#include "daemon/peering/peer_grants.hpp"
+
+#include "daemon/core/buffer_manifest_checks.hpp"
+#include "daemon/wire/proto_convert.hpp"
+
+#include <absl/strings/str_format.h>
+
+namespace rmmd::peering {
+namespace {
+
+bool grant_names(config::peer_grant_settings const& g,
+                 std::string const& identity,
+                 std::string const& name)
+{
+  if (g.identity != "*" && (identity.empty() || g.identity != identity)) { return false; }
+  for (auto const& prefix : g.name_prefixes) {
+    if (name.starts_with(prefix)) { return true; }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<checked_open> check_remote_open(
+    std::vector<config::peer_grant_settings> const& grants,
+    std::string const& identity,
+    v1::RemoteOpenRequest const& request)
+{
+  auto const shown = identity.empty() ? std::string("(plaintext, no certificate)") : identity;
+  if (!v1::BufferAccess_IsValid(request.access())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "open buffer %s from another node: access %d is not one the protocol defines",
+        core::quoted_for_message(request.name()),
+        static_cast<int>(request.access())));
+  }
+  if (auto key = wire::repeated_label_key(request.expect_labels())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("open buffer %s from another node: expect_labels names %s twice",
+                        core::quoted_for_message(request.name()),
+                        core::quoted_for_message(*key)));
+  }
+  bool granted       = false;
+  bool allow_writers = false;
+  for (auto const& g : grants) {
+    if (!grant_names(g, identity, request.name())) { continue; }
+    granted = true;
+    allow_writers |= g.allow_writers;
+  }
+  if (!granted) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("peer '%s' may not open buffer %s (no grant in peering.grants names it)",
+                        shown,
+                        core::quoted_for_message(request.name())));
+  }
+  bool const writing = request.access() == v1::BUFFER_ACCESS_READ_WRITE;
+  if (writing && !allow_writers) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "peer '%s' may not open buffer %s for writing (no grant in peering.grants that names it "
+        "sets allow_writers); open it for reading",
+        shown,
+        core::quoted_for_message(request.name())));
+  }
+  checked_open out{.name = request.name()};
+  out.how.access        = writing ? core::buffer_access::read_write : core::buffer_access::read;
+  out.how.expect_labels = wire::from_proto(request.expect_labels());
+  return out;
+}
+
+}  // namespace rmmd::peering

@@ -1,0 +1,36 @@
+#pragma once
+
+// What a peer may open here (peering.grants), and the checks of a
+// RemoteOpenRequest that need no core: pure functions, fuzzed
+// (tests/fuzz/peer_service_fuzz.cpp).
+
+#include "daemon/config/settings.hpp"
+#include "daemon/core/types.hpp"
+#include "rmmd/v1/peer.pb.h"
+
+#include <absl/status/statusor.h>
+
+#include <string>
+#include <vector>
+
+namespace rmmd::peering {
+
+/// A remote open, checked: the buffer's name and how it is opened, its access
+/// narrowed to what the grant allows.
+struct checked_open {
+  std::string name{};
+  core::buffer_open_options how{};
+};
+
+/// The grant of `identity` (its certificate subject; "" for a plaintext
+/// peer, which only "*" matches) for buffer `name`, and the access it may
+/// have: PERMISSION_DENIED `peer 'ID' may not open buffer 'NAME' (no grant in
+/// peering.grants names it)`; read-write asked where no grant allows writers:
+/// PERMISSION_DENIED too. INVALID_ARGUMENT for an access the protocol does not
+/// define or a label named twice.
+absl::StatusOr<checked_open> check_remote_open(
+    std::vector<config::peer_grant_settings> const& grants,
+    std::string const& identity,
+    v1::RemoteOpenRequest const& request);
+
+}  // namespace rmmd::peering

@@ -1,0 +1,345 @@
+#include "daemon/peering/peer_link.hpp"
+
+#include "daemon/log.hpp"
+#include "daemon/peering/peer_service.hpp"
+#include "daemon/service/rmmd_service.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <algorithm>
+
+namespace rmmd::peering {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto call_deadline  = 10s;
+constexpr auto close_deadline = 1s;
+constexpr auto first_backoff  = 200ms;
+constexpr auto most_backoff   = 10s;
+
+absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
+{
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat("peer '", peer, "': ", s.error_message()));
+}
+
+/// Why a dial failed, in words: gRPC's own for TLS problems are terse.
+std::string dial_problem(grpc::Status const& s)
+{
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::StrCat("cannot reach it (",
+                        s.error_message(),
+                        "): is its rmmd running with peering.listen_address there, and do both "
+                        "certificates chain to the other's trusted CA?");
+  }
+  return absl::StrCat(s.error_message(), " (", static_cast<int>(s.error_code()), ")");
+}
+
+}  // namespace
+
+std::string_view state_name(link_state state) noexcept
+{
+  switch (state) {
+    case link_state::connecting:
+      return "connecting";
+    case link_state::ready:
+      return "ready";
+    case link_state::probe_failed:
+      return "probe_failed";
+    case link_state::unreachable:
+      return "unreachable";
+  }
+  return "unknown";
+}
+
+peer_link::peer_link(config::peer_node_settings peer, link_options const& options)
+    : peer_(std::move(peer)), options_(options)
+{
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options_.keepalive.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(options_.keepalive.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Redial quickly once the peer is back: the link's own loop paces Hello.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(most_backoff / 1ms));
+  if (!peer_.tls_server_name.empty()) {
+    args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, peer_.tls_server_name);
+  }
+  channel_ = grpc::CreateCustomChannel(peer_.address, options_.credentials, args);
+  stub_    = v1::RmmdPeer::NewStub(channel_);
+}
+
+peer_link::~peer_link()
+{
+  stop();
+}
+
+void peer_link::start()
+{
+  thread_ = std::thread([this] { run(); });
+}
+
+std::unique_ptr<grpc::ClientContext> peer_link::context(std::chrono::milliseconds deadline) const
+{
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() + deadline);
+  return c;
+}
+
+void peer_link::set_state(link_state state, std::string problem)
+{
+  std::lock_guard lock(mutex_);
+  if (state != state_ || problem != problem_) {
+    auto const text = problem.empty() ? std::string() : absl::StrCat(": ", problem);
+    if (state == link_state::ready) {
+      log::info("peer '%s' at %s: ready", peer_.name, peer_.address);
+    } else if (state != link_state::connecting) {
+      log::warn("peer '%s' at %s: %s%s", peer_.name, peer_.address, state_name(state), text);
+    }
+  }
+  state_   = state;
+  problem_ = std::move(problem);
+}
+
+bool peer_link::hello()
+{
+  v1::PeerHello request;
+  request.set_node_name(options_.node_name);
+  request.set_incarnation(options_.incarnation);
+  to_proto(options_.probes->ours, request.mutable_probe());
+  request.set_version(std::string(service::daemon_version()));
+  v1::PeerWelcome welcome;
+  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto s = stub_->Hello(c.get(), request, &welcome);
+  if (!s.ok()) {
+    set_state(link_state::unreachable, dial_problem(s));
+    return false;
+  }
+  std::string subject;
+  if (auto auth = c->auth_context()) {
+    auto values = auth->FindPropertyValues("x509_subject");
+    if (!values.empty()) { subject.assign(values.front().data(), values.front().size()); }
+  }
+  if (!peer_.identity.empty() && subject != peer_.identity) {
+    set_state(link_state::unreachable,
+              absl::StrFormat("its certificate names '%s', but peering.peers names identity '%s' "
+                              "for it; refused (fix the identity or its certificate)",
+                              subject.empty() ? std::string("(none)") : subject,
+                              peer_.identity));
+    return false;
+  }
+  if (welcome.node_name() != peer_.name) {
+    log::warn(
+        "peer '%s' at %s calls itself '%s' (its peering.node_name); clients here still "
+        "name it '%s'",
+        peer_.name,
+        peer_.address,
+        welcome.node_name(),
+        peer_.name);
+  }
+  probe_verdict ours_of_theirs;
+  auto theirs = from_proto(welcome.probe());
+  if (theirs.fabric_handle.empty()) {
+    ours_of_theirs = {.ok      = false,
+                      .problem = absl::StrCat("it exports no probe: ", theirs.problem)};
+  } else {
+    ours_of_theirs = options_.probes->import(theirs);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    identity_seen_  = subject;
+    node_name_seen_ = welcome.node_name();
+    probe_ok_       = ours_of_theirs.ok;
+    their_probe_ok_ = welcome.your_probe().ok();
+    last_contact_   = std::chrono::system_clock::now();
+  }
+  if (ours_of_theirs.ok && welcome.your_probe().ok()) {
+    set_state(link_state::ready, {});
+  } else {
+    std::string problem;
+    if (!ours_of_theirs.ok) {
+      problem = absl::StrCat("we cannot import its probe: ", ours_of_theirs.problem);
+    }
+    if (!welcome.your_probe().ok()) {
+      absl::StrAppend(&problem,
+                      problem.empty() ? "" : "; ",
+                      "it cannot import ours: ",
+                      welcome.your_probe().problem());
+    }
+    set_state(link_state::probe_failed, problem);
+  }
+  return true;
+}
+
+bool peer_link::renew_and_close()
+{
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> closing;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto const& [id, bytes] : holds_) { ids.push_back(id); }
+    closing.swap(to_close_);
+  }
+  if (!closing.empty()) {
+    v1::CloseHoldsRequest request;
+    request.set_incarnation(options_.incarnation);
+    for (auto id : closing) { request.add_hold_ids(id); }
+    v1::CloseHoldsResponse reply;
+    auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+    if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
+      log::warn(
+          "peer '%s': CloseHolds of %d hold(s) failed (%s); they end when their lease "
+          "runs out",
+          peer_.name,
+          closing.size(),
+          s.error_message());
+      return s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+             s.error_code() != grpc::StatusCode::FAILED_PRECONDITION;
+    }
+  }
+  v1::RenewHoldsRequest request;
+  request.set_incarnation(options_.incarnation);
+  for (auto id : ids) { request.add_hold_ids(id); }
+  v1::RenewHoldsResponse reply;
+  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto s = stub_->RenewHolds(c.get(), request, &reply);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      log::warn("peer '%s': %s; saying hello again", peer_.name, s.error_message());
+    } else {
+      set_state(link_state::unreachable, dial_problem(s));
+    }
+    return false;
+  }
+  std::lock_guard lock(mutex_);
+  last_contact_ = std::chrono::system_clock::now();
+  for (auto id : reply.unknown_hold_ids()) {
+    if (holds_.erase(id) > 0) {
+      log::warn("peer '%s': hold %d ended there (expired, or its buffer is gone); dropped here",
+                peer_.name,
+                id);
+    }
+  }
+  return true;
+}
+
+void peer_link::run()
+{
+  auto backoff = std::chrono::milliseconds(first_backoff);
+  bool ready   = false;
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    if (!ready) {
+      ready = hello();
+      if (ready) { backoff = first_backoff; }
+    } else {
+      ready = renew_and_close();
+    }
+    lock.lock();
+    if (stopping_) { break; }
+    auto const wait = ready ? options_.renew_interval : backoff;
+    if (!ready) { backoff = std::min<std::chrono::milliseconds>(backoff * 2, most_backoff); }
+    // A queued close wakes it early.
+    wake_.wait_for(lock, wait, [&] { return stopping_ || (ready && !to_close_.empty()); });
+  }
+}
+
+void peer_link::stop() noexcept
+{
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) { return; }
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) { thread_.join(); }
+  v1::CloseHoldsRequest request;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto const& [id, bytes] : holds_) { request.add_hold_ids(id); }
+    for (auto id : to_close_) { request.add_hold_ids(id); }
+    holds_.clear();
+    to_close_.clear();
+  }
+  if (request.hold_ids_size() == 0) { return; }
+  request.set_incarnation(options_.incarnation);
+  v1::CloseHoldsResponse reply;
+  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
+  if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
+    log::warn(
+        "peer '%s': closing %d hold(s) at shutdown failed (%s); they end when their "
+        "lease runs out",
+        peer_.name,
+        request.hold_ids_size(),
+        s.error_message());
+  }
+}
+
+absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
+{
+  {
+    std::lock_guard lock(mutex_);
+    if (state_ != link_state::ready && state_ != link_state::probe_failed) {
+      return absl::UnavailableError(
+          absl::StrFormat("peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready",
+                          peer_.name,
+                          peer_.address,
+                          state_name(state_),
+                          problem_.empty() ? "" : absl::StrCat(": ", problem_)));
+    }
+  }
+  request.set_incarnation(options_.incarnation);
+  v1::RemoteGrant grant;
+  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto s = stub_->OpenRemoteBuffer(c.get(), request, &grant);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      set_state(link_state::unreachable, dial_problem(s));
+      wake_.notify_all();
+    }
+    return from_grpc(s, peer_.name);
+  }
+  std::lock_guard lock(mutex_);
+  last_contact_ = std::chrono::system_clock::now();
+  return grant;
+}
+
+void peer_link::keep(std::uint64_t hold_id, std::uint64_t bytes)
+{
+  std::lock_guard lock(mutex_);
+  holds_[hold_id] = bytes;
+}
+
+void peer_link::close(std::uint64_t hold_id)
+{
+  {
+    std::lock_guard lock(mutex_);
+    holds_.erase(hold_id);
+    to_close_.push_back(hold_id);
+  }
+  wake_.notify_all();
+}
+
+link_view peer_link::view() const
+{
+  std::lock_guard lock(mutex_);
+  link_view v{.peer           = peer_,
+              .state          = state_,
+              .problem        = problem_,
+              .identity_seen  = identity_seen_,
+              .node_name_seen = node_name_seen_,
+              .probe_ok       = probe_ok_,
+              .their_probe_ok = their_probe_ok_,
+              .last_contact   = last_contact_};
+  for (auto const& [id, bytes] : holds_) {
+    ++v.holds;
+    v.bytes += bytes;
+  }
+  return v;
+}
+
+}  // namespace rmmd::peering

@@ -1,0 +1,120 @@
+#pragma once
+
+// The asking node's side of one peering.peers entry: a gRPC channel (mutual
+// TLS) to that node's daemon, Hello with the probes both ways, its state,
+// and the holds this node's clients have there. One thread per link dials
+// (again, with bounded backoff, whenever a call finds it gone), renews every
+// hold each renew interval (one RenewHolds, which also tells whether the
+// peer is alive), and sends the CloseHolds queued by close().
+//
+// Thread safety: every public member may be called from any thread; one
+// mutex guards the state, never held across an RPC.
+
+#include "daemon/config/settings.hpp"
+#include "daemon/peering/probe_exchange.hpp"
+#include "rmmd/v1/peer.grpc.pb.h"
+
+#include <absl/status/statusor.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace rmmd::peering {
+
+enum class link_state : std::uint8_t { connecting, ready, probe_failed, unreachable };
+
+std::string_view state_name(link_state state) noexcept;
+
+/// What every link of this daemon shares.
+struct link_options {
+  std::string node_name{};  ///< ours
+  std::uint64_t incarnation{};
+  probe_exchange const* probes{};
+  std::shared_ptr<grpc::ChannelCredentials> credentials{};
+  std::chrono::milliseconds keepalive{};
+  std::chrono::milliseconds renew_interval{};
+};
+
+/// One link as ListPeers shows it.
+struct link_view {
+  config::peer_node_settings peer{};
+  link_state state{link_state::connecting};
+  std::string problem{};
+  std::string identity_seen{};
+  std::string node_name_seen{};
+  bool probe_ok{false};
+  bool their_probe_ok{false};
+  std::size_t holds{};
+  std::size_t bytes{};
+  std::chrono::system_clock::time_point last_contact{};
+};
+
+class peer_link {
+ public:
+  peer_link(config::peer_node_settings peer, link_options const& options);
+  peer_link(peer_link const&)            = delete;
+  peer_link& operator=(peer_link const&) = delete;
+  /// stop().
+  ~peer_link();
+
+  void start();
+  /// Stops the thread and closes every hold there (one CloseHolds, with a
+  /// short deadline: a peer that is gone lets them expire).
+  void stop() noexcept;
+
+  /// OpenRemoteBuffer there. UNAVAILABLE (with the state and its problem)
+  /// unless the link is ready or probe_failed (the buffer may still be
+  /// opened; whether a client can import it is what the probe says).
+  /// Otherwise the peer's answer, its message prefixed with the peer's name.
+  absl::StatusOr<v1::RemoteGrant> open(v1::RemoteOpenRequest request);
+
+  /// A hold opened by open() that this node now counts (renews it).
+  void keep(std::uint64_t hold_id, std::uint64_t bytes);
+  /// Queues a CloseHolds of `hold_id` for the link's thread.
+  void close(std::uint64_t hold_id);
+
+  [[nodiscard]] link_view view() const;
+  [[nodiscard]] std::string const& name() const noexcept
+  {
+    return peer_.name;
+  }
+
+ private:
+  void run();
+  /// Hello; sets the state. Returns whether the peer answered.
+  bool hello();
+  /// RenewHolds and the queued CloseHolds. Returns false when the peer must
+  /// be dialed again.
+  bool renew_and_close();
+  void set_state(link_state state, std::string problem);
+  std::unique_ptr<grpc::ClientContext> context(std::chrono::milliseconds deadline) const;
+
+  config::peer_node_settings const peer_;
+  link_options const options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::RmmdPeer::Stub> stub_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_{false};
+  link_state state_{link_state::connecting};
+  std::string problem_;
+  std::string identity_seen_;
+  std::string node_name_seen_;
+  bool probe_ok_{false};
+  bool their_probe_ok_{false};
+  std::chrono::system_clock::time_point last_contact_{};
+  std::map<std::uint64_t, std::uint64_t> holds_;  // hold id there -> bytes
+  std::vector<std::uint64_t> to_close_;
+  std::thread thread_;
+};
+
+}  // namespace rmmd::peering

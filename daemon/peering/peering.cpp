@@ -1,0 +1,387 @@
+#include "daemon/peering/peering.hpp"
+
+#include "daemon/log.hpp"
+#include "daemon/wire/proto_convert.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace rmmd::peering {
+namespace {
+
+std::uint64_t random_incarnation()
+{
+  std::uint64_t n = 0;
+  while (n == 0) {
+    if (::getrandom(&n, sizeof(n), 0) != static_cast<ssize_t>(sizeof(n))) {
+      n = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<std::string> read_file(std::filesystem::path const& path, char const* what)
+{
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("peering.tls.%s %s: %s", what, path.string(), std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::int64_t unix_ms(std::chrono::system_clock::time_point t)
+{
+  if (t == std::chrono::system_clock::time_point{}) { return 0; }
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+std::string label_value(std::string const& text)
+{
+  std::string out;
+  for (char c : text) {
+    if (c == '\\' || c == '"') { out += '\\'; }
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<tls_material> read_tls(config::peer_tls_files const& files)
+{
+  auto cert = read_file(files.certificate, "certificate_file");
+  if (!cert.ok()) { return cert.status(); }
+  auto key = read_file(files.private_key, "private_key_file");
+  if (!key.ok()) { return key.status(); }
+  auto ca = read_file(files.trusted_ca, "trusted_ca_file");
+  if (!ca.ok()) { return ca.status(); }
+  return tls_material{.certificate_chain = *std::move(cert),
+                      .private_key       = *std::move(key),
+                      .trusted_ca        = *std::move(ca)};
+}
+
+peering::peering(core::daemon_core& core,
+                 config::peering_settings const& settings,
+                 probe_exchange probes)
+    : core_(core),
+      settings_(settings),
+      incarnation_(random_incarnation()),
+      probes_(std::move(probes)),
+      ledger_(core, settings.hold_lease),
+      service_(settings.node_name, incarnation_, probes_, ledger_, settings.grants)
+{
+}
+
+std::unique_ptr<peering> peering::start(core::daemon_core& core,
+                                        config::peering_settings const& settings,
+                                        probe_exchange probes)
+{
+  std::unique_ptr<peering> p(new peering(core, settings, std::move(probes)));
+  std::optional<tls_material> tls;
+  if (settings.insecure_plaintext_for_tests) {
+    log::warn(
+        "peering: insecure_plaintext_for_tests is set: the peer listener and links speak "
+        "plaintext TCP, and anyone who reaches %s may open what the grant \"*\" allows; "
+        "never in production",
+        settings.listen_address.empty() ? std::string("this node") : settings.listen_address);
+  } else {
+    auto read = read_tls(*settings.tls);
+    if (!read.ok()) {
+      log::error("peering: %s", read.status().message());
+      return nullptr;
+    }
+    tls = *std::move(read);
+  }
+  if (!p->listen(tls ? &*tls : nullptr) || !p->dial(tls ? &*tls : nullptr)) { return nullptr; }
+  p->ledger_.start_reaper();
+  core.set_foreign_release_notifier([raw = p.get()](core::buffer_id id) { raw->released(id); });
+  log::info(
+      "peering: node '%s', %d peer(s) to dial%s; probe: %s",
+      settings.node_name,
+      settings.peers.size(),
+      settings.listen_address.empty()
+          ? std::string(", no listener")
+          : absl::StrFormat(", listening on %s", settings.listen_address),
+      p->probes_.ours.fabric_handle.empty()
+          ? p->probes_.ours.problem
+          : absl::StrFormat("%d bytes on %s", p->probes_.ours.bytes, p->probes_.ours.gpu_uuid));
+  return p;
+}
+
+peering::~peering()
+{
+  stop();
+}
+
+bool peering::listen(tls_material const* tls)
+{
+  if (settings_.listen_address.empty()) { return true; }
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (tls == nullptr) {
+    credentials = grpc::InsecureServerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions options(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    options.pem_root_certs = tls->trusted_ca;
+    options.pem_key_cert_pairs.push_back({tls->private_key, tls->certificate_chain});
+    credentials = grpc::SslServerCredentials(options);
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(settings_.listen_address, credentials, &port);
+  builder.RegisterService(&service_);
+  // Peers ping every keepalive_ms while idle; allow it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(settings_.keepalive.count() / 2));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(settings_.keepalive.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(settings_.keepalive.count()));
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 50);
+  auto server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    log::error("peering: cannot listen on %s (in use, or not an address of this host)",
+               settings_.listen_address);
+    return false;
+  }
+  if (server_) { server_->Shutdown(std::chrono::system_clock::now()); }
+  server_ = std::move(server);
+  port_   = port;
+  return true;
+}
+
+bool peering::dial(tls_material const* tls)
+{
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (tls == nullptr) {
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs  = tls->trusted_ca;
+    options.pem_private_key = tls->private_key;
+    options.pem_cert_chain  = tls->certificate_chain;
+    credentials             = grpc::SslCredentials(options);
+  }
+  link_options const options{.node_name      = settings_.node_name,
+                             .incarnation    = incarnation_,
+                             .probes         = &probes_,
+                             .credentials    = credentials,
+                             .keepalive      = settings_.keepalive,
+                             .renew_interval = settings_.renew_interval};
+  for (auto const& peer : settings_.peers) {
+    links_.push_back(std::make_unique<peer_link>(peer, options));
+  }
+  for (auto& link : links_) { link->start(); }
+  return true;
+}
+
+void peering::reload(config::peering_settings const& settings)
+{
+  service_.set_grants(settings.grants);
+  settings_.grants = settings.grants;
+  if (settings_.insecure_plaintext_for_tests || !settings.tls || settings_.listen_address.empty()) {
+    return;
+  }
+  auto tls = read_tls(*settings.tls);
+  if (!tls.ok()) {
+    log::error("peering: reload keeps the old certificates: %s", tls.status().message());
+    return;
+  }
+  // The new listener binds beside the old one (gRPC sets SO_REUSEPORT), then
+  // the old one goes; links made at start keep their credentials.
+  if (listen(&*tls)) {
+    settings_.tls = settings.tls;
+    log::info("peering: the listener serves the reloaded certificate %s",
+              settings.tls->certificate.string());
+  } else {
+    log::error("peering: reload keeps the old listener");
+  }
+}
+
+void peering::stop() noexcept
+{
+  {
+    std::lock_guard lock(holds_mutex_);
+    if (stopped_) { return; }
+    stopped_ = true;
+  }
+  core_.set_foreign_release_notifier(nullptr);
+  for (auto& link : links_) { link->stop(); }
+  ledger_.stop();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+  }
+}
+
+void peering::released(core::buffer_id id)
+{
+  std::lock_guard lock(holds_mutex_);
+  auto it = foreign_.find(id);
+  if (it == foreign_.end()) { return; }
+  if (it->second.hold == 0) {
+    it->second.released = true;  // open() closes it when its answer comes
+    return;
+  }
+  it->second.link->close(it->second.hold);
+  foreign_.erase(it);
+}
+
+absl::Status peering::open(core::session_id session,
+                           v1::OpenBufferRequest const& request,
+                           v1::BufferGrant* reply)
+{
+  peer_link* link = nullptr;
+  for (auto const& l : links_) {
+    if (l->name() == request.peer()) { link = l.get(); }
+  }
+  if (link == nullptr) {
+    return absl::NotFoundError(
+        absl::StrFormat("open buffer '%s': no peer '%s' in peering.peers (see `rmmctl peers`)",
+                        request.name(),
+                        request.peer()));
+  }
+  auto who = core_.session_peer(session);
+  if (!who.ok()) { return who.status(); }
+  auto id = core_.add_foreign_hold(session);
+  if (!id.ok()) { return id.status(); }
+  {
+    std::lock_guard lock(holds_mutex_);
+    foreign_[*id] = foreign_hold{.link = link};
+  }
+  v1::RemoteOpenRequest ask;
+  ask.set_name(request.name());
+  ask.set_access(request.access());
+  *ask.mutable_expect_labels() = request.expect_labels();
+  ask.set_holder_session_id(session);
+  ask.set_holder_uid(who->uid);
+  ask.set_holder_pid(who->pid);
+  auto grant = link->open(std::move(ask));
+  {
+    std::lock_guard lock(holds_mutex_);
+    auto it             = foreign_.find(*id);
+    bool const released = it == foreign_.end() || it->second.released;
+    if (grant.ok() && !released) {
+      it->second.hold = grant->hold_id();
+      link->keep(grant->hold_id(), grant->allocation_bytes());
+    } else {
+      if (it != foreign_.end()) { foreign_.erase(it); }
+      if (grant.ok()) { link->close(grant->hold_id()); }  // its session ended meanwhile
+    }
+  }
+  if (!grant.ok()) {
+    (void)core_.close_buffer(session, *id);
+    return grant.status();
+  }
+  reply->set_buffer_id(*id);
+  reply->set_size(grant->size());
+  reply->set_name(request.name());
+  reply->set_state(v1::BUFFER_STATE_PUBLISHED);
+  reply->set_access(grant->access());
+  auto* vmm = reply->mutable_vmm();
+  vmm->set_allocation_bytes(grant->allocation_bytes());
+  vmm->set_has_fd(false);
+  vmm->set_fabric_handle(grant->fabric_handle());
+  if (grant->has_manifest()) { *reply->mutable_manifest() = grant->manifest(); }
+  reply->set_peer(request.peer());
+  return absl::OkStatus();
+}
+
+void peering::list_peers(v1::ListPeersResponse* reply) const
+{
+  reply->set_node_name(settings_.node_name);
+  auto accepted = ledger_.accepted();
+  std::vector<bool> shown(accepted.size(), false);
+  for (auto const& link : links_) {
+    auto const v = link->view();
+    auto* p      = reply->add_peers();
+    p->set_node_name(v.peer.name);
+    p->set_address(v.peer.address);
+    p->set_identity(v.identity_seen);
+    p->set_direction("dialed");
+    p->set_state(std::string(state_name(v.state)));
+    p->set_problem(v.problem);
+    p->set_probe_ok(v.probe_ok);
+    p->set_their_probe_ok(v.their_probe_ok);
+    p->set_holds_we_have(static_cast<std::uint32_t>(v.holds));
+    p->set_bytes_we_hold(v.bytes);
+    p->set_last_contact_unix_ms(unix_ms(v.last_contact));
+    for (std::size_t i = 0; i < accepted.size(); ++i) {
+      auto const& a = accepted[i];
+      bool const same =
+          a.node_name == v.peer.name || (!a.identity.empty() && a.identity == v.identity_seen);
+      if (!same || shown[i]) { continue; }
+      shown[i] = true;
+      p->set_direction("both");
+      p->set_holds_they_have(static_cast<std::uint32_t>(a.holds));
+      p->set_bytes_they_hold(a.bytes);
+      p->set_last_contact_unix_ms(std::max(p->last_contact_unix_ms(), unix_ms(a.last_contact)));
+    }
+  }
+  for (std::size_t i = 0; i < accepted.size(); ++i) {
+    if (shown[i]) { continue; }
+    auto const& a = accepted[i];
+    auto* p       = reply->add_peers();
+    p->set_node_name(a.node_name);
+    p->set_address(a.address);
+    p->set_identity(a.identity);
+    p->set_direction("accepted");
+    p->set_state(a.we_imported_its_probe ? "ready" : "probe_failed");
+    p->set_problem(a.we_imported_its_probe
+                       ? std::string()
+                       : absl::StrCat("we cannot import its probe: ", a.probe_problem));
+    p->set_probe_ok(a.we_imported_its_probe);
+    p->set_holds_they_have(static_cast<std::uint32_t>(a.holds));
+    p->set_bytes_they_hold(a.bytes);
+    p->set_last_contact_unix_ms(unix_ms(a.last_contact));
+  }
+}
+
+std::string peering::metrics_text() const
+{
+  v1::ListPeersResponse peers;
+  list_peers(&peers);
+  std::map<std::string, int> states{
+      {"connecting", 0}, {"ready", 0}, {"probe_failed", 0}, {"unreachable", 0}};
+  for (auto const& p : peers.peers()) { ++states[p.state()]; }
+  std::string out =
+      "# HELP rmmd_peers Other nodes' daemons this one peers with, by state.\n"
+      "# TYPE rmmd_peers gauge\n";
+  for (auto const& [state, n] : states) {
+    absl::StrAppendFormat(&out, "rmmd_peers{state=\"%s\"} %d\n", state, n);
+  }
+  out +=
+      "# HELP rmmd_peer_holds Holds across nodes: theirs on our buffers, ours on theirs.\n"
+      "# TYPE rmmd_peer_holds gauge\n";
+  for (auto const& p : peers.peers()) {
+    auto const name = label_value(p.node_name());
+    absl::StrAppendFormat(
+        &out, "rmmd_peer_holds{peer=\"%s\",direction=\"theirs\"} %d\n", name, p.holds_they_have());
+    absl::StrAppendFormat(
+        &out, "rmmd_peer_holds{peer=\"%s\",direction=\"ours\"} %d\n", name, p.holds_we_have());
+  }
+  absl::StrAppendFormat(&out,
+                        "# HELP rmmd_peer_hold_expiries_total Other nodes' holds ended here "
+                        "because they were not renewed within peering.hold_lease_ms.\n"
+                        "# TYPE rmmd_peer_hold_expiries_total counter\n"
+                        "rmmd_peer_hold_expiries_total %d\n",
+                        ledger_.expiries());
+  return out;
+}
+
+}  // namespace rmmd::peering

@@ -1,0 +1,31 @@
+#pragma once
+
+// What the gRPC service asks of peering (daemon/peering/): buffers of other
+// nodes, and the peers as ListPeers shows them. An interface so that the
+// service does not depend on peering.
+
+#include "daemon/core/types.hpp"
+#include "rmmd/v1/rmmd.pb.h"
+
+#include <absl/status/status.h>
+
+namespace rmmd::service {
+
+class remote_buffers {
+ public:
+  remote_buffers()                                 = default;
+  remote_buffers(remote_buffers const&)            = delete;
+  remote_buffers& operator=(remote_buffers const&) = delete;
+  virtual ~remote_buffers()                        = default;
+
+  /// An OpenBuffer whose `peer` is set: asks that node's daemon. NOT_FOUND
+  /// for a peer peering.peers does not name, UNAVAILABLE when it cannot be
+  /// reached, else its answer. REQUIRES: !request.peer().empty().
+  virtual absl::Status open(core::session_id session,
+                            v1::OpenBufferRequest const& request,
+                            v1::BufferGrant* reply) = 0;
+
+  virtual void list_peers(v1::ListPeersResponse* reply) const = 0;
+};
+
+}  // namespace rmmd::service

@@ -1,0 +1,44 @@
+#include "daemon/startup/peer_probes.hpp"
+
+#include "daemon/backends/cuda/peer_probe.hpp"
+#include "daemon/log.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+namespace rmmd::startup {
+
+peering::probe_exchange make_peer_probes(core::daemon_core const& core)
+{
+  for (auto const& pool : core.pools()) {
+    bool const fabric =
+        pool.backend == core::backend_kind::cuda && !pool.fabric_handle.empty() &&
+        std::find(pool.handle_types.begin(), pool.handle_types.end(), core::handle_type::fabric) !=
+            pool.handle_types.end();
+    if (!fabric) { continue; }
+    auto const device = pool.device;
+    try {
+      auto allocation = std::make_shared<backends::cuda::fabric_probe_allocation>(device);
+      peering::probe_exchange out;
+      out.ours   = peering::fabric_probe{.fabric_handle = allocation->fabric_handle(),
+                                         .bytes         = allocation->bytes(),
+                                         .pattern       = allocation->pattern(),
+                                         .gpu_uuid      = pool.gpu_uuid};
+      out.import = [allocation, device](peering::fabric_probe const& theirs) {
+        auto problem = backends::cuda::import_fabric_probe(
+            device, theirs.fabric_handle, theirs.bytes, theirs.pattern);
+        return peering::probe_verdict{.ok = problem.empty(), .problem = problem};
+      };
+      return out;
+    } catch (std::exception const& e) {
+      log::warn("peering: cannot make the fabric probe on pool '%s': %s", pool.name, e.what());
+      auto out         = peering::no_fabric_probe();
+      out.ours.problem = std::string("its fabric probe could not be made: ") + e.what();
+      return out;
+    }
+  }
+  return peering::no_fabric_probe();
+}
+
+}  // namespace rmmd::startup

@@ -1,0 +1,15 @@
+#pragma once
+
+// The fabric probe peering shows other nodes (peering/probe_exchange.hpp):
+// made on the GPU of the first CUDA pool that exports fabric handles, whose
+// export startup/pools proved (fabric_probe.hpp); none without such a pool.
+
+#include "daemon/core/daemon_core.hpp"
+#include "daemon/peering/probe_exchange.hpp"
+
+namespace rmmd::startup {
+
+/// Never throws: a probe that cannot be made is an empty one with the reason.
+peering::probe_exchange make_peer_probes(core::daemon_core const& core);
+
+}  // namespace rmmd::startup

@@ -1,0 +1,255 @@
+// Peering between two real daemons (host backend) on 127.0.0.1, with
+// certificates made by openssl for the test: they peer, A refuses what it
+// must (another CA's certificate, an expired one, plaintext, an identity
+// without a grant) and changes nothing, and B's opens of A's buffers get
+// the errors of the contract. What needs GPUs in one NVLink domain (a
+// fabric buffer opened and read from the other node) is in tests/gpu.
+
+#include "client/detail/session_impl.hpp"
+#include "rmmd/v1/peer.grpc.pb.h"
+#include "tests/tools/child_process.hpp"
+#include "tests/tools/daemon_process.hpp"
+#include "tests/tools/test_certs.hpp"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace rmmd::test {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+int free_port()
+{
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family      = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string read_text(fs::path const& path)
+{
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Peering : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite()
+  {
+    char dir[] = "/tmp/rmmd-certs-XXXXXX";
+    certs_     = ::mkdtemp(dir);
+    make_test_certs(certs_);
+  }
+  static void TearDownTestSuite()
+  {
+    std::error_code ec;
+    fs::remove_all(certs_, ec);
+  }
+
+  void SetUp() override
+  {
+    port_a_  = free_port();
+    port_b_  = free_port();
+    auto tls = [](std::string const& node) {
+      return "tls { certificate_file: '" + (certs_ / (node + ".pem")).string() +
+             "' private_key_file: '" + (certs_ / (node + ".key")).string() +
+             "' trusted_ca_file: '" + (certs_ / "ca.pem").string() + "' }";
+    };
+    write_config("a.conf",
+                 "peering { node_name: 'nodeA' listen_address: '127.0.0.1:" +
+                     std::to_string(port_a_) + "' " + tls("nodeA") +
+                     " grants { identity: 'CN=rmmd-nodeB' name_prefixes: 'models/' }"
+                     " peers { name: 'nodeB' address: '127.0.0.1:" +
+                     std::to_string(port_b_) +
+                     "' identity: 'CN=rmmd-nodeB' tls_server_name: 'localhost' }"
+                     " hold_lease_ms: 2000 renew_interval_ms: 500 }");
+    write_config("b.conf",
+                 "peering { node_name: 'nodeB' listen_address: '127.0.0.1:" +
+                     std::to_string(port_b_) + "' " + tls("nodeB") +
+                     " peers { name: 'nodeA' address: '127.0.0.1:" + std::to_string(port_a_) +
+                     "' identity: 'CN=rmmd-nodeA' tls_server_name: 'localhost' }"
+                     " hold_lease_ms: 2000 renew_interval_ms: 500 }");
+    a_ = std::make_unique<daemon_process>(
+        std::vector<std::string>{"--backend", "host", "--config", (certs_ / "a.conf").string()});
+    b_ = std::make_unique<daemon_process>(
+        std::vector<std::string>{"--backend", "host", "--config", (certs_ / "b.conf").string()});
+  }
+
+  void write_config(std::string const& name, std::string const& text)
+  {
+    std::ofstream(certs_ / name) << text << "\n";
+  }
+
+  static v1::ListPeersResponse peers(rmmd::session& s)
+  {
+    v1::ListPeersResponse reply;
+    auto st = s.impl().stub().ListPeers(s.impl().context().get(), {}, &reply);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return reply;
+  }
+
+  /// A's ledger as ListPeers shows it, for "nothing changed".
+  static std::string ledger(rmmd::session& s)
+  {
+    auto r = peers(s);
+    for (auto& p : *r.mutable_peers()) { p.clear_last_contact_unix_ms(); }
+    return r.SerializeAsString();
+  }
+
+  /// A raw RmmdPeer client of A with `node`'s certificate ("" : plaintext).
+  std::unique_ptr<v1::RmmdPeer::Stub> raw_peer(std::string const& node) const
+  {
+    std::shared_ptr<grpc::ChannelCredentials> creds;
+    if (node.empty()) {
+      creds = grpc::InsecureChannelCredentials();
+    } else {
+      grpc::SslCredentialsOptions o;
+      o.pem_root_certs  = read_text(certs_ / "ca.pem");
+      o.pem_cert_chain  = read_text(certs_ / (node + ".pem"));
+      o.pem_private_key = read_text(certs_ / (node + ".key"));
+      creds             = grpc::SslCredentials(o);
+    }
+    grpc::ChannelArguments args;
+    args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, "localhost");
+    return v1::RmmdPeer::NewStub(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_a_), creds, args));
+  }
+
+  static grpc::Status hello(v1::RmmdPeer::Stub& stub, std::uint64_t incarnation)
+  {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::PeerHello h;
+    h.set_node_name("intruder");
+    h.set_incarnation(incarnation);
+    v1::PeerWelcome w;
+    return stub.Hello(&c, h, &w);
+  }
+
+  static inline fs::path certs_;
+  int port_a_{};
+  int port_b_{};
+  std::unique_ptr<daemon_process> a_;
+  std::unique_ptr<daemon_process> b_;
+};
+
+TEST_F(Peering, BothDaemonsSeeEachOtherWithTheHostBackendsProbeProblem)
+{
+  auto sa      = a_->open_session("a", call_transport::grpc);
+  auto sb      = b_->open_session("b", call_transport::grpc);
+  auto settled = [&](rmmd::session& s, std::string const& other) {
+    auto r = peers(s);
+    for (auto const& p : r.peers()) {
+      if (p.node_name() == other && p.state() == "probe_failed" && p.direction() == "both") {
+        return true;
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(eventually([&] { return settled(sb, "nodeA"); }, 30s)) << peers(sb).DebugString();
+  ASSERT_TRUE(eventually([&] { return settled(sa, "nodeB"); }, 30s)) << peers(sa).DebugString();
+  auto const r = peers(sb);
+  EXPECT_EQ(r.node_name(), "nodeB");
+  ASSERT_EQ(r.peers_size(), 1);
+  EXPECT_EQ(r.peers(0).identity(), "CN=rmmd-nodeA");
+  EXPECT_THAT(r.peers(0).problem(), HasSubstr("this node has no CUDA pool with fabric handles"));
+  EXPECT_FALSE(r.peers(0).probe_ok());
+  EXPECT_FALSE(r.peers(0).their_probe_ok());
+}
+
+TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
+{
+  auto sa = a_->open_session("a", call_transport::grpc);
+  auto sb = b_->open_session("b", call_transport::grpc);
+  v1::CreateBufferRequest create;
+  create.set_name("models/w");
+  create.set_pool_id(0);
+  create.set_size(4096);
+  v1::BufferGrant made;
+  ASSERT_TRUE(sa.impl().stub().CreateBuffer(sa.impl().context().get(), create, &made).ok());
+  v1::PublishBufferRequest publish;
+  publish.set_buffer_id(made.buffer_id());
+  v1::PublishBufferResponse published;
+  ASSERT_TRUE(sa.impl().stub().PublishBuffer(sa.impl().context().get(), publish, &published).ok());
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s));
+  auto const before = ledger(sa);
+  v1::OpenBufferRequest open;
+  open.set_name("models/w");
+  open.set_peer("nodeA");
+  v1::BufferGrant grant;
+  auto st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("is in pool 'host', which exports no fabric handles"));
+  EXPECT_EQ(ledger(sa), before);
+
+  open.set_peer("nodeZ");
+  st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(), HasSubstr("no peer 'nodeZ' in peering.peers"));
+
+  // No grant names it for nodeB: A says so.
+  open.set_peer("nodeA");
+  open.set_name("private/w");
+  st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("peer 'CN=rmmd-nodeB' may not open buffer 'private/w' (no grant in "
+                        "peering.grants names it)"));
+}
+
+TEST_F(Peering, AnIdentityWithoutAGrantIsPermissionDenied)
+{
+  auto stub = raw_peer("nodeC");
+  ASSERT_TRUE(hello(*stub, 42).ok());
+  grpc::ClientContext c;
+  v1::RemoteOpenRequest r;
+  r.set_name("models/w");
+  r.set_incarnation(42);
+  v1::RemoteGrant g;
+  auto st = stub->OpenRemoteBuffer(&c, r, &g);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("peer 'CN=rmmd-nodeC' may not open buffer"));
+}
+
+TEST_F(Peering, AnotherCAsExpiredAndPlaintextCallersAreRefusedAndChangeNothing)
+{
+  auto sa = a_->open_session("a", call_transport::grpc);
+  ASSERT_TRUE(eventually(
+      [&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; },
+      30s));
+  auto const before = ledger(sa);
+  for (std::string node : {"stranger", "expired", ""}) {
+    auto stub = raw_peer(node);
+    auto st   = hello(*stub, 7);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << (node.empty() ? "plaintext" : node) << ": " << st.error_message();
+    EXPECT_EQ(ledger(sa), before) << (node.empty() ? "plaintext" : node);
+  }
+}
+
+}  // namespace
+}  // namespace rmmd::test

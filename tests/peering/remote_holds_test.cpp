@@ -1,0 +1,264 @@
+// Remote holds in the core and the serving node's ledger (leases, Hello's
+// incarnations), and the grants' checks: a real core with the host backend,
+// and below it a backend whose buffers carry a fabric handle (no GPU here).
+
+#include "daemon/backends/host/host_backend.hpp"
+#include "daemon/core/daemon_core.hpp"
+#include "daemon/peering/peer_grants.hpp"
+#include "daemon/peering/remote_hold_ledger.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <memory>
+
+namespace rmmd::peering {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+/// The host backend, but every shared buffer has an allocation of its own
+/// with a (made up) fabric handle, as a CUDA fabric pool's buffers do.
+class fabric_like_backend final : public core::pool_backend {
+ public:
+  fabric_like_backend(std::string name, std::size_t bytes) : host_(std::move(name), bytes) {}
+  [[nodiscard]] core::backend_kind kind() const noexcept override
+  {
+    return core::backend_kind::cuda;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept override
+  {
+    return host_.capacity();
+  }
+  absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,
+                                                    std::size_t alignment) override
+  {
+    return host_.allocate(bytes, alignment);
+  }
+  void deallocate(core::backend_allocation const& block) noexcept override
+  {
+    host_.deallocate(block);
+  }
+  absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
+                                                          std::size_t alignment) override
+  {
+    auto block = allocate(bytes, alignment);
+    if (!block.ok()) { return block.status(); }
+    return core::shared_allocation{.block         = *block,
+                                   .fabric_handle = std::vector<std::byte>(64, std::byte{0x5a}),
+                                   .driver_handle = 1};
+  }
+  void deallocate_shared(core::shared_allocation const& memory) noexcept override
+  {
+    deallocate(memory.block);
+  }
+
+ private:
+  backends::host::host_backend host_;
+};
+
+class RemoteHolds : public ::testing::Test {
+ protected:
+  void SetUp() override
+  {
+    core_ = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    host_   = core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                            std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    fabric_ = core_->add_pool(
+        {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
+        std::make_unique<fabric_like_backend>("fab", 1 << 20));
+    auto grant = core_->open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "test", "creator");
+    ASSERT_TRUE(grant.ok()) << grant.status();
+    session_ = grant->id;
+  }
+  void TearDown() override
+  {
+    ledger_.reset();
+    if (core_) { core_->close_session(session_); }
+  }
+
+  core::buffer_id publish(std::string const& name, core::pool_id pool, bool allow_writers = false)
+  {
+    auto b = core_->create_buffer(session_, name, pool, 4096, {.allow_writers = allow_writers});
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(core_->publish_buffer(session_, b->id).ok());
+    return b->id;
+  }
+  std::size_t holders(std::string const& name) const
+  {
+    for (auto const& b : core_->buffers()) {
+      if (b.name == name) { return b.holders; }
+    }
+    return 0;
+  }
+  checked_open open_of(std::string name)
+  {
+    return checked_open{.name = std::move(name)};
+  }
+
+  std::unique_ptr<core::daemon_core> core_;
+  std::unique_ptr<remote_hold_ledger> ledger_;
+  core::pool_id host_{};
+  core::pool_id fabric_{};
+  core::session_id session_{};
+};
+
+TEST_F(RemoteHolds, AHostPoolBufferIsRefusedNamingThePool)
+{
+  publish("w/host", host_);
+  auto r = core_->open_remote_buffer("w/host", {});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("is in pool 'host', which exports no fabric handles; only a fabric pool's "
+                        "buffers can be opened from another node"));
+  EXPECT_TRUE(core_->remote_holds().empty());
+  EXPECT_EQ(holders("w/host"), 1u);
+}
+
+TEST_F(RemoteHolds, UnknownAndUnpublishedAreNotFound)
+{
+  EXPECT_EQ(core_->open_remote_buffer("nope", {}).status().code(), absl::StatusCode::kNotFound);
+  auto b = core_->create_buffer(session_, "w/unpublished", fabric_, 4096, {});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(core_->open_remote_buffer("w/unpublished", {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(RemoteHolds, AHoldKeepsADeletedBufferUntilClosed)
+{
+  publish("w/fab", fabric_);
+  auto grant = core_->open_remote_buffer("w/fab", {});
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(grant->grant.block.fabric_handle.size(), 64u);
+  EXPECT_EQ(grant->gpu_uuid, "GPU-test");
+  EXPECT_EQ(holders("w/fab"), 2u);
+  ASSERT_TRUE(core_->close_buffer(session_, core_->buffers().front().id).ok());
+  ASSERT_TRUE(core_->delete_buffer(session_, "w/fab").ok());
+  ASSERT_EQ(core_->buffers().size(), 1u);  // the remote hold keeps it
+  ASSERT_TRUE(core_->close_remote_hold(grant->hold).ok());
+  EXPECT_TRUE(core_->buffers().empty());
+  EXPECT_EQ(core_->close_remote_hold(grant->hold).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RemoteHolds, WritingNeedsTheBuffersAllowWriters)
+{
+  publish("w/ro", fabric_);
+  core::buffer_open_options rw{.access = core::buffer_access::read_write};
+  EXPECT_EQ(core_->open_remote_buffer("w/ro", rw).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  publish("w/rw", fabric_, true);
+  EXPECT_TRUE(core_->open_remote_buffer("w/rw", rw).ok());
+}
+
+TEST_F(RemoteHolds, TheLedgerWantsAHelloFirst)
+{
+  publish("w/fab", fabric_);
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  auto r  = ledger_->open("CN=b", 7, open_of("w/fab"), {});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("has not said Hello"));
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "no GPU");
+  EXPECT_EQ(ledger_->open("CN=b", 8, open_of("w/fab"), {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ledger_->open("CN=b", 7, open_of("w/fab"), {}).ok());
+  EXPECT_EQ(holders("w/fab"), 2u);
+}
+
+TEST_F(RemoteHolds, AHoldNotRenewedWithinTheLeaseEnds)
+{
+  publish("w/fab", fabric_);
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
+  auto kept  = ledger_->open("CN=b", 7, open_of("w/fab"), {});
+  auto stale = ledger_->open("CN=b", 7, open_of("w/fab"), {});
+  ASSERT_TRUE(kept.ok() && stale.ok());
+  EXPECT_EQ(holders("w/fab"), 3u);
+  // Only `kept` is renewed; the clock is moved, not waited for.
+  auto const start = remote_hold_ledger::clock::now();
+  EXPECT_EQ(ledger_->expire(start + 800ms), 0u);
+  ASSERT_TRUE(ledger_->renew("CN=b", 7, {kept->hold}, start + 800ms).ok());
+  EXPECT_EQ(ledger_->expire(start + 1100ms), 1u);
+  EXPECT_EQ(ledger_->expiries(), 1u);
+  EXPECT_EQ(holders("w/fab"), 2u);
+  auto unknown = ledger_->renew("CN=b", 7, {kept->hold, stale->hold});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_THAT(*unknown, ::testing::ElementsAre(stale->hold));
+  // Another identity cannot close or renew B's hold.
+  ledger_->hello("CN=c", "nodeC", "ipv4:2", 9, false, "");
+  ASSERT_TRUE(ledger_->close("CN=c", 9, {kept->hold}).ok());
+  EXPECT_EQ(holders("w/fab"), 2u);
+  ASSERT_TRUE(ledger_->close("CN=b", 7, {kept->hold}).ok());
+  EXPECT_EQ(holders("w/fab"), 1u);
+}
+
+TEST_F(RemoteHolds, ANewIncarnationEndsTheOldOnesHolds)
+{
+  publish("w/fab", fabric_);
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
+  ASSERT_TRUE(ledger_->open("CN=b", 7, open_of("w/fab"), {}).ok());
+  EXPECT_EQ(holders("w/fab"), 2u);
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 8, false, "");
+  EXPECT_EQ(holders("w/fab"), 1u);
+  EXPECT_TRUE(core_->remote_holds().empty());
+}
+
+TEST_F(RemoteHolds, StopEndsEveryHold)
+{
+  publish("w/fab", fabric_);
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  ledger_->start_reaper();
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
+  ASSERT_TRUE(ledger_->open("CN=b", 7, open_of("w/fab"), {}).ok());
+  ledger_->stop();
+  EXPECT_TRUE(core_->remote_holds().empty());
+  EXPECT_EQ(holders("w/fab"), 1u);
+}
+
+TEST_F(RemoteHolds, ForeignHoldsAreLetGoOfByCloseAndBySessionEnd)
+{
+  std::vector<core::buffer_id> released;
+  core_->set_foreign_release_notifier([&](core::buffer_id id) { released.push_back(id); });
+  auto const own = publish("w/own", host_);
+  auto a         = core_->add_foreign_hold(session_);
+  auto b         = core_->add_foreign_hold(session_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, own);
+  EXPECT_NE(*a, *b);
+  ASSERT_TRUE(core_->close_buffer(session_, *a).ok());
+  EXPECT_THAT(released, ::testing::ElementsAre(*a));
+  core_->close_session(session_);
+  EXPECT_THAT(released, ::testing::ElementsAre(*a, *b));
+}
+
+TEST(PeerGrants, IdentityAndPrefixDecide)
+{
+  std::vector<config::peer_grant_settings> grants{
+      {.identity = "CN=rmmd-nodeB", .name_prefixes = {"models/"}, .allow_writers = false},
+      {.identity = "*", .name_prefixes = {"public/"}, .allow_writers = true}};
+  v1::RemoteOpenRequest r;
+  r.set_name("models/llama");
+  EXPECT_TRUE(check_remote_open(grants, "CN=rmmd-nodeB", r).ok());
+  auto denied = check_remote_open(grants, "CN=stranger", r);
+  ASSERT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(denied.status().message(),
+            "peer 'CN=stranger' may not open buffer 'models/llama' (no grant in peering.grants "
+            "names it)");
+  r.set_access(v1::BUFFER_ACCESS_READ_WRITE);
+  EXPECT_EQ(check_remote_open(grants, "CN=rmmd-nodeB", r).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  r.set_name("public/x");
+  auto rw = check_remote_open(grants, "", r);  // plaintext: only "*"
+  ASSERT_TRUE(rw.ok()) << rw.status();
+  EXPECT_EQ(rw->how.access, core::buffer_access::read_write);
+  r.set_access(static_cast<v1::BufferAccess>(7));
+  EXPECT_EQ(check_remote_open(grants, "", r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rmmd::peering
