@@ -111,7 +111,8 @@ struct node {
   }
   [[nodiscard]] std::optional<v1::PeerInfo> peer(std::string const& node_name) const
   {
-    for (auto const& p : peers().peers()) {
+    auto const listed = peers();
+    for (auto const& p : listed.peers()) {
       if (p.node_name() == node_name) { return p; }
     }
     return std::nullopt;
@@ -209,8 +210,8 @@ class Peering : public ::testing::Test {
     ASSERT_EQ(made.status, 0) << made.out;
     port_a_ = free_port();
     ASSERT_NE(port_a_, 0);
-    a_ = {.name = "nodeA", .config = dir_ / "a.conf", .visible_devices = "0"};
-    b_ = {.name = "nodeB", .config = dir_ / "b.conf", .visible_devices = "1"};
+    a_ = {.name = "nodeA", .config = dir_ / "a.conf", .visible_devices = "0", .daemon = nullptr};
+    b_ = {.name = "nodeB", .config = dir_ / "b.conf", .visible_devices = "1", .daemon = nullptr};
     write_file(a_.config, config_a(certs(), port_a_));
     write_file(b_.config, config_dialer("nodeB", certs(), "nodeB", port_a_));
     a_.start();
@@ -385,7 +386,7 @@ TEST_P(RefusedPeer, IsUnreachableWithAReasonAndChangesNothingOnA)
   auto const before = a_.peers();
 
   std::string const stem = GetParam() == "plaintext" ? "" : GetParam();
-  c_                     = {.name = "nodeC", .config = dir_ / "c.conf", .visible_devices = "1"};
+  c_ = {.name = "nodeC", .config = dir_ / "c.conf", .visible_devices = "1", .daemon = nullptr};
   write_file(c_.config, config_dialer("nodeC", certs(), stem, port_a_));
   c_.start();
   ASSERT_TRUE(eventually(
