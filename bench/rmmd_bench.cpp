@@ -23,6 +23,7 @@
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
 #include "bench/section_r.hpp"
+#include "bench/section_p.hpp"
 #include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 
@@ -207,12 +208,17 @@ void run_r(bench_context& c)
   for (auto const& t : targets) { (void)c.st.check(t); }
 }
 
+void run_p(bench_context& c)
+{
+  section_peering(c.cfg, c.options.rmmd_path, c.st);
+}
+
 /// The sections, in the order they run (a run runs those --sections names).
 struct section_entry {
   char const* name;
   void (*run)(bench_context&);
 };
-constexpr std::array<section_entry, 13> sections{{{"a", run_a},
+constexpr std::array<section_entry, 14> sections{{{"a", run_a},
                                                   {"a8", run_a8},
                                                   {"b", run_b},
                                                   {"b2", run_b2},
@@ -224,7 +230,8 @@ constexpr std::array<section_entry, 13> sections{{{"a", run_a},
                                                   {"g", run_g},
                                                   {"h", run_h},
                                                   {"t", run_t},
-                                                  {"r", run_r}}};
+                                                  {"r", run_r},
+                                                  {"p", run_p}}};
 
 std::vector<std::string> section_names()
 {

@@ -6,6 +6,7 @@
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stream_capture.hpp"
+#include "common/buffer_address.hpp"
 #include "common/buffer_name.hpp"
 
 #include <unistd.h>
@@ -167,10 +168,28 @@ shared_buffer shared_buffer::open(session const& s,
                                   open_options const& options)
 {
   auto const what = "open buffer '" + std::string(name) + "'";
-  check_name(what, name);
+  std::string problem;
+  auto const address = names::parse_buffer_address(name, options.peer, &problem);
+  if (!address) { throw rmmd::logic_error("rmmd: " + what + ": " + problem); }
+  bool const remote = !address->node.empty();
+  int device        = -1;
+  if (remote) {
+    // A buffer of another node comes by fabric handle, mapped on a device of
+    // this process: known before the daemon is asked.
+    device = options.device;
+    if (device < 0) {
+      if (auto err = cudaGetDevice(&device); err != cudaSuccess) {
+        cudaGetLastError();
+        throw rmmd::logic_error("rmmd: " + what + ": a buffer of another node is mapped on a GPU " +
+                                "of this process, and there is no current CUDA device (" +
+                                cudaGetErrorName(err) + ")");
+      }
+    }
+  }
   s.impl().watch_exit_once();
   v1::OpenBufferRequest request;
-  request.set_name(std::string(name));
+  request.set_name(address->name);
+  request.set_peer(address->node);
   auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
       std::max<std::chrono::milliseconds::rep>(options.wait.count(), 0), 0xffffffff);
   request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
@@ -179,6 +198,11 @@ shared_buffer shared_buffer::open(session const& s,
   detail::copy_labels(options.expect_labels, request.mutable_expect_labels());
   v1::BufferGrant grant;
   if (auto status = s.impl().open_buffer(request, &grant); !status.ok()) { refused(status, what); }
+  if (remote && grant.peer() != address->node) {
+    close_unreachable(s, grant.buffer_id());
+    throw rmm::bad_alloc("rmmd: " + what + ": the daemon answered with a buffer of node '" +
+                         grant.peer() + "'; a daemon without peering ignores NODE:");
+  }
   if (grant.manifest_follows()) {
     // A session-socket grant: the manifest comes by gRPC, which the open
     // makes this session's to ask for.
@@ -188,10 +212,13 @@ shared_buffer shared_buffer::open(session const& s,
       detail::throw_status(status, what + ": its manifest");
     }
   }
-  return attached(s, grant, false);
+  return attached(s, grant, false, device);
 }
 
-shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& grant, bool creator)
+shared_buffer shared_buffer::attached(session const& s,
+                                      v1::BufferGrant const& grant,
+                                      bool creator,
+                                      int device)
 {
   shared_buffer out;
   // The creator holds it read-write; a consumer as the daemon granted (a
@@ -201,18 +228,22 @@ shared_buffer shared_buffer::attached(session const& s, v1::BufferGrant const& g
                     : buffer_access::read;
   try {
     if (grant.has_manifest()) { out.manifest_ = detail::from_proto(grant.manifest()); }
-    out.data_ = s.impl().buffers().attach(grant, out.access_ == buffer_access::read);
+    bool const read_only = out.access_ == buffer_access::read;
+    out.data_            = grant.peer().empty() ? s.impl().buffers().attach(grant, read_only)
+                                                : s.impl().buffers().attach_remote(grant, read_only, device);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
   }
-  out.session_    = s;
-  out.size_       = grant.size();
-  out.id_         = grant.buffer_id();
-  out.pool_id_    = grant.pool_id();
-  out.name_       = grant.name();
-  out.creator_    = creator;
-  out.persistent_ = grant.persistent();
+  out.session_     = s;
+  out.size_        = grant.size();
+  out.id_          = grant.buffer_id();
+  out.pool_id_     = grant.pool_id();
+  out.name_        = grant.name();
+  out.creator_     = creator;
+  out.persistent_  = grant.persistent();
+  out.peer_        = grant.peer();
+  out.peer_device_ = device;
   if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
   return out;
 }
@@ -285,6 +316,8 @@ shared_buffer::shared_buffer(shared_buffer&& other) noexcept
       id_(other.id_),
       pool_id_(other.pool_id_),
       name_(std::move(other.name_)),
+      peer_(std::move(other.peer_)),
+      peer_device_(other.peer_device_),
       manifest_(std::move(other.manifest_)),
       access_(other.access_),
       creator_(other.creator_),
@@ -298,17 +331,19 @@ shared_buffer& shared_buffer::operator=(shared_buffer&& other) noexcept
 {
   if (this != &other) {
     close();
-    session_    = std::move(other.session_);
-    data_       = other.data_;
-    size_       = other.size_;
-    id_         = other.id_;
-    pool_id_    = other.pool_id_;
-    name_       = std::move(other.name_);
-    manifest_   = std::move(other.manifest_);
-    access_     = other.access_;
-    creator_    = other.creator_;
-    persistent_ = other.persistent_;
-    stream_     = other.stream_;
+    session_     = std::move(other.session_);
+    data_        = other.data_;
+    size_        = other.size_;
+    id_          = other.id_;
+    pool_id_     = other.pool_id_;
+    name_        = std::move(other.name_);
+    peer_        = std::move(other.peer_);
+    peer_device_ = other.peer_device_;
+    manifest_    = std::move(other.manifest_);
+    access_      = other.access_;
+    creator_     = other.creator_;
+    persistent_  = other.persistent_;
+    stream_      = other.stream_;
     other.reset();
   }
   return *this;
@@ -322,24 +357,37 @@ shared_buffer::~shared_buffer()
 void shared_buffer::reset() noexcept
 {
   session_.reset();
-  data_     = nullptr;
-  size_     = 0;
-  id_       = 0;
-  creator_  = false;
-  manifest_ = {};
-  access_   = buffer_access::read_write;
+  data_    = nullptr;
+  size_    = 0;
+  id_      = 0;
+  creator_ = false;
+  peer_.clear();
+  peer_device_ = -1;
+  manifest_    = {};
+  access_      = buffer_access::read_write;
   stream_.reset();
 }
 
 pool_info const& shared_buffer::pool() const
 {
   if (!session_) { throw rmmd::logic_error("rmmd: an empty shared_buffer has no pool"); }
+  if (!peer_.empty()) {
+    throw rmmd::logic_error("rmmd: buffer '" + name_ + "' is node '" + peer_ +
+                            "'s; its pool is that node's daemon's");
+  }
   return session_->pools().at(pool_id_);
 }
 
 bool shared_buffer::is_host() const
 {
-  return pool().backend == backend_kind::host;
+  // A buffer of another node is always a fabric pool's device memory.
+  return peer_.empty() && pool().backend == backend_kind::host;
+}
+
+int shared_buffer::device() const
+{
+  if (!peer_.empty()) { return peer_device_; }
+  return pool().device;
 }
 
 void shared_buffer::publish(cuda::stream_ref stream)

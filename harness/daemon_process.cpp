@@ -89,7 +89,9 @@ daemon_process::daemon_process(options opts) : stop_timeout_(opts.stop_timeout)
     spawn.fds = {{STDOUT_FILENO, log_fd}, {STDERR_FILENO, log_fd}};
   }
   try {
-    daemon_ = std::make_unique<child_process>(argv_, std::vector{notify.env()}, std::move(spawn));
+    auto env = opts.env;
+    env.push_back(notify.env());
+    daemon_ = std::make_unique<child_process>(argv_, std::move(env), std::move(spawn));
   } catch (...) {
     if (log_fd >= 0) { ::close(log_fd); }
     throw;

@@ -41,6 +41,9 @@ class daemon_process {
     /// systemd's RuntimeDirectory=), and so is the notify socket. REQUIRES:
     /// root, and rmmd's program reachable by that user.
     std::string user{};
+    /// Added to the daemon's environment ("NAME=value"), e.g.
+    /// CUDA_VISIBLE_DEVICES for a daemon that stands for another node.
+    std::vector<std::string> env{};
     std::chrono::milliseconds ready_timeout{30s};
     /// How long the destructor waits after SIGTERM before it SIGKILLs.
     std::chrono::milliseconds stop_timeout{30s};

@@ -3,7 +3,7 @@
 //   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
 //   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all]
 //            | buffers [--prefix P] [--label KEY=VALUE]... | buffers show NAME | health
-//            | trim [--pool NAME|ID]... | buffers delete NAME
+//            | trim [--pool NAME|ID]... | buffers delete NAME | peers
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
 // (or another failure), 2 bad usage, 3 no daemon answers at the runtime
@@ -179,6 +179,7 @@ struct command_line {
   CLI::App* buffers_show{};
   CLI::App* health{};
   CLI::App* trim{};
+  CLI::App* peers{};
 };
 
 void add_global_options(CLI::App& app, command_line& cl)
@@ -233,6 +234,9 @@ void add_commands(CLI::App& app, command_line& cl)
       "Give memory the pools hold but do not lend back to the driver (root or the daemon's uid)");
   cl.trim->add_option(
       "--pool", cl.trim_pools, "A pool to trim, by name or id (repeatable; default: all)");
+  cl.peers = app.add_subcommand("peers",
+                                "Other nodes' daemons this one peers with: state, fabric probe "
+                                "both ways, holds and bytes each way, last contact, problem");
 }
 
 /// Commands that change the daemon's state run once.
@@ -352,6 +356,16 @@ int show_buffer(daemon_connection& daemon, command_line const& cl)
   });
 }
 
+int show_peers(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("peers", cl.out, [&](bool one_line) {
+    rmmd::v1::ListPeersResponse reply;
+    auto status = daemon.session().impl().list_peers(&reply);
+    if (!status.ok()) { throw call_failed(status, "peers"); }
+    return cl.out.json ? to_json(reply, one_line) : format_peers(reply, now_unix_ms());
+  });
+}
+
 int show_health(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("health", cl.out, [&](bool one_line) {
@@ -390,6 +404,7 @@ int run_command(command_line const& cl)
       {cl.buffers, show_buffers},
       {cl.health, show_health},
       {cl.trim, trim_pools},
+      {cl.peers, show_peers},
   };
   for (auto const& [command, run] : commands) {
     if (command->parsed()) { return run(daemon, cl); }

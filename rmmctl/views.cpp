@@ -565,6 +565,51 @@ std::string format_delete(std::string const& name, v1::DeleteBufferResponse cons
   return out + "\n";
 }
 
+std::string format_peers(v1::ListPeersResponse const& response, std::int64_t now_unix_ms)
+{
+  std::string out = "node " + (response.node_name().empty() ? "-" : response.node_name()) + "\n";
+  table peers({"NODE",
+               "DIRECTION",
+               "ADDRESS",
+               "IDENTITY",
+               "STATE",
+               "PROBE WE/THEY",
+               "HOLDS WE HAVE",
+               "BYTES WE HOLD",
+               "HOLDS THEY HAVE",
+               "BYTES THEY HOLD",
+               "LAST CONTACT",
+               "PROBLEM"});
+  auto ok = [](bool b) { return b ? "ok" : "no"; };
+  for (auto const& p : response.peers()) {
+    auto const contact =
+        p.last_contact_unix_ms() <= 0
+            ? std::string("never")
+            : human_duration(std::chrono::seconds(
+                  std::max<std::int64_t>(0, now_unix_ms - p.last_contact_unix_ms()) / 1000)) +
+                  " ago";
+    peers.add({p.node_name(),
+               p.direction(),
+               p.address().empty() ? "-" : p.address(),
+               p.identity().empty() ? "-" : p.identity(),
+               p.state(),
+               std::string(ok(p.probe_ok())) + "/" + ok(p.their_probe_ok()),
+               std::to_string(p.holds_we_have()),
+               human_bytes(p.bytes_we_hold()),
+               std::to_string(p.holds_they_have()),
+               human_bytes(p.bytes_they_hold()),
+               contact,
+               p.problem().empty() ? "-" : p.problem()});
+  }
+  out += peers.str({false, false, false, false, false, false, true, true, true, true, true, false});
+  if (response.peers().empty()) {
+    out +=
+        "(no peers: peering is off on this node (no peering.peers in rmmd.conf), or no peer "
+        "has dialed it yet; docs/operations.md, \"Across nodes\")\n";
+  }
+  return out;
+}
+
 std::string format_health(v1::HealthResponse const& h)
 {
   std::string status;

@@ -37,6 +37,10 @@ std::string format_buffer(v1::DescribeBufferResponse const& buffer, std::int64_t
 /// What deleting buffer `name` did: "deleted 'x'; its memory goes back when
 /// its 2 holders close it".
 std::string format_delete(std::string const& name, v1::DeleteBufferResponse const& response);
+/// The daemon's peers: this node's name, then one row per peer (state, the
+/// fabric probe both ways, holds and bytes each way, last contact, problem);
+/// a line saying that peering is off where there are none.
+std::string format_peers(v1::ListPeersResponse const& peers, std::int64_t now_unix_ms);
 /// One "key  value" line per figure.
 std::string format_health(v1::HealthResponse const& health);
 

@@ -555,7 +555,7 @@ rmmd_status rmmd_buffer_create(rmmd_session_t session,
     if (o->has_gid != 0) { so.gid = static_cast<gid_t>(o->gid); }
     so.alignment = o->alignment == 0 ? 256 : o->alignment;
     auto b       = rmmd::shared_buffer::create(session->session, name, bytes, so);
-    auto device  = b.pool().device;
+    auto device  = b.device();
     *buffer      = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
   });
 }
@@ -570,7 +570,7 @@ rmmd_status rmmd_buffer_open(rmmd_session_t session,
   }
   return guarded([&] {
     auto b = rmmd::shared_buffer::open(session->session, name, std::chrono::milliseconds(wait_ms));
-    auto device = b.pool().device;
+    auto device = b.device();
     *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
   });
 }
@@ -655,7 +655,7 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
   }
   rmmd_open_options defaults{};
   defaults.size = sizeof(defaults);
-  auto o        = read_struct(options, defaults);
+  auto o        = read_struct(options, defaults, {offsetof(rmmd_open_options, peer)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
   if (auto access = raw_enum(o->access);
       access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
@@ -673,8 +673,9 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                        o->expect_count,
                        &oo.expect_labels,
                        "open buffer '" + std::string(name) + "': expected labels");
+    if (o->peer != nullptr) { oo.peer = o->peer; }
     auto b      = rmmd::shared_buffer::open(session->session, name, oo);
-    auto device = b.pool().device;
+    auto device = b.device();
     *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
   });
 }
@@ -727,6 +728,18 @@ rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
       rmmd::detail::throw_status(status, "list buffers");
     }
     *json = copy_string(to_json(response, "list buffers"));
+  });
+}
+
+rmmd_status rmmd_peers_json(rmmd_session_t session, char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    rmmd::v1::ListPeersResponse response;
+    if (auto status = session->session.impl().list_peers(&response); !status.ok()) {
+      rmmd::detail::throw_status(status, "list peers");
+    }
+    *json = copy_string(to_json(response, "list peers"));
   });
 }
 

@@ -156,6 +156,19 @@ void* buffer_views::attach_pool_pointer(v1::BufferGrant const& grant, pool_info 
   return data;
 }
 
+void* buffer_views::attach_remote(v1::BufferGrant const& grant, bool read_only, int device)
+{
+  if (auto checked = check_peer_buffer_grant(grant); !checked.ok()) {
+    throw_status(checked, "open buffer '" + grant.peer() + ":" + grant.name() + "'");
+  }
+  std::lock_guard lock(buffers_mutex_);
+  if (auto it = buffers_.find({grant.buffer_id(), read_only}); it != buffers_.end()) {
+    ++it->second.refs;
+    return it->second.data;
+  }
+  return map_allocation(grant, device, read_only, true);
+}
+
 void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
                                       pool_info const& pool,
                                       bool read_only)
@@ -166,6 +179,15 @@ void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
     throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
                             ", which this process cannot see");
   }
+  return map_allocation(grant, device, read_only, import_by_fabric_);
+}
+
+void* buffer_views::map_allocation(v1::BufferGrant const& grant,
+                                   int device,
+                                   bool read_only,
+                                   bool by_fabric)
+{
+  // REQUIRES: buffers_mutex_ held (by attach or attach_remote).
   std::string why;
   auto const& api = gpu::vmm(&why);
   if (!api) { throw rmm::bad_alloc("rmmd: open buffer '" + grant.name() + "': " + why); }
@@ -180,7 +202,7 @@ void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
                           api->name(r));
   };
   CUmemGenericAllocationHandle handle{};
-  if (import_by_fabric_ && !v.fabric_handle().empty()) {
+  if (by_fabric && !v.fabric_handle().empty()) {
     CUmemFabricHandle fabric{};
     std::memcpy(&fabric, v.fabric_handle().data(), sizeof(fabric));
     if (auto r = api->import_handle(&handle, &fabric, CU_MEM_HANDLE_TYPE_FABRIC);

@@ -72,6 +72,12 @@ class buffer_views {
   /// existing one (one more ref), or a new import. Throws as error.hpp says
   /// (the caller closes the open then).
   void* attach(v1::BufferGrant const& grant, bool read_only);
+  /// attach() of a buffer of another node (grant.peer() set): its fabric
+  /// handle imported, whatever import_by_fabric says (it has no fd here),
+  /// and mapped on this process's CUDA device `device`, read-only where
+  /// `read_only`. Throws as error.hpp says (no usable VMM driver API, an
+  /// import the IMEX channel refuses, named).
+  void* attach_remote(v1::BufferGrant const& grant, bool read_only, int device);
   /// Drops one ref of the view an open with `read_only` got; returns the
   /// view when it was the last (the caller then lets go of a CUDA import, in
   /// stream order, before the close goes out).
@@ -97,6 +103,10 @@ class buffer_views {
   void* attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a buffer's own allocation. Holds buffers_mutex_.
   void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool, bool read_only);
+  /// Imports grant's own allocation (by fabric handle where `by_fabric` and
+  /// it has one, else by its fd) and maps it on `device`; the new view is
+  /// kept. Holds buffers_mutex_.
+  void* map_allocation(v1::BufferGrant const& grant, int device, bool read_only, bool by_fabric);
 
   session_channel& channel_;
   pool_mappings& pools_;

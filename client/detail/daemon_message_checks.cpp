@@ -247,6 +247,27 @@ grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
   return grpc::Status::OK;
 }
 
+grpc::Status check_peer_buffer_grant(v1::BufferGrant const& grant)
+{
+  auto invalid = [&](std::string why) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        "the daemon's answer for buffer '" + grant.peer() + ":" + grant.name() + "' " + why);
+  };
+  if (grant.size() == 0) { return invalid("has 0 bytes"); }
+  if (!grant.has_vmm()) { return invalid("carries no allocation of its own (vmm)"); }
+  auto const& v = grant.vmm();
+  if (v.allocation_bytes() < grant.size()) {
+    return invalid("maps " + std::to_string(v.allocation_bytes()) + " bytes, fewer than its " +
+                   std::to_string(grant.size()));
+  }
+  if (v.fabric_handle().size() != 64) {
+    return invalid("has a fabric handle of " + std::to_string(v.fabric_handle().size()) +
+                   " bytes, not 64");
+  }
+  return grpc::Status::OK;
+}
+
 std::optional<std::string> check_host_pool_fd(int fd, std::uint64_t capacity)
 {
   struct stat st {};

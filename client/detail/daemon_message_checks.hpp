@@ -108,6 +108,12 @@ grpc::Status check_buffer_grant(v1::BufferGrant const& grant,
                                 std::span<pool_shape const> pools,
                                 std::size_t bytes);
 
+/// Checks a grant of another node's buffer (`peer()` set): a size, and the
+/// buffer's own allocation of at least that size with a 64-byte fabric
+/// handle (the only handle that crosses nodes); its pool id is the other
+/// node's and not checked. INTERNAL saying why otherwise.
+grpc::Status check_peer_buffer_grant(v1::BufferGrant const& grant);
+
 /// Whether the host pool fd `fd` holds at least `capacity` bytes (a mapping
 /// past its end would fault on first use); the reason when not.
 std::optional<std::string> check_host_pool_fd(int fd, std::uint64_t capacity);

@@ -263,7 +263,12 @@ grpc::Status session_channel::route(v1::SessionCall& call,
                                     std::uint32_t generation)
 {
   auto const kind = call.call_case();
-  if (uses_session_calls() || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls())) {
+  // A buffer of another node: the daemon asks its peer over TCP, which its
+  // gRPC method may wait for; its session-socket call threads wait for no one.
+  bool const remote_open =
+      kind == v1::SessionCall::kOpenBuffer && !call.open_buffer().peer().empty();
+  if (!remote_open &&
+      (uses_session_calls() || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls()))) {
     if (kind != v1::SessionCall::kOpenBuffer || call.open_buffer().wait_ms() == 0) {
       return socket_call(call, reply, fds, generation);
     }

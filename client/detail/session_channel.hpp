@@ -169,7 +169,8 @@ class session_channel {
   /// tried on the socket and, when the buffer is missing or unpublished,
   /// asked again over gRPC, where the daemon waits; a BufferFd goes on the
   /// socket whatever the options say (only it carries fds); a Ping on a
-  /// gRPC session is FAILED_PRECONDITION. `fds`: where fds attached to the
+  /// gRPC session is FAILED_PRECONDITION; an OpenBuffer of another node's
+  /// buffer (`peer` set) goes by gRPC. `fds`: where fds attached to the
   /// answer go (the caller's to close); null: any are closed. A call that
   /// cannot reach the daemon ends UNAVAILABLE or DEADLINE_EXCEEDED.
   grpc::Status call(v1::SessionCall& call,
@@ -346,6 +347,7 @@ class session_channel {
   std::vector<std::int64_t> from_daemon_pool_;  // by the daemon's pool id: ours, -1 none
   struct held_buffer {
     std::string name;
+    std::string peer;  ///< the node of a buffer of another node
     std::size_t opens{};
   };
   std::unordered_map<std::uint64_t, held_buffer> held_;       // by client id of now

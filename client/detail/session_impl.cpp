@@ -198,6 +198,20 @@ grpc::Status session_impl::list_buffers(v1::ListBuffersRequest const& request,
   });
 }
 
+grpc::Status session_impl::list_peers(v1::ListPeersResponse* response)
+{
+  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+    return channel_.stub().ListPeers(ctx, v1::ListPeersRequest{}, response);
+  });
+  // A daemon built without peering has no peers: the same answer as one
+  // whose rmmd.conf configures none.
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    response->Clear();
+    return grpc::Status::OK;
+  }
+  return status;
+}
+
 grpc::Status session_impl::publish_buffer(std::uint64_t id)
 {
   v1::SessionCall call;

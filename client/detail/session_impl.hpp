@@ -105,6 +105,9 @@ class session_impl {
                                              v1::DescribeBufferResponse* response);
   [[nodiscard]] grpc::Status list_buffers(v1::ListBuffersRequest const& request,
                                           v1::ListBuffersResponse* response);
+  /// The daemon's peers (ListPeers): other nodes' daemons, their state and
+  /// the holds each way; none from a daemon that serves no ListPeers.
+  [[nodiscard]] grpc::Status list_peers(v1::ListPeersResponse* response);
   [[nodiscard]] grpc::Status publish_buffer(std::uint64_t id);
   [[nodiscard]] grpc::Status close_buffer(std::uint64_t id);
   /// One round trip on the session socket that changes nothing.

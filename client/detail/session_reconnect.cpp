@@ -154,6 +154,7 @@ grpc::Status session_channel::from_daemon(v1::SessionReply& reply, std::uint32_t
     std::uint64_t id = g.buffer_id();
     if (!ours(id)) { return too_large; }
     g.set_buffer_id(id);
+    if (!g.peer().empty()) { return grpc::Status::OK; }  // its pool is the other node's
     auto p = pool(g.pool_id());
     if (!p) { return unknown_pool; }
     g.set_pool_id(*p);
@@ -211,6 +212,7 @@ void session_channel::note_holds(v1::SessionCall const& call, v1::SessionReply c
         auto& held        = held_[grant.buffer_id()];
         held.name =
             call.has_create_buffer() ? call.create_buffer().name() : call.open_buffer().name();
+        if (call.has_open_buffer()) { held.peer = call.open_buffer().peer(); }
         ++held.opens;
         break;
       }
@@ -361,16 +363,17 @@ void session_channel::hold_again_locked(reconnect_info& info, std::string& unkno
     for (std::size_t i = 0; i < h.opens; ++i) {
       v1::SessionCall open;
       open.mutable_open_buffer()->set_name(h.name);
+      open.mutable_open_buffer()->set_peer(h.peer);
       v1::SessionReply reply;
-      auto status = daemon_takes_calls() ? call_locked(open, &reply, nullptr)
-                                         : grpc_call(open, &reply, generation);
+      auto status = daemon_takes_calls() && h.peer.empty() ? call_locked(open, &reply, nullptr)
+                                                           : grpc_call(open, &reply, generation);
       if (status.ok()) { status = from_daemon(reply, generation); }
       if (!status.ok() || !reply.has_open_buffer()) { break; }
       new_id = reply.open_buffer().buffer_id();
     }
     if (new_id == 0) {
       ++info.buffers_unknown;
-      unknown += (unknown.empty() ? "" : ", ") + h.name;
+      unknown += (unknown.empty() ? "" : ", ") + (h.peer.empty() ? "" : h.peer + ":") + h.name;
       continue;
     }
     ++info.buffers_held_again;

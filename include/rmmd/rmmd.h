@@ -226,6 +226,10 @@ typedef struct rmmd_open_options {
   char const* const* expect_keys;
   char const* const* expect_values;
   size_t expect_count;
+  /* A buffer of another node: the node's name as this node's rmmd.conf
+   * names it (peering.peers); NULL or "": as the name says (NODE:NAME, or
+   * this node). (0.5; callers built before, whose size is smaller: NULL) */
+  char const* peer;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -256,7 +260,15 @@ RMMD_API rmmd_status rmmd_buffer_device(rmmd_buffer_t buffer, int* device);
 /* Deletes by name; holders: the sessions that still hold it. */
 RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t* holders);
 
-/* Opens as `options` say (NULL: read-only, no wait, no guard). */
+/* Opens as `options` say (NULL: read-only, no wait, no guard). `name` is
+ * NAME, or NODE:NAME for a buffer of another node of the NVLink domain,
+ * opened through this node's daemon (peering in its rmmd.conf,
+ * docs/operations.md "Across nodes") and mapped by its fabric handle on the
+ * calling thread's current CUDA device, read-only unless
+ * RMMD_BUFFER_READ_WRITE was granted. A malformed address (':' twice, an
+ * empty or invalid node) is RMMD_ERROR_INVALID_ARGUMENT before any request;
+ * a peer whose grants do not name the buffer RMMD_ERROR_PERMISSION_DENIED;
+ * a node that peering.peers does not name RMMD_ERROR_NOT_FOUND. */
 RMMD_API rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                                            char const* name,
                                            rmmd_open_options const* options,
@@ -290,6 +302,14 @@ RMMD_API rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
 RMMD_API rmmd_status rmmd_buffer_describe_json(rmmd_session_t session,
                                                char const* name,
                                                char** json);
+
+/* ---- other nodes (docs/operations.md, "Across nodes") -------------------- */
+
+/* The daemon's peers, as the JSON of rmmd.v1.ListPeersResponse:
+ * {"node_name": "nodeB", "peers": [{"node_name": "nodeA", "state": "ready",
+ * "probe_ok": true, "holds_we_have": 1, ...}]} (an empty "peers" where
+ * peering is off). Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_peers_json(rmmd_session_t session, char** json);
 
 /* ---- PyTorch's pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)
  *

@@ -12,6 +12,9 @@
 //   // consumer (another process)
 //   auto w = rmmd::shared_buffer::open(session, "team/model/w0", std::chrono::seconds(30));
 //   use<<<grid, block, 0, stream>>>(w.span<float const>().data(), n);
+//
+//   // a process on another node of the NVLink domain, through its own daemon
+//   auto r = rmmd::shared_buffer::open(session, "nodeA:team/model/w0", rmmd::open_options{});
 
 #include <rmmd/error.hpp>
 #include <rmmd/session.hpp>
@@ -127,6 +130,16 @@ struct open_options {
   /// values; otherwise rmmd::precondition_error naming the first key that
   /// differs, and nothing is opened.
   std::map<std::string, std::string, std::less<>> expect_labels{};
+  /// A buffer of another node of the NVLink domain: that node's name as
+  /// this node's rmmd.conf names it (peering.peers), which this node's
+  /// daemon asks for the buffer (docs/operations.md, "Across nodes"). The
+  /// name may say it instead: "NODE:NAME". Empty: as the name says.
+  std::string peer{};
+  /// A buffer of another node: this process's CUDA device that maps it (the
+  /// memory is imported by its fabric handle, through the IMEX channel);
+  /// -1: the calling thread's current device. Ignored for this node's
+  /// buffers, which are mapped on their pool's device.
+  int device{-1};
 };
 
 /// A buffer as the daemon lists it.
@@ -212,9 +225,18 @@ class shared_buffer {
   [[nodiscard]] static shared_buffer open(session const& s,
                                           std::string_view name,
                                           std::chrono::milliseconds wait = {});
-  /// Opens `name` as `options` say (access, the fingerprint guard, wait).
-  /// Throws also rmmd::permission_error (read_write where the creator did not
-  /// allow writers) and rmmd::precondition_error (a label differs).
+  /// Opens `name` as `options` say (access, the fingerprint guard, wait,
+  /// peer). `name` is NAME, or NODE:NAME for a buffer of another node of the
+  /// NVLink domain (or options.peer names the node): this node's daemon asks
+  /// NODE's, which checks this node's certificate against its grants, and
+  /// the memory is imported by its fabric handle (read-only unless
+  /// read_write was granted). A malformed address (':' twice, an empty or
+  /// invalid node, a node that differs from options.peer) is
+  /// rmmd::logic_error before any request. Throws also
+  /// rmmd::permission_error (read_write where the creator did not allow
+  /// writers; a peer whose grants do not name the buffer),
+  /// rmmd::precondition_error (a label differs; a remote buffer outside a
+  /// fabric pool), rmmd::not_found_error (no such peer in peering.peers).
   [[nodiscard]] static shared_buffer open(session const& s,
                                           std::string_view name,
                                           open_options const& options);
@@ -311,8 +333,19 @@ class shared_buffer {
     return id_;
   }
   /// The pool it lives in (its `device` is this process's ordinal).
+  /// rmmd::logic_error for a buffer of another node (peer()), whose pool is
+  /// that node's.
   [[nodiscard]] pool_info const& pool() const;
   [[nodiscard]] bool is_host() const;
+  /// The node whose daemon holds the memory, for a buffer opened as
+  /// NODE:NAME; empty for this node's buffers.
+  [[nodiscard]] std::string const& peer() const noexcept
+  {
+    return peer_;
+  }
+  /// This process's CUDA device the memory is mapped for; -1 for a host
+  /// buffer.
+  [[nodiscard]] int device() const;
   /// Made by create() in this process (then publish() is allowed).
   [[nodiscard]] bool is_creator() const noexcept
   {
@@ -337,7 +370,11 @@ class shared_buffer {
 
  private:
   /// This process's view of a buffer the daemon granted (by create or open).
-  static shared_buffer attached(session const& s, v1::BufferGrant const& grant, bool creator);
+  /// `device`: where a buffer of another node is mapped (-1: current).
+  static shared_buffer attached(session const& s,
+                                v1::BufferGrant const& grant,
+                                bool creator,
+                                int device = -1);
   void reset() noexcept;
   void send_close(detail::session_impl& impl) const noexcept;
   void synchronize(cuda::stream_ref stream) const noexcept;
@@ -348,6 +385,8 @@ class shared_buffer {
   std::uint64_t id_{};
   std::uint32_t pool_id_{};
   std::string name_;
+  std::string peer_;
+  int peer_device_{-1};  ///< where a buffer of another node is mapped
   buffer_manifest manifest_;
   buffer_access access_{buffer_access::read_write};
   bool creator_{false};

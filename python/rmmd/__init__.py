@@ -43,7 +43,7 @@ from ._resource import (
     MemoryResource,
     ResourceStats,
 )
-from ._session import Pool, ReconnectInfo, Session
+from ._session import PeerInfo, Pool, ReconnectInfo, Session
 
 __version__ = "0.1.0"
 
@@ -63,6 +63,7 @@ __all__ = [
     "MemoryResource",
     "NotFoundError",
     "OutOfMemoryError",
+    "PeerInfo",
     "PermissionError",
     "Pool",
     "PreconditionError",

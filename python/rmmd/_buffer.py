@@ -60,6 +60,7 @@ class SharedBuffer(Memory):
         self._handle = handle
         self._session = session
         self._name = name
+        self._peer: str | None = None
         self._close_pending: int | None = None
         self._manifest: Manifest | None = None
         lib = _lib.load()
@@ -153,11 +154,18 @@ class SharedBuffer(Memory):
         wait: float = 0.0,
         writable: bool = False,
         expect: Mapping[str, str] | None = None,
+        peer: str | None = None,
     ) -> "SharedBuffer":
         """Opens the published buffer `name`, for reading unless `writable`.
         With `wait` (seconds), waits up to that long for it to be created
         and published; without, fails at once when it is missing or
         unpublished.
+
+        `name` may be ``"NODE:NAME"``: a buffer of another node of the
+        NVLink domain, which this node's daemon asks NODE's daemon for
+        (peering in rmmd.conf, docs/operations.md "Across nodes"); the memory
+        is imported by its fabric handle on the current CUDA device,
+        read-only unless `writable` was granted.
 
         Args:
             writable: open it for writing too (only where its creator allowed
@@ -166,15 +174,24 @@ class SharedBuffer(Memory):
                 exactly these values (``{"revision": "abc", "rank": "0"}``);
                 otherwise PreconditionError naming the first key that differs
                 (in key order), and nothing is opened.
+            peer: the node, as ``"NODE:"`` in the name would say it (both
+                may be given only when they agree).
 
         Raises:
-            NotFoundError: no buffer has the name (or the wait ended first).
+            InvalidArgumentError: a malformed name or node (``':'`` twice,
+                an empty node, a node that differs from `peer`), before any
+                request.
+            NotFoundError: no buffer has the name (or the wait ended first),
+                or no peer of this node's daemon has the node's name.
             PreconditionError: not published yet (or the wait ended first),
                 or a label differs from `expect`.
             PermissionError: this uid or gid may not open it, or `writable`
-                where the creator did not allow writers.
+                where the creator did not allow writers; another node's
+                grants do not name it for this node.
             SessionError: the daemon is gone or draining.
         """
+        if peer is not None and not isinstance(peer, str):
+            raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
         if wait < 0 or math.isnan(wait):
             raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
         wait_ms = min(_MAX_WAIT_MS, int(math.ceil(wait * 1000)))
@@ -186,6 +203,7 @@ class SharedBuffer(Memory):
             expect_keys=keys,
             expect_values=values,
             expect_count=count,
+            peer=peer.encode() if peer else None,
         )
         handle = _lib.buffer_t()
         check(
@@ -193,8 +211,11 @@ class SharedBuffer(Memory):
                 session._require(), _name(name), ctypes.byref(options), ctypes.byref(handle)
             )
         )
-        buf = cls._wrap(session, handle.value, name)
+        # The library checked the address: NODE:NAME has one ':'.
+        node, _, plain = name.rpartition(":")
+        buf = cls._wrap(session, handle.value, plain)
         buf._creator = False
+        buf._peer = peer or node or None
         return buf
 
     @staticmethod
@@ -224,6 +245,12 @@ class SharedBuffer(Memory):
     @property
     def session(self) -> "Session":
         return self._session
+
+    @property
+    def peer(self) -> str | None:
+        """The node whose daemon holds the memory, for a buffer opened as
+        ``"NODE:NAME"``; ``None`` for this node's buffers."""
+        return self._peer
 
     @property
     def writable(self) -> bool:

@@ -123,6 +123,7 @@ class OpenOptions(Structure):
         ("expect_keys", POINTER(c_char_p)),
         ("expect_values", POINTER(c_char_p)),
         ("expect_count", c_size_t),
+        ("peer", c_char_p),
     ]
 
 
@@ -200,6 +201,7 @@ _PROTOTYPES = {
         [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],
     ),
     "rmmd_buffer_describe_json": (status_t, [session_t, c_char_p, POINTER(c_void_p)]),
+    "rmmd_peers_json": (status_t, [session_t, POINTER(c_void_p)]),
     "rmmd_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "rmmd_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "rmmd_torch_allocate": (status_t, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),

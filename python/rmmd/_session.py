@@ -35,6 +35,56 @@ class ReconnectInfo:
 
 
 @dataclass(frozen=True)
+class PeerInfo:
+    """Another node's daemon this node's daemon peers with (``rmmctl
+    peers``; ``rmmd.v1.PeerInfo``)."""
+
+    node_name: str
+    address: str
+    """HOST:PORT of its peer listener (dialed), or where it came from (accepted)."""
+    identity: str
+    """The subject of the certificate it showed ("CN=rmmd-nodeA,...")."""
+    direction: str
+    """"dialed" (in peering.peers), "accepted" (it dialed us) or "both"."""
+    state: str
+    """"connecting", "ready", "probe_failed" or "unreachable"."""
+    problem: str
+    """In words, where the state is not "ready"."""
+    probe_ok: bool
+    """This node imported the peer's probe allocation and read it back."""
+    their_probe_ok: bool
+    """The peer imported this node's probe."""
+    holds_we_have: int
+    """This node's clients' holds on the peer's buffers."""
+    bytes_we_hold: int
+    holds_they_have: int
+    """The peer's holds on this node's buffers."""
+    bytes_they_hold: int
+    last_contact_unix_ms: int
+
+    @classmethod
+    def _from_json(cls, d: dict[str, Any]) -> "PeerInfo":
+        def num(key: str) -> int:
+            return int(d.get(key, 0) or 0)
+
+        return cls(
+            node_name=d.get("node_name", ""),
+            address=d.get("address", ""),
+            identity=d.get("identity", ""),
+            direction=d.get("direction", ""),
+            state=d.get("state", ""),
+            problem=d.get("problem", ""),
+            probe_ok=bool(d.get("probe_ok", False)),
+            their_probe_ok=bool(d.get("their_probe_ok", False)),
+            holds_we_have=num("holds_we_have"),
+            bytes_we_hold=num("bytes_we_hold"),
+            holds_they_have=num("holds_they_have"),
+            bytes_they_hold=num("bytes_they_hold"),
+            last_contact_unix_ms=num("last_contact_unix_ms"),
+        )
+
+
+@dataclass(frozen=True)
 class Pool:
     """One of the daemon's pools, as this process sees it (``rmmctl pools``)."""
 
@@ -287,6 +337,17 @@ class Session(OwnsHandle):
         check(_lib.load().rmmd_buffer_describe_json(self._require(), name.encode(), ctypes.byref(out)))
         described = json.loads(_lib.take_string(out.value) or "{}")
         return BufferInfo._from_wire(described.get("info", {})), Manifest._from_wire(described.get("manifest"))
+
+    # -- other nodes --------------------------------------------------------
+
+    def peers(self) -> list[PeerInfo]:
+        """The other nodes' daemons this node's daemon peers with (``rmmctl
+        peers``): state, the fabric probe both ways, holds each way. Empty
+        where peering is off (docs/operations.md, "Across nodes")."""
+        out = ctypes.c_void_p()
+        check(_lib.load().rmmd_peers_json(self._require(), ctypes.byref(out)))
+        listed = json.loads(_lib.take_string(out.value) or "{}")
+        return [PeerInfo._from_json(p) for p in listed.get("peers", [])]
 
     # -- resources ----------------------------------------------------------
 

@@ -223,6 +223,31 @@ TEST_F(Rmmctl, TrimTableAndJson)
   EXPECT_THAT(unknown.out, HasSubstr("--pool gpu7: no such pool; this daemon has host (0)"));
 }
 
+TEST_F(Rmmctl, PeersWithoutPeeringIsAnEmptyTableThatSaysPeeringIsOff)
+{
+  auto table = rmmctl(in(daemon_, {"peers"}));
+  ASSERT_EQ(table.status, exit_ok) << table.out;
+  auto const lines = lines_of(table.out);
+  ASSERT_EQ(lines.size(), 3u) << table.out;
+  EXPECT_THAT(lines[0], StartsWith("node "));
+  EXPECT_THAT(lines[1],
+              AllOf(StartsWith("NODE"),
+                    HasSubstr("DIRECTION"),
+                    HasSubstr("STATE"),
+                    HasSubstr("PROBE WE/THEY"),
+                    HasSubstr("HOLDS WE HAVE"),
+                    HasSubstr("BYTES THEY HOLD"),
+                    HasSubstr("LAST CONTACT"),
+                    HasSubstr("PROBLEM")));
+  EXPECT_THAT(lines[2], StartsWith("(no peers: peering is off on this node"));
+
+  auto json = rmmctl(in(daemon_, {"peers", "--json"}));
+  ASSERT_EQ(json.status, exit_ok) << json.out;
+  auto peers = parse_json<v1::ListPeersResponse>(json.out);
+  EXPECT_EQ(peers.peers_size(), 0);
+  EXPECT_THAT(json.out, HasSubstr("\"peers\": []"));
+}
+
 TEST_F(Rmmctl, WatchRepeatsFramesWithoutClearingAPipe)
 {
   auto table = rmmctl(in(daemon_, {"health", "--watch", "0.05", "--count", "3"}));

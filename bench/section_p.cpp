@@ -1,0 +1,285 @@
+// Section p of rmmd_bench: peering (section_p.hpp says what it measures).
+
+#include "bench/section_p.hpp"
+
+#include "harness/child_process.hpp"
+#include "harness/daemon_process.hpp"
+
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
+#include "client/detail/session_impl.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace rmmd::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double open_target_ms = 5.0;  // p50, open+map+close, every size
+
+fs::path certs_script()
+{
+  if (char const* p = std::getenv("RMMD_TEST_CERTS_SCRIPT"); p != nullptr && *p != '\0') {
+    return p;
+  }
+  for (auto const& candidate : {fs::path(self_path()).parent_path() / "make-test-certs.sh",
+                                fs::path(RMMD_SOURCE_DIR) / "scripts" / "make-test-certs.sh"}) {
+    if (fs::exists(candidate)) { return candidate; }
+  }
+  return {};
+}
+
+int free_port()
+{
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family      = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len     = sizeof(a);
+  int port          = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) { ::close(fd); }
+  return port;
+}
+
+std::string tls(fs::path const& certs, std::string const& stem)
+{
+  return "  tls { certificate_file: \"" + (certs / (stem + ".pem")).string() +
+         "\" private_key_file: \"" + (certs / (stem + ".key")).string() + "\" trusted_ca_file: \"" +
+         (certs / "ca.pem").string() + "\" }\n";
+}
+
+std::string pools(std::uint64_t limit)
+{
+  return "pools { name: \"host\" backend: HOST capacity_bytes: 67108864 }\n"
+         "pools { name: \"gpu\" backend: CUDA device: 0 handle_types: [POSIX_FD, FABRIC] "
+         "limit_bytes: " +
+         std::to_string(limit) + " }\n";
+}
+
+void check_cuda(cudaError_t e, char const* what)
+{
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
+  }
+}
+
+/// GB/s of `reps` copies of `bytes` that `copy(stream)` enqueues on GPU 1.
+template <typename Copy>
+double copy_gbps(std::size_t bytes, int reps, Copy&& copy)
+{
+  check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
+  cudaStream_t stream{};
+  cudaEvent_t start{}, stop{};
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  copy(stream);  // warm-up
+  check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) { copy(stream); }
+  check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+  check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  return static_cast<double>(bytes) * reps / (static_cast<double>(ms) * 1e6);
+}
+
+}  // namespace
+
+void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
+{
+  auto& out = *st.doc.mutable_peering();
+  auto skip = [&](std::string const& why) {
+    out.set_skipped(why);
+    std::printf("\np) skipped: %s\n", why.c_str());
+  };
+  std::string why;
+  if (int n = visible_gpus(why); n < 2) {
+    skip("it needs 2 GPUs, " + std::to_string(n) + " visible" +
+         (why.empty() ? "" : " (" + why + ")"));
+    return;
+  }
+  if (!fs::exists("/dev/nvidia-caps-imex-channels/channel0")) {
+    skip(
+        "no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): fabric handles cannot be "
+        "imported");
+    return;
+  }
+  auto const script = certs_script();
+  if (script.empty()) {
+    skip("scripts/make-test-certs.sh not found (set RMMD_TEST_CERTS_SCRIPT)");
+    return;
+  }
+  std::printf(
+      "\np) a buffer of another node: daemons A (GPU 0, fabric pool) and B "
+      "(CUDA_VISIBLE_DEVICES=1) peering over mutual TLS on 127.0.0.1; this process opens "
+      "nodeA:NAME through B and maps it on GPU 1\n");
+  try {
+    char tmpl[] = "/tmp/rmmd-bench-peering-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) { throw std::runtime_error("mkdtemp failed"); }
+    fs::path const dir = tmpl;
+    struct remove_dir {
+      fs::path d;
+      ~remove_dir()
+      {
+        std::error_code ec;
+        fs::remove_all(d, ec);
+      }
+    } cleanup{dir};
+    auto const certs = dir / "certs";
+    {
+      harness::child_process made(
+          {"/bin/bash", script.string(), certs.string()}, {}, {.merge_stderr = true});
+      made.close_stdin();
+      auto const said = made.read_all(std::chrono::seconds(60));
+      if (made.wait(std::chrono::seconds(60)).value_or(-1) != 0) {
+        throw std::runtime_error("make-test-certs.sh failed: " + said);
+      }
+    }
+    int const port = free_port();
+    std::ofstream(dir / "a.conf") << pools(std::uint64_t{16} << 30)
+                                  << "peering {\n  node_name: \"nodeA\"\n  listen_address: "
+                                     "\"127.0.0.1:"
+                                  << port << "\"\n"
+                                  << tls(certs, "nodeA")
+                                  << "  grants { identity: \"CN=rmmd-nodeB\" name_prefixes: "
+                                     "\"bench/\" }\n}\n";
+    std::ofstream(dir / "b.conf") << pools(std::uint64_t{4} << 30)
+                                  << "peering {\n  node_name: \"nodeB\"\n"
+                                  << tls(certs, "nodeB")
+                                  << "  peers { name: \"nodeA\" address: \"127.0.0.1:" << port
+                                  << "\" identity: \"CN=rmmd-nodeA\" }\n}\n";
+    auto start_daemon = [&](char const* conf, char const* devices) {
+      return std::make_unique<harness::daemon_process>(harness::daemon_process::options{
+          .program     = rmmd,
+          .args        = {"--config", (dir / conf).string()},
+          .dir_prefix  = "rmmd-bench-p-",
+          .log_to_file = true,
+          .env         = {std::string("CUDA_VISIBLE_DEVICES=") + devices}});
+    };
+    auto a = start_daemon("a.conf", "0");
+    auto b = start_daemon("b.conf", "1");
+    rmmd::session sa({.runtime_dir = a->runtime_dir(), .client_name = "bench-p-producer"});
+    rmmd::session sb({.runtime_dir = b->runtime_dir(), .client_name = "bench-p-consumer"});
+    // Ready: B sees A ready (or says why not).
+    std::string state, problem;
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (state != "ready" && std::chrono::steady_clock::now() < deadline) {
+      v1::ListPeersResponse peers;
+      if (sb.impl().list_peers(&peers).ok()) {
+        for (auto const& p : peers.peers()) {
+          if (p.node_name() == "nodeA") {
+            state   = p.state();
+            problem = p.problem();
+          }
+        }
+      }
+      if (state != "ready") { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+    }
+    if (state != "ready") {
+      throw std::runtime_error("B never saw A ready (state '" + state + "': " + problem +
+                               ")\nA's log:\n" + a->log_tail(20) + "B's log:\n" + b->log_tail(20));
+    }
+
+    std::printf(
+        "  %-10s %6s %10s %10s %10s %8s\n", "size", "reps", "p50 ms", "p99 ms", "max ms", "target");
+    for (std::size_t bytes : cfg.share_sizes) {
+      auto const name = "bench/p" + std::to_string(bytes >> 20);
+      auto made_buf   = rmmd::shared_buffer::create(sa, name, bytes, {.pool = "gpu"});
+      check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+      check_cuda(cudaMemset(made_buf.data(), 0x5a, bytes), "cudaMemset");
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      made_buf.publish();
+      std::size_t const reps = cfg.quick ? 20 : 200;
+      std::vector<double> ns;
+      for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
+        auto const t0 = std::chrono::steady_clock::now();
+        auto r = rmmd::shared_buffer::open(sb, "nodeA:" + name, rmmd::open_options{.device = 1});
+        r.close();
+        auto const t1 = std::chrono::steady_clock::now();
+        if (i >= cfg.share_warmup) {
+          ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+        }
+      }
+      auto const s = summarize(ns);
+      auto* row    = out.add_opens();
+      row->set_mib(u32(bytes >> 20));
+      row->set_reps(u32(reps));
+      row->set_p50_us(s.p50_us);
+      row->set_p99_us(s.p99_us);
+      row->set_max_us(s.max_us);
+      auto const verdict =
+          st.check({.what = "p) remote open+map+close p50, " + std::to_string(bytes >> 20) + " MiB",
+                    .measured = s.p50_us / 1000,
+                    .limit    = open_target_ms,
+                    .unit     = "ms"});
+      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s\n",
+                  bytes >> 20,
+                  reps,
+                  s.p50_us / 1000,
+                  s.p99_us / 1000,
+                  s.max_us / 1000,
+                  verdict.c_str());
+    }
+
+    // Read bandwidth: GPU 1 copies a remote buffer out of its mapping, and
+    // cudaMemcpyPeer copies the same bytes from GPU 0 to GPU 1.
+    std::size_t const read_bytes = cfg.share_sizes.back();
+    auto const read_name         = "bench/p" + std::to_string(read_bytes >> 20);
+    auto remote =
+        rmmd::shared_buffer::open(sb, "nodeA:" + read_name, rmmd::open_options{.device = 1});
+    void* dst  = nullptr;
+    void* src0 = nullptr;
+    check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
+    check_cuda(cudaMalloc(&dst, read_bytes), "cudaMalloc on GPU 1");
+    check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+    check_cuda(cudaMalloc(&src0, read_bytes), "cudaMalloc on GPU 0");
+    int const reps           = cfg.quick ? 3 : 10;
+    double const remote_gbps = copy_gbps(read_bytes, reps, [&](cudaStream_t s) {
+      check_cuda(cudaMemcpyAsync(dst, remote.data(), read_bytes, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync from the remote mapping");
+    });
+    double const peer_gbps   = copy_gbps(read_bytes, reps, [&](cudaStream_t s) {
+      check_cuda(cudaMemcpyPeerAsync(dst, 1, src0, 0, read_bytes, s), "cudaMemcpyPeerAsync");
+    });
+    remote.close();
+    cudaFree(dst);
+    cudaFree(src0);
+    out.set_read_mib(u32(read_bytes >> 20));
+    out.set_remote_read_gbps(remote_gbps);
+    out.set_peer_copy_gbps(peer_gbps);
+    std::printf(
+        "  GPU 1 reads a remote %zu MiB buffer: %.1f GB/s; cudaMemcpyPeer GPU 0 -> 1: "
+        "%.1f GB/s (same run)\n",
+        read_bytes >> 20,
+        remote_gbps,
+        peer_gbps);
+  } catch (std::exception const& e) {
+    st.error("p", e.what());
+  }
+}
+
+}  // namespace rmmd::bench

@@ -1,0 +1,420 @@
+// Peering between daemons of different nodes (docs/operations.md, "Across
+// nodes"), on one host with two GPUs: two real daemons with runtime
+// directories and TCP ports of their own stand for nodes A and B. A serves a
+// fabric pool on GPU 0 and grants CN=rmmd-nodeB the prefix "peertest/"; B
+// runs under CUDA_VISIBLE_DEVICES=1 and dials A with mutual TLS
+// (certificates from scripts/make-test-certs.sh). Clients are real
+// processes (rmmd_share_client, posix_spawn): A's producer writes a pattern
+// on GPU 0, B's consumer opens nodeA:NAME on GPU 1 through its daemon and
+// copies it back on its GPU.
+//
+// Needs 2 GPUs and an IMEX channel (/dev/nvidia-caps-imex-channels/channel0,
+// created as root: DEVELOPERS.md, "On the GPU host"); skips saying which is
+// missing. The certificate script is found at $RMMD_TEST_CERTS_SCRIPT, else
+// in the source tree (RMMD_SOURCE_DIR), else beside this binary.
+
+#include "tests/gpu/gpu_count.hpp"
+#include "tests/tools/child_process.hpp"
+
+#include "harness/daemon_process.hpp"
+#include "rmmd/v1/rmmd.pb.h"
+
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
+#include "client/detail/session_impl.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rmmd::test {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr std::size_t buffer_bytes     = std::size_t{64} << 20;
+constexpr std::uint32_t hold_lease_ms  = 3000;
+constexpr std::uint32_t renew_every_ms = 500;
+
+fs::path const imex_channel{"/dev/nvidia-caps-imex-channels/channel0"};
+
+/// scripts/make-test-certs.sh, or empty when it is nowhere to be found.
+fs::path certs_script()
+{
+  if (char const* p = std::getenv("RMMD_TEST_CERTS_SCRIPT"); p != nullptr && *p != '\0') {
+    return p;
+  }
+  for (auto const& candidate :
+       {fs::path(RMMD_SOURCE_DIR) / "scripts" / "make-test-certs.sh",
+        fs::read_symlink("/proc/self/exe").parent_path() / "make-test-certs.sh"}) {
+    if (fs::exists(candidate)) { return candidate; }
+  }
+  return {};
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port()
+{
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family      = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len     = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) { ::close(fd); }
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// One node's daemon: its config file, runtime directory and CUDA devices.
+struct node {
+  std::string name;
+  fs::path config;
+  std::string visible_devices;
+  std::unique_ptr<harness::daemon_process> daemon;
+
+  [[nodiscard]] std::vector<std::string> client_env() const
+  {
+    return {"RMMD_RUNTIME_DIR=" + daemon->runtime_dir().string(),
+            "CUDA_VISIBLE_DEVICES=" + visible_devices};
+  }
+  [[nodiscard]] rmmd::session session() const
+  {
+    return rmmd::session({.runtime_dir = daemon->runtime_dir(), .client_name = "peering-test"});
+  }
+  [[nodiscard]] v1::ListPeersResponse peers() const
+  {
+    auto s = session();
+    v1::ListPeersResponse out;
+    auto status = s.impl().list_peers(&out);
+    EXPECT_TRUE(status.ok()) << name << ": ListPeers: " << status.error_message();
+    return out;
+  }
+  [[nodiscard]] std::optional<v1::PeerInfo> peer(std::string const& node_name) const
+  {
+    auto const listed = peers();
+    for (auto const& p : listed.peers()) {
+      if (p.node_name() == node_name) { return p; }
+    }
+    return std::nullopt;
+  }
+  /// Holders of buffer `name` as this daemon counts them (0: no such buffer).
+  [[nodiscard]] std::uint32_t holders(std::string const& buffer) const
+  {
+    for (auto const& b : rmmd::shared_buffer::list(session(), {.name_prefix = buffer})) {
+      if (b.name == buffer) { return b.holders; }
+    }
+    return 0;
+  }
+  void start()
+  {
+    harness::daemon_process::options o{.program     = program_path("rmmd"),
+                                       .args        = {"--config", config.string()},
+                                       .dir_prefix  = "rmmd-" + name + "-",
+                                       .log_to_file = true,
+                                       .env         = {"CUDA_VISIBLE_DEVICES=" + visible_devices}};
+    daemon = std::make_unique<harness::daemon_process>(std::move(o));
+  }
+};
+
+std::string tls_block(fs::path const& certs, std::string const& stem)
+{
+  return "  tls {\n    certificate_file: \"" + (certs / (stem + ".pem")).string() +
+         "\"\n    private_key_file: \"" + (certs / (stem + ".key")).string() +
+         "\"\n    trusted_ca_file: \"" + (certs / "ca.pem").string() + "\"\n  }\n";
+}
+
+std::string timing_block()
+{
+  return "  hold_lease_ms: " + std::to_string(hold_lease_ms) +
+         "\n  renew_interval_ms: " + std::to_string(renew_every_ms) + "\n  keepalive_ms: 1000\n";
+}
+
+/// A's: a host pool and a fabric pool on its GPU; listens, grants nodeB
+/// "peertest/".
+std::string config_a(fs::path const& certs, int port)
+{
+  return "pools { name: \"host\" backend: HOST capacity_bytes: 67108864 }\n"
+         "pools { name: \"gpu\" backend: CUDA device: 0 handle_types: [POSIX_FD, FABRIC]\n"
+         "        limit_bytes: 8589934592 }\n"
+         "peering {\n  node_name: \"nodeA\"\n  listen_address: \"127.0.0.1:" +
+         std::to_string(port) + "\"\n" + tls_block(certs, "nodeA") +
+         "  grants { identity: \"CN=rmmd-nodeB\" name_prefixes: \"peertest/\" }\n" +
+         timing_block() + "}\n";
+}
+
+/// A dialer's (B's, or C's with another certificate or none): dials A.
+std::string config_dialer(std::string const& node_name,
+                          fs::path const& certs,
+                          std::string const& stem,  // empty: plaintext
+                          int port_a)
+{
+  std::string peering = "peering {\n  node_name: \"" + node_name + "\"\n";
+  peering += stem.empty() ? "  insecure_plaintext_for_tests: true\n" : tls_block(certs, stem);
+  peering += "  peers { name: \"nodeA\" address: \"127.0.0.1:" + std::to_string(port_a) +
+             "\" identity: \"CN=rmmd-nodeA\" }\n";
+  return "pools { name: \"host\" backend: HOST capacity_bytes: 67108864 }\n"
+         "pools { name: \"gpu\" backend: CUDA device: 0 handle_types: [POSIX_FD, FABRIC]\n"
+         "        limit_bytes: 4294967296 }\n" +
+         peering + timing_block() + "}\n";
+}
+
+/// The child's next line of output (or what says there was none).
+std::string next_line(child_process& p)
+{
+  return p.read_line(60s).value_or("(no line: it ended or 60 s passed)");
+}
+
+void write_file(fs::path const& path, std::string const& text)
+{
+  std::ofstream(path) << text;
+}
+
+class Peering : public ::testing::Test {
+ protected:
+  void SetUp() override
+  {
+    REQUIRE_GPUS(2);
+    if (!fs::exists(imex_channel)) {
+      GTEST_SKIP() << "no IMEX channel (" << imex_channel.string()
+                   << "): fabric handles cannot be imported; create it as root "
+                      "(DEVELOPERS.md, \"On the GPU host\")";
+    }
+    auto script = certs_script();
+    if (script.empty()) {
+      GTEST_SKIP() << "scripts/make-test-certs.sh not found: set RMMD_TEST_CERTS_SCRIPT";
+    }
+    char tmpl[] = "/tmp/rmmd-peering-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_      = tmpl;
+    auto made = run({"/bin/bash", script.string(), (dir_ / "certs").string()}, 60s);
+    ASSERT_EQ(made.status, 0) << made.out;
+    port_a_ = free_port();
+    ASSERT_NE(port_a_, 0);
+    a_ = {.name = "nodeA", .config = dir_ / "a.conf", .visible_devices = "0", .daemon = nullptr};
+    b_ = {.name = "nodeB", .config = dir_ / "b.conf", .visible_devices = "1", .daemon = nullptr};
+    write_file(a_.config, config_a(certs(), port_a_));
+    write_file(b_.config, config_dialer("nodeB", certs(), "nodeB", port_a_));
+    a_.start();
+    b_.start();
+    ASSERT_TRUE(eventually(
+        [&] {
+          auto p = b_.peer("nodeA");
+          return p && p->state() == "ready";
+        },
+        30s))
+        << "B never saw A ready:\n"
+        << b_.peers().DebugString() << "B's log:\n"
+        << b_.daemon->log_tail(30) << "A's log:\n"
+        << a_.daemon->log_tail(30);
+  }
+
+  void TearDown() override
+  {
+    clients_.clear();
+    c_.daemon.reset();
+    b_.daemon.reset();
+    a_.daemon.reset();
+    if (!dir_.empty()) { fs::remove_all(dir_); }
+  }
+
+  [[nodiscard]] fs::path certs() const
+  {
+    return dir_ / "certs";
+  }
+
+  child_process& client(node const& n, std::vector<std::string> args)
+  {
+    std::vector<std::string> argv{program_path("rmmd_share_client").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    clients_.push_back(std::make_unique<child_process>(argv, n.client_env()));
+    return *clients_.back();
+  }
+
+  /// A producer on A that published `name` (64 MiB of seed 7's pattern).
+  child_process& produce(std::string const& name)
+  {
+    auto& p = client(a_, {"produce", name, std::to_string(buffer_bytes), "7"});
+    EXPECT_THAT(next_line(p), StartsWith("created "));
+    EXPECT_EQ(next_line(p), "published");
+    return p;
+  }
+
+  fs::path dir_;
+  int port_a_{};
+  node a_, b_, c_;
+  std::vector<std::unique_ptr<child_process>> clients_;
+};
+
+TEST_F(Peering, BothSidesAreReadyWithTheProbeImportedBothWays)
+{
+  auto const on_b = b_.peer("nodeA");
+  ASSERT_TRUE(on_b);
+  EXPECT_EQ(on_b->state(), "ready") << on_b->problem();
+  EXPECT_TRUE(on_b->probe_ok()) << on_b->problem();
+  EXPECT_TRUE(on_b->their_probe_ok()) << on_b->problem();
+  EXPECT_EQ(on_b->identity(), "CN=rmmd-nodeA");
+  EXPECT_THAT(on_b->direction(), ::testing::AnyOf("dialed", "both"));
+  EXPECT_EQ(b_.peers().node_name(), "nodeB");
+
+  ASSERT_TRUE(eventually([&] { return a_.peer("nodeB").has_value(); }));
+  auto const on_a = a_.peer("nodeB");
+  EXPECT_EQ(on_a->state(), "ready") << on_a->problem();
+  EXPECT_TRUE(on_a->probe_ok()) << on_a->problem();
+  EXPECT_TRUE(on_a->their_probe_ok()) << on_a->problem();
+  EXPECT_EQ(on_a->identity(), "CN=rmmd-nodeB");
+  EXPECT_THAT(on_a->direction(), ::testing::AnyOf("accepted", "both"));
+  EXPECT_EQ(a_.peers().node_name(), "nodeA");
+}
+
+TEST_F(Peering, ARemoteOpenReadsTheSameBytesReadOnlyAndHoldsOnA)
+{
+  auto& producer = produce("peertest/w");
+  ASSERT_EQ(a_.holders("peertest/w"), 1u);
+
+  auto& consumer = client(b_, {"consume", "nodeA:peertest/w", std::to_string(buffer_bytes), "7"});
+  auto const verified = next_line(consumer);
+  ASSERT_THAT(verified, StartsWith("verified " + std::to_string(buffer_bytes)))
+      << "B's log:\n"
+      << b_.daemon->log_tail(20) << "A's log:\n"
+      << a_.daemon->log_tail(20);
+  std::cout << "note: remote open (open, import, map) took "
+            << verified.substr(verified.rfind(' ') + 1) << " us\n";
+
+  // The remote hold counts on A like a local one, and each side lists it.
+  EXPECT_TRUE(eventually([&] { return a_.holders("peertest/w") == 2; }));
+  auto const on_a = a_.peer("nodeB");
+  ASSERT_TRUE(on_a);
+  EXPECT_EQ(on_a->holds_they_have(), 1u);
+  EXPECT_GE(on_a->bytes_they_hold(), buffer_bytes);
+  auto const on_b = b_.peer("nodeA");
+  ASSERT_TRUE(on_b);
+  EXPECT_EQ(on_b->holds_we_have(), 1u);
+  EXPECT_GE(on_b->bytes_we_hold(), buffer_bytes);
+
+  // Read-only: a write from B faults in the writer alone.
+  auto& writer = client(b_, {"write", "nodeA:peertest/w", std::to_string(buffer_bytes), "9"});
+  EXPECT_THAT(next_line(writer), StartsWith("cuda-error "));
+  EXPECT_EQ(writer.wait(), 3);
+
+  // Closing ends the hold on A; the bytes there are untouched.
+  consumer.close_stdin();
+  EXPECT_EQ(next_line(consumer), "intact");
+  EXPECT_EQ(consumer.wait(), 0);
+  EXPECT_TRUE(eventually([&] {
+    auto p = a_.peer("nodeB");
+    return a_.holders("peertest/w") == 1 && p && p->holds_they_have() == 0;
+  }));
+  producer.close_stdin();
+  EXPECT_EQ(next_line(producer), "intact");
+  EXPECT_EQ(producer.wait(), 0);
+}
+
+TEST_F(Peering, ASigkilledPeerLosesItsHoldsOnAWhenItsLeaseEnds)
+{
+  auto& producer = produce("peertest/k");
+  auto& consumer = client(b_, {"consume", "nodeA:peertest/k", std::to_string(buffer_bytes), "7"});
+  ASSERT_THAT(next_line(consumer), StartsWith("verified "));
+  ASSERT_TRUE(eventually([&] { return a_.holders("peertest/k") == 2; }));
+
+  ::kill(b_.daemon->pid(), SIGKILL);
+  // No CloseHolds comes: the lease ends it (hold_lease_ms, and the reaper's
+  // round on top).
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto p = a_.peer("nodeB");
+        return a_.holders("peertest/k") == 1 && (!p || p->holds_they_have() == 0);
+      },
+      std::chrono::milliseconds(hold_lease_ms) + 15s))
+      << a_.daemon->log_tail(20);
+  auto const log = a_.daemon->log_tail(200);
+  EXPECT_THAT(log, HasSubstr("nodeB")) << log;
+  EXPECT_THAT(log,
+              ::testing::ContainsRegex("hold.*(expire|lease|renew)|(expire|lease|renew).*hold"))
+      << log;
+  consumer.kill(SIGKILL);
+  producer.close_stdin();
+  EXPECT_EQ(next_line(producer), "intact");
+}
+
+TEST_F(Peering, ABufferOutsideTheGrantIsPermissionDenied)
+{
+  auto& producer  = produce("private/w");
+  auto& opener    = client(b_, {"try-open", "nodeA:private/w"});
+  auto const line = next_line(opener);
+  EXPECT_THAT(line, StartsWith("error permission"));
+  EXPECT_THAT(line, HasSubstr("private/w"));
+  EXPECT_THAT(line, HasSubstr("CN=rmmd-nodeB"));
+  EXPECT_EQ(opener.wait(), 2);
+  EXPECT_EQ(a_.holders("private/w"), 1u);
+  auto const on_a = a_.peer("nodeB");
+  ASSERT_TRUE(on_a);
+  EXPECT_EQ(on_a->holds_they_have(), 0u);
+
+  // A node B has no peer for.
+  auto& nowhere = client(b_, {"try-open", "nodeZ:peertest/w"});
+  EXPECT_THAT(next_line(nowhere), StartsWith("error not_found"));
+  producer.close_stdin();
+}
+
+/// A third daemon C that A must refuse: a certificate of another CA, an
+/// expired one, or no TLS at all.
+class RefusedPeer : public Peering, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(RefusedPeer, IsUnreachableWithAReasonAndChangesNothingOnA)
+{
+  ASSERT_TRUE(eventually([&] { return a_.peer("nodeB").has_value(); }));
+  auto const before = a_.peers();
+
+  std::string const stem = GetParam() == "plaintext" ? "" : GetParam();
+  c_ = {.name = "nodeC", .config = dir_ / "c.conf", .visible_devices = "1", .daemon = nullptr};
+  write_file(c_.config, config_dialer("nodeC", certs(), stem, port_a_));
+  c_.start();
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto p = c_.peer("nodeA");
+        return p && p->state() == "unreachable" && !p->problem().empty();
+      },
+      30s))
+      << c_.peers().DebugString() << c_.daemon->log_tail(20);
+  std::cout << "note: C (" << GetParam() << ") sees A: " << c_.peer("nodeA")->problem() << "\n";
+
+  auto const after = a_.peers();
+  ASSERT_EQ(after.peers_size(), before.peers_size()) << after.DebugString();
+  for (int i = 0; i < after.peers_size(); ++i) {
+    EXPECT_EQ(after.peers(i).node_name(), before.peers(i).node_name());
+    EXPECT_EQ(after.peers(i).state(), before.peers(i).state());
+    EXPECT_EQ(after.peers(i).holds_they_have(), before.peers(i).holds_they_have());
+  }
+  EXPECT_FALSE(a_.peer("nodeC").has_value());
+  // B is still served.
+  auto on_b = b_.peer("nodeA");
+  ASSERT_TRUE(on_b);
+  EXPECT_EQ(on_b->state(), "ready");
+}
+
+INSTANTIATE_TEST_SUITE_P(Certificates,
+                         RefusedPeer,
+                         ::testing::Values("stranger", "expired", "plaintext"));
+
+}  // namespace
+}  // namespace rmmd::test
