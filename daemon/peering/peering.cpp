@@ -321,12 +321,23 @@ void peering::list_peers(v1::ListPeersResponse* reply) const
     p->set_holds_we_have(static_cast<std::uint32_t>(v.holds));
     p->set_bytes_we_hold(v.bytes);
     p->set_last_contact_unix_ms(unix_ms(v.last_contact));
-    for (std::size_t i = 0; i < accepted.size(); ++i) {
+    // The caller that is this node: by the name it gives itself (several
+    // nodes may share one certificate subject), else by the subject alone.
+    auto const same_node = [&](accepted_peer const& a) {
+      return a.node_name == v.peer.name ||
+             (!v.node_name_seen.empty() && a.node_name == v.node_name_seen);
+    };
+    auto match = accepted.size();
+    for (std::size_t i = 0; i < accepted.size() && match == accepted.size(); ++i) {
+      if (!shown[i] && same_node(accepted[i])) { match = i; }
+    }
+    for (std::size_t i = 0; i < accepted.size() && match == accepted.size(); ++i) {
       auto const& a = accepted[i];
-      bool const same =
-          a.node_name == v.peer.name || (!a.identity.empty() && a.identity == v.identity_seen);
-      if (!same || shown[i]) { continue; }
-      shown[i] = true;
+      if (!shown[i] && !a.identity.empty() && a.identity == v.identity_seen) { match = i; }
+    }
+    if (match < accepted.size()) {
+      auto const& a = accepted[match];
+      shown[match]  = true;
       p->set_direction("both");
       p->set_holds_they_have(static_cast<std::uint32_t>(a.holds));
       p->set_bytes_they_hold(a.bytes);

@@ -4,6 +4,7 @@
 #include "daemon/log.hpp"
 
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 
 #include <algorithm>
 
@@ -35,12 +36,12 @@ void remote_hold_ledger::hello(std::string const& identity,
                                std::string const& probe_problem)
 {
   std::lock_guard lock(mutex_);
-  auto& c = callers_[identity];
+  auto& c = callers_[caller_key{identity, node_name}];
   if (c.incarnation != 0 && c.incarnation != incarnation) {
     std::size_t ended = 0;
     for (auto it = holds_.begin(); it != holds_.end();) {
       auto next = std::next(it);
-      if (it->second.identity == identity && it->second.incarnation != incarnation) {
+      if (it->second.identity == identity && it->second.incarnation == c.incarnation) {
         end_locked(it);
         ++ended;
       }
@@ -53,7 +54,6 @@ void remote_hold_ledger::hello(std::string const& identity,
                 ended);
     }
   }
-  c.node_name             = node_name;
   c.address               = address;
   c.incarnation           = incarnation;
   c.we_imported_its_probe = we_imported_its_probe;
@@ -61,26 +61,31 @@ void remote_hold_ledger::hello(std::string const& identity,
   c.last_contact          = std::chrono::system_clock::now();
 }
 
-absl::Status remote_hold_ledger::check_incarnation_locked(std::string const& identity,
-                                                          std::uint64_t incarnation,
-                                                          char const* what)
+absl::StatusOr<remote_hold_ledger::caller_key> remote_hold_ledger::check_incarnation_locked(
+    std::string const& identity, std::uint64_t incarnation, char const* what)
 {
-  auto it = callers_.find(identity);
-  if (it == callers_.end() || it->second.incarnation == 0) {
+  std::vector<std::uint64_t> live;
+  for (auto it = callers_.lower_bound(caller_key{identity, std::string()});
+       it != callers_.end() && it->first.first == identity;
+       ++it) {
+    if (it->second.incarnation == 0) { continue; }
+    if (it->second.incarnation == incarnation) {
+      it->second.last_contact = std::chrono::system_clock::now();
+      return it->first;
+    }
+    live.push_back(it->second.incarnation);
+  }
+  if (live.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: peer '%s' has not said Hello; call Hello first", what, shown(identity)));
   }
-  if (it->second.incarnation != incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("%s: incarnation %d of peer '%s' is not the one its last Hello gave (%d); "
-                        "call Hello again",
-                        what,
-                        incarnation,
-                        shown(identity),
-                        it->second.incarnation));
-  }
-  it->second.last_contact = std::chrono::system_clock::now();
-  return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrFormat("%s: incarnation %d of peer '%s' is not the one any of its nodes' last "
+                      "Hello gave (%s); call Hello again",
+                      what,
+                      incarnation,
+                      shown(identity),
+                      absl::StrJoin(live, ", ")));
 }
 
 absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string const& identity,
@@ -94,7 +99,7 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
   }
   if (auto s = check_incarnation_locked(identity, incarnation, "open a buffer from another node");
       !s.ok()) {
-    return s;
+    return s.status();
   }
   auto grant = core_.open_remote_buffer(open.name, open.how);
   if (!grant.ok()) { return grant.status(); }
@@ -116,7 +121,7 @@ absl::StatusOr<std::vector<std::uint64_t>> remote_hold_ledger::renew(
 {
   std::lock_guard lock(mutex_);
   if (auto s = check_incarnation_locked(identity, incarnation, "renew holds"); !s.ok()) {
-    return s;
+    return s.status();
   }
   std::vector<std::uint64_t> unknown;
   for (auto id : ids) {
@@ -137,7 +142,7 @@ absl::Status remote_hold_ledger::close(std::string const& identity,
 {
   std::lock_guard lock(mutex_);
   if (auto s = check_incarnation_locked(identity, incarnation, "close holds"); !s.ok()) {
-    return s;
+    return s.status();
   }
   for (auto id : ids) {
     auto it = holds_.find(id);
@@ -148,6 +153,15 @@ absl::Status remote_hold_ledger::close(std::string const& identity,
     end_locked(it);
   }
   return absl::OkStatus();
+}
+
+std::string remote_hold_ledger::node_of_locked(std::string const& identity,
+                                               std::uint64_t incarnation) const
+{
+  for (auto const& [key, c] : callers_) {
+    if (key.first == identity && c.incarnation == incarnation) { return key.second; }
+  }
+  return "?";
 }
 
 void remote_hold_ledger::end_locked(std::map<std::uint64_t, hold>::iterator it) noexcept
@@ -165,8 +179,7 @@ std::size_t remote_hold_ledger::expire(clock::time_point now)
     auto const since =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.renewed);
     if (since > lease_) {
-      auto c          = callers_.find(it->second.identity);
-      auto const node = c == callers_.end() ? std::string("?") : c->second.node_name;
+      auto const node = node_of_locked(it->second.identity, it->second.incarnation);
       log::warn(
           "peer '%s' (node '%s'): hold %d on buffer %s ended: not renewed for %d ms (lease %d "
           "ms); its daemon is gone or cut off",
@@ -217,16 +230,17 @@ std::vector<accepted_peer> remote_hold_ledger::accepted() const
 {
   std::lock_guard lock(mutex_);
   std::vector<accepted_peer> out;
-  for (auto const& [identity, c] : callers_) {
+  for (auto const& [key, c] : callers_) {
+    auto const& identity = key.first;
     accepted_peer p{.identity              = identity,
-                    .node_name             = c.node_name,
+                    .node_name             = key.second,
                     .address               = c.address,
                     .incarnation           = c.incarnation,
                     .we_imported_its_probe = c.we_imported_its_probe,
                     .probe_problem         = c.probe_problem,
                     .last_contact          = c.last_contact};
     for (auto const& [id, h] : holds_) {
-      if (h.identity == identity) {
+      if (h.identity == identity && h.incarnation == c.incarnation) {
         ++p.holds;
         p.bytes += h.bytes;
       }

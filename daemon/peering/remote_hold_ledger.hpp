@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace rmmd::peering {
@@ -62,9 +63,11 @@ class remote_hold_ledger {
     return lease_;
   }
 
-  /// A Hello from `identity`: its node name, incarnation and our verdict on
-  /// its probe. A new incarnation ends every hold of the old one (that
-  /// daemon is gone).
+  /// A Hello from `identity` on node `node_name`: its incarnation and our
+  /// verdict on its probe. A caller is (identity, node name): nodes may share
+  /// one certificate (a DaemonSet's Secret), so only a new incarnation from
+  /// the same identity and node name ends the holds of its old one (that
+  /// daemon is gone); other nodes' holds under the identity stay.
   void hello(std::string const& identity,
              std::string const& node_name,
              std::string const& address,
@@ -73,8 +76,9 @@ class remote_hold_ledger {
              std::string const& probe_problem);
 
   /// A hold of `open.name` for `identity`. FAILED_PRECONDITION when
-  /// `incarnation` is not the one its last Hello gave (or it said none);
-  /// otherwise what core::daemon_core::open_remote_buffer answers.
+  /// `incarnation` is not the live one of any node under `identity` (the one
+  /// its last Hello gave); otherwise what core::daemon_core::open_remote_buffer
+  /// answers.
   absl::StatusOr<core::remote_buffer_grant> open(std::string const& identity,
                                                  std::uint64_t incarnation,
                                                  checked_open const& open,
@@ -120,7 +124,6 @@ class remote_hold_ledger {
     std::string buffer{};
   };
   struct caller {
-    std::string node_name{};
     std::string address{};
     std::uint64_t incarnation{};
     bool we_imported_its_probe{false};
@@ -128,9 +131,17 @@ class remote_hold_ledger {
     std::chrono::system_clock::time_point last_contact{};
   };
 
-  absl::Status check_incarnation_locked(std::string const& identity,
-                                        std::uint64_t incarnation,
-                                        char const* what);
+  /// (identity, node name): one daemon, whatever certificate it shares.
+  using caller_key = std::pair<std::string, std::string>;
+
+  /// The caller under `identity` whose live incarnation is `incarnation`;
+  /// FAILED_PRECONDITION when none.
+  absl::StatusOr<caller_key> check_incarnation_locked(std::string const& identity,
+                                                      std::uint64_t incarnation,
+                                                      char const* what);
+  /// The node name of `identity`'s caller at `incarnation` ("?": none now).
+  [[nodiscard]] std::string node_of_locked(std::string const& identity,
+                                           std::uint64_t incarnation) const;
   void end_locked(std::map<std::uint64_t, hold>::iterator it) noexcept;
 
   core::daemon_core& core_;
@@ -138,8 +149,8 @@ class remote_hold_ledger {
   mutable std::mutex mutex_;
   std::condition_variable stop_wake_;
   bool stopping_{false};
-  std::map<std::string, caller> callers_;  // by identity
-  std::map<std::uint64_t, hold> holds_;    // by the core's remote hold id
+  std::map<caller_key, caller> callers_;
+  std::map<std::uint64_t, hold> holds_;  // by the core's remote hold id
   std::atomic<std::uint64_t> expiries_{0};
   std::thread reaper_;
 };

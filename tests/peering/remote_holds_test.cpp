@@ -208,6 +208,45 @@ TEST_F(RemoteHolds, ANewIncarnationEndsTheOldOnesHolds)
   EXPECT_TRUE(core_->remote_holds().empty());
 }
 
+TEST_F(RemoteHolds, NodesSharingACertificateKeepEachOthersHolds)
+{
+  // A DaemonSet gives every node the same Secret: one identity, two nodes.
+  publish("w/fab", fabric_);
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  ledger_->hello("CN=ds", "node1", "ipv4:1", 11, false, "");
+  ledger_->hello("CN=ds", "node2", "ipv4:2", 22, false, "");
+  auto one = ledger_->open("CN=ds", 11, open_of("w/fab"), {});
+  auto two = ledger_->open("CN=ds", 22, open_of("w/fab"), {});
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(holders("w/fab"), 3u);
+  // Each says Hello again (a redial, the same daemon): nothing ends.
+  ledger_->hello("CN=ds", "node1", "ipv4:1", 11, false, "");
+  ledger_->hello("CN=ds", "node2", "ipv4:2", 22, false, "");
+  EXPECT_EQ(holders("w/fab"), 3u);
+  // Each renews and closes only its own.
+  auto unknown = ledger_->renew("CN=ds", 22, {one->hold, two->hold});
+  ASSERT_TRUE(unknown.ok()) << unknown.status();
+  EXPECT_THAT(*unknown, ::testing::ElementsAre(one->hold));
+  ASSERT_TRUE(ledger_->close("CN=ds", 22, {one->hold}).ok());
+  EXPECT_EQ(holders("w/fab"), 3u);
+  // node2's daemon starts again: its hold ends, node1's stays.
+  ledger_->hello("CN=ds", "node2", "ipv4:2", 23, false, "");
+  EXPECT_EQ(holders("w/fab"), 2u);
+  EXPECT_EQ(ledger_->renew("CN=ds", 22, {two->hold}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto kept = ledger_->renew("CN=ds", 11, {one->hold});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->empty());
+  EXPECT_TRUE(ledger_->open("CN=ds", 23, open_of("w/fab"), {}).ok());
+  EXPECT_EQ(holders("w/fab"), 3u);
+  auto peers = ledger_->accepted();
+  ASSERT_EQ(peers.size(), 2u);
+  EXPECT_EQ(peers[0].node_name, "node1");
+  EXPECT_EQ(peers[0].holds, 1u);
+  EXPECT_EQ(peers[1].node_name, "node2");
+  EXPECT_EQ(peers[1].holds, 1u);
+}
+
 TEST_F(RemoteHolds, StopEndsEveryHold)
 {
   publish("w/fab", fabric_);
