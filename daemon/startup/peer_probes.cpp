@@ -12,8 +12,12 @@ namespace rmmd::startup {
 peering::probe_exchange make_peer_probes(core::daemon_core const& core)
 {
   for (auto const& pool : core.pools()) {
+    // handle_types names fabric only where startup/pools proved the export
+    // (the child's probe, then one pool made in-process): never export here
+    // where that said no. Not pool.fabric_handle: with per-uid tenancy no
+    // tenant's backend exists at start, so it is empty.
     bool const fabric =
-        pool.backend == core::backend_kind::cuda && !pool.fabric_handle.empty() &&
+        pool.backend == core::backend_kind::cuda &&
         std::find(pool.handle_types.begin(), pool.handle_types.end(), core::handle_type::fabric) !=
             pool.handle_types.end();
     if (!fabric) { continue; }
