@@ -5,6 +5,8 @@
 
 #include <absl/strings/str_format.h>
 
+#include <algorithm>
+
 namespace rmmd::peering {
 namespace {
 
@@ -64,6 +66,25 @@ absl::StatusOr<checked_open> check_remote_open(
   out.how.access        = writing ? core::buffer_access::read_write : core::buffer_access::read;
   out.how.expect_labels = wire::from_proto(request.expect_labels());
   return out;
+}
+
+absl::Status check_hello(std::vector<config::peer_grant_settings> const& grants,
+                         std::vector<std::string> const& peer_identities,
+                         std::string const& identity)
+{
+  for (auto const& g : grants) {
+    if (g.identity == "*" || (!identity.empty() && g.identity == identity)) {
+      return absl::OkStatus();
+    }
+  }
+  if (!identity.empty() && std::find(peer_identities.begin(), peer_identities.end(), identity) !=
+                               peer_identities.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "peer '%s' may not peer with this node: no peering.grants entry names its identity (nor "
+      "\"*\"), and no peering.peers entry has it as its identity",
+      identity.empty() ? std::string("(plaintext, no certificate)") : identity));
 }
 
 }  // namespace rmmd::peering

@@ -33,4 +33,11 @@ absl::StatusOr<checked_open> check_remote_open(
     std::string const& identity,
     v1::RemoteOpenRequest const& request);
 
+/// Whether `identity` may say Hello here: some peering.grants entry names it
+/// (or is "*"), or it is one of `peer_identities` (the non-empty identities
+/// of peering.peers). PERMISSION_DENIED in words otherwise.
+absl::Status check_hello(std::vector<config::peer_grant_settings> const& grants,
+                         std::vector<std::string> const& peer_identities,
+                         std::string const& identity);
+
 }  // namespace rmmd::peering

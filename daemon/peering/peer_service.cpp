@@ -54,13 +54,17 @@ peer_service::peer_service(std::string node_name,
                            std::uint64_t incarnation,
                            probe_exchange const& probes,
                            remote_hold_ledger& ledger,
-                           std::vector<config::peer_grant_settings> grants)
+                           std::vector<config::peer_grant_settings> grants,
+                           std::vector<config::peer_node_settings> const& peers)
     : node_name_(std::move(node_name)),
       incarnation_(incarnation),
       probes_(probes),
       ledger_(ledger),
       grants_(std::make_shared<std::vector<config::peer_grant_settings> const>(std::move(grants)))
 {
+  for (auto const& p : peers) {
+    if (!p.identity.empty()) { peer_identities_.push_back(p.identity); }
+  }
 }
 
 void peer_service::set_grants(std::vector<config::peer_grant_settings> grants)
@@ -81,6 +85,13 @@ grpc::Status peer_service::Hello(grpc::ServerContext* context,
                                  v1::PeerWelcome* response)
 {
   auto const identity = caller_identity(*context);
+  if (auto s = check_hello(*grants(), peer_identities_, identity); !s.ok()) {
+    log::warn("peering: refused a Hello from %s (node '%s'): %s",
+              context->peer(),
+              request->node_name(),
+              s.message());
+    return wire::to_grpc_status(s);
+  }
   if (request->incarnation() == 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "hello: incarnation 0; a daemon sends a random nonzero one");

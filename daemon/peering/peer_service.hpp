@@ -30,8 +30,11 @@ class peer_service final : public v1::RmmdPeer::Service {
                std::uint64_t incarnation,
                probe_exchange const& probes,
                remote_hold_ledger& ledger,
-               std::vector<config::peer_grant_settings> grants);
+               std::vector<config::peer_grant_settings> grants,
+               std::vector<config::peer_node_settings> const& peers);
 
+  /// Hello is answered only for an identity that `grants` (or "*") or one of
+  /// `peers`' identities names: PERMISSION_DENIED otherwise, nothing recorded.
   /// A reload's grants; calls in flight keep the ones they read.
   void set_grants(std::vector<config::peer_grant_settings> grants);
 
@@ -57,6 +60,7 @@ class peer_service final : public v1::RmmdPeer::Service {
   remote_hold_ledger& ledger_;
   mutable std::mutex grants_mutex_;
   std::shared_ptr<std::vector<config::peer_grant_settings> const> grants_;
+  std::vector<std::string> peer_identities_;  // peering.peers' non-empty identities
 };
 
 /// FabricProbe <-> fabric_probe.

@@ -82,7 +82,7 @@ peering::peering(core::daemon_core& core,
       incarnation_(random_incarnation()),
       probes_(std::move(probes)),
       ledger_(core, settings.hold_lease),
-      service_(settings.node_name, incarnation_, probes_, ledger_, settings.grants)
+      service_(settings.node_name, incarnation_, probes_, ledger_, settings.grants, settings.peers)
 {
 }
 

@@ -59,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
                        probes,
                        ledger,
                        {{.identity = "*", .name_prefixes = {"a"}, .allow_writers = false},
-                        {.identity = "CN=x", .name_prefixes = {""}, .allow_writers = true}});
+                        {.identity = "CN=x", .name_prefixes = {""}, .allow_writers = true}},
+                       {});
 
   fuzz::input_reader in({data, size});
   while (true) {

@@ -223,8 +223,20 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
 
 TEST_F(Peering, AnIdentityWithoutAGrantIsPermissionDenied)
 {
-  auto stub = raw_peer("nodeC");
-  ASSERT_TRUE(hello(*stub, 42).ok());
+  auto sa = a_->open_session("a", call_transport::grpc);
+  ASSERT_TRUE(eventually(
+      [&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; },
+      30s));
+  auto const before = ledger(sa);
+  auto stub         = raw_peer("nodeC");
+  // Its certificate is the CA's, but no grant and no peers entry names it:
+  // not even Hello is answered, and A records nothing.
+  auto refused = hello(*stub, 42);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("peer 'CN=rmmd-nodeC' may not peer with this node: no peering.grants "
+                        "entry names its identity"));
+  EXPECT_EQ(ledger(sa), before);
   grpc::ClientContext c;
   v1::RemoteOpenRequest r;
   r.set_name("models/w");
