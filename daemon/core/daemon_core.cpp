@@ -36,6 +36,19 @@ session_token random_token()
   return token;
 }
 
+/// Where this daemon's remote hold ids start: random, below 2^62 and not 0,
+/// so ids of a daemon that started again do not repeat its last one's (a
+/// peer's stale close must not end another hold), and every id stays below
+/// 2^63 (remote_holder_key's bit).
+remote_hold_id first_remote_hold_id()
+{
+  auto const token = random_token();
+  remote_hold_id n = 0;
+  std::memcpy(&n, token.data(), std::min(sizeof(n), token.size()));
+  n &= (remote_hold_id{1} << 62) - 1;
+  return n == 0 ? 1 : n;
+}
+
 /// Leases a closing session must have held for close_session() to give the
 /// heap back to the kernel (malloc_trim costs about a millisecond).
 constexpr std::size_t big_session_leases = 10000;
@@ -66,6 +79,7 @@ std::size_t quota_limits::limit_for_uid(uid_t uid) const
 
 daemon_core::daemon_core(core_options options)
     : options_(std::move(options)),
+      next_remote_hold_(first_remote_hold_id()),
       reclaim_(options_.reclaim_timeout),
       packed_(mutex_, options_.pack_up_to, options_.pack_block_size, options_.pack_idle)
 {

@@ -684,7 +684,7 @@ class daemon_core {
   std::condition_variable_any buffers_changed_;              // a publish, a session's end, a drain
   std::size_t waiting_opens_{};                              // opens waiting on buffers_changed_
   core_stats stats_;
-  remote_hold_id next_remote_hold_{1};
+  remote_hold_id next_remote_hold_{1};  // random at start (first_remote_hold_id)
   std::map<remote_hold_id, remote_hold_entry> remote_holds_;
   foreign_release_notifier foreign_released_;  // called without mutex_
   std::shared_ptr<buffer_keeper> keeper_;      // null: buffers are not kept across a restart

@@ -37,6 +37,16 @@ std::string dial_problem(grpc::Status const& s)
   return absl::StrCat(s.error_message(), " (", static_cast<int>(s.error_code()), ")");
 }
 
+/// The certificate subject the call's server presented ("" : none).
+std::string subject_of(grpc::ClientContext const& call)
+{
+  auto auth = call.auth_context();
+  if (!auth) { return {}; }
+  auto values = auth->FindPropertyValues("x509_subject");
+  if (values.empty()) { return {}; }
+  return std::string(values.front().data(), values.front().size());
+}
+
 }  // namespace
 
 std::string_view state_name(link_state state) noexcept
@@ -104,6 +114,18 @@ void peer_link::set_state(link_state state, std::string problem)
   problem_ = std::move(problem);
 }
 
+std::string peer_link::identity_problem(grpc::ClientContext const& call) const
+{
+  if (peer_.identity.empty()) { return {}; }
+  auto const subject = subject_of(call);
+  if (subject == peer_.identity) { return {}; }
+  return absl::StrFormat(
+      "its certificate names '%s', but peering.peers names identity '%s' for it; refused (fix "
+      "the identity or its certificate)",
+      subject.empty() ? std::string("(none)") : subject,
+      peer_.identity);
+}
+
 bool peer_link::hello()
 {
   v1::PeerHello request;
@@ -118,17 +140,14 @@ bool peer_link::hello()
     set_state(link_state::unreachable, dial_problem(s));
     return false;
   }
-  std::string subject;
-  if (auto auth = c->auth_context()) {
-    auto values = auth->FindPropertyValues("x509_subject");
-    if (!values.empty()) { subject.assign(values.front().data(), values.front().size()); }
+  auto const subject = subject_of(*c);
+  if (auto problem = identity_problem(*c); !problem.empty()) {
+    set_state(link_state::unreachable, std::move(problem));
+    return false;
   }
-  if (!peer_.identity.empty() && subject != peer_.identity) {
+  if (welcome.incarnation() == 0) {
     set_state(link_state::unreachable,
-              absl::StrFormat("its certificate names '%s', but peering.peers names identity '%s' "
-                              "for it; refused (fix the identity or its certificate)",
-                              subject.empty() ? std::string("(none)") : subject,
-                              peer_.identity));
+              "its Welcome carries incarnation 0; a daemon sends a random nonzero one");
     return false;
   }
   if (welcome.node_name() != peer_.name) {
@@ -148,14 +167,33 @@ bool peer_link::hello()
   } else {
     ours_of_theirs = options_.probes->import(theirs);
   }
+  std::vector<std::uint64_t> dropped;
   {
     std::lock_guard lock(mutex_);
-    identity_seen_  = subject;
-    node_name_seen_ = welcome.node_name();
-    probe_ok_       = ours_of_theirs.ok;
-    their_probe_ok_ = welcome.your_probe().ok();
-    last_contact_   = std::chrono::system_clock::now();
+    if (peer_incarnation_ != 0 && peer_incarnation_ != welcome.incarnation()) {
+      // Its daemon started again: the holds there ended with the old one,
+      // and their ids mean nothing to the new one.
+      for (auto const& [id, bytes] : holds_) {
+        log::warn(
+            "peer '%s' started again (incarnation %d, was %d): its hold %d ended with its "
+            "old daemon; dropped here",
+            peer_.name,
+            welcome.incarnation(),
+            peer_incarnation_,
+            id);
+        dropped.push_back(id);
+      }
+      holds_.clear();
+      to_close_.clear();
+    }
+    peer_incarnation_ = welcome.incarnation();
+    identity_seen_    = subject;
+    node_name_seen_   = welcome.node_name();
+    probe_ok_         = ours_of_theirs.ok;
+    their_probe_ok_   = welcome.your_probe().ok();
+    last_contact_     = std::chrono::system_clock::now();
   }
+  if (!dropped.empty() && options_.peer_restarted) { options_.peer_restarted(*this, dropped); }
   if (ours_of_theirs.ok && welcome.your_probe().ok()) {
     set_state(link_state::ready, {});
   } else {
@@ -206,6 +244,12 @@ bool peer_link::renew_and_close()
   v1::RenewHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
   auto s = stub_->RenewHolds(c.get(), request, &reply);
+  if (s.ok()) {
+    if (auto problem = identity_problem(*c); !problem.empty()) {
+      set_state(link_state::unreachable, std::move(problem));
+      return false;
+    }
+  }
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       log::warn("peer '%s': %s; saying hello again", peer_.name, s.error_message());
@@ -257,25 +301,31 @@ void peer_link::stop() noexcept
   }
   wake_.notify_all();
   if (thread_.joinable()) { thread_.join(); }
-  v1::CloseHoldsRequest request;
+  std::vector<std::uint64_t> ids;
   {
     std::lock_guard lock(mutex_);
-    for (auto const& [id, bytes] : holds_) { request.add_hold_ids(id); }
-    for (auto id : to_close_) { request.add_hold_ids(id); }
+    for (auto const& [id, bytes] : holds_) { ids.push_back(id); }
+    ids.insert(ids.end(), to_close_.begin(), to_close_.end());
     holds_.clear();
     to_close_.clear();
   }
-  if (request.hold_ids_size() == 0) { return; }
+  close_now(ids, "at shutdown");
+}
+
+void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* when) const
+{
+  if (ids.empty()) { return; }
+  v1::CloseHoldsRequest request;
   request.set_incarnation(options_.incarnation);
+  for (auto id : ids) { request.add_hold_ids(id); }
   v1::CloseHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
   if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
-    log::warn(
-        "peer '%s': closing %d hold(s) at shutdown failed (%s); they end when their "
-        "lease runs out",
-        peer_.name,
-        request.hold_ids_size(),
-        s.error_message());
+    log::warn("peer '%s': closing %d hold(s) %s failed (%s); they end when their lease runs out",
+              peer_.name,
+              request.hold_ids_size(),
+              when,
+              s.error_message());
   }
 }
 
@@ -283,6 +333,10 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
 {
   {
     std::lock_guard lock(mutex_);
+    if (stopping_) {
+      return absl::UnavailableError(absl::StrFormat(
+          "peer '%s': this daemon is stopping; no new holds on other nodes", peer_.name));
+    }
     if (state_ != link_state::ready && state_ != link_state::probe_failed) {
       return absl::UnavailableError(
           absl::StrFormat("peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready",
@@ -303,6 +357,12 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
     }
     return from_grpc(s, peer_.name);
   }
+  if (auto problem = identity_problem(*c); !problem.empty()) {
+    // Whoever answered is not the peer: its hold id means nothing to us.
+    set_state(link_state::unreachable, problem);
+    wake_.notify_all();
+    return absl::UnauthenticatedError(absl::StrCat("peer '", peer_.name, "': ", problem));
+  }
   std::lock_guard lock(mutex_);
   last_contact_ = std::chrono::system_clock::now();
   return grant;
@@ -310,8 +370,15 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
 
 void peer_link::keep(std::uint64_t hold_id, std::uint64_t bytes)
 {
-  std::lock_guard lock(mutex_);
-  holds_[hold_id] = bytes;
+  {
+    std::lock_guard lock(mutex_);
+    if (!stopping_) {
+      holds_[hold_id] = bytes;
+      return;
+    }
+  }
+  // stop() has sent its CloseHolds already: this one goes now.
+  close_now({hold_id}, "opened while stopping");
 }
 
 void peer_link::close(std::uint64_t hold_id)
@@ -319,9 +386,13 @@ void peer_link::close(std::uint64_t hold_id)
   {
     std::lock_guard lock(mutex_);
     holds_.erase(hold_id);
-    to_close_.push_back(hold_id);
+    if (!stopping_) {
+      to_close_.push_back(hold_id);
+      wake_.notify_all();
+      return;
+    }
   }
-  wake_.notify_all();
+  close_now({hold_id}, "after shutdown began");  // the link's thread is gone
 }
 
 link_view peer_link::view() const

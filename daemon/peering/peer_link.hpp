@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,8 @@ enum class link_state : std::uint8_t { connecting, ready, probe_failed, unreacha
 
 std::string_view state_name(link_state state) noexcept;
 
+class peer_link;
+
 /// What every link of this daemon shares.
 struct link_options {
   std::string node_name{};  ///< ours
@@ -41,6 +44,11 @@ struct link_options {
   std::shared_ptr<grpc::ChannelCredentials> credentials{};
   std::chrono::milliseconds keepalive{};
   std::chrono::milliseconds renew_interval{};
+  /// The peer's daemon started again (a Hello answered with a new
+  /// incarnation): the link dropped `holds` (ids of the old daemon, which
+  /// ended with it). Called on the link's thread, without its mutex.
+  std::function<void(peer_link const& link, std::vector<std::uint64_t> const& holds)>
+      peer_restarted{};
 };
 
 /// One link as ListPeers shows it.
@@ -72,13 +80,17 @@ class peer_link {
 
   /// OpenRemoteBuffer there. UNAVAILABLE (with the state and its problem)
   /// unless the link is ready or probe_failed (the buffer may still be
-  /// opened; whether a client can import it is what the probe says).
-  /// Otherwise the peer's answer, its message prefixed with the peer's name.
+  /// opened; whether a client can import it is what the probe says), and
+  /// once stopping. UNAUTHENTICATED when the answer came from a certificate
+  /// other than peer.identity. Otherwise the peer's answer, its message
+  /// prefixed with the peer's name.
   absl::StatusOr<v1::RemoteGrant> open(v1::RemoteOpenRequest request);
 
-  /// A hold opened by open() that this node now counts (renews it).
+  /// A hold opened by open() that this node now counts (renews it). Once
+  /// stopping, closes it there at once instead (stop() has sent its close).
   void keep(std::uint64_t hold_id, std::uint64_t bytes);
-  /// Queues a CloseHolds of `hold_id` for the link's thread.
+  /// Queues a CloseHolds of `hold_id` for the link's thread (once stopping,
+  /// sends it at once).
   void close(std::uint64_t hold_id);
 
   [[nodiscard]] link_view view() const;
@@ -95,6 +107,11 @@ class peer_link {
   /// be dialed again.
   bool renew_and_close();
   void set_state(link_state state, std::string problem);
+  /// "" when the call's certificate subject is peer.identity (or that is
+  /// empty); otherwise the problem, in words.
+  [[nodiscard]] std::string identity_problem(grpc::ClientContext const& call) const;
+  /// CloseHolds of `ids` now, with a short deadline (stop, and keep() after).
+  void close_now(std::vector<std::uint64_t> const& ids, char const* when) const;
   std::unique_ptr<grpc::ClientContext> context(std::chrono::milliseconds deadline) const;
 
   config::peer_node_settings const peer_;
@@ -109,6 +126,7 @@ class peer_link {
   std::string problem_;
   std::string identity_seen_;
   std::string node_name_seen_;
+  std::uint64_t peer_incarnation_{0};  // its daemon's, from its last Welcome
   bool probe_ok_{false};
   bool their_probe_ok_{false};
   std::chrono::system_clock::time_point last_contact_{};

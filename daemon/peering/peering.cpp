@@ -8,6 +8,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -177,12 +178,16 @@ bool peering::dial(tls_material const* tls)
     options.pem_cert_chain  = tls->certificate_chain;
     credentials             = grpc::SslCredentials(options);
   }
-  link_options const options{.node_name      = settings_.node_name,
-                             .incarnation    = incarnation_,
-                             .probes         = &probes_,
-                             .credentials    = credentials,
-                             .keepalive      = settings_.keepalive,
-                             .renew_interval = settings_.renew_interval};
+  link_options const options{
+      .node_name      = settings_.node_name,
+      .incarnation    = incarnation_,
+      .probes         = &probes_,
+      .credentials    = credentials,
+      .keepalive      = settings_.keepalive,
+      .renew_interval = settings_.renew_interval,
+      .peer_restarted = [this](peer_link const& link, std::vector<std::uint64_t> const& holds) {
+        peer_restarted(link, holds);
+      }};
   for (auto const& peer : settings_.peers) {
     links_.push_back(std::make_unique<peer_link>(peer, options));
   }
@@ -231,15 +236,36 @@ void peering::stop() noexcept
 
 void peering::released(core::buffer_id id)
 {
-  std::lock_guard lock(holds_mutex_);
-  auto it = foreign_.find(id);
-  if (it == foreign_.end()) { return; }
-  if (it->second.hold == 0) {
-    it->second.released = true;  // open() closes it when its answer comes
-    return;
+  peer_link* link    = nullptr;
+  std::uint64_t hold = 0;
+  {
+    std::lock_guard lock(holds_mutex_);
+    // Unknown: its session let go of it before open() recorded it (the
+    // session ended right after add_foreign_hold). A tombstone tells open().
+    auto [it, made] = foreign_.try_emplace(id, foreign_hold{.released = true});
+    if (made) { return; }
+    if (it->second.hold == 0) {
+      it->second.released = true;  // open() closes it when its answer comes
+      return;
+    }
+    if (!it->second.orphaned) {
+      link = it->second.link;
+      hold = it->second.hold;
+    }
+    foreign_.erase(it);
   }
-  it->second.link->close(it->second.hold);
-  foreign_.erase(it);
+  if (link != nullptr) { link->close(hold); }
+}
+
+void peering::peer_restarted(peer_link const& link, std::vector<std::uint64_t> const& holds)
+{
+  std::lock_guard lock(holds_mutex_);
+  for (auto& [id, f] : foreign_) {
+    if (f.link != &link || f.hold == 0 || f.orphaned) { continue; }
+    if (std::find(holds.begin(), holds.end(), f.hold) == holds.end()) { continue; }
+    // Its hold ended with the peer's old daemon: a later release sends nothing.
+    f.orphaned = true;
+  }
 }
 
 absl::Status peering::open(core::session_id session,
@@ -258,11 +284,32 @@ absl::Status peering::open(core::session_id session,
   }
   auto who = core_.session_peer(session);
   if (!who.ok()) { return who.status(); }
-  auto id = core_.add_foreign_hold(session);
-  if (!id.ok()) { return id.status(); }
   {
     std::lock_guard lock(holds_mutex_);
-    foreign_[*id] = foreign_hold{.link = link};
+    if (stopped_) {
+      return absl::UnavailableError(
+          absl::StrFormat("open buffer '%s' on peer '%s': this daemon is stopping",
+                          request.name(),
+                          request.peer()));
+    }
+  }
+  auto id = core_.add_foreign_hold(session);
+  if (!id.ok()) { return id.status(); }
+  bool released_already = false;
+  {
+    std::lock_guard lock(holds_mutex_);
+    auto [it, made] = foreign_.try_emplace(*id, foreign_hold{.link = link});
+    if (!made) {
+      // A tombstone: released() came first (its session ended).
+      released_already = true;
+      foreign_.erase(it);
+    }
+  }
+  if (released_already) {
+    return absl::CancelledError(
+        absl::StrFormat("open buffer '%s' on peer '%s': its session ended meanwhile",
+                        request.name(),
+                        request.peer()));
   }
   v1::RemoteOpenRequest ask;
   ask.set_name(request.name());
@@ -272,21 +319,29 @@ absl::Status peering::open(core::session_id session,
   ask.set_holder_uid(who->uid);
   ask.set_holder_pid(who->pid);
   auto grant = link->open(std::move(ask));
+  if (!grant.ok()) {
+    // Its id goes (released() marks the entry, which goes after).
+    (void)core_.close_buffer(session, *id);
+    std::lock_guard lock(holds_mutex_);
+    foreign_.erase(*id);
+    return grant.status();
+  }
+  bool kept = false;
   {
     std::lock_guard lock(holds_mutex_);
-    auto it             = foreign_.find(*id);
-    bool const released = it == foreign_.end() || it->second.released;
-    if (grant.ok() && !released) {
+    auto it = foreign_.find(*id);
+    if (it != foreign_.end() && !it->second.released) {
       it->second.hold = grant->hold_id();
-      link->keep(grant->hold_id(), grant->allocation_bytes());
-    } else {
-      if (it != foreign_.end()) { foreign_.erase(it); }
-      if (grant.ok()) { link->close(grant->hold_id()); }  // its session ended meanwhile
+      kept            = true;
+    } else if (it != foreign_.end()) {
+      foreign_.erase(it);
     }
   }
-  if (!grant.ok()) {
-    (void)core_.close_buffer(session, *id);
-    return grant.status();
+  // Outside holds_mutex_: once stopping, either closes the hold there at once.
+  if (kept) {
+    link->keep(grant->hold_id(), grant->allocation_bytes());
+  } else {
+    link->close(grant->hold_id());  // its session ended meanwhile
   }
   reply->set_buffer_id(*id);
   reply->set_size(grant->size());

@@ -77,11 +77,14 @@ class peering final : public service::remote_buffers {
   /// A session let go of buffer `id` of another node (the core's foreign
   /// release notifier).
   void released(core::buffer_id id);
+  /// `link`'s peer started again: `holds` ended there with its old daemon.
+  void peer_restarted(peer_link const& link, std::vector<std::uint64_t> const& holds);
 
   struct foreign_hold {
-    peer_link* link{};
+    peer_link* link{};     // null: a tombstone (released before open() recorded it)
     std::uint64_t hold{};  // 0 while its open is in flight
-    bool released{false};  // let go of while in flight
+    bool released{false};  // let go of while in flight (or a tombstone)
+    bool orphaned{false};  // its hold ended with the peer's old daemon: nothing to close
   };
 
   core::daemon_core& core_;

@@ -5,6 +5,7 @@
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/peering/peer_grants.hpp"
+#include "daemon/peering/peering.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
 
 #include <gmock/gmock.h>
@@ -12,7 +13,9 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
+#include <thread>
 
 namespace rmmd::peering {
 namespace {
@@ -273,6 +276,204 @@ TEST_F(RemoteHolds, ForeignHoldsAreLetGoOfByCloseAndBySessionEnd)
   EXPECT_THAT(released, ::testing::ElementsAre(*a));
   core_->close_session(session_);
   EXPECT_THAT(released, ::testing::ElementsAre(*a, *b));
+}
+
+TEST_F(RemoteHolds, HoldIdsDoNotStartAgainAtOne)
+{
+  // A daemon that started again must not give out its last one's ids: a
+  // peer's stale close of one would end another's hold.
+  publish("w/fab", fabric_);
+  auto first = core_->open_remote_buffer("w/fab", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  core::daemon_core other(
+      core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+  auto const pool = other.add_pool(
+      {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
+      std::make_unique<fabric_like_backend>("fab", 1 << 20));
+  auto s = other.open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "t", "c");
+  ASSERT_TRUE(s.ok());
+  auto b = other.create_buffer(s->id, "w/fab", pool, 4096, {});
+  ASSERT_TRUE(b.ok() && other.publish_buffer(s->id, b->id).ok());
+  auto second = other.open_remote_buffer("w/fab", {});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(first->hold, second->hold);
+  EXPECT_LT(first->hold, std::uint64_t{1} << 63);
+  ASSERT_TRUE(other.close_remote_hold(second->hold).ok());
+  other.close_session(s->id);
+}
+
+/// Polls `done` until it holds or 20 s pass (a bound, not a timing).
+bool eventually(std::function<bool()> const& done)
+{
+  for (int i = 0; i < 2000; ++i) {
+    if (done()) { return true; }
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+/// Node A (a core whose buffers carry fabric handles, and its peering) and
+/// node B (a host core, and its peering dialing A), in this process over
+/// plaintext gRPC on 127.0.0.1: A can start again on the same port.
+class TwoNodes : public ::testing::Test {
+ protected:
+  struct node_a {
+    std::unique_ptr<core::daemon_core> core;
+    core::session_id session{};
+    std::unique_ptr<peering> peers;
+  };
+
+  static node_a start_a(int port)
+  {
+    node_a a;
+    a.core = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    auto pool = a.core->add_pool(
+        {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
+        std::make_unique<fabric_like_backend>("fab", 1 << 20));
+    auto s =
+        a.core->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
+    EXPECT_TRUE(s.ok());
+    a.session = s->id;
+    auto b    = a.core->create_buffer(a.session, "w/fab", pool, 4096, {});
+    EXPECT_TRUE(b.ok() && a.core->publish_buffer(a.session, b->id).ok());
+    config::peering_settings settings{
+        .node_name                    = "nodeA",
+        .listen_address               = "127.0.0.1:" + std::to_string(port),
+        .insecure_plaintext_for_tests = true,
+        .grants         = {{.identity = "*", .name_prefixes = {""}, .allow_writers = false}},
+        .hold_lease     = 60s,
+        .renew_interval = 50ms};
+    a.peers = peering::start(*a.core, settings, no_fabric_probe());
+    EXPECT_NE(a.peers, nullptr);
+    return a;
+  }
+  static void stop_a(node_a& a)
+  {
+    a.peers.reset();
+    a.core->close_session(a.session);
+    a.core.reset();
+  }
+
+  void SetUp() override
+  {
+    a_ = start_a(0);
+    ASSERT_NE(a_.peers, nullptr);
+    port_   = a_.peers->listening_port();
+    b_core_ = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    b_core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                      std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto s = b_core_->open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "b", "client");
+    ASSERT_TRUE(s.ok());
+    b_session_ = s->id;
+    config::peering_settings settings{
+        .node_name                    = "nodeB",
+        .insecure_plaintext_for_tests = true,
+        .peers          = {{.name = "nodeA", .address = "127.0.0.1:" + std::to_string(port_)}},
+        .hold_lease     = 60s,
+        .renew_interval = 50ms};
+    b_ = peering::start(*b_core_, settings, no_fabric_probe());
+    ASSERT_NE(b_, nullptr);
+  }
+  void TearDown() override
+  {
+    if (b_) { b_->stop(); }
+    if (b_core_) { b_core_->close_session(b_session_); }
+    b_.reset();
+    if (a_.core) { stop_a(a_); }
+  }
+
+  v1::PeerInfo b_view()
+  {
+    v1::ListPeersResponse r;
+    b_->list_peers(&r);
+    return r.peers_size() > 0 ? r.peers(0) : v1::PeerInfo{};
+  }
+  absl::StatusOr<core::buffer_id> open_on_a()
+  {
+    v1::OpenBufferRequest request;
+    request.set_name("w/fab");
+    request.set_peer("nodeA");
+    if (!eventually([&] { return b_view().state() == "probe_failed"; })) {
+      return absl::UnavailableError("B's link to A never became usable");
+    }
+    v1::BufferGrant grant;
+    if (auto s = b_->open(b_session_, request, &grant); !s.ok()) { return s; }
+    return grant.buffer_id();
+  }
+
+  node_a a_;
+  int port_{};
+  std::unique_ptr<core::daemon_core> b_core_;
+  core::session_id b_session_{};
+  std::unique_ptr<peering> b_;
+};
+
+TEST_F(TwoNodes, AfterAStartsAgainBsOldHoldIsDroppedAndItsReleaseEndsNoNewHold)
+{
+  auto old_hold = open_on_a();
+  ASSERT_TRUE(old_hold.ok()) << old_hold.status();
+  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(b_view().holds_we_have(), 1u);
+
+  stop_a(a_);
+  a_ = start_a(port_);
+  ASSERT_NE(a_.peers, nullptr);
+  // B's link says Hello to the new daemon and drops the hold of the old.
+  ASSERT_TRUE(eventually([&] { return b_view().holds_we_have() == 0; })) << b_view().DebugString();
+
+  auto new_hold = open_on_a();
+  ASSERT_TRUE(new_hold.ok()) << new_hold.status();
+  ASSERT_EQ(a_.core->remote_holds().size(), 1u);
+  auto const kept_there = a_.core->remote_holds().begin()->first;
+
+  // The client lets go of the old one: nothing goes to A. Then a third hold
+  // opened and closed: its close is sent after whatever the old one's was.
+  ASSERT_TRUE(b_core_->close_buffer(b_session_, *old_hold).ok());
+  auto third = open_on_a();
+  ASSERT_TRUE(third.ok()) << third.status();
+  ASSERT_EQ(a_.core->remote_holds().size(), 2u);
+  ASSERT_TRUE(b_core_->close_buffer(b_session_, *third).ok());
+  ASSERT_TRUE(eventually([&] { return a_.core->remote_holds().size() == 1; }));
+  EXPECT_EQ(a_.core->remote_holds().begin()->first, kept_there);
+  EXPECT_EQ(b_view().holds_we_have(), 1u);
+}
+
+TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
+{
+  auto held = open_on_a();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  b_->stop();
+  EXPECT_TRUE(a_.core->remote_holds().empty());
+  v1::OpenBufferRequest request;
+  request.set_name("w/fab");
+  request.set_peer("nodeA");
+  v1::BufferGrant grant;
+  auto s = b_->open(b_session_, request, &grant);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("stopping"));
+  EXPECT_TRUE(a_.core->remote_holds().empty());
+}
+
+TEST(PeerGrants, HelloNeedsAGrantOrAPeersIdentity)
+{
+  std::vector<config::peer_grant_settings> grants{
+      {.identity = "CN=rmmd-nodeB", .name_prefixes = {}, .allow_writers = false}};
+  std::vector<std::string> peers{"CN=rmmd-nodeC"};
+  EXPECT_TRUE(check_hello(grants, peers, "CN=rmmd-nodeB").ok());
+  EXPECT_TRUE(check_hello(grants, peers, "CN=rmmd-nodeC").ok());
+  auto refused = check_hello(grants, peers, "CN=stranger");
+  ASSERT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("peer 'CN=stranger' may not peer with this node: no peering.grants entry "
+                        "names its identity"));
+  EXPECT_EQ(check_hello(grants, peers, "").code(), absl::StatusCode::kPermissionDenied);
+  grants.push_back({.identity = "*", .name_prefixes = {"public/"}, .allow_writers = false});
+  EXPECT_TRUE(check_hello(grants, {}, "CN=stranger").ok());
+  EXPECT_TRUE(check_hello(grants, {}, "").ok());  // plaintext: only "*"
 }
 
 TEST(PeerGrants, IdentityAndPrefixDecide)
