@@ -89,6 +89,9 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
   cudaError_t copied = cudaErrorUnknown;
   if (r == CUDA_SUCCESS) {
     copied = cudaMemcpy(reinterpret_cast<void*>(ptr), words.data(), grain, cudaMemcpyHostToDevice);
+    // A copy from pageable memory may return before the device has it all:
+    // the mapping goes only once it has.
+    if (auto synced = cudaDeviceSynchronize(); copied == cudaSuccess) { copied = synced; }
   }
   api->unmap(ptr, grain);
   unreserve();
@@ -100,7 +103,13 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
   CUmemFabricHandle fabric{};
   if (auto e = api->export_handle(&fabric, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
       e != CUDA_SUCCESS) {
-    fail("cuMemExportToShareableHandle (fabric)", e);
+    // Not released: destroying memory whose fabric export failed has killed
+    // the process on this driver (DESIGN.md); one granule is leaked instead.
+    driver_handle_ = 0;
+    throw std::runtime_error("cuMemExportToShareableHandle (fabric): " + api->name(e) + " (its " +
+                             std::to_string(grain) +
+                             "-byte allocation is left allocated, not released: releasing memory "
+                             "whose fabric export failed can kill the process on this driver)");
   }
   auto const* p = reinterpret_cast<std::byte const*>(&fabric);
   handle_.assign(p, p + sizeof(fabric));
@@ -155,9 +164,11 @@ std::string import_fabric_probe(int device,
       problem = "cuMemSetAccess: " + words_for(a, api->name(a));
     } else {
       std::uint64_t word = 0;
-      if (auto err =
-              cudaMemcpy(&word, reinterpret_cast<void*>(ptr), sizeof(word), cudaMemcpyDeviceToHost);
-          err != cudaSuccess) {
+      auto err =
+          cudaMemcpy(&word, reinterpret_cast<void*>(ptr), sizeof(word), cudaMemcpyDeviceToHost);
+      // Nothing of the mapping's may be in flight when it goes.
+      if (auto synced = cudaDeviceSynchronize(); err == cudaSuccess) { err = synced; }
+      if (err != cudaSuccess) {
         problem = std::string("reading the probe: ") + cudaGetErrorName(err);
       } else if (word != pattern) {
         problem = "the probe reads back a different pattern: the handle maps other memory";
