@@ -226,7 +226,10 @@ std::vector<target_row> section_restart(restart_options const& o, results::Resta
   std::vector<std::string> args{"--drain-timeout-ms", "0"};
   std::string pool;
   if (o.cuda) {
-    args.insert(args.end(), {"--backend=cuda", "--cuda-pool-bytes", "1GiB"});
+    // Room for every buffer (each its own allocation, charged to the pool)
+    // and the helpers' sessions.
+    auto const pool_bytes = o.buffers * o.buffer_bytes + (std::size_t{1} << 30);
+    args.insert(args.end(), {"--backend=cuda", "--cuda-pool-bytes", std::to_string(pool_bytes)});
   } else {
     auto const pool_bytes = o.buffers * o.buffer_bytes + (std::size_t{64} << 20);
     args.insert(args.end(), {"--backend=host", "--host-pool-bytes", std::to_string(pool_bytes)});

@@ -2,6 +2,7 @@
 
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -51,14 +52,14 @@ void host_memory_resource_impl::free_lease(std::uint64_t id) noexcept
     session_.free(id);
   } catch (rmmd::session_error const& e) {
     if (!session_over_.exchange(true)) {
-      std::fprintf(stderr,
-                   "%s; the memory stays mapped in this process, and this resource sends no "
-                   "more frees\n",
-                   e.what());
+      rmmd::detail::stderr_line(
+          "%s; the memory stays mapped in this process, and this resource sends no "
+          "more frees\n",
+          e.what());
     }
   } catch (std::exception const& e) {
     // Not fatal: the daemon frees the allocation when the session closes.
-    std::fprintf(stderr, "%s\n", e.what());
+    rmmd::detail::stderr_line("%s\n", e.what());
   }
 }
 

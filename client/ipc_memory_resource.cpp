@@ -3,6 +3,7 @@
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/device_scope.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stderr_line.hpp"
 #include "client/detail/stream_capture.hpp"
 #include "client/slab_carver.hpp"
 
@@ -205,11 +206,11 @@ void ipc_memory_resource_impl::hold_for_graph(cudaGraph_t graph,
   }
   if (id) { e.lease_id = *id; }
   if (!hold_until_graph_destroyed(graph, graph_held_, e)) {
-    std::fprintf(stderr,
-                 "rmmd: a free of %p (pool '%s') during stream capture could not be tied to the "
-                 "graph; the memory stays this process's until the session closes\n",
-                 ptr,
-                 pool_.name.c_str());
+    rmmd::detail::stderr_line(
+        "rmmd: a free of %p (pool '%s') during stream capture could not be tied to the "
+        "graph; the memory stays this process's until the session closes\n",
+        ptr,
+        pool_.name.c_str());
   }
 }
 
@@ -233,10 +234,10 @@ void ipc_memory_resource_impl::release_graph_held() noexcept
     }
   });
   if (own_stream_ == nullptr) {
-    std::fprintf(stderr,
-                 "rmmd: freeing memory that CUDA graphs held (pool '%s'): no stream could be "
-                 "made; it stays this process's until the session closes\n",
-                 pool_.name.c_str());
+    rmmd::detail::stderr_line(
+        "rmmd: freeing memory that CUDA graphs held (pool '%s'): no stream could be "
+        "made; it stays this process's until the session closes\n",
+        pool_.name.c_str());
     return;
   }
   cuda::stream_ref stream{own_stream_};
@@ -401,12 +402,12 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   auto keep_leased = [&](cudaError_t err) {
     cudaGetLastError();
     if (cuda_is_going(err)) { return; }
-    std::fprintf(stderr,
-                 "rmmd: freeing allocation %llu of pool '%s' failed (%s); it stays leased until "
-                 "the session closes\n",
-                 static_cast<unsigned long long>(id),
-                 pool_.name.c_str(),
-                 cudaGetErrorName(err));
+    rmmd::detail::stderr_line(
+        "rmmd: freeing allocation %llu of pool '%s' failed (%s); it stays leased until "
+        "the session closes\n",
+        static_cast<unsigned long long>(id),
+        pool_.name.c_str(),
+        cudaGetErrorName(err));
   };
   if (!packed) {
     if (auto err = cudaFreeAsync(ptr, stream); err != cudaSuccess) { return keep_leased(err); }
@@ -439,7 +440,7 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   } catch (rmmd::session_error const&) {
     // The daemon is gone, and with it the lease.
   } catch (std::exception const& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    rmmd::detail::stderr_line("%s\n", e.what());
   }
 }
 

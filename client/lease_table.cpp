@@ -1,4 +1,5 @@
 #include <rmmd/detail/lease_table.hpp>
+#include "client/detail/stderr_line.hpp"
 
 #include <cstdio>
 
@@ -9,7 +10,8 @@ std::optional<std::uint64_t> lease_table::take(void* ptr) noexcept
   std::lock_guard lock(mutex_);
   auto it = ids_.find(ptr);
   if (it == ids_.end()) {
-    std::fprintf(stderr, "rmmd: deallocate of %p, which this resource did not allocate\n", ptr);
+    rmmd::detail::stderr_line("rmmd: deallocate of %p, which this resource did not allocate\n",
+                              ptr);
     return std::nullopt;
   }
   auto id = it->second;

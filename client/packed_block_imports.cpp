@@ -1,4 +1,5 @@
 #include "client/packed_block_imports.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/device_scope.hpp"
@@ -127,11 +128,11 @@ bool packed_block_imports::take_for_drop(std::uint64_t block,
     // kernel would end the process.
     std::lock_guard live(live_mutex_);
     if (auto b = block_live_.find(block); b != block_live_.end()) {
-      std::fprintf(stderr,
-                   "rmmd: the daemon asked back packed block %llu, which still holds %zu of "
-                   "this process's allocations; it stays until the session ends\n",
-                   static_cast<unsigned long long>(block),
-                   b->second);
+      rmmd::detail::stderr_line(
+          "rmmd: the daemon asked back packed block %llu, which still holds %zu of "
+          "this process's allocations; it stays until the session ends\n",
+          static_cast<unsigned long long>(block),
+          b->second);
       return false;
     }
   }
@@ -171,11 +172,11 @@ import taken;
     if (err != cudaSuccess) {
       cudaGetLastError();
       if (cuda_is_unloading(err)) { return; }  // the process is ending after all
-      std::fprintf(stderr,
-                   "rmmd: freeing the import of packed block %llu failed (%s); the daemon keeps it "
-                   "until the session closes\n",
-                   static_cast<unsigned long long>(block),
-                   cudaGetErrorName(err));
+      rmmd::detail::stderr_line(
+          "rmmd: freeing the import of packed block %llu failed (%s); the daemon keeps it "
+          "until the session closes\n",
+          static_cast<unsigned long long>(block),
+          cudaGetErrorName(err));
       continue;
     }
     say_dropped(block);

@@ -5,6 +5,7 @@
 #include "client/detail/manifest_convert.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_impl.hpp"
+#include "client/detail/stderr_line.hpp"
 #include "client/detail/stream_capture.hpp"
 #include "common/buffer_address.hpp"
 #include "common/buffer_name.hpp"
@@ -489,11 +490,11 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     if (auto err = cudaFreeAsync(data_, stream.get()); err != cudaSuccess) {
       cudaGetLastError();
       if (!detail::cuda_is_going(err)) {
-        std::fprintf(stderr,
-                     "rmmd: closing buffer '%s' failed (%s); the daemon lets go of it when the "
-                     "session closes\n",
-                     name_.c_str(),
-                     cudaGetErrorName(err));
+        rmmd::detail::stderr_line(
+            "rmmd: closing buffer '%s' failed (%s); the daemon lets go of it when the "
+            "session closes\n",
+            name_.c_str(),
+            cudaGetErrorName(err));
       }
       reset();
       return;
@@ -515,10 +516,9 @@ void shared_buffer::synchronize(cuda::stream_ref stream) const noexcept
   // A host buffer in a process without a GPU has no stream to wait for.
   if (err != cudaErrorNoDevice && err != cudaErrorInsufficientDriver &&
       !detail::cuda_is_going(err)) {
-    std::fprintf(stderr,
-                 "rmmd: closing buffer '%s': cudaStreamSynchronize: %s\n",
-                 name_.c_str(),
-                 cudaGetErrorName(err));
+    rmmd::detail::stderr_line("rmmd: closing buffer '%s': cudaStreamSynchronize: %s\n",
+                              name_.c_str(),
+                              cudaGetErrorName(err));
   }
 }
 
@@ -527,11 +527,11 @@ void shared_buffer::send_close(detail::session_impl& impl) const noexcept
   auto status = impl.close_buffer(id_);
   // UNAVAILABLE: the daemon is gone, and the hold with it.
   if (!status.ok() && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
-    std::fprintf(stderr,
-                 "rmmd: closing buffer '%s' failed: %s; the daemon lets go of it when the "
-                 "session closes\n",
-                 name_.c_str(),
-                 status.error_message().c_str());
+    rmmd::detail::stderr_line(
+        "rmmd: closing buffer '%s' failed: %s; the daemon lets go of it when the "
+        "session closes\n",
+        name_.c_str(),
+        status.error_message().c_str());
   }
 }
 

@@ -1,4 +1,5 @@
 #include "client/slab_carver.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/session_impl.hpp"
@@ -230,12 +231,12 @@ slab_carver::~slab_carver()
     if (c.count != 0) { static_cast<void>(l.pool.release()); }
   }
   if (left.count != 0) {
-    std::fprintf(stderr,
-                 "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
-                 "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
-                 owner_.pool().name.c_str(),
-                 left.count,
-                 left.bytes);
+    rmmd::detail::stderr_line(
+        "rmmd: an ipc_memory_resource of pool '%s' was destroyed with %zu allocations "
+        "(%zu bytes) still carved; its slabs stay leased until the session closes\n",
+        owner_.pool().name.c_str(),
+        left.count,
+        left.bytes);
   }
 }
 
@@ -433,17 +434,18 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
     cudaGetLastError();
     for (auto& pool : idle) { static_cast<void>(pool.release()); }
     if (cuda_is_going(err)) { return 0; }
-    std::fprintf(stderr,
-                 "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
-                 owner_.pool().name.c_str(),
-                 cudaGetErrorName(err));
+    rmmd::detail::stderr_line(
+        "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
+        owner_.pool().name.c_str(),
+        cudaGetErrorName(err));
     return 0;
   }
   for (auto& pool : idle) {
     try {
       pool.reset();
     } catch (std::exception const& e) {
-      std::fprintf(stderr, "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
+      rmmd::detail::stderr_line(
+          "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
       bytes = 0;
     }
   }
@@ -523,7 +525,7 @@ bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_p
   } catch (rmmd::session_error const&) {
     state.reporting = false;  // the daemon is gone; the next allocation says so
   } catch (std::exception const& e) {
-    std::fprintf(stderr, "%s\n", e.what());  // "rmmd: report usage: ..."
+    rmmd::detail::stderr_line("%s\n", e.what());  // "rmmd: report usage: ..."
     state.last_report = now;
   }
   return false;

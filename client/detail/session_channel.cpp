@@ -1,4 +1,5 @@
 #include "client/detail/session_channel.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include "client/detail/daemon_message_checks.hpp"
 #include "client/detail/process_exit.hpp"
@@ -474,14 +475,13 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
       }
       // UNAVAILABLE: the daemon is gone, and with it the lease or the hold.
       if (!sent.ok() && sent.error_code() != grpc::StatusCode::UNAVAILABLE) {
-        std::fprintf(stderr,
-                     "rmmd: %s %llu failed (%s)%s\n",
-                     queued_what(q.what),
-                     static_cast<unsigned long long>(q.id),
-                     sent.error_message().c_str(),
-                     q.what == kind::publish_buffer
-                         ? ""
-                         : "; the daemon lets go of it when the session closes");
+        rmmd::detail::stderr_line("rmmd: %s %llu failed (%s)%s\n",
+                                  queued_what(q.what),
+                                  static_cast<unsigned long long>(q.id),
+                                  sent.error_message().c_str(),
+                                  q.what == kind::publish_buffer
+                                      ? ""
+                                      : "; the daemon lets go of it when the session closes");
       }
     } catch (std::exception const&) {
       // Out of memory building the message: the daemon reclaims the lease
@@ -505,9 +505,8 @@ void session_channel::take_unasked_locked(v1::SessionReply const& reply)
   } else if (reply.has_error()) {
     // The answer to an earlier call that did not wait: a queued call sent
     // with reply_only_on_error that failed, or a call that timed out.
-    std::fprintf(stderr,
-                 "rmmd: an earlier call on the session socket failed: %s\n",
-                 reply.error().message().c_str());
+    rmmd::detail::stderr_line("rmmd: an earlier call on the session socket failed: %s\n",
+                              reply.error().message().c_str());
   } else if (reply.has_allocate()) {
     // A lease granted to a call that timed out is ours to give back.
     orphans_.push_back(reply.allocate().allocation_id());

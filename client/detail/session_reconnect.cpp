@@ -4,6 +4,7 @@
 
 #include "client/detail/session_channel.hpp"
 #include "client/detail/session_hello.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include <poll.h>
 #include <unistd.h>
@@ -276,12 +277,12 @@ bool session_channel::reconnect_locked()
     auto const now = clock::now();
     if (now >= deadline || closing_.load()) {
       gone_ = true;
-      std::fprintf(stderr,
-                   "rmmd: the daemon went away and none came back at %s within %lld ms (%s); "
-                   "this session is over: memory it holds stays mapped, and every call fails\n",
-                   options_.runtime_dir.c_str(),
-                   static_cast<long long>(options_.reconnect.count()),
-                   why.c_str());
+      rmmd::detail::stderr_line(
+          "rmmd: the daemon went away and none came back at %s within %lld ms (%s); "
+          "this session is over: memory it holds stays mapped, and every call fails\n",
+          options_.runtime_dir.c_str(),
+          static_cast<long long>(options_.reconnect.count()),
+          why.c_str());
       return false;
     }
     wait_to_retry(std::min(wait, deadline - now));
@@ -327,19 +328,19 @@ bool session_channel::reconnect_locked()
   std::string unknown;
   hold_again_locked(info, unknown);
   auto const took = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
-  std::fprintf(stderr,
-               "rmmd: the daemon went away; reconnected to the daemon at %s after %lld ms "
-               "(session %llu, was %llu; reconnect %u): memory held from before stays valid and "
-               "is freed here without a request, new allocations come from the new daemon; %zu "
-               "open shared buffer(s) held again%s%s\n",
-               options_.runtime_dir.c_str(),
-               static_cast<long long>(took.count()),
-               static_cast<unsigned long long>(info.session_id),
-               static_cast<unsigned long long>(previous),
-               count,
-               info.buffers_held_again,
-               unknown.empty() ? "" : "; not known to the new daemon, kept mapped here: ",
-               unknown.c_str());
+  rmmd::detail::stderr_line(
+      "rmmd: the daemon went away; reconnected to the daemon at %s after %lld ms "
+      "(session %llu, was %llu; reconnect %u): memory held from before stays valid and "
+      "is freed here without a request, new allocations come from the new daemon; %zu "
+      "open shared buffer(s) held again%s%s\n",
+      options_.runtime_dir.c_str(),
+      static_cast<long long>(took.count()),
+      static_cast<unsigned long long>(info.session_id),
+      static_cast<unsigned long long>(previous),
+      count,
+      info.buffers_held_again,
+      unknown.empty() ? "" : "; not known to the new daemon, kept mapped here: ",
+      unknown.c_str());
   try {
     std::lock_guard lock(ids_mutex_);
     untold_.emplace_back(info, old_generation);
@@ -414,9 +415,9 @@ void session_channel::tell_reconnects() noexcept
         try {
           options_.on_reconnect(info);
         } catch (std::exception const& e) {
-          std::fprintf(stderr, "rmmd: on_reconnect threw: %s\n", e.what());
+          rmmd::detail::stderr_line("rmmd: on_reconnect threw: %s\n", e.what());
         } catch (...) {
-          std::fprintf(stderr, "rmmd: on_reconnect threw\n");
+          rmmd::detail::stderr_line("rmmd: on_reconnect threw\n");
         }
       }
     }

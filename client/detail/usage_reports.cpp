@@ -1,4 +1,5 @@
 #include "client/detail/usage_reports.hpp"
+#include "client/detail/stderr_line.hpp"
 
 #include "client/detail/session_channel.hpp"
 
@@ -114,7 +115,7 @@ void usage_reports::run_watches(std::vector<std::uint32_t> const& reclaims) noex
     try {
       w.on_request(w.pool_id);
     } catch (std::exception const& e) {
-      std::fprintf(stderr, "rmmd: answering the daemon's reclaim request: %s\n", e.what());
+      rmmd::detail::stderr_line("rmmd: answering the daemon's reclaim request: %s\n", e.what());
     }
   }
 }

@@ -31,6 +31,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -69,6 +71,17 @@ std::unique_ptr<child_process> soak_client(std::filesystem::path const& runtime_
       spawn_options{.merge_stderr = true});
 }
 
+/// Runs the soak client to its end as a client of the daemon at `runtime_dir`.
+run_result soak_run(std::filesystem::path const& runtime_dir,
+                    std::vector<std::string> args,
+                    std::chrono::milliseconds timeout)
+{
+  args.insert(args.begin(), program_path("rmmd_restart_soak_client").string());
+  args.insert(args.begin(), "RMMD_RUNTIME_DIR=" + runtime_dir.string());
+  args.insert(args.begin(), "/usr/bin/env");
+  return run(std::move(args), timeout);
+}
+
 /// The GPU's used bytes as a fresh process sees them.
 std::optional<std::size_t> gpu_used_bytes()
 {
@@ -97,7 +110,10 @@ struct soak_loop {
     while (auto line = process->read_line(60s)) {
       unsigned long long i = 0, e = 0;
       unsigned r = 0;
-      if (std::sscanf(line->c_str(), "progress %llu %u %llu", &i, &r, &e) == 3) {
+      // Found anywhere in the line: the client's stderr shares the pipe.
+      auto const at = line->find("progress ");
+      if (at != std::string::npos &&
+          std::sscanf(line->c_str() + at, "progress %llu %u %llu", &i, &r, &e) == 3) {
         iterations = i;
         reconnects = r;
         errors     = e;
@@ -105,7 +121,32 @@ struct soak_loop {
       }
       said.push_back(*line);
     }
+    std::cout << "soak client '" << mode << "' (pid " << process->pid()
+              << ") did not report within 60 s; it said:\n";
+    for (auto const& l : said) { std::cout << "  " << l << "\n"; }
+    std::cout << threads_of(process->pid()) << std::flush;
     return false;
+  }
+
+  /// Each thread of `pid`: its state, the kernel function it waits in and
+  /// its syscall, for a client that stopped answering.
+  static std::string threads_of(pid_t pid)
+  {
+    std::string out;
+    std::error_code ec;
+    auto const dir = std::filesystem::path("/proc") / std::to_string(pid) / "task";
+    for (auto const& task : std::filesystem::directory_iterator(dir, ec)) {
+      auto read = [&](char const* what) {
+        std::ifstream in(task.path() / what);
+        std::string text;
+        std::getline(in, text);
+        return text;
+      };
+      out += "  thread " + task.path().filename().string() + ": " + read("comm") + " state " +
+             read("stat").substr(0, 60) + " wchan " + read("wchan") + " syscall " +
+             read("syscall") + "\n";
+    }
+    return out.empty() ? "  (no /proc entry: it exited)\n" : out;
   }
 };
 
@@ -134,13 +175,7 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   auto const bytes = std::to_string(buffer_bytes);
   auto const seeds = std::to_string(pattern_seed);
   {
-    auto r = run({program_path("rmmd_restart_soak_client").string(),
-                  "publish",
-                  buffer_name,
-                  bytes,
-                  seeds,
-                  pool->pool().name()},
-                 120s);
+    auto r = soak_run(dir, {"publish", buffer_name, bytes, seeds, pool->pool().name()}, 120s);
     ASSERT_EQ(r.status, 0) << r.out << daemon.log();
   }
   ASSERT_TRUE(daemon.wait_for_stored(1)) << daemon.log();
@@ -167,9 +202,7 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
     ASSERT_TRUE(daemon.start());
     ++restarts;
 
-    auto r =
-        run({program_path("rmmd_restart_soak_client").string(), "check", buffer_name, bytes, seeds},
-            120s);
+    auto r = soak_run(dir, {"check", buffer_name, bytes, seeds}, 120s);
     ASSERT_EQ(r.status, 0) << r.out << daemon.log();
     ASSERT_TRUE(r.out.starts_with("intact " + bytes)) << r.out;
     if (round == 1) { std::cout << "the check says: " << r.out << std::flush; }
