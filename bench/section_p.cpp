@@ -184,6 +184,16 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
     auto b = start_daemon("b.conf", "1");
     rmmd::session sa({.runtime_dir = a->runtime_dir(), .client_name = "bench-p-producer"});
     rmmd::session sb({.runtime_dir = b->runtime_dir(), .client_name = "bench-p-consumer"});
+    // The baseline in the same run: a process on A's node opening the same
+    // buffer by its fabric handle (the import a remote open pays, without
+    // the hop to the other daemon).
+    rmmd::session sl({.runtime_dir      = a->runtime_dir(),
+                      .client_name      = "bench-p-local",
+                      .import_by_fabric = true});
+    std::vector<rmmd::shared_buffer> made;  // alive until the read below
+    // GPU 1 (this process sees both GPUs): the same GPU the
+    // remote open maps on, so that the two differ by the hop alone.
+    int const local_device = 1;
     // Ready: B sees A ready (or says why not).
     std::string state, problem;
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -204,8 +214,15 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
                                ")\nA's log:\n" + a->log_tail(20) + "B's log:\n" + b->log_tail(20));
     }
 
-    std::printf(
-        "  %-10s %6s %10s %10s %10s %8s\n", "size", "reps", "p50 ms", "p99 ms", "max ms", "target");
+    std::printf("  %-10s %6s %10s %10s %10s %8s %14s %14s\n",
+                "size",
+                "reps",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+                "target",
+                "of it: close",
+                "local fabric");
     for (std::size_t bytes : cfg.share_sizes) {
       auto const name = "bench/p" + std::to_string(bytes >> 20);
       auto made_buf   = rmmd::shared_buffer::create(sa, name, bytes, {.pool = "gpu"});
@@ -213,19 +230,28 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
       check_cuda(cudaMemset(made_buf.data(), 0x5a, bytes), "cudaMemset");
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       made_buf.publish();
+      made.push_back(std::move(made_buf));
       std::size_t const reps = cfg.quick ? 20 : 200;
-      std::vector<double> ns;
+      std::vector<double> ns, close_ns, local_ns;
       for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
         auto const t0 = std::chrono::steady_clock::now();
         auto r = rmmd::shared_buffer::open(sb, "nodeA:" + name, rmmd::open_options{.device = 1});
+        auto const t_open = std::chrono::steady_clock::now();
         r.close();
         auto const t1 = std::chrono::steady_clock::now();
+        auto l        = rmmd::shared_buffer::open(sl, name, rmmd::open_options{.device = local_device});
+        l.close();
+        auto const t2 = std::chrono::steady_clock::now();
         if (i >= cfg.share_warmup) {
           ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+          close_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t_open).count());
+          local_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count());
         }
       }
-      auto const s = summarize(ns);
-      auto* row    = out.add_opens();
+      auto const s      = summarize(ns);
+      auto const closed = summarize(close_ns);
+      auto const local  = summarize(local_ns);
+      auto* row         = out.add_opens();
       row->set_mib(u32(bytes >> 20));
       row->set_reps(u32(reps));
       row->set_p50_us(s.p50_us);
@@ -236,13 +262,17 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
                     .measured = s.p50_us / 1000,
                     .limit    = open_target_ms,
                     .unit     = "ms"});
-      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s\n",
+      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s %11.3f ms %11.3f ms\n",
                   bytes >> 20,
                   reps,
                   s.p50_us / 1000,
                   s.p99_us / 1000,
                   s.max_us / 1000,
-                  verdict.c_str());
+                  verdict.c_str(),
+                  closed.p50_us / 1000,
+                  local.p50_us / 1000);
+      row->set_close_p50_us(closed.p50_us);
+      row->set_local_fabric_open_close_p50_us(local.p50_us);
     }
 
     // Read bandwidth: GPU 1 copies a remote buffer out of its mapping, and

@@ -190,6 +190,7 @@ bool peer_link::hello()
     identity_seen_    = subject;
     node_name_seen_   = welcome.node_name();
     probe_ok_         = ours_of_theirs.ok;
+    probe_problem_    = ours_of_theirs.problem;
     their_probe_ok_   = welcome.your_probe().ok();
     last_contact_     = std::chrono::system_clock::now();
   }
@@ -241,6 +242,11 @@ bool peer_link::renew_and_close()
   v1::RenewHoldsRequest request;
   request.set_incarnation(options_.incarnation);
   for (auto id : ids) { request.add_hold_ids(id); }
+  {
+    std::lock_guard lock(mutex_);
+    request.mutable_your_probe()->set_ok(probe_ok_);
+    request.mutable_your_probe()->set_problem(probe_problem_);
+  }
   v1::RenewHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
   auto s = stub_->RenewHolds(c.get(), request, &reply);

@@ -128,6 +128,7 @@ class peer_link {
   std::string node_name_seen_;
   std::uint64_t peer_incarnation_{0};  // its daemon's, from its last Welcome
   bool probe_ok_{false};
+  std::string probe_problem_;  // why we could not import its probe
   bool their_probe_ok_{false};
   std::chrono::system_clock::time_point last_contact_{};
   std::map<std::uint64_t, std::uint64_t> holds_;  // hold id there -> bytes

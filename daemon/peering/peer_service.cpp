@@ -164,6 +164,12 @@ grpc::Status peer_service::RenewHolds(grpc::ServerContext* context,
     return too_many("renew holds", request->hold_ids_size());
   }
   std::vector<std::uint64_t> ids(request->hold_ids().begin(), request->hold_ids().end());
+  if (request->has_your_probe()) {
+    ledger_.their_verdict(caller_identity(*context),
+                          request->incarnation(),
+                          request->your_probe().ok(),
+                          request->your_probe().problem());
+  }
   auto unknown = ledger_.renew(caller_identity(*context), request->incarnation(), ids);
   if (!unknown.ok()) { return wire::to_grpc_status(unknown.status()); }
   for (auto id : *unknown) { response->add_unknown_hold_ids(id); }

@@ -407,11 +407,18 @@ void peering::list_peers(v1::ListPeersResponse* reply) const
     p->set_address(a.address);
     p->set_identity(a.identity);
     p->set_direction("accepted");
-    p->set_state(a.we_imported_its_probe ? "ready" : "probe_failed");
-    p->set_problem(a.we_imported_its_probe
-                       ? std::string()
-                       : absl::StrCat("we cannot import its probe: ", a.probe_problem));
+    auto const ready = a.we_imported_its_probe && a.it_imported_our_probe;
+    p->set_state(ready ? "ready" : "probe_failed");
+    p->set_problem(!a.we_imported_its_probe
+                       ? absl::StrCat("we cannot import its probe: ", a.probe_problem)
+                   : !a.it_imported_our_probe
+                       ? absl::StrCat("it cannot import our probe",
+                                      a.our_probe_problem.empty()
+                                          ? std::string(" (or has not said yet: its renewals say)")
+                                          : absl::StrCat(": ", a.our_probe_problem))
+                       : std::string());
     p->set_probe_ok(a.we_imported_its_probe);
+    p->set_their_probe_ok(a.it_imported_our_probe);
     p->set_holds_they_have(static_cast<std::uint32_t>(a.holds));
     p->set_bytes_they_hold(a.bytes);
     p->set_last_contact_unix_ms(unix_ms(a.last_contact));

@@ -113,6 +113,20 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
   return grant;
 }
 
+void remote_hold_ledger::their_verdict(std::string const& identity,
+                                       std::uint64_t incarnation,
+                                       bool ok,
+                                       std::string const& problem)
+{
+  std::lock_guard lock(mutex_);
+  for (auto& [key, c] : callers_) {
+    if (key.first == identity && c.incarnation == incarnation) {
+      c.it_imported_our_probe = ok;
+      c.our_probe_problem     = ok ? std::string() : problem;
+    }
+  }
+}
+
 absl::StatusOr<std::vector<std::uint64_t>> remote_hold_ledger::renew(
     std::string const& identity,
     std::uint64_t incarnation,
@@ -238,6 +252,8 @@ std::vector<accepted_peer> remote_hold_ledger::accepted() const
                     .incarnation           = c.incarnation,
                     .we_imported_its_probe = c.we_imported_its_probe,
                     .probe_problem         = c.probe_problem,
+                    .it_imported_our_probe = c.it_imported_our_probe,
+                    .our_probe_problem     = c.our_probe_problem,
                     .last_contact          = c.last_contact};
     for (auto const& [id, h] : holds_) {
       if (h.identity == identity && h.incarnation == c.incarnation) {

@@ -43,6 +43,9 @@ struct accepted_peer {
   std::uint64_t incarnation{};
   bool we_imported_its_probe{false};
   std::string probe_problem{};
+  /// It imported our probe (what its renewals say; false until one does).
+  bool it_imported_our_probe{false};
+  std::string our_probe_problem{};
   std::size_t holds{};
   std::size_t bytes{};
   std::chrono::system_clock::time_point last_contact{};
@@ -86,6 +89,13 @@ class remote_hold_ledger {
 
   /// Renews `ids` of `identity`'s incarnation as of `now`; returns those it
   /// does not hold (ended already). FAILED_PRECONDITION as open().
+  /// What the caller under `identity` with `incarnation` says of our probe
+  /// (its renewals carry it). Nothing for an unknown caller.
+  void their_verdict(std::string const& identity,
+                     std::uint64_t incarnation,
+                     bool ok,
+                     std::string const& problem);
+
   absl::StatusOr<std::vector<std::uint64_t>> renew(std::string const& identity,
                                                    std::uint64_t incarnation,
                                                    std::vector<std::uint64_t> const& ids,
@@ -128,6 +138,8 @@ class remote_hold_ledger {
     std::uint64_t incarnation{};
     bool we_imported_its_probe{false};
     std::string probe_problem{};
+    bool it_imported_our_probe{false};
+    std::string our_probe_problem{};
     std::chrono::system_clock::time_point last_contact{};
   };
 

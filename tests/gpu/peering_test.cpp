@@ -276,8 +276,15 @@ TEST_F(Peering, BothSidesAreReadyWithTheProbeImportedBothWays)
   EXPECT_THAT(on_b->direction(), ::testing::AnyOf("dialed", "both"));
   EXPECT_EQ(b_.peers().node_name(), "nodeB");
 
-  ASSERT_TRUE(eventually([&] { return a_.peer("nodeB").has_value(); }));
+  // A hears B's verdict on A's probe with B's next renewal.
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto p = a_.peer("nodeB");
+        return p.has_value() && p->their_probe_ok();
+      },
+      10s));
   auto const on_a = a_.peer("nodeB");
+  ASSERT_TRUE(on_a);
   EXPECT_EQ(on_a->state(), "ready") << on_a->problem();
   EXPECT_TRUE(on_a->probe_ok()) << on_a->problem();
   EXPECT_TRUE(on_a->their_probe_ok()) << on_a->problem();

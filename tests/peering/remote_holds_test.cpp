@@ -250,6 +250,22 @@ TEST_F(RemoteHolds, NodesSharingACertificateKeepEachOthersHolds)
   EXPECT_EQ(peers[1].holds, 1u);
 }
 
+TEST_F(RemoteHolds, ACallersVerdictOnOurProbeShowsOnceItsRenewalsSayIt)
+{
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 1000ms);
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, true, "");
+  ASSERT_EQ(ledger_->accepted().size(), 1u);
+  EXPECT_FALSE(ledger_->accepted()[0].it_imported_our_probe);  // it has not said yet
+  ledger_->their_verdict("CN=b", 7, false, "no IMEX channel");
+  EXPECT_FALSE(ledger_->accepted()[0].it_imported_our_probe);
+  EXPECT_EQ(ledger_->accepted()[0].our_probe_problem, "no IMEX channel");
+  ledger_->their_verdict("CN=b", 8, true, "");  // not its incarnation: nothing
+  EXPECT_FALSE(ledger_->accepted()[0].it_imported_our_probe);
+  ledger_->their_verdict("CN=b", 7, true, "");
+  EXPECT_TRUE(ledger_->accepted()[0].it_imported_our_probe);
+  EXPECT_EQ(ledger_->accepted()[0].our_probe_problem, "");
+}
+
 TEST_F(RemoteHolds, StopEndsEveryHold)
 {
   publish("w/fab", fabric_);
