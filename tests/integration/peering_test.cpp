@@ -107,6 +107,20 @@ class Peering : public ::testing::Test {
     return reply;
   }
 
+  /// Until `s`'s daemon sees the other both ways (it dialed it and was
+  /// dialed) and its link is done dialing: before then ListPeers changes by
+  /// itself (a daemon that started first finds the other unreachable).
+  static bool settled(rmmd::session& s)
+  {
+    return eventually(
+        [&] {
+          auto r = peers(s);
+          return r.peers_size() == 1 && r.peers(0).direction() == "both" &&
+                 r.peers(0).state() == "probe_failed";
+        },
+        30s);
+  }
+
   /// A's ledger as ListPeers shows it, for "nothing changed".
   static std::string ledger(rmmd::session& s)
   {
@@ -196,6 +210,7 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
         return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
       },
       30s));
+  ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
   auto const before = ledger(sa);
   v1::OpenBufferRequest open;
   open.set_name("models/w");
@@ -227,6 +242,7 @@ TEST_F(Peering, AnIdentityWithoutAGrantIsPermissionDenied)
   ASSERT_TRUE(eventually(
       [&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; },
       30s));
+  ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
   auto const before = ledger(sa);
   auto stub         = raw_peer("nodeC");
   // Its certificate is the CA's, but no grant and no peers entry names it:
@@ -253,6 +269,7 @@ TEST_F(Peering, AnotherCAsExpiredAndPlaintextCallersAreRefusedAndChangeNothing)
   ASSERT_TRUE(eventually(
       [&] { return peers(sa).peers_size() == 1 && peers(sa).peers(0).direction() == "both"; },
       30s));
+  ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
   auto const before = ledger(sa);
   for (std::string node : {"stranger", "expired", ""}) {
     auto stub = raw_peer(node);
