@@ -22,8 +22,8 @@
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
-#include "bench/section_r.hpp"
 #include "bench/section_p.hpp"
+#include "bench/section_r.hpp"
 #include "bench/section_t.hpp"
 #include "bench/sections.hpp"
 

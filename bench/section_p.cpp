@@ -4,6 +4,7 @@
 
 #include "harness/child_process.hpp"
 #include "harness/daemon_process.hpp"
+#include "harness/peer_setup.hpp"
 
 #include <rmmd/session.hpp>
 #include <rmmd/shared_buffer.hpp>
@@ -32,34 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr double open_target_ms = 5.0;  // p50, open+map+close, every size
-
-fs::path certs_script()
-{
-  if (char const* p = std::getenv("RMMD_TEST_CERTS_SCRIPT"); p != nullptr && *p != '\0') {
-    return p;
-  }
-  for (auto const& candidate : {fs::path(self_path()).parent_path() / "make-test-certs.sh",
-                                fs::path(RMMD_SOURCE_DIR) / "scripts" / "make-test-certs.sh"}) {
-    if (fs::exists(candidate)) { return candidate; }
-  }
-  return {};
-}
-
-int free_port()
-{
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family      = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len     = sizeof(a);
-  int port          = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) { ::close(fd); }
-  return port;
-}
 
 std::string tls(fs::path const& certs, std::string const& stem)
 {
@@ -128,7 +101,7 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
         "imported");
     return;
   }
-  auto const script = certs_script();
+  auto const script = harness::find_certs_script(RMMD_SOURCE_DIR);
   if (script.empty()) {
     skip("scripts/make-test-certs.sh not found (set RMMD_TEST_CERTS_SCRIPT)");
     return;
@@ -159,7 +132,7 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
         throw std::runtime_error("make-test-certs.sh failed: " + said);
       }
     }
-    int const port = free_port();
+    int const port = harness::free_loopback_port();
     std::ofstream(dir / "a.conf") << pools(std::uint64_t{16} << 30)
                                   << "peering {\n  node_name: \"nodeA\"\n  listen_address: "
                                      "\"127.0.0.1:"
@@ -239,7 +212,7 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
         auto const t_open = std::chrono::steady_clock::now();
         r.close();
         auto const t1 = std::chrono::steady_clock::now();
-        auto l        = rmmd::shared_buffer::open(sl, name, rmmd::open_options{.device = local_device});
+        auto l = rmmd::shared_buffer::open(sl, name, rmmd::open_options{.device = local_device});
         l.close();
         auto const t2 = std::chrono::steady_clock::now();
         if (i >= cfg.share_warmup) {

@@ -8,6 +8,7 @@
 #   ca.pem, ca.key              the CA both test nodes trust
 #   nodeA.pem, nodeA.key        CN=rmmd-nodeA, signed by ca
 #   nodeB.pem, nodeB.key        CN=rmmd-nodeB, signed by ca
+#   nodeC.pem, nodeC.key        CN=rmmd-nodeC, signed by ca (a node no grant names)
 #   other-ca.pem, other-ca.key  a CA nobody trusts
 #   stranger.pem, stranger.key  CN=rmmd-stranger, signed by other-ca
 #   expired.pem, expired.key    CN=rmmd-expired, signed by ca, valid only in 2020
@@ -63,6 +64,7 @@ make_ca ca "rmmd test CA"
 make_ca other-ca "rmmd other test CA"
 make_node nodeA rmmd-nodeA ca
 make_node nodeB rmmd-nodeB ca
+make_node nodeC rmmd-nodeC ca
 make_node stranger rmmd-stranger other-ca
 
 # expired: `openssl x509 -req` takes no start date, `openssl ca` does: a

@@ -17,6 +17,7 @@
 #include "tests/tools/child_process.hpp"
 
 #include "harness/daemon_process.hpp"
+#include "harness/peer_setup.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
 #include <rmmd/session.hpp>
@@ -53,37 +54,6 @@ constexpr std::uint32_t hold_lease_ms  = 3000;
 constexpr std::uint32_t renew_every_ms = 500;
 
 fs::path const imex_channel{"/dev/nvidia-caps-imex-channels/channel0"};
-
-/// scripts/make-test-certs.sh, or empty when it is nowhere to be found.
-fs::path certs_script()
-{
-  if (char const* p = std::getenv("RMMD_TEST_CERTS_SCRIPT"); p != nullptr && *p != '\0') {
-    return p;
-  }
-  for (auto const& candidate :
-       {fs::path(RMMD_SOURCE_DIR) / "scripts" / "make-test-certs.sh",
-        fs::read_symlink("/proc/self/exe").parent_path() / "make-test-certs.sh"}) {
-    if (fs::exists(candidate)) { return candidate; }
-  }
-  return {};
-}
-
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-int free_port()
-{
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family      = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len     = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) { ::close(fd); }
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// One node's daemon: its config file, runtime directory and CUDA devices.
 struct node {
@@ -199,7 +169,7 @@ class Peering : public ::testing::Test {
                    << "): fabric handles cannot be imported; create it as root "
                       "(DEVELOPERS.md, \"On the GPU host\")";
     }
-    auto script = certs_script();
+    auto script = harness::find_certs_script(RMMD_SOURCE_DIR);
     if (script.empty()) {
       GTEST_SKIP() << "scripts/make-test-certs.sh not found: set RMMD_TEST_CERTS_SCRIPT";
     }
@@ -208,7 +178,7 @@ class Peering : public ::testing::Test {
     dir_      = tmpl;
     auto made = run({"/bin/bash", script.string(), (dir_ / "certs").string()}, 60s);
     ASSERT_EQ(made.status, 0) << made.out;
-    port_a_ = free_port();
+    port_a_ = harness::free_loopback_port();
     ASSERT_NE(port_a_, 0);
     a_ = {.name = "nodeA", .config = dir_ / "a.conf", .visible_devices = "0", .daemon = nullptr};
     b_ = {.name = "nodeB", .config = dir_ / "b.conf", .visible_devices = "1", .daemon = nullptr};

@@ -6,6 +6,7 @@
 // fabric buffer opened and read from the other node) is in tests/gpu.
 
 #include "client/detail/session_impl.hpp"
+#include "harness/peer_setup.hpp"
 #include "rmmd/v1/peer.grpc.pb.h"
 #include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -28,20 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-/// A TCP port on 127.0.0.1 that nothing listens on now.
-int free_port()
-{
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family      = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string read_text(fs::path const& path)
 {
@@ -67,8 +54,8 @@ class Peering : public ::testing::Test {
 
   void SetUp() override
   {
-    port_a_  = free_port();
-    port_b_  = free_port();
+    port_a_  = harness::free_loopback_port();
+    port_b_  = harness::free_loopback_port();
     auto tls = [](std::string const& node) {
       return "tls { certificate_file: '" + (certs_ / (node + ".pem")).string() +
              "' private_key_file: '" + (certs_ / (node + ".key")).string() +

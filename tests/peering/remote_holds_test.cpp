@@ -8,6 +8,8 @@
 #include "daemon/peering/peering.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
 
+#include "tests/tools/child_process_inl.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -318,14 +320,10 @@ TEST_F(RemoteHolds, HoldIdsDoNotStartAgainAtOne)
   other.close_session(s->id);
 }
 
-/// Polls `done` until it holds or 20 s pass (a bound, not a timing).
+/// Until `done` holds, or false after 20 s (a bound, not a timing).
 bool eventually(std::function<bool()> const& done)
 {
-  for (int i = 0; i < 2000; ++i) {
-    if (done()) { return true; }
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
+  return test::eventually(done, 20s);
 }
 
 /// Node A (a core whose buffers carry fabric handles, and its peering) and

@@ -1,16 +1,15 @@
 #pragma once
 
-// Test support: certificates for peering tests, made with the openssl CLI
-// (OpenSSL 3.0): a CA; nodeA, nodeB and nodeC signed by it (CN=rmmd-nodeX,
-// SAN DNS:localhost and IP:127.0.0.1); stranger signed by another CA; and
-// expired, signed by the CA but valid only in 2020. Each X as X.pem and X.key.
+// Test support: certificates for peering tests, as scripts/make-test-certs.sh
+// makes them (its header lists them): a CA; nodeA, nodeB and nodeC signed by
+// it; stranger signed by another CA; expired, valid only in 2020.
 
 #include <filesystem>
 
 namespace rmmd::test {
 
-/// Writes them into `dir` (which must exist). Throws std::runtime_error
-/// naming the openssl command that failed.
+/// Runs the script into `dir`. Throws std::runtime_error with what it said
+/// when it fails or cannot be found.
 void make_test_certs(std::filesystem::path const& dir);
 
 }  // namespace rmmd::test

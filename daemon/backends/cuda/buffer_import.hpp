@@ -20,7 +20,7 @@ struct imported_buffer {
   core::shared_allocation memory;
   /// memory.fabric_handle is the one the state file recorded (the driver
   /// exports none from an allocation imported by POSIX fd, and imported the
-  /// recorded bytes): processes get the same handle as before the restart.
+  /// recorded bytes): processes get the handle the buffer was published with.
   bool recorded_fabric{false};
   /// Set when the buffer had a fabric handle and cannot have one now (said
   /// in words): it is served by its POSIX fd only.
