@@ -189,7 +189,7 @@ grpc::Status session_channel::grpc_unary(
     auto const code = status.error_code();
     // The old token at a new daemon: that daemon is the session's now.
     if (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) { continue; }
-    if (code != grpc::StatusCode::UNAVAILABLE || !reconnect_after(generation)) { return status; }
+    if (!daemon_replaced(code, generation)) { return status; }
   }
 }
 
@@ -245,7 +245,7 @@ grpc::Status session_channel::call(v1::SessionCall& call,
     bool const again =
         is_reconnected_meanwhile(status) ||
         (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||
-        (code == grpc::StatusCode::UNAVAILABLE && reconnect_after(generation));
+        daemon_replaced(code, generation);
     if (!again) {
       if (call.call_case() == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
       return status;
@@ -659,6 +659,16 @@ grpc::Status session_channel::call_locked(v1::SessionCall& call,
     if (fds != nullptr) { fds->assign(attached.begin(), attached.begin() + got.fd_count); }
     return read.status;
   }
+}
+
+bool session_channel::daemon_replaced(grpc::StatusCode code, std::uint32_t generation)
+{
+  // UNAVAILABLE: nobody answers. UNAUTHENTICATED: a daemon answers that does
+  // not know the token, which is a new daemon when the session socket to
+  // the old one is closed (a gRPC call can reach it before this session's
+  // reader has seen the old one go); reconnect_after checks that.
+  return (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNAUTHENTICATED) &&
+         reconnect_after(generation);
 }
 
 bool session_channel::reconnect_after(std::uint32_t generation)

@@ -276,6 +276,9 @@ class session_channel {
   /// reconnects unless another call did. False when the daemon is there (it
   /// answered UNAVAILABLE itself), reconnecting is off, or no daemon came
   /// back within the bound.
+  /// A call failed with `code`: whether the daemon that answered (or none) is
+  /// a new one, reconnected to now (reconnect_after).
+  bool daemon_replaced(grpc::StatusCode code, std::uint32_t generation);
   bool reconnect_after(std::uint32_t generation);
   /// Connects to the daemon serving the runtime directory now, says hello,
   /// and makes it the session's: the parts' hooks, the held buffers opened
