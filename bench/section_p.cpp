@@ -164,9 +164,6 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
                       .client_name      = "bench-p-local",
                       .import_by_fabric = true});
     std::vector<rmmd::shared_buffer> made;  // alive until the read below
-    // GPU 1 (this process sees both GPUs): the same GPU the
-    // remote open maps on, so that the two differ by the hop alone.
-    int const local_device = 1;
     // Ready: B sees A ready (or says why not).
     std::string state, problem;
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -187,15 +184,53 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
                                ")\nA's log:\n" + a->log_tail(20) + "B's log:\n" + b->log_tail(20));
     }
 
-    std::printf("  %-10s %6s %10s %10s %10s %8s %14s %14s\n",
-                "size",
-                "reps",
-                "p50 ms",
-                "p99 ms",
-                "max ms",
-                "target",
-                "of it: close",
-                "local fabric");
+    // One open of each kind, timed: the remote open (B asks A, this process
+    // imports the fabric handle and maps it on GPU 1) and its close; the
+    // daemons' answer alone (nothing imported or mapped); and, as the
+    // baseline in the same run, this process opening the same buffer through
+    // A by its fabric handle, which maps it on A's GPU 0 (the import without
+    // the hop, and without GPU 1 mapping GPU 0's memory).
+    struct samples {
+      std::vector<double> open_close, close, answer, local;
+    };
+    auto ns_between = [](auto a, auto b) {
+      return std::chrono::duration<double, std::nano>(b - a).count();
+    };
+    auto measure = [&](std::string const& name, std::size_t reps) {
+      samples out;
+      for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
+        auto const t0 = std::chrono::steady_clock::now();
+        auto r = rmmd::shared_buffer::open(sb, "nodeA:" + name, rmmd::open_options{.device = 1});
+        auto const t_open = std::chrono::steady_clock::now();
+        r.close();
+        auto const t1 = std::chrono::steady_clock::now();
+        auto l        = rmmd::shared_buffer::open(sl, name);
+        l.close();
+        auto const t2 = std::chrono::steady_clock::now();
+        v1::OpenBufferRequest ask;
+        ask.set_name(name);
+        ask.set_peer("nodeA");
+        ask.set_access(v1::BUFFER_ACCESS_READ);
+        v1::BufferGrant answer;
+        auto const asked = sb.impl().open_buffer(ask, &answer);
+        auto const t3    = std::chrono::steady_clock::now();
+        if (!asked.ok()) {
+          throw std::runtime_error("B's answer for nodeA:" + name + ": " + asked.error_message());
+        }
+        (void)sb.impl().close_buffer(answer.buffer_id());
+        if (i >= cfg.share_warmup) {
+          out.open_close.push_back(ns_between(t0, t1));
+          out.close.push_back(ns_between(t_open, t1));
+          out.local.push_back(ns_between(t1, t2));
+          out.answer.push_back(ns_between(t2, t3));
+        }
+      }
+      return out;
+    };
+    std::size_t const reps = cfg.quick ? 20 : 200;
+    // Cold: nothing else of GPU 0 is mapped on GPU 1 in this process, so
+    // every open pays the driver's first mapping between the two GPUs.
+    std::vector<samples> cold;
     for (std::size_t bytes : cfg.share_sizes) {
       auto const name = "bench/p" + std::to_string(bytes >> 20);
       auto made_buf   = rmmd::shared_buffer::create(sa, name, bytes, {.pool = "gpu"});
@@ -204,48 +239,67 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       made_buf.publish();
       made.push_back(std::move(made_buf));
-      std::size_t const reps = cfg.quick ? 20 : 200;
-      std::vector<double> ns, close_ns, local_ns;
-      for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
-        auto const t0 = std::chrono::steady_clock::now();
-        auto r = rmmd::shared_buffer::open(sb, "nodeA:" + name, rmmd::open_options{.device = 1});
-        auto const t_open = std::chrono::steady_clock::now();
-        r.close();
-        auto const t1 = std::chrono::steady_clock::now();
-        auto l = rmmd::shared_buffer::open(sl, name, rmmd::open_options{.device = local_device});
-        l.close();
-        auto const t2 = std::chrono::steady_clock::now();
-        if (i >= cfg.share_warmup) {
-          ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
-          close_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t_open).count());
-          local_ns.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count());
-        }
-      }
-      auto const s      = summarize(ns);
-      auto const closed = summarize(close_ns);
-      auto const local  = summarize(local_ns);
+      cold.push_back(measure(name, reps));
+    }
+    // Warm: this process keeps another buffer of A mapped on GPU 1 meanwhile,
+    // as a consumer that holds any remote buffer does.
+    auto keep_made =
+        rmmd::shared_buffer::create(sa, "bench/p-keep", std::size_t{2} << 20, {.pool = "gpu"});
+    keep_made.publish();
+    auto kept =
+        rmmd::shared_buffer::open(sb, "nodeA:bench/p-keep", rmmd::open_options{.device = 1});
+    std::vector<samples> warm;
+    for (std::size_t bytes : cfg.share_sizes) {
+      warm.push_back(measure("bench/p" + std::to_string(bytes >> 20), reps));
+    }
+    kept.close();
+    keep_made.close();
+
+    std::printf("  %-10s %6s %10s %10s %10s %8s %12s %12s %12s %12s\n",
+                "size",
+                "reps",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+                "target",
+                "cold p50 ms",
+                "of it: close",
+                "answer only",
+                "local fabric");
+    for (std::size_t k = 0; k < cfg.share_sizes.size(); ++k) {
+      auto const bytes  = cfg.share_sizes[k];
+      auto const s      = summarize(warm[k].open_close);
+      auto const closed = summarize(warm[k].close);
+      auto const answer = summarize(warm[k].answer);
+      auto const local  = summarize(warm[k].local);
+      auto const c      = summarize(cold[k].open_close);
       auto* row         = out.add_opens();
       row->set_mib(u32(bytes >> 20));
       row->set_reps(u32(reps));
       row->set_p50_us(s.p50_us);
       row->set_p99_us(s.p99_us);
       row->set_max_us(s.max_us);
+      row->set_close_p50_us(closed.p50_us);
+      row->set_answer_p50_us(answer.p50_us);
+      row->set_local_fabric_open_close_p50_us(local.p50_us);
+      row->set_cold_p50_us(c.p50_us);
+      row->set_cold_p99_us(c.p99_us);
       auto const verdict =
           st.check({.what = "p) remote open+map+close p50, " + std::to_string(bytes >> 20) + " MiB",
                     .measured = s.p50_us / 1000,
                     .limit    = open_target_ms,
                     .unit     = "ms"});
-      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s %11.3f ms %11.3f ms\n",
+      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s %12.3f %12.3f %12.3f %12.3f\n",
                   bytes >> 20,
                   reps,
                   s.p50_us / 1000,
                   s.p99_us / 1000,
                   s.max_us / 1000,
                   verdict.c_str(),
+                  c.p50_us / 1000,
                   closed.p50_us / 1000,
+                  answer.p50_us / 1000,
                   local.p50_us / 1000);
-      row->set_close_p50_us(closed.p50_us);
-      row->set_local_fabric_open_close_p50_us(local.p50_us);
     }
 
     // Read bandwidth: GPU 1 copies a remote buffer out of its mapping, and
@@ -260,12 +314,24 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
     check_cuda(cudaMalloc(&dst, read_bytes), "cudaMalloc on GPU 1");
     check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
     check_cuda(cudaMalloc(&src0, read_bytes), "cudaMalloc on GPU 0");
-    int const reps           = cfg.quick ? 3 : 10;
-    double const remote_gbps = copy_gbps(read_bytes, reps, [&](cudaStream_t s) {
+    int const copies = cfg.quick ? 3 : 10;
+    // The local peer-to-peer copy at its best: GPU 1 with access to GPU 0's
+    // memory (a copy without it is staged through the host).
+    check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
+    int can_access = 0;
+    check_cuda(cudaDeviceCanAccessPeer(&can_access, 1, 0), "cudaDeviceCanAccessPeer");
+    if (can_access != 0) {
+      auto const e = cudaDeviceEnablePeerAccess(0, 0);
+      if (e != cudaErrorPeerAccessAlreadyEnabled) {
+        check_cuda(e, "cudaDeviceEnablePeerAccess(GPU 1 to GPU 0)");
+      }
+      cudaGetLastError();
+    }
+    double const remote_gbps = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
       check_cuda(cudaMemcpyAsync(dst, remote.data(), read_bytes, cudaMemcpyDeviceToDevice, s),
                  "cudaMemcpyAsync from the remote mapping");
     });
-    double const peer_gbps   = copy_gbps(read_bytes, reps, [&](cudaStream_t s) {
+    double const peer_gbps   = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
       check_cuda(cudaMemcpyPeerAsync(dst, 1, src0, 0, read_bytes, s), "cudaMemcpyPeerAsync");
     });
     remote.close();
@@ -274,12 +340,14 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
     out.set_read_mib(u32(read_bytes >> 20));
     out.set_remote_read_gbps(remote_gbps);
     out.set_peer_copy_gbps(peer_gbps);
+    out.set_peer_access(can_access != 0);
     std::printf(
         "  GPU 1 reads a remote %zu MiB buffer: %.1f GB/s; cudaMemcpyPeer GPU 0 -> 1: "
-        "%.1f GB/s (same run)\n",
+        "%.1f GB/s (same run, %s)\n",
         read_bytes >> 20,
         remote_gbps,
-        peer_gbps);
+        peer_gbps,
+        can_access != 0 ? "peer access on" : "no peer access between these GPUs");
   } catch (std::exception const& e) {
     st.error("p", e.what());
   }
