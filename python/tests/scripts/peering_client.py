@@ -6,7 +6,8 @@ buffer until a line on stdin, check it again, and print a second line.
   produce NAME NBYTES SEED   a PyTorch producer: a buffer of NBYTES in pool
                              "gpu", filled with SEED's pattern on the GPU, a
                              manifest (one uint8 tensor "pattern", label
-                             seed=SEED), published on its stream
+                             seed=SEED), published on its stream; speaks
+                             once the daemon lists it published
   consume ADDRESS NBYTES SEED
                              opens ADDRESS (NODE:NAME) through this node's
                              daemon, compares it on its GPU with SEED's
@@ -27,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+import time
 from typing import Any
 
 import rmmd
@@ -73,6 +75,13 @@ def produce(session: rmmd.Session, name: str, nbytes: int, seed: int) -> int:
     view.copy_(pattern(nbytes, seed))
     buf.set_manifest([rmmd.TensorEntry("pattern", "uint8", (nbytes,), 0)], labels={"seed": str(seed)})
     buf.publish(stream)
+    # The publish reaches the daemon from a host function on the stream; a
+    # remote open does not wait for it, so say "created" once it is published.
+    deadline = time.monotonic() + 30
+    while not any(b.name == name and b.published for b in session.buffers(prefix=name)):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: not published 30 s after publish()")
+        time.sleep(0.01)
     say(created=buf.name, nbytes=buf.nbytes, digest=digest(view), gpu=gpu_uuid())
     sys.stdin.readline()
     intact = bool(torch.equal(view, pattern(nbytes, seed)))
