@@ -405,7 +405,9 @@ class SharedBuffer(Memory):
     def __repr__(self) -> str:
         where = "host" if self.is_host else f"device {self._device}"
         state = " closed" if self._handle is None else ""
-        return f"<rmmd.SharedBuffer '{self._name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
+        # A buffer of another node shows as it was opened, NODE:NAME.
+        name = self._name if self._peer is None else f"{self._peer}:{self._name}"
+        return f"<rmmd.SharedBuffer '{name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
 
 
 def _name(name: str) -> bytes:

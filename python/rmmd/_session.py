@@ -62,6 +62,11 @@ class PeerInfo:
     bytes_they_hold: int
     last_contact_unix_ms: int
 
+    @property
+    def ready(self) -> bool:
+        """Its buffers can be opened: ``state == "ready"``."""
+        return self.state == "ready"
+
     @classmethod
     def _from_json(cls, d: dict[str, Any]) -> "PeerInfo":
         def num(key: str) -> int:
@@ -340,14 +345,31 @@ class Session(OwnsHandle):
 
     # -- other nodes --------------------------------------------------------
 
+    def _peers_listing(self) -> dict[str, Any]:
+        out = ctypes.c_void_p()
+        check(_lib.load().rmmd_peers_json(self._require(), ctypes.byref(out)))
+        return json.loads(_lib.take_string(out.value) or "{}")
+
+    @property
+    def node_name(self) -> str | None:
+        """This node's name as its daemon's peering.node_name says it (what
+        other nodes put before ``':'`` to open its buffers); ``None`` where
+        peering is off."""
+        return self._peers_listing().get("node_name") or None
+
     def peers(self) -> list[PeerInfo]:
         """The other nodes' daemons this node's daemon peers with (``rmmctl
         peers``): state, the fabric probe both ways, holds each way. Empty
         where peering is off (docs/operations.md, "Across nodes")."""
-        out = ctypes.c_void_p()
-        check(_lib.load().rmmd_peers_json(self._require(), ctypes.byref(out)))
-        listed = json.loads(_lib.take_string(out.value) or "{}")
-        return [PeerInfo._from_json(p) for p in listed.get("peers", [])]
+        return [PeerInfo._from_json(p) for p in self._peers_listing().get("peers", [])]
+
+    def peer(self, node_name: str) -> PeerInfo | None:
+        """The peer named `node_name` in :meth:`peers`; ``None`` where this
+        node's daemon has none of that name (not in its peering.peers, and
+        it has not dialed in), as after a peer's restart until it has."""
+        if not isinstance(node_name, str):
+            raise InvalidArgumentError(f"rmmd: a node's name is a str, not {node_name!r}")
+        return next((p for p in self.peers() if p.node_name == node_name), None)
 
     # -- resources ----------------------------------------------------------
 

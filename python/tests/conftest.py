@@ -120,7 +120,13 @@ class Daemon:
     the daemon keeps nothing across a restart, as under no service manager.
     """
 
-    def __init__(self, *args: str, ready_timeout: float = 30.0, keep_buffers: bool = False) -> None:
+    def __init__(
+        self,
+        *args: str,
+        ready_timeout: float = 30.0,
+        keep_buffers: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         if not DAEMON.exists():
             pytest.fail(f"no rmmd program at {DAEMON} (build it, or set RMMD_DAEMON)")
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="rmmd-py-"))
@@ -136,6 +142,7 @@ class Daemon:
             self.manager = ServiceManager(self.state_dir / "notify.sock")
             args = (*args, "--state-file", str(self.state_file))
         self.args = [str(DAEMON), "--runtime-dir", str(self.runtime_dir), *args]
+        self.daemon_env = dict(os.environ, **(env or {}))  # the daemon's (CUDA_VISIBLE_DEVICES, ...)
         self._start(ready_timeout)
 
     def restart(self, sig: int = signal.SIGKILL, ready_timeout: float = 30.0) -> None:
@@ -152,7 +159,7 @@ class Daemon:
         notify_path.unlink(missing_ok=True)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(notify_path))
-        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
+        env = dict(self.daemon_env, NOTIFY_SOCKET=str(notify_path))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -180,7 +187,7 @@ class Daemon:
     def _start_managed(self, ready_timeout: float) -> None:
         assert self.manager is not None
         with open(self.log_path, "ab") as log:
-            self.process = self.manager.start(self.args, os.environ, stdout=log)
+            self.process = self.manager.start(self.args, self.daemon_env, stdout=log)
         if self.manager.wait_for("READY=1", ready_timeout) is None:
             why = (
                 f"it exited with status {self.process.returncode}"

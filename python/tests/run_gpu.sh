@@ -10,6 +10,12 @@
 #   python/tests/run_gpu.sh .gpu [pytest args]
 #
 # RMMD_PYTHON picks another Python (default /opt/torch/.venv/bin/python).
+#
+# test_peering_gpu.py (two daemons as nodes A and B) needs two GPUs (the
+# nvidia-h100-x2 or nvidia-h200-x2 kind), the IMEX channel
+# /dev/nvidia-caps-imex-channels/channel0 (DEVELOPERS.md, "On the GPU host")
+# and openssl; it finds scripts/make-test-certs.sh in the checkout, or at
+# $RMMD_TEST_CERTS_SCRIPT. Alone: python/tests/run_gpu.sh .gpu -k peering
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: python/tests/run_gpu.sh BUNDLE_DIR [pytest args]" >&2; exit 2; }
 bundle=$(cd "$1" && pwd); shift

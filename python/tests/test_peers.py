@@ -1,13 +1,21 @@
 """Buffers of another node (NODE:NAME, peer=) and Session.peers(), against a
 daemon without peering: what the package refuses before it asks, and the
-empty list of peers. The two-daemon case runs on the GPU host
-(tests/gpu/peering_test.cpp)."""
+empty list of peers; then two host daemons that peer (certificates from
+scripts/make-test-certs.sh): what Session.node_name, peers() and peer() say.
+Buffers opened from the other node need GPUs: test_peering_gpu.py on the
+GPU host (and tests/gpu/peering_test.cpp)."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Iterator
 
 import pytest
+from conftest import REPO, Daemon, wait_until
 
 import rmmd
 
@@ -57,3 +65,84 @@ def test_peer_info_is_a_typed_record() -> None:
     )
     assert info.node_name == "nodeA" and info.probe_ok and not info.their_probe_ok
     assert info.bytes_we_hold == 64 << 20 and info.holds_they_have == 0
+
+
+def test_without_peering_there_is_no_node_name(session: rmmd.Session) -> None:
+    assert session.node_name is None
+    assert session.peer("nodeA") is None
+
+
+def test_peer_ready_is_the_state() -> None:
+    assert rmmd.PeerInfo._from_json({"node_name": "a", "state": "ready"}).ready
+    assert not rmmd.PeerInfo._from_json({"node_name": "a", "state": "probe_failed"}).ready
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def peered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
+    """Host daemons A and B that dial each other with mutual TLS, as
+    tests/integration/peering_test.cpp sets them up."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command: scripts/make-test-certs.sh makes the certificates with it")
+    work = tmp_path_factory.mktemp("peering")
+    made = subprocess.run(
+        ["/bin/bash", str(REPO / "scripts" / "make-test-certs.sh"), str(work)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    ports = {"nodeA": _free_port(), "nodeB": _free_port()}
+
+    def config(me: str, other: str, grants: str) -> Path:
+        path = work / f"{me}.conf"
+        path.write_text(
+            f"peering {{ node_name: '{me}' listen_address: '127.0.0.1:{ports[me]}' "
+            f"tls {{ certificate_file: '{work / (me + '.pem')}' private_key_file: '{work / (me + '.key')}' "
+            f"trusted_ca_file: '{work / 'ca.pem'}' }} {grants} "
+            f"peers {{ name: '{other}' address: '127.0.0.1:{ports[other]}' identity: 'CN=rmmd-{other}' "
+            "tls_server_name: 'localhost' } hold_lease_ms: 2000 renew_interval_ms: 500 }\n"
+        )
+        return path
+
+    a_conf = config("nodeA", "nodeB", "grants { identity: 'CN=rmmd-nodeB' name_prefixes: 'models/' }")
+    b_conf = config("nodeB", "nodeA", "")
+    started: list[Daemon] = []
+    try:
+        started.append(Daemon("--backend", "host", "--config", str(a_conf)))
+        started.append(Daemon("--backend", "host", "--config", str(b_conf)))
+        yield started[0], started[1]
+    finally:
+        for d in started:
+            d.stop()
+
+
+def test_a_peering_daemon_names_its_node_and_its_peer(peered: tuple[Daemon, Daemon]) -> None:
+    a, b = peered
+    with rmmd.Session(runtime_dir=str(b.runtime_dir), client_name="pytest-peers") as s:
+        assert s.node_name == "nodeB"
+        # Both dialed (B's peers entry) and dialed by A: "both", once settled.
+        seen = wait_until(
+            lambda: (p := s.peer("nodeA")) is not None and p.direction == "both" and p.state != "connecting" and p,
+            timeout=30,
+            what="B to see A both ways",
+        )
+        assert seen.identity == "CN=rmmd-nodeA" and seen.address.startswith("127.0.0.1:"), seen
+        # Host pools have no fabric handle to probe: not ready, and it says why.
+        assert seen.ready == (seen.state == "ready")
+        assert seen.ready or seen.problem, seen
+        assert seen.holds_we_have == 0 and seen.bytes_we_hold == 0
+        assert [p.node_name for p in s.peers()] == ["nodeA"]
+        assert s.peer("nodeZ") is None
+    with rmmd.Session(runtime_dir=str(a.runtime_dir), client_name="pytest-peers") as s:
+        assert s.node_name == "nodeA"
+        on_a = wait_until(lambda: s.peer("nodeB"), timeout=30, what="A to see B")
+        assert on_a.identity == "CN=rmmd-nodeB" and on_a.holds_they_have == 0, on_a
+
+
+def test_peer_wants_a_node_name(session: rmmd.Session) -> None:
+    with pytest.raises(rmmd.InvalidArgumentError, match="a node's name is a str"):
+        session.peer(7)  # type: ignore[arg-type]
