@@ -182,7 +182,8 @@ std::vector<pool_description> daemon_core::pools_locked(tenant_key const* tenant
         .shareable_fd   = owner == nullptr ? -1 : owner->shareable_fd(),
         .fabric_handle  = owner == nullptr ? std::vector<std::byte>{} : owner->fabric_handle(),
         .max_alignment  = p.config.max_alignment,
-        .pinnable       = p.config.pinnable});
+        .pinnable       = p.config.pinnable,
+        .fabric_problem = p.config.fabric_problem});
   }
   return out;
 }

@@ -69,6 +69,9 @@ struct pool_config {
   /// Host pools: clients may page-lock their mapping (cudaHostRegister), so
   /// the backend must never punch holes in it (see host_backend).
   bool pinnable{false};
+  /// cuda: why a pool its config asks fabric handles of has none (no IMEX
+  /// channel, ...), as the start found; empty otherwise. Peering reports it.
+  std::string fabric_problem{};
 };
 
 struct pool_description {
@@ -84,6 +87,7 @@ struct pool_description {
   std::vector<std::byte> fabric_handle{};  ///< empty unless the pool exports one
   std::size_t max_alignment{};             ///< largest alignment accepted
   bool pinnable{false};                    ///< see pool_config::pinnable
+  std::string fabric_problem{};            ///< see pool_config::fabric_problem
 };
 
 /// One tenant's backend of a pool (daemon_core's tenancy): what it lends and

@@ -3,6 +3,8 @@
 #include "daemon/backends/cuda/peer_probe.hpp"
 #include "daemon/log.hpp"
 
+#include <absl/strings/str_format.h>
+
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -42,7 +44,20 @@ peering::probe_exchange make_peer_probes(core::daemon_core const& core)
       return out;
     }
   }
-  return peering::no_fabric_probe();
+  // No fabric pool: where the config asked one for fabric handles and the
+  // start found none (no IMEX channel, ...), the peers hear why.
+  auto out = peering::no_fabric_probe();
+  for (auto const& pool : core.pools()) {
+    if (pool.fabric_problem.empty()) { continue; }
+    auto const why =
+        absl::StrFormat("pool '%s' has no fabric handles: %s", pool.name, pool.fabric_problem);
+    out.ours.problem = why;
+    out.import       = [why](peering::fabric_probe const&) {
+      return peering::probe_verdict{.ok = false, .problem = why};
+    };
+    break;
+  }
+  return out;
 }
 
 }  // namespace rmmd::startup

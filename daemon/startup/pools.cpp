@@ -102,7 +102,7 @@ bool find_device(config::pool_settings& p, int gpus)
 /// Whether the pool gets fabric handles, proven by a probe in a child
 /// process; nullopt, after saying why, when the pool cannot be served as
 /// configured. `fatal` says whether that stops the daemon.
-std::optional<bool> prove_fabric(config::pool_settings const& p, bool& fatal)
+std::optional<bool> prove_fabric(config::pool_settings const& p, bool& fatal, std::string& why)
 {
   if (p.fabric == config::fabric_mode::off) { return false; }
   std::error_code ec;
@@ -125,6 +125,7 @@ std::optional<bool> prove_fabric(config::pool_settings const& p, bool& fatal)
   }
   if (!support.usable) {
     log::warn("pool '%s': no fabric handles, posix-fd only: %s", p.name, support.reason);
+    why = support.reason;
   }
   return support.usable;
 }
@@ -135,8 +136,9 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
 {
   namespace cuda = backends::cuda;
   if (!find_device(p, gpus)) { return false; }
-  bool fatal        = false;
-  auto const proven = prove_fabric(p, fatal);
+  bool fatal = false;
+  std::string no_fabric_because;
+  auto const proven = prove_fabric(p, fatal, no_fabric_because);
   if (!proven) { return !fatal; }
   bool fabric = *proven;
   try {
@@ -170,20 +172,26 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
     // One pool made now proves the options (and the fabric export, which
     // may fail even though the probe passed); the tenants' pools are made
     // with what it proved.
-    fabric         = !make_cuda_backend(options)->fabric_handle().empty();
-    options.fabric = fabric;
+    bool const proven_fabric = fabric;
+    fabric                   = !make_cuda_backend(options)->fabric_handle().empty();
+    options.fabric           = fabric;
+    if (proven_fabric && !fabric) {
+      no_fabric_because =
+          "its fabric export failed at start although the probe passed (the log says why)";
+    }
     std::vector<core::handle_type> types{core::handle_type::posix_fd};
     if (fabric) { types.push_back(core::handle_type::fabric); }
     auto const gpu = gpu::identify(p.device).value_or(gpu::identity{});
     // A pool per tenant (a uid's first session makes its own), all of them
     // together within `capacity`.
-    core.add_pool(core::pool_config{.name          = p.name,
-                                    .device        = p.device,
-                                    .gpu_uuid      = gpu.uuid,
-                                    .pci_bus_id    = gpu.pci_bus_id,
-                                    .handle_types  = types,
-                                    .limit_bytes   = capacity,
-                                    .max_alignment = 256},
+    core.add_pool(core::pool_config{.name           = p.name,
+                                    .device         = p.device,
+                                    .gpu_uuid       = gpu.uuid,
+                                    .pci_bus_id     = gpu.pci_bus_id,
+                                    .handle_types   = types,
+                                    .limit_bytes    = capacity,
+                                    .max_alignment  = 256,
+                                    .fabric_problem = no_fabric_because},
                   core::backend_kind::cuda,
                   capacity,
                   [options](core::tenant_key const&) { return make_cuda_backend(options); });

@@ -169,6 +169,13 @@ class Peering : public ::testing::Test {
                    << "): fabric handles cannot be imported; create it as root "
                       "(DEVELOPERS.md, \"On the GPU host\")";
     }
+    start_nodes("ready");
+  }
+
+  /// Makes the certificates, starts A and B, and waits until B sees A in
+  /// `state`.
+  void start_nodes(std::string const& state)
+  {
     auto script = harness::find_certs_script(RMMD_SOURCE_DIR);
     if (script.empty()) {
       GTEST_SKIP() << "scripts/make-test-certs.sh not found: set RMMD_TEST_CERTS_SCRIPT";
@@ -189,10 +196,10 @@ class Peering : public ::testing::Test {
     ASSERT_TRUE(eventually(
         [&] {
           auto p = b_.peer("nodeA");
-          return p && p->state() == "ready";
+          return p && p->state() == state;
         },
         30s))
-        << "B never saw A ready:\n"
+        << "B never saw A " << state << ":\n"
         << b_.peers().DebugString() << "B's log:\n"
         << b_.daemon->log_tail(30) << "A's log:\n"
         << a_.daemon->log_tail(30);
@@ -395,3 +402,50 @@ INSTANTIATE_TEST_SUITE_P(Certificates,
 
 }  // namespace
 }  // namespace rmmd::test
+
+/// Run with the IMEX channel removed (it skips where there is one): A's
+/// pool asks fabric handles and the start finds none, so peering works but
+/// no buffer can cross, and both nodes say why in words.
+class PeeringWithoutImex : public Peering {
+ protected:
+  void SetUp() override
+  {
+    REQUIRE_GPUS(2);
+    if (fs::exists(imex_channel)) {
+      GTEST_SKIP() << "there is an IMEX channel (" << imex_channel.string()
+                   << "); this test needs none: remove it to run it";
+    }
+    start_nodes("probe_failed");
+  }
+};
+
+TEST_F(PeeringWithoutImex, BothNodesSayThereIsNoImexChannelAndAnOpenIsRefusedInWords)
+{
+  auto const on_b = b_.peer("nodeA");
+  ASSERT_TRUE(on_b);
+  EXPECT_EQ(on_b->state(), "probe_failed");
+  EXPECT_FALSE(on_b->probe_ok());
+  EXPECT_THAT(on_b->problem(), HasSubstr("pool 'gpu' has no fabric handles"));
+  EXPECT_THAT(on_b->problem(), HasSubstr("IMEX channel"));
+  // rmmctl peers on B prints the same words.
+  auto const shown = run({program_path("rmmctl").string(),
+                          "--runtime-dir",
+                          b_.daemon->runtime_dir().string(),
+                          "peers"},
+                         30s);
+  EXPECT_EQ(shown.status, 0) << shown.out;
+  EXPECT_THAT(shown.out, HasSubstr("IMEX channel")) << shown.out;
+
+  // A buffer of A's GPU pool has no fabric handle: B's open is refused, in words.
+  auto& p = client(a_, {"produce", "peertest/noimex", std::to_string(buffer_bytes), "7"});
+  EXPECT_THAT(next_line(p), StartsWith("created "));
+  EXPECT_EQ(next_line(p), "published");
+  auto s = b_.session();
+  try {
+    auto r = rmmd::shared_buffer::open(s, "nodeA:peertest/noimex", rmmd::open_options{.device = 0});
+    ADD_FAILURE() << "opened a buffer of a pool without fabric handles";
+  } catch (std::exception const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("exports no fabric handles")) << e.what();
+  }
+  EXPECT_EQ(a_.holders("peertest/noimex"), 1u);  // its producer alone
+}
