@@ -26,16 +26,34 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
                       absl::StrCat("peer '", peer, "': ", s.error_message()));
 }
 
-/// Why a dial failed, in words: gRPC's own for TLS problems are terse.
+/// Why a dial failed, in words: gRPC's own for TLS problems are terse. The
+/// cases are told apart by gRPC's message, the only place it says which.
 std::string dial_problem(grpc::Status const& s)
 {
+  auto const said = s.error_message();
+  auto const has  = [&](std::string_view text) { return said.find(text) != std::string::npos; };
+  if (has("Ssl handshake failed") || has("certificate verify failed")) {
+    return absl::StrCat("the TLS handshake failed, its certificate does not verify here (",
+                        said,
+                        "): does it chain to this node's peering.tls.trusted_ca_file, is it "
+                        "unexpired, and does it name the address dialed (or "
+                        "peers.tls_server_name)?");
+  }
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && has("Socket closed")) {
+    // With TLS 1.3 the client's certificate is judged after our side of the
+    // handshake is done: a refusal reaches us as the connection closing.
+    return absl::StrCat("it closed the connection during the TLS handshake (",
+                        said,
+                        "): most likely it refuses this node's certificate; does ours chain to "
+                        "its peering.tls.trusted_ca_file, and is it unexpired?");
+  }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::StrCat("cannot reach it (",
-                        s.error_message(),
+                        said,
                         "): is its rmmd running with peering.listen_address there, and do both "
                         "certificates chain to the other's trusted CA?");
   }
-  return absl::StrCat(s.error_message(), " (", static_cast<int>(s.error_code()), ")");
+  return absl::StrCat(said, " (", static_cast<int>(s.error_code()), ")");
 }
 
 /// The certificate subject the call's server presented ("" : none).

@@ -17,6 +17,10 @@
 namespace rmmd::peering {
 namespace {
 
+using namespace std::chrono_literals;
+
+constexpr auto listener_swap_grace = 1s;
+
 std::uint64_t random_incarnation()
 {
   std::uint64_t n = 0;
@@ -176,7 +180,12 @@ bool peering::listen(tls_material const* tls)
                settings_.listen_address);
     return false;
   }
-  if (server_) { server_->Shutdown(std::chrono::system_clock::now()); }
+  if (server_) {
+    // The old one stops listening and sends GOAWAY at once, so every peer's
+    // next connection reaches the new one; calls already on it (a renewal,
+    // an open) get a moment to finish instead of failing.
+    server_->Shutdown(std::chrono::system_clock::now() + listener_swap_grace);
+  }
   server_ = std::move(server);
   port_   = port;
   return true;
