@@ -9,8 +9,14 @@
 #   nodeA.pem, nodeA.key        CN=rmmd-nodeA, signed by ca
 #   nodeB.pem, nodeB.key        CN=rmmd-nodeB, signed by ca
 #   nodeC.pem, nodeC.key        CN=rmmd-nodeC, signed by ca (a node no grant names)
+#   nodeA-next.pem, .key        CN=rmmd-nodeA again, signed by ca, its own key
+#                               (nodeA's certificate after a rotation)
 #   other-ca.pem, other-ca.key  a CA nobody trusts
 #   stranger.pem, stranger.key  CN=rmmd-stranger, signed by other-ca
+#   nodeA-other-ca.pem, .key    CN=rmmd-nodeA, signed by other-ca
+#   nodeB-other-ca.pem, .key    CN=rmmd-nodeB, signed by other-ca (the nodes'
+#                               names from a CA their peers do not trust,
+#                               or the CA they rotate to)
 #   expired.pem, expired.key    CN=rmmd-expired, signed by ca, valid only in 2020
 # Every node certificate names DNS:localhost and IP:127.0.0.1 and may serve
 # and dial (extendedKeyUsage serverAuth, clientAuth). Keys are EC P-256,
@@ -65,7 +71,10 @@ make_ca other-ca "rmmd other test CA"
 make_node nodeA rmmd-nodeA ca
 make_node nodeB rmmd-nodeB ca
 make_node nodeC rmmd-nodeC ca
+make_node nodeA-next rmmd-nodeA ca
 make_node stranger rmmd-stranger other-ca
+make_node nodeA-other-ca rmmd-nodeA other-ca
+make_node nodeB-other-ca rmmd-nodeB other-ca
 
 # expired: `openssl x509 -req` takes no start date, `openssl ca` does: a
 # throwaway CA database in the temp dir.
@@ -104,4 +113,4 @@ openssl ca -batch -config "$work/ca.cnf" -extensions node -notext \
 
 chmod 0644 "$out"/*.pem
 chmod 0600 "$out"/*.key
-echo "test certificates in $out: ca, nodeA, nodeB (CN=rmmd-nodeA, rmmd-nodeB), other-ca, stranger, expired"
+echo "test certificates in $out: ca, nodeA, nodeA-next, nodeB, nodeC, other-ca, stranger, nodeA-other-ca, nodeB-other-ca, expired"

@@ -8,6 +8,7 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace rmmd::peering {
 namespace {
@@ -25,16 +26,34 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
                       absl::StrCat("peer '", peer, "': ", s.error_message()));
 }
 
-/// Why a dial failed, in words: gRPC's own for TLS problems are terse.
+/// Why a dial failed, in words: gRPC's own for TLS problems are terse. The
+/// cases are told apart by gRPC's message, the only place it says which.
 std::string dial_problem(grpc::Status const& s)
 {
+  auto const said = s.error_message();
+  auto const has  = [&](std::string_view text) { return said.find(text) != std::string::npos; };
+  if (has("Ssl handshake failed") || has("certificate verify failed")) {
+    return absl::StrCat("the TLS handshake failed, its certificate does not verify here (",
+                        said,
+                        "): does it chain to this node's peering.tls.trusted_ca_file, is it "
+                        "unexpired, and does it name the address dialed (or "
+                        "peers.tls_server_name)?");
+  }
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && has("Socket closed")) {
+    // With TLS 1.3 the client's certificate is judged after our side of the
+    // handshake is done: a refusal reaches us as the connection closing.
+    return absl::StrCat("it closed the connection during the TLS handshake (",
+                        said,
+                        "): most likely it refuses this node's certificate; does ours chain to "
+                        "its peering.tls.trusted_ca_file, and is it unexpired?");
+  }
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::StrCat("cannot reach it (",
-                        s.error_message(),
+                        said,
                         "): is its rmmd running with peering.listen_address there, and do both "
                         "certificates chain to the other's trusted CA?");
   }
-  return absl::StrCat(s.error_message(), " (", static_cast<int>(s.error_code()), ")");
+  return absl::StrCat(said, " (", static_cast<int>(s.error_code()), ")");
 }
 
 /// The certificate subject the call's server presented ("" : none).
@@ -65,7 +84,12 @@ std::string_view state_name(link_state state) noexcept
 }
 
 peer_link::peer_link(config::peer_node_settings peer, link_options const& options)
-    : peer_(std::move(peer)), options_(options)
+    : peer_(std::move(peer)), options_(options), stub_(make_stub(options_.credentials))
+{
+}
+
+std::shared_ptr<v1::RmmdPeer::Stub> peer_link::make_stub(
+    std::shared_ptr<grpc::ChannelCredentials> const& credentials) const
 {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options_.keepalive.count()));
@@ -75,11 +99,33 @@ peer_link::peer_link(config::peer_node_settings peer, link_options const& option
   // Redial quickly once the peer is back: the link's own loop paces Hello.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(most_backoff / 1ms));
+  // A channel of its own connections: one made with new credentials never
+  // reuses a connection that the old certificate opened.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (!peer_.tls_server_name.empty()) {
     args.SetString(GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, peer_.tls_server_name);
   }
-  channel_ = grpc::CreateCustomChannel(peer_.address, options_.credentials, args);
-  stub_    = v1::RmmdPeer::NewStub(channel_);
+  return v1::RmmdPeer::NewStub(grpc::CreateCustomChannel(peer_.address, credentials, args));
+}
+
+std::shared_ptr<v1::RmmdPeer::Stub> peer_link::stub() const
+{
+  std::lock_guard lock(mutex_);
+  return stub_;
+}
+
+void peer_link::use_credentials(std::shared_ptr<grpc::ChannelCredentials> credentials)
+{
+  auto fresh = make_stub(credentials);
+  std::shared_ptr<v1::RmmdPeer::Stub> old;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) { return; }
+    old     = std::exchange(stub_, std::move(fresh));
+    redial_ = true;
+  }
+  wake_.notify_all();
+  // `old` goes here, or with the last call still on it.
 }
 
 peer_link::~peer_link()
@@ -135,7 +181,7 @@ bool peer_link::hello()
   request.set_version(std::string(service::daemon_version()));
   v1::PeerWelcome welcome;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub_->Hello(c.get(), request, &welcome);
+  auto s = stub()->Hello(c.get(), request, &welcome);
   if (!s.ok()) {
     set_state(link_state::unreachable, dial_problem(s));
     return false;
@@ -228,7 +274,7 @@ bool peer_link::renew_and_close()
     for (auto id : closing) { request.add_hold_ids(id); }
     v1::CloseHoldsResponse reply;
     auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-    if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
+    if (auto s = stub()->CloseHolds(c.get(), request, &reply); !s.ok()) {
       log::warn(
           "peer '%s': CloseHolds of %d hold(s) failed (%s); they end when their lease "
           "runs out",
@@ -249,7 +295,7 @@ bool peer_link::renew_and_close()
   }
   v1::RenewHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub_->RenewHolds(c.get(), request, &reply);
+  auto s = stub()->RenewHolds(c.get(), request, &reply);
   if (s.ok()) {
     if (auto problem = identity_problem(*c); !problem.empty()) {
       set_state(link_state::unreachable, std::move(problem));
@@ -282,6 +328,12 @@ void peer_link::run()
   bool ready   = false;
   std::unique_lock lock(mutex_);
   while (!stopping_) {
+    if (redial_) {
+      // New credentials: Hello on the new channel now, whatever the state.
+      redial_ = false;
+      ready   = false;
+      backoff = first_backoff;
+    }
     lock.unlock();
     if (!ready) {
       ready = hello();
@@ -293,8 +345,9 @@ void peer_link::run()
     if (stopping_) { break; }
     auto const wait = ready ? options_.renew_interval : backoff;
     if (!ready) { backoff = std::min<std::chrono::milliseconds>(backoff * 2, most_backoff); }
-    // A queued close wakes it early.
-    wake_.wait_for(lock, wait, [&] { return stopping_ || (ready && !to_close_.empty()); });
+    // A queued close, or new credentials, wakes it early.
+    wake_.wait_for(
+        lock, wait, [&] { return stopping_ || redial_ || (ready && !to_close_.empty()); });
   }
 }
 
@@ -326,7 +379,7 @@ void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* whe
   for (auto id : ids) { request.add_hold_ids(id); }
   v1::CloseHoldsResponse reply;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
-  if (auto s = stub_->CloseHolds(c.get(), request, &reply); !s.ok()) {
+  if (auto s = stub()->CloseHolds(c.get(), request, &reply); !s.ok()) {
     log::warn("peer '%s': closing %d hold(s) %s failed (%s); they end when their lease runs out",
               peer_.name,
               request.hold_ids_size(),
@@ -355,7 +408,7 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
   request.set_incarnation(options_.incarnation);
   v1::RemoteGrant grant;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub_->OpenRemoteBuffer(c.get(), request, &grant);
+  auto s = stub()->OpenRemoteBuffer(c.get(), request, &grant);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       set_state(link_state::unreachable, dial_problem(s));

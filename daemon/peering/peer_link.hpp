@@ -8,7 +8,9 @@
 // peer is alive), and sends the CloseHolds queued by close().
 //
 // Thread safety: every public member may be called from any thread; one
-// mutex guards the state, never held across an RPC.
+// mutex guards the state and the stub, never held across an RPC: a call
+// takes its own reference to the stub, so a call in flight when
+// use_credentials() swaps the channel finishes (or fails) on the old one.
 
 #include "daemon/config/settings.hpp"
 #include "daemon/peering/probe_exchange.hpp"
@@ -41,7 +43,7 @@ struct link_options {
   std::string node_name{};  ///< ours
   std::uint64_t incarnation{};
   probe_exchange const* probes{};
-  std::shared_ptr<grpc::ChannelCredentials> credentials{};
+  std::shared_ptr<grpc::ChannelCredentials> credentials{};  ///< at start; see use_credentials()
   std::chrono::milliseconds keepalive{};
   std::chrono::milliseconds renew_interval{};
   /// The peer's daemon started again (a Hello answered with a new
@@ -89,6 +91,15 @@ class peer_link {
   /// A hold opened by open() that this node now counts (renews it). Once
   /// stopping, closes it there at once instead (stop() has sent its close).
   void keep(std::uint64_t hold_id, std::uint64_t bytes);
+
+  /// Dials with `credentials` from now on (the TLS files read again): a new
+  /// channel to the same address, and Hello on it at once, not at the next
+  /// backoff or renewal. The holds and our incarnation stay: the peer keys
+  /// holds by (identity, node name) and incarnation, so the new connection
+  /// continues them. A peer that refuses the new certificate, or whose
+  /// certificate fails the identity check, leaves the link unreachable with
+  /// the reason. Nothing once stopping.
+  void use_credentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
   /// Queues a CloseHolds of `hold_id` for the link's thread (once stopping,
   /// sends it at once).
   void close(std::uint64_t hold_id);
@@ -113,14 +124,19 @@ class peer_link {
   /// CloseHolds of `ids` now, with a short deadline (stop, and keep() after).
   void close_now(std::vector<std::uint64_t> const& ids, char const* when) const;
   std::unique_ptr<grpc::ClientContext> context(std::chrono::milliseconds deadline) const;
+  /// A stub on a new channel to peer.address with `credentials`.
+  [[nodiscard]] std::shared_ptr<v1::RmmdPeer::Stub> make_stub(
+      std::shared_ptr<grpc::ChannelCredentials> const& credentials) const;
+  /// The current stub, for one call.
+  [[nodiscard]] std::shared_ptr<v1::RmmdPeer::Stub> stub() const;
 
   config::peer_node_settings const peer_;
   link_options const options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::RmmdPeer::Stub> stub_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
+  std::shared_ptr<v1::RmmdPeer::Stub> stub_;  // holds its channel
+  bool redial_{false};                        // new credentials: Hello now
   bool stopping_{false};
   link_state state_{link_state::connecting};
   std::string problem_;

@@ -17,6 +17,10 @@
 namespace rmmd::peering {
 namespace {
 
+using namespace std::chrono_literals;
+
+constexpr auto listener_swap_grace = 1s;
+
 std::uint64_t random_incarnation()
 {
   std::uint64_t n = 0;
@@ -37,6 +41,11 @@ absl::StatusOr<std::string> read_file(std::filesystem::path const& path, char co
   }
   std::ostringstream text;
   text << in.rdbuf();
+  if (text.str().empty()) {
+    // Emptied since the config was checked (a copy half done), or a directory.
+    return absl::FailedPreconditionError(
+        absl::StrFormat("peering.tls.%s %s is empty", what, path.string()));
+  }
   return text.str();
 }
 
@@ -58,6 +67,17 @@ std::string label_value(std::string const& text)
     out += c;
   }
   return out;
+}
+
+/// What the links dial with: the TLS files' contents (nullptr: plaintext).
+std::shared_ptr<grpc::ChannelCredentials> channel_credentials(tls_material const* tls)
+{
+  if (tls == nullptr) { return grpc::InsecureChannelCredentials(); }
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs  = tls->trusted_ca;
+  options.pem_private_key = tls->private_key;
+  options.pem_cert_chain  = tls->certificate_chain;
+  return grpc::SslCredentials(options);
 }
 
 }  // namespace
@@ -160,7 +180,12 @@ bool peering::listen(tls_material const* tls)
                settings_.listen_address);
     return false;
   }
-  if (server_) { server_->Shutdown(std::chrono::system_clock::now()); }
+  if (server_) {
+    // The old one stops listening and sends GOAWAY at once, so every peer's
+    // next connection reaches the new one; calls already on it (a renewal,
+    // an open) get a moment to finish instead of failing.
+    server_->Shutdown(std::chrono::system_clock::now() + listener_swap_grace);
+  }
   server_ = std::move(server);
   port_   = port;
   return true;
@@ -168,21 +193,11 @@ bool peering::listen(tls_material const* tls)
 
 bool peering::dial(tls_material const* tls)
 {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (tls == nullptr) {
-    credentials = grpc::InsecureChannelCredentials();
-  } else {
-    grpc::SslCredentialsOptions options;
-    options.pem_root_certs  = tls->trusted_ca;
-    options.pem_private_key = tls->private_key;
-    options.pem_cert_chain  = tls->certificate_chain;
-    credentials             = grpc::SslCredentials(options);
-  }
   link_options const options{
       .node_name      = settings_.node_name,
       .incarnation    = incarnation_,
       .probes         = &probes_,
-      .credentials    = credentials,
+      .credentials    = channel_credentials(tls),
       .keepalive      = settings_.keepalive,
       .renew_interval = settings_.renew_interval,
       .peer_restarted = [this](peer_link const& link, std::vector<std::uint64_t> const& holds) {
@@ -199,23 +214,38 @@ void peering::reload(config::peering_settings const& settings)
 {
   service_.set_grants(settings.grants);
   settings_.grants = settings.grants;
-  if (settings_.insecure_plaintext_for_tests || !settings.tls || settings_.listen_address.empty()) {
-    return;
-  }
+  if (settings_.insecure_plaintext_for_tests || !settings.tls) { return; }
   auto tls = read_tls(*settings.tls);
   if (!tls.ok()) {
-    log::error("peering: reload keeps the old certificates: %s", tls.status().message());
+    log::error(
+        "peering: reload keeps the old certificates (the listener's and the %d link(s)'): %s",
+        links_.size(),
+        tls.status().message());
     return;
   }
-  // The new listener binds beside the old one (gRPC sets SO_REUSEPORT), then
-  // the old one goes; links made at start keep their credentials.
-  if (listen(&*tls)) {
-    settings_.tls = settings.tls;
-    log::info("peering: the listener serves the reloaded certificate %s",
-              settings.tls->certificate.string());
-  } else {
-    log::error("peering: reload keeps the old listener");
+  settings_.tls = settings.tls;
+  if (!settings_.listen_address.empty()) {
+    // The new listener binds beside the old one (gRPC sets SO_REUSEPORT),
+    // then the old one goes, closing its connections: a peer's channel
+    // connects again, to the new one.
+    if (listen(&*tls)) {
+      log::info("peering: the listener on %s serves the reloaded certificate %s",
+                settings_.listen_address,
+                settings.tls->certificate.string());
+    } else {
+      log::error("peering: reload keeps the old listener");
+    }
   }
+  if (links_.empty()) { return; }
+  auto const credentials = channel_credentials(&*tls);
+  for (auto& link : links_) { link->use_credentials(credentials); }
+  log::info(
+      "peering: the %d link(s) now dial with the reloaded certificate %s (key %s, trusted CA %s) "
+      "and say Hello again now; their holds stay",
+      links_.size(),
+      settings.tls->certificate.string(),
+      settings.tls->private_key.string(),
+      settings.tls->trusted_ca.string());
 }
 
 void peering::stop() noexcept

@@ -46,9 +46,11 @@ class peering final : public service::remote_buffers {
   /// stop().
   ~peering() override;
 
-  /// The grants, and the TLS files read again: a new listener and new links
-  /// with the new credentials; a file that cannot be read, or a listener that
-  /// cannot be made, keeps the old ones (said in the log).
+  /// The grants, and the TLS files read again: a new listener with them,
+  /// and every link dials with them from now on (a new channel, Hello at
+  /// once; its holds stay). A file that cannot be read keeps the old
+  /// credentials for both; a listener that cannot be made keeps the old
+  /// one. Each is said in the log.
   void reload(config::peering_settings const& settings);
 
   /// Closes this node's holds on every peer, ends every peer's hold here,

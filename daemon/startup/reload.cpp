@@ -26,7 +26,11 @@ void reload(config_source const& source,
     for (auto const& e : next.errors) {
       log::error("reload: %s", config::format_error(source.path, e));
     }
-    log::error("reload: %s is rejected; the current settings stay", source.path.string());
+    log::error("reload: %s is rejected; the current settings stay%s",
+               source.path.string(),
+               settings.peering.tls && !settings.peering.insecure_plaintext_for_tests
+                   ? " (peering keeps its old certificates, the listener's and the links')"
+                   : "");
     return;
   }
   auto const changes = config::changes_between(settings, *next.settings);

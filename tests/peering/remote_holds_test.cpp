@@ -1,12 +1,14 @@
 // Remote holds in the core and the serving node's ledger (leases, Hello's
 // incarnations), and the grants' checks: a real core with the host backend,
-// and below it a backend whose buffers carry a fabric handle (no GPU here).
+// and below it a backend whose buffers carry a fabric handle (no GPU here);
+// two nodes in this process, in plaintext and over mutual TLS.
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/peering/peer_grants.hpp"
 #include "daemon/peering/peering.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
+#include "harness/peer_setup.hpp"
 
 #include "tests/tools/child_process_inl.hpp"
 
@@ -15,6 +17,8 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -470,6 +474,150 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("stopping"));
   EXPECT_TRUE(a_.core->remote_holds().empty());
+}
+
+/// A (fabric-like buffers) and B, each with its peering, over mutual TLS
+/// with certificates from scripts/make-test-certs.sh; B's certificate files
+/// are its own copies, which the test replaces before B's reload.
+class TwoNodesOverTls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite()
+  {
+    char dir[]        = "/tmp/rmmd-certs-XXXXXX";
+    certs_            = ::mkdtemp(dir);
+    auto const script = harness::find_certs_script(RMMD_SOURCE_DIR);
+    ASSERT_FALSE(script.empty()) << "make-test-certs.sh not found: set RMMD_TEST_CERTS_SCRIPT";
+    auto const command =
+        "/bin/bash '" + script.string() + "' '" + certs_.string() + "' >/dev/null 2>&1";
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static void TearDownTestSuite()
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(certs_, ec);
+  }
+
+  static config::peer_tls_files tls(std::string const& node)
+  {
+    return {.certificate = certs_ / (node + ".pem"),
+            .private_key = certs_ / (node + ".key"),
+            .trusted_ca  = certs_ / "ca.pem"};
+  }
+  /// `from`'s certificate and key become B's files.
+  static void give_b(std::string const& from)
+  {
+    for (std::string ext : {".pem", ".key"}) {
+      std::filesystem::copy_file(certs_ / (from + ext),
+                                 certs_ / ("b-live" + ext),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+
+  void SetUp() override
+  {
+    if (HasFatalFailure()) { return; }
+    a_core_ = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    auto pool = a_core_->add_pool(
+        {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
+        std::make_unique<fabric_like_backend>("fab", 1 << 20));
+    auto s =
+        a_core_->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
+    ASSERT_TRUE(s.ok());
+    a_session_ = s->id;
+    auto b     = a_core_->create_buffer(a_session_, "w/fab", pool, 4096, {});
+    ASSERT_TRUE(b.ok() && a_core_->publish_buffer(a_session_, b->id).ok());
+    a_ = peering::start(
+        *a_core_,
+        {.node_name      = "nodeA",
+         .listen_address = "127.0.0.1:0",
+         .tls            = tls("nodeA"),
+         .grants = {{.identity = "CN=rmmd-nodeB", .name_prefixes = {""}, .allow_writers = false}},
+         .hold_lease     = 60s,
+         .renew_interval = 50ms},
+        no_fabric_probe());
+    ASSERT_NE(a_, nullptr);
+
+    b_core_ = std::make_unique<core::daemon_core>(
+        core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
+    b_core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                      std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto bs = b_core_->open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "b", "client");
+    ASSERT_TRUE(bs.ok());
+    b_session_ = bs->id;
+    give_b("nodeB");
+    b_settings_ = {.node_name      = "nodeB",
+                   .tls            = tls("b-live"),
+                   .peers          = {{.name     = "nodeA",
+                                       .address  = "127.0.0.1:" + std::to_string(a_->listening_port()),
+                                       .identity = "CN=rmmd-nodeA",
+                                       .tls_server_name = "localhost"}},
+                   .hold_lease     = 60s,
+                   .renew_interval = 50ms};
+    b_          = peering::start(*b_core_, b_settings_, no_fabric_probe());
+    ASSERT_NE(b_, nullptr);
+  }
+  void TearDown() override
+  {
+    if (b_) { b_->stop(); }
+    if (b_core_) { b_core_->close_session(b_session_); }
+    b_.reset();
+    a_.reset();
+    if (a_core_) { a_core_->close_session(a_session_); }
+  }
+
+  v1::PeerInfo b_view()
+  {
+    v1::ListPeersResponse r;
+    b_->list_peers(&r);
+    return r.peers_size() > 0 ? r.peers(0) : v1::PeerInfo{};
+  }
+
+  static inline std::filesystem::path certs_;
+  std::unique_ptr<core::daemon_core> a_core_;
+  core::session_id a_session_{};
+  std::unique_ptr<peering> a_;
+  std::unique_ptr<core::daemon_core> b_core_;
+  core::session_id b_session_{};
+  config::peering_settings b_settings_;
+  std::unique_ptr<peering> b_;
+};
+
+TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
+{
+  ASSERT_TRUE(eventually([&] { return b_view().state() == "probe_failed"; }))
+      << b_view().DebugString();
+  v1::OpenBufferRequest request;
+  request.set_name("w/fab");
+  request.set_peer("nodeA");
+  v1::BufferGrant grant;
+  auto opened = b_->open(b_session_, request, &grant);
+  ASSERT_TRUE(opened.ok()) << opened;
+  ASSERT_EQ(a_core_->remote_holds().size(), 1u);
+  auto const hold_on_a = a_core_->remote_holds().begin()->first;
+
+  // A certificate A does not trust: the link fails at once, the hold stays
+  // on both sides (the lease is long).
+  give_b("nodeB-other-ca");
+  b_->reload(b_settings_);
+  ASSERT_TRUE(eventually([&] { return b_view().state() == "unreachable"; }))
+      << b_view().DebugString();
+  EXPECT_EQ(b_view().holds_we_have(), 1u);
+  EXPECT_EQ(a_core_->remote_holds().size(), 1u);
+
+  // B's good certificate again: a new connection from the same node and
+  // incarnation continues the hold; closing it ends it on A.
+  give_b("nodeB");
+  b_->reload(b_settings_);
+  ASSERT_TRUE(eventually([&] { return b_view().state() == "probe_failed"; }))
+      << b_view().DebugString();
+  EXPECT_EQ(b_view().holds_we_have(), 1u);
+  ASSERT_EQ(a_core_->remote_holds().size(), 1u);
+  EXPECT_EQ(a_core_->remote_holds().begin()->first, hold_on_a);
+  ASSERT_TRUE(b_core_->close_buffer(b_session_, grant.buffer_id()).ok());
+  EXPECT_TRUE(eventually([&] { return a_core_->remote_holds().empty(); }));
+  EXPECT_EQ(b_view().holds_we_have(), 0u);
 }
 
 TEST(PeerGrants, HelloNeedsAGrantOrAPeersIdentity)

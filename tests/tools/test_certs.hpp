@@ -1,8 +1,9 @@
 #pragma once
 
 // Test support: certificates for peering tests, as scripts/make-test-certs.sh
-// makes them (its header lists them): a CA; nodeA, nodeB and nodeC signed by
-// it; stranger signed by another CA; expired, valid only in 2020.
+// makes them (its header lists them): a CA; nodeA, nodeA-next (nodeA's
+// name again), nodeB and nodeC signed by it; stranger, nodeA-other-ca and
+// nodeB-other-ca signed by another CA; expired, valid only in 2020.
 
 #include <filesystem>
 
