@@ -400,9 +400,6 @@ INSTANTIATE_TEST_SUITE_P(Certificates,
                          RefusedPeer,
                          ::testing::Values("stranger", "expired", "plaintext"));
 
-}  // namespace
-}  // namespace rmmd::test
-
 /// Run with the IMEX channel removed (it skips where there is one): A's
 /// pool asks fabric handles and the start finds none, so peering works but
 /// no buffer can cross, and both nodes say why in words.
@@ -449,3 +446,6 @@ TEST_F(PeeringWithoutImex, BothNodesSayThereIsNoImexChannelAndAnOpenIsRefusedInW
   }
   EXPECT_EQ(a_.holders("peertest/noimex"), 1u);  // its producer alone
 }
+
+}  // namespace
+}  // namespace rmmd::test
