@@ -160,8 +160,8 @@ struct daemon_settings {
   /// Empty: see effective_state_file.
   std::filesystem::path state_file;
 
-  /// Resolved ids. When the file names none: the daemon's euid and the
-  /// `rmmd` group (if it exists), and access_is_default is true.
+  /// Resolved ids. When the file names none: the daemon's euid, root and
+  /// the `rmmd` group (if it exists), and access_is_default is true.
   core::access_policy access;
   bool access_is_default{true};
 
