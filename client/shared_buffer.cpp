@@ -173,17 +173,34 @@ shared_buffer shared_buffer::open(session const& s,
   auto const address = names::parse_buffer_address(name, options.peer, &problem);
   if (!address) { throw rmmd::logic_error("rmmd: " + what + ": " + problem); }
   bool const remote = !address->node.empty();
-  int device        = -1;
+  if (options.device < -1) {
+    throw rmmd::logic_error("rmmd: " + what + ": device is " + std::to_string(options.device) +
+                            "; give a CUDA device of this process, or -1 for the current one");
+  }
+  int device = -1;
   if (remote) {
     // A buffer of another node comes by fabric handle, mapped on a device of
     // this process: known before the daemon is asked.
+    int count = 0;
+    if (auto err = cudaGetDeviceCount(&count); err != cudaSuccess || count <= 0) {
+      cudaGetLastError();
+      throw rmmd::logic_error(
+          "rmmd: " + what +
+          ": a buffer of another node is mapped on a GPU, and this process sees none (" +
+          cudaGetErrorName(err != cudaSuccess ? err : cudaErrorNoDevice) + ")");
+    }
     device = options.device;
+    if (device >= count) {
+      throw rmmd::logic_error("rmmd: " + what + ": device " + std::to_string(device) +
+                              ": this process sees " + std::to_string(count) + " GPU" +
+                              (count == 1 ? "" : "s") + " (CUDA_VISIBLE_DEVICES decides which)");
+    }
     if (device < 0) {
       if (auto err = cudaGetDevice(&device); err != cudaSuccess) {
         cudaGetLastError();
-        throw rmmd::logic_error("rmmd: " + what + ": a buffer of another node is mapped on a GPU " +
-                                "of this process, and there is no current CUDA device (" +
-                                cudaGetErrorName(err) + ")");
+        throw rmmd::logic_error(
+            "rmmd: " + what + ": a buffer of another node is mapped on a GPU, " +
+            "and this process has no current one (" + cudaGetErrorName(err) + ")");
       }
     }
   }
@@ -203,6 +220,26 @@ shared_buffer shared_buffer::open(session const& s,
     close_unreachable(s, grant.buffer_id());
     throw rmm::bad_alloc("rmmd: " + what + ": the daemon answered with a buffer of node '" +
                          grant.peer() + "'; a daemon without peering ignores NODE:");
+  }
+  if (!remote && options.device >= 0) {
+    // This node's buffers map where their pool is: the device is a check.
+    auto const& pools = s.pools();
+    auto const* pool  = grant.pool_id() < pools.size() ? &pools[grant.pool_id()] : nullptr;
+    if (pool != nullptr && pool->device != options.device) {
+      close_unreachable(s, grant.buffer_id());
+      auto const where =
+          pool->backend == backend_kind::host
+              ? "in host pool '" + pool->name + "', on no GPU"
+              : "in pool '" + pool->name + "', " +
+                    (pool->device < 0 ? std::string("on a GPU this process cannot see")
+                                      : "on device " + std::to_string(pool->device));
+      throw rmmd::logic_error(
+          "rmmd: " + what + ": it is " + where + ", not on device " +
+          std::to_string(options.device) +
+          ": a buffer of this node is mapped on its pool's GPU (device chooses the GPU for a "
+          "buffer of another node only); open it without device" +
+          (pool->device >= 0 ? " or with device " + std::to_string(pool->device) : ""));
+    }
   }
   if (grant.manifest_follows()) {
     // A session-socket grant: the manifest comes by gRPC, which the open

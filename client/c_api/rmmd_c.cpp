@@ -655,8 +655,18 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
   }
   rmmd_open_options defaults{};
   defaults.size = sizeof(defaults);
-  auto o        = read_struct(options, defaults, {offsetof(rmmd_open_options, peer)});
+  auto o =
+      read_struct(options,
+                  defaults,
+                  {offsetof(rmmd_open_options, peer), offsetof(rmmd_open_options, has_device)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  if (o->has_device != 0 && o->device < 0) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: open buffer '" + std::string(name) + "': options->device is " +
+                    std::to_string(o->device) +
+                    " with has_device set; give a CUDA device of this process (0 or more), or "
+                    "clear has_device for the current one");
+  }
   if (auto access = raw_enum(o->access);
       access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
     return fail(RMMD_ERROR_INVALID_ARGUMENT,
@@ -674,6 +684,7 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                        &oo.expect_labels,
                        "open buffer '" + std::string(name) + "': expected labels");
     if (o->peer != nullptr) { oo.peer = o->peer; }
+    if (o->has_device != 0) { oo.device = o->device; }
     auto b      = rmmd::shared_buffer::open(session->session, name, oo);
     auto device = b.device();
     *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};

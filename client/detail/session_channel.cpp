@@ -8,6 +8,7 @@
 #include "client/packed_block_imports.hpp"
 #include "common/fd_passing.hpp"
 #include "common/hex.hpp"
+#include "rmmd/v1/errors.pb.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -42,6 +43,14 @@ bool is_reconnected_meanwhile(grpc::Status const& s)
 
 }  // namespace
 
+std::string unreachable_node(grpc::Status const& status)
+{
+  if (status.error_details().empty()) { return {}; }
+  v1::ErrorDetails details;
+  if (!details.ParseFromString(status.error_details())) { return {}; }
+  return details.unreachable_node();
+}
+
 [[noreturn]] void throw_status(grpc::Status const& status, std::string_view what)
 {
   // An empty `what`: the daemon's message names the request itself.
@@ -66,6 +75,9 @@ bool is_reconnected_meanwhile(grpc::Status const& s)
       throw session_error(message);
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
+      // This node's daemon answered that another node cannot be reached
+      // (its message says so, and where to look): it and the session are fine.
+      if (!unreachable_node(status).empty()) { throw session_error(message); }
       throw session_error(message + " (the daemon is gone or not answering)");
     default:
       throw rmm::bad_alloc(message);
@@ -242,6 +254,8 @@ grpc::Status session_channel::call(v1::SessionCall& call,
       if (kind == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
       return grpc::Status::OK;
     }
+    // Another node that this daemon cannot reach: nothing to reconnect.
+    if (!unreachable_node(status).empty()) { return status; }
     bool const again =
         is_reconnected_meanwhile(status) ||
         (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||

@@ -71,6 +71,11 @@ class usage_reports;
 /// `what` (the request) in front of the daemon's message.
 [[noreturn]] void throw_status(grpc::Status const& status, std::string_view what);
 
+/// The node that the daemon answered it cannot reach (v1::ErrorDetails in
+/// `status`'s details; set on UNAVAILABLE and DEADLINE_EXCEEDED only); ""
+/// where the status carries none, as one that gRPC made itself never does.
+[[nodiscard]] std::string unreachable_node(grpc::Status const& status);
+
 /// What the hello brought: the welcome, checked, and by pool id the fd that
 /// came for it (-1 where none; the receiver owns them).
 struct session_welcome {

@@ -1,6 +1,7 @@
 #include "daemon/peering/peering.hpp"
 
 #include "daemon/log.hpp"
+#include "daemon/peering/node_answer.hpp"
 #include "daemon/wire/proto_convert.hpp"
 
 #include <absl/strings/str_cat.h>
@@ -354,7 +355,7 @@ absl::Status peering::open(core::session_id session,
     (void)core_.close_buffer(session, *id);
     std::lock_guard lock(holds_mutex_);
     foreign_.erase(*id);
-    return grant.status();
+    return node_answer(grant.status(), request.peer());
   }
   bool kept = false;
   {

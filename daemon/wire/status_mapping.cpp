@@ -1,5 +1,9 @@
 #include "daemon/wire/status_mapping.hpp"
 
+#include "rmmd/v1/errors.pb.h"
+
+#include <absl/strings/cord.h>
+
 #include <array>
 #include <string>
 #include <utility>
@@ -25,6 +29,9 @@ constexpr std::array<std::pair<absl::StatusCode, grpc::StatusCode>, 12> wire_cod
     {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
 }};
 
+/// The absl::Status payload mark_unreachable_node() sets: the node's name.
+constexpr char const* unreachable_node_payload = "rmmd.v1.ErrorDetails.unreachable_node";
+
 }  // namespace
 
 grpc::StatusCode wire_code(absl::StatusCode code) noexcept
@@ -35,10 +42,29 @@ grpc::StatusCode wire_code(absl::StatusCode code) noexcept
   return grpc::StatusCode::INTERNAL;
 }
 
+absl::Status mark_unreachable_node(absl::Status status, std::string_view node)
+{
+  status.SetPayload(unreachable_node_payload, absl::Cord(std::string(node)));
+  return status;
+}
+
+std::string unreachable_node(absl::Status const& status)
+{
+  auto node = status.GetPayload(unreachable_node_payload);
+  return node ? std::string(*node) : std::string();
+}
+
 grpc::Status to_grpc_status(absl::Status const& status)
 {
   if (status.ok()) { return grpc::Status::OK; }
-  return {wire_code(status.code()), std::string(status.message())};
+  auto const code = wire_code(status.code());
+  auto node       = unreachable_node(status);
+  if (node.empty()) { return {code, std::string(status.message())}; }
+  v1::ErrorDetails details;
+  details.set_code(static_cast<int>(code));
+  details.set_message(std::string(status.message()));
+  details.set_unreachable_node(std::move(node));
+  return {code, details.message(), details.SerializeAsString()};
 }
 
 void to_error_info(absl::Status const& status, v1::ErrorInfo* out)

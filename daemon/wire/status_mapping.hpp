@@ -9,6 +9,9 @@
 #include <absl/status/status.h>
 #include <grpcpp/support/status.h>
 
+#include <string>
+#include <string_view>
+
 namespace rmmd::wire {
 
 /// The wire code of a core status code. The codes of the error table are
@@ -16,7 +19,17 @@ namespace rmmd::wire {
 /// not of the request) is INTERNAL.
 [[nodiscard]] grpc::StatusCode wire_code(absl::StatusCode code) noexcept;
 
-/// `status` as the gRPC service answers it: wire_code() and the message as is.
+/// `status` (UNAVAILABLE or DEADLINE_EXCEEDED) marked as "another node's
+/// daemon, `node`, cannot be reached from this one": the gRPC answer carries
+/// it as v1::ErrorDetails.unreachable_node, by which a client tells it from
+/// this daemon being gone (which gRPC answers with the same codes).
+[[nodiscard]] absl::Status mark_unreachable_node(absl::Status status, std::string_view node);
+
+/// The node mark_unreachable_node() named in `status`; "" if none.
+[[nodiscard]] std::string unreachable_node(absl::Status const& status);
+
+/// `status` as the gRPC service answers it: wire_code() and the message as
+/// is, and v1::ErrorDetails where mark_unreachable_node() marked it.
 [[nodiscard]] grpc::Status to_grpc_status(absl::Status const& status);
 
 /// `status` as the session socket answers it, into `out`.

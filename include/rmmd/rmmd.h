@@ -230,6 +230,18 @@ typedef struct rmmd_open_options {
    * names it (peering.peers); NULL or "": as the name says (NODE:NAME, or
    * this node). (0.5; callers built before, whose size is smaller: NULL) */
   char const* peer;
+  /* nonzero: map on `device`, this process's CUDA device (as has_gid and
+   * gid say a gid: options zeroed with {} or memset keep the current
+   * device, not device 0). A buffer of another node is mapped there instead
+   * of on the calling thread's current device; a process that sees no GPU,
+   * or fewer than device + 1, is RMMD_ERROR_INVALID_ARGUMENT before any
+   * request, and so is a device below 0. A buffer of this node is mapped
+   * on its pool's device: a device that is not the pool's (or a host pool's
+   * buffer) is RMMD_ERROR_INVALID_ARGUMENT, and nothing stays open.
+   * (0.6; callers built before, whose size is smaller: 0, the current
+   * device) */
+  int has_device;
+  int device;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -263,8 +275,9 @@ RMMD_API rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name
 /* Opens as `options` say (NULL: read-only, no wait, no guard). `name` is
  * NAME, or NODE:NAME for a buffer of another node of the NVLink domain,
  * opened through this node's daemon (peering in its rmmd.conf,
- * docs/operations.md "Across nodes") and mapped by its fabric handle on the
- * calling thread's current CUDA device, read-only unless
+ * docs/operations.md "Across nodes") and mapped by its fabric handle on
+ * options->device (the calling thread's current CUDA device by default),
+ * read-only unless
  * RMMD_BUFFER_READ_WRITE was granted. A malformed address (':' twice, an
  * empty or invalid node) is RMMD_ERROR_INVALID_ARGUMENT before any request;
  * a peer whose grants do not name the buffer RMMD_ERROR_PERMISSION_DENIED;

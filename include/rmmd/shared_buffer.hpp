@@ -137,8 +137,11 @@ struct open_options {
   std::string peer{};
   /// A buffer of another node: this process's CUDA device that maps it (the
   /// memory is imported by its fabric handle, through the IMEX channel);
-  /// -1: the calling thread's current device. Ignored for this node's
-  /// buffers, which are mapped on their pool's device.
+  /// -1: the calling thread's current device. A process that sees no GPU,
+  /// or fewer than device + 1, gets rmmd::logic_error before any request.
+  /// This node's buffers are mapped on their pool's device: there, a device
+  /// other than -1 is a check, and one that is not the pool's (or a host
+  /// pool's buffer) is rmmd::logic_error, with nothing left open.
   int device{-1};
 };
 

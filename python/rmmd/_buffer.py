@@ -155,6 +155,7 @@ class SharedBuffer(Memory):
         writable: bool = False,
         expect: Mapping[str, str] | None = None,
         peer: str | None = None,
+        device: int | None = None,
     ) -> "SharedBuffer":
         """Opens the published buffer `name`, for reading unless `writable`.
         With `wait` (seconds), waits up to that long for it to be created
@@ -164,8 +165,8 @@ class SharedBuffer(Memory):
         `name` may be ``"NODE:NAME"``: a buffer of another node of the
         NVLink domain, which this node's daemon asks NODE's daemon for
         (peering in rmmd.conf, docs/operations.md "Across nodes"); the memory
-        is imported by its fabric handle on the current CUDA device,
-        read-only unless `writable` was granted.
+        is imported by its fabric handle on `device` (the current CUDA device
+        by default), read-only unless `writable` was granted.
 
         Args:
             writable: open it for writing too (only where its creator allowed
@@ -176,11 +177,19 @@ class SharedBuffer(Memory):
                 (in key order), and nothing is opened.
             peer: the node, as ``"NODE:"`` in the name would say it (both
                 may be given only when they agree).
+            device: a buffer of another node: this process's CUDA ordinal
+                (an int, as ``torch.device("cuda", n).index`` gives it) that
+                maps it; ``None``: the current device. A buffer of this node
+                is mapped on its pool's GPU: there `device` is a check, and
+                one that is not the pool's device (or a host pool's buffer)
+                is InvalidArgumentError, with nothing left open.
 
         Raises:
             InvalidArgumentError: a malformed name or node (``':'`` twice,
-                an empty node, a node that differs from `peer`), before any
-                request.
+                an empty node, a node that differs from `peer`), or a
+                `device` that is not an int >= 0, before any request; a
+                buffer of another node in a process that sees no GPU (or no
+                GPU `device`); a buffer of this node that is not on `device`.
             NotFoundError: no buffer has the name (or the wait ended first),
                 or no peer of this node's daemon has the node's name.
             PreconditionError: not published yet (or the wait ended first),
@@ -188,8 +197,16 @@ class SharedBuffer(Memory):
             PermissionError: this uid or gid may not open it, or `writable`
                 where the creator did not allow writers; another node's
                 grants do not name it for this node.
-            SessionError: the daemon is gone or draining.
+            SessionError: the daemon is gone or draining; or, for a buffer
+                of another node, this node's daemon cannot reach that node's
+                (the message says so; ``Session.peers()`` and ``rmmctl
+                peers`` say why), while this session goes on working.
         """
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+            raise InvalidArgumentError(
+                f"rmmd: open buffer '{name}': device is this process's CUDA ordinal "
+                f"(an int >= 0) or None for the current one, not {device!r}"
+            )
         if peer is not None and not isinstance(peer, str):
             raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
         if wait < 0 or math.isnan(wait):
@@ -204,6 +221,8 @@ class SharedBuffer(Memory):
             expect_values=values,
             expect_count=count,
             peer=peer.encode() if peer else None,
+            has_device=0 if device is None else 1,
+            device=0 if device is None else device,
         )
         handle = _lib.buffer_t()
         check(

@@ -124,6 +124,8 @@ class OpenOptions(Structure):
         ("expect_values", POINTER(c_char_p)),
         ("expect_count", c_size_t),
         ("peer", c_char_p),
+        ("has_device", c_int),
+        ("device", c_int),
     ]
 
 

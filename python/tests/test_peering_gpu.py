@@ -281,6 +281,34 @@ def test_a_remote_open_reads_the_same_bytes_read_only_and_holds_on_a(
     assert finish(producer) == {"intact": True}
 
 
+def test_device_chooses_the_consumers_gpu_not_its_current_one(
+    nodes: tuple[Node, Node], children: list[subprocess.Popen[str]]
+) -> None:
+    a, b = nodes
+    name = "peertest/py-device"
+    producer, made = produce(children, a, name)
+    # A consumer of node B that sees both GPUs: device=1 maps it on GPU 1
+    # while its current device stays 0.
+    both = b.daemon.env(CUDA_VISIBLE_DEVICES="0,1")
+    consumer = start_python([CLIENT, "consume", f"nodeA:{name}", str(BUFFER_BYTES), str(SEED), "1"], both)
+    children.append(consumer)
+    got = json.loads(read_line(consumer))
+    assert got["verified"] and got["digest"] == made["digest"], got
+    assert got["device"] == 1 and got["tensor_device"] == "cuda:1" and got["current_device"] == 0, got
+    if made["gpu"] and got["gpu"]:
+        assert got["gpu"] != made["gpu"], (made["gpu"], got["gpu"])  # GPU 1 of the host, not A's
+    assert finish(consumer) == {"intact": True, "closed": True}
+    # Under CUDA_VISIBLE_DEVICES=1 there is no device 1: refused before B's daemon is asked.
+    said = json.loads(run_python([CLIENT, "try-open", f"nodeA:{name}", "1"], b.env()).stdout.splitlines()[-1])
+    assert not said["opened"] and said["error"] == "InvalidArgumentError", said
+    assert "device 1: this process sees 1 GPU (CUDA_VISIBLE_DEVICES decides which)" in said["message"], said
+    eventually(
+        lambda: (v := a.peer("nodeB", name))[1] == 1 and v[0] is not None and v[0]["holds_they_have"] == 0,
+        lambda: f"A to let go of B's hold on {name}; A: {a.view(name)}",
+    )
+    assert finish(producer) == {"intact": True}
+
+
 def test_a_sigkilled_consumer_loses_its_hold_on_a(
     nodes: tuple[Node, Node], children: list[subprocess.Popen[str]]
 ) -> None:
@@ -314,6 +342,9 @@ def test_a_buffer_outside_the_grant_is_permission_denied_in_the_daemons_words(
     # A's words: who asked, for what, and why.
     assert "private/py-w" in said["message"] and "CN=rmmd-nodeB" in said["message"], said
     assert "peering.grants" in said["message"], said
+    # The node that refused, named once.
+    assert "open buffer 'nodeA:private/py-w': node 'nodeA' refused: peer 'CN=rmmd-nodeB' may not" in said["message"], said
+    assert "peer 'nodeA'" not in said["message"], said
     print(f"note: B's open of nodeA:private/py-w: {said['message']}")
     on_a, holders = a.peer("nodeB", "private/py-w")
     assert holders == 1 and on_a is not None and on_a["holds_they_have"] == 0, (on_a, holders)

@@ -348,6 +348,7 @@ TEST_F(Peering, ABufferOutsideTheGrantIsPermissionDenied)
   EXPECT_THAT(line, StartsWith("error permission"));
   EXPECT_THAT(line, HasSubstr("private/w"));
   EXPECT_THAT(line, HasSubstr("CN=rmmd-nodeB"));
+  EXPECT_THAT(line, HasSubstr("node 'nodeA' refused: peer 'CN=rmmd-nodeB' may not open"));
   EXPECT_EQ(opener.wait(), 2);
   EXPECT_EQ(a_.holders("private/w"), 1u);
   auto const on_a = a_.peer("nodeB");

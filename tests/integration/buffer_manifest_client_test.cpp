@@ -13,7 +13,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <csignal>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -591,6 +594,70 @@ TEST_F(BufferManifestsInC, AllowWritersIsReadOnlyFromCallersWhoseOptionsHaveIt)
   EXPECT_EQ(rmmd_buffer_close(b, nullptr), RMMD_SUCCESS);
   EXPECT_EQ(rmmd_buffer_close(now, nullptr), RMMD_SUCCESS);
   EXPECT_EQ(rmmd_buffer_close(old, nullptr), RMMD_SUCCESS);
+}
+
+TEST_F(BufferManifestsInC, DeviceIsACheckForThisNodesBuffersAndZeroedOptionsKeepTheCurrentDevice)
+{
+  auto* made = create("c/dev", false);
+  ASSERT_EQ(rmmd_buffer_publish(made), RMMD_SUCCESS);
+  rmmd_open_options o{};
+  o.size       = sizeof(o);
+  o.has_device = 1;
+  o.device     = 0;
+  rmmd_buffer_t b{};
+  // A host pool's buffer is on no GPU: refused, and nothing stays open.
+  EXPECT_EQ(rmmd_buffer_open_with(consumer_, "c/dev", &o, &b), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(rmmd_last_error_message(),
+              AllOf(HasSubstr("open buffer 'c/dev': it is in host pool '" + pool_ +
+                              "', on no GPU, not on device 0"),
+                    HasSubstr("open it without device")));
+  o.device = -1;
+  EXPECT_EQ(rmmd_buffer_open_with(consumer_, "c/dev", &o, &b), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(rmmd_last_error_message(), HasSubstr("options->device is -1 with has_device set"));
+  // Zeroed options (has_device 0) and a caller built before has_device,
+  // whatever its memory after the fields it knows holds: the current device,
+  // which a host buffer ignores.
+  o      = rmmd_open_options{};
+  o.size = sizeof(o);
+  ASSERT_EQ(rmmd_buffer_open_with(consumer_, "c/dev", &o, &b), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(rmmd_buffer_close(b, nullptr), RMMD_SUCCESS);
+  std::memset(&o, 0xff, sizeof(o));
+  o.size          = offsetof(rmmd_open_options, has_device);
+  o.wait_ms       = 0;
+  o.access        = RMMD_BUFFER_READ;
+  o.expect_keys   = nullptr;
+  o.expect_values = nullptr;
+  o.expect_count  = 0;
+  o.peer          = nullptr;
+  ASSERT_EQ(rmmd_buffer_open_with(consumer_, "c/dev", &o, &b), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(rmmd_buffer_close(b, nullptr), RMMD_SUCCESS);
+  std::size_t holders = 0;
+  EXPECT_EQ(rmmd_buffer_delete(creator_, "c/dev", &holders), RMMD_SUCCESS);
+  EXPECT_EQ(holders, 1u);  // the creator alone: no refused open kept a hold
+  EXPECT_EQ(rmmd_buffer_close(made, nullptr), RMMD_SUCCESS);
+}
+
+TEST_F(BufferManifestsInC, ABufferOfAnotherNodeInAProcessThatSeesNoGpuIsRefusedBeforeAnyRequest)
+{
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
+    GTEST_SKIP() << "this process sees " << gpus << " GPU(s): the case is one without any";
+  }
+  cudaGetLastError();
+  // No daemon peers with nodeA here: the refusal comes before it is asked.
+  for (int has_device : {0, 1}) {
+    rmmd_open_options o{};
+    o.size       = sizeof(o);
+    o.has_device = has_device;
+    o.device     = 0;
+    rmmd_buffer_t b{};
+    EXPECT_EQ(rmmd_buffer_open_with(consumer_, "nodeA:w", &o, &b), RMMD_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(rmmd_last_error_message(),
+                StartsWith("rmmd: open buffer 'nodeA:w': a buffer of another node is mapped on "
+                           "a GPU, and this process sees none (cudaError"));
+  }
 }
 
 }  // namespace

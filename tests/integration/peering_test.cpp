@@ -5,8 +5,10 @@
 // the errors of the contract. What needs GPUs in one NVLink domain (a
 // fabric buffer opened and read from the other node) is in tests/gpu.
 
+#include "client/detail/session_channel.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/peer_setup.hpp"
+#include "rmmd/shared_buffer.hpp"
 #include "rmmd/v1/peer.grpc.pb.h"
 #include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -27,7 +29,10 @@
 namespace rmmd::test {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
 namespace fs = std::filesystem;
 
 std::string read_text(fs::path const& path)
@@ -54,13 +59,8 @@ class Peering : public ::testing::Test {
 
   void SetUp() override
   {
-    port_a_  = harness::free_loopback_port();
-    port_b_  = harness::free_loopback_port();
-    auto tls = [](std::string const& node) {
-      return "tls { certificate_file: '" + (certs_ / (node + ".pem")).string() +
-             "' private_key_file: '" + (certs_ / (node + ".key")).string() +
-             "' trusted_ca_file: '" + (certs_ / "ca.pem").string() + "' }";
-    };
+    port_a_ = harness::free_loopback_port();
+    port_b_ = harness::free_loopback_port();
     write_config("a.conf",
                  "peering { node_name: 'nodeA' listen_address: '127.0.0.1:" +
                      std::to_string(port_a_) + "' " + tls("nodeA") +
@@ -79,6 +79,13 @@ class Peering : public ::testing::Test {
         std::vector<std::string>{"--backend", "host", "--config", (certs_ / "a.conf").string()});
     b_ = std::make_unique<daemon_process>(
         std::vector<std::string>{"--backend", "host", "--config", (certs_ / "b.conf").string()});
+  }
+
+  static std::string tls(std::string const& node)
+  {
+    return "tls { certificate_file: '" + (certs_ / (node + ".pem")).string() +
+           "' private_key_file: '" + (certs_ / (node + ".key")).string() + "' trusted_ca_file: '" +
+           (certs_ / "ca.pem").string() + "' }";
   }
 
   void write_config(std::string const& name, std::string const& text)
@@ -205,7 +212,9 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   v1::BufferGrant grant;
   auto st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_THAT(st.error_message(), StartsWith("node 'nodeA' refused: "));
   EXPECT_THAT(st.error_message(), HasSubstr("is in pool 'host', which exports no fabric handles"));
+  EXPECT_EQ(detail::unreachable_node(st), "");
   EXPECT_EQ(ledger(sa), before);
 
   open.set_peer("nodeZ");
@@ -218,9 +227,83 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   open.set_name("private/w");
   st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(st.error_message(),
-              HasSubstr("peer 'CN=rmmd-nodeB' may not open buffer 'private/w' (no grant in "
-                        "peering.grants names it)"));
+  // The node that answered, named once: not "peer 'nodeA': peer 'CN=...'".
+  EXPECT_EQ(st.error_message(),
+            "node 'nodeA' refused: peer 'CN=rmmd-nodeB' may not open buffer 'private/w' (no "
+            "grant in peering.grants names it)");
+  // As the client says it (shared_buffer::open throws what throw_status gives).
+  try {
+    detail::throw_status(st, "open buffer 'nodeA:private/w'");
+  } catch (rmmd::permission_error const& e) {
+    EXPECT_THAT(e.what(),
+                EndsWith("rmmd: open buffer 'nodeA:private/w': node 'nodeA' refused: peer "
+                         "'CN=rmmd-nodeB' may not open buffer 'private/w' (no grant in "
+                         "peering.grants names it)"));
+  }
+}
+
+TEST_F(Peering, ANodeNobodyAnswersForIsUnreachableFromThisNodesDaemonAndTheSessionGoesOn)
+{
+  // Node B's daemon with a peer entry whose port nobody listens on.
+  auto const nobody = harness::free_loopback_port();
+  write_config("x.conf",
+               "peering { node_name: 'nodeB' " + tls("nodeB") +
+                   " peers { name: 'nodeX' address: '127.0.0.1:" + std::to_string(nobody) +
+                   "' identity: 'CN=rmmd-nodeA' tls_server_name: 'localhost' } }");
+  daemon_process b({"--backend", "host", "--config", (certs_ / "x.conf").string()});
+  rmmd::session::options o;
+  o.runtime_dir = b.runtime_dir();
+  o.client_name = "b";
+  o.lease_calls = call_transport::grpc;
+  o.reconnect   = std::chrono::milliseconds(0);  // below: B gone is B gone, at once
+  rmmd::session s(o);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(s);
+        return r.peers_size() == 1 && r.peers(0).state() == "unreachable";
+      },
+      30s))
+      << peers(s).DebugString();
+  v1::OpenBufferRequest open;
+  open.set_name("w");
+  open.set_peer("nodeX");
+  v1::BufferGrant grant;
+  // What shared_buffer::open sends (with a GPU: it maps the answer on one)
+  // and how it turns the refusal into an exception.
+  auto const st = s.impl().open_buffer(open, &grant);
+  ASSERT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_EQ(detail::unreachable_node(st), "nodeX");
+  try {
+    detail::throw_status(st, "open buffer 'nodeX:w'");
+  } catch (rmmd::session_error const& e) {
+    std::string const said = e.what();
+    EXPECT_THAT(said,
+                HasSubstr("rmmd: open buffer 'nodeX:w': node 'nodeX' cannot be reached from "
+                          "this node's rmmd: its daemon at 127.0.0.1:" +
+                          std::to_string(nobody) + " is unreachable: "));
+    EXPECT_THAT(said, HasSubstr("`rmmctl peers`"));
+    EXPECT_THAT(said, Not(HasSubstr("the daemon is gone")));
+    EXPECT_THAT(said, Not(HasSubstr("peer 'nodeX'")));
+  }
+  // The session, and this node's daemon, go on.
+  auto made =
+      shared_buffer::create(s, "after/w", 4096, shared_buffer_options{.pool = s.host_pool().name});
+  made.publish();
+  auto again = shared_buffer::open(s, "after/w");
+  EXPECT_EQ(again.size(), 4096u);
+  again.close();
+  made.close();
+
+  // This node's daemon gone: the same call says so, with no node named.
+  ASSERT_TRUE(b.stop().has_value());
+  auto const gone = s.impl().open_buffer(open, &grant);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::UNAVAILABLE) << gone.error_message();
+  EXPECT_EQ(detail::unreachable_node(gone), "");
+  try {
+    detail::throw_status(gone, "open buffer 'nodeX:w'");
+  } catch (rmmd::session_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the daemon is gone or not answering"));
+  }
 }
 
 TEST_F(Peering, AnIdentityWithoutAGrantIsPermissionDenied)

@@ -50,10 +50,11 @@ def digest(t: Any) -> str:
     return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
 
 
-def gpu_uuid() -> str:
+def gpu_uuid(device: int | None = None) -> str:
     import torch
 
-    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    device = torch.cuda.current_device() if device is None else device
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     return "" if uuid is None else str(uuid)
 
 
@@ -91,18 +92,19 @@ def produce(session: rmmd.Session, name: str, nbytes: int, seed: int) -> int:
     return 0
 
 
-def consume(session: rmmd.Session, address: str, nbytes: int, seed: int) -> int:
+def consume(session: rmmd.Session, address: str, nbytes: int, seed: int, device: int | None = None) -> int:
     import torch
 
-    buf = rmmd.SharedBuffer.open(session, address, expect={"seed": str(seed)})
-    whole = torch.from_dlpack(buf)  # a uint8 tensor of every byte, on this process's GPU
-    want = pattern(nbytes, seed)
+    buf = rmmd.SharedBuffer.open(session, address, expect={"seed": str(seed)}, device=device)
+    whole = torch.from_dlpack(buf)  # a uint8 tensor of every byte, on the buffer's GPU
+    want = pattern(nbytes, seed).to(whole.device)
     tensors = buf.tensors("torch")
     cai_same = None
     try:
         import cupy
 
-        cai_same = bool(cupy.array_equal(cupy.asarray(buf), cupy.asarray(want)))
+        with cupy.cuda.Device(buf.device):
+            cai_same = bool(cupy.array_equal(cupy.asarray(buf), cupy.asarray(want)))
     except ImportError:
         pass
     say(
@@ -117,7 +119,8 @@ def consume(session: rmmd.Session, address: str, nbytes: int, seed: int) -> int:
         manifest_zero_copy=tensors["pattern"].data_ptr() == buf.ptr,
         cai_same=cai_same,
         digest=digest(whole),
-        gpu=gpu_uuid(),
+        gpu=gpu_uuid(buf.device),
+        current_device=torch.cuda.current_device(),
         repr=repr(buf),
         peers=peers(session),
     )
@@ -143,9 +146,9 @@ def write(session: rmmd.Session, address: str) -> int:
     return 0
 
 
-def try_open(session: rmmd.Session, address: str) -> int:
+def try_open(session: rmmd.Session, address: str, device: int | None = None) -> int:
     try:
-        buf = rmmd.SharedBuffer.open(session, address)
+        buf = rmmd.SharedBuffer.open(session, address, device=device)
     except rmmd.Error as e:
         say(
             opened=False,
@@ -166,11 +169,11 @@ def main(argv: list[str]) -> int:
     if cmd == "produce":
         return produce(session, argv[1], int(argv[2]), int(argv[3]))
     if cmd == "consume":
-        return consume(session, argv[1], int(argv[2]), int(argv[3]))
+        return consume(session, argv[1], int(argv[2]), int(argv[3]), int(argv[4]) if len(argv) > 4 else None)
     if cmd == "write":
         return write(session, argv[1])
     if cmd == "try-open":
-        return try_open(session, argv[1])
+        return try_open(session, argv[1], int(argv[2]) if len(argv) > 2 else None)
     if cmd == "peers":
         say(
             node_name=session.node_name,
