@@ -731,6 +731,74 @@ rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
   });
 }
 
+rmmd_status rmmd_buffer_list_peer_json(rmmd_session_t session,
+                                       char const* peer,
+                                       char const* name_prefix,
+                                       char const* const* label_keys,
+                                       char const* const* label_values,
+                                       size_t label_count,
+                                       char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::ListBuffersRequest request;
+    if (name_prefix != nullptr) { request.set_name_prefix(name_prefix); }
+    if (peer != nullptr) { request.set_peer(peer); }
+    std::map<std::string, std::string, std::less<>> labels;
+    labels_from_arrays(label_keys, label_values, label_count, &labels, "list buffers");
+    rmmd::detail::copy_labels(labels, request.mutable_labels());
+    rmmd::v1::ListBuffersResponse response;
+    if (auto status = impl.list_buffers(request, &response); !status.ok()) {
+      rmmd::detail::throw_status(status, "list buffers");
+    }
+    *json = copy_string(to_json(response, "list buffers"));
+  });
+}
+
+rmmd_status rmmd_buffer_open_by_labels(rmmd_session_t session,
+                                       char const* const* label_keys,
+                                       char const* const* label_values,
+                                       size_t label_count,
+                                       rmmd_open_options const* options,
+                                       rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || buffer == nullptr) { return null_argument("session or buffer"); }
+  rmmd_open_options defaults{};
+  defaults.size = sizeof(defaults);
+  auto o        = read_struct(options, defaults, {offsetof(rmmd_open_options, peer)});
+  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  if (auto access = raw_enum(o->access);
+      access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: options->access is " + std::to_string(access) +
+                    ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
+  }
+  return guarded([&] {
+    std::map<std::string, std::string, std::less<>> labels;
+    labels_from_arrays(label_keys, label_values, label_count, &labels, "open a buffer by labels");
+    rmmd::open_options oo;
+    oo.wait   = std::chrono::milliseconds(o->wait_ms);
+    oo.access = o->access == RMMD_BUFFER_READ_WRITE ? rmmd::buffer_access::read_write
+                                                    : rmmd::buffer_access::read;
+    labels_from_arrays(o->expect_keys,
+                       o->expect_values,
+                       o->expect_count,
+                       &oo.expect_labels,
+                       "open a buffer by labels: expected labels");
+    if (o->peer != nullptr) { oo.peer = o->peer; }
+    auto b      = rmmd::shared_buffer::open_by_labels(session->session, labels, oo);
+    auto device = b.device();
+    *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_name(rmmd_buffer_t buffer, char** name)
+{
+  if (buffer == nullptr || name == nullptr) { return null_argument("buffer or name"); }
+  return guarded([&] { *name = copy_string(buffer->buffer.name()); });
+}
+
 rmmd_status rmmd_peers_json(rmmd_session_t session, char** json)
 {
   if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
