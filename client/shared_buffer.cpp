@@ -291,13 +291,12 @@ shared_buffer shared_buffer::open_by_labels(
   // Root and the creator also see unpublished buffers, which no open finds.
   std::erase_if(listed, [](buffer_info const& b) { return !b.published; });
   if (listed.empty()) {
-    throw rmmd::not_found_error(
-        "rmmd: " + what + ": no published buffer " +
-        (options.peer.empty() ? std::string("this process may see")
-                              : "that node's grant lets this node open") +
-        " carries them (`rmmctl buffers" +
-        (options.peer.empty() ? std::string() : " --peer " + options.peer) +
-        "` lists them with their labels)");
+    throw rmmd::not_found_error("rmmd: " + what + ": no published buffer " +
+                                (options.peer.empty() ? std::string("this process may see")
+                                                      : "that node's grant lets this node open") +
+                                " carries them (`rmmctl buffers" +
+                                (options.peer.empty() ? std::string() : " --peer " + options.peer) +
+                                "` lists them with their labels)");
   }
   if (listed.size() > 1) {
     constexpr std::size_t most_named = 8;

@@ -510,8 +510,7 @@ std::string format_peer_buffers(v1::ListBuffersResponse const& response,
                                 std::string const& peer,
                                 std::int64_t now_unix_ms)
 {
-  table buffers(
-      {"NAME", "BYTES", "HOLDERS", "WRITERS", "PERSISTENT", "AGE", "TENSORS", "LABELS"});
+  table buffers({"NAME", "BYTES", "HOLDERS", "WRITERS", "PERSISTENT", "AGE", "TENSORS", "LABELS"});
   for (auto const& b : response.buffers()) {
     buffers.add({peer + ":" + b.name(),
                  human_bytes(b.size()),

@@ -463,7 +463,8 @@ class daemon_core {
   /// a fabric handle of their own. Listing another buffer would show a peer
   /// names it could never open. Sorted by name.
   [[nodiscard]] std::vector<buffer_info> list_remote_buffers(
-      buffer_filter const& filter, std::function<bool(std::string const& name)> const& may_list) const;
+      buffer_filter const& filter,
+      std::function<bool(std::string const& name)> const& may_list) const;
 
   /// Ends remote hold `id` (the last holder's end frees the buffer as a
   /// session's close does). NOT_FOUND when it ended already.

@@ -419,8 +419,7 @@ link_view peer_link::view() const
   return v;
 }
 
-absl::StatusOr<v1::ListRemoteBuffersResponse> peer_link::list(
-    v1::ListRemoteBuffersRequest request)
+absl::StatusOr<v1::ListRemoteBuffersResponse> peer_link::list(v1::ListRemoteBuffersRequest request)
 {
   {
     // open()'s readiness rule: a listing is only worth what a later open of

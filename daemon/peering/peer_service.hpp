@@ -57,8 +57,8 @@ class peer_service final : public v1::RmmdPeer::Service {
                                  v1::ListRemoteBuffersRequest const* request,
                                  v1::ListRemoteBuffersResponse* response) override;
 
-  static constexpr int max_buffers_per_list      = 4096;
-  static constexpr std::size_t max_list_bytes    = std::size_t{3} << 20;
+  static constexpr int max_buffers_per_list   = 4096;
+  static constexpr std::size_t max_list_bytes = std::size_t{3} << 20;
 
  private:
   [[nodiscard]] std::shared_ptr<std::vector<config::peer_grant_settings> const> grants() const;

@@ -374,7 +374,7 @@ absl::Status peering::list(v1::ListBuffersRequest const& request, v1::ListBuffer
   v1::ListRemoteBuffersRequest ask;
   ask.set_name_prefix(request.name_prefix());
   *ask.mutable_labels() = request.labels();
-  auto answer = link->list(std::move(ask));
+  auto answer           = link->list(std::move(ask));
   if (!answer.ok()) { return answer.status(); }
   for (auto const& e : answer->buffers()) {
     auto* b = reply->add_buffers();

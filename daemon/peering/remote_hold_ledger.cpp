@@ -113,8 +113,9 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
   return grant;
 }
 
-absl::StatusOr<std::vector<core::buffer_info>> remote_hold_ledger::list(
-    std::string const& identity, std::uint64_t incarnation, checked_list const& list)
+absl::StatusOr<std::vector<core::buffer_info>> remote_hold_ledger::list(std::string const& identity,
+                                                                        std::uint64_t incarnation,
+                                                                        checked_list const& list)
 {
   {
     std::lock_guard lock(mutex_);

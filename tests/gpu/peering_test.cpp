@@ -359,8 +359,8 @@ TEST_F(Peering, BListsAsBuffersThroughItsGrantAndOpensOneByLabelsReadingItsBytes
 {
   // This process makes A's buffers (on A's GPU, as this process numbers it)
   // and opens one through B on B's GPU.
-  auto sa         = a_.session();
-  auto sb         = b_.session();
+  auto sa          = a_.session();
+  auto sb          = b_.session();
   auto const dev_a = sa.pool("gpu").device;
   auto const dev_b = sb.pool("gpu").device;
   ASSERT_NE(dev_a, dev_b);

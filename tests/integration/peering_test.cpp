@@ -282,8 +282,8 @@ rmmd::shared_buffer publish_labelled(rmmd::session& s,
 
 TEST_F(Peering, AListingOfAnotherNodeHasOnlyWhatCouldBeOpenedFromThere)
 {
-  auto sa = a_->open_session("a", call_transport::grpc);
-  auto sb = b_->open_session("b", call_transport::grpc);
+  auto sa   = a_->open_session("a", call_transport::grpc);
+  auto sb   = b_->open_session("b", call_transport::grpc);
   auto held = publish_labelled(sa, "models/w", {{"model", "m1"}});
   ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
   ASSERT_TRUE(eventually([&] { return peers(sb).peers(0).state() == "probe_failed"; }, 30s));
@@ -291,7 +291,8 @@ TEST_F(Peering, AListingOfAnotherNodeHasOnlyWhatCouldBeOpenedFromThere)
   // A's only buffer is in a host pool, which a remote open refuses: a
   // listing from B leaves it out, with or without a filter.
   EXPECT_TRUE(rmmd::shared_buffer::list(sb, {.peer = "nodeA"}).empty());
-  EXPECT_TRUE(rmmd::shared_buffer::list(sb, {.labels = {{"model", "m1"}}, .peer = "nodeA"}).empty());
+  EXPECT_TRUE(
+      rmmd::shared_buffer::list(sb, {.labels = {{"model", "m1"}}, .peer = "nodeA"}).empty());
   EXPECT_EQ(rmmd::shared_buffer::list(sa, {.labels = {{"model", "m1"}}}).size(), 1u);
   try {
     (void)rmmd::shared_buffer::open_by_labels(sb, {{"model", "m1"}}, {.peer = "nodeA"});

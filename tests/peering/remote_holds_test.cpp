@@ -342,8 +342,8 @@ TEST_F(RemoteHolds, AListingShowsWhatTheGrantLetsTheCallerOpenAndNothingElse)
 {
   publish_labelled("w/b", fabric_, {{"model", "m1"}});
   publish_labelled("w/a", fabric_, {{"model", "m2"}});
-  publish("w/host", host_);         // no fabric handle: a remote open is refused
-  publish("secret/x", fabric_);     // outside the grant
+  publish("w/host", host_);      // no fabric handle: a remote open is refused
+  publish("secret/x", fabric_);  // outside the grant
   ASSERT_TRUE(core_->create_buffer(session_, "w/unpublished", fabric_, 4096, {}).ok());
   ledger_ = std::make_unique<remote_hold_ledger>(*core_, 60s);
   ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
@@ -376,7 +376,7 @@ TEST_F(RemoteHolds, AListingShowsWhatTheGrantLetsTheCallerOpenAndNothingElse)
   EXPECT_THAT(stale.status().message(), HasSubstr("list buffers from another node"));
 
   *request.add_labels() = *label;
-  auto twice = check_remote_list(grants, "CN=b", request);
+  auto twice            = check_remote_list(grants, "CN=b", request);
   ASSERT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(twice.status().message(), HasSubstr("names label 'model' twice"));
   EXPECT_TRUE(core_->remote_holds().empty());  // a listing holds nothing
