@@ -1,7 +1,9 @@
 """Buffers of another node (NODE:NAME, peer=) and Session.peers(), against a
 daemon without peering: what the package refuses before it asks, and the
 empty list of peers; then two host daemons that peer (certificates from
-scripts/make-test-certs.sh): what Session.node_name, peers() and peer() say.
+scripts/make-test-certs.sh): what Session.node_name, peers() and peer() say,
+and what Session.buffers(peer=...) and SharedBuffer.open_by_labels find
+(host pools have no fabric handle: nothing of the other node is listed).
 Buffers opened from the other node need GPUs: test_peering_gpu.py on the
 GPU host (and tests/gpu/peering_test.cpp)."""
 

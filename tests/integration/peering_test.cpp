@@ -286,7 +286,12 @@ TEST_F(Peering, AListingOfAnotherNodeHasOnlyWhatCouldBeOpenedFromThere)
   auto sb   = b_->open_session("b", call_transport::grpc);
   auto held = publish_labelled(sa, "models/w", {{"model", "m1"}});
   ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
-  ASSERT_TRUE(eventually([&] { return peers(sb).peers(0).state() == "probe_failed"; }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s));
 
   // A's only buffer is in a host pool, which a remote open refuses: a
   // listing from B leaves it out, with or without a filter.
@@ -365,7 +370,12 @@ TEST_F(Peering, OpenByLabelsOnThisNodeOpensTheOneMatchAndNamesTheOthers)
 TEST_F(Peering, RmmctlListsAnotherNodesBuffersOrSaysWhyNot)
 {
   auto sb = b_->open_session("b", call_transport::grpc);
-  ASSERT_TRUE(eventually([&] { return peers(sb).peers(0).state() == "probe_failed"; }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s));
   auto run = [&](std::vector<std::string> args) {
     std::vector<std::string> argv{
         program_path("rmmctl").string(), "--runtime-dir", b_->runtime_dir().string()};
