@@ -290,7 +290,8 @@ def test_b_lists_as_buffers_and_opens_one_by_its_labels(
     producer = start(children, a, "produce", name, str(BUFFER_BYTES), str(seed))
     made = json.loads(read_line(producer))
     assert made["created"] == name, made
-    got = json.loads(run_python([CLIENT, "consume-labelled", "nodeA", str(BUFFER_BYTES), str(seed)], b.env()).stdout.splitlines()[-1])
+    consumed = run_python([CLIENT, "consume-labelled", "nodeA", str(BUFFER_BYTES), str(seed)], b.env())
+    got = json.loads(consumed.stdout.splitlines()[-1])
     [entry] = got["listed"]
     assert entry["name"] == name and entry["peer"] == "nodeA" and entry["nbytes"] == BUFFER_BYTES, entry
     assert entry["labels"]["seed"] == str(seed) and entry["id"] == 0, entry

@@ -212,6 +212,8 @@ def test_b_lists_as_buffers_through_its_daemon(peered: tuple[Daemon, Daemon]) ->
 
 
 def test_buffer_info_of_another_node_says_its_peer() -> None:
-    info = rmmd.BufferInfo._from_wire({"name": "models/w", "size": "4096", "state": "BUFFER_STATE_PUBLISHED", "peer": "nodeA"})
+    info = rmmd.BufferInfo._from_wire(
+        {"name": "models/w", "size": "4096", "state": "BUFFER_STATE_PUBLISHED", "peer": "nodeA"}
+    )
     assert info.peer == "nodeA" and info.nbytes == 4096 and info.published and info.id == 0
     assert rmmd.BufferInfo._from_wire({"name": "w"}).peer is None
