@@ -215,6 +215,7 @@ buffer_info from_proto(v1::BufferInfo const& info)
       .allow_writers = info.allow_writers(),
       .labels        = labels_of(info.labels()),
       .tensor_count  = info.tensor_count(),
+      .peer          = info.peer(),
   };
   if (info.has_gid()) { out.gid = static_cast<gid_t>(info.gid()); }
   return out;

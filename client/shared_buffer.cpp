@@ -291,6 +291,7 @@ std::vector<buffer_info> shared_buffer::list(session const& s, buffer_filter con
   v1::ListBuffersRequest request;
   request.set_name_prefix(filter.name_prefix);
   detail::copy_labels(filter.labels, request.mutable_labels());
+  request.set_peer(filter.peer);
   v1::ListBuffersResponse response;
   if (auto status = s.impl().list_buffers(request, &response); !status.ok()) {
     detail::throw_status(status, "list buffers");
@@ -299,6 +300,57 @@ std::vector<buffer_info> shared_buffer::list(session const& s, buffer_filter con
   out.reserve(static_cast<std::size_t>(response.buffers_size()));
   for (auto const& b : response.buffers()) { out.push_back(detail::from_proto(b)); }
   return out;
+}
+
+shared_buffer shared_buffer::open_by_labels(
+    session const& s,
+    std::map<std::string, std::string, std::less<>> const& labels,
+    open_options const& options)
+{
+  std::string shown;
+  for (auto const& [key, value] : labels) {
+    shown += (shown.empty() ? "" : ", ") + key + "=" + value;
+  }
+  auto const where = options.peer.empty() ? std::string() : " on node '" + options.peer + "'";
+  auto const what  = "open the buffer labelled {" + shown + "}" + where;
+  if (labels.empty()) {
+    throw rmmd::logic_error("rmmd: open a buffer by labels: no labels given; name at least one");
+  }
+  open_options guarded = options;
+  for (auto const& [key, value] : labels) {
+    auto [it, added] = guarded.expect_labels.try_emplace(key, value);
+    if (!added && it->second != value) {
+      throw rmmd::logic_error("rmmd: " + what + ": options.expect_labels wants " + key + "=" +
+                              it->second + "; give each label one value");
+    }
+  }
+  auto listed = list(s, buffer_filter{.labels = labels, .peer = options.peer});
+  // Root and the creator also see unpublished buffers, which no open finds.
+  std::erase_if(listed, [](buffer_info const& b) { return !b.published; });
+  if (listed.empty()) {
+    throw rmmd::not_found_error("rmmd: " + what + ": no published buffer " +
+                                (options.peer.empty() ? std::string("this process may see")
+                                                      : "that node's grant lets this node open") +
+                                " carries them (`rmmctl buffers" +
+                                (options.peer.empty() ? std::string() : " --peer " + options.peer) +
+                                "` lists them with their labels)");
+  }
+  if (listed.size() > 1) {
+    constexpr std::size_t most_named = 8;
+    std::string names;
+    for (std::size_t i = 0; i < listed.size() && i < most_named; ++i) {
+      names += (i == 0 ? "'" : ", '") + listed[i].name + "'";
+    }
+    if (listed.size() > most_named) {
+      names += " and " + std::to_string(listed.size() - most_named) + " more";
+    }
+    // Several matches are the state of the daemon, not a malformed request:
+    // FAILED_PRECONDITION's error, as for a label that differs on open.
+    throw rmmd::precondition_error("rmmd: " + what + ": " + std::to_string(listed.size()) +
+                                   " buffers carry them (" + names +
+                                   "); add a label that tells them apart, or open one by name");
+  }
+  return open(s, listed.front().name, guarded);
 }
 
 std::pair<buffer_info, buffer_manifest> shared_buffer::describe(session const& s,

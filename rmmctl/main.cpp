@@ -2,7 +2,8 @@
 //
 //   rmmctl [--runtime-dir DIR] COMMAND [--json] [--watch SECONDS [--count N]]
 //   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all]
-//            | buffers [--prefix P] [--label KEY=VALUE]... | buffers show NAME | health
+//            | buffers [--prefix P] [--label KEY=VALUE]... [--peer NODE] | buffers show NAME
+//            | health
 //            | trim [--pool NAME|ID]... | buffers delete NAME | peers
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
@@ -171,6 +172,7 @@ struct command_line {
   std::string show_name;
   std::string buffer_prefix;
   std::vector<std::string> buffer_labels;  // "key=value"
+  std::string buffer_peer;                 // another node's buffers
   CLI::App* stats{};
   CLI::App* pools{};
   CLI::App* sessions{};
@@ -224,6 +226,10 @@ void add_commands(CLI::App& app, command_line& cl)
                          cl.buffer_labels,
                          "Only buffers whose manifest carries this label, as KEY=VALUE "
                          "(repeatable: all must match)");
+  cl.buffers->add_option("--peer",
+                         cl.buffer_peer,
+                         "Another node's buffers (its name in peering.peers): those its grant "
+                         "lets this node open, published and in a fabric pool");
   cl.buffers_show = cl.buffers->add_subcommand(
       "show", "One buffer: its figures, labels and tensor table (its manifest)");
   cl.buffers_show->add_option("NAME", cl.show_name, "The buffer's name")->required();
@@ -316,6 +322,7 @@ rmmd::v1::ListBuffersRequest buffer_filter(command_line const& cl)
 {
   rmmd::v1::ListBuffersRequest request;
   request.set_name_prefix(cl.buffer_prefix);
+  request.set_peer(cl.buffer_peer);
   for (auto const& label : cl.buffer_labels) {
     auto eq = label.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -338,7 +345,9 @@ int show_buffers(daemon_connection& daemon, command_line const& cl)
     auto status = impl.stub().ListBuffers(ctx.get(), request, &reply);
     if (!status.ok()) { throw call_failed(status, "buffers"); }
     sort_buffers(&reply);
-    return cl.out.json ? to_json(reply, one_line) : format_buffers(reply, now_unix_ms());
+    if (cl.out.json) { return to_json(reply, one_line); }
+    return request.peer().empty() ? format_buffers(reply, now_unix_ms())
+                                  : format_peer_buffers(reply, request.peer(), now_unix_ms());
   });
 }
 

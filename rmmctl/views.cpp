@@ -506,6 +506,34 @@ std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t
   return out;
 }
 
+std::string format_peer_buffers(v1::ListBuffersResponse const& response,
+                                std::string const& peer,
+                                std::int64_t now_unix_ms)
+{
+  table buffers({"NAME", "BYTES", "HOLDERS", "WRITERS", "PERSISTENT", "AGE", "TENSORS", "LABELS"});
+  for (auto const& b : response.buffers()) {
+    buffers.add({peer + ":" + b.name(),
+                 human_bytes(b.size()),
+                 std::to_string(b.holders()),
+                 b.allow_writers() ? "allowed" : "no",
+                 b.persistent() ? "yes" : "no",
+                 human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000)),
+                 std::to_string(b.tensor_count()),
+                 labels_cell(b.labels(), 60)});
+  }
+  auto out = buffers.str({false, true, true, false, false, true, true, false});
+  if (response.buffers().empty()) {
+    out += "(no buffers of node '" + peer +
+           "' that its grant lets this node open: only published buffers of a fabric pool "
+           "are listed)\n";
+  }
+  if (response.truncated()) {
+    out += "(more matched than node '" + peer +
+           "' answers with at once: narrow with --prefix or --label)\n";
+  }
+  return out;
+}
+
 std::string format_buffer(v1::DescribeBufferResponse const& response, std::int64_t now_unix_ms)
 {
   auto const& b = response.info();

@@ -29,6 +29,11 @@ std::string format_trim(v1::TrimResponse const& trim);
 /// The named shared buffers, in the order given (sort_buffers); `now_unix_ms`
 /// gives their age.
 std::string format_buffers(v1::ListBuffersResponse const& buffers, std::int64_t now_unix_ms);
+/// Node `peer`'s buffers (rmmctl buffers --peer): what that node tells of
+/// them, each named NODE:NAME as a client opens it.
+std::string format_peer_buffers(v1::ListBuffersResponse const& buffers,
+                                std::string const& peer,
+                                std::int64_t now_unix_ms);
 /// Orders the buffers by name (then id: a deleted buffer still held keeps its
 /// name beside a new buffer that took it).
 void sort_buffers(v1::ListBuffersResponse* buffers);

@@ -645,6 +645,60 @@ rmmd_status rmmd_buffer_delete(rmmd_session_t session, char const* name, size_t*
   });
 }
 
+namespace {
+
+/// The caller's open options, whatever its struct's size (NULL: the
+/// defaults); nullopt after setting `*refused` where they cannot be used.
+std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* options,
+                                                   std::string const& what,
+                                                   rmmd_status* refused)
+{
+  rmmd_open_options defaults{};
+  defaults.size = sizeof(defaults);
+  auto o =
+      read_struct(options,
+                  defaults,
+                  {offsetof(rmmd_open_options, peer), offsetof(rmmd_open_options, has_device)});
+  if (!o) {
+    *refused = fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size");
+    return std::nullopt;
+  }
+  if (o->has_device != 0 && o->device < 0) {
+    *refused = fail(RMMD_ERROR_INVALID_ARGUMENT,
+                    "rmmd: " + what + ": options->device is " + std::to_string(o->device) +
+                        " with has_device set; give a CUDA device of this process (0 or more), "
+                        "or clear has_device for the current one");
+    return std::nullopt;
+  }
+  if (auto access = raw_enum(o->access);
+      access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
+    *refused = fail(RMMD_ERROR_INVALID_ARGUMENT,
+                    "rmmd: options->access is " + std::to_string(access) +
+                        ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
+    return std::nullopt;
+  }
+  return o;
+}
+
+/// The C++ open options of checked C ones (throws for bad expected labels).
+rmmd::open_options to_open_options(rmmd_open_options const& o, std::string const& what)
+{
+  rmmd::open_options oo;
+  oo.wait   = std::chrono::milliseconds(o.wait_ms);
+  oo.access = o.access == RMMD_BUFFER_READ_WRITE ? rmmd::buffer_access::read_write
+                                                 : rmmd::buffer_access::read;
+  labels_from_arrays(o.expect_keys,
+                     o.expect_values,
+                     o.expect_count,
+                     &oo.expect_labels,
+                     what + ": expected labels");
+  if (o.peer != nullptr) { oo.peer = o.peer; }
+  if (o.has_device != 0) { oo.device = o.device; }
+  return oo;
+}
+
+}  // namespace
+
 rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
                                   char const* name,
                                   rmmd_open_options const* options,
@@ -653,39 +707,12 @@ rmmd_status rmmd_buffer_open_with(rmmd_session_t session,
   if (session == nullptr || name == nullptr || buffer == nullptr) {
     return null_argument("session, name or buffer");
   }
-  rmmd_open_options defaults{};
-  defaults.size = sizeof(defaults);
-  auto o =
-      read_struct(options,
-                  defaults,
-                  {offsetof(rmmd_open_options, peer), offsetof(rmmd_open_options, has_device)});
-  if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
-  if (o->has_device != 0 && o->device < 0) {
-    return fail(RMMD_ERROR_INVALID_ARGUMENT,
-                "rmmd: open buffer '" + std::string(name) + "': options->device is " +
-                    std::to_string(o->device) +
-                    " with has_device set; give a CUDA device of this process (0 or more), or "
-                    "clear has_device for the current one");
-  }
-  if (auto access = raw_enum(o->access);
-      access != RMMD_BUFFER_READ && access != RMMD_BUFFER_READ_WRITE) {
-    return fail(RMMD_ERROR_INVALID_ARGUMENT,
-                "rmmd: options->access is " + std::to_string(access) +
-                    ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
-  }
+  auto const what     = "open buffer '" + std::string(name) + "'";
+  rmmd_status refused = RMMD_SUCCESS;
+  auto o              = read_open_options(options, what, &refused);
+  if (!o) { return refused; }
   return guarded([&] {
-    rmmd::open_options oo;
-    oo.wait   = std::chrono::milliseconds(o->wait_ms);
-    oo.access = o->access == RMMD_BUFFER_READ_WRITE ? rmmd::buffer_access::read_write
-                                                    : rmmd::buffer_access::read;
-    labels_from_arrays(o->expect_keys,
-                       o->expect_values,
-                       o->expect_count,
-                       &oo.expect_labels,
-                       "open buffer '" + std::string(name) + "': expected labels");
-    if (o->peer != nullptr) { oo.peer = o->peer; }
-    if (o->has_device != 0) { oo.device = o->device; }
-    auto b      = rmmd::shared_buffer::open(session->session, name, oo);
+    auto b      = rmmd::shared_buffer::open(session->session, name, to_open_options(*o, what));
     auto device = b.device();
     *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
   });
@@ -740,6 +767,59 @@ rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
     }
     *json = copy_string(to_json(response, "list buffers"));
   });
+}
+
+rmmd_status rmmd_buffer_list_peer_json(rmmd_session_t session,
+                                       char const* peer,
+                                       char const* name_prefix,
+                                       char const* const* label_keys,
+                                       char const* const* label_values,
+                                       size_t label_count,
+                                       char** json)
+{
+  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
+  return guarded([&] {
+    auto& impl = session->session.impl();
+    rmmd::v1::ListBuffersRequest request;
+    if (name_prefix != nullptr) { request.set_name_prefix(name_prefix); }
+    if (peer != nullptr) { request.set_peer(peer); }
+    std::map<std::string, std::string, std::less<>> labels;
+    labels_from_arrays(label_keys, label_values, label_count, &labels, "list buffers");
+    rmmd::detail::copy_labels(labels, request.mutable_labels());
+    rmmd::v1::ListBuffersResponse response;
+    if (auto status = impl.list_buffers(request, &response); !status.ok()) {
+      rmmd::detail::throw_status(status, "list buffers");
+    }
+    *json = copy_string(to_json(response, "list buffers"));
+  });
+}
+
+rmmd_status rmmd_buffer_open_by_labels(rmmd_session_t session,
+                                       char const* const* label_keys,
+                                       char const* const* label_values,
+                                       size_t label_count,
+                                       rmmd_open_options const* options,
+                                       rmmd_buffer_t* buffer)
+{
+  if (session == nullptr || buffer == nullptr) { return null_argument("session or buffer"); }
+  std::string const what = "open a buffer by labels";
+  rmmd_status refused    = RMMD_SUCCESS;
+  auto o                 = read_open_options(options, what, &refused);
+  if (!o) { return refused; }
+  return guarded([&] {
+    std::map<std::string, std::string, std::less<>> labels;
+    labels_from_arrays(label_keys, label_values, label_count, &labels, what);
+    auto b =
+        rmmd::shared_buffer::open_by_labels(session->session, labels, to_open_options(*o, what));
+    auto device = b.device();
+    *buffer     = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
+  });
+}
+
+rmmd_status rmmd_buffer_name(rmmd_buffer_t buffer, char** name)
+{
+  if (buffer == nullptr || name == nullptr) { return null_argument("buffer or name"); }
+  return guarded([&] { *name = copy_string(buffer->buffer.name()); });
 }
 
 rmmd_status rmmd_peers_json(rmmd_session_t session, char** json)

@@ -126,6 +126,20 @@ struct buffer_entry {
   std::function<void(shared_allocation const&)> release;
 };
 
+/// Whether `filter` selects `b`: its name prefix, and every label with its
+/// value in b's manifest.
+inline bool filter_selects(buffer_filter const& filter, buffer_entry const& b)
+{
+  if (!b.name.starts_with(filter.name_prefix)) { return false; }
+  if (filter.labels.empty()) { return true; }
+  if (!b.manifest) { return false; }
+  auto const& labels = b.manifest->labels;
+  return std::all_of(filter.labels.begin(), filter.labels.end(), [&](auto const& want) {
+    auto have = labels.find(want.first);
+    return have != labels.end() && have->second == want.second;
+  });
+}
+
 /// A session's report for one pool, held against what it holds there now
 /// (it may have given slabs back since it last reported).
 struct idle_slabs {

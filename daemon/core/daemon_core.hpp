@@ -458,6 +458,14 @@ class daemon_core {
   absl::StatusOr<remote_buffer_grant> open_remote_buffer(std::string_view name,
                                                          buffer_open_options const& how);
 
+  /// The buffers open_remote_buffer() could hold now that `filter` selects
+  /// and `may_list` lets through (a peer's grant, by name): published, with
+  /// a fabric handle of their own. Listing another buffer would show a peer
+  /// names it could never open. Sorted by name.
+  [[nodiscard]] std::vector<buffer_info> list_remote_buffers(
+      buffer_filter const& filter,
+      std::function<bool(std::string const& name)> const& may_list) const;
+
   /// Ends remote hold `id` (the last holder's end frees the buffer as a
   /// session's close does). NOT_FOUND when it ended already.
   absl::Status close_remote_hold(remote_hold_id id);

@@ -11,6 +11,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <algorithm>
+
 namespace rmmd::core {
 
 absl::StatusOr<remote_buffer_grant> daemon_core::open_remote_buffer(std::string_view name,
@@ -63,6 +65,23 @@ absl::StatusOr<remote_buffer_grant> daemon_core::open_remote_buffer(std::string_
   remote_holds_.emplace(id, remote_hold_entry{.buffer = b.id, .bytes = b.block.block.bytes});
   return remote_buffer_grant{
       .hold = id, .grant = buffer_grant_locked(b, how.access), .gpu_uuid = pool.gpu_uuid};
+}
+
+std::vector<buffer_info> daemon_core::list_remote_buffers(
+    buffer_filter const& filter, std::function<bool(std::string const& name)> const& may_list) const
+{
+  std::lock_guard lock(mutex_);
+  std::vector<buffer_info> out;
+  for (auto const& [id, b] : buffers_) {
+    // open_remote_buffer()'s own conditions: a deleted buffer, or one
+    // without a fabric handle, could only ever be refused.
+    if (b->creating || b->state != buffer_state::published || b->block.fabric_handle.empty()) {
+      continue;
+    }
+    if (filter_selects(filter, *b) && may_list(b->name)) { out.push_back(buffer_info_locked(*b)); }
+  }
+  std::sort(out.begin(), out.end(), [](auto const& x, auto const& y) { return x.name < y.name; });
+  return out;
 }
 
 absl::Status daemon_core::close_remote_hold(remote_hold_id id)

@@ -489,17 +489,9 @@ absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(
   auto const& peer = (*found)->peer;
   std::vector<buffer_info> out;
   for (auto const& [id, b] : buffers_) {
-    if (!may_see_locked(*b, session, peer) || !b->name.starts_with(filter.name_prefix)) {
-      continue;
+    if (may_see_locked(*b, session, peer) && filter_selects(filter, *b)) {
+      out.push_back(buffer_info_locked(*b));
     }
-    auto const* labels = b->manifest ? &b->manifest->labels : nullptr;
-    bool const matches =
-        std::all_of(filter.labels.begin(), filter.labels.end(), [&](auto const& want) {
-          if (labels == nullptr) { return false; }
-          auto have = labels->find(want.first);
-          return have != labels->end() && have->second == want.second;
-        });
-    if (matches) { out.push_back(buffer_info_locked(*b)); }
   }
   return out;
 }

@@ -10,11 +10,16 @@
 namespace rmmd::peering {
 namespace {
 
+bool grant_is_for(config::peer_grant_settings const& g, std::string const& identity)
+{
+  return g.identity == "*" || (!identity.empty() && g.identity == identity);
+}
+
 bool grant_names(config::peer_grant_settings const& g,
                  std::string const& identity,
                  std::string const& name)
 {
-  if (g.identity != "*" && (identity.empty() || g.identity != identity)) { return false; }
+  if (!grant_is_for(g, identity)) { return false; }
   for (auto const& prefix : g.name_prefixes) {
     if (name.starts_with(prefix)) { return true; }
   }
@@ -65,6 +70,34 @@ absl::StatusOr<checked_open> check_remote_open(
   checked_open out{.name = request.name()};
   out.how.access        = writing ? core::buffer_access::read_write : core::buffer_access::read;
   out.how.expect_labels = wire::from_proto(request.expect_labels());
+  return out;
+}
+
+bool checked_list::granted(std::string const& name) const
+{
+  return std::any_of(granted_prefixes.begin(), granted_prefixes.end(), [&](auto const& prefix) {
+    return name.starts_with(prefix);
+  });
+}
+
+absl::StatusOr<checked_list> check_remote_list(
+    std::vector<config::peer_grant_settings> const& grants,
+    std::string const& identity,
+    v1::ListRemoteBuffersRequest const& request)
+{
+  if (auto key = wire::repeated_label_key(request.labels())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("list buffers from another node: the filter names label %s twice; name "
+                        "each label once",
+                        core::quoted_for_message(*key)));
+  }
+  checked_list out{.filter = {.name_prefix = request.name_prefix(),
+                              .labels      = wire::from_proto(request.labels())}};
+  for (auto const& g : grants) {
+    if (!grant_is_for(g, identity)) { continue; }
+    out.granted_prefixes.insert(
+        out.granted_prefixes.end(), g.name_prefixes.begin(), g.name_prefixes.end());
+  }
   return out;
 }
 

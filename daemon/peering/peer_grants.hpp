@@ -33,6 +33,24 @@ absl::StatusOr<checked_open> check_remote_open(
     std::string const& identity,
     v1::RemoteOpenRequest const& request);
 
+/// A remote listing, checked: what it selects, and the name prefixes of
+/// every grant that names the caller.
+struct checked_list {
+  core::buffer_filter filter{};
+  std::vector<std::string> granted_prefixes{};
+
+  /// Whether a grant of the caller names buffer `name` (the rule
+  /// check_remote_open applies).
+  [[nodiscard]] bool granted(std::string const& name) const;
+};
+
+/// A ListRemoteBuffers from `identity`: INVALID_ARGUMENT for a label named
+/// twice. An identity no grant names may list, and sees nothing.
+absl::StatusOr<checked_list> check_remote_list(
+    std::vector<config::peer_grant_settings> const& grants,
+    std::string const& identity,
+    v1::ListRemoteBuffersRequest const& request);
+
 /// Whether `identity` may say Hello here: some peering.grants entry names it
 /// (or is "*"), or it is one of `peer_identities` (the non-empty identities
 /// of peering.peers). PERMISSION_DENIED in words otherwise.

@@ -472,4 +472,44 @@ link_view peer_link::view() const
   return v;
 }
 
+absl::StatusOr<v1::ListRemoteBuffersResponse> peer_link::list(v1::ListRemoteBuffersRequest request)
+{
+  {
+    // open()'s readiness rule: a listing is only worth what a later open of
+    // one of its names can do.
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      return absl::UnavailableError(
+          absl::StrFormat("peer '%s': this daemon is stopping", peer_.name));
+    }
+    if (state_ != link_state::ready && state_ != link_state::probe_failed) {
+      return absl::UnavailableError(
+          absl::StrFormat("peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready",
+                          peer_.name,
+                          peer_.address,
+                          state_name(state_),
+                          problem_.empty() ? "" : absl::StrCat(": ", problem_)));
+    }
+  }
+  request.set_incarnation(options_.incarnation);
+  v1::ListRemoteBuffersResponse reply;
+  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto s = stub_->ListRemoteBuffers(c.get(), request, &reply);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      set_state(link_state::unreachable, dial_problem(s));
+      wake_.notify_all();
+    }
+    return from_grpc(s, peer_.name);
+  }
+  if (auto problem = identity_problem(*c); !problem.empty()) {
+    set_state(link_state::unreachable, problem);
+    wake_.notify_all();
+    return absl::UnauthenticatedError(absl::StrCat("peer '", peer_.name, "': ", problem));
+  }
+  std::lock_guard lock(mutex_);
+  last_contact_ = std::chrono::system_clock::now();
+  return reply;
+}
+
 }  // namespace rmmd::peering

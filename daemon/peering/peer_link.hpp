@@ -110,6 +110,10 @@ class peer_link {
     return peer_.name;
   }
 
+  /// ListRemoteBuffers there: UNAVAILABLE and UNAUTHENTICATED as open();
+  /// otherwise the peer's answer, its message prefixed with the peer's name.
+  absl::StatusOr<v1::ListRemoteBuffersResponse> list(v1::ListRemoteBuffersRequest request);
+
  private:
   void run();
   /// Hello; sets the state. Returns whether the peer answered.

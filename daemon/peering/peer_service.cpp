@@ -188,4 +188,36 @@ grpc::Status peer_service::CloseHolds(grpc::ServerContext* context,
       ledger_.close(caller_identity(*context), request->incarnation(), ids));
 }
 
+grpc::Status peer_service::ListRemoteBuffers(grpc::ServerContext* context,
+                                             v1::ListRemoteBuffersRequest const* request,
+                                             v1::ListRemoteBuffersResponse* response)
+{
+  auto const identity = caller_identity(*context);
+  auto checked        = check_remote_list(*grants(), identity, *request);
+  if (!checked.ok()) { return wire::to_grpc_status(checked.status()); }
+  auto buffers = ledger_.list(identity, request->incarnation(), *checked);
+  if (!buffers.ok()) { return wire::to_grpc_status(buffers.status()); }
+  std::size_t bytes = 0;
+  for (auto const& b : *buffers) {
+    v1::RemoteBufferEntry entry;
+    entry.set_name(b.name);
+    entry.set_size(b.size);
+    wire::to_proto(b.labels, entry.mutable_labels());
+    entry.set_allow_writers(b.allow_writers);
+    entry.set_holders(static_cast<std::uint32_t>(b.holders));
+    entry.set_persistent(b.persistent);
+    entry.set_created_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(b.created.time_since_epoch())
+            .count());
+    entry.set_tensor_count(static_cast<std::uint32_t>(b.tensor_count));
+    bytes += entry.ByteSizeLong();
+    if (response->buffers_size() == max_buffers_per_list || bytes > max_list_bytes) {
+      response->set_truncated(true);
+      break;
+    }
+    *response->add_buffers() = std::move(entry);
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace rmmd::peering

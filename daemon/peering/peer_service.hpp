@@ -50,6 +50,15 @@ class peer_service final : public v1::RmmdPeer::Service {
   grpc::Status CloseHolds(grpc::ServerContext* context,
                           v1::CloseHoldsRequest const* request,
                           v1::CloseHoldsResponse* response) override;
+  /// At most max_buffers_per_list entries and about max_list_bytes (below
+  /// gRPC's 4 MiB default for a message), by name; `truncated` says more
+  /// matched.
+  grpc::Status ListRemoteBuffers(grpc::ServerContext* context,
+                                 v1::ListRemoteBuffersRequest const* request,
+                                 v1::ListRemoteBuffersResponse* response) override;
+
+  static constexpr int max_buffers_per_list   = 4096;
+  static constexpr std::size_t max_list_bytes = std::size_t{3} << 20;
 
  private:
   [[nodiscard]] std::shared_ptr<std::vector<config::peer_grant_settings> const> grants() const;

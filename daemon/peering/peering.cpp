@@ -388,6 +388,42 @@ absl::Status peering::open(core::session_id session,
   return absl::OkStatus();
 }
 
+absl::Status peering::list(v1::ListBuffersRequest const& request, v1::ListBuffersResponse* reply)
+{
+  peer_link* link = nullptr;
+  for (auto const& l : links_) {
+    if (l->name() == request.peer()) { link = l.get(); }
+  }
+  if (link == nullptr) {
+    return absl::NotFoundError(absl::StrFormat(
+        "list buffers: no peer '%s' in peering.peers (see `rmmctl peers`)", request.peer()));
+  }
+  if (auto key = wire::repeated_label_key(request.labels())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "list buffers: the filter names label '%s' twice; name each label once", *key));
+  }
+  v1::ListRemoteBuffersRequest ask;
+  ask.set_name_prefix(request.name_prefix());
+  *ask.mutable_labels() = request.labels();
+  auto answer           = link->list(std::move(ask));
+  if (!answer.ok()) { return answer.status(); }
+  for (auto const& e : answer->buffers()) {
+    auto* b = reply->add_buffers();
+    b->set_name(e.name());
+    b->set_size(e.size());
+    b->set_state(v1::BUFFER_STATE_PUBLISHED);
+    b->set_persistent(e.persistent());
+    b->set_created_unix_ms(e.created_unix_ms());
+    b->set_allow_writers(e.allow_writers());
+    b->set_holders(e.holders());
+    *b->mutable_labels() = e.labels();
+    b->set_tensor_count(e.tensor_count());
+    b->set_peer(request.peer());
+  }
+  reply->set_truncated(answer->truncated());
+  return absl::OkStatus();
+}
+
 void peering::list_peers(v1::ListPeersResponse* reply) const
 {
   reply->set_node_name(settings_.node_name);

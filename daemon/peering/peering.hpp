@@ -60,6 +60,7 @@ class peering final : public service::remote_buffers {
   absl::Status open(core::session_id session,
                     v1::OpenBufferRequest const& request,
                     v1::BufferGrant* reply) override;
+  absl::Status list(v1::ListBuffersRequest const& request, v1::ListBuffersResponse* reply) override;
   void list_peers(v1::ListPeersResponse* reply) const override;
 
   /// rmmd_peers{state}, rmmd_peer_holds{peer,direction},

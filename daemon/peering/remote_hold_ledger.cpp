@@ -113,6 +113,21 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
   return grant;
 }
 
+absl::StatusOr<std::vector<core::buffer_info>> remote_hold_ledger::list(std::string const& identity,
+                                                                        std::uint64_t incarnation,
+                                                                        checked_list const& list)
+{
+  {
+    std::lock_guard lock(mutex_);
+    if (auto s = check_incarnation_locked(identity, incarnation, "list buffers from another node");
+        !s.ok()) {
+      return s.status();
+    }
+  }
+  return core_.list_remote_buffers(list.filter,
+                                   [&](std::string const& name) { return list.granted(name); });
+}
+
 void remote_hold_ledger::their_verdict(std::string const& identity,
                                        std::uint64_t incarnation,
                                        bool ok,

@@ -87,6 +87,13 @@ class remote_hold_ledger {
                                                  checked_open const& open,
                                                  remote_holder const& holder);
 
+  /// The buffers `identity`'s caller at `incarnation` could open here
+  /// (core::daemon_core::list_remote_buffers, through `list`'s grants).
+  /// FAILED_PRECONDITION as open(). Holds nothing.
+  absl::StatusOr<std::vector<core::buffer_info>> list(std::string const& identity,
+                                                      std::uint64_t incarnation,
+                                                      checked_list const& list);
+
   /// Renews `ids` of `identity`'s incarnation as of `now`; returns those it
   /// does not hold (ended already). FAILED_PRECONDITION as open().
   /// What the caller under `identity` with `incarnation` says of our probe

@@ -25,6 +25,12 @@ class remote_buffers {
                             v1::OpenBufferRequest const& request,
                             v1::BufferGrant* reply) = 0;
 
+  /// A ListBuffers whose `peer` is set: that node's daemon lists what this
+  /// node's grant there lets it open. NOT_FOUND and UNAVAILABLE as open().
+  /// REQUIRES: !request.peer().empty().
+  virtual absl::Status list(v1::ListBuffersRequest const& request,
+                            v1::ListBuffersResponse* reply) = 0;
+
   virtual void list_peers(v1::ListPeersResponse* reply) const = 0;
 };
 

@@ -232,6 +232,14 @@ grpc::Status rmmd_service::ListBuffers(grpc::ServerContext* context,
 {
   return observed(requests_, rpc_method::list_buffers, [&] {
     return session_call(caller(*context), [&](core::session_id session) {
+      if (!request->peer().empty()) {
+        if (remote_ == nullptr) {
+          return absl::NotFoundError(absl::StrFormat(
+              "list buffers: no peer '%s' in peering.peers (peering is off on this node)",
+              request->peer()));
+        }
+        return remote_->list(*request, response);
+      }
       return wire::list_buffers(core_, session, *request, response);
     });
   });

@@ -311,6 +311,35 @@ RMMD_API rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
                                            char const* const* label_values,
                                            size_t label_count,
                                            char** json);
+/* rmmd_buffer_list_json's listing of node `peer`'s buffers (as this node's
+ * rmmd.conf names it in peering.peers; NULL or "": this node's, as
+ * rmmd_buffer_list_json): those that node's grant lets this node open,
+ * published and in a fabric pool, at most 4096 by name ("truncated": true
+ * when more matched), each with "peer" set and no id, pool or creator.
+ * RMMD_ERROR_NOT_FOUND for a node peering.peers does not name; a node that
+ * cannot be reached now is RMMD_ERROR_UNAVAILABLE, its state in words. Free
+ * with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_buffer_list_peer_json(rmmd_session_t session,
+                                                char const* peer,
+                                                char const* name_prefix,
+                                                char const* const* label_keys,
+                                                char const* const* label_values,
+                                                size_t label_count,
+                                                char** json);
+/* Opens the one published buffer whose manifest carries label_keys[i] =
+ * label_values[i] for every i < label_count (at least one), on
+ * options->peer's node (NULL or "": this node), with those labels added to
+ * options' fingerprint guard; otherwise as rmmd_buffer_open_with. None
+ * carries them: RMMD_ERROR_NOT_FOUND naming the labels; several:
+ * RMMD_ERROR_FAILED_PRECONDITION naming them. rmmd_buffer_name says which. */
+RMMD_API rmmd_status rmmd_buffer_open_by_labels(rmmd_session_t session,
+                                                char const* const* label_keys,
+                                                char const* const* label_values,
+                                                size_t label_count,
+                                                rmmd_open_options const* options,
+                                                rmmd_buffer_t* buffer);
+/* The buffer's name (without its node). Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_buffer_name(rmmd_buffer_t buffer, char** name);
 /* One buffer and its manifest, as the JSON of rmmd.v1.DescribeBufferResponse. */
 RMMD_API rmmd_status rmmd_buffer_describe_json(rmmd_session_t session,
                                                char const* name,

@@ -159,6 +159,10 @@ struct buffer_info {
   bool allow_writers{false};
   std::map<std::string, std::string, std::less<>> labels{};  ///< the manifest's
   std::size_t tensor_count{};                                ///< the manifest's
+  /// The node whose buffer it is (buffer_filter::peer); empty: this node.
+  /// Such an entry has no id, pool or creator (that node's business): open
+  /// it as NODE:NAME.
+  std::string peer{};
 };
 
 /// Which buffers list() returns: both filters at once; empty: all the caller
@@ -167,6 +171,10 @@ struct buffer_filter {
   std::string name_prefix{};
   /// Buffers carrying each of these labels with this value.
   std::map<std::string, std::string, std::less<>> labels{};
+  /// Another node's buffers (its name as peering.peers names it): those
+  /// this node's grant there lets it open, published and in a fabric pool
+  /// (at most 4096, by name). Empty: this node's.
+  std::string peer{};
 };
 
 /// What a creator chooses beyond name and size.
@@ -244,7 +252,25 @@ class shared_buffer {
                                           std::string_view name,
                                           open_options const& options);
 
+  /// Opens the one published buffer that carries every label of `labels`
+  /// with its value, on options.peer's node (empty: this node): list()s
+  /// them, then open()s that name with `labels` added to
+  /// options.expect_labels, so that what is opened carries them even if the
+  /// name changed hands in between. Throws rmmd::logic_error for no labels,
+  /// or a label that options.expect_labels gives another value;
+  /// rmmd::not_found_error when no buffer carries them (naming them);
+  /// rmmd::precondition_error when several do (naming them: add a label
+  /// that tells them apart); and what list() and open() throw.
+  /// options.wait is the open's: the search does not wait for a buffer to
+  /// appear.
+  [[nodiscard]] static shared_buffer open_by_labels(
+      session const& s,
+      std::map<std::string, std::string, std::less<>> const& labels,
+      open_options const& options = {});
+
   /// The buffers the caller may see that `filter` selects, by name.
+  /// rmmd::not_found_error for a filter.peer that peering.peers does not
+  /// name; rmmd::session_error while that node cannot be reached.
   [[nodiscard]] static std::vector<buffer_info> list(session const& s,
                                                      buffer_filter const& filter = {});
   /// One buffer by name, with its manifest, without opening it.

@@ -237,6 +237,72 @@ class SharedBuffer(Memory):
         buf._peer = peer or node or None
         return buf
 
+    @classmethod
+    def open_by_labels(
+        cls,
+        session: "Session",
+        labels: Mapping[str, str],
+        peer: str | None = None,
+        wait: float = 0.0,
+        writable: bool = False,
+        expect: Mapping[str, str] | None = None,
+        device: int | None = None,
+    ) -> "SharedBuffer":
+        """Opens the one published buffer whose manifest carries every one of
+        `labels` with that value, on node `peer` (``None``: this node), as
+        :meth:`open` would open it by name, with `labels` added to `expect`
+        (so what is opened carries them even if the name changed hands
+        between the search and the open). :meth:`Session.buffers` with the
+        same labels shows the candidates.
+
+        Raises:
+            InvalidArgumentError: no labels, or a label `expect` gives
+                another value.
+            NotFoundError: no buffer carries them (the message names them),
+                or no peer of this node's daemon has the node's name.
+            PreconditionError: several buffers carry them (the message names
+                them: add a label that tells them apart).
+            and what :meth:`open` raises (`device` as there).
+        """
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+            raise InvalidArgumentError(
+                f"rmmd: open a buffer by labels: device is this process's CUDA ordinal "
+                f"(an int >= 0) or None for the current one, not {device!r}"
+            )
+        if peer is not None and not isinstance(peer, str):
+            raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
+        if wait < 0 or math.isnan(wait):
+            raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
+        label_keys, label_values, label_count = _lib.label_arrays(checked_labels(labels, "labels"))
+        keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
+        options = _lib.OpenOptions(
+            size=ctypes.sizeof(_lib.OpenOptions),
+            wait_ms=min(_MAX_WAIT_MS, int(math.ceil(wait * 1000))),
+            access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
+            expect_keys=keys,
+            expect_values=values,
+            expect_count=count,
+            peer=peer.encode() if peer else None,
+            has_device=0 if device is None else 1,
+            device=0 if device is None else device,
+        )
+        handle = _lib.buffer_t()
+        check(
+            _lib.load().rmmd_buffer_open_by_labels(
+                session._require(), label_keys, label_values, label_count, ctypes.byref(options), ctypes.byref(handle)
+            )
+        )
+        name = ctypes.c_void_p()
+        try:
+            check(_lib.load().rmmd_buffer_name(handle.value, ctypes.byref(name)))
+        except BaseException:
+            _lib.load().rmmd_buffer_destroy(handle.value)
+            raise
+        buf = cls._wrap(session, handle.value, _lib.take_string(name.value) or "")
+        buf._creator = False
+        buf._peer = peer or None
+        return buf
+
     @staticmethod
     def delete(session: "Session", name: str) -> int:
         """Deletes the buffer `name`: the name is free at once, the memory

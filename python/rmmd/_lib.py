@@ -202,6 +202,15 @@ _PROTOTYPES = {
         status_t,
         [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],
     ),
+    "rmmd_buffer_list_peer_json": (
+        status_t,
+        [session_t, c_char_p, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],
+    ),
+    "rmmd_buffer_open_by_labels": (
+        status_t,
+        [session_t, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(OpenOptions), POINTER(buffer_t)],
+    ),
+    "rmmd_buffer_name": (status_t, [buffer_t, POINTER(c_void_p)]),
     "rmmd_buffer_describe_json": (status_t, [session_t, c_char_p, POINTER(c_void_p)]),
     "rmmd_peers_json": (status_t, [session_t, POINTER(c_void_p)]),
     "rmmd_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),

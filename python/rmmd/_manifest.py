@@ -330,6 +330,9 @@ class BufferInfo:
     state: str = "published"
     """``"writing"``, ``"published"`` or ``"deleted"``."""
     creator_pid: int = 0
+    peer: str | None = None
+    """The node whose buffer it is (``Session.buffers(peer=...)``); ``None``:
+    this node. Such an entry has no id, pool or creator (that node's)."""
 
     @classmethod
     def _from_wire(cls, d: Mapping[str, Any]) -> "BufferInfo":
@@ -350,4 +353,5 @@ class BufferInfo:
             tensor_count=int(_field(d, "tensor_count", 0)),
             state=state,
             creator_pid=int(_field(d, "creator_pid", 0)),
+            peer=d.get("peer") or None,
         )

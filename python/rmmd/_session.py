@@ -316,18 +316,35 @@ class Session(OwnsHandle):
 
     # -- shared buffers -----------------------------------------------------
 
-    def buffers(self, prefix: str = "", labels: Mapping[str, str] | None = None) -> list[BufferInfo]:
+    def buffers(
+        self, prefix: str = "", labels: Mapping[str, str] | None = None, peer: str | None = None
+    ) -> list[BufferInfo]:
         """The shared buffers this process may see (its uid's, its groups'
         and, for root, all; ``rmmctl buffers``), by name: those whose name
         starts with `prefix` and whose manifest carries every one of
-        `labels` with that value."""
+        `labels` with that value.
+
+        With `peer` (a node's name as this node's rmmd.conf names it in
+        peering.peers), that node's buffers instead: those its grant lets
+        this node open, published and in a fabric pool (at most 4096), each
+        with ``peer`` set; open one as ``"NODE:NAME"``. NotFoundError for a
+        node peering.peers does not name, SessionError while it cannot be
+        reached."""
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"rmmd: prefix is a str, not {prefix!r}")
+        if peer is not None and not isinstance(peer, str):
+            raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
         keys, values, count = _lib.label_arrays(checked_labels(labels, "labels"))
         out = ctypes.c_void_p()
         check(
-            _lib.load().rmmd_buffer_list_json(
-                self._require(), prefix.encode() if prefix else None, keys, values, count, ctypes.byref(out)
+            _lib.load().rmmd_buffer_list_peer_json(
+                self._require(),
+                peer.encode() if peer else None,
+                prefix.encode() if prefix else None,
+                keys,
+                values,
+                count,
+                ctypes.byref(out),
             )
         )
         listed = json.loads(_lib.take_string(out.value) or "{}")

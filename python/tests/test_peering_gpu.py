@@ -309,6 +309,25 @@ def test_device_chooses_the_consumers_gpu_not_its_current_one(
     assert finish(producer) == {"intact": True}
 
 
+def test_b_lists_as_buffers_and_opens_one_by_its_labels(
+    nodes: tuple[Node, Node], children: list[subprocess.Popen[str]]
+) -> None:
+    a, b = nodes
+    name = "peertest/py-labelled"
+    seed = 11  # the producer labels its buffer seed=11: no other test's buffer carries it
+    producer = start(children, a, "produce", name, str(BUFFER_BYTES), str(seed))
+    made = json.loads(read_line(producer))
+    assert made["created"] == name, made
+    consumed = run_python([CLIENT, "consume-labelled", "nodeA", str(BUFFER_BYTES), str(seed)], b.env())
+    got = json.loads(consumed.stdout.splitlines()[-1])
+    [entry] = got["listed"]
+    assert entry["name"] == name and entry["peer"] == "nodeA" and entry["nbytes"] == BUFFER_BYTES, entry
+    assert entry["labels"]["seed"] == str(seed) and entry["id"] == 0, entry
+    assert got["verified"] and got["name"] == name and got["peer"] == "nodeA", got
+    assert not got["writable"] and got["labels"]["seed"] == str(seed), got
+    finish(producer)
+
+
 def test_a_sigkilled_consumer_loses_its_hold_on_a(
     nodes: tuple[Node, Node], children: list[subprocess.Popen[str]]
 ) -> None:

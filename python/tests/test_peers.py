@@ -1,7 +1,9 @@
 """Buffers of another node (NODE:NAME, peer=) and Session.peers(), against a
 daemon without peering: what the package refuses before it asks, and the
 empty list of peers; then two host daemons that peer (certificates from
-scripts/make-test-certs.sh): what Session.node_name, peers() and peer() say.
+scripts/make-test-certs.sh): what Session.node_name, peers() and peer() say,
+and what Session.buffers(peer=...) and SharedBuffer.open_by_labels find
+(host pools have no fabric handle: nothing of the other node is listed).
 Buffers opened from the other node need GPUs: test_peering_gpu.py on the
 GPU host (and tests/gpu/peering_test.cpp)."""
 
@@ -230,3 +232,72 @@ def test_a_node_nobody_answers_for_is_a_session_error_in_words_and_the_session_g
         rmmd.SharedBuffer.open(s, "py/lonely/w").close()
         made.close()
         assert s.peer("nodeX") is not None and not s.peer("nodeX").ready  # type: ignore[union-attr]
+
+
+def test_without_peering_listing_a_peer_is_not_found(session: rmmd.Session) -> None:
+    with pytest.raises(
+        rmmd.NotFoundError, match=r"list buffers: no peer 'nodeA' in peering.peers \(peering is off on this node\)"
+    ):
+        session.buffers(peer="nodeA")
+    with pytest.raises(rmmd.InvalidArgumentError, match="peer is a node's name"):
+        session.buffers(peer=7)  # type: ignore[arg-type]
+
+
+def test_open_by_labels_opens_the_one_match_here_and_names_the_others(session: rmmd.Session) -> None:
+    made = []
+    for rank in ("0", "1"):
+        b = rmmd.SharedBuffer.create(session, f"py/peers/by-labels/{rank}", 4096, pool=session.host_pool)
+        b.set_manifest([], labels={"model": "py-m1", "rank": rank})
+        b.publish()
+        made.append(b)
+    try:
+        one = rmmd.SharedBuffer.open_by_labels(session, {"model": "py-m1", "rank": "1"})
+        assert one.name == "py/peers/by-labels/1" and one.peer is None
+        assert one.labels["rank"] == "1" and not one.writable
+        one.close()
+        with pytest.raises(
+            rmmd.PreconditionError,
+            match=r"2 buffers carry them \('py/peers/by-labels/0', 'py/peers/by-labels/1'\)",
+        ):
+            rmmd.SharedBuffer.open_by_labels(session, {"model": "py-m1"})
+        with pytest.raises(rmmd.NotFoundError, match=r"open the buffer labelled \{model=py-m2\}"):
+            rmmd.SharedBuffer.open_by_labels(session, {"model": "py-m2"})
+        with pytest.raises(rmmd.InvalidArgumentError, match="no labels given"):
+            rmmd.SharedBuffer.open_by_labels(session, {})
+    finally:
+        for b in made:
+            b.close()
+
+
+def test_b_lists_as_buffers_through_its_daemon(peered: tuple[Daemon, Daemon]) -> None:
+    a, b = peered
+    with rmmd.Session(runtime_dir=str(a.runtime_dir), client_name="pytest-peers") as sa, rmmd.Session(
+        runtime_dir=str(b.runtime_dir), client_name="pytest-peers"
+    ) as sb:
+        made = rmmd.SharedBuffer.create(sa, "models/py-listed", 4096, pool=sa.host_pool)
+        made.set_manifest([], labels={"model": "py-m1"})
+        made.publish()
+        try:
+            wait_until(
+                lambda: (p := sb.peer("nodeA")) is not None and p.state in ("ready", "probe_failed"),
+                timeout=30,
+                what="B's link to A to be usable",
+            )
+            # A host pool's buffer cannot be opened from another node: not listed.
+            assert sb.buffers(peer="nodeA") == []
+            assert sb.buffers(peer="nodeA", labels={"model": "py-m1"}) == []
+            assert [x.name for x in sa.buffers(labels={"model": "py-m1"})] == ["models/py-listed"]
+            with pytest.raises(rmmd.NotFoundError, match="no peer 'nodeZ' in peering.peers"):
+                sb.buffers(peer="nodeZ")
+            with pytest.raises(rmmd.NotFoundError, match="that node's grant lets this node open carries them"):
+                rmmd.SharedBuffer.open_by_labels(sb, {"model": "py-m1"}, peer="nodeA")
+        finally:
+            made.close()
+
+
+def test_buffer_info_of_another_node_says_its_peer() -> None:
+    info = rmmd.BufferInfo._from_wire(
+        {"name": "models/w", "size": "4096", "state": "BUFFER_STATE_PUBLISHED", "peer": "nodeA"}
+    )
+    assert info.peer == "nodeA" and info.nbytes == 4096 and info.published and info.id == 0
+    assert rmmd.BufferInfo._from_wire({"name": "w"}).peer is None

@@ -7,8 +7,8 @@
 // only the grant "*" matches).
 //
 // Input: records of [method byte][request]; the method byte picks Hello,
-// OpenRemoteBuffer, RenewHolds or CloseHolds, the request is its message in
-// protobuf's binary form.
+// OpenRemoteBuffer, RenewHolds, CloseHolds or ListRemoteBuffers, the request
+// is its message in protobuf's binary form.
 //
 // Checked: every status is a gRPC code with a message where it is an error,
 // never INTERNAL or UNKNOWN; a successful response serialises; and once the
@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     auto const bytes  = in.record();
     if (!bytes) { break; }
     grpc::Status status;
-    switch (method % 4) {
+    switch (method % 5) {
       case 0:
         status = call<v1::PeerHello, v1::PeerWelcome>(service, &peer_service::Hello, *bytes);
         break;
@@ -80,9 +80,13 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         status = call<v1::RenewHoldsRequest, v1::RenewHoldsResponse>(
             service, &peer_service::RenewHolds, *bytes);
         break;
-      default:
+      case 3:
         status = call<v1::CloseHoldsRequest, v1::CloseHoldsResponse>(
             service, &peer_service::CloseHolds, *bytes);
+        break;
+      default:
+        status = call<v1::ListRemoteBuffersRequest, v1::ListRemoteBuffersResponse>(
+            service, &peer_service::ListRemoteBuffers, *bytes);
         break;
     }
     auto const code = status.error_code();

@@ -25,6 +25,7 @@
 
 #include "client/detail/session_impl.hpp"
 
+#include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +34,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -359,6 +361,58 @@ TEST_F(Peering, ABufferOutsideTheGrantIsPermissionDenied)
   auto& nowhere = client(b_, {"try-open", "nodeZ:peertest/w"});
   EXPECT_THAT(next_line(nowhere), StartsWith("error not_found"));
   producer.close_stdin();
+}
+
+TEST_F(Peering, BListsAsBuffersThroughItsGrantAndOpensOneByLabelsReadingItsBytes)
+{
+  // This process makes A's buffers (on A's GPU, as this process numbers it)
+  // and opens one through B on B's GPU.
+  auto sa          = a_.session();
+  auto sb          = b_.session();
+  auto const dev_a = sa.pool("gpu").device;
+  auto const dev_b = sb.pool("gpu").device;
+  ASSERT_NE(dev_a, dev_b);
+  auto make = [&](std::string const& name, std::string const& rank, int byte) {
+    auto b = rmmd::shared_buffer::create(sa, name, buffer_bytes, {.pool = "gpu"});
+    b.set_manifest({.tensors = {}, .labels = {{"model", "m1"}, {"rank", rank}}});
+    EXPECT_EQ(cudaSetDevice(dev_a), cudaSuccess);
+    EXPECT_EQ(cudaMemset(b.data(), byte, buffer_bytes), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    b.publish();
+    return b;
+  };
+  auto r0      = make("peertest/r0", "0", 0x30);
+  auto r1      = make("peertest/r1", "1", 0x31);
+  auto outside = make("private/r2", "2", 0x32);  // no grant names it for B
+
+  auto listed = rmmd::shared_buffer::list(sb, {.labels = {{"model", "m1"}}, .peer = "nodeA"});
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].name, "peertest/r0");
+  EXPECT_EQ(listed[1].name, "peertest/r1");
+  EXPECT_EQ(listed[1].peer, "nodeA");
+  EXPECT_EQ(listed[1].labels.at("rank"), "1");
+  EXPECT_EQ(listed[1].size, buffer_bytes);
+
+  EXPECT_THROW((void)rmmd::shared_buffer::open_by_labels(
+                   sb, {{"model", "m1"}}, {.peer = "nodeA", .device = dev_b}),
+               rmmd::precondition_error);
+  EXPECT_THROW((void)rmmd::shared_buffer::open_by_labels(
+                   sb, {{"rank", "2"}}, {.peer = "nodeA", .device = dev_b}),
+               rmmd::not_found_error);  // outside the grant: not even listed
+
+  auto opened = rmmd::shared_buffer::open_by_labels(
+      sb, {{"model", "m1"}, {"rank", "1"}}, {.peer = "nodeA", .device = dev_b});
+  EXPECT_EQ(opened.name(), "peertest/r1");
+  EXPECT_EQ(opened.peer(), "nodeA");
+  EXPECT_EQ(opened.device(), dev_b);
+  EXPECT_EQ(opened.manifest().labels.at("rank"), "1");
+  std::vector<unsigned char> host(buffer_bytes);
+  ASSERT_EQ(cudaSetDevice(dev_b), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(host.data(), opened.data(), buffer_bytes, cudaMemcpyDefault), cudaSuccess);
+  EXPECT_EQ(std::count(host.begin(), host.end(), 0x31), static_cast<std::ptrdiff_t>(buffer_bytes));
+  EXPECT_TRUE(eventually([&] { return a_.holders("peertest/r1") == 2; }));
+  opened.close();
+  EXPECT_TRUE(eventually([&] { return a_.holders("peertest/r1") == 1; }));
 }
 
 /// A third daemon C that A must refuse: a certificate of another CA, an

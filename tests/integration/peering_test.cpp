@@ -1,8 +1,8 @@
 // Peering between two real daemons (host backend) on 127.0.0.1, with
 // certificates made by openssl for the test: they peer, A refuses what it
 // must (another CA's certificate, an expired one, plaintext, an identity
-// without a grant) and changes nothing, and B's opens of A's buffers get
-// the errors of the contract. What needs GPUs in one NVLink domain (a
+// without a grant) and changes nothing, and B's opens and listings of A's
+// buffers get the errors of the contract. What needs GPUs in one NVLink domain (a
 // fabric buffer opened and read from the other node) is in tests/gpu.
 
 #include "client/detail/session_channel.hpp"
@@ -348,6 +348,131 @@ TEST_F(Peering, AnotherCAsExpiredAndPlaintextCallersAreRefusedAndChangeNothing)
         << (node.empty() ? "plaintext" : node) << ": " << st.error_message();
     EXPECT_EQ(ledger(sa), before) << (node.empty() ? "plaintext" : node);
   }
+}
+
+/// Creates and publishes `name` (4 KiB of the host pool) with `labels`;
+/// published while the creator holds it.
+rmmd::shared_buffer publish_labelled(rmmd::session& s,
+                                     std::string const& name,
+                                     std::map<std::string, std::string, std::less<>> const& labels)
+{
+  auto b = rmmd::shared_buffer::create(s, name, 4096, {.pool = s.host_pool().name});
+  b.set_manifest({.tensors = {}, .labels = labels});
+  b.publish();
+  return b;
+}
+
+TEST_F(Peering, AListingOfAnotherNodeHasOnlyWhatCouldBeOpenedFromThere)
+{
+  auto sa   = a_->open_session("a", call_transport::grpc);
+  auto sb   = b_->open_session("b", call_transport::grpc);
+  auto held = publish_labelled(sa, "models/w", {{"model", "m1"}});
+  ASSERT_TRUE(settled(sa)) << peers(sa).DebugString();
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s));
+
+  // A's only buffer is in a host pool, which a remote open refuses: a
+  // listing from B leaves it out, with or without a filter.
+  EXPECT_TRUE(rmmd::shared_buffer::list(sb, {.peer = "nodeA"}).empty());
+  EXPECT_TRUE(
+      rmmd::shared_buffer::list(sb, {.labels = {{"model", "m1"}}, .peer = "nodeA"}).empty());
+  EXPECT_EQ(rmmd::shared_buffer::list(sa, {.labels = {{"model", "m1"}}}).size(), 1u);
+  try {
+    (void)rmmd::shared_buffer::open_by_labels(sb, {{"model", "m1"}}, {.peer = "nodeA"});
+    ADD_FAILURE() << "opened a host buffer of another node by its labels";
+  } catch (rmmd::not_found_error const& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("open the buffer labelled {model=m1} on node 'nodeA': no published "
+                          "buffer that node's grant lets this node open carries them "
+                          "(`rmmctl buffers --peer nodeA` lists them"));
+  }
+
+  v1::ListBuffersRequest request;
+  request.set_peer("nodeZ");
+  v1::ListBuffersResponse reply;
+  auto st = sb.impl().stub().ListBuffers(sb.impl().context().get(), request, &reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(st.error_message(),
+            "list buffers: no peer 'nodeZ' in peering.peers (see `rmmctl peers`)");
+  EXPECT_THROW((void)rmmd::shared_buffer::list(sb, {.peer = "nodeZ"}), rmmd::not_found_error);
+
+  // The RmmdPeer call itself, with B's certificate: an incarnation of no
+  // Hello is refused; after one, the answer is empty (host pool).
+  auto stub = raw_peer("nodeB");
+  grpc::ClientContext before_hello;
+  v1::ListRemoteBuffersRequest ask;
+  ask.set_incarnation(4242);
+  v1::ListRemoteBuffersResponse answer;
+  st = stub->ListRemoteBuffers(&before_hello, ask, &answer);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("list buffers from another node: incarnation 4242"));
+  ASSERT_TRUE(hello(*stub, 4242).ok());
+  grpc::ClientContext after_hello;
+  st = stub->ListRemoteBuffers(&after_hello, ask, &answer);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(answer.buffers_size(), 0);
+  EXPECT_FALSE(answer.truncated());
+}
+
+TEST_F(Peering, OpenByLabelsOnThisNodeOpensTheOneMatchAndNamesTheOthers)
+{
+  auto sa  = a_->open_session("a", call_transport::grpc);
+  auto r0  = publish_labelled(sa, "models/r0", {{"model", "m1"}, {"rank", "0"}});
+  auto r1  = publish_labelled(sa, "models/r1", {{"model", "m1"}, {"rank", "1"}});
+  auto one = rmmd::shared_buffer::open_by_labels(sa, {{"model", "m1"}, {"rank", "1"}});
+  EXPECT_EQ(one.name(), "models/r1");
+  EXPECT_EQ(one.manifest().labels.at("rank"), "1");
+  EXPECT_EQ(one.access(), rmmd::buffer_access::read);
+  try {
+    (void)rmmd::shared_buffer::open_by_labels(sa, {{"model", "m1"}});
+    ADD_FAILURE() << "opened one of two matches";
+  } catch (rmmd::precondition_error const& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("open the buffer labelled {model=m1}: 2 buffers carry them "
+                          "('models/r0', 'models/r1'); add a label that tells them apart"));
+  }
+  try {
+    (void)rmmd::shared_buffer::open_by_labels(sa, {{"model", "m2"}});
+    ADD_FAILURE() << "opened a buffer no label matched";
+  } catch (rmmd::not_found_error const& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("open the buffer labelled {model=m2}: no published buffer this process "
+                          "may see carries them"));
+  }
+  EXPECT_THROW((void)rmmd::shared_buffer::open_by_labels(sa, {}), rmmd::logic_error);
+  EXPECT_THROW((void)rmmd::shared_buffer::open_by_labels(
+                   sa, {{"rank", "0"}}, {.expect_labels = {{"rank", "1"}}}),
+               rmmd::logic_error);
+}
+
+TEST_F(Peering, RmmctlListsAnotherNodesBuffersOrSaysWhyNot)
+{
+  auto sb = b_->open_session("b", call_transport::grpc);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s));
+  auto run = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{
+        program_path("rmmctl").string(), "--runtime-dir", b_->runtime_dir().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    child_process p(argv, {}, {.merge_stderr = true});
+    p.close_stdin();
+    auto out = p.read_all();
+    return std::pair{p.wait().value_or(-1), out};
+  };
+  auto [listed, table] = run({"buffers", "--peer", "nodeA", "--label", "model=m1"});
+  EXPECT_EQ(listed, 0) << table;
+  EXPECT_THAT(table, HasSubstr("(no buffers of node 'nodeA' that its grant lets this node open"));
+  auto [unknown, words] = run({"buffers", "--peer", "nodeZ"});
+  EXPECT_EQ(unknown, 1) << words;
+  EXPECT_THAT(words, HasSubstr("no peer 'nodeZ' in peering.peers"));
 }
 
 }  // namespace

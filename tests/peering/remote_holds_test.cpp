@@ -98,6 +98,17 @@ class RemoteHolds : public ::testing::Test {
     EXPECT_TRUE(core_->publish_buffer(session_, b->id).ok());
     return b->id;
   }
+  core::buffer_id publish_labelled(std::string const& name,
+                                   core::pool_id pool,
+                                   std::map<std::string, std::string> labels)
+  {
+    auto b = core_->create_buffer(session_, name, pool, 4096, {});
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(
+        core_->set_buffer_manifest(session_, b->id, core::buffer_manifest{.labels = labels}).ok());
+    EXPECT_TRUE(core_->publish_buffer(session_, b->id).ok());
+    return b->id;
+  }
   std::size_t holders(std::string const& name) const
   {
     for (auto const& b : core_->buffers()) {
@@ -324,6 +335,57 @@ TEST_F(RemoteHolds, HoldIdsDoNotStartAgainAtOne)
   other.close_session(s->id);
 }
 
+std::vector<std::string> names_of(std::vector<core::buffer_info> const& buffers)
+{
+  std::vector<std::string> out;
+  for (auto const& b : buffers) { out.push_back(b.name); }
+  return out;
+}
+
+TEST_F(RemoteHolds, AListingShowsWhatTheGrantLetsTheCallerOpenAndNothingElse)
+{
+  publish_labelled("w/b", fabric_, {{"model", "m1"}});
+  publish_labelled("w/a", fabric_, {{"model", "m2"}});
+  publish("w/host", host_);      // no fabric handle: a remote open is refused
+  publish("secret/x", fabric_);  // outside the grant
+  ASSERT_TRUE(core_->create_buffer(session_, "w/unpublished", fabric_, 4096, {}).ok());
+  ledger_ = std::make_unique<remote_hold_ledger>(*core_, 60s);
+  ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
+  std::vector<config::peer_grant_settings> const grants{
+      {.identity = "CN=b", .name_prefixes = {"w/"}, .allow_writers = false},
+      {.identity = "CN=other", .name_prefixes = {"secret/"}, .allow_writers = false}};
+
+  v1::ListRemoteBuffersRequest request;
+  auto all = check_remote_list(grants, "CN=b", request);
+  ASSERT_TRUE(all.ok()) << all.status();
+  auto listed = ledger_->list("CN=b", 7, *all);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_THAT(names_of(*listed), ::testing::ElementsAre("w/a", "w/b"));  // by name
+  EXPECT_EQ(listed->front().labels.at("model"), "m2");
+
+  auto* label = request.add_labels();
+  label->set_key("model");
+  label->set_value("m1");
+  auto by_label = check_remote_list(grants, "CN=b", request);
+  ASSERT_TRUE(by_label.ok());
+  EXPECT_THAT(names_of(*ledger_->list("CN=b", 7, *by_label)), ::testing::ElementsAre("w/b"));
+
+  // An identity no grant names sees nothing; a stale incarnation is refused.
+  ledger_->hello("CN=stranger", "nodeC", "ipv4:2", 9, false, "");
+  auto stranger = check_remote_list(grants, "CN=stranger", v1::ListRemoteBuffersRequest{});
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_TRUE(ledger_->list("CN=stranger", 9, *stranger)->empty());
+  auto stale = ledger_->list("CN=b", 8, *all);
+  ASSERT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.status().message(), HasSubstr("list buffers from another node"));
+
+  *request.add_labels() = *label;
+  auto twice            = check_remote_list(grants, "CN=b", request);
+  ASSERT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.status().message(), HasSubstr("names label 'model' twice"));
+  EXPECT_TRUE(core_->remote_holds().empty());  // a listing holds nothing
+}
+
 /// Until `done` holds, or false after 20 s (a bound, not a timing).
 bool eventually(std::function<bool()> const& done)
 {
@@ -420,6 +482,19 @@ class TwoNodes : public ::testing::Test {
     v1::BufferGrant grant;
     if (auto s = b_->open(b_session_, request, &grant); !s.ok()) { return s; }
     return grant.buffer_id();
+  }
+
+  absl::StatusOr<v1::ListBuffersResponse> list_on_a(std::string const& prefix = {})
+  {
+    if (!eventually([&] { return b_view().state() == "probe_failed"; })) {
+      return absl::UnavailableError("B's link to A never became usable");
+    }
+    v1::ListBuffersRequest request;
+    request.set_peer("nodeA");
+    request.set_name_prefix(prefix);
+    v1::ListBuffersResponse reply;
+    if (auto s = b_->list(request, &reply); !s.ok()) { return s; }
+    return reply;
   }
 
   node_a a_;
@@ -618,6 +693,81 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
   ASSERT_TRUE(b_core_->close_buffer(b_session_, grant.buffer_id()).ok());
   EXPECT_TRUE(eventually([&] { return a_core_->remote_holds().empty(); }));
   EXPECT_EQ(b_view().holds_we_have(), 0u);
+
+TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
+{
+  auto const pool = a_.core->pools().back().id;
+  for (auto const& [name, model] : {std::pair{"w/x", "m1"}, std::pair{"secret/y", "m1"}}) {
+    auto b = a_.core->create_buffer(a_.session, name, pool, 4096, {});
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_TRUE(a_.core
+                    ->set_buffer_manifest(
+                        a_.session, b->id, core::buffer_manifest{.labels = {{"model", model}}})
+                    .ok());
+    ASSERT_TRUE(a_.core->publish_buffer(a_.session, b->id).ok());
+  }
+  auto listed = list_on_a();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->buffers_size(), 3) << listed->DebugString();  // w/fab too
+  EXPECT_EQ(listed->buffers(0).name(), "secret/y");
+  for (auto const& b : listed->buffers()) {
+    EXPECT_EQ(b.peer(), "nodeA");
+    EXPECT_EQ(b.state(), v1::BUFFER_STATE_PUBLISHED);
+    EXPECT_EQ(b.creator_uid(), 0u);  // A's business
+    EXPECT_EQ(b.buffer_id(), 0u);
+  }
+  EXPECT_FALSE(listed->truncated());
+
+  // A narrows its grant to w/: B no longer sees secret/y.
+  config::peering_settings narrowed{
+      .node_name                    = "nodeA",
+      .insecure_plaintext_for_tests = true,
+      .grants = {{.identity = "*", .name_prefixes = {"w/"}, .allow_writers = false}}};
+  a_.peers->reload(narrowed);
+  v1::ListBuffersRequest by_label;
+  by_label.set_peer("nodeA");
+  auto* label = by_label.add_labels();
+  label->set_key("model");
+  label->set_value("m1");
+  v1::ListBuffersResponse reply;
+  ASSERT_TRUE(b_->list(by_label, &reply).ok());
+  ASSERT_EQ(reply.buffers_size(), 1) << reply.DebugString();
+  EXPECT_EQ(reply.buffers(0).name(), "w/x");
+  EXPECT_EQ(reply.buffers(0).labels(0).value(), "m1");
+
+  // What an open by labels then asks: the one name, guarded by the labels.
+  v1::OpenBufferRequest open;
+  open.set_name(reply.buffers(0).name());
+  open.set_peer("nodeA");
+  *open.mutable_expect_labels() = by_label.labels();
+  v1::BufferGrant grant;
+  ASSERT_TRUE(b_->open(b_session_, open, &grant).ok());
+  EXPECT_EQ(grant.manifest().labels(0).value(), "m1");
+  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+}
+
+TEST_F(TwoNodes, AListingOfAnUnknownNodeIsNotFoundAndOfAGoneOneUnavailable)
+{
+  v1::ListBuffersRequest request;
+  request.set_peer("nodeZ");
+  v1::ListBuffersResponse reply;
+  auto unknown = b_->list(request, &reply);
+  ASSERT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.message(),
+            "list buffers: no peer 'nodeZ' in peering.peers (see `rmmctl peers`)");
+
+  ASSERT_TRUE(list_on_a().ok());
+  stop_a(a_);
+  request.set_peer("nodeA");
+  absl::Status gone;
+  // The first call after A went may be the one that finds it gone.
+  ASSERT_TRUE(eventually([&] {
+    gone = b_->list(request, &reply);
+    return gone.code() == absl::StatusCode::kUnavailable &&
+           gone.message().find("is unreachable") != std::string_view::npos;
+  })) << gone;
+  EXPECT_THAT(gone.message(), HasSubstr("peer 'nodeA' at 127.0.0.1:"));
+  EXPECT_THAT(gone.message(), HasSubstr("try again once `rmmctl peers` shows it ready"));
 }
 
 TEST(PeerGrants, HelloNeedsAGrantOrAPeersIdentity)

@@ -132,6 +132,28 @@ def consume(session: rmmd.Session, address: str, nbytes: int, seed: int, device:
     return 0
 
 
+def consume_labelled(session: rmmd.Session, node: str, nbytes: int, seed: int) -> int:
+    """Finds node's buffer labelled seed=SEED by listing, opens it by that
+    label, and checks the pattern on this process's GPU."""
+    import torch
+
+    listed = session.buffers(peer=node, labels={"seed": str(seed)})
+    buf = rmmd.SharedBuffer.open_by_labels(session, {"seed": str(seed)}, peer=node)
+    whole = torch.from_dlpack(buf)
+    say(
+        listed=[dataclasses.asdict(b) for b in listed],
+        verified=bool(torch.equal(whole, pattern(nbytes, seed))),
+        name=buf.name,
+        peer=buf.peer,
+        nbytes=buf.nbytes,
+        writable=buf.writable,
+        labels=dict(buf.labels),
+    )
+    del whole
+    buf.close()
+    return 0
+
+
 def write(session: rmmd.Session, address: str) -> int:
     import torch
 
@@ -170,6 +192,8 @@ def main(argv: list[str]) -> int:
         return produce(session, argv[1], int(argv[2]), int(argv[3]))
     if cmd == "consume":
         return consume(session, argv[1], int(argv[2]), int(argv[3]), int(argv[4]) if len(argv) > 4 else None)
+    if cmd == "consume-labelled":
+        return consume_labelled(session, argv[1], int(argv[2]), int(argv[3]))
     if cmd == "write":
         return write(session, argv[1])
     if cmd == "try-open":
