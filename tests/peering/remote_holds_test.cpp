@@ -693,6 +693,7 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
   ASSERT_TRUE(b_core_->close_buffer(b_session_, grant.buffer_id()).ok());
   EXPECT_TRUE(eventually([&] { return a_core_->remote_holds().empty(); }));
   EXPECT_EQ(b_view().holds_we_have(), 0u);
+}
 
 TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
 {
