@@ -753,20 +753,8 @@ rmmd_status rmmd_buffer_list_json(rmmd_session_t session,
                                   size_t label_count,
                                   char** json)
 {
-  if (session == nullptr || json == nullptr) { return null_argument("session or json"); }
-  return guarded([&] {
-    auto& impl = session->session.impl();
-    rmmd::v1::ListBuffersRequest request;
-    if (name_prefix != nullptr) { request.set_name_prefix(name_prefix); }
-    std::map<std::string, std::string, std::less<>> labels;
-    labels_from_arrays(label_keys, label_values, label_count, &labels, "list buffers");
-    rmmd::detail::copy_labels(labels, request.mutable_labels());
-    rmmd::v1::ListBuffersResponse response;
-    if (auto status = impl.list_buffers(request, &response); !status.ok()) {
-      rmmd::detail::throw_status(status, "list buffers");
-    }
-    *json = copy_string(to_json(response, "list buffers"));
-  });
+  return rmmd_buffer_list_peer_json(
+      session, nullptr, name_prefix, label_keys, label_values, label_count, json);
 }
 
 rmmd_status rmmd_buffer_list_peer_json(rmmd_session_t session,

@@ -163,11 +163,12 @@ std::string summary(daemon_settings const& s)
                         s.socket_group
                             ? absl::StrFormat("%s (gid %d)", s.socket_group_name, *s.socket_group)
                             : std::string("the daemon's own"));
-  absl::StrAppendFormat(&out,
-                        "allowed: uids [%s], gids [%s]%s\n",
-                        absl::StrJoin(s.access.uids, ", "),
-                        absl::StrJoin(s.access.gids, ", "),
-                        s.access_is_default ? " (default: the daemon's user, root and group rmmd)" : "");
+  absl::StrAppendFormat(
+      &out,
+      "allowed: uids [%s], gids [%s]%s\n",
+      absl::StrJoin(s.access.uids, ", "),
+      absl::StrJoin(s.access.gids, ", "),
+      s.access_is_default ? " (default: the daemon's user, root and group rmmd)" : "");
   absl::StrAppendFormat(&out,
                         "pools: %d%s\n",
                         s.pools.size(),

@@ -388,13 +388,14 @@ void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* whe
   }
 }
 
-absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
+template <typename Call>
+absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
 {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) {
-      return absl::UnavailableError(absl::StrFormat(
-          "peer '%s': this daemon is stopping; no new holds on other nodes", peer_.name));
+      return absl::UnavailableError(
+          absl::StrFormat("peer '%s': this daemon is stopping%s", peer_.name, stopping_words));
     }
     if (state_ != link_state::ready && state_ != link_state::probe_failed) {
       return absl::UnavailableError(
@@ -405,10 +406,8 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
                           problem_.empty() ? "" : absl::StrCat(": ", problem_)));
     }
   }
-  request.set_incarnation(options_.incarnation);
-  v1::RemoteGrant grant;
   auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub()->OpenRemoteBuffer(c.get(), request, &grant);
+  auto s = call(*stub(), *c);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       set_state(link_state::unreachable, dial_problem(s));
@@ -417,13 +416,26 @@ absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
     return from_grpc(s, peer_.name);
   }
   if (auto problem = identity_problem(*c); !problem.empty()) {
-    // Whoever answered is not the peer: its hold id means nothing to us.
+    // Whoever answered is not the peer: its answer (a hold id, names)
+    // means nothing to us.
     set_state(link_state::unreachable, problem);
     wake_.notify_all();
     return absl::UnauthenticatedError(absl::StrCat("peer '", peer_.name, "': ", problem));
   }
   std::lock_guard lock(mutex_);
   last_contact_ = std::chrono::system_clock::now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RemoteGrant> peer_link::open(v1::RemoteOpenRequest request)
+{
+  request.set_incarnation(options_.incarnation);
+  v1::RemoteGrant grant;
+  auto s = client_call("; no new holds on other nodes",
+                       [&](v1::RmmdPeer::Stub& stub, grpc::ClientContext& c) {
+                         return stub.OpenRemoteBuffer(&c, request, &grant);
+                       });
+  if (!s.ok()) { return s; }
   return grant;
 }
 
@@ -474,41 +486,14 @@ link_view peer_link::view() const
 
 absl::StatusOr<v1::ListRemoteBuffersResponse> peer_link::list(v1::ListRemoteBuffersRequest request)
 {
-  {
-    // open()'s readiness rule: a listing is only worth what a later open of
-    // one of its names can do.
-    std::lock_guard lock(mutex_);
-    if (stopping_) {
-      return absl::UnavailableError(
-          absl::StrFormat("peer '%s': this daemon is stopping", peer_.name));
-    }
-    if (state_ != link_state::ready && state_ != link_state::probe_failed) {
-      return absl::UnavailableError(
-          absl::StrFormat("peer '%s' at %s is %s%s; try again once `rmmctl peers` shows it ready",
-                          peer_.name,
-                          peer_.address,
-                          state_name(state_),
-                          problem_.empty() ? "" : absl::StrCat(": ", problem_)));
-    }
-  }
+  // open()'s readiness rule: a listing is only worth what a later open of
+  // one of its names can do.
   request.set_incarnation(options_.incarnation);
   v1::ListRemoteBuffersResponse reply;
-  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub_->ListRemoteBuffers(c.get(), request, &reply);
-  if (!s.ok()) {
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      set_state(link_state::unreachable, dial_problem(s));
-      wake_.notify_all();
-    }
-    return from_grpc(s, peer_.name);
-  }
-  if (auto problem = identity_problem(*c); !problem.empty()) {
-    set_state(link_state::unreachable, problem);
-    wake_.notify_all();
-    return absl::UnauthenticatedError(absl::StrCat("peer '", peer_.name, "': ", problem));
-  }
-  std::lock_guard lock(mutex_);
-  last_contact_ = std::chrono::system_clock::now();
+  auto s = client_call("", [&](v1::RmmdPeer::Stub& stub, grpc::ClientContext& c) {
+    return stub.ListRemoteBuffers(&c, request, &reply);
+  });
+  if (!s.ok()) { return s; }
   return reply;
 }
 

@@ -133,6 +133,12 @@ class peer_link {
       std::shared_ptr<grpc::ChannelCredentials> const& credentials) const;
   /// The current stub, for one call.
   [[nodiscard]] std::shared_ptr<v1::RmmdPeer::Stub> stub() const;
+  /// One call a client asked for (open, list): UNAVAILABLE once stopping
+  /// (`stopping_words` after "this daemon is stopping") and unless the link
+  /// is ready or probe_failed; `call(stub, context)` on the current stub;
+  /// a failed or wrongly answered call marks the link unreachable.
+  template <typename Call>
+  absl::Status client_call(char const* stopping_words, Call&& call);
 
   config::peer_node_settings const peer_;
   link_options const options_;

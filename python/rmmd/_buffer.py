@@ -202,28 +202,7 @@ class SharedBuffer(Memory):
                 (the message says so; ``Session.peers()`` and ``rmmctl
                 peers`` say why), while this session goes on working.
         """
-        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
-            raise InvalidArgumentError(
-                f"rmmd: open buffer '{name}': device is this process's CUDA ordinal "
-                f"(an int >= 0) or None for the current one, not {device!r}"
-            )
-        if peer is not None and not isinstance(peer, str):
-            raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
-        if wait < 0 or math.isnan(wait):
-            raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
-        wait_ms = min(_MAX_WAIT_MS, int(math.ceil(wait * 1000)))
-        keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
-        options = _lib.OpenOptions(
-            size=ctypes.sizeof(_lib.OpenOptions),
-            wait_ms=wait_ms,
-            access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
-            expect_keys=keys,
-            expect_values=values,
-            expect_count=count,
-            peer=peer.encode() if peer else None,
-            has_device=0 if device is None else 1,
-            device=0 if device is None else device,
-        )
+        options = _open_options(f"open buffer '{name}'", peer, wait, writable, expect, device)
         handle = _lib.buffer_t()
         check(
             _lib.load().rmmd_buffer_open_with(
@@ -264,28 +243,8 @@ class SharedBuffer(Memory):
                 them: add a label that tells them apart).
             and what :meth:`open` raises (`device` as there).
         """
-        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
-            raise InvalidArgumentError(
-                f"rmmd: open a buffer by labels: device is this process's CUDA ordinal "
-                f"(an int >= 0) or None for the current one, not {device!r}"
-            )
-        if peer is not None and not isinstance(peer, str):
-            raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
-        if wait < 0 or math.isnan(wait):
-            raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
+        options = _open_options("open a buffer by labels", peer, wait, writable, expect, device)
         label_keys, label_values, label_count = _lib.label_arrays(checked_labels(labels, "labels"))
-        keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
-        options = _lib.OpenOptions(
-            size=ctypes.sizeof(_lib.OpenOptions),
-            wait_ms=min(_MAX_WAIT_MS, int(math.ceil(wait * 1000))),
-            access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
-            expect_keys=keys,
-            expect_values=values,
-            expect_count=count,
-            peer=peer.encode() if peer else None,
-            has_device=0 if device is None else 1,
-            device=0 if device is None else device,
-        )
         handle = _lib.buffer_t()
         check(
             _lib.load().rmmd_buffer_open_by_labels(
@@ -493,6 +452,38 @@ class SharedBuffer(Memory):
         # A buffer of another node shows as it was opened, NODE:NAME.
         name = self._name if self._peer is None else f"{self._peer}:{self._name}"
         return f"<rmmd.SharedBuffer '{name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
+
+
+def _open_options(
+    what: str,
+    peer: str | None,
+    wait: float,
+    writable: bool,
+    expect: Mapping[str, str] | None,
+    device: int | None,
+) -> "_lib.OpenOptions":
+    """The C options of an open, checked (InvalidArgumentError) before any request."""
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+        raise InvalidArgumentError(
+            f"rmmd: {what}: device is this process's CUDA ordinal "
+            f"(an int >= 0) or None for the current one, not {device!r}"
+        )
+    if peer is not None and not isinstance(peer, str):
+        raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
+    if wait < 0 or math.isnan(wait):
+        raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
+    keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
+    return _lib.OpenOptions(
+        size=ctypes.sizeof(_lib.OpenOptions),
+        wait_ms=min(_MAX_WAIT_MS, int(math.ceil(wait * 1000))),
+        access=_lib.BUFFER_READ_WRITE if writable else _lib.BUFFER_READ,
+        expect_keys=keys,
+        expect_values=values,
+        expect_count=count,
+        peer=peer.encode() if peer else None,
+        has_device=0 if device is None else 1,
+        device=0 if device is None else device,
+    )
 
 
 def _name(name: str) -> bytes:

@@ -33,14 +33,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;
 
-std::string read_text(fs::path const& path)
-{
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::int64_t now_unix_ms()
 {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -48,20 +40,8 @@ std::int64_t now_unix_ms()
       .count();
 }
 
-class PeeringReload : public ::testing::Test {
+class PeeringReload : public certs_suite {
  protected:
-  static void SetUpTestSuite()
-  {
-    char dir[] = "/tmp/rmmd-certs-XXXXXX";
-    certs_     = ::mkdtemp(dir);
-    make_test_certs(certs_);
-  }
-  static void TearDownTestSuite()
-  {
-    std::error_code ec;
-    fs::remove_all(certs_, ec);
-  }
-
   void SetUp() override
   {
     port_a_ = harness::free_loopback_port();
@@ -198,7 +178,6 @@ class PeeringReload : public ::testing::Test {
     return !got.empty() && got == want;
   }
 
-  static inline fs::path certs_;
   scratch_dir live_;
   int port_a_{};
   std::unique_ptr<logged_daemon> a_;

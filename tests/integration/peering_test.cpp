@@ -35,28 +35,8 @@ using ::testing::Not;
 using ::testing::StartsWith;
 namespace fs = std::filesystem;
 
-std::string read_text(fs::path const& path)
-{
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class Peering : public ::testing::Test {
+class Peering : public certs_suite {
  protected:
-  static void SetUpTestSuite()
-  {
-    char dir[] = "/tmp/rmmd-certs-XXXXXX";
-    certs_     = ::mkdtemp(dir);
-    make_test_certs(certs_);
-  }
-  static void TearDownTestSuite()
-  {
-    std::error_code ec;
-    fs::remove_all(certs_, ec);
-  }
-
   void SetUp() override
   {
     port_a_ = harness::free_loopback_port();
@@ -153,7 +133,6 @@ class Peering : public ::testing::Test {
     return stub.Hello(&c, h, &w);
   }
 
-  static inline fs::path certs_;
   int port_a_{};
   int port_b_{};
   std::unique_ptr<daemon_process> a_;

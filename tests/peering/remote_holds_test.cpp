@@ -8,7 +8,7 @@
 #include "daemon/peering/peer_grants.hpp"
 #include "daemon/peering/peering.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
-#include "harness/peer_setup.hpp"
+#include "tests/tools/test_certs.hpp"
 
 #include "tests/tools/child_process_inl.hpp"
 
@@ -17,7 +17,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -554,24 +553,8 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
 /// A (fabric-like buffers) and B, each with its peering, over mutual TLS
 /// with certificates from scripts/make-test-certs.sh; B's certificate files
 /// are its own copies, which the test replaces before B's reload.
-class TwoNodesOverTls : public ::testing::Test {
+class TwoNodesOverTls : public test::certs_suite {
  protected:
-  static void SetUpTestSuite()
-  {
-    char dir[]        = "/tmp/rmmd-certs-XXXXXX";
-    certs_            = ::mkdtemp(dir);
-    auto const script = harness::find_certs_script(RMMD_SOURCE_DIR);
-    ASSERT_FALSE(script.empty()) << "make-test-certs.sh not found: set RMMD_TEST_CERTS_SCRIPT";
-    auto const command =
-        "/bin/bash '" + script.string() + "' '" + certs_.string() + "' >/dev/null 2>&1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  }
-  static void TearDownTestSuite()
-  {
-    std::error_code ec;
-    std::filesystem::remove_all(certs_, ec);
-  }
-
   static config::peer_tls_files tls(std::string const& node)
   {
     return {.certificate = certs_ / (node + ".pem"),
@@ -649,7 +632,6 @@ class TwoNodesOverTls : public ::testing::Test {
     return r.peers_size() > 0 ? r.peers(0) : v1::PeerInfo{};
   }
 
-  static inline std::filesystem::path certs_;
   std::unique_ptr<core::daemon_core> a_core_;
   core::session_id a_session_{};
   std::unique_ptr<peering> a_;

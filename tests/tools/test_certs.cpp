@@ -3,7 +3,12 @@
 #include "harness/peer_setup.hpp"
 #include "tests/tools/child_process.hpp"
 
+#include <stdlib.h>
+
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 namespace rmmd::test {
 
@@ -19,6 +24,28 @@ void make_test_certs(std::filesystem::path const& dir)
     throw std::runtime_error(script.string() + " " + dir.string() + " failed (status " +
                              std::to_string(r.status) + "): " + r.out);
   }
+}
+
+void certs_suite::SetUpTestSuite()
+{
+  char dir[] = "/tmp/rmmd-certs-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  certs_ = dir;
+  make_test_certs(certs_);
+}
+
+void certs_suite::TearDownTestSuite()
+{
+  std::error_code ec;
+  std::filesystem::remove_all(certs_, ec);
+}
+
+std::string read_text(std::filesystem::path const& path)
+{
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace rmmd::test
