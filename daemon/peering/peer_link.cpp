@@ -108,12 +108,6 @@ std::shared_ptr<v1::RmmdPeer::Stub> peer_link::make_stub(
   return v1::RmmdPeer::NewStub(grpc::CreateCustomChannel(peer_.address, credentials, args));
 }
 
-std::shared_ptr<v1::RmmdPeer::Stub> peer_link::stub() const
-{
-  std::lock_guard lock(mutex_);
-  return stub_;
-}
-
 void peer_link::use_credentials(std::shared_ptr<grpc::ChannelCredentials> credentials)
 {
   auto fresh = make_stub(credentials);
@@ -138,11 +132,16 @@ void peer_link::start()
   thread_ = std::thread([this] { run(); });
 }
 
-std::unique_ptr<grpc::ClientContext> peer_link::context(std::chrono::milliseconds deadline) const
+peer_link::link_call peer_link::new_call(std::chrono::milliseconds deadline) const
 {
-  auto c = std::make_unique<grpc::ClientContext>();
-  c->set_deadline(std::chrono::system_clock::now() + deadline);
-  return c;
+  link_call call;
+  {
+    std::lock_guard lock(mutex_);
+    call.stub = stub_;
+  }
+  call.context = std::make_unique<grpc::ClientContext>();
+  call.context->set_deadline(std::chrono::system_clock::now() + deadline);
+  return call;
 }
 
 void peer_link::set_state(link_state state, std::string problem)
@@ -180,8 +179,9 @@ bool peer_link::hello()
   to_proto(options_.probes->ours, request.mutable_probe());
   request.set_version(std::string(service::daemon_version()));
   v1::PeerWelcome welcome;
-  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub()->Hello(c.get(), request, &welcome);
+  auto const call = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto const& c   = call.context;
+  auto s          = call.stub->Hello(c.get(), request, &welcome);
   if (!s.ok()) {
     set_state(link_state::unreachable, dial_problem(s));
     return false;
@@ -273,8 +273,9 @@ bool peer_link::renew_and_close()
     request.set_incarnation(options_.incarnation);
     for (auto id : closing) { request.add_hold_ids(id); }
     v1::CloseHoldsResponse reply;
-    auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-    if (auto s = stub()->CloseHolds(c.get(), request, &reply); !s.ok()) {
+    auto const call =
+        new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+    if (auto s = call.stub->CloseHolds(call.context.get(), request, &reply); !s.ok()) {
       log::warn(
           "peer '%s': CloseHolds of %d hold(s) failed (%s); they end when their lease "
           "runs out",
@@ -294,8 +295,9 @@ bool peer_link::renew_and_close()
     request.mutable_your_probe()->set_problem(probe_problem_);
   }
   v1::RenewHoldsResponse reply;
-  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = stub()->RenewHolds(c.get(), request, &reply);
+  auto const call = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto const& c   = call.context;
+  auto s          = call.stub->RenewHolds(c.get(), request, &reply);
   if (s.ok()) {
     if (auto problem = identity_problem(*c); !problem.empty()) {
       set_state(link_state::unreachable, std::move(problem));
@@ -378,8 +380,8 @@ void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* whe
   request.set_incarnation(options_.incarnation);
   for (auto id : ids) { request.add_hold_ids(id); }
   v1::CloseHoldsResponse reply;
-  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
-  if (auto s = stub()->CloseHolds(c.get(), request, &reply); !s.ok()) {
+  auto const call = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(close_deadline));
+  if (auto s = call.stub->CloseHolds(call.context.get(), request, &reply); !s.ok()) {
     log::warn("peer '%s': closing %d hold(s) %s failed (%s); they end when their lease runs out",
               peer_.name,
               request.hold_ids_size(),
@@ -406,8 +408,9 @@ absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
                           problem_.empty() ? "" : absl::StrCat(": ", problem_)));
     }
   }
-  auto c = context(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto s = call(*stub(), *c);
+  auto const made = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
+  auto const& c   = made.context;
+  auto s          = call(*made.stub, *c);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       set_state(link_state::unreachable, dial_problem(s));

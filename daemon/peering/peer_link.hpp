@@ -127,12 +127,17 @@ class peer_link {
   [[nodiscard]] std::string identity_problem(grpc::ClientContext const& call) const;
   /// CloseHolds of `ids` now, with a short deadline (stop, and keep() after).
   void close_now(std::vector<std::uint64_t> const& ids, char const* when) const;
-  std::unique_ptr<grpc::ClientContext> context(std::chrono::milliseconds deadline) const;
+  /// One call on the current stub: the stub (and its channel) outlives the
+  /// call's context, which gRPC tears down through the channel, however
+  /// use_credentials() swaps stub_ meanwhile (members go in reverse order).
+  struct link_call {
+    std::shared_ptr<v1::RmmdPeer::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context;
+  };
+  [[nodiscard]] link_call new_call(std::chrono::milliseconds deadline) const;
   /// A stub on a new channel to peer.address with `credentials`.
   [[nodiscard]] std::shared_ptr<v1::RmmdPeer::Stub> make_stub(
       std::shared_ptr<grpc::ChannelCredentials> const& credentials) const;
-  /// The current stub, for one call.
-  [[nodiscard]] std::shared_ptr<v1::RmmdPeer::Stub> stub() const;
   /// One call a client asked for (open, list): UNAVAILABLE once stopping
   /// (`stopping_words` after "this daemon is stopping") and unless the link
   /// is ready or probe_failed; `call(stub, context)` on the current stub;
