@@ -47,6 +47,8 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    // The resource allocates on the current device, and leases() reads device 0's pool.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-test"));
@@ -132,7 +134,7 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
     // the captured allocations are leases of their own (the small one may
     // share a packed block), in slab mode too (never carved).
     auto const while_held = leases();
-    EXPECT_GT(while_held, before_capture);
+    EXPECT_GT(while_held, before_capture) << daemon_->stats().DebugString();
 
     std::vector<int> expected = host;
     std::memset(expected.data(), 0x01, 64);
@@ -253,6 +255,8 @@ class SlabCaptureDefault : public ::testing::Test {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    // The resource allocates on the current device, and leases() reads device 0's pool.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-default-test"));

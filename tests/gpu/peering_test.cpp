@@ -212,6 +212,9 @@ class Peering : public ::testing::Test {
 
   void TearDown() override
   {
+    // Tests here make either GPU current; the suites after them allocate on
+    // the current device and read device 0's pool.
+    cudaSetDevice(0);
     clients_.clear();
     c_.daemon.reset();
     b_.daemon.reset();

@@ -38,6 +38,8 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<case_params> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    // Buffers are made on the current device, and pool() reads device 0's.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     daemon_ = std::make_unique<daemon_process>(
         std::vector<std::string>{"--cuda-pool-bytes",
                                  "8GiB",
@@ -189,7 +191,7 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
       cudaMemcpy(&byte, second.span<unsigned char>().data() + bytes - 1, 1, cudaMemcpyDeviceToHost),
       cudaSuccess);
   EXPECT_EQ(byte, 7);
-  EXPECT_EQ(pool().shared_holders(), 1u);
+  EXPECT_EQ(pool().shared_holders(), 1u) << daemon_->stats().DebugString();
   second.close();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(back_to_baseline()) << pool().DebugString();

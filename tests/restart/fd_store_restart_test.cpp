@@ -33,7 +33,14 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-constexpr char const* service_program = RMMD_FD_STORE_TEST_SERVICE;
+/// The test service: beside this binary where it is (a bundle on the GPU
+/// host), else where the build made it.
+std::string service_program()
+{
+  auto beside = std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+                std::filesystem::path(RMMD_FD_STORE_TEST_SERVICE).filename();
+  return std::filesystem::exists(beside) ? beside.string() : RMMD_FD_STORE_TEST_SERVICE;
+}
 
 class FdStoreRestart : public ::testing::Test {
  protected:
@@ -57,7 +64,7 @@ class FdStoreRestart : public ::testing::Test {
   /// passed), once it said READY=1.
   static std::string start(service_manager& manager, std::vector<std::string> args = {})
   {
-    args.insert(args.begin(), service_program);
+    args.insert(args.begin(), service_program());
     manager.start(args);
     auto const deadline = steady::now() + 20s;
     auto passed         = manager.wait_for("STATUS=passed", deadline);
