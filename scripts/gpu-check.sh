@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Every GPU suite, whole, on the GPU host, with one summary line per suite.
+# A change to daemon/, client/, python/ or the tests resolves only with this
+# summary from its final commit (DEVELOPERS.md).
+#
+# Here (the build machine), from the checkout's root:
+#   scripts/gpu-check.sh bundle [BUNDLE]     # BUNDLE default .gpu
+# builds the default preset's programs that the GPU suites run and bundles
+# them with their libraries (../shared/tools/gpu-bundle, or $RMMD_GPU_BUNDLE_TOOL).
+#
+# There (carry BUNDLE; the checkout travels with it), as root:
+#   scripts/gpu-check.sh run [BUNDLE]
+# runs, in this order, each suite in full:
+#   gpu            rmmd_gpu_tests with an IMEX channel (made if missing), but
+#                  the restart soak (below)
+#   gpu-no-imex    the fabric, shared-buffer, example and peering tests of
+#                  rmmd_gpu_tests with the channel removed (each fabric test
+#                  covers one of the two cases and skips in the other)
+#   integration    rmmd_integration_tests, the peering, restart and fd-store
+#                  integration tests and the host soak, as root (clients as
+#                  other users from a copy of the bundle in /opt/rmmdb)
+#   manifest       rmmd_buffer_manifest_tests
+#   examples       rmmd_example_tests
+#   python         python/tests with the host's Python (PyTorch, CuPy, JAX)
+#   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
+#                  (default 15; the 100-round soak is its own run)
+# With the channel, gpu (in two shards), python and the CPU-only suites
+# (integration, manifest, examples, one after another) run at once; then
+# soak; then gpu-no-imex (two shards). Each suite's log goes to
+# $OUT/gpu-check-<suite>.log where $OUT is set (the device tool's folder),
+# else to gpu-check-logs/. A suite passes when its program exits 0; the line
+# says how many tests passed, failed and skipped, and why each skipped.
+# Exit status: 0 when every suite passed.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+step=${1:-}
+bundle=${2:-.gpu}
+
+programs=(build/daemon/rmmd build/rmmctl/rmmctl build/client/librmmd_c.so
+  build/tests/rmmd_gpu_tests build/tests/rmmd_integration_tests
+  build/tests/rmmd_buffer_manifest_tests build/tests/rmmd_example_tests
+  build/tests/rmmd_peering_integration_tests build/tests/rmmd_buffer_restart_tests
+  build/tests/rmmd_fd_store_restart_tests build/tests/rmmd_soak build/tests/rmmd_soak_client
+  build/tests/rmmd_test_client build/tests/rmmd_share_client build/tests/rmmd_session_opener
+  build/tests/rmmd_restart_soak_client build/tests/rmmd_fd_store_test_service
+  build/examples/rmmd_manifest_reader
+  build/examples/rmmd_hello build/examples/rmmd_share_producer build/examples/rmmd_share_consumer)
+
+bundle_step() {
+  set -e
+  ./scripts/build.sh
+  local tool=${RMMD_GPU_BUNDLE_TOOL:-$root/../shared/tools/gpu-bundle}
+  rm -rf "$bundle"
+  local found=()
+  for p in "${programs[@]}"; do
+    [ -f "$p" ] && found+=("$p") || { echo "gpu-check: no $p (not built?)" >&2; exit 1; }
+  done
+  "$tool" "$bundle" "${found[@]}"
+  strip --strip-debug "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu' || echo '+changes')" \
+    >"$bundle/commit"
+  du -sh "$bundle"
+}
+
+logs=${OUT:-$root/gpu-check-logs}
+
+channel=/dev/nvidia-caps-imex-channels/channel0
+make_channel() {
+  [ -e "$channel" ] && return 0
+  local major
+  major=$(awk '/nvidia-caps-imex-channels/{print $1}' /proc/devices)
+  [ -n "$major" ] || { echo "gpu-check: the driver offers no IMEX channels" >&2; return 1; }
+  mkdir -p "$(dirname "$channel")" && mknod "$channel" c "$major" 0
+}
+
+# One line from a GoogleTest log (one program or several): passed, failed,
+# skipped, and each skip's reason with how often it was given.
+gtest_line() {
+  local log=$1 passed failed skipped reasons
+  passed=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | awk '{n += $4} END {print n + 0}')
+  skipped=$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | awk '{n += $4} END {print n + 0}')
+  failed=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | awk '{n += $4} END {print n + 0}')
+  reasons=$(grep -A1 -E ': Skipped$' "$log" | grep -vE ': Skipped$|^--$' | sed 's/^ *//' |
+    sort | uniq -c | sed -E 's/^ *([0-9]+) /\1x /' | paste -sd ';' - | cut -c1-600)
+  echo "$passed passed, $failed failed, $skipped skipped${reasons:+ ($reasons)}"
+}
+
+# run_suite NAME KIND(gtest|pytest|plain) COMMAND...: runs it, keeps its
+# log and writes its summary line to $logs/line-NAME.
+run_suite() {
+  local name=$1 kind=$2; shift 2
+  local log="$logs/gpu-check-$name.log" start=$SECONDS rc counts verdict=PASS
+  "$@" >"$log" 2>&1
+  rc=$?
+  case $kind in
+    gtest) counts=$(gtest_line "$log") ;;
+    pytest) counts=$(grep -E '[0-9]+ (passed|failed|skipped)' "$log" | tail -1 | tr -d '=' | sed 's/^ *//') ;;
+    *) counts=$(tail -1 "$log" | cut -c1-200) ;;
+  esac
+  [ "$rc" -eq 0 ] || verdict=FAIL
+  printf 'gpu-check: %-12s %s  %4d s  exit %d  %s\n' "$name" "$verdict" $((SECONDS - start)) "$rc" \
+    "$counts" | tee "$logs/line-$name"
+}
+
+# Two shards of the GPU suite at once (each test has a daemon and pools of
+# its own; none reads the driver's totals), as one suite.
+gpu_suite() {
+  local filter=$1 rc=0
+  GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=0 rmmd_gpu_tests --gtest_filter="$filter" \
+    >"$logs/shard-0.log" 2>&1 &
+  local first=$!
+  GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=1 rmmd_gpu_tests --gtest_filter="$filter" 2>&1 || rc=1
+  wait "$first" || rc=1
+  cat "$logs/shard-0.log"
+  return $rc
+}
+
+integration_suite() {
+  rmmd_integration_tests && rmmd_peering_integration_tests && rmmd_buffer_restart_tests &&
+    rmmd_fd_store_restart_tests && rmmd_soak --backend host --rounds 20 --clients 6 --progress-every 0
+}
+
+run_step() {
+  mkdir -p "$logs"
+  rm -f "$logs"/line-*
+  # shellcheck disable=SC1091
+  source "$bundle/env"
+  local bin
+  bin=$(cd "$bundle/bin" && pwd)
+  # Tests that run clients as other users need the programs where they can
+  # reach them.
+  rm -rf /opt/rmmdb && cp -r "$bundle" /opt/rmmdb && chmod -R a+rX /opt/rmmdb
+  export RMMD_BIN_DIR=/opt/rmmdb/bin LD_LIBRARY_PATH="/opt/rmmdb/lib:$LD_LIBRARY_PATH"
+  export RMMD_TEST_CERTS_SCRIPT="$root/scripts/make-test-certs.sh"
+  # Tests that read the source tree (deploy/) find it at the path the build
+  # compiled in; point that path here if nothing is there.
+  local src
+  src=$(strings "$bin/rmmd_gpu_tests" | grep -m1 -E '^/.*/deploy$' | sed 's,/deploy$,,' || true)
+  if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+  nvidia-smi -L | sed 's/^/gpu-check: /'
+  make_channel || true
+
+  # With the channel: everything at once (the CPU-only suites one after
+  # another beside the GPU ones).
+  run_suite gpu gtest gpu_suite '-RestartSoak.*' &
+  local gpu=$!
+  run_suite python pytest python/tests/run_gpu.sh "$bundle" &
+  local python=$!
+  (run_suite integration gtest integration_suite
+    run_suite manifest gtest rmmd_buffer_manifest_tests
+    run_suite examples gtest rmmd_example_tests) &
+  local cpu=$!
+  wait "$gpu" "$python" "$cpu"
+  RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-15} \
+    run_suite soak gtest rmmd_gpu_tests --gtest_filter='RestartSoak.*'
+
+  # Without it: the tests that skip where there is one, and the POSIX-fd
+  # cases again on pools that cannot take fabric handles.
+  rm -f "$channel"
+  run_suite gpu-no-imex gtest gpu_suite \
+    'FabricPool.*:PeeringWithoutImex.*:*DeviceShared*PosixFd*:*ReadOnlyDeviceBuffers*PosixFd*:*ShareExamples*:*Outlive*'
+  make_channel || true
+
+  echo "gpu-check: summary of commit $(cat "$bundle/commit" 2>/dev/null || echo unknown)"
+  local failed=0
+  for name in gpu gpu-no-imex integration manifest examples python soak; do
+    if [ -f "$logs/line-$name" ]; then
+      cat "$logs/line-$name"
+      grep -q " PASS " "$logs/line-$name" || failed=1
+    else
+      echo "gpu-check: $name did not finish"; failed=1
+    fi
+  done
+  [ "$failed" -eq 0 ] && echo "gpu-check: every suite passed" || echo "gpu-check: FAILED"
+  return "$failed"
+}
+
+case $step in
+  bundle) bundle_step ;;
+  run) run_step ;;
+  *) echo "usage: scripts/gpu-check.sh bundle|run [BUNDLE]" >&2; exit 2 ;;
+esac
