@@ -6,7 +6,8 @@
 #     runtimes come with build-essential)
 #   - a Python venv (.venv) with a recent cmake (RMM's package needs >= 4.0),
 #     the librmm-cu13 wheel (RMM 26.10 with its CCCL 3.5, rapids-logger) and
-#     kubernetes-validate (scripts/validate-manifests.sh) and matplotlib
+#     kubernetes-validate (scripts/validate-manifests.sh), lizard (function
+#     sizes for scripts/check-structure.py) and matplotlib
 #     (bench/plot_results.py, the charts of docs/benchmarks.md)
 #   - a second venv (.venv-py) with pytest and numpy, for the Python package's
 #     tests (python/tests); kept apart so the build's venv stays as it is
@@ -55,6 +56,13 @@ fi
 if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('kubernetes-validate') == '$want_kv'" 2>/dev/null; then
   echo "setup: installing kubernetes-validate==$want_kv into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "kubernetes-validate==$want_kv"
+fi
+
+# Pinned: a function's measured length must not change under CI's feet.
+want_lizard=1.24.3
+if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('lizard') == '$want_lizard'" 2>/dev/null; then
+  echo "setup: installing lizard==$want_lizard into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "lizard==$want_lizard"
 fi
 
 # Pinned: the committed charts (docs/images) are redrawn the same way.
