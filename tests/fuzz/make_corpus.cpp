@@ -231,6 +231,31 @@ void service_corpus(fs::path const& dir)
                        {"ReportUsage", 0, twice.SerializeAsString()},
                        {"ReportUsage", 1, usage.SerializeAsString()},
                        {"ReportUsage", 0, std::string("\x0a\x04\x08\x05\x10\x01", 6)}}));
+
+  v1::CreateBufferRequest create;
+  create.set_name("team/seed");
+  create.set_size(4096);
+  create.set_persistent(true);
+  v1::PublishBufferRequest publish;
+  publish.set_buffer_id(1);
+  v1::OpenBufferRequest open;
+  open.set_name("team/seed");
+  v1::DescribeBufferRequest describe;
+  describe.set_name("team/seed");
+  v1::CloseBufferRequest close;
+  close.set_buffer_id(1);
+  v1::DeleteBufferRequest remove;
+  remove.set_name("team/seed");
+  write(dir,
+        "buffers",
+        service_input({{"CreateBuffer", 0, create.SerializeAsString()},
+                       {"PublishBuffer", 0, publish.SerializeAsString()},
+                       {"OpenBuffer", 1, open.SerializeAsString()},
+                       {"DescribeBuffer", 1, describe.SerializeAsString()},
+                       {"ListBuffers", 1, ""},
+                       {"CloseBuffer", 1, close.SerializeAsString()},
+                       {"DeleteBuffer", 0, remove.SerializeAsString()},
+                       {"ListPeers", 0, ""}}));
 }
 
 /// The client fuzzer's input: [mode][param] message.
