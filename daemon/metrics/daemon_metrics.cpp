@@ -4,8 +4,14 @@
 
 namespace rmmd::metrics {
 
-daemon_metrics::daemon_metrics(core::daemon_core const& core, std::string version)
-    : core_(core), version_(std::move(version))
+daemon_metrics::daemon_metrics(core::daemon_core const& core,
+                               std::string version,
+                               std::vector<std::string> grpc_methods,
+                               std::vector<std::string> session_methods)
+    : core_(core),
+      version_(std::move(version)),
+      grpc_calls_(std::move(grpc_methods)),
+      session_calls_(std::move(session_methods))
 {
 }
 

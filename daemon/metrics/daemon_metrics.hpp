@@ -14,13 +14,19 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace rmmd::metrics {
 
 class daemon_metrics {
  public:
-  /// `version`: the daemon's, as the scrape reports it.
-  daemon_metrics(core::daemon_core const& core, std::string version);
+  /// `version`: the daemon's, as the scrape reports it; `grpc_methods` and
+  /// `session_methods`: the calls each transport counts
+  /// (wire::call_names).
+  daemon_metrics(core::daemon_core const& core,
+                 std::string version,
+                 std::vector<std::string> grpc_methods,
+                 std::vector<std::string> session_methods);
   daemon_metrics(daemon_metrics const&)            = delete;
   daemon_metrics& operator=(daemon_metrics const&) = delete;
 

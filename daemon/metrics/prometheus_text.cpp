@@ -106,42 +106,39 @@ struct uid_totals {
   std::uint64_t sessions{};
 };
 
-/// A counter family `total` and a histogram family `duration` of `calls`, for
-/// `methods`: every method's OK series always (so rates start at 0), other
-/// codes once they have happened.
+/// A counter family `total` and a histogram family `duration` of `calls`:
+/// every method's OK series always (so rates start at 0), other codes once
+/// they have happened.
 void write_calls(exposition& e,
                  std::string const& total,
                  std::string const& duration,
                  std::string_view counter_help,
                  std::string_view duration_help,
-                 request_snapshot const& calls,
-                 std::initializer_list<rpc_method> methods)
+                 request_snapshot const& calls)
 {
   e.family(total, "counter", counter_help);
-  for (auto m : methods) {
-    auto const method = std::string(method_name(m));
+  for (auto const& m : calls.methods) {
     for (std::size_t c = 0; c < status_code_count; ++c) {
-      auto const n = calls.calls[static_cast<std::size_t>(m)][c];
+      auto const n = m.calls[c];
       if (n == 0 && c != 0) { continue; }
       e.sample(total,
-               {{"method", method}, {"code", std::string(status_code_name(static_cast<int>(c)))}},
+               {{"method", m.method}, {"code", std::string(status_code_name(static_cast<int>(c)))}},
                n);
     }
   }
   e.family(duration, "histogram", duration_help);
-  for (auto m : methods) {
-    auto const method = std::string(method_name(m));
-    auto const& h     = calls.latency[static_cast<std::size_t>(m)];
+  for (auto const& m : calls.methods) {
+    auto const& h = m.latency;
     std::uint64_t cumulative{};
     for (std::size_t b = 0; b < h.buckets.size(); ++b) {
       cumulative += h.buckets[b];
       auto const le = b < latency_bounds_seconds.size()
                           ? absl::StrFormat("%g", latency_bounds_seconds[b])
                           : std::string("+Inf");
-      e.sample(duration + "_bucket", {{"method", method}, {"le", le}}, cumulative);
+      e.sample(duration + "_bucket", {{"method", m.method}, {"le", le}}, cumulative);
     }
-    e.sample(duration + "_sum", {{"method", method}}, h.sum_seconds);
-    e.sample(duration + "_count", {{"method", method}}, cumulative);
+    e.sample(duration + "_sum", {{"method", m.method}}, h.sum_seconds);
+    e.sample(duration + "_count", {{"method", m.method}}, cumulative);
   }
 }
 
@@ -503,7 +500,8 @@ void write_uids(exposition& e, core::stats_snapshot const& stats)
   });
 }
 
-/// The calls of both sockets.
+/// The calls of both sockets, each transport's methods as its counters name
+/// them (the call table's).
 void write_all_calls(exposition& e, daemon_snapshot const& s)
 {
   write_calls(e,
@@ -511,38 +509,14 @@ void write_all_calls(exposition& e, daemon_snapshot const& s)
               "rmmd_grpc_request_duration_seconds",
               "gRPC calls the daemon has answered, by method and status code.",
               "Time the daemon took to answer a gRPC call, by method.",
-              s.requests,
-              {rpc_method::allocate,
-               rpc_method::free,
-               rpc_method::get_stats,
-               rpc_method::list_sessions,
-               rpc_method::list_pools,
-               rpc_method::trim,
-               rpc_method::health,
-               rpc_method::report_usage,
-               rpc_method::create_buffer,
-               rpc_method::publish_buffer,
-               rpc_method::open_buffer,
-               rpc_method::close_buffer,
-               rpc_method::delete_buffer,
-               rpc_method::list_buffers,
-               rpc_method::set_buffer_manifest,
-               rpc_method::describe_buffer,
-               rpc_method::get_buffer_manifest});
+              s.requests);
   write_calls(e,
               "rmmd_session_calls_total",
               "rmmd_session_call_duration_seconds",
               "Calls the daemon has answered on session sockets (what clients use when the "
               "daemon offers it), by method and status code.",
               "Time the daemon took to answer a session-socket call, by method.",
-              s.session_calls,
-              {rpc_method::allocate,
-               rpc_method::free,
-               rpc_method::create_buffer,
-               rpc_method::publish_buffer,
-               rpc_method::open_buffer,
-               rpc_method::close_buffer,
-               rpc_method::blocks_dropped});
+              s.session_calls);
 }
 
 }  // namespace

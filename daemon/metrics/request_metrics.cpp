@@ -2,28 +2,10 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 namespace rmmd::metrics {
 namespace {
-
-constexpr std::array<std::string_view, rpc_method_count> method_names{"Allocate",
-                                                                      "Free",
-                                                                      "GetStats",
-                                                                      "ListSessions",
-                                                                      "ListPools",
-                                                                      "Trim",
-                                                                      "Health",
-                                                                      "ReportUsage",
-                                                                      "CreateBuffer",
-                                                                      "PublishBuffer",
-                                                                      "OpenBuffer",
-                                                                      "CloseBuffer",
-                                                                      "DeleteBuffer",
-                                                                      "ListBuffers",
-                                                                      "BlocksDropped",
-                                                                      "SetBufferManifest",
-                                                                      "DescribeBuffer",
-                                                                      "GetBufferManifest"};
 
 constexpr std::array<std::string_view, status_code_count> code_names{"OK",
                                                                      "CANCELLED",
@@ -55,11 +37,6 @@ constexpr auto bounds_ns = [] {
 }();
 
 }  // namespace
-
-std::string_view method_name(rpc_method method) noexcept
-{
-  return method_names[static_cast<std::size_t>(method)];
-}
 
 std::string_view status_code_name(int code) noexcept
 {
@@ -93,22 +70,52 @@ histogram_snapshot latency_histogram::snapshot() const noexcept
   return out;
 }
 
-void request_metrics::record(rpc_method method, int code, std::chrono::nanoseconds elapsed) noexcept
+method_snapshot const* request_snapshot::find(std::string_view method) const noexcept
 {
-  if (code < 0 || static_cast<std::size_t>(code) >= status_code_count) { code = unknown_code; }
-  auto const m = static_cast<std::size_t>(method);
-  calls_[m][static_cast<std::size_t>(code)].fetch_add(1, std::memory_order_relaxed);
-  latency_[m].observe(elapsed);
+  auto it = std::find_if(
+      methods.begin(), methods.end(), [&](auto const& m) { return m.method == method; });
+  return it == methods.end() ? nullptr : &*it;
 }
 
-request_snapshot request_metrics::snapshot() const noexcept
+request_metrics::request_metrics(std::vector<std::string> methods)
+    : names_(std::move(methods)), methods_(std::make_unique<per_method[]>(names_.size()))
+{
+}
+
+std::optional<std::size_t> request_metrics::slot(std::string_view method) const noexcept
+{
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == method) { return i; }
+  }
+  return std::nullopt;
+}
+
+void request_metrics::record(std::size_t slot, int code, std::chrono::nanoseconds elapsed) noexcept
+{
+  if (code < 0 || static_cast<std::size_t>(code) >= status_code_count) { code = unknown_code; }
+  auto& m = methods_[slot];
+  m.calls[static_cast<std::size_t>(code)].fetch_add(1, std::memory_order_relaxed);
+  m.latency.observe(elapsed);
+}
+
+void request_metrics::record(std::string_view method,
+                             int code,
+                             std::chrono::nanoseconds elapsed) noexcept
+{
+  if (auto s = slot(method)) { record(*s, code, elapsed); }
+}
+
+request_snapshot request_metrics::snapshot() const
 {
   request_snapshot out;
-  for (std::size_t m = 0; m < rpc_method_count; ++m) {
+  out.methods.reserve(names_.size());
+  for (std::size_t m = 0; m < names_.size(); ++m) {
+    auto& shot  = out.methods.emplace_back();
+    shot.method = names_[m];
     for (std::size_t c = 0; c < status_code_count; ++c) {
-      out.calls[m][c] = calls_[m][c].load(std::memory_order_relaxed);
+      shot.calls[c] = methods_[m].calls[c].load(std::memory_order_relaxed);
     }
-    out.latency[m] = latency_[m].snapshot();
+    shot.latency = methods_[m].latency.snapshot();
   }
   return out;
 }

@@ -1,8 +1,11 @@
 #pragma once
 
-// Counters and latency histograms of the daemon's gRPC calls. Recorded on the
-// call path without a lock (relaxed atomic adds), read by the metrics endpoint.
-// No gRPC here: a status code is its number (grpc::StatusCode and
+// Counters and latency histograms of the calls one transport answers (the
+// gRPC service's, the session socket's), by method and status code. The
+// methods are named at construction, from the call table
+// (wire::call_names); they are the `method` label values. Recorded on the
+// call path without a lock (relaxed atomic adds), read by the metrics
+// endpoint. No gRPC here: a status code is its number (grpc::StatusCode and
 // absl::StatusCode share them).
 //
 // Thread safety: record() and snapshot() may be called from any thread. A
@@ -14,34 +17,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace rmmd::metrics {
-
-enum class rpc_method : std::uint8_t {
-  allocate,
-  free,
-  get_stats,
-  list_sessions,
-  list_pools,
-  trim,
-  health,
-  report_usage,
-  create_buffer,
-  publish_buffer,
-  open_buffer,
-  close_buffer,
-  delete_buffer,
-  list_buffers,
-  blocks_dropped,  // session sockets only: a client let go of packed-lease blocks
-  set_buffer_manifest,
-  describe_buffer,
-  get_buffer_manifest,
-};
-inline constexpr std::size_t rpc_method_count = 18;
-
-/// The method's name in the service ("Allocate", "Free", ...).
-std::string_view method_name(rpc_method method) noexcept;
 
 /// gRPC's status codes, OK (0) to UNAUTHENTICATED (16).
 inline constexpr std::size_t status_code_count = 17;
@@ -78,10 +60,20 @@ struct histogram_snapshot {
   [[nodiscard]] std::uint64_t count() const noexcept;
 };
 
+/// The calls of one method.
+struct method_snapshot {
+  std::string method;
+  /// calls[code]: calls that ended with that status code.
+  std::array<std::uint64_t, status_code_count> calls{};
+  histogram_snapshot latency{};
+};
+
 struct request_snapshot {
-  /// calls[method][code]: calls that ended with that status code.
-  std::array<std::array<std::uint64_t, status_code_count>, rpc_method_count> calls{};
-  std::array<histogram_snapshot, rpc_method_count> latency{};
+  /// Every method counted, in the order they were named.
+  std::vector<method_snapshot> methods;
+
+  /// The method named `method`; null if it is not counted.
+  [[nodiscard]] method_snapshot const* find(std::string_view method) const noexcept;
 };
 
 class latency_histogram {
@@ -96,13 +88,30 @@ class latency_histogram {
 
 class request_metrics {
  public:
-  /// One call of `method` that ended with status `code` after `elapsed`.
-  void record(rpc_method method, int code, std::chrono::nanoseconds elapsed) noexcept;
-  [[nodiscard]] request_snapshot snapshot() const noexcept;
+  /// Counts the calls of `methods` (their names, each once).
+  explicit request_metrics(std::vector<std::string> methods);
+  request_metrics(request_metrics const&)            = delete;
+  request_metrics& operator=(request_metrics const&) = delete;
+
+  /// Where `method` is counted: the slot record() takes; nullopt if it is not.
+  [[nodiscard]] std::optional<std::size_t> slot(std::string_view method) const noexcept;
+
+  /// One call of the method in `slot` that ended with status `code` after
+  /// `elapsed`. REQUIRES: `slot` is one that slot() returned.
+  void record(std::size_t slot, int code, std::chrono::nanoseconds elapsed) noexcept;
+  /// record() of the method named `method`; nothing if it is not counted.
+  void record(std::string_view method, int code, std::chrono::nanoseconds elapsed) noexcept;
+
+  [[nodiscard]] request_snapshot snapshot() const;
 
  private:
-  std::array<std::array<std::atomic<std::uint64_t>, status_code_count>, rpc_method_count> calls_{};
-  std::array<latency_histogram, rpc_method_count> latency_{};
+  struct per_method {
+    std::array<std::atomic<std::uint64_t>, status_code_count> calls{};
+    latency_histogram latency;
+  };
+
+  std::vector<std::string> const names_;
+  std::unique_ptr<per_method[]> methods_;
 };
 
 }  // namespace rmmd::metrics

@@ -2,7 +2,7 @@
 
 #include "daemon/log.hpp"
 #include "daemon/peering/peer_service.hpp"
-#include "daemon/service/rmmd_service.hpp"
+#include "daemon/version.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -177,7 +177,7 @@ bool peer_link::hello()
   request.set_node_name(options_.node_name);
   request.set_incarnation(options_.incarnation);
   to_proto(options_.probes->ours, request.mutable_probe());
-  request.set_version(std::string(service::daemon_version()));
+  request.set_version(std::string(daemon_version()));
   v1::PeerWelcome welcome;
   auto const call = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
   auto const& c   = call.context;

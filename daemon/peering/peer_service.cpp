@@ -1,7 +1,7 @@
 #include "daemon/peering/peer_service.hpp"
 
 #include "daemon/log.hpp"
-#include "daemon/service/rmmd_service.hpp"
+#include "daemon/version.hpp"
 #include "daemon/wire/proto_convert.hpp"
 #include "daemon/wire/status_mapping.hpp"
 
@@ -122,7 +122,7 @@ grpc::Status peer_service::Hello(grpc::ServerContext* context,
   to_proto(probes_.ours, response->mutable_probe());
   response->mutable_your_probe()->set_ok(verdict.ok);
   response->mutable_your_probe()->set_problem(verdict.problem);
-  response->set_version(std::string(service::daemon_version()));
+  response->set_version(std::string(daemon_version()));
   response->set_hold_lease_ms(static_cast<std::uint32_t>(ledger_.lease().count()));
   return grpc::Status::OK;
 }

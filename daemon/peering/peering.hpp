@@ -14,7 +14,7 @@
 #include "daemon/peering/peer_service.hpp"
 #include "daemon/peering/probe_exchange.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
-#include "daemon/service/remote_buffers.hpp"
+#include "daemon/wire/remote_buffers.hpp"
 
 #include <grpcpp/grpcpp.h>
 
@@ -35,7 +35,7 @@ struct tls_material {
 };
 absl::StatusOr<tls_material> read_tls(config::peer_tls_files const& files);
 
-class peering final : public service::remote_buffers {
+class peering final : public wire::remote_buffers {
  public:
   /// Listens (settings.listen_address) and dials every peer. nullptr after
   /// logging why (a TLS file cannot be read, the address cannot be bound).

@@ -1,11 +1,26 @@
 #pragma once
 
+// The gRPC service rmmd.v1.Rmmd, as a thin adapter over the call table
+// (daemon/wire/calls.hpp): one method per gRPC entry, registered at
+// construction as the generated service would, with no per-method code here.
+// A method authenticates the call's token (unless its entry needs no
+// session), runs the entry's handler, maps its status through
+// wire::to_grpc_status(), and counts the call in `requests` (lock-free; see
+// request_metrics).
+//
+// Thread safety: serve() runs on gRPC's threads, any number at once; its
+// state is set before the service serves calls, and read only after.
+
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/metrics/request_metrics.hpp"
-#include "daemon/service/remote_buffers.hpp"
-#include "rmmd/v1/rmmd.grpc.pb.h"
+#include "daemon/wire/calls.hpp"
+#include "daemon/wire/remote_buffers.hpp"
 
-#include <chrono>
+#include <grpcpp/impl/service_type.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <deque>
 #include <string>
 #include <string_view>
 
@@ -14,83 +29,24 @@ namespace rmmd::service {
 /// The metadata key that carries the session token on every call.
 inline constexpr std::string_view token_metadata_key = "rmmd-token";
 
-/// The daemon's version ("0.1.0"), from the CMake project.
-std::string_view daemon_version() noexcept;
-
-/// Thin adapter: authenticates the call's token, hands the request to the
-/// wire layer's core call (wire/core_calls), maps its status through
-/// wire::to_grpc_status(), and counts each call in `requests` (lock-free; see
-/// request_metrics). Its only state is what Health reports about the daemon:
-/// the start time and the metrics address.
-class rmmd_service final : public v1::Rmmd::Service {
+class rmmd_service final : public grpc::Service {
  public:
+  /// Registers every gRPC entry of wire::calls() (which throws
+  /// std::logic_error if the table and rmmd.proto disagree).
   rmmd_service(core::daemon_core& core, metrics::request_metrics& requests);
 
-  grpc::Status Allocate(grpc::ServerContext* context,
-                        v1::AllocateRequest const* request,
-                        v1::AllocateResponse* response) override;
-  grpc::Status Free(grpc::ServerContext* context,
-                    v1::FreeRequest const* request,
-                    v1::FreeResponse* response) override;
-  grpc::Status GetStats(grpc::ServerContext* context,
-                        v1::GetStatsRequest const* request,
-                        v1::Stats* response) override;
-  grpc::Status ListSessions(grpc::ServerContext* context,
-                            v1::ListSessionsRequest const* request,
-                            v1::ListSessionsResponse* response) override;
-  grpc::Status ReportUsage(grpc::ServerContext* context,
-                           v1::UsageReport const* request,
-                           v1::UsageReply* response) override;
-  grpc::Status ListPools(grpc::ServerContext* context,
-                         v1::ListPoolsRequest const* request,
-                         v1::ListPoolsResponse* response) override;
-  grpc::Status Trim(grpc::ServerContext* context,
-                    v1::TrimRequest const* request,
-                    v1::TrimResponse* response) override;
-  grpc::Status Health(grpc::ServerContext* context,
-                      v1::HealthRequest const* request,
-                      v1::HealthResponse* response) override;
-  grpc::Status CreateBuffer(grpc::ServerContext* context,
-                            v1::CreateBufferRequest const* request,
-                            v1::BufferGrant* response) override;
-  grpc::Status PublishBuffer(grpc::ServerContext* context,
-                             v1::PublishBufferRequest const* request,
-                             v1::PublishBufferResponse* response) override;
-  /// Waits (wait_ms, within the call's deadline, at most max_open_wait) for
-  /// the buffer to be created and published.
-  grpc::Status OpenBuffer(grpc::ServerContext* context,
-                          v1::OpenBufferRequest const* request,
-                          v1::BufferGrant* response) override;
-  grpc::Status CloseBuffer(grpc::ServerContext* context,
-                           v1::CloseBufferRequest const* request,
-                           v1::CloseBufferResponse* response) override;
-  grpc::Status DeleteBuffer(grpc::ServerContext* context,
-                            v1::DeleteBufferRequest const* request,
-                            v1::DeleteBufferResponse* response) override;
-  grpc::Status ListBuffers(grpc::ServerContext* context,
-                           v1::ListBuffersRequest const* request,
-                           v1::ListBuffersResponse* response) override;
-  grpc::Status SetBufferManifest(grpc::ServerContext* context,
-                                 v1::SetBufferManifestRequest const* request,
-                                 v1::SetBufferManifestResponse* response) override;
-  grpc::Status DescribeBuffer(grpc::ServerContext* context,
-                              v1::DescribeBufferRequest const* request,
-                              v1::DescribeBufferResponse* response) override;
-  grpc::Status GetBufferManifest(grpc::ServerContext* context,
-                                 v1::GetBufferManifestRequest const* request,
-                                 v1::BufferManifest* response) override;
-  grpc::Status ListPeers(grpc::ServerContext* context,
-                         v1::ListPeersRequest const* request,
-                         v1::ListPeersResponse* response) override;
+  /// Answers one call of `method`, a gRPC entry of the call table, as its
+  /// registered method does once gRPC has parsed the request: the fuzzer's
+  /// way in. REQUIRES: `request` and `*reply` are of `method`'s types.
+  grpc::Status serve(wire::call const& method,
+                     grpc::ServerContext& context,
+                     wire::Message const& request,
+                     wire::Message* reply);
 
-  /// Longest an OpenBuffer waits, whatever it asks: a waiting call holds one
-  /// of gRPC's threads.
-  static constexpr std::chrono::minutes max_open_wait{10};
-
-  /// Who serves OpenBuffer with `peer` set, and ListPeers; null: peering is
-  /// off (such an open answers NOT_FOUND). REQUIRES: called before the
-  /// service serves calls.
-  void set_remote_buffers(remote_buffers* remote)
+  /// Who serves OpenBuffer and ListBuffers with `peer` set, and ListPeers;
+  /// null: peering is off (such a call answers NOT_FOUND). REQUIRES: called
+  /// before the service serves calls.
+  void set_remote_buffers(wire::remote_buffers* remote)
   {
     remote_ = remote;
   }
@@ -99,18 +55,26 @@ class rmmd_service final : public v1::Rmmd::Service {
   /// REQUIRES: called before the service serves calls.
   void set_metrics_address(std::string address)
   {
-    metrics_address_ = std::move(address);
+    facts_.metrics_address = std::move(address);
   }
 
  private:
+  /// A registered method: the request's bytes parsed into `method`'s
+  /// message, served, and the reply serialised.
+  grpc::Status serve_bytes(wire::call const& method,
+                           grpc::ServerContext& context,
+                           grpc::ByteBuffer const& request,
+                           grpc::ByteBuffer* reply);
+
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;
 
   core::daemon_core& core_;
-  std::chrono::steady_clock::time_point started_{std::chrono::steady_clock::now()};
-  std::chrono::system_clock::time_point started_wall_{std::chrono::system_clock::now()};
-  std::string metrics_address_;
-  remote_buffers* remote_{nullptr};
   metrics::request_metrics& requests_;
+  wire::daemon_facts facts_;
+  wire::remote_buffers* remote_{nullptr};
+  /// The methods' paths ("/rmmd.v1.Rmmd/Allocate"), which gRPC keeps
+  /// pointers to: a deque, so they never move.
+  std::deque<std::string> paths_;
 };
 
 }  // namespace rmmd::service

@@ -1,102 +1,85 @@
 #include "daemon/session/session_protocol.hpp"
 
-#include "daemon/wire/core_calls.hpp"
+#include "daemon/wire/calls.hpp"
 #include "daemon/wire/proto_convert.hpp"
 #include "daemon/wire/status_mapping.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
 
 #include <chrono>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace rmmd::session_socket {
 namespace {
 
-using metrics::rpc_method;
-
-/// The calls whose reply carries nothing, which reply_only_on_error may
-/// leave unanswered when they succeed.
-bool may_go_unanswered(std::optional<rpc_method> method)
+/// The call table's entries that the session socket carries, by their
+/// SessionCall field's number (the oneof's case); null where none.
+std::vector<wire::call const*> const& session_calls()
 {
-  return method == rpc_method::free || method == rpc_method::publish_buffer ||
-         method == rpc_method::close_buffer || method == rpc_method::blocks_dropped;
+  static std::vector<wire::call const*> const by_field = [] {
+    std::vector<wire::call const*> out;
+    for (auto const& c : wire::calls()) {
+      if (!wire::carries(c, wire::transport::session_socket)) { continue; }
+      auto const number = static_cast<std::size_t>(c.session_call_field->number());
+      if (out.size() <= number) { out.resize(number + 1); }
+      out[number] = &c;
+    }
+    return out;
+  }();
+  return by_field;
 }
 
-/// An fd a reply must carry: the buffer's (owned by the backend), as the
-/// reply's first fd.
-absl::Status buffer_fd(core::daemon_core& core,
-                       core::session_id session,
-                       v1::BufferFdRequest const& request,
-                       std::vector<int>* fds,
-                       v1::BufferFdResponse* reply)
+wire::call const* session_call_of(v1::SessionCall const& call)
 {
-  auto fd = core.buffer_fd(session, request.buffer_id());
-  if (!fd.ok()) { return fd.status(); }
-  if (fds == nullptr) { return absl::FailedPreconditionError("this connection cannot carry fds"); }
-  fds->push_back(*fd);
-  reply->set_fd_index(0);
-  return absl::OkStatus();
+  auto const number    = static_cast<std::size_t>(call.call_case());
+  auto const& by_field = session_calls();
+  return number < by_field.size() ? by_field[number] : nullptr;
+}
+
+/// The refusal of a call that names none the daemon knows, naming those it
+/// does (SessionCall's fields, in their order).
+absl::Status unknown_call()
+{
+  static std::string const message = [] {
+    std::vector<std::string> known;
+    auto const* oneof = v1::SessionCall::descriptor()->FindOneofByName("call");
+    for (int i = 0; i < oneof->field_count(); ++i) {
+      auto const number = static_cast<std::size_t>(oneof->field(i)->number());
+      if (number < session_calls().size() && session_calls()[number] != nullptr) {
+        known.push_back(oneof->field(i)->name());
+      }
+    }
+    return absl::StrFormat(
+        "session call names no call this daemon knows (%s): the client is newer than the "
+        "daemon",
+        absl::StrJoin(known, ", "));
+  }();
+  return absl::UnimplementedError(message);
 }
 
 /// Answers a parsed call into `reply` (its payload, meaningful on success);
-/// returns the call's status and sets `method` to the method it counts as
-/// (none for Ping and BufferFd). A call held for idle slabs sets `*held`
-/// (see wire::transport_rules).
+/// returns the call's status and sets `method` to the call it is. A call held
+/// for idle slabs sets `*held` (see wire::transport_rules).
 absl::Status dispatch(core::daemon_core& core,
                       core::session_id session,
                       v1::SessionCall const& call,
                       wire::transport_rules rules,
                       std::vector<int>* fds,
                       v1::SessionReply& reply,
-                      std::optional<rpc_method>& method,
+                      wire::call const*& method,
                       bool* held)
 {
-  absl::Status status;
-  switch (call.call_case()) {
-    case v1::SessionCall::kAllocate:
-      method = rpc_method::allocate;
-      return wire::allocate(core, session, call.allocate(), rules, reply.mutable_allocate(), held);
-    case v1::SessionCall::kFree:
-      method = rpc_method::free;
-      status = wire::free(core, session, call.free());
-      if (status.ok()) { reply.mutable_free(); }
-      return status;
-    case v1::SessionCall::kPing:
-      reply.mutable_ping();
-      return status;
-    case v1::SessionCall::kBlocksDropped:
-      method = rpc_method::blocks_dropped;
-      status = wire::drop_blocks(core, session, call.blocks_dropped());
-      if (status.ok()) { reply.mutable_blocks_dropped(); }
-      return status;
-    case v1::SessionCall::kCreateBuffer:
-      method = rpc_method::create_buffer;
-      return wire::create_buffer(
-          core, session, call.create_buffer(), rules, reply.mutable_create_buffer(), held);
-    case v1::SessionCall::kPublishBuffer:
-      method = rpc_method::publish_buffer;
-      status = wire::publish_buffer(core, session, call.publish_buffer());
-      if (status.ok()) { reply.mutable_publish_buffer(); }
-      return status;
-    case v1::SessionCall::kOpenBuffer:
-      // Never waits here: the call threads serve every session.
-      method = rpc_method::open_buffer;
-      return wire::open_buffer(
-          core, session, call.open_buffer(), rules, reply.mutable_open_buffer());
-    case v1::SessionCall::kCloseBuffer:
-      method = rpc_method::close_buffer;
-      status = wire::close_buffer(core, session, call.close_buffer());
-      if (status.ok()) { reply.mutable_close_buffer(); }
-      return status;
-    case v1::SessionCall::kBufferFd:
-      return buffer_fd(core, session, call.buffer_fd(), fds, reply.mutable_buffer_fd());
-    default:
-      return absl::UnimplementedError(
-          "session call names no call this daemon knows (allocate, free, ping, create_buffer, "
-          "publish_buffer, open_buffer, close_buffer, buffer_fd, blocks_dropped): the client is "
-          "newer than the daemon");
-  }
+  method = session_call_of(call);
+  if (method == nullptr) { return unknown_call(); }
+  auto const& request = call.GetReflection()->GetMessage(call, method->session_call_field);
+  auto* answer        = reply.GetReflection()->MutableMessage(&reply, method->session_reply_field);
+  wire::call_context const context{
+      .core = core, .session = session, .rules = rules, .fds = fds, .held = held};
+  return method->handle(context, request, answer);
 }
 
 }  // namespace
@@ -189,7 +172,7 @@ std::optional<std::string> handle_call(core::daemon_core& core,
       .may_hold = held != nullptr, .packing = true, .manifest_inline = false};
   if (held != nullptr) { *held = false; }
   v1::SessionReply reply;
-  std::optional<rpc_method> method;
+  wire::call const* method = nullptr;
   absl::Status status;
   v1::SessionCall call;
   if (call_bytes.truncated) {
@@ -210,12 +193,13 @@ std::optional<std::string> handle_call(core::daemon_core& core,
     reply.clear_reply();  // an error answers with the error alone
     wire::to_error_info(status, reply.mutable_error());
   }
-  if (method && call_metrics != nullptr) {
-    call_metrics->record(*method,
+  if (method != nullptr && call_metrics != nullptr) {
+    call_metrics->record(method->name,
                          static_cast<int>(wire::wire_code(status.code())),
                          std::chrono::steady_clock::now() - start);
   }
-  if (status.ok() && may_go_unanswered(method) && call.reply_only_on_error()) {
+  if (status.ok() && method != nullptr && method->routes.reply_only_on_error &&
+      call.reply_only_on_error()) {
     return std::nullopt;
   }
   return reply.SerializeAsString();

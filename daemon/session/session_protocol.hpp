@@ -73,13 +73,15 @@ hello_answer handle_hello(core::daemon_core& core,
                           std::string command,
                           hello_limits const& limits);
 
-/// Answers one SessionCall of `session`: the serialised SessionReply, or
-/// nullopt when nothing is to be sent (a Free, PublishBuffer, CloseBuffer or
-/// BlocksDropped with reply_only_on_error that succeeded). Any other answer
-/// carries either the error or the call's own reply. An OpenBuffer never waits. A call too large
-/// (`max_call_bytes`: the reader's buffer), not a SessionCall or naming no known call is answered
-/// INVALID_ARGUMENT or UNIMPLEMENTED; the session goes on. Every call but Ping is counted in
-/// `call_metrics` unless it is null.
+/// Answers one SessionCall of `session`, by the call table's entry for its
+/// field (daemon/wire/calls.hpp): the serialised SessionReply, or nullopt when
+/// nothing is to be sent (a call whose entry allows reply_only_on_error, which
+/// asked for it and succeeded: Free, PublishBuffer, CloseBuffer,
+/// BlocksDropped). Any other answer carries either the error or the call's
+/// own reply. An OpenBuffer never waits. A call too large (`max_call_bytes`:
+/// the reader's buffer), not a SessionCall or naming no known call is
+/// answered INVALID_ARGUMENT or UNIMPLEMENTED; the session goes on. Every
+/// call is counted under its table name in `call_metrics` unless it is null.
 ///
 /// A BufferFd answer names an fd (owned by the backend) that must travel
 /// with the reply: it is put in `fds` (none is answered FAILED_PRECONDITION

@@ -2,7 +2,7 @@
 
 #include "common/runtime_dir.hpp"
 #include "daemon/core/types.hpp"
-#include "daemon/service/rmmd_service.hpp"
+#include "daemon/version.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -23,7 +23,7 @@ log::level parse_level(std::string const& name)
 void add_file_options(CLI::App& app, daemon_flags& flags)
 {
   app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", "rmmd " + std::string(service::daemon_version()));
+  app.set_version_flag("--version", "rmmd " + std::string(daemon_version()));
   app.add_option("--config",
                  flags.config_path,
                  "Configuration file (protobuf text format, see docs/configuration.md); if the "

@@ -4,8 +4,8 @@
 // configuration file's fields (docs/configuration.md, Command-line flags).
 // The same overrides apply at start and at every reload.
 
+#include "daemon/config/admission_limits.hpp"
 #include "daemon/config/settings.hpp"
-#include "daemon/session/admission_limits.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -37,7 +37,7 @@ struct daemon_flags {
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
   std::size_t uid_quota_bytes{};
-  session_socket::admission_limits admission{};
+  config::admission_limits admission{};
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};

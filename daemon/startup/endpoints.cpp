@@ -4,6 +4,8 @@
 #include "daemon/log.hpp"
 #include "daemon/metrics/prometheus_text.hpp"
 #include "daemon/startup/runtime_dir_setup.hpp"
+#include "daemon/version.hpp"
+#include "daemon/wire/calls.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,7 +40,10 @@ std::unique_ptr<endpoints> endpoints::start(core::daemon_core& core,
 
 endpoints::endpoints(core::daemon_core& core)
     : core_(core),
-      daemon_metrics_(core, std::string(service::daemon_version())),
+      daemon_metrics_(core,
+                      std::string(daemon_version()),
+                      wire::call_names(wire::transport::grpc),
+                      wire::call_names(wire::transport::session_socket)),
       service_(core, daemon_metrics_.grpc_calls())
 {
 }

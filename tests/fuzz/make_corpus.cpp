@@ -11,6 +11,7 @@
 #include "daemon/session/session_protocol.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/fuzz/fuzz_input.hpp"
+#include "tests/fuzz/service_methods.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -159,9 +160,8 @@ void session_corpus(fs::path const& dir)
 
 /// The service fuzzer's input: records of [method][token] request.
 struct request {
-  int method;  // 0 Allocate, 1 Free, 2 GetStats, 3 ListSessions, 4 ReportUsage, 5 ListPools, 6
-               // Trim, 7 Health
-  int token;   // 0 first session, 1 second, 2 a wrong token, 3 none
+  std::string_view method;  // the gRPC method's name
+  int token;                // 0 first session, 1 second, 2 a wrong token, 3 none
   std::string bytes;
 };
 
@@ -169,7 +169,7 @@ std::string service_input(std::vector<request> const& requests)
 {
   std::string out;
   for (auto const& r : requests) {
-    out.push_back(static_cast<char>(r.method));
+    out.push_back(static_cast<char>(fuzz::method_byte(r.method)));
     out.push_back(static_cast<char>(r.token));
     append_record(out, r.bytes);
   }
@@ -203,34 +203,59 @@ void service_corpus(fs::path const& dir)
 
   write(dir,
         "lease_round_trip",
-        service_input({{0, 0, a.SerializeAsString()},
-                       {0, 0, pinned.SerializeAsString()},
-                       {4, 0, usage.SerializeAsString()},
-                       {2, 0, ""},
-                       {1, 1, f.SerializeAsString()},
-                       {1, 0, f.SerializeAsString()},
-                       {1, 0, f.SerializeAsString()}}));
+        service_input({{"Allocate", 0, a.SerializeAsString()},
+                       {"Allocate", 0, pinned.SerializeAsString()},
+                       {"ReportUsage", 0, usage.SerializeAsString()},
+                       {"GetStats", 0, ""},
+                       {"Free", 1, f.SerializeAsString()},
+                       {"Free", 0, f.SerializeAsString()},
+                       {"Free", 0, f.SerializeAsString()}}));
   write(dir,
         "views",
-        service_input({{0, 1, a.SerializeAsString()},
-                       {3, 0, ""},
-                       {5, 1, ""},
-                       {7, 3, ""},
-                       {6, 0, trim.SerializeAsString()},
-                       {6, 0, trim_unknown.SerializeAsString()},
-                       {6, 0, ""}}));
+        service_input({{"Allocate", 1, a.SerializeAsString()},
+                       {"ListSessions", 0, ""},
+                       {"ListPools", 1, ""},
+                       {"Health", 3, ""},
+                       {"Trim", 0, trim.SerializeAsString()},
+                       {"Trim", 0, trim_unknown.SerializeAsString()},
+                       {"Trim", 0, ""}}));
   write(dir,
         "unauthenticated",
-        service_input({{0, 2, a.SerializeAsString()},
-                       {1, 3, f.SerializeAsString()},
-                       {2, 3, ""},
-                       {4, 2, usage.SerializeAsString()}}));
+        service_input({{"Allocate", 2, a.SerializeAsString()},
+                       {"Free", 3, f.SerializeAsString()},
+                       {"GetStats", 3, ""},
+                       {"ReportUsage", 2, usage.SerializeAsString()}}));
   write(dir,
         "bad_usage_reports",
-        service_input({{0, 0, a.SerializeAsString()},
-                       {4, 0, twice.SerializeAsString()},
-                       {4, 1, usage.SerializeAsString()},
-                       {4, 0, std::string("\x0a\x04\x08\x05\x10\x01", 6)}}));
+        service_input({{"Allocate", 0, a.SerializeAsString()},
+                       {"ReportUsage", 0, twice.SerializeAsString()},
+                       {"ReportUsage", 1, usage.SerializeAsString()},
+                       {"ReportUsage", 0, std::string("\x0a\x04\x08\x05\x10\x01", 6)}}));
+
+  v1::CreateBufferRequest create;
+  create.set_name("team/seed");
+  create.set_size(4096);
+  create.set_persistent(true);
+  v1::PublishBufferRequest publish;
+  publish.set_buffer_id(1);
+  v1::OpenBufferRequest open;
+  open.set_name("team/seed");
+  v1::DescribeBufferRequest describe;
+  describe.set_name("team/seed");
+  v1::CloseBufferRequest close;
+  close.set_buffer_id(1);
+  v1::DeleteBufferRequest remove;
+  remove.set_name("team/seed");
+  write(dir,
+        "buffers",
+        service_input({{"CreateBuffer", 0, create.SerializeAsString()},
+                       {"PublishBuffer", 0, publish.SerializeAsString()},
+                       {"OpenBuffer", 1, open.SerializeAsString()},
+                       {"DescribeBuffer", 1, describe.SerializeAsString()},
+                       {"ListBuffers", 1, ""},
+                       {"CloseBuffer", 1, close.SerializeAsString()},
+                       {"DeleteBuffer", 0, remove.SerializeAsString()},
+                       {"ListPeers", 0, ""}}));
 }
 
 /// The client fuzzer's input: [mode][param] message.

@@ -1,28 +1,34 @@
-// Every gRPC request of the Rmmd service, through the service's own methods
-// (authentication, then the wire layer: validation, proto <-> core) into a real core
-// with host pools. No server and no channel: each call gets a ServerContext
-// of its own that carries the token the input chose, as gRPC would hand one
-// to the method after parsing the request.
+// Every gRPC method of the Rmmd service (each gRPC entry of the call table,
+// daemon/wire/calls.hpp), through the service's own way in
+// (rmmd_service::serve: authentication, then the call's handler) into a
+// real core with host pools. No server and no channel: each call gets a
+// ServerContext of its own that carries the token the input chose, as gRPC
+// would hand one to the method after parsing the request.
 //
 // Input: records of [method byte][token byte][request]. The method byte picks
-// one of the eight methods; the token byte picks none, the first or the
-// second of two open sessions, or a wrong one; the request is the method's
-// request message in protobuf's binary form (gRPC refuses one that does not
-// parse before any method runs, and so does this fuzzer).
+// one of the table's gRPC methods (modulo their number, in table order:
+// tests/fuzz/service_methods.hpp); the token byte picks none, the first or
+// the second of two open sessions, or a wrong one; the request is the
+// method's request message in protobuf's binary form (gRPC refuses one that
+// does not parse before any method runs, and so does this fuzzer). An
+// OpenBuffer's wait_ms is cut to 0: a fuzzer waits for nothing.
 //
 // Checked: every status is a gRPC code with a message where it is an error;
 // a successful response serialises; a Free naming an interprocess event is
-// refused; and once both sessions close, the ledger is empty.
+// refused; and once both sessions close and the persistent buffers they left
+// are deleted, the ledger is empty.
 
 #include "common/hex.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 #include "daemon/service/rmmd_service.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
+#include "tests/fuzz/service_methods.hpp"
 
 #include <grpcpp/test/server_context_test_spouse.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -30,28 +36,43 @@ namespace {
 
 using namespace rmmd;
 
-template <typename Request, typename Response, typename Method>
+/// Calls `method` with `bytes` as its request, as gRPC would after parsing it.
 grpc::Status call(service::rmmd_service& svc,
-                  Method method,
+                  wire::call const& method,
                   std::string const* token,
                   std::span<char const> bytes)
 {
-  Request request;
-  if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  std::unique_ptr<wire::Message> request(method.request->New());
+  if (!request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return grpc::Status::CANCELLED;  // gRPC would not call the method
   }
+  if (auto* open = dynamic_cast<v1::OpenBufferRequest*>(request.get())) { open->set_wait_ms(0); }
   grpc::ServerContext context;
   grpc::testing::ServerContextTestSpouse spouse(&context);
   if (token != nullptr) {
     spouse.AddClientMetadata(std::string(service::token_metadata_key), *token);
   }
-  Response response;
-  auto status = (svc.*method)(&context, &request, &response);
+  std::unique_ptr<wire::Message> response(method.reply->New());
+  auto status = svc.serve(method, context, *request, response.get());
   if (status.ok()) {
     std::string out;
-    RMMD_FUZZ_CHECK(response.SerializeToString(&out));
+    RMMD_FUZZ_CHECK(response->SerializeToString(&out));
   }
   return status;
+}
+
+/// Persistent buffers outlive their sessions, until deleted: deletes them.
+void delete_persistent_buffers(core::daemon_core& core, core::peer_credentials const& peer)
+{
+  auto cleaner = core.open_session(peer, "fuzz", "cleaner");
+  RMMD_FUZZ_CHECK(cleaner.ok());
+  auto left = core.list_buffers(cleaner->id);
+  RMMD_FUZZ_CHECK(left.ok());
+  for (auto const& b : *left) {
+    RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
+    RMMD_FUZZ_CHECK(core.delete_buffer(cleaner->id, b.name).ok());
+  }
+  core.close_session(cleaner->id);
 }
 
 }  // namespace
@@ -61,8 +82,9 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   using service::rmmd_service;
   auto const owned = fuzz::make_host_core();
   auto& core       = *owned;
-  metrics::request_metrics requests;
+  metrics::request_metrics requests(wire::call_names(wire::transport::grpc));
   rmmd_service service(core, requests);
+  auto const& methods = fuzz::service_methods();
 
   core::peer_credentials const peer{
       .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};
@@ -79,49 +101,16 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     auto const who    = in.byte();
     auto const bytes  = in.record();
     if (!bytes) { break; }
-    auto const* token = (who & 3) == 3 ? nullptr : &tokens[who & 3];
-    grpc::Status status;
-    switch (method % 8) {
-      case 0:
-        status = call<v1::AllocateRequest, v1::AllocateResponse>(
-            service, &rmmd_service::Allocate, token, *bytes);
-        break;
-      case 1: {
-        status =
-            call<v1::FreeRequest, v1::FreeResponse>(service, &rmmd_service::Free, token, *bytes);
-        // A session's Free naming an interprocess event is refused.
-        v1::FreeRequest request;
-        if ((who & 3) < 2 &&
-            request.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())) &&
-            !request.removed_release_event().empty()) {
-          RMMD_FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-        }
-        break;
+    auto const* token  = (who & 3) == 3 ? nullptr : &tokens[who & 3];
+    auto const& called = *methods[method % methods.size()];
+    auto const status  = call(service, called, token, *bytes);
+    if (called.name == "Free") {
+      // A session's Free naming an interprocess event is refused.
+      v1::FreeRequest request;
+      if ((who & 3) < 2 && request.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())) &&
+          !request.removed_release_event().empty()) {
+        RMMD_FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
       }
-      case 2:
-        status =
-            call<v1::GetStatsRequest, v1::Stats>(service, &rmmd_service::GetStats, token, *bytes);
-        break;
-      case 3:
-        status = call<v1::ListSessionsRequest, v1::ListSessionsResponse>(
-            service, &rmmd_service::ListSessions, token, *bytes);
-        break;
-      case 4:
-        status = call<v1::UsageReport, v1::UsageReply>(
-            service, &rmmd_service::ReportUsage, token, *bytes);
-        break;
-      case 5:
-        status = call<v1::ListPoolsRequest, v1::ListPoolsResponse>(
-            service, &rmmd_service::ListPools, token, *bytes);
-        break;
-      case 6:
-        status =
-            call<v1::TrimRequest, v1::TrimResponse>(service, &rmmd_service::Trim, token, *bytes);
-        break;
-      default:
-        status = call<v1::HealthRequest, v1::HealthResponse>(
-            service, &rmmd_service::Health, token, *bytes);
-        break;
     }
     auto const code = status.error_code();
     RMMD_FUZZ_CHECK(code >= grpc::StatusCode::OK && code <= grpc::StatusCode::UNAUTHENTICATED);
@@ -131,6 +120,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   }
   core.close_session(first->id);
   core.close_session(second->id);
+  delete_persistent_buffers(core, peer);
+  RMMD_FUZZ_CHECK(core.buffers().empty());
   RMMD_FUZZ_CHECK(fuzz::ledger_is_empty(core));
   return 0;
 }

@@ -14,6 +14,7 @@
 // a Free naming an interprocess event is refused.
 
 #include "daemon/session/session_protocol.hpp"
+#include "daemon/wire/calls.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/fuzz/fuzz_input.hpp"
 
@@ -39,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
 {
   auto const owned = fuzz::make_host_core();
   auto& core       = *owned;
-  static metrics::request_metrics call_metrics;
+  static metrics::request_metrics call_metrics(wire::call_names(wire::transport::session_socket));
   fuzz::input_reader in({data, size});
 
   auto const who = in.byte();

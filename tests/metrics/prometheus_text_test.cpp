@@ -1,9 +1,11 @@
 // The Prometheus text, rendered from hand-made snapshots: names, HELP/TYPE,
-// label escaping, histograms; and the call counters that feed it.
+// label escaping, histograms; and the call counters that feed it, named by
+// the call table.
 
 #include "daemon/metrics/prometheus_text.hpp"
 #include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
+#include "daemon/wire/calls.hpp"
 #include "tests/tools/text.hpp"
 
 #include <gmock/gmock.h>
@@ -70,18 +72,19 @@ daemon_snapshot sample_snapshot()
   b.bytes              = 100;
   b.allocation_count   = 2;
   s.stats.sessions     = {a, b};
-  request_metrics requests;
-  requests.record(rpc_method::allocate, 0, 20us);  // first bucket
-  requests.record(rpc_method::allocate, 0, 25us);  // le is inclusive: first bucket too
-  requests.record(rpc_method::allocate, 3, 2ms);   // INVALID_ARGUMENT
-  requests.record(rpc_method::free, 0, 10s);       // above every bound
-  requests.record(rpc_method::free, 99, 1us);      // not a code: UNKNOWN
+  // Each transport's methods as the daemon names them: from the call table.
+  request_metrics requests(wire::call_names(wire::transport::grpc));
+  requests.record("Allocate", 0, 20us);  // first bucket
+  requests.record("Allocate", 0, 25us);  // le is inclusive: first bucket too
+  requests.record("Allocate", 3, 2ms);   // INVALID_ARGUMENT
+  requests.record("Free", 0, 10s);       // above every bound
+  requests.record("Free", 99, 1us);      // not a code: UNKNOWN
   s.requests = requests.snapshot();
-  request_metrics session_calls;
-  session_calls.record(rpc_method::allocate, 0, 40us);
-  session_calls.record(rpc_method::free, 5, 3us);         // NOT_FOUND
-  session_calls.record(rpc_method::open_buffer, 9, 4us);  // FAILED_PRECONDITION
-  session_calls.record(rpc_method::blocks_dropped, 0, 2us);
+  request_metrics session_calls(wire::call_names(wire::transport::session_socket));
+  session_calls.record("Allocate", 0, 40us);
+  session_calls.record("Free", 5, 3us);        // NOT_FOUND
+  session_calls.record("OpenBuffer", 9, 4us);  // FAILED_PRECONDITION
+  session_calls.record("BlocksDropped", 0, 2us);
   s.session_calls = session_calls.snapshot();
   return s;
 }
@@ -96,20 +99,71 @@ TEST(EscapeLabelValue, EscapesBackslashQuoteAndLineFeed)
 TEST(RequestMetrics, CountsByMethodAndCodeAndBucketsLatency)
 {
   auto const s      = sample_snapshot().requests;
-  auto const alloc  = static_cast<std::size_t>(rpc_method::allocate);
-  auto const free_m = static_cast<std::size_t>(rpc_method::free);
-  EXPECT_EQ(s.calls[alloc][0], 2u);
-  EXPECT_EQ(s.calls[alloc][3], 1u);
-  EXPECT_EQ(s.calls[free_m][0], 1u);
-  EXPECT_EQ(s.calls[free_m][2], 1u);  // code 99 counted as UNKNOWN
-  EXPECT_EQ(s.latency[alloc].buckets[0], 2u);
-  EXPECT_EQ(s.latency[alloc].buckets[6], 1u);  // 2 ms: (1 ms, 2.5 ms]
-  EXPECT_EQ(s.latency[alloc].count(), 3u);
-  EXPECT_NEAR(s.latency[alloc].sum_seconds, 45e-6 + 2e-3, 1e-9);
-  EXPECT_EQ(s.latency[free_m].buckets.back(), 1u);  // 10 s: only +Inf
+  auto const* alloc = s.find("Allocate");
+  auto const* freed = s.find("Free");
+  ASSERT_TRUE(alloc != nullptr && freed != nullptr);
+  EXPECT_EQ(alloc->calls[0], 2u);
+  EXPECT_EQ(alloc->calls[3], 1u);
+  EXPECT_EQ(freed->calls[0], 1u);
+  EXPECT_EQ(freed->calls[2], 1u);  // code 99 counted as UNKNOWN
+  EXPECT_EQ(alloc->latency.buckets[0], 2u);
+  EXPECT_EQ(alloc->latency.buckets[6], 1u);  // 2 ms: (1 ms, 2.5 ms]
+  EXPECT_EQ(alloc->latency.count(), 3u);
+  EXPECT_NEAR(alloc->latency.sum_seconds, 45e-6 + 2e-3, 1e-9);
+  EXPECT_EQ(freed->latency.buckets.back(), 1u);  // 10 s: only +Inf
   EXPECT_EQ(status_code_name(16), "UNAUTHENTICATED");
   EXPECT_EQ(status_code_name(-1), "UNKNOWN");
-  EXPECT_EQ(method_name(rpc_method::list_pools), "ListPools");
+}
+
+TEST(RequestMetrics, CountsOnlyTheMethodsItNames)
+{
+  request_metrics calls({"Allocate", "Free"});
+  EXPECT_EQ(calls.slot("Free"), 1u);
+  EXPECT_FALSE(calls.slot("GetStats"));
+  calls.record("GetStats", 0, 1us);  // not counted here: nothing
+  calls.record(*calls.slot("Free"), 0, 1us);
+  auto const s = calls.snapshot();
+  ASSERT_EQ(s.methods.size(), 2u);
+  EXPECT_EQ(s.methods[0].method, "Allocate");
+  EXPECT_EQ(s.methods[1].calls[0], 1u);
+  EXPECT_EQ(s.find("GetStats"), nullptr);
+}
+
+// Dashboards and alerts read these label values: the call table must keep
+// naming every one of them, on the transport it was counted on.
+TEST(RequestMetrics, TheCallTableKeepsTheMethodLabels)
+{
+  auto const grpc    = wire::call_names(wire::transport::grpc);
+  auto const session = wire::call_names(wire::transport::session_socket);
+  for (std::string name : {"Allocate",
+                           "Free",
+                           "GetStats",
+                           "ListSessions",
+                           "ListPools",
+                           "Trim",
+                           "Health",
+                           "ReportUsage",
+                           "CreateBuffer",
+                           "PublishBuffer",
+                           "OpenBuffer",
+                           "CloseBuffer",
+                           "DeleteBuffer",
+                           "ListBuffers",
+                           "SetBufferManifest",
+                           "DescribeBuffer",
+                           "GetBufferManifest"}) {
+    EXPECT_THAT(grpc, ::testing::Contains(name));
+  }
+  for (std::string name : {"Allocate",
+                           "Free",
+                           "CreateBuffer",
+                           "PublishBuffer",
+                           "OpenBuffer",
+                           "CloseBuffer",
+                           "BlocksDropped"}) {
+    EXPECT_THAT(session, ::testing::Contains(name));
+  }
+  EXPECT_THAT(grpc, Not(::testing::Contains("BlocksDropped")));
 }
 
 TEST(RenderPrometheus, EveryFamilyHasHelpAndTypeBeforeItsSamples)

@@ -12,10 +12,10 @@ namespace {
 using metrics::admission_limit;
 using ::testing::HasSubstr;
 
-constexpr admission_limits small{.max_pending_per_uid  = 2,
-                                 .max_pending_total    = 3,
-                                 .max_sessions_per_uid = 2,
-                                 .max_sessions_total   = 3};
+constexpr config::admission_limits small{.max_pending_per_uid  = 2,
+                                         .max_pending_total    = 3,
+                                         .max_sessions_per_uid = 2,
+                                         .max_sessions_total   = 3};
 
 std::uint64_t refusals(metrics::admission_metrics const& m, admission_limit l)
 {
@@ -69,10 +69,10 @@ TEST(Admission, NewLimitsApplyToTheNextAdmissionAndWhatIsOpenStays)
   admission a(small);
   EXPECT_TRUE(a.admit_session(7).ok());
   EXPECT_TRUE(a.admit_session(7).ok());
-  a.set_limits(admission_limits{.max_pending_per_uid  = 2,
-                                .max_pending_total    = 3,
-                                .max_sessions_per_uid = 1,
-                                .max_sessions_total   = 3});
+  a.set_limits(config::admission_limits{.max_pending_per_uid  = 2,
+                                        .max_pending_total    = 3,
+                                        .max_sessions_per_uid = 1,
+                                        .max_sessions_total   = 3});
   EXPECT_EQ(a.sessions(), 2u);
   EXPECT_FALSE(a.admit_session(7).ok());
   a.end_session(7);

@@ -7,6 +7,7 @@
 #include "daemon/session/session_protocol.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/metrics/request_metrics.hpp"
+#include "daemon/wire/calls.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/tools/host_core_fixture.hpp"
 
@@ -141,22 +142,22 @@ TEST_F(SessionProtocol, OnlyTheQuietCallsGoUnansweredAndOnlyWhenTheySucceed)
 
 TEST_F(SessionProtocol, BlocksDroppedIsCountedApartFromFree)
 {
-  metrics::request_metrics calls;
+  metrics::request_metrics calls(wire::call_names(wire::transport::session_socket));
   v1::SessionCall c;
   c.mutable_blocks_dropped();
   ASSERT_TRUE(send(c, 1, &calls));
   c.mutable_blocks_dropped()->add_block_ids(77);  // never leased: NOT_FOUND
   ASSERT_TRUE(send(c, 2, &calls));
 
-  auto const s       = calls.snapshot();
-  auto const dropped = static_cast<std::size_t>(metrics::rpc_method::blocks_dropped);
-  auto const freed   = static_cast<std::size_t>(metrics::rpc_method::free);
-  EXPECT_EQ(s.calls[dropped][0], 1u);
+  auto const s        = calls.snapshot();
+  auto const* dropped = s.find("BlocksDropped");
+  auto const* freed   = s.find("Free");
+  ASSERT_TRUE(dropped != nullptr && freed != nullptr);
+  EXPECT_EQ(dropped->calls[0], 1u);
   auto const not_found = static_cast<std::size_t>(absl::StatusCode::kNotFound);
-  EXPECT_EQ(s.calls[dropped][not_found], 1u);
-  EXPECT_EQ(s.calls[freed][0] + s.calls[freed][not_found], 0u)
+  EXPECT_EQ(dropped->calls[not_found], 1u);
+  EXPECT_EQ(freed->calls[0] + freed->calls[not_found], 0u)
       << "a BlocksDropped was counted as a Free";
-  EXPECT_EQ(metrics::method_name(metrics::rpc_method::blocks_dropped), "BlocksDropped");
 }
 
 TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
@@ -198,6 +199,31 @@ TEST_F(SessionProtocol, ErrorsCarryTheWireCodeAndNoPayload)
   r = send(c, 2);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
+  EXPECT_THAT(r->error().message(),
+              ::testing::HasSubstr("(allocate, free, ping, create_buffer, publish_buffer, "
+                                   "open_buffer, close_buffer, buffer_fd, blocks_dropped)"));
+}
+
+// Another node's buffer is opened over gRPC (which may wait for the peer),
+// never here: such an open is refused, not served from this node.
+TEST_F(SessionProtocol, AnOpenOfAnotherNodesBufferIsRefused)
+{
+  v1::SessionCall c;
+  c.mutable_create_buffer()->set_name("team/p");
+  c.mutable_create_buffer()->set_size(4096);
+  auto r = send(c, 1);
+  ASSERT_TRUE(r && r->has_create_buffer());
+  c.Clear();
+  c.mutable_publish_buffer()->set_buffer_id(r->create_buffer().buffer_id());
+  ASSERT_TRUE(send(c, 2));
+
+  c.Clear();
+  c.mutable_open_buffer()->set_name("team/p");
+  c.mutable_open_buffer()->set_peer("node-b");
+  r = send(c, 3);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
 }
 
 // A manifest never travels in a datagram: an open of a buffer that has one

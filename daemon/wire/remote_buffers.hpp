@@ -1,15 +1,16 @@
 #pragma once
 
-// What the gRPC service asks of peering (daemon/peering/): buffers of other
-// nodes, and the peers as ListPeers shows them. An interface so that the
-// service does not depend on peering.
+// What the calls ask of peering (daemon/peering/): buffers of other nodes
+// (OpenBuffer and ListBuffers with `peer` set), and the peers as ListPeers
+// shows them. An interface so that the wire layer and the gRPC service do
+// not depend on peering.
 
 #include "daemon/core/types.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 
 #include <absl/status/status.h>
 
-namespace rmmd::service {
+namespace rmmd::wire {
 
 class remote_buffers {
  public:
@@ -34,4 +35,4 @@ class remote_buffers {
   virtual void list_peers(v1::ListPeersResponse* reply) const = 0;
 };
 
-}  // namespace rmmd::service
+}  // namespace rmmd::wire

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-namespace rmmd::session_socket {
+namespace rmmd::config {
 
 struct admission_limits {
   /// Connections of one uid that have not said hello yet. A client sends its
@@ -29,4 +29,4 @@ struct admission_limits {
   bool operator==(admission_limits const&) const = default;
 };
 
-}  // namespace rmmd::session_socket
+}  // namespace rmmd::config
