@@ -51,7 +51,7 @@ DAEMON_ANY = {"daemon/" + r for r in
 RULES: dict[str, set[str]] = {
     "daemon/core": {"common"},
     "daemon/backends": {"daemon/core", "daemon", "common"},
-    "daemon/wire": {"daemon/core", "proto", "grpc", "protobuf"},
+    "daemon/wire": {"daemon/core", "daemon", "proto", "grpc", "protobuf"},
     "daemon/config": {"daemon/core", "daemon", "common", "proto", "protobuf"},
     "daemon/metrics": {"daemon/core", "daemon"},
     "daemon/restart": {"daemon/core", "daemon/wire", "daemon", "common", "proto", "protobuf"},

@@ -7,7 +7,7 @@
 // docs/configuration.md describes each field, its default, the flags that
 // override it and what a reload applies.
 
-#include "daemon/config/admission_limits.hpp"
+#include "daemon/core/admission_limits.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/core/types.hpp"
 #include "daemon/log.hpp"
@@ -172,7 +172,7 @@ struct daemon_settings {
   std::optional<per_gpu_pools> cuda_pool_per_gpu{per_gpu_pools{}};
 
   core::quota_limits quotas;
-  admission_limits admission;
+  core::admission_limits admission;
   std::chrono::milliseconds drain_timeout{5000};
   std::chrono::milliseconds hello_timeout{2000};
   /// See core_options::reclaim_timeout.

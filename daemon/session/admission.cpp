@@ -26,18 +26,18 @@ std::size_t admission::counts::of(uid_t uid) const
   return it == per_uid.end() ? 0 : it->second;
 }
 
-admission::admission(config::admission_limits limits, metrics::admission_metrics* metrics)
+admission::admission(core::admission_limits limits, metrics::admission_metrics* metrics)
     : limits_(limits), metrics_(metrics)
 {
 }
 
-void admission::set_limits(config::admission_limits limits)
+void admission::set_limits(core::admission_limits limits)
 {
   std::lock_guard lock(mutex_);
   limits_ = limits;
 }
 
-config::admission_limits admission::limits() const
+core::admission_limits admission::limits() const
 {
   std::lock_guard lock(mutex_);
   return limits_;

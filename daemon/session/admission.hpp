@@ -8,7 +8,7 @@
 // Thread safety: every member may be called from any thread (one mutex; it is
 // taken once per connection and once per session, never per call).
 
-#include "daemon/config/admission_limits.hpp"
+#include "daemon/core/admission_limits.hpp"
 #include "daemon/metrics/admission_metrics.hpp"
 
 #include <absl/status/status.h>
@@ -29,15 +29,15 @@ struct counted_kind;
 class admission {
  public:
   /// Refusals and the pending count go to `metrics` unless it is null.
-  explicit admission(config::admission_limits limits,
+  explicit admission(core::admission_limits limits,
                      metrics::admission_metrics* metrics = nullptr);
   admission(admission const&)            = delete;
   admission& operator=(admission const&) = delete;
 
   /// New limits (a reload): they apply to the next connection and hello.
   /// What is open stays open, even above a lowered limit.
-  void set_limits(config::admission_limits limits);
-  [[nodiscard]] config::admission_limits limits() const;
+  void set_limits(core::admission_limits limits);
+  [[nodiscard]] core::admission_limits limits() const;
 
   /// A connection of `uid` that has not said hello: OK, and it counts until
   /// end_pending(); or RESOURCE_EXHAUSTED saying which limit it is past.
@@ -76,7 +76,7 @@ class admission {
                      detail::counted_kind const& kind);
 
   mutable std::mutex mutex_;
-  config::admission_limits limits_;
+  core::admission_limits limits_;
   counts pending_;
   counts sessions_;
   metrics::admission_metrics* metrics_;

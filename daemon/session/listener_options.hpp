@@ -3,7 +3,7 @@
 // What the session socket is told at start: where it listens, its limits,
 // its thread count and where it counts what it answers.
 
-#include "daemon/config/admission_limits.hpp"
+#include "daemon/core/admission_limits.hpp"
 #include "daemon/metrics/admission_metrics.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 
@@ -22,7 +22,7 @@ struct listener_options {
   std::size_t max_hello_bytes{4096};
   /// Connections waiting to say hello and open sessions, per uid and in all;
   /// past them a connection or hello is refused (RESOURCE_EXHAUSTED).
-  config::admission_limits admission{};
+  core::admission_limits admission{};
   /// Advertised in the welcome: the gRPC server's message size cap.
   std::uint32_t max_message_bytes{};
   /// Mode of the socket file.

@@ -14,7 +14,7 @@
 // Thread safety: start(), stop_accepting() and stop() are called from one
 // thread (main); open_sessions() and set_admission_limits() from any.
 
-#include "daemon/config/admission_limits.hpp"
+#include "daemon/core/admission_limits.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/session/admission.hpp"
 #include "daemon/session/call_threads.hpp"
@@ -54,7 +54,7 @@ class session_listener {
 
   /// New admission limits (a reload), from the next connection and hello on;
   /// what is open stays open. Any thread.
-  void set_admission_limits(config::admission_limits limits)
+  void set_admission_limits(core::admission_limits limits)
   {
     admission_.set_limits(limits);
   }

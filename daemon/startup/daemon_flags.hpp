@@ -4,7 +4,7 @@
 // configuration file's fields (docs/configuration.md, Command-line flags).
 // The same overrides apply at start and at every reload.
 
-#include "daemon/config/admission_limits.hpp"
+#include "daemon/core/admission_limits.hpp"
 #include "daemon/config/settings.hpp"
 
 #include <CLI/CLI.hpp>
@@ -37,7 +37,7 @@ struct daemon_flags {
   std::vector<gid_t> allow_gids;
   std::size_t session_quota_bytes{};
   std::size_t uid_quota_bytes{};
-  config::admission_limits admission{};
+  core::admission_limits admission{};
   int hello_timeout_ms{2000};
   std::size_t max_message_bytes{64 * 1024};
   int drain_timeout_ms{5000};

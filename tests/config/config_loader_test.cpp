@@ -154,7 +154,7 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   EXPECT_EQ(s.quotas.limit_for_uid(0), 123u);
   EXPECT_EQ(s.quotas.limit_for_uid(4242), 2097152u);
   EXPECT_EQ(s.admission,
-            (config::admission_limits{.max_pending_per_uid  = 3,
+            (core::admission_limits{.max_pending_per_uid  = 3,
                                       .max_pending_total    = 30,
                                       .max_sessions_per_uid = 5,
                                       .max_sessions_total   = 50}));

@@ -12,7 +12,7 @@ namespace {
 using metrics::admission_limit;
 using ::testing::HasSubstr;
 
-constexpr config::admission_limits small{.max_pending_per_uid  = 2,
+constexpr core::admission_limits small{.max_pending_per_uid  = 2,
                                          .max_pending_total    = 3,
                                          .max_sessions_per_uid = 2,
                                          .max_sessions_total   = 3};
@@ -69,7 +69,7 @@ TEST(Admission, NewLimitsApplyToTheNextAdmissionAndWhatIsOpenStays)
   admission a(small);
   EXPECT_TRUE(a.admit_session(7).ok());
   EXPECT_TRUE(a.admit_session(7).ok());
-  a.set_limits(config::admission_limits{.max_pending_per_uid  = 2,
+  a.set_limits(core::admission_limits{.max_pending_per_uid  = 2,
                                         .max_pending_total    = 3,
                                         .max_sessions_per_uid = 1,
                                         .max_sessions_total   = 3});

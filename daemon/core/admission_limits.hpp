@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-namespace rmmd::config {
+namespace rmmd::core {
 
 struct admission_limits {
   /// Connections of one uid that have not said hello yet. A client sends its
@@ -29,4 +29,4 @@ struct admission_limits {
   bool operator==(admission_limits const&) const = default;
 };
 
-}  // namespace rmmd::config
+}  // namespace rmmd::core
