@@ -48,8 +48,8 @@ absl::StatusOr<core::session_id> rmmd_service::caller(grpc::ServerContext const&
 {
   auto const& md = context.client_metadata();
   auto it        = md.find(grpc::string_ref(token_metadata_key.data(), token_metadata_key.size()));
-  if (it == md.end()) { return core_.authenticate({}); }
-  return core_.authenticate(std::string_view(it->second.data(), it->second.size()));
+  if (it == md.end()) { return core_.sessions().authenticate({}); }
+  return core_.sessions().authenticate(std::string_view(it->second.data(), it->second.size()));
 }
 
 grpc::Status rmmd_service::Allocate(grpc::ServerContext* context,
@@ -147,8 +147,8 @@ grpc::Status rmmd_service::Health(grpc::ServerContext*,
         static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
                                        std::chrono::steady_clock::now() - started_)
                                        .count()));
-    response->set_pool_count(static_cast<std::uint32_t>(core_.pools().size()));
-    response->set_session_count(static_cast<std::uint32_t>(core_.session_count()));
+    response->set_pool_count(static_cast<std::uint32_t>(core_.pools().list().size()));
+    response->set_session_count(static_cast<std::uint32_t>(core_.sessions().session_count()));
     response->set_pid(static_cast<std::int32_t>(::getpid()));
     response->set_metrics_address(metrics_address_);
     return grpc::Status::OK;

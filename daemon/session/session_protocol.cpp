@@ -31,7 +31,7 @@ absl::Status buffer_fd(core::daemon_core& core,
                        std::vector<int>* fds,
                        v1::BufferFdResponse* reply)
 {
-  auto fd = core.buffer_fd(session, request.buffer_id());
+  auto fd = core.buffers().buffer_fd(session, request.buffer_id());
   if (!fd.ok()) { return fd.status(); }
   if (fds == nullptr) { return absl::FailedPreconditionError("this connection cannot carry fds"); }
   fds->push_back(*fd);
@@ -139,12 +139,12 @@ hello_answer handle_hello(core::daemon_core& core,
   answer.client_name         = hello.client_name();
   answer.previous_session_id = hello.previous_session_id();
   answer.reconnects          = hello.reconnects();
-  auto grant =
-      core.open_session(peer,
-                        std::move(command),
-                        core::session_origin{.client_name      = hello.client_name(),
-                                             .reconnects       = hello.reconnects(),
-                                             .previous_session = hello.previous_session_id()});
+  auto grant                 = core.sessions().open_session(
+      peer,
+      std::move(command),
+      core::session_origin{.client_name      = hello.client_name(),
+                                           .reconnects       = hello.reconnects(),
+                                           .previous_session = hello.previous_session_id()});
   if (!grant.ok()) {
     answer.refusal = grant.status();
     answer.message = refusal_welcome(grant.status());
@@ -156,7 +156,7 @@ hello_answer handle_hello(core::daemon_core& core,
   w.set_session_id(grant->id);
   w.set_max_message_bytes(limits.max_message_bytes);
   // The session's own tenant's pools: their fds, and nobody else's.
-  auto pools = core.pools_for(grant->id);
+  auto pools = core.pools().pools_for(grant->id);
   if (!pools.ok()) {
     answer.refusal = pools.status();
     answer.message = refusal_welcome(pools.status());

@@ -56,19 +56,19 @@ absl::Status allocate(core::daemon_core& core,
       rules,
       held,
       [&] {
-        return core.allocate_or_hold(session,
-                                     request.pool_id(),
-                                     request.size(),
-                                     request.alignment(),
-                                     rules.packing && request.may_pack());
+        return core.leases().allocate_or_hold(session,
+                                              request.pool_id(),
+                                              request.size(),
+                                              request.alignment(),
+                                              rules.packing && request.may_pack());
       },
       [&] {
-        return core.allocate(session,
-                             request.pool_id(),
-                             request.size(),
-                             request.alignment(),
-                             core::reclaim_policy::wait,
-                             rules.packing && request.may_pack());
+        return core.leases().allocate(session,
+                                      request.pool_id(),
+                                      request.size(),
+                                      request.alignment(),
+                                      core::reclaim_policy::wait,
+                                      rules.packing && request.may_pack());
       },
       reply);
 }
@@ -87,7 +87,7 @@ absl::Status free(core::daemon_core& core, core::session_id session, v1::FreeReq
         "enqueued after cudaFreeAsync): update the client",
         request.allocation_id()));
   }
-  return core.free(session, request.allocation_id());
+  return core.leases().free(session, request.allocation_id());
 }
 
 absl::Status drop_blocks(core::daemon_core& core,
@@ -95,7 +95,7 @@ absl::Status drop_blocks(core::daemon_core& core,
                          v1::BlocksDropped const& request)
 {
   auto const& ids = request.block_ids();
-  return core.drop_blocks(session, std::span(ids.data(), ids.size()));
+  return core.leases().drop_blocks(session, std::span(ids.data(), ids.size()));
 }
 
 absl::Status report_usage(core::daemon_core& core,
@@ -112,7 +112,7 @@ absl::Status report_usage(core::daemon_core& core,
                                        .slab_bytes        = p.slab_bytes(),
                                        .reclaimable_bytes = p.reclaimable_bytes()});
   }
-  auto trim = core.report_usage(session, usage);
+  auto trim = core.leases().report_usage(session, usage);
   if (!trim.ok()) { return trim.status(); }
   for (auto id : *trim) { reply->add_trim_pool_ids(id); }
   return absl::OkStatus();
@@ -122,7 +122,7 @@ void get_stats(core::daemon_core const& core, v1::GetStatsRequest const& request
 {
   auto const top = request.has_top_sessions() ? std::optional<std::size_t>(request.top_sessions())
                                               : std::nullopt;
-  to_proto(core.stats(top), reply);
+  to_proto(core.pools().stats(top), reply);
 }
 
 void list_sessions(core::daemon_core const& core,
@@ -130,17 +130,17 @@ void list_sessions(core::daemon_core const& core,
                    v1::ListSessionsResponse* reply)
 {
   if (request.has_top_sessions()) {
-    to_proto(core.top_sessions(request.top_sessions()), reply);
+    to_proto(core.sessions().top_sessions(request.top_sessions()), reply);
     return;
   }
-  auto all = core.sessions();
+  auto all = core.sessions().list();
   reply->set_session_count(all.size());
   for (auto const& s : all) { to_proto(s, reply->add_sessions()); }
 }
 
 void list_pools(core::daemon_core const& core, v1::ListPoolsResponse* reply)
 {
-  for (auto const& p : core.stats(0).pools) { to_proto(p, reply->add_pools()); }
+  for (auto const& p : core.pools().stats(0).pools) { to_proto(p, reply->add_pools()); }
 }
 
 absl::Status trim(core::daemon_core& core,
@@ -149,7 +149,7 @@ absl::Status trim(core::daemon_core& core,
                   v1::TrimResponse* reply)
 {
   std::vector<core::pool_id> pools(request.pool_ids().begin(), request.pool_ids().end());
-  auto trimmed = core.trim(session, pools);
+  auto trimmed = core.pools().trim(session, pools);
   if (!trimmed.ok()) { return trimmed.status(); }
   for (auto const& t : *trimmed) { to_proto(t, reply->add_pools()); }
   return absl::OkStatus();
@@ -166,16 +166,16 @@ absl::Status create_buffer(core::daemon_core& core,
       rules,
       held,
       [&] {
-        return core.create_buffer_or_hold(
+        return core.buffers().create_buffer_or_hold(
             session, request.name(), request.pool_id(), request.size(), from_proto(request));
       },
       [&] {
-        return core.create_buffer(session,
-                                  request.name(),
-                                  request.pool_id(),
-                                  request.size(),
-                                  from_proto(request),
-                                  core::reclaim_policy::wait);
+        return core.buffers().create_buffer(session,
+                                            request.name(),
+                                            request.pool_id(),
+                                            request.size(),
+                                            from_proto(request),
+                                            core::reclaim_policy::wait);
       },
       reply);
   if (status.ok()) { manifest_follows(rules, reply); }
@@ -186,7 +186,7 @@ absl::Status publish_buffer(core::daemon_core& core,
                             core::session_id session,
                             v1::PublishBufferRequest const& request)
 {
-  return core.publish_buffer(session, request.buffer_id());
+  return core.buffers().publish_buffer(session, request.buffer_id());
 }
 
 absl::Status open_buffer(core::daemon_core& core,
@@ -208,7 +208,7 @@ absl::Status open_buffer(core::daemon_core& core,
                         request.name(),
                         *key));
   }
-  auto grant = core.open_buffer(session, request.name(), wait_until, from_proto(request));
+  auto grant = core.buffers().open_buffer(session, request.name(), wait_until, from_proto(request));
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
   manifest_follows(rules, reply);
@@ -234,7 +234,8 @@ absl::Status set_buffer_manifest(core::daemon_core& core,
                         request.buffer_id(),
                         *key));
   }
-  return core.set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
+  return core.buffers().set_buffer_manifest(
+      session, request.buffer_id(), from_proto(request.manifest()));
 }
 
 absl::Status describe_buffer(core::daemon_core const& core,
@@ -242,7 +243,7 @@ absl::Status describe_buffer(core::daemon_core const& core,
                              v1::DescribeBufferRequest const& request,
                              v1::DescribeBufferResponse* reply)
 {
-  auto described = core.describe_buffer(session, request.name());
+  auto described = core.buffers().describe_buffer(session, request.name());
   if (!described.ok()) { return described.status(); }
   to_proto(described->info, reply->mutable_info());
   if (described->manifest) { to_proto(*described->manifest, reply->mutable_manifest()); }
@@ -254,7 +255,7 @@ absl::Status get_buffer_manifest(core::daemon_core const& core,
                                  v1::GetBufferManifestRequest const& request,
                                  v1::BufferManifest* reply)
 {
-  auto manifest = core.buffer_manifest_of(session, request.buffer_id());
+  auto manifest = core.buffers().buffer_manifest_of(session, request.buffer_id());
   if (!manifest.ok()) { return manifest.status(); }
   if (*manifest) { to_proto(**manifest, reply); }
   return absl::OkStatus();
@@ -264,7 +265,7 @@ absl::Status close_buffer(core::daemon_core& core,
                           core::session_id session,
                           v1::CloseBufferRequest const& request)
 {
-  return core.close_buffer(session, request.buffer_id());
+  return core.buffers().close_buffer(session, request.buffer_id());
 }
 
 absl::Status delete_buffer(core::daemon_core& core,
@@ -272,7 +273,7 @@ absl::Status delete_buffer(core::daemon_core& core,
                            v1::DeleteBufferRequest const& request,
                            v1::DeleteBufferResponse* reply)
 {
-  auto holders = core.delete_buffer(session, request.name());
+  auto holders = core.buffers().delete_buffer(session, request.name());
   if (!holders.ok()) { return holders.status(); }
   reply->set_holders(static_cast<std::uint32_t>(*holders));
   return absl::OkStatus();
@@ -287,7 +288,7 @@ absl::Status list_buffers(core::daemon_core const& core,
     return absl::InvalidArgumentError(absl::StrFormat(
         "list buffers: the filter names label '%s' twice; name each label once", *key));
   }
-  auto buffers = core.list_buffers(session, from_proto(request));
+  auto buffers = core.buffers().list_buffers(session, from_proto(request));
   if (!buffers.ok()) { return buffers.status(); }
   for (auto const& b : *buffers) { to_proto(b, reply->add_buffers()); }
   return absl::OkStatus();

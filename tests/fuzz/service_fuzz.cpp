@@ -66,8 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
 
   core::peer_credentials const peer{
       .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};
-  auto first  = core.open_session(peer, "fuzz", "first");
-  auto second = core.open_session(peer, "fuzz", "second");
+  auto first  = core.sessions().open_session(peer, "fuzz", "first");
+  auto second = core.sessions().open_session(peer, "fuzz", "second");
   RMMD_FUZZ_CHECK(first.ok() && second.ok());
   std::string const tokens[] = {common::to_hex(std::span<std::byte const>(first->token)),
                                 common::to_hex(std::span<std::byte const>(second->token)),

@@ -49,7 +49,7 @@ TEST_F(CoreCalls, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   auto const refused = free(*core_, session_, free_request);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("no longer supported"));
-  EXPECT_EQ(core_->stats().pools.at(0).allocation_count, 1u);
+  EXPECT_EQ(core_->pools().stats().pools.at(0).allocation_count, 1u);
 
   free_request.clear_removed_release_event();
   EXPECT_TRUE(free(*core_, session_, free_request).ok()) << "the refused Free took the lease";
