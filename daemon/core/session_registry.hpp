@@ -40,7 +40,7 @@ class session_registry {
 
   /// PERMISSION_DENIED if the policy does not allow `peer`; UNAVAILABLE while
   /// draining. A session whose origin says it reconnects counts in
-  /// stats().restart.reconnected_sessions.
+  /// pool_registry::stats().restart.reconnected_sessions.
   absl::StatusOr<session_grant> open_session(peer_credentials peer,
                                              std::string command,
                                              session_origin origin);

@@ -187,5 +187,56 @@ TEST_F(Tenants, ABufferThatIsAPointerIntoOneTenantsPoolIsRefusedToAnother)
   EXPECT_TRUE(core_->buffers().open_buffer(open(peer(alice, 100)), "weights").ok());
 }
 
+TEST_F(Tenants, APoolsRowCountsEveryTenantsLeasesBuffersAndHolders)
+{
+  // Tenants split a pool between backends; the pool's row (stats, rmmctl
+  // pools, /metrics) still counts what every one of them holds, whoever
+  // asks for it.
+  for (bool const cuda_like : {false, true}) {
+    SCOPED_TRACE(cuda_like ? "a CUDA-like pool (a packed lease)" : "a host pool");
+    made_.clear();
+    fakes_.clear();
+    make_core({}, cuda_like);
+    auto a = open(peer(alice));
+    auto b = open(peer(bob));
+    ASSERT_TRUE(core_->leases().allocate(a, pool_, MiB, 0).ok());
+    ASSERT_TRUE(core_->leases().allocate(b, pool_, MiB, 0).ok());
+    auto small = core_->leases().allocate(b, pool_, 4096, 0, reclaim_policy::refuse, true);
+    ASSERT_TRUE(small.ok()) << small.status();
+    EXPECT_EQ(small->packed_block != 0, cuda_like);
+    // Each tenant's buffer, opened twice more by the session that created it
+    // (one process opening it twice), then closed twice: one holder each.
+    for (auto const& [s, name] : {std::pair{a, "alice/kv"}, std::pair{b, "bob/kv"}}) {
+      auto made = core_->buffers().create_buffer(s, name, pool_, MiB, {});
+      ASSERT_TRUE(made.ok()) << made.status();
+      ASSERT_TRUE(core_->buffers().publish_buffer(s, made->id).ok());
+      ASSERT_TRUE(core_->buffers().open_buffer(s, name).ok());
+      ASSERT_TRUE(core_->buffers().open_buffer(s, name).ok());
+      ASSERT_TRUE(core_->buffers().close_buffer(s, made->id).ok());
+      ASSERT_TRUE(core_->buffers().close_buffer(s, made->id).ok());
+    }
+    open(peer(carol));  // an observer of a tenant that holds nothing
+
+    auto const stats = core_->pools().stats();
+    ASSERT_EQ(stats.pools.size(), 1u);
+    auto const& row = stats.pools[0];
+    EXPECT_EQ(row.allocation_count, 3u);
+    EXPECT_EQ(row.total_allocations, 3u);
+    EXPECT_EQ(row.shared_buffers, 2u);
+    EXPECT_EQ(row.shared_holders, 2u);
+    EXPECT_GE(row.shared_bytes, 2 * MiB);
+    EXPECT_GE(row.in_use_bytes, 4 * MiB + 4096);
+    std::size_t in_use  = 0;
+    std::size_t buffers = 0;
+    for (auto const& t : row.tenants) {
+      in_use += t.in_use_bytes;
+      buffers += t.shared_buffers;
+    }
+    EXPECT_EQ(row.tenants.size(), 3u);
+    EXPECT_EQ(in_use, row.in_use_bytes);
+    EXPECT_EQ(buffers, row.shared_buffers);
+  }
+}
+
 }  // namespace
 }  // namespace rmmd::core

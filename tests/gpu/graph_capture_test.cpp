@@ -34,12 +34,22 @@ using ::testing::Not;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 
-v1::PoolStats gpu_pool(v1::Stats const& stats)
+/// The pool `session` allocates from by default: its current device's, as
+/// this process numbers devices (the daemon's ordinals may differ).
+std::uint32_t current_device_pool(rmmd::session const& session)
+{
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) { throw std::runtime_error("no current device"); }
+  return session.device_pool(device).id;
+}
+
+/// Pool `id`'s row of the daemon's stats.
+v1::PoolStats pool_row(v1::Stats const& stats, std::uint32_t id)
 {
   for (auto const& p : stats.pools()) {
-    if (p.pool().backend() == v1::BACKEND_CUDA && p.pool().device() == 0) { return p; }
+    if (p.pool().id() == id) { return p; }
   }
-  throw std::runtime_error("no pool for device 0");
+  throw std::runtime_error("no pool " + std::to_string(id) + " in:\n" + stats.DebugString());
 }
 
 class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
@@ -50,6 +60,7 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-test"));
+    pool_id_ = current_device_pool(*session_);
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override
@@ -69,11 +80,12 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
   /// ones and slabs alike).
   [[nodiscard]] std::uint64_t leases() const
   {
-    return gpu_pool(daemon_->stats()).allocation_count();
+    return pool_row(daemon_->stats(), pool_id_).allocation_count();
   }
 
   std::unique_ptr<daemon_process> daemon_;
   std::unique_ptr<rmmd::session> session_;
+  std::uint32_t pool_id_{};  // the pool the tests' resources allocate from
   cudaStream_t stream_{};
 };
 
@@ -87,6 +99,7 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
   std::iota(host.begin(), host.end(), 11);
   {
     rmmd::ipc_memory_resource mr(*session_, options());
+    ASSERT_EQ(mr.pool().id, pool_id_);  // the row read below is this resource's pool's
     cuda::stream_ref stream{stream_};
     auto* in      = static_cast<int*>(mr.allocate(stream, bytes, 256));
     auto* out     = static_cast<int*>(mr.allocate(stream, bytes, 256));
@@ -132,7 +145,7 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
     // the captured allocations are leases of their own (the small one may
     // share a packed block), in slab mode too (never carved).
     auto const while_held = leases();
-    EXPECT_GT(while_held, before_capture);
+    EXPECT_GT(while_held, before_capture) << daemon_->stats().DebugString();
 
     std::vector<int> expected = host;
     std::memset(expected.data(), 0x01, 64);
@@ -158,16 +171,16 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() < while_held;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
     mr.deallocate(stream, in, bytes, 256);
     mr.deallocate(stream, out, bytes, 256);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   // The ledger back to zero: each lease freed once.
   EXPECT_TRUE(eventually([&] {
-    auto const pool = gpu_pool(daemon_->stats());
+    auto const pool = pool_row(daemon_->stats(), pool_id_);
     return pool.allocation_count() == 0u && pool.in_use_bytes() == 0u;
-  })) << gpu_pool(daemon_->stats()).DebugString();
+  })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   auto const printed = testing::internal::GetCapturedStderr();
   EXPECT_THAT(printed, Not(HasSubstr("failed")));
   EXPECT_THAT(printed, Not(HasSubstr("not found")));
@@ -189,7 +202,7 @@ TEST_P(GraphCapture, AnAbandonedCaptureGivesItsMemoryBack)
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() == 0u;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   }
   EXPECT_TRUE(eventually([&] { return leases() == 0u; }));
 }
@@ -256,6 +269,7 @@ class SlabCaptureDefault : public ::testing::Test {
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-default-test"));
+    pool_id_ = current_device_pool(*session_);
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override
@@ -264,11 +278,12 @@ class SlabCaptureDefault : public ::testing::Test {
   }
   [[nodiscard]] std::uint64_t leases() const
   {
-    return gpu_pool(daemon_->stats()).allocation_count();
+    return pool_row(daemon_->stats(), pool_id_).allocation_count();
   }
 
   std::unique_ptr<daemon_process> daemon_;
   std::unique_ptr<rmmd::session> session_;
+  std::uint32_t pool_id_{};  // the pool the tests' resources allocate from
   cudaStream_t stream_{};
 };
 
@@ -330,15 +345,15 @@ TEST_F(SlabCaptureDefault, AnAllocationThatNeedsASlabDuringAGlobalCaptureIsALeas
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() == before_capture;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
     mr.deallocate(stream, in, bytes, 256);
     mr.deallocate(stream, out, bytes, 256);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   EXPECT_TRUE(eventually([&] {
-    auto const pool = gpu_pool(daemon_->stats());
+    auto const pool = pool_row(daemon_->stats(), pool_id_);
     return pool.allocation_count() == 0u && pool.in_use_bytes() == 0u;
-  })) << gpu_pool(daemon_->stats()).DebugString();
+  })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   auto const printed = testing::internal::GetCapturedStderr();
   EXPECT_THAT(printed, Not(HasSubstr("failed")));
   EXPECT_THAT(printed, Not(HasSubstr("not found")));

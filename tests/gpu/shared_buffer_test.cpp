@@ -170,7 +170,9 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
   o.runtime_dir      = daemon_->runtime_dir();
   o.import_by_fabric = GetParam().import == import_by::fabric;
   session s(o);
-  auto made = shared_buffer::create(s, "gpu/twice", bytes);
+  // On device 0, whose pool's row the fixture reads (not the current device's).
+  auto made = shared_buffer::create(s, "gpu/twice", bytes, {.device = 0});
+  ASSERT_EQ(made.pool().id, pool_id_);
   ASSERT_EQ(cudaMemset(made.data(), 7, bytes), cudaSuccess);
   made.publish();
   auto first  = shared_buffer::open(s, "gpu/twice");
@@ -189,7 +191,7 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
       cudaMemcpy(&byte, second.span<unsigned char>().data() + bytes - 1, 1, cudaMemcpyDeviceToHost),
       cudaSuccess);
   EXPECT_EQ(byte, 7);
-  EXPECT_EQ(pool().shared_holders(), 1u);
+  EXPECT_EQ(pool().shared_holders(), 1u) << daemon_->stats().DebugString();
   second.close();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(back_to_baseline()) << pool().DebugString();

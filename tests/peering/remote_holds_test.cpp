@@ -106,7 +106,6 @@ class RemoteHolds : public ::testing::Test {
     auto b = core_->buffers().create_buffer(session_, name, pool, 4096, {});
     EXPECT_TRUE(b.ok()) << b.status();
     EXPECT_TRUE(core_->buffers()
-                    .all()
                     .set_buffer_manifest(session_, b->id, core::buffer_manifest{.labels = labels})
                     .ok());
     EXPECT_TRUE(core_->buffers().publish_buffer(session_, b->id).ok());
@@ -325,18 +324,19 @@ TEST_F(RemoteHolds, HoldIdsDoNotStartAgainAtOne)
   ASSERT_TRUE(first.ok()) << first.status();
   core::daemon_core other(
       core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-  auto const pool = other.add_pool(
+  auto const pool = other.pools().add_pool(
       {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
       std::make_unique<fabric_like_backend>("fab", 1 << 20));
-  auto s = other.open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "t", "c");
+  auto s = other.sessions().open_session(
+      {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "t", "c");
   ASSERT_TRUE(s.ok());
-  auto b = other.create_buffer(s->id, "w/fab", pool, 4096, {});
-  ASSERT_TRUE(b.ok() && other.publish_buffer(s->id, b->id).ok());
-  auto second = other.open_remote_buffer("w/fab", {});
+  auto b = other.buffers().create_buffer(s->id, "w/fab", pool, 4096, {});
+  ASSERT_TRUE(b.ok() && other.buffers().publish_buffer(s->id, b->id).ok());
+  auto second = other.buffers().open_remote_buffer("w/fab", {});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(first->hold, second->hold);
   EXPECT_LT(first->hold, std::uint64_t{1} << 63);
-  ASSERT_TRUE(other.close_remote_hold(second->hold).ok());
+  ASSERT_TRUE(other.buffers().close_remote_hold(second->hold).ok());
   other.close_session(s->id);
 }
 
@@ -413,15 +413,15 @@ class TwoNodes : public ::testing::Test {
     node_a a;
     a.core = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    auto pool = a.core->add_pool(
+    auto pool = a.core->pools().add_pool(
         {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
         std::make_unique<fabric_like_backend>("fab", 1 << 20));
-    auto s =
-        a.core->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
+    auto s = a.core->sessions().open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
     EXPECT_TRUE(s.ok());
     a.session = s->id;
-    auto b    = a.core->create_buffer(a.session, "w/fab", pool, 4096, {});
-    EXPECT_TRUE(b.ok() && a.core->publish_buffer(a.session, b->id).ok());
+    auto b    = a.core->buffers().create_buffer(a.session, "w/fab", pool, 4096, {});
+    EXPECT_TRUE(b.ok() && a.core->buffers().publish_buffer(a.session, b->id).ok());
     config::peering_settings settings{
         .node_name                    = "nodeA",
         .listen_address               = "127.0.0.1:" + std::to_string(port),
@@ -513,7 +513,7 @@ TEST_F(TwoNodes, AfterAStartsAgainBsOldHoldIsDroppedAndItsReleaseEndsNoNewHold)
 {
   auto old_hold = open_on_a();
   ASSERT_TRUE(old_hold.ok()) << old_hold.status();
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
   EXPECT_EQ(b_view().holds_we_have(), 1u);
 
   stop_a(a_);
@@ -524,18 +524,18 @@ TEST_F(TwoNodes, AfterAStartsAgainBsOldHoldIsDroppedAndItsReleaseEndsNoNewHold)
 
   auto new_hold = open_on_a();
   ASSERT_TRUE(new_hold.ok()) << new_hold.status();
-  ASSERT_EQ(a_.core->remote_holds().size(), 1u);
-  auto const kept_there = a_.core->remote_holds().begin()->first;
+  ASSERT_EQ(a_.core->buffers().remote_holds().size(), 1u);
+  auto const kept_there = a_.core->buffers().remote_holds().begin()->first;
 
   // The client lets go of the old one: nothing goes to A. Then a third hold
   // opened and closed: its close is sent after whatever the old one's was.
   ASSERT_TRUE(b_core_->buffers().close_buffer(b_session_, *old_hold).ok());
   auto third = open_on_a();
   ASSERT_TRUE(third.ok()) << third.status();
-  ASSERT_EQ(a_.core->remote_holds().size(), 2u);
+  ASSERT_EQ(a_.core->buffers().remote_holds().size(), 2u);
   ASSERT_TRUE(b_core_->buffers().close_buffer(b_session_, *third).ok());
-  ASSERT_TRUE(eventually([&] { return a_.core->remote_holds().size() == 1; }));
-  EXPECT_EQ(a_.core->remote_holds().begin()->first, kept_there);
+  ASSERT_TRUE(eventually([&] { return a_.core->buffers().remote_holds().size() == 1; }));
+  EXPECT_EQ(a_.core->buffers().remote_holds().begin()->first, kept_there);
   EXPECT_EQ(b_view().holds_we_have(), 1u);
 }
 
@@ -543,9 +543,9 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
 {
   auto held = open_on_a();
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
   b_->stop();
-  EXPECT_TRUE(a_.core->remote_holds().empty());
+  EXPECT_TRUE(a_.core->buffers().remote_holds().empty());
   v1::OpenBufferRequest request;
   request.set_name("w/fab");
   request.set_peer("nodeA");
@@ -553,7 +553,7 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
   auto s = b_->open(b_session_, request, &grant);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("stopping"));
-  EXPECT_TRUE(a_.core->remote_holds().empty());
+  EXPECT_TRUE(a_.core->buffers().remote_holds().empty());
 }
 
 /// A (fabric-like buffers) and B, each with its peering, over mutual TLS
@@ -685,15 +685,15 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
 
 TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
 {
-  auto const pool = a_.core->pools().back().id;
+  auto const pool = a_.core->pools().list().back().id;
   for (auto const& [name, model] : {std::pair{"w/x", "m1"}, std::pair{"secret/y", "m1"}}) {
-    auto b = a_.core->create_buffer(a_.session, name, pool, 4096, {});
+    auto b = a_.core->buffers().create_buffer(a_.session, name, pool, 4096, {});
     ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_TRUE(a_.core
-                    ->set_buffer_manifest(
+    ASSERT_TRUE(a_.core->buffers()
+                    .set_buffer_manifest(
                         a_.session, b->id, core::buffer_manifest{.labels = {{"model", model}}})
                     .ok());
-    ASSERT_TRUE(a_.core->publish_buffer(a_.session, b->id).ok());
+    ASSERT_TRUE(a_.core->buffers().publish_buffer(a_.session, b->id).ok());
   }
   auto listed = list_on_a();
   ASSERT_TRUE(listed.ok()) << listed.status();
@@ -732,7 +732,7 @@ TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
   v1::BufferGrant grant;
   ASSERT_TRUE(b_->open(b_session_, open, &grant).ok());
   EXPECT_EQ(grant.manifest().labels(0).value(), "m1");
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
 }
 
 TEST_F(TwoNodes, AListingOfAnUnknownNodeIsNotFoundAndOfAGoneOneUnavailable)
