@@ -57,6 +57,7 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // whatever an earlier test left current
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-test"));
@@ -266,6 +267,7 @@ class SlabCaptureDefault : public ::testing::Test {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // whatever an earlier test left current
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-default-test"));

@@ -38,6 +38,9 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<case_params> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
+    // Device 0, whose pool's row the tests read, is this process's current
+    // device whatever an earlier test left current.
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     daemon_ = std::make_unique<daemon_process>(
         std::vector<std::string>{"--cuda-pool-bytes",
                                  "8GiB",
@@ -170,9 +173,8 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
   o.runtime_dir      = daemon_->runtime_dir();
   o.import_by_fabric = GetParam().import == import_by::fabric;
   session s(o);
-  // On device 0, whose pool's row the fixture reads (not the current device's).
-  auto made = shared_buffer::create(s, "gpu/twice", bytes, {.device = 0});
-  ASSERT_EQ(made.pool().id, pool_id_);
+  auto made = shared_buffer::create(s, "gpu/twice", bytes);
+  ASSERT_EQ(made.pool().id, pool_id_);  // the pool whose row the fixture reads
   ASSERT_EQ(cudaMemset(made.data(), 7, bytes), cudaSuccess);
   made.publish();
   auto first  = shared_buffer::open(s, "gpu/twice");
