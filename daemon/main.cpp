@@ -72,7 +72,7 @@ int main(int argc, char** argv)
       !startup::add_pools(core, *pools, flags.backend, flags.shared_buffer_memory == "own")) {
     return 1;
   }
-  core.set_driver_usage_source(rmmd::backends::cuda::driver_used_bytes);
+  core.pools().set_driver_usage_source(rmmd::backends::cuda::driver_used_bytes);
   rmmd::restart::fd_store store;
   auto const keeper = startup::restore_buffers(
       core, store, std::move(passed), rmmd::config::effective_state_file(*settings));
@@ -90,9 +90,10 @@ int main(int argc, char** argv)
                                                             : rmmd::peering::probe_exchange{});
   if (!endpoints) { return 1; }
 
-  startup::service_status status(core.pools().size());
-  rmmd::log::info(
-      "ready: %d pool(s), sockets in %s", core.pools().size(), settings->runtime_dir.string());
+  startup::service_status status(core.pools().list().size());
+  rmmd::log::info("ready: %d pool(s), sockets in %s",
+                  core.pools().list().size(),
+                  settings->runtime_dir.string());
   status.ready();
   int sig = 0;
   while (sig != SIGTERM && sig != SIGINT) {

@@ -58,7 +58,7 @@ class buffer_keeper {
   }
 };
 
-/// A buffer the last daemon kept, for daemon_core::adopt_buffer.
+/// A buffer the last daemon kept, for buffer_registry::adopt_buffer.
 struct adopted_buffer_spec {
   std::string name{};
   pool_id pool{};

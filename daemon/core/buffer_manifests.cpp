@@ -1,4 +1,4 @@
-// daemon_core's buffer manifests (docs/sharing.md, "Manifests"): set by a
+// buffer_registry's manifests (docs/sharing.md, "Manifests"): set by a
 // buffer's creating session before it publishes, read by any session that
 // may see or holds the buffer, and the checks an open makes of the access
 // it asks for and of the labels it expects (the fingerprint guard).
@@ -8,18 +8,18 @@
 // table that may hold a million tensors, under the core's lock.
 
 #include "daemon/core/buffer_manifest_checks.hpp"
+#include "daemon/core/buffer_registry.hpp"
 #include "daemon/core/core_entries.hpp"
-#include "daemon/core/daemon_core.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
 namespace rmmd::core {
 
-std::optional<absl::Status> daemon_core::open_refusal_locked(buffer_entry const& b,
-                                                             session_id session,
-                                                             buffer_open_options const& how,
-                                                             std::string_view request) const
+std::optional<absl::Status> buffer_registry::open_refusal_locked(buffer_entry const& b,
+                                                                 session_id session,
+                                                                 buffer_open_options const& how,
+                                                                 std::string_view request) const
 {
   if (how.access == buffer_access::read_write && b.creator != session && !b.allow_writers) {
     return absl::PermissionDeniedError(absl::StrFormat(
@@ -46,11 +46,11 @@ std::optional<absl::Status> daemon_core::open_refusal_locked(buffer_entry const&
   return std::nullopt;
 }
 
-absl::Status daemon_core::set_buffer_manifest(session_id session,
-                                              buffer_id id,
-                                              buffer_manifest manifest)
+absl::Status buffer_registry::set_buffer_manifest(session_id session,
+                                                  buffer_id id,
+                                                  buffer_manifest manifest)
 {
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("set the manifest of buffer %d", id);
   auto found         = writing_buffer_locked(session, id, request, "set its manifest");
   if (!found.ok()) { return found.status(); }
@@ -64,28 +64,29 @@ absl::Status daemon_core::set_buffer_manifest(session_id session,
   auto problem = manifest_problem(manifest, size);
   if (problem) { return absl::InvalidArgumentError(absl::StrCat(named, ": ", *problem)); }
   lock.lock();
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || it->second->creator != session ||
-      it->second->state != buffer_state::writing || find_session_locked(session) == nullptr) {
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end() || it->second->creator != session ||
+      it->second->state != buffer_state::writing ||
+      state_.find_session_locked(session) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         named, ": the buffer was published, deleted or closed while its manifest was checked"));
   }
-  if (auto const& uuid = pools_[pool]->config.gpu_uuid; !uuid.empty()) {
+  if (auto const& uuid = state_.pools[pool]->config.gpu_uuid; !uuid.empty()) {
     manifest.labels[std::string(gpu_uuid_label)] = uuid;
   }
   it->second->manifest = std::make_shared<buffer_manifest const>(std::move(manifest));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<buffer_manifest const>> daemon_core::buffer_manifest_of(
+absl::StatusOr<std::shared_ptr<buffer_manifest const>> buffer_registry::buffer_manifest_of(
     session_id session, buffer_id id) const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("manifest of buffer %d", id);
-  auto found         = session_locked(session, request);
+  auto found         = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(absl::StrCat(
         request,
         ": this session does not hold it (open it first; never opened, or closed already)"));
@@ -93,22 +94,22 @@ absl::StatusOr<std::shared_ptr<buffer_manifest const>> daemon_core::buffer_manif
   return it->second->manifest;
 }
 
-absl::StatusOr<buffer_description> daemon_core::describe_buffer(session_id session,
-                                                                std::string_view name) const
+absl::StatusOr<buffer_description> buffer_registry::describe_buffer(session_id session,
+                                                                    std::string_view name) const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("describe buffer %s", quoted_for_message(name));
-  auto found         = session_locked(session, request);
+  auto found         = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
-  auto n = buffer_names_.find(std::string(name));
+  auto n = state_.buffer_names.find(std::string(name));
   // One answer for a missing buffer and one the caller may not see, so that
   // names do not leak.
-  if (n == buffer_names_.end() ||
-      !may_see_locked(*buffers_.at(n->second), session, (*found)->peer)) {
+  if (n == state_.buffer_names.end() ||
+      !may_see_locked(*state_.buffers.at(n->second), session, (*found)->peer)) {
     return absl::NotFoundError(absl::StrCat(
         request, ": no buffer of this name that this session may see (see `rmmctl buffers`)"));
   }
-  auto const& b = *buffers_.at(n->second);
+  auto const& b = *state_.buffers.at(n->second);
   return buffer_description{.info = buffer_info_locked(b), .manifest = b.manifest};
 }
 

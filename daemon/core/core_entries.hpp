@@ -1,8 +1,8 @@
 #pragma once
 
 // What the core keeps per pool, per session and per shared buffer: the
-// core's and its parts' own, never an adapter's. Guarded by daemon_core's mutex; REQUIRES: whoever
-// reads or writes an entry holds it.
+// core's and its parts' own, never an adapter's. Guarded by the core's mutex
+// (core_state.hpp); REQUIRES: whoever reads or writes an entry holds it.
 
 #include "daemon/core/pool_backend.hpp"
 #include "daemon/core/tenants.hpp"
@@ -121,7 +121,7 @@ struct buffer_entry {
   // Its manifest with the daemon's labels; null: none. Replaced whole, never
   // changed in place, so a grant or a description shares it without a copy.
   std::shared_ptr<buffer_manifest const> manifest;
-  // Adopted from the daemon before a restart (daemon_core::adopt_buffer):
+  // Adopted from the daemon before a restart (buffer_registry::adopt_buffer):
   // frees `block`, which no tenant's backend made. Empty otherwise.
   std::function<void(shared_allocation const&)> release;
 };

@@ -17,7 +17,7 @@ namespace rmmd::core {
 /// no strings, no times.
 struct lease {
   pool_id pool{};
-  /// Carved out of one of its session's packed blocks (daemon_core::allocate's
+  /// Carved out of one of its session's packed blocks (lease_allocator::allocate's
   /// may_pack): `address` lies in that block, `offset` is its place there,
   /// and the backend has nothing of its own to free.
   bool packed{false};

@@ -41,7 +41,7 @@
 namespace rmmd::core {
 
 /// Asks session `session` to let go of its packed blocks `blocks` of `pool`,
-/// which hold none of its leases (see daemon_core::drop_blocks). Returns how
+/// which hold none of its leases (see lease_allocator::drop_blocks). Returns how
 /// many of `blocks`, from the first, the session was asked for (the others
 /// could not be sent: they stay the session's to carve from, and are asked
 /// for again later). Must not block and must not call the core: it is called

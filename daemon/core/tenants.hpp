@@ -8,7 +8,7 @@
 // through the driver (a trim) or the kernel (punched pages). See
 // docs/reliability.md, "Tenants".
 //
-// pool_tenants is a part of pool_entry: guarded by daemon_core's mutex like
+// pool_tenants is a part of pool_entry: guarded by the core's mutex (core_state.hpp) like
 // the rest of it, except where a member says otherwise.
 
 #include "daemon/core/pool_backend.hpp"
@@ -89,7 +89,7 @@ class pool_tenants {
 
   /// Makes `tenant`'s backend (without the core's lock: it may take
   /// milliseconds). INTERNAL naming the pool and tenant when it fails.
-  /// Called only with tenants_mutex held (see daemon_core).
+  /// Called only with the tenants' mutex held (see pool_registry).
   [[nodiscard]] absl::StatusOr<std::shared_ptr<pool_backend>> make(tenant_key const& tenant,
                                                                    std::string const& pool) const;
   /// Installs a backend make() returned (if none came meanwhile).

@@ -90,7 +90,7 @@ struct pool_description {
   std::string fabric_problem{};            ///< see pool_config::fabric_problem
 };
 
-/// One tenant's backend of a pool (daemon_core's tenancy): what it lends and
+/// One tenant's backend of a pool (tenants.hpp): what it lends and
 /// what it holds from the system.
 struct tenant_pool_stats {
   std::string tenant{};  ///< "uid 1000", "gid 2000", or "node" (one backend for everyone)
@@ -141,7 +141,7 @@ struct carved_usage {
   /// The bytes of its slabs there (carved or not; 0 from clients that do not
   /// say), and of those the bytes of slabs with nothing carved, which the
   /// session gives back at once when asked (a session reporting any answers
-  /// reclaim requests: see daemon_core::set_reclaim_notifier).
+  /// reclaim requests: see lease_allocator::set_reclaim_notifier).
   std::size_t slab_bytes{};
   std::size_t reclaimable_bytes{};
 };
@@ -251,7 +251,7 @@ struct buffer_info {
   std::size_t tensor_count{};                   ///< its manifest's tensors
 };
 
-/// Some of the live sessions (see daemon_core::sessions), and what the rest
+/// Some of the live sessions (see session_registry::top_sessions), and what the rest
 /// hold together.
 struct session_listing {
   std::vector<session_info> sessions{};
@@ -303,7 +303,7 @@ using driver_usage_source = std::function<std::optional<std::size_t>(int device)
 struct stats_snapshot {
   std::vector<pool_stats> pools{};
   /// Every session (by id), or those holding the most (see
-  /// daemon_core::stats).
+  /// pool_registry::stats).
   std::vector<session_info> sessions{};
   std::size_t session_count{};         ///< live sessions, listed or not
   std::size_t unlisted_bytes{};        ///< `bytes` of the sessions not listed

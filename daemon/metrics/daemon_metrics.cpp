@@ -22,7 +22,7 @@ daemon_snapshot daemon_metrics::snapshot() const
       .uptime_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(),
       .draining      = core_.draining(),
-      .stats         = core_.stats(),
+      .stats         = core_.pools().stats(),
       .requests      = grpc_calls_.snapshot(),
       .session_calls = session_calls_.snapshot(),
       .admission     = admission_.snapshot()};

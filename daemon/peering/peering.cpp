@@ -130,7 +130,8 @@ std::unique_ptr<peering> peering::start(core::daemon_core& core,
   }
   if (!p->listen(tls ? &*tls : nullptr) || !p->dial(tls ? &*tls : nullptr)) { return nullptr; }
   p->ledger_.start_reaper();
-  core.set_foreign_release_notifier([raw = p.get()](core::buffer_id id) { raw->released(id); });
+  core.buffers().set_foreign_release_notifier(
+      [raw = p.get()](core::buffer_id id) { raw->released(id); });
   log::info(
       "peering: node '%s', %d peer(s) to dial%s; probe: %s",
       settings.node_name,
@@ -256,7 +257,7 @@ void peering::stop() noexcept
     if (stopped_) { return; }
     stopped_ = true;
   }
-  core_.set_foreign_release_notifier(nullptr);
+  core_.buffers().set_foreign_release_notifier(nullptr);
   for (auto& link : links_) { link->stop(); }
   ledger_.stop();
   if (server_) {
@@ -313,7 +314,7 @@ absl::Status peering::open(core::session_id session,
                         request.name(),
                         request.peer()));
   }
-  auto who = core_.session_peer(session);
+  auto who = core_.sessions().session_peer(session);
   if (!who.ok()) { return who.status(); }
   {
     std::lock_guard lock(holds_mutex_);
@@ -324,7 +325,7 @@ absl::Status peering::open(core::session_id session,
                           request.peer()));
     }
   }
-  auto id = core_.add_foreign_hold(session);
+  auto id = core_.buffers().add_foreign_hold(session);
   if (!id.ok()) { return id.status(); }
   bool released_already = false;
   {
@@ -352,7 +353,7 @@ absl::Status peering::open(core::session_id session,
   auto grant = link->open(std::move(ask));
   if (!grant.ok()) {
     // Its id goes (released() marks the entry, which goes after).
-    (void)core_.close_buffer(session, *id);
+    (void)core_.buffers().close_buffer(session, *id);
     std::lock_guard lock(holds_mutex_);
     foreign_.erase(*id);
     return node_answer(grant.status(), request.peer());

@@ -101,7 +101,7 @@ absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string c
       !s.ok()) {
     return s.status();
   }
-  auto grant = core_.open_remote_buffer(open.name, open.how);
+  auto grant = core_.buffers().open_remote_buffer(open.name, open.how);
   if (!grant.ok()) { return grant.status(); }
   holds_.emplace(grant->hold,
                  hold{.identity    = identity,
@@ -124,8 +124,8 @@ absl::StatusOr<std::vector<core::buffer_info>> remote_hold_ledger::list(std::str
       return s.status();
     }
   }
-  return core_.list_remote_buffers(list.filter,
-                                   [&](std::string const& name) { return list.granted(name); });
+  return core_.buffers().list_remote_buffers(
+      list.filter, [&](std::string const& name) { return list.granted(name); });
 }
 
 void remote_hold_ledger::their_verdict(std::string const& identity,
@@ -195,7 +195,7 @@ std::string remote_hold_ledger::node_of_locked(std::string const& identity,
 
 void remote_hold_ledger::end_locked(std::map<std::uint64_t, hold>::iterator it) noexcept
 {
-  (void)core_.close_remote_hold(it->first);  // NOT_FOUND: the core ended it already
+  (void)core_.buffers().close_remote_hold(it->first);  // NOT_FOUND: the core ended it already
   holds_.erase(it);
 }
 

@@ -47,8 +47,8 @@ absl::StatusOr<core::session_id> rmmd_service::caller(grpc::ServerContext const&
 {
   auto const& md = context.client_metadata();
   auto it        = md.find(grpc::string_ref(token_metadata_key.data(), token_metadata_key.size()));
-  if (it == md.end()) { return core_.authenticate({}); }
-  return core_.authenticate(std::string_view(it->second.data(), it->second.size()));
+  if (it == md.end()) { return core_.sessions().authenticate({}); }
+  return core_.sessions().authenticate(std::string_view(it->second.data(), it->second.size()));
 }
 
 grpc::Status rmmd_service::serve(wire::call const& method,

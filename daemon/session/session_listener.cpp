@@ -80,11 +80,11 @@ void session_listener::start()
     throw_errno("eventfd");
   }
   calls_.start();
-  core_.set_reclaim_notifier(
+  core_.leases().set_reclaim_notifier(
       [this](core::session_id session, core::pool_id pool, std::size_t bytes) {
         calls_.push_reclaim(session, pool, bytes);
       });
-  core_.set_retire_notifier(
+  core_.leases().set_retire_notifier(
       [this](core::session_id session, core::pool_id pool, std::vector<core::block_id> const& ids) {
         return calls_.push_retire(session, pool, ids);
       });
@@ -105,8 +105,8 @@ void session_listener::stop() noexcept
   ::eventfd_write(wake_fd_, 1);
   thread_.join();
   calls_.stop_threads();
-  core_.set_reclaim_notifier({});
-  core_.set_retire_notifier({});
+  core_.leases().set_reclaim_notifier({});
+  core_.leases().set_retire_notifier({});
   calls_.end_all_sessions();
   ::close(wake_fd_);
   wake_fd_ = -1;

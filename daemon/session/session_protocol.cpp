@@ -123,7 +123,7 @@ hello_answer handle_hello(core::daemon_core& core,
   answer.previous_session_id = hello.previous_session_id();
   answer.reconnects          = hello.reconnects();
   auto grant =
-      core.open_session(peer,
+      core.sessions().open_session(peer,
                         std::move(command),
                         core::session_origin{.client_name      = hello.client_name(),
                                              .reconnects       = hello.reconnects(),
@@ -139,7 +139,7 @@ hello_answer handle_hello(core::daemon_core& core,
   w.set_session_id(grant->id);
   w.set_max_message_bytes(limits.max_message_bytes);
   // The session's own tenant's pools: their fds, and nobody else's.
-  auto pools = core.pools_for(grant->id);
+  auto pools = core.pools().pools_for(grant->id);
   if (!pools.ok()) {
     answer.refusal = pools.status();
     answer.message = refusal_welcome(pools.status());

@@ -159,7 +159,7 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
           .state_file = state_file, .generation = generation, .next_fd_id = result.next_fd_id},
       store);
   std::vector<std::string> to_remove = std::move(result.remove_from_store);
-  auto const pools                   = core.pools();
+  auto const pools                   = core.pools().list();
   for (auto& b : result.adopted) {
     auto const& r = b.record;
     auto memory   = check_memory(pools, b);
@@ -179,7 +179,7 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
             : nullptr;
     auto const release = memory->release;
     auto const block   = memory->memory;
-    auto adopted       = core.adopt_buffer(core::adopted_buffer_spec{
+    auto adopted       = core.buffers().adopt_buffer(core::adopted_buffer_spec{
               .name          = r.name(),
               .pool          = memory->pool,
               .size          = r.size(),
@@ -232,8 +232,8 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
       summary.adopted_bytes,
       summary.dropped,
       state_file.string());
-  core.set_restart_summary(summary);
-  core.set_buffer_keeper(keeper);
+  core.pools().set_restart_summary(summary);
+  core.buffers().set_buffer_keeper(keeper);
   return keeper;
 }
 

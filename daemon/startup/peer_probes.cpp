@@ -13,7 +13,7 @@ namespace rmmd::startup {
 
 peering::probe_exchange make_peer_probes(core::daemon_core const& core)
 {
-  for (auto const& pool : core.pools()) {
+  for (auto const& pool : core.pools().list()) {
     // handle_types names fabric only where startup/pools proved the export
     // (the child's probe, then one pool made in-process): never export here
     // where that said no. Not pool.fabric_handle: with per-uid tenancy no
@@ -47,7 +47,7 @@ peering::probe_exchange make_peer_probes(core::daemon_core const& core)
   // No fabric pool: where the config asked one for fabric handles and the
   // start found none (no IMEX channel, ...), the peers hear why.
   auto out = peering::no_fabric_probe();
-  for (auto const& pool : core.pools()) {
+  for (auto const& pool : core.pools().list()) {
     if (pool.fabric_problem.empty()) { continue; }
     auto const why =
         absl::StrFormat("pool '%s' has no fabric handles: %s", pool.name, pool.fabric_problem);

@@ -44,16 +44,16 @@ bool add_host_pool(core::daemon_core& core, config::pool_settings const& p, int 
     // Each tenant's memfd is as large as the pool (its pages cost nothing
     // until written); the core keeps all of them together within it.
     backends::host::host_backend const probe(p.name, p.capacity_bytes, pinnable);
-    core.add_pool(core::pool_config{.name         = p.name,
-                                    .device       = -1,
-                                    .handle_types = {core::handle_type::host_offset},
-                                    .pinnable     = pinnable},
-                  core::backend_kind::host,
-                  probe.capacity(),
-                  [name = p.name, bytes = p.capacity_bytes, pinnable](core::tenant_key const& t) {
-                    return std::make_unique<backends::host::host_backend>(
-                        name, bytes, pinnable, t.text());
-                  });
+    core.pools().add_pool(
+        core::pool_config{.name         = p.name,
+                          .device       = -1,
+                          .handle_types = {core::handle_type::host_offset},
+                          .pinnable     = pinnable},
+        core::backend_kind::host,
+        probe.capacity(),
+        [name = p.name, bytes = p.capacity_bytes, pinnable](core::tenant_key const& t) {
+          return std::make_unique<backends::host::host_backend>(name, bytes, pinnable, t.text());
+        });
     log::info("pool '%s': shared host memory, %d bytes%s",
               p.name,
               p.capacity_bytes,
@@ -184,17 +184,18 @@ bool add_cuda_pool(core::daemon_core& core, config::pool_settings p, int gpus, b
     auto const gpu = gpu::identify(p.device).value_or(gpu::identity{});
     // A pool per tenant (a uid's first session makes its own), all of them
     // together within `capacity`.
-    core.add_pool(core::pool_config{.name           = p.name,
-                                    .device         = p.device,
-                                    .gpu_uuid       = gpu.uuid,
-                                    .pci_bus_id     = gpu.pci_bus_id,
-                                    .handle_types   = types,
-                                    .limit_bytes    = capacity,
-                                    .max_alignment  = 256,
-                                    .fabric_problem = no_fabric_because},
-                  core::backend_kind::cuda,
-                  capacity,
-                  [options](core::tenant_key const&) { return make_cuda_backend(options); });
+    core.pools().add_pool(
+        core::pool_config{.name           = p.name,
+                          .device         = p.device,
+                          .gpu_uuid       = gpu.uuid,
+                          .pci_bus_id     = gpu.pci_bus_id,
+                          .handle_types   = types,
+                          .limit_bytes    = capacity,
+                          .max_alignment  = 256,
+                          .fabric_problem = no_fabric_because},
+        core::backend_kind::cuda,
+        capacity,
+        [options](core::tenant_key const&) { return make_cuda_backend(options); });
     log::info("pool '%s': CUDA device %d (%s, %s), %s export, up to %d bytes",
               p.name,
               p.device,
@@ -261,7 +262,7 @@ bool add_pools(core::daemon_core& core,
                                                     : add_cuda_pool(core, p, gpus, vmm_buffers);
     if (!ok) { return false; }
   }
-  if (core.pools().empty()) {
+  if (core.pools().list().empty()) {
     log::error("no pool could be served; see the lines above");
     return false;
   }

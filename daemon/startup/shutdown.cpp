@@ -53,7 +53,7 @@ void stop_serving(core::daemon_core& core, endpoints& endpoints, service_status&
   // client keeps its channel open, even an idle one.
   // What closing the sessions now frees stays kept: a restart serves it
   // again (their clients did not let go of it).
-  core.set_buffer_keeper(nullptr);
+  core.buffers().set_buffer_keeper(nullptr);
   status.stopped();
   core.begin_drain();
   endpoints.stop();

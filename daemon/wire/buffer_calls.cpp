@@ -44,11 +44,11 @@ absl::Status create_buffer(core::daemon_core& core,
       rules,
       held,
       [&] {
-        return core.create_buffer_or_hold(
+        return core.buffers().create_buffer_or_hold(
             session, request.name(), request.pool_id(), request.size(), from_proto(request));
       },
       [&] {
-        return core.create_buffer(session,
+        return core.buffers().create_buffer(session,
                                   request.name(),
                                   request.pool_id(),
                                   request.size(),
@@ -64,7 +64,7 @@ absl::Status publish_buffer(core::daemon_core& core,
                             core::session_id session,
                             v1::PublishBufferRequest const& request)
 {
-  return core.publish_buffer(session, request.buffer_id());
+  return core.buffers().publish_buffer(session, request.buffer_id());
 }
 
 /// Waits until `wait_until` at most (the transport bounds the request's
@@ -89,7 +89,7 @@ absl::Status open_buffer(core::daemon_core& core,
                         request.name(),
                         *key));
   }
-  auto grant = core.open_buffer(session, request.name(), wait_until, from_proto(request));
+  auto grant = core.buffers().open_buffer(session, request.name(), wait_until, from_proto(request));
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
   manifest_follows(rules, reply);
@@ -117,7 +117,7 @@ absl::Status set_buffer_manifest(core::daemon_core& core,
                         request.buffer_id(),
                         *key));
   }
-  return core.set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
+  return core.buffers().set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
 }
 
 absl::Status describe_buffer(core::daemon_core const& core,
@@ -125,7 +125,7 @@ absl::Status describe_buffer(core::daemon_core const& core,
                              v1::DescribeBufferRequest const& request,
                              v1::DescribeBufferResponse* reply)
 {
-  auto described = core.describe_buffer(session, request.name());
+  auto described = core.buffers().describe_buffer(session, request.name());
   if (!described.ok()) { return described.status(); }
   to_proto(described->info, reply->mutable_info());
   if (described->manifest) { to_proto(*described->manifest, reply->mutable_manifest()); }
@@ -137,7 +137,7 @@ absl::Status get_buffer_manifest(core::daemon_core const& core,
                                  v1::GetBufferManifestRequest const& request,
                                  v1::BufferManifest* reply)
 {
-  auto manifest = core.buffer_manifest_of(session, request.buffer_id());
+  auto manifest = core.buffers().buffer_manifest_of(session, request.buffer_id());
   if (!manifest.ok()) { return manifest.status(); }
   if (*manifest) { to_proto(**manifest, reply); }
   return absl::OkStatus();
@@ -147,7 +147,7 @@ absl::Status close_buffer(core::daemon_core& core,
                           core::session_id session,
                           v1::CloseBufferRequest const& request)
 {
-  return core.close_buffer(session, request.buffer_id());
+  return core.buffers().close_buffer(session, request.buffer_id());
 }
 
 absl::Status delete_buffer(core::daemon_core& core,
@@ -155,7 +155,7 @@ absl::Status delete_buffer(core::daemon_core& core,
                            v1::DeleteBufferRequest const& request,
                            v1::DeleteBufferResponse* reply)
 {
-  auto holders = core.delete_buffer(session, request.name());
+  auto holders = core.buffers().delete_buffer(session, request.name());
   if (!holders.ok()) { return holders.status(); }
   reply->set_holders(static_cast<std::uint32_t>(*holders));
   return absl::OkStatus();
@@ -170,7 +170,7 @@ absl::Status list_buffers(core::daemon_core const& core,
     return absl::InvalidArgumentError(absl::StrFormat(
         "list buffers: the filter names label '%s' twice; name each label once", *key));
   }
-  auto buffers = core.list_buffers(session, from_proto(request));
+  auto buffers = core.buffers().list_buffers(session, from_proto(request));
   if (!buffers.ok()) { return buffers.status(); }
   for (auto const& b : *buffers) { to_proto(b, reply->add_buffers()); }
   return absl::OkStatus();
@@ -184,7 +184,7 @@ absl::Status buffer_fd(core::daemon_core& core,
                        std::vector<int>* fds,
                        v1::BufferFdResponse* reply)
 {
-  auto fd = core.buffer_fd(session, request.buffer_id());
+  auto fd = core.buffers().buffer_fd(session, request.buffer_id());
   if (!fd.ok()) { return fd.status(); }
   if (fds == nullptr) { return absl::FailedPreconditionError("this connection cannot carry fds"); }
   fds->push_back(*fd);

@@ -20,7 +20,7 @@ void get_stats(core::daemon_core const& core, v1::GetStatsRequest const& request
 {
   auto const top = request.has_top_sessions() ? std::optional<std::size_t>(request.top_sessions())
                                               : std::nullopt;
-  to_proto(core.stats(top), reply);
+  to_proto(core.pools().stats(top), reply);
 }
 
 void list_sessions(core::daemon_core const& core,
@@ -28,17 +28,17 @@ void list_sessions(core::daemon_core const& core,
                    v1::ListSessionsResponse* reply)
 {
   if (request.has_top_sessions()) {
-    to_proto(core.top_sessions(request.top_sessions()), reply);
+    to_proto(core.sessions().top_sessions(request.top_sessions()), reply);
     return;
   }
-  auto all = core.sessions();
+  auto all = core.sessions().list();
   reply->set_session_count(all.size());
   for (auto const& s : all) { to_proto(s, reply->add_sessions()); }
 }
 
 void list_pools(core::daemon_core const& core, v1::ListPoolsResponse* reply)
 {
-  for (auto const& p : core.stats(0).pools) { to_proto(p, reply->add_pools()); }
+  for (auto const& p : core.pools().stats(0).pools) { to_proto(p, reply->add_pools()); }
 }
 
 absl::Status health(call_context const& c, v1::HealthRequest const&, v1::HealthResponse* response)
@@ -56,8 +56,8 @@ absl::Status health(call_context const& c, v1::HealthRequest const&, v1::HealthR
                                        .count()));
     response->set_metrics_address(c.facts->metrics_address);
   }
-  response->set_pool_count(static_cast<std::uint32_t>(c.core.pools().size()));
-  response->set_session_count(static_cast<std::uint32_t>(c.core.session_count()));
+  response->set_pool_count(static_cast<std::uint32_t>(c.core.pools().list().size()));
+  response->set_session_count(static_cast<std::uint32_t>(c.core.sessions().session_count()));
   response->set_pid(static_cast<std::int32_t>(::getpid()));
   return absl::OkStatus();
 }

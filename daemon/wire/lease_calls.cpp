@@ -29,14 +29,14 @@ absl::Status allocate(core::daemon_core& core,
       rules,
       held,
       [&] {
-        return core.allocate_or_hold(session,
+        return core.leases().allocate_or_hold(session,
                                      request.pool_id(),
                                      request.size(),
                                      request.alignment(),
                                      rules.packing && request.may_pack());
       },
       [&] {
-        return core.allocate(session,
+        return core.leases().allocate(session,
                              request.pool_id(),
                              request.size(),
                              request.alignment(),
@@ -62,7 +62,7 @@ absl::Status free(core::daemon_core& core, core::session_id session, v1::FreeReq
         "enqueued after cudaFreeAsync): update the client",
         request.allocation_id()));
   }
-  return core.free(session, request.allocation_id());
+  return core.leases().free(session, request.allocation_id());
 }
 
 absl::Status drop_blocks(core::daemon_core& core,
@@ -70,7 +70,7 @@ absl::Status drop_blocks(core::daemon_core& core,
                          v1::BlocksDropped const& request)
 {
   auto const& ids = request.block_ids();
-  return core.drop_blocks(session, std::span(ids.data(), ids.size()));
+  return core.leases().drop_blocks(session, std::span(ids.data(), ids.size()));
 }
 
 absl::Status report_usage(core::daemon_core& core,
@@ -87,7 +87,7 @@ absl::Status report_usage(core::daemon_core& core,
                                        .slab_bytes        = p.slab_bytes(),
                                        .reclaimable_bytes = p.reclaimable_bytes()});
   }
-  auto trim = core.report_usage(session, usage);
+  auto trim = core.leases().report_usage(session, usage);
   if (!trim.ok()) { return trim.status(); }
   for (auto id : *trim) { reply->add_trim_pool_ids(id); }
   return absl::OkStatus();
@@ -99,7 +99,7 @@ absl::Status trim(core::daemon_core& core,
                   v1::TrimResponse* reply)
 {
   std::vector<core::pool_id> pools(request.pool_ids().begin(), request.pool_ids().end());
-  auto trimmed = core.trim(session, pools);
+  auto trimmed = core.pools().trim(session, pools);
   if (!trimmed.ok()) { return trimmed.status(); }
   for (auto const& t : *trimmed) { to_proto(t, reply->add_pools()); }
   return absl::OkStatus();

@@ -39,18 +39,19 @@ class Admin : public ::testing::Test {
     o.access.uids = {0, 1000, 2000};
     o.admin_uid   = 1000;  // as if the daemon ran as uid 1000
     core_         = std::make_unique<daemon_core>(std::move(o));
-    core_->add_pool(config("host"), std::make_unique<backends::host::host_backend>("h", 16 * MiB));
+    core_->pools().add_pool(config("host"),
+                            std::make_unique<backends::host::host_backend>("h", 16 * MiB));
     // A pool that says it holds 10 MiB from the system, gives 6 MiB of them
     // back on trim(), and has a release threshold.
     auto gpu = std::make_unique<fake_pool_backend>(fake_pool_backend::options{
         .capacity = 16 * MiB, .kind = backend_kind::cuda, .release_threshold = 4 * MiB});
     backend_ = gpu.get();
     backend_->set_reserved(10 * MiB, 6 * MiB);
-    core_->add_pool(config("gpu"), std::move(gpu));
+    core_->pools().add_pool(config("gpu"), std::move(gpu));
   }
   session_id open(uid_t uid)
   {
-    return core_->open_session(peer(uid), "cmd", "client").value().id;
+    return core_->sessions().open_session(peer(uid), "cmd", "client").value().id;
   }
 
   std::unique_ptr<daemon_core> core_;
@@ -59,7 +60,7 @@ class Admin : public ::testing::Test {
 
 TEST_F(Admin, TrimReportsWhatEveryPoolGaveBack)
 {
-  auto trimmed = core_->trim(open(1000), {});
+  auto trimmed = core_->pools().trim(open(1000), {});
   ASSERT_TRUE(trimmed.ok()) << trimmed.status();
   ASSERT_EQ(trimmed->size(), 2u);
   EXPECT_EQ((*trimmed)[0].name, "host");
@@ -74,7 +75,7 @@ TEST_F(Admin, TrimReportsWhatEveryPoolGaveBack)
 
 TEST_F(Admin, RootMayTrimOneChosenPool)
 {
-  auto trimmed = core_->trim(open(0), {1});
+  auto trimmed = core_->pools().trim(open(0), {1});
   ASSERT_TRUE(trimmed.ok()) << trimmed.status();
   ASSERT_EQ(trimmed->size(), 1u);
   EXPECT_EQ((*trimmed)[0].name, "gpu");
@@ -82,7 +83,7 @@ TEST_F(Admin, RootMayTrimOneChosenPool)
 
 TEST_F(Admin, OtherUidsMayNotTrim)
 {
-  auto trimmed = core_->trim(open(2000), {});
+  auto trimmed = core_->pools().trim(open(2000), {});
   ASSERT_FALSE(trimmed.ok());
   EXPECT_EQ(trimmed.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(trimmed.status().message()),
@@ -93,7 +94,7 @@ TEST_F(Admin, OtherUidsMayNotTrim)
 
 TEST_F(Admin, AnUnknownPoolTrimsNothing)
 {
-  auto trimmed = core_->trim(open(1000), {1, 5});
+  auto trimmed = core_->pools().trim(open(1000), {1, 5});
   ASSERT_FALSE(trimmed.ok());
   EXPECT_EQ(trimmed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(trimmed.status().message()),
@@ -104,7 +105,7 @@ TEST_F(Admin, AnUnknownPoolTrimsNothing)
 TEST_F(Admin, ABackendFailureIsReportedWithThePoolName)
 {
   backend_->fail_trim(absl::InternalError("cudaMemPoolTrimTo: cudaErrorInvalidValue"));
-  auto trimmed = core_->trim(open(0), {});
+  auto trimmed = core_->pools().trim(open(0), {});
   ASSERT_FALSE(trimmed.ok());
   EXPECT_EQ(trimmed.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(trimmed.status().message()),
@@ -115,19 +116,19 @@ TEST_F(Admin, AClosedSessionCannotTrim)
 {
   auto id = open(0);
   core_->close_session(id);
-  EXPECT_EQ(core_->trim(id, {}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(core_->pools().trim(id, {}).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST_F(Admin, StatsCarryTheReleaseThresholdAndTheHighWaterMark)
 {
   auto s = open(1000);
-  auto a = core_->allocate(s, 0, 3 * MiB, 0);
-  auto b = core_->allocate(s, 0, 2 * MiB, 0);
+  auto a = core_->leases().allocate(s, 0, 3 * MiB, 0);
+  auto b = core_->leases().allocate(s, 0, 2 * MiB, 0);
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_TRUE(core_->free(s, a->id).ok());
-  auto c = core_->allocate(s, 0, 1 * MiB, 0);
+  ASSERT_TRUE(core_->leases().free(s, a->id).ok());
+  auto c = core_->leases().allocate(s, 0, 1 * MiB, 0);
   ASSERT_TRUE(c.ok());
-  auto stats = core_->stats();
+  auto stats = core_->pools().stats();
   EXPECT_EQ(stats.pools[0].in_use_bytes, 3 * MiB);
   EXPECT_EQ(stats.pools[0].high_water_bytes, 5 * MiB);  // the most at once, not the sum
   EXPECT_EQ(stats.pools[0].total_allocations, 3u);

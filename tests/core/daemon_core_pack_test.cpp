@@ -55,10 +55,10 @@ class Packing : public ::testing::Test {
                                    .kind     = backend_kind::cuda,
                                    .source   = fake_pool_backend::memory::made_up});
     backend_ = owned.get();
-    pool_    = core_.add_pool(
+    pool_    = core_.pools().add_pool(
         pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
         std::move(owned));
-    core_.set_retire_notifier(
+    core_.leases().set_retire_notifier(
         [this](session_id s, pool_id p, std::vector<block_id> const& ids) -> std::size_t {
           std::lock_guard lock(mutex_);
           if (socket_full_) {
@@ -74,25 +74,26 @@ class Packing : public ::testing::Test {
 
   session_id open(uid_t uid = 1000)
   {
-    auto grant = core_.open_session(peer_credentials{.pid = 1, .uid = uid, .gid = 100}, "t", "");
+    auto grant =
+        core_.sessions().open_session(peer_credentials{.pid = 1, .uid = uid, .gid = 100}, "t", "");
     EXPECT_TRUE(grant.ok()) << grant.status();
     return grant.ok() ? grant->id : session_id{};
   }
 
   lease_grant packed(session_id s, std::size_t bytes)
   {
-    auto g = core_.allocate(s, pool_, bytes, 0, reclaim_policy::refuse, true);
+    auto g = core_.leases().allocate(s, pool_, bytes, 0, reclaim_policy::refuse, true);
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() ? *g : lease_grant{};
   }
 
   pool_stats pool() const
   {
-    return core_.stats().pools.at(pool_);
+    return core_.pools().stats().pools.at(pool_);
   }
   session_info session(session_id id) const
   {
-    for (auto const& s : core_.sessions()) {
+    for (auto const& s : core_.sessions().list()) {
       if (s.id == id) { return s; }
     }
     ADD_FAILURE() << "no session " << id;
@@ -112,7 +113,7 @@ class Packing : public ::testing::Test {
       if (!retired_changed_.wait(lock, stop, [&] { return !retired_.empty(); })) { return; }
       auto const ids = retired_.front().blocks;
       lock.unlock();
-      EXPECT_TRUE(core_.drop_blocks(holder, ids).ok());
+      EXPECT_TRUE(core_.leases().drop_blocks(holder, ids).ok());
     });
   }
 
@@ -152,9 +153,9 @@ TEST_F(Packing, SmallAllocationsOfOneSessionShareOneBlockExportedOnce)
 TEST_F(Packing, OnlySmallRequestsThatAskForItArePacked)
 {
   auto const s = open();
-  auto unasked = core_.allocate(s, pool_, 256, 0);
-  auto large   = core_.allocate(s, pool_, 64 * KiB + 1, 0, reclaim_policy::refuse, true);
-  auto aligned = core_.allocate(s, pool_, 256, 4096, reclaim_policy::refuse, true);
+  auto unasked = core_.leases().allocate(s, pool_, 256, 0);
+  auto large   = core_.leases().allocate(s, pool_, 64 * KiB + 1, 0, reclaim_policy::refuse, true);
+  auto aligned = core_.leases().allocate(s, pool_, 256, 4096, reclaim_policy::refuse, true);
   ASSERT_TRUE(unasked.ok() && large.ok() && aligned.ok());
   EXPECT_EQ(unasked->packed_block, 0u);
   EXPECT_EQ(large->packed_block, 0u);
@@ -190,7 +191,7 @@ TEST_F(Packing, OneEmptyBlockStaysAndTheNextIsRetiredThenDropped)
   auto const first  = leases.front().packed_block;
   auto const second = leases.back().packed_block;
   ASSERT_NE(first, second);
-  for (auto const& l : leases) { ASSERT_TRUE(core_.free(s, l.id).ok()); }
+  for (auto const& l : leases) { ASSERT_TRUE(core_.leases().free(s, l.id).ok()); }
   // The first block to empty stays for the session's next allocations.
   ASSERT_EQ(retired().size(), 1u);
   EXPECT_EQ(retired()[0].session, s);
@@ -200,7 +201,7 @@ TEST_F(Packing, OneEmptyBlockStaysAndTheNextIsRetiredThenDropped)
   EXPECT_EQ(pool().in_use_bytes, 2 * block) << "held until the client drops its import";
   EXPECT_EQ(pool().reclaimable_bytes, block) << "the empty block that stays";
 
-  ASSERT_TRUE(core_.drop_blocks(s, std::vector<block_id>{second}).ok());
+  ASSERT_TRUE(core_.leases().drop_blocks(s, std::vector<block_id>{second}).ok());
   EXPECT_EQ(backend_->deallocations(), 1u);
   EXPECT_EQ(pool().in_use_bytes, block);
   EXPECT_EQ(session(s).bytes, block);
@@ -215,23 +216,23 @@ TEST_F(Packing, ADropOfABlockNotRetiredOrNotHeldChangesNothing)
   auto const s     = open(1000);
   auto const other = open(1001);
   auto const l     = packed(s, 256);
-  auto busy        = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
+  auto busy        = core_.leases().drop_blocks(s, std::vector<block_id>{l.packed_block});
   EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition) << busy;
   EXPECT_THAT(busy.message(), HasSubstr("has not retired it"));
-  auto foreign = core_.drop_blocks(other, std::vector<block_id>{l.packed_block});
+  auto foreign = core_.leases().drop_blocks(other, std::vector<block_id>{l.packed_block});
   EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << foreign;
-  auto unknown = core_.drop_blocks(s, std::vector<block_id>{l.packed_block + 100});
+  auto unknown = core_.leases().drop_blocks(s, std::vector<block_id>{l.packed_block + 100});
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
   EXPECT_EQ(backend_->deallocations(), 0u);
   EXPECT_EQ(pool().in_use_bytes, block);
-  EXPECT_TRUE(core_.free(s, l.id).ok()) << "the lease is still there";
+  EXPECT_TRUE(core_.leases().free(s, l.id).ok()) << "the lease is still there";
 }
 
 TEST_F(Packing, AClosingSessionGivesBackItsBlocksWithTheirLeases)
 {
   auto const s = open();
   for (int i = 0; i < 40; ++i) { packed(s, 64 * KiB); }
-  auto own = core_.allocate(s, pool_, 1 * MiB, 0);
+  auto own = core_.leases().allocate(s, pool_, 1 * MiB, 0);
   ASSERT_TRUE(own.ok());
   core_.close_session(s);
   EXPECT_EQ(backend_->deallocations(), 3u) << "two blocks and the lease of its own";
@@ -244,7 +245,7 @@ TEST_F(Packing, AHundredThousandLeasesTakeFewBlocksAndCloseAtOnce)
 {
   auto const s = open();
   for (int i = 0; i < 100000; ++i) {
-    auto g = core_.allocate(s, pool_, 256, 0, reclaim_policy::refuse, true);
+    auto g = core_.leases().allocate(s, pool_, 256, 0, reclaim_policy::refuse, true);
     ASSERT_TRUE(g.ok()) << g.status();
   }
   EXPECT_EQ(backend_->allocations(), 100000u * 256 / block + 1);
@@ -263,7 +264,7 @@ TEST_F(QuickIdle, TheEmptyBlockThatStayedIsRetiredOnceIdle)
 {
   auto const s = open();
   auto const l = packed(s, 256);
-  ASSERT_TRUE(core_.free(s, l.id).ok());
+  ASSERT_TRUE(core_.leases().free(s, l.id).ok());
   auto const freed = std::chrono::steady_clock::now();
   {
     std::unique_lock lock(mutex_);
@@ -272,7 +273,7 @@ TEST_F(QuickIdle, TheEmptyBlockThatStayedIsRetiredOnceIdle)
   EXPECT_GE(std::chrono::steady_clock::now() - freed, 50ms);
   EXPECT_THAT(retired()[0].blocks, ::testing::ElementsAre(l.packed_block));
   EXPECT_EQ(pool().reclaimable_bytes, 0u) << "retired: asked for, no longer offered";
-  ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());
+  ASSERT_TRUE(core_.leases().drop_blocks(s, retired()[0].blocks).ok());
   EXPECT_EQ(pool().in_use_bytes, 0u);
   EXPECT_EQ(backend_->live_bytes(), 0u);
 }
@@ -285,18 +286,18 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
     socket_full_ = true;
   }
   auto const l = packed(s, 256);
-  ASSERT_TRUE(core_.free(s, l.id).ok());
+  ASSERT_TRUE(core_.leases().free(s, l.id).ok());
   {
     std::unique_lock lock(mutex_);
     ASSERT_TRUE(retired_changed_.wait_for(lock, 5s, [&] { return refused_sends_ > 0; }))
         << "the idle-block sweeper did not try (50 ms idle)";
   }
   EXPECT_EQ(pool().reclaimable_bytes, block) << "not asked for: still offered";
-  auto early = core_.drop_blocks(s, std::vector<block_id>{l.packed_block});
+  auto early = core_.leases().drop_blocks(s, std::vector<block_id>{l.packed_block});
   EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
   auto const again = packed(s, 256);
   EXPECT_EQ(again.packed_block, l.packed_block) << "the session still carves from it";
-  ASSERT_TRUE(core_.free(s, again.id).ok());
+  ASSERT_TRUE(core_.leases().free(s, again.id).ok());
 
   {
     std::unique_lock lock(mutex_);
@@ -305,7 +306,7 @@ TEST_F(QuickIdle, ABlockWhoseRetireCouldNotBeSentStaysTheSessionsAndIsAskedForAg
         << "the idle-block sweeper did not ask again";
   }
   EXPECT_THAT(retired()[0].blocks, ::testing::ElementsAre(l.packed_block));
-  ASSERT_TRUE(core_.drop_blocks(s, retired()[0].blocks).ok());
+  ASSERT_TRUE(core_.leases().drop_blocks(s, retired()[0].blocks).ok());
   EXPECT_EQ(pool().in_use_bytes, 0u);
   EXPECT_EQ(backend_->live_bytes(), 0u);
 }
@@ -337,14 +338,14 @@ TEST_F(SmallPool, AWaitingRequestGetsTheRoomOfAnotherSessionsEmptyBlock)
 {
   auto const holder = open(1000);
   auto const l      = packed(holder, 256);
-  ASSERT_TRUE(core_.free(holder, l.id).ok());
+  ASSERT_TRUE(core_.leases().free(holder, l.id).ok());
   ASSERT_TRUE(retired().empty()) << "its one empty block stays";
   EXPECT_EQ(pool().reclaimable_bytes, block);
 
   auto const client = drop_when_retired(holder);
   auto const asker  = open(1001);
-  core_.set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
-  auto big = core_.allocate(asker, pool_, 3 * MiB, 0);
+  core_.leases().set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
+  auto big = core_.leases().allocate(asker, pool_, 3 * MiB, 0);
   ASSERT_TRUE(big.ok()) << big.status();
   ASSERT_EQ(retired().size(), 1u);
   EXPECT_EQ(retired()[0].session, holder);
@@ -358,14 +359,14 @@ TEST_F(Packing, AWaitingRequestGetsAnEmptyBlocksRoomWhenTheDeviceIsShort)
 {
   auto const holder = open(1000);
   auto const l      = packed(holder, 256);
-  ASSERT_TRUE(core_.free(holder, l.id).ok());
+  ASSERT_TRUE(core_.leases().free(holder, l.id).ok());
   ASSERT_TRUE(retired().empty()) << "its one empty block stays";
   backend_->set_device_limit(3 * MiB);  // 2 MiB of it in the holder's empty block
 
   auto const client = drop_when_retired(holder);
   auto const asker  = open(1001);
-  core_.set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
-  auto big = core_.allocate(asker, pool_, 2 * MiB, 0);
+  core_.leases().set_reclaim_notifier([](session_id, pool_id, std::size_t) {});
+  auto big = core_.leases().allocate(asker, pool_, 2 * MiB, 0);
   ASSERT_TRUE(big.ok()) << big.status();
   ASSERT_EQ(retired().size(), 1u);
   EXPECT_EQ(retired()[0].session, holder);

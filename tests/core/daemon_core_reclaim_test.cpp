@@ -42,10 +42,10 @@ class Reclaim : public ::testing::Test {
                            .quotas          = std::move(quotas),
                            .reclaim_timeout = timeout})
   {
-    pool_ = core_.add_pool(
+    pool_ = core_.pools().add_pool(
         pool_config{.name = "host", .device = -1, .handle_types = {handle_type::host_offset}},
         std::make_unique<backends::host::host_backend>("host", pool_size));
-    core_.set_reclaim_notifier([this](session_id s, pool_id p, std::size_t bytes) {
+    core_.leases().set_reclaim_notifier([this](session_id s, pool_id p, std::size_t bytes) {
       std::lock_guard lock(mutex_);
       asked_.push_back({s, p, bytes});
       if (answer_) { answer_(s); }
@@ -59,7 +59,7 @@ class Reclaim : public ::testing::Test {
 
   session_id open(uid_t uid)
   {
-    auto grant = core_.open_session(peer(uid), "test", "");
+    auto grant = core_.sessions().open_session(peer(uid), "test", "");
     EXPECT_TRUE(grant.ok()) << grant.status();
     return grant.ok() ? grant->id : session_id{};
   }
@@ -67,15 +67,15 @@ class Reclaim : public ::testing::Test {
   /// A slab client: `session` leases one slab of `bytes` and carves `carved` of it.
   allocation_id hold_slab(session_id session, std::size_t bytes, std::size_t carved = 0)
   {
-    auto lease = core_.allocate(session, pool_, bytes, 0);
+    auto lease = core_.leases().allocate(session, pool_, bytes, 0);
     EXPECT_TRUE(lease.ok()) << lease.status();
     auto reported =
-        core_.report_usage(session,
-                           {carved_usage{.pool              = pool_,
-                                         .bytes             = carved,
-                                         .allocation_count  = carved == 0 ? 0u : 1u,
-                                         .slab_bytes        = bytes,
-                                         .reclaimable_bytes = carved == 0 ? bytes : 0}});
+        core_.leases().report_usage(session,
+                                    {carved_usage{.pool              = pool_,
+                                                  .bytes             = carved,
+                                                  .allocation_count  = carved == 0 ? 0u : 1u,
+                                                  .slab_bytes        = bytes,
+                                                  .reclaimable_bytes = carved == 0 ? bytes : 0}});
     EXPECT_TRUE(reported.ok()) << reported.status();
     slabs_[session] = lease.ok() ? lease->id : 0;
     return slabs_[session];
@@ -87,15 +87,15 @@ class Reclaim : public ::testing::Test {
   {
     answer_ = [this](session_id s) {
       answering_.emplace_back([this, s] {
-        EXPECT_TRUE(core_.free(s, slabs_.at(s)).ok());
-        EXPECT_TRUE(core_.report_usage(s, {carved_usage{.pool = pool_}}).ok());
+        EXPECT_TRUE(core_.leases().free(s, slabs_.at(s)).ok());
+        EXPECT_TRUE(core_.leases().report_usage(s, {carved_usage{.pool = pool_}}).ok());
       });
     };
   }
 
   pool_stats pool_now() const
   {
-    return core_.stats().pools.at(0);
+    return core_.pools().stats().pools.at(0);
   }
 
   struct request {
@@ -119,7 +119,7 @@ TEST_F(Reclaim, AnAllocationOnlyOtherSessionsIdleSlabsCanServeSucceeds)
   hold_slab(b, 32 * MiB);
   answer_by_giving_back();
   auto const start = std::chrono::steady_clock::now();
-  auto lease       = core_.allocate(c, pool_, 48 * MiB, 0);
+  auto lease       = core_.leases().allocate(c, pool_, 48 * MiB, 0);
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 400ms);
   {
@@ -144,7 +144,7 @@ TEST_F(Reclaim, OnlyAsManySessionsAsTheRoomNeedsAreAskedTheLargestFirst)
   hold_slab(a, 16 * MiB);
   hold_slab(b, 48 * MiB);
   answer_by_giving_back();
-  auto lease = core_.allocate(c, pool_, 8 * MiB, 0);
+  auto lease = core_.leases().allocate(c, pool_, 8 * MiB, 0);
   ASSERT_TRUE(lease.ok()) << lease.status();
   std::lock_guard lock(mutex_);
   ASSERT_EQ(asked_.size(), 1u);
@@ -159,11 +159,11 @@ TEST_F(Reclaim, WhenTheSlabsThatCameBackAreNotOneRangeItAsksForMore)
   // range; C's makes one with B's.
   auto a = open(1000), b = open(1001), c = open(1002), d = open(1000);
   hold_slab(a, 16 * MiB);
-  ASSERT_TRUE(core_.allocate(d, pool_, 8 * MiB, 0).ok());
+  ASSERT_TRUE(core_.leases().allocate(d, pool_, 8 * MiB, 0).ok());
   hold_slab(b, 16 * MiB);
   hold_slab(c, 8 * MiB);
   answer_by_giving_back();
-  auto lease = core_.allocate(d, pool_, 24 * MiB, 0);
+  auto lease = core_.leases().allocate(d, pool_, 24 * MiB, 0);
   ASSERT_TRUE(lease.ok()) << lease.status();
   {
     std::lock_guard lock(mutex_);
@@ -182,7 +182,7 @@ TEST_F(Reclaim, ARequestIdleSlabsCannotServeIsRefusedAtOnceAsBefore)
   hold_slab(a, 32 * MiB, 24 * MiB);  // 8 MiB idle, but carved: nothing reclaimable
   hold_slab(b, 16 * MiB);            // 16 MiB reclaimable, 16 MiB free
   auto const start = std::chrono::steady_clock::now();
-  auto refused     = core_.allocate(c, pool_, 48 * MiB, 0);  // would need 32 MiB back
+  auto refused     = core_.leases().allocate(c, pool_, 48 * MiB, 0);  // would need 32 MiB back
   EXPECT_LT(std::chrono::steady_clock::now() - start, 100ms);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("pool 'host'"));
@@ -198,7 +198,7 @@ TEST_F(Reclaim, ASessionThatDoesNotAnswerCostsTheDeadlineThenTheSameRefusal)
   auto a = open(1000), c = open(1002);
   hold_slab(a, 60 * MiB);
   auto const start = std::chrono::steady_clock::now();
-  auto refused     = core_.allocate(c, pool_, 16 * MiB, 0);
+  auto refused     = core_.leases().allocate(c, pool_, 16 * MiB, 0);
   auto const took  = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, 500ms);
   EXPECT_LT(took, 2s);
@@ -215,12 +215,13 @@ TEST_F(Reclaim, HandingOffChangesNothingAndAsksNobody)
 {
   auto a = open(1000), c = open(1002);
   hold_slab(a, 60 * MiB);
-  auto held = core_.allocate_or_hold(c, pool_, 16 * MiB, 0);
+  auto held = core_.leases().allocate_or_hold(c, pool_, 16 * MiB, 0);
   EXPECT_TRUE(std::holds_alternative<reclaim_hold>(held));
-  auto created = core_.create_buffer_or_hold(c, "team/x", pool_, 16 * MiB, buffer_options{});
+  auto created =
+      core_.buffers().create_buffer_or_hold(c, "team/x", pool_, 16 * MiB, buffer_options{});
   EXPECT_TRUE(std::holds_alternative<reclaim_hold>(created));
   // A request that idle slabs cannot serve is answered, not held.
-  auto refused = core_.allocate_or_hold(c, pool_, 128 * MiB, 0);
+  auto refused = core_.leases().allocate_or_hold(c, pool_, 128 * MiB, 0);
   ASSERT_TRUE(std::holds_alternative<absl::StatusOr<lease_grant>>(refused));
   EXPECT_EQ(std::get<absl::StatusOr<lease_grant>>(refused).status().code(),
             absl::StatusCode::kResourceExhausted);
@@ -228,7 +229,7 @@ TEST_F(Reclaim, HandingOffChangesNothingAndAsksNobody)
   EXPECT_TRUE(asked_.empty());
   EXPECT_EQ(pool_now().reclaim_waits, 0u);
   EXPECT_EQ(pool_now().in_use_bytes, 60 * MiB);
-  EXPECT_TRUE(core_.buffers().empty());
+  EXPECT_TRUE(core_.buffers().all().empty());
 }
 
 TEST_F(Reclaim, ASharedBufferCreateWaitsForIdleSlabsToo)
@@ -236,7 +237,8 @@ TEST_F(Reclaim, ASharedBufferCreateWaitsForIdleSlabsToo)
   auto a = open(1000), c = open(1002);
   hold_slab(a, 60 * MiB);
   answer_by_giving_back();
-  auto created = core_.create_buffer(c, "team/weights", pool_, 16 * MiB, buffer_options{});
+  auto created =
+      core_.buffers().create_buffer(c, "team/weights", pool_, 16 * MiB, buffer_options{});
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_EQ(pool_now().reclaim_served, 1u);
 }
@@ -247,7 +249,7 @@ TEST_F(Reclaim, TheRequestersOwnIdleSlabsAreNotWaitedFor)
   // this one waits.
   auto c = open(1002);
   hold_slab(c, 60 * MiB);
-  auto refused = core_.allocate(c, pool_, 16 * MiB, 0);
+  auto refused = core_.leases().allocate(c, pool_, 16 * MiB, 0);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   std::lock_guard lock(mutex_);
   EXPECT_TRUE(asked_.empty());
@@ -258,7 +260,7 @@ TEST_F(Reclaim, StatsShowIdleAndReclaimableBytesPerPoolAndSession)
   auto a = open(1000), b = open(1001);
   hold_slab(a, 16 * MiB, 4 * MiB);  // 12 MiB idle, not reclaimable
   hold_slab(b, 8 * MiB);            // 8 MiB idle and reclaimable
-  auto stats = core_.stats();
+  auto stats = core_.pools().stats();
   EXPECT_EQ(stats.pools.at(0).idle_bytes, 20 * MiB);
   EXPECT_EQ(stats.pools.at(0).reclaimable_bytes, 8 * MiB);
   EXPECT_EQ(stats.pools.at(0).carved_bytes, 4 * MiB);
@@ -267,8 +269,8 @@ TEST_F(Reclaim, StatsShowIdleAndReclaimableBytesPerPoolAndSession)
     EXPECT_EQ(s.reclaimable_bytes, s.id == a ? 0 : 8 * MiB);
   }
   // A slab given back before the next report is not counted idle.
-  ASSERT_TRUE(core_.free(b, slabs_.at(b)).ok());
-  EXPECT_EQ(core_.stats().pools.at(0).idle_bytes, 12 * MiB);
+  ASSERT_TRUE(core_.leases().free(b, slabs_.at(b)).ok());
+  EXPECT_EQ(core_.pools().stats().pools.at(0).idle_bytes, 12 * MiB);
 }
 
 TEST_F(Reclaim, AReportThatContradictsItselfIsInvalidAndRecordsNothing)
@@ -276,7 +278,7 @@ TEST_F(Reclaim, AReportThatContradictsItselfIsInvalidAndRecordsNothing)
   auto a = open(1000);
   hold_slab(a, 16 * MiB, 4 * MiB);
   auto bad = [&](carved_usage u, char const* says) {
-    auto r = core_.report_usage(a, {u});
+    auto r = core_.leases().report_usage(a, {u});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << says;
     EXPECT_THAT(r.status().message(), HasSubstr(says));
   };
@@ -284,7 +286,7 @@ TEST_F(Reclaim, AReportThatContradictsItselfIsInvalidAndRecordsNothing)
   bad({.pool = pool_, .bytes = 8 * MiB, .slab_bytes = 4 * MiB}, "carves only from its slabs");
   bad({.pool = pool_, .bytes = 4 * MiB, .slab_bytes = 16 * MiB, .reclaimable_bytes = 16 * MiB},
       "are not carved");
-  auto stats = core_.stats();
+  auto stats = core_.pools().stats();
   EXPECT_EQ(stats.pools.at(0).idle_bytes, 12 * MiB);
   EXPECT_EQ(stats.pools.at(0).reclaimable_bytes, 0u);
 }
@@ -298,7 +300,7 @@ TEST_F(ReclaimOff, ATimeoutOfZeroRefusesAtOnce)
 {
   auto a = open(1000), c = open(1002);
   hold_slab(a, 60 * MiB);
-  EXPECT_EQ(core_.allocate(c, pool_, 16 * MiB, 0).status().code(),
+  EXPECT_EQ(core_.leases().allocate(c, pool_, 16 * MiB, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
   std::lock_guard lock(mutex_);
   EXPECT_TRUE(asked_.empty());
@@ -318,7 +320,7 @@ TEST_F(ReclaimWithQuota, AQuotaRefusalNeverWaits)
 {
   auto a = open(1000), c = open(1002);
   hold_slab(a, 8 * MiB);
-  auto refused = core_.allocate(c, pool_, 16 * MiB, 0);
+  auto refused = core_.leases().allocate(c, pool_, 16 * MiB, 0);
   EXPECT_THAT(refused.status().message(), HasSubstr("quota"));
   std::lock_guard lock(mutex_);
   EXPECT_TRUE(asked_.empty());
@@ -339,7 +341,7 @@ TEST_F(Reclaim, ADrainEndsTheWait)
     core_.begin_drain();
   });
   auto const start = std::chrono::steady_clock::now();
-  auto refused     = core_.allocate(c, pool_, 16 * MiB, 0);
+  auto refused     = core_.leases().allocate(c, pool_, 16 * MiB, 0);
   drain.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 400ms);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);

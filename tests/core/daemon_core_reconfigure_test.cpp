@@ -55,7 +55,7 @@ class Reconfigure : public ::testing::Test {
   Reconfigure()
       : core_(core_options{.access = uids({1000, 1001}), .quotas = {}, .reclaim_timeout = 0ms})
   {
-    pool_ = core_.add_pool(
+    pool_ = core_.pools().add_pool(
         pool_config{.name = "host", .device = -1, .handle_types = {handle_type::host_offset}},
         std::make_unique<backends::host::host_backend>("host", 64 * MiB));
   }
@@ -65,89 +65,91 @@ class Reconfigure : public ::testing::Test {
 
 TEST_F(Reconfigure, ALoweredSessionQuotaRefusesTheNextAllocationAndKeepsWhatIsHeld)
 {
-  auto s = core_.open_session(peer(1000), "cmd", "client");
+  auto s = core_.sessions().open_session(peer(1000), "cmd", "client");
   ASSERT_TRUE(s.ok());
-  auto held = core_.allocate(s->id, pool_, 4 * MiB, 0);
+  auto held = core_.leases().allocate(s->id, pool_, 4 * MiB, 0);
   ASSERT_TRUE(held.ok());
 
   core_.reconfigure(reload(uids({1000, 1001}), session_quota(2 * MiB)));
 
-  auto over = core_.allocate(s->id, pool_, 4096, 0);
+  auto over = core_.leases().allocate(s->id, pool_, 4096, 0);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(over.status().message(), HasSubstr("quota of 2097152 bytes"));
-  ASSERT_EQ(core_.sessions().size(), 1u);
-  EXPECT_EQ(core_.sessions()[0].bytes, 4 * MiB);  // still held
-  EXPECT_TRUE(core_.free(s->id, held->id).ok());
-  EXPECT_TRUE(core_.allocate(s->id, pool_, MiB, 0).ok());  // under the new quota
+  ASSERT_EQ(core_.sessions().list().size(), 1u);
+  EXPECT_EQ(core_.sessions().list()[0].bytes, 4 * MiB);  // still held
+  EXPECT_TRUE(core_.leases().free(s->id, held->id).ok());
+  EXPECT_TRUE(core_.leases().allocate(s->id, pool_, MiB, 0).ok());  // under the new quota
 }
 
 TEST_F(Reconfigure, APerUidOverrideAppliesToOpenSessions)
 {
-  auto s = core_.open_session(peer(1001), "cmd", "client");
+  auto s = core_.sessions().open_session(peer(1001), "cmd", "client");
   ASSERT_TRUE(s.ok());
   quota_limits quotas;
   quotas.per_uid_overrides[1001] = MiB;
   core_.reconfigure(reload(uids({1000, 1001}), quotas));
-  EXPECT_EQ(core_.allocate(s->id, pool_, 2 * MiB, 0).status().code(),
+  EXPECT_EQ(core_.leases().allocate(s->id, pool_, 2 * MiB, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(core_.allocate(s->id, pool_, MiB, 0).ok());
+  EXPECT_TRUE(core_.leases().allocate(s->id, pool_, MiB, 0).ok());
 }
 
 TEST_F(Reconfigure, ANewAccessPolicyRefusesNewSessionsAndKeepsOpenOnes)
 {
-  auto before = core_.open_session(peer(1001), "cmd", "client");
+  auto before = core_.sessions().open_session(peer(1001), "cmd", "client");
   ASSERT_TRUE(before.ok());
   core_.reconfigure(reload(uids({1000}), quota_limits{}));
-  EXPECT_EQ(core_.open_session(peer(1001), "cmd", "client").status().code(),
+  EXPECT_EQ(core_.sessions().open_session(peer(1001), "cmd", "client").status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(core_.open_session(peer(1000), "cmd", "client").ok());
-  EXPECT_TRUE(core_.authenticate(common::to_hex(std::span<std::byte const>(before->token))).ok());
-  EXPECT_TRUE(core_.allocate(before->id, pool_, 4096, 0).ok());
+  EXPECT_TRUE(core_.sessions().open_session(peer(1000), "cmd", "client").ok());
+  EXPECT_TRUE(core_.sessions()
+                  .authenticate(common::to_hex(std::span<std::byte const>(before->token)))
+                  .ok());
+  EXPECT_TRUE(core_.leases().allocate(before->id, pool_, 4096, 0).ok());
 }
 
 TEST_F(Reconfigure, ANewReclaimTimeoutAppliesToTheNextShortRequest)
 {
   // One session holds 60 MiB of the 64 as a slab it reports idle, and gives
   // it back when asked.
-  auto const holder = core_.open_session(peer(1000), "slabs", "").value().id;
-  auto const asker  = core_.open_session(peer(1001), "asker", "").value().id;
-  auto const slab   = core_.allocate(holder, pool_, 60 * MiB, 0).value().id;
+  auto const holder = core_.sessions().open_session(peer(1000), "slabs", "").value().id;
+  auto const asker  = core_.sessions().open_session(peer(1001), "asker", "").value().id;
+  auto const slab   = core_.leases().allocate(holder, pool_, 60 * MiB, 0).value().id;
   ASSERT_TRUE(
-      core_
+      core_.leases()
           .report_usage(
               holder,
               {carved_usage{.pool = pool_, .slab_bytes = 60 * MiB, .reclaimable_bytes = 60 * MiB}})
           .ok());
   std::atomic<int> asked{0};
-  core_.set_reclaim_notifier([&](session_id s, pool_id, std::size_t) {
+  core_.leases().set_reclaim_notifier([&](session_id s, pool_id, std::size_t) {
     ++asked;
-    EXPECT_TRUE(core_.free(s, slab).ok());  // called without the core's lock
+    EXPECT_TRUE(core_.leases().free(s, slab).ok());  // called without the core's lock
   });
 
   // Timeout 0: a short request is refused at once, and nobody is asked.
-  EXPECT_EQ(core_.allocate(asker, pool_, 16 * MiB, 0).status().code(),
+  EXPECT_EQ(core_.leases().allocate(asker, pool_, 16 * MiB, 0).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(asked.load(), 0);
 
   core_.reconfigure({.access = uids({1000, 1001}), .quotas = {}, .reclaim_timeout = 10s});
-  auto served = core_.allocate(asker, pool_, 16 * MiB, 0);
+  auto served = core_.leases().allocate(asker, pool_, 16 * MiB, 0);
   EXPECT_TRUE(served.ok()) << served.status();
   EXPECT_EQ(asked.load(), 1);
-  EXPECT_EQ(core_.stats().pools.at(0).reclaim_served, 1u);
+  EXPECT_EQ(core_.pools().stats().pools.at(0).reclaim_served, 1u);
 }
 
 TEST(ReconfigurePacking, ANewPackUpToAppliesToTheNextAllocationAndBlocksStay)
 {
   daemon_core core(core_options{.access = uids({1000}), .quotas = {}});
-  auto const pool = core.add_pool(
+  auto const pool = core.pools().add_pool(
       pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
       std::make_unique<fake_pool_backend>(
           fake_pool_backend::options{.capacity = 64 * MiB,
                                      .kind     = backend_kind::cuda,
                                      .source   = fake_pool_backend::memory::made_up}));
-  auto const s = core.open_session(peer(1000), "t", "").value().id;
+  auto const s = core.sessions().open_session(peer(1000), "t", "").value().id;
   auto packed  = [&](std::size_t bytes) {
-    auto g = core.allocate(s, pool, bytes, 0, reclaim_policy::refuse, /*may_pack=*/true);
+    auto g = core.leases().allocate(s, pool, bytes, 0, reclaim_policy::refuse, /*may_pack=*/true);
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() && g->packed_block != 0;
   };
@@ -165,10 +167,10 @@ TEST(ReconfigurePacking, ANewPackUpToAppliesToTheNextAllocationAndBlocksStay)
   EXPECT_FALSE(packed(block + 1));
 
   // 0: nothing more is packed; the blocks leased so far stay the session's.
-  auto const before = core.stats().pools.at(0).in_use_bytes;
+  auto const before = core.pools().stats().pools.at(0).in_use_bytes;
   core.reconfigure({.access = uids({1000}), .quotas = {}, .pack_up_to = 0});
   EXPECT_FALSE(packed(256));
-  EXPECT_EQ(core.stats().pools.at(0).in_use_bytes, before + 256);
+  EXPECT_EQ(core.pools().stats().pools.at(0).in_use_bytes, before + 256);
 }
 
 }  // namespace

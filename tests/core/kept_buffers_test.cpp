@@ -53,25 +53,25 @@ class KeptBuffers : public ::testing::Test {
     core_options o;
     o.access.uids = {0, alice, bob};
     core_         = std::make_unique<daemon_core>(std::move(o));
-    core_->add_pool(pool_config{.name = "host", .handle_types = {handle_type::host_offset}},
-                    std::make_unique<backends::host::host_backend>("test", 16 * MiB));
+    core_->pools().add_pool(pool_config{.name = "host", .handle_types = {handle_type::host_offset}},
+                            std::make_unique<backends::host::host_backend>("test", 16 * MiB));
     keeper_ = std::make_shared<recording_keeper>();
-    core_->set_buffer_keeper(keeper_);
+    core_->buffers().set_buffer_keeper(keeper_);
   }
 
   session_id open(uid_t uid)
   {
-    auto grant =
-        core_->open_session(peer_credentials{.pid = 1, .uid = uid, .gid = 100}, "test", "test");
+    auto grant = core_->sessions().open_session(
+        peer_credentials{.pid = 1, .uid = uid, .gid = 100}, "test", "test");
     EXPECT_TRUE(grant.ok()) << grant.status();
     return grant->id;
   }
 
   buffer_id publish(session_id s, std::string const& name, bool persistent)
   {
-    auto b = core_->create_buffer(s, name, 0, MiB, {.persistent = persistent});
+    auto b = core_->buffers().create_buffer(s, name, 0, MiB, {.persistent = persistent});
     EXPECT_TRUE(b.ok()) << b.status();
-    EXPECT_TRUE(core_->publish_buffer(s, b->id).ok());
+    EXPECT_TRUE(core_->buffers().publish_buffer(s, b->id).ok());
     return b->id;
   }
 
@@ -98,14 +98,14 @@ TEST_F(KeptBuffers, PublishKeepsDeleteAndTheLastCloseForget)
   EXPECT_THAT(keeper_->forgotten, IsEmpty());
 
   // A buffer created but never published is never kept.
-  auto draft = core_->create_buffer(s, "team/draft", 0, MiB, {});
+  auto draft = core_->buffers().create_buffer(s, "team/draft", 0, MiB, {});
   ASSERT_TRUE(draft.ok());
-  ASSERT_TRUE(core_->close_buffer(s, draft->id).ok());
+  ASSERT_TRUE(core_->buffers().close_buffer(s, draft->id).ok());
   EXPECT_EQ(keeper_->kept.size(), 2u);
 
-  ASSERT_TRUE(core_->delete_buffer(s, "team/weights").ok());
+  ASSERT_TRUE(core_->buffers().delete_buffer(s, "team/weights").ok());
   EXPECT_THAT(keeper_->forgotten, ElementsAre(weights));
-  ASSERT_TRUE(core_->close_buffer(s, transient).ok());  // its last holder
+  ASSERT_TRUE(core_->buffers().close_buffer(s, transient).ok());  // its last holder
   EXPECT_THAT(keeper_->forgotten, ElementsAre(weights, transient));
 }
 
@@ -113,7 +113,7 @@ TEST_F(KeptBuffers, WithoutAKeeperTheSessionsEndForgetsNothing)
 {
   auto s = open(alice);
   publish(s, "team/held", false);
-  core_->set_buffer_keeper(nullptr);  // what shutdown does before it closes the sessions
+  core_->buffers().set_buffer_keeper(nullptr);  // what shutdown does before it closes the sessions
   core_->close_session(s);
   EXPECT_THAT(keeper_->forgotten, IsEmpty());
 }
@@ -122,50 +122,50 @@ TEST_F(KeptBuffers, AnAdoptedBufferIsServedChargedAndFreedThroughItsRelease)
 {
   int released = 0;
   auto memory  = memfd(MiB);
-  auto id =
-      core_->adopt_buffer(adopted_buffer_spec{.name        = "team/adopted",
-                                              .pool        = 0,
-                                              .size        = MiB - 100,
-                                              .persistent  = false,
-                                              .gid         = 555,
-                                              .creator_uid = alice,
-                                              .creator_pid = 77,
-                                              .manifest = std::make_shared<buffer_manifest const>(
-                                                  buffer_manifest{.labels = {{"model", "m1"}}}),
-                                              .memory  = memory,
-                                              .release = [&](shared_allocation const& m) {
-                                                ++released;
-                                                ::close(m.fd);
-                                              }});
+  auto id      = core_->buffers().adopt_buffer(adopted_buffer_spec{
+           .name        = "team/adopted",
+           .pool        = 0,
+           .size        = MiB - 100,
+           .persistent  = false,
+           .gid         = 555,
+           .creator_uid = alice,
+           .creator_pid = 77,
+           .manifest =
+          std::make_shared<buffer_manifest const>(buffer_manifest{.labels = {{"model", "m1"}}}),
+           .memory  = memory,
+           .release = [&](shared_allocation const& m) {
+        ++released;
+        ::close(m.fd);
+      }});
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_THAT(keeper_->kept, IsEmpty());  // the keeper has it already
 
-  auto const stats = core_->stats();
+  auto const stats = core_->pools().stats();
   EXPECT_EQ(stats.pools[0].in_use_bytes, MiB);
   EXPECT_EQ(stats.uid_shared_bytes.at(alice), MiB);
 
   // Its owner's uid sees it published with its manifest; another uid does not.
   auto a    = open(alice);
-  auto list = core_->list_buffers(a);
+  auto list = core_->buffers().list_buffers(a);
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].state, buffer_state::published);
   EXPECT_EQ((*list)[0].size, MiB - 100);
   EXPECT_EQ((*list)[0].creator_pid, 77);
   EXPECT_EQ((*list)[0].labels.at("model"), "m1");
-  EXPECT_EQ(core_->open_buffer(open(bob), "team/adopted").status().code(),
+  EXPECT_EQ(core_->buffers().open_buffer(open(bob), "team/adopted").status().code(),
             absl::StatusCode::kPermissionDenied);
-  auto grant = core_->open_buffer(a, "team/adopted");
+  auto grant = core_->buffers().open_buffer(a, "team/adopted");
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->block.fd, memory.fd);
   EXPECT_TRUE(grant->block.host_memfd);
 
   // Not persistent: its last holder after the restart frees it.
-  ASSERT_TRUE(core_->close_buffer(a, grant->id).ok());
+  ASSERT_TRUE(core_->buffers().close_buffer(a, grant->id).ok());
   EXPECT_EQ(released, 1);
   EXPECT_THAT(keeper_->forgotten, ElementsAre(*id));
-  EXPECT_EQ(core_->stats().pools[0].in_use_bytes, 0u);
-  EXPECT_FALSE(core_->stats().uid_shared_bytes.contains(alice));
+  EXPECT_EQ(core_->pools().stats().pools[0].in_use_bytes, 0u);
+  EXPECT_FALSE(core_->pools().stats().uid_shared_bytes.contains(alice));
 }
 
 TEST_F(KeptBuffers, AdoptionRefusesATakenNameABadPoolAndASizeAboveTheAllocation)
@@ -181,13 +181,13 @@ TEST_F(KeptBuffers, AdoptionRefusesATakenNameABadPoolAndASizeAboveTheAllocation)
                                  .memory      = memory,
                                  .release     = [](shared_allocation const&) {}};
   };
-  EXPECT_EQ(core_->adopt_buffer(spec("team/taken", 0, MiB)).status().code(),
+  EXPECT_EQ(core_->buffers().adopt_buffer(spec("team/taken", 0, MiB)).status().code(),
             absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(core_->adopt_buffer(spec("team/x", 7, MiB)).status().code(),
+  EXPECT_EQ(core_->buffers().adopt_buffer(spec("team/x", 7, MiB)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(core_->adopt_buffer(spec("team/x", 0, MiB + 1)).status().code(),
+  EXPECT_EQ(core_->buffers().adopt_buffer(spec("team/x", 0, MiB + 1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(core_->adopt_buffer(spec("../x", 0, MiB)).status().code(),
+  EXPECT_EQ(core_->buffers().adopt_buffer(spec("../x", 0, MiB)).status().code(),
             absl::StatusCode::kInvalidArgument);
   ::close(memory.fd);
 }

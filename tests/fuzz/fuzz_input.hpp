@@ -110,22 +110,22 @@ inline std::unique_ptr<core::daemon_core> make_host_core()
       .access = {.uids = {allowed_uid()}, .gids = {}},
       .quotas = {.per_session_bytes = 3 << 20, .per_uid_bytes = 5 << 20, .per_uid_overrides = {}},
       .admin_uid = allowed_uid()});
-  core->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                 std::make_unique<backends::host::host_backend>("host", 4 << 20));
+  core->pools().add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                         std::make_unique<backends::host::host_backend>("host", 4 << 20));
   // No limit_bytes: the daemon sets none on host pools (the welcome's
   // capacity is the size of the memfd that clients map).
-  core->add_pool({.name          = "pinned",
-                  .handle_types  = {core::handle_type::host_offset},
-                  .max_alignment = 1 << 16,
-                  .pinnable      = true},
-                 std::make_unique<backends::host::host_backend>("pinned", 1 << 20, true));
+  core->pools().add_pool({.name          = "pinned",
+                          .handle_types  = {core::handle_type::host_offset},
+                          .max_alignment = 1 << 16,
+                          .pinnable      = true},
+                         std::make_unique<backends::host::host_backend>("pinned", 1 << 20, true));
   return core;
 }
 
 /// No session, no lease, nothing in use in any pool.
 inline bool ledger_is_empty(core::daemon_core& core)
 {
-  auto const stats = core.stats();
+  auto const stats = core.pools().stats();
   if (!stats.sessions.empty()) { return false; }
   for (auto const& p : stats.pools) {
     if (p.in_use_bytes != 0 || p.allocation_count != 0 || p.carved_bytes != 0) { return false; }

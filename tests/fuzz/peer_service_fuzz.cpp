@@ -96,6 +96,6 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     RMMD_FUZZ_CHECK(code != grpc::StatusCode::INTERNAL && code != grpc::StatusCode::UNKNOWN);
   }
   ledger.stop();
-  RMMD_FUZZ_CHECK(core.remote_holds().empty());
+  RMMD_FUZZ_CHECK(core.buffers().remote_holds().empty());
   return 0;
 }

@@ -64,13 +64,13 @@ grpc::Status call(service::rmmd_service& svc,
 /// Persistent buffers outlive their sessions, until deleted: deletes them.
 void delete_persistent_buffers(core::daemon_core& core, core::peer_credentials const& peer)
 {
-  auto cleaner = core.open_session(peer, "fuzz", "cleaner");
+  auto cleaner = core.sessions().open_session(peer, "fuzz", "cleaner");
   RMMD_FUZZ_CHECK(cleaner.ok());
-  auto left = core.list_buffers(cleaner->id);
+  auto left = core.buffers().list_buffers(cleaner->id);
   RMMD_FUZZ_CHECK(left.ok());
   for (auto const& b : *left) {
     RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
-    RMMD_FUZZ_CHECK(core.delete_buffer(cleaner->id, b.name).ok());
+    RMMD_FUZZ_CHECK(core.buffers().delete_buffer(cleaner->id, b.name).ok());
   }
   core.close_session(cleaner->id);
 }
@@ -88,8 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
 
   core::peer_credentials const peer{
       .pid = 4242, .uid = fuzz::allowed_uid(), .gid = 4242, .supplementary_gids = {}};
-  auto first  = core.open_session(peer, "fuzz", "first");
-  auto second = core.open_session(peer, "fuzz", "second");
+  auto first  = core.sessions().open_session(peer, "fuzz", "first");
+  auto second = core.sessions().open_session(peer, "fuzz", "second");
   RMMD_FUZZ_CHECK(first.ok() && second.ok());
   std::string const tokens[] = {common::to_hex(std::span<std::byte const>(first->token)),
                                 common::to_hex(std::span<std::byte const>(second->token)),

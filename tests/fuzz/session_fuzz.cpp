@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     if (r.has_allocate()) {
       // A host pool's lease lies inside the pool.
       auto const& a    = r.allocate();
-      auto const pools = core.pools();
+      auto const pools = core.pools().list();
       auto const pool  = parsed.allocate().pool_id();
       RMMD_FUZZ_CHECK(pool < pools.size());
       RMMD_FUZZ_CHECK(a.has_host() && a.size() >= parsed.allocate().size());
@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
                           r.has_open_buffer() ? &r.open_buffer() : nullptr}) {
       if (g == nullptr) { continue; }
       // A host pool's buffer is a memfd of its own, at least as large as asked.
-      auto const pools = core.pools();
+      auto const pools = core.pools().list();
       RMMD_FUZZ_CHECK(g->pool_id() < pools.size() && g->has_host_memfd());
       RMMD_FUZZ_CHECK(g->host_memfd().mapping_bytes() >= g->size());
     }
@@ -116,16 +116,16 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   core.close_session(id);
   // Persistent buffers outlive their sessions, until deleted: delete them,
   // then nothing may be left.
-  auto cleaner = core.open_session(peer, "fuzz", "cleaner");
+  auto cleaner = core.sessions().open_session(peer, "fuzz", "cleaner");
   RMMD_FUZZ_CHECK(cleaner.ok());
-  auto left = core.list_buffers(cleaner->id);
+  auto left = core.buffers().list_buffers(cleaner->id);
   RMMD_FUZZ_CHECK(left.ok());
   for (auto const& b : *left) {
     RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
-    RMMD_FUZZ_CHECK(core.delete_buffer(cleaner->id, b.name).ok());
+    RMMD_FUZZ_CHECK(core.buffers().delete_buffer(cleaner->id, b.name).ok());
   }
   core.close_session(cleaner->id);
-  RMMD_FUZZ_CHECK(core.buffers().empty());
+  RMMD_FUZZ_CHECK(core.buffers().all().empty());
   RMMD_FUZZ_CHECK(fuzz::ledger_is_empty(core));
   return 0;
 }

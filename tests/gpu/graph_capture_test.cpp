@@ -34,12 +34,22 @@ using ::testing::Not;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 
-v1::PoolStats gpu_pool(v1::Stats const& stats)
+/// The pool `session` allocates from by default: its current device's, as
+/// this process numbers devices (the daemon's ordinals may differ).
+std::uint32_t current_device_pool(rmmd::session const& session)
+{
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) { throw std::runtime_error("no current device"); }
+  return session.device_pool(device).id;
+}
+
+/// Pool `id`'s row of the daemon's stats.
+v1::PoolStats pool_row(v1::Stats const& stats, std::uint32_t id)
 {
   for (auto const& p : stats.pools()) {
-    if (p.pool().backend() == v1::BACKEND_CUDA && p.pool().device() == 0) { return p; }
+    if (p.pool().id() == id) { return p; }
   }
-  throw std::runtime_error("no pool for device 0");
+  throw std::runtime_error("no pool " + std::to_string(id) + " in:\n" + stats.DebugString());
 }
 
 class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
@@ -47,11 +57,11 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    // The resource allocates on the current device, and leases() reads device 0's pool.
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // whatever an earlier test left current
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-test"));
+    pool_id_ = current_device_pool(*session_);
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override
@@ -71,11 +81,12 @@ class GraphCapture : public ::testing::TestWithParam<rmmd::allocation_mode> {
   /// ones and slabs alike).
   [[nodiscard]] std::uint64_t leases() const
   {
-    return gpu_pool(daemon_->stats()).allocation_count();
+    return pool_row(daemon_->stats(), pool_id_).allocation_count();
   }
 
   std::unique_ptr<daemon_process> daemon_;
   std::unique_ptr<rmmd::session> session_;
+  std::uint32_t pool_id_{};  // the pool the tests' resources allocate from
   cudaStream_t stream_{};
 };
 
@@ -89,6 +100,7 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
   std::iota(host.begin(), host.end(), 11);
   {
     rmmd::ipc_memory_resource mr(*session_, options());
+    ASSERT_EQ(mr.pool().id, pool_id_);  // the row read below is this resource's pool's
     cuda::stream_ref stream{stream_};
     auto* in      = static_cast<int*>(mr.allocate(stream, bytes, 256));
     auto* out     = static_cast<int*>(mr.allocate(stream, bytes, 256));
@@ -160,16 +172,16 @@ TEST_P(GraphCapture, AGraphThatAllocatesAndFreesReplaysAThousandTimesAndFreesOnc
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() < while_held;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
     mr.deallocate(stream, in, bytes, 256);
     mr.deallocate(stream, out, bytes, 256);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   // The ledger back to zero: each lease freed once.
   EXPECT_TRUE(eventually([&] {
-    auto const pool = gpu_pool(daemon_->stats());
+    auto const pool = pool_row(daemon_->stats(), pool_id_);
     return pool.allocation_count() == 0u && pool.in_use_bytes() == 0u;
-  })) << gpu_pool(daemon_->stats()).DebugString();
+  })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   auto const printed = testing::internal::GetCapturedStderr();
   EXPECT_THAT(printed, Not(HasSubstr("failed")));
   EXPECT_THAT(printed, Not(HasSubstr("not found")));
@@ -191,7 +203,7 @@ TEST_P(GraphCapture, AnAbandonedCaptureGivesItsMemoryBack)
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() == 0u;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   }
   EXPECT_TRUE(eventually([&] { return leases() == 0u; }));
 }
@@ -255,11 +267,11 @@ class SlabCaptureDefault : public ::testing::Test {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    // The resource allocates on the current device, and leases() reads device 0's pool.
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // whatever an earlier test left current
     daemon_ =
         std::make_unique<daemon_process>(std::vector<std::string>{"--cuda-pool-bytes", "1GiB"});
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("graph-default-test"));
+    pool_id_ = current_device_pool(*session_);
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override
@@ -268,11 +280,12 @@ class SlabCaptureDefault : public ::testing::Test {
   }
   [[nodiscard]] std::uint64_t leases() const
   {
-    return gpu_pool(daemon_->stats()).allocation_count();
+    return pool_row(daemon_->stats(), pool_id_).allocation_count();
   }
 
   std::unique_ptr<daemon_process> daemon_;
   std::unique_ptr<rmmd::session> session_;
+  std::uint32_t pool_id_{};  // the pool the tests' resources allocate from
   cudaStream_t stream_{};
 };
 
@@ -334,15 +347,15 @@ TEST_F(SlabCaptureDefault, AnAllocationThatNeedsASlabDuringAGlobalCaptureIsALeas
     EXPECT_TRUE(eventually([&] {
       static_cast<void>(mr.trim());
       return leases() == before_capture;
-    })) << gpu_pool(daemon_->stats()).DebugString();
+    })) << pool_row(daemon_->stats(), pool_id_).DebugString();
     mr.deallocate(stream, in, bytes, 256);
     mr.deallocate(stream, out, bytes, 256);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   EXPECT_TRUE(eventually([&] {
-    auto const pool = gpu_pool(daemon_->stats());
+    auto const pool = pool_row(daemon_->stats(), pool_id_);
     return pool.allocation_count() == 0u && pool.in_use_bytes() == 0u;
-  })) << gpu_pool(daemon_->stats()).DebugString();
+  })) << pool_row(daemon_->stats(), pool_id_).DebugString();
   auto const printed = testing::internal::GetCapturedStderr();
   EXPECT_THAT(printed, Not(HasSubstr("failed")));
   EXPECT_THAT(printed, Not(HasSubstr("not found")));

@@ -373,6 +373,17 @@ TEST_F(Peering, BListsAsBuffersThroughItsGrantAndOpensOneByLabelsReadingItsBytes
 {
   // This process makes A's buffers (on A's GPU, as this process numbers it)
   // and opens one through B on B's GPU.
+  // It makes each GPU current in turn: the tests after it in this process
+  // find the device they started with.
+  int started_on = 0;
+  ASSERT_EQ(cudaGetDevice(&started_on), cudaSuccess);
+  struct restore_device {
+    int device;
+    ~restore_device()
+    {
+      cudaSetDevice(device);
+    }
+  } const restore{started_on};
   auto sa          = a_.session();
   auto sb          = b_.session();
   auto const dev_a = sa.pool("gpu").device;

@@ -38,7 +38,8 @@ class DeviceSharedBuffers : public ::testing::TestWithParam<case_params> {
   void SetUp() override
   {
     REQUIRE_GPUS(1);
-    // Buffers are made on the current device, and pool() reads device 0's.
+    // Device 0, whose pool's row the tests read, is this process's current
+    // device whatever an earlier test left current.
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     daemon_ = std::make_unique<daemon_process>(
         std::vector<std::string>{"--cuda-pool-bytes",
@@ -173,6 +174,7 @@ TEST_P(DeviceSharedBuffers, OneProcessOpensABufferTwiceAndKeepsItUntilItsLastClo
   o.import_by_fabric = GetParam().import == import_by::fabric;
   session s(o);
   auto made = shared_buffer::create(s, "gpu/twice", bytes);
+  ASSERT_EQ(made.pool().id, pool_id_);  // the pool whose row the fixture reads
   ASSERT_EQ(cudaMemset(made.data(), 7, bytes), cudaSuccess);
   made.publish();
   auto first  = shared_buffer::open(s, "gpu/twice");

@@ -74,12 +74,13 @@ class RemoteHolds : public ::testing::Test {
   {
     core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    host_   = core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                            std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    fabric_ = core_->add_pool(
+    host_ =
+        core_->pools().add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                                std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    fabric_ = core_->pools().add_pool(
         {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
         std::make_unique<fabric_like_backend>("fab", 1 << 20));
-    auto grant = core_->open_session(
+    auto grant = core_->sessions().open_session(
         {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "test", "creator");
     ASSERT_TRUE(grant.ok()) << grant.status();
     session_ = grant->id;
@@ -92,25 +93,27 @@ class RemoteHolds : public ::testing::Test {
 
   core::buffer_id publish(std::string const& name, core::pool_id pool, bool allow_writers = false)
   {
-    auto b = core_->create_buffer(session_, name, pool, 4096, {.allow_writers = allow_writers});
+    auto b = core_->buffers().create_buffer(
+        session_, name, pool, 4096, {.allow_writers = allow_writers});
     EXPECT_TRUE(b.ok()) << b.status();
-    EXPECT_TRUE(core_->publish_buffer(session_, b->id).ok());
+    EXPECT_TRUE(core_->buffers().publish_buffer(session_, b->id).ok());
     return b->id;
   }
   core::buffer_id publish_labelled(std::string const& name,
                                    core::pool_id pool,
                                    std::map<std::string, std::string> labels)
   {
-    auto b = core_->create_buffer(session_, name, pool, 4096, {});
+    auto b = core_->buffers().create_buffer(session_, name, pool, 4096, {});
     EXPECT_TRUE(b.ok()) << b.status();
-    EXPECT_TRUE(
-        core_->set_buffer_manifest(session_, b->id, core::buffer_manifest{.labels = labels}).ok());
-    EXPECT_TRUE(core_->publish_buffer(session_, b->id).ok());
+    EXPECT_TRUE(core_->buffers()
+                    .set_buffer_manifest(session_, b->id, core::buffer_manifest{.labels = labels})
+                    .ok());
+    EXPECT_TRUE(core_->buffers().publish_buffer(session_, b->id).ok());
     return b->id;
   }
   std::size_t holders(std::string const& name) const
   {
-    for (auto const& b : core_->buffers()) {
+    for (auto const& b : core_->buffers().all()) {
       if (b.name == name) { return b.holders; }
     }
     return 0;
@@ -130,48 +133,49 @@ class RemoteHolds : public ::testing::Test {
 TEST_F(RemoteHolds, AHostPoolBufferIsRefusedNamingThePool)
 {
   publish("w/host", host_);
-  auto r = core_->open_remote_buffer("w/host", {});
+  auto r = core_->buffers().open_remote_buffer("w/host", {});
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(),
               HasSubstr("is in pool 'host', which exports no fabric handles; only a fabric pool's "
                         "buffers can be opened from another node"));
-  EXPECT_TRUE(core_->remote_holds().empty());
+  EXPECT_TRUE(core_->buffers().remote_holds().empty());
   EXPECT_EQ(holders("w/host"), 1u);
 }
 
 TEST_F(RemoteHolds, UnknownAndUnpublishedAreNotFound)
 {
-  EXPECT_EQ(core_->open_remote_buffer("nope", {}).status().code(), absl::StatusCode::kNotFound);
-  auto b = core_->create_buffer(session_, "w/unpublished", fabric_, 4096, {});
+  EXPECT_EQ(core_->buffers().open_remote_buffer("nope", {}).status().code(),
+            absl::StatusCode::kNotFound);
+  auto b = core_->buffers().create_buffer(session_, "w/unpublished", fabric_, 4096, {});
   ASSERT_TRUE(b.ok());
-  EXPECT_EQ(core_->open_remote_buffer("w/unpublished", {}).status().code(),
+  EXPECT_EQ(core_->buffers().open_remote_buffer("w/unpublished", {}).status().code(),
             absl::StatusCode::kNotFound);
 }
 
 TEST_F(RemoteHolds, AHoldKeepsADeletedBufferUntilClosed)
 {
   publish("w/fab", fabric_);
-  auto grant = core_->open_remote_buffer("w/fab", {});
+  auto grant = core_->buffers().open_remote_buffer("w/fab", {});
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->grant.block.fabric_handle.size(), 64u);
   EXPECT_EQ(grant->gpu_uuid, "GPU-test");
   EXPECT_EQ(holders("w/fab"), 2u);
-  ASSERT_TRUE(core_->close_buffer(session_, core_->buffers().front().id).ok());
-  ASSERT_TRUE(core_->delete_buffer(session_, "w/fab").ok());
-  ASSERT_EQ(core_->buffers().size(), 1u);  // the remote hold keeps it
-  ASSERT_TRUE(core_->close_remote_hold(grant->hold).ok());
-  EXPECT_TRUE(core_->buffers().empty());
-  EXPECT_EQ(core_->close_remote_hold(grant->hold).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(core_->buffers().close_buffer(session_, core_->buffers().all().front().id).ok());
+  ASSERT_TRUE(core_->buffers().delete_buffer(session_, "w/fab").ok());
+  ASSERT_EQ(core_->buffers().all().size(), 1u);  // the remote hold keeps it
+  ASSERT_TRUE(core_->buffers().close_remote_hold(grant->hold).ok());
+  EXPECT_TRUE(core_->buffers().all().empty());
+  EXPECT_EQ(core_->buffers().close_remote_hold(grant->hold).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RemoteHolds, WritingNeedsTheBuffersAllowWriters)
 {
   publish("w/ro", fabric_);
   core::buffer_open_options rw{.access = core::buffer_access::read_write};
-  EXPECT_EQ(core_->open_remote_buffer("w/ro", rw).status().code(),
+  EXPECT_EQ(core_->buffers().open_remote_buffer("w/ro", rw).status().code(),
             absl::StatusCode::kPermissionDenied);
   publish("w/rw", fabric_, true);
-  EXPECT_TRUE(core_->open_remote_buffer("w/rw", rw).ok());
+  EXPECT_TRUE(core_->buffers().open_remote_buffer("w/rw", rw).ok());
 }
 
 TEST_F(RemoteHolds, TheLedgerWantsAHelloFirst)
@@ -224,7 +228,7 @@ TEST_F(RemoteHolds, ANewIncarnationEndsTheOldOnesHolds)
   EXPECT_EQ(holders("w/fab"), 2u);
   ledger_->hello("CN=b", "nodeB", "ipv4:1", 8, false, "");
   EXPECT_EQ(holders("w/fab"), 1u);
-  EXPECT_TRUE(core_->remote_holds().empty());
+  EXPECT_TRUE(core_->buffers().remote_holds().empty());
 }
 
 TEST_F(RemoteHolds, NodesSharingACertificateKeepEachOthersHolds)
@@ -290,21 +294,22 @@ TEST_F(RemoteHolds, StopEndsEveryHold)
   ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
   ASSERT_TRUE(ledger_->open("CN=b", 7, open_of("w/fab"), {}).ok());
   ledger_->stop();
-  EXPECT_TRUE(core_->remote_holds().empty());
+  EXPECT_TRUE(core_->buffers().remote_holds().empty());
   EXPECT_EQ(holders("w/fab"), 1u);
 }
 
 TEST_F(RemoteHolds, ForeignHoldsAreLetGoOfByCloseAndBySessionEnd)
 {
   std::vector<core::buffer_id> released;
-  core_->set_foreign_release_notifier([&](core::buffer_id id) { released.push_back(id); });
+  core_->buffers().set_foreign_release_notifier(
+      [&](core::buffer_id id) { released.push_back(id); });
   auto const own = publish("w/own", host_);
-  auto a         = core_->add_foreign_hold(session_);
-  auto b         = core_->add_foreign_hold(session_);
+  auto a         = core_->buffers().add_foreign_hold(session_);
+  auto b         = core_->buffers().add_foreign_hold(session_);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(*a, own);
   EXPECT_NE(*a, *b);
-  ASSERT_TRUE(core_->close_buffer(session_, *a).ok());
+  ASSERT_TRUE(core_->buffers().close_buffer(session_, *a).ok());
   EXPECT_THAT(released, ::testing::ElementsAre(*a));
   core_->close_session(session_);
   EXPECT_THAT(released, ::testing::ElementsAre(*a, *b));
@@ -315,22 +320,23 @@ TEST_F(RemoteHolds, HoldIdsDoNotStartAgainAtOne)
   // A daemon that started again must not give out its last one's ids: a
   // peer's stale close of one would end another's hold.
   publish("w/fab", fabric_);
-  auto first = core_->open_remote_buffer("w/fab", {});
+  auto first = core_->buffers().open_remote_buffer("w/fab", {});
   ASSERT_TRUE(first.ok()) << first.status();
   core::daemon_core other(
       core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-  auto const pool = other.add_pool(
+  auto const pool = other.pools().add_pool(
       {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
       std::make_unique<fabric_like_backend>("fab", 1 << 20));
-  auto s = other.open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "t", "c");
+  auto s = other.sessions().open_session(
+      {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "t", "c");
   ASSERT_TRUE(s.ok());
-  auto b = other.create_buffer(s->id, "w/fab", pool, 4096, {});
-  ASSERT_TRUE(b.ok() && other.publish_buffer(s->id, b->id).ok());
-  auto second = other.open_remote_buffer("w/fab", {});
+  auto b = other.buffers().create_buffer(s->id, "w/fab", pool, 4096, {});
+  ASSERT_TRUE(b.ok() && other.buffers().publish_buffer(s->id, b->id).ok());
+  auto second = other.buffers().open_remote_buffer("w/fab", {});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(first->hold, second->hold);
   EXPECT_LT(first->hold, std::uint64_t{1} << 63);
-  ASSERT_TRUE(other.close_remote_hold(second->hold).ok());
+  ASSERT_TRUE(other.buffers().close_remote_hold(second->hold).ok());
   other.close_session(s->id);
 }
 
@@ -347,7 +353,7 @@ TEST_F(RemoteHolds, AListingShowsWhatTheGrantLetsTheCallerOpenAndNothingElse)
   publish_labelled("w/a", fabric_, {{"model", "m2"}});
   publish("w/host", host_);      // no fabric handle: a remote open is refused
   publish("secret/x", fabric_);  // outside the grant
-  ASSERT_TRUE(core_->create_buffer(session_, "w/unpublished", fabric_, 4096, {}).ok());
+  ASSERT_TRUE(core_->buffers().create_buffer(session_, "w/unpublished", fabric_, 4096, {}).ok());
   ledger_ = std::make_unique<remote_hold_ledger>(*core_, 60s);
   ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "");
   std::vector<config::peer_grant_settings> const grants{
@@ -382,7 +388,7 @@ TEST_F(RemoteHolds, AListingShowsWhatTheGrantLetsTheCallerOpenAndNothingElse)
   auto twice            = check_remote_list(grants, "CN=b", request);
   ASSERT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(twice.status().message(), HasSubstr("names label 'model' twice"));
-  EXPECT_TRUE(core_->remote_holds().empty());  // a listing holds nothing
+  EXPECT_TRUE(core_->buffers().remote_holds().empty());  // a listing holds nothing
 }
 
 /// Until `done` holds, or false after 20 s (a bound, not a timing).
@@ -407,15 +413,15 @@ class TwoNodes : public ::testing::Test {
     node_a a;
     a.core = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    auto pool = a.core->add_pool(
+    auto pool = a.core->pools().add_pool(
         {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
         std::make_unique<fabric_like_backend>("fab", 1 << 20));
-    auto s =
-        a.core->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
+    auto s = a.core->sessions().open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
     EXPECT_TRUE(s.ok());
     a.session = s->id;
-    auto b    = a.core->create_buffer(a.session, "w/fab", pool, 4096, {});
-    EXPECT_TRUE(b.ok() && a.core->publish_buffer(a.session, b->id).ok());
+    auto b    = a.core->buffers().create_buffer(a.session, "w/fab", pool, 4096, {});
+    EXPECT_TRUE(b.ok() && a.core->buffers().publish_buffer(a.session, b->id).ok());
     config::peering_settings settings{
         .node_name                    = "nodeA",
         .listen_address               = "127.0.0.1:" + std::to_string(port),
@@ -441,9 +447,9 @@ class TwoNodes : public ::testing::Test {
     port_   = a_.peers->listening_port();
     b_core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    b_core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                      std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    auto s = b_core_->open_session(
+    b_core_->pools().add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                              std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto s = b_core_->sessions().open_session(
         {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "b", "client");
     ASSERT_TRUE(s.ok());
     b_session_ = s->id;
@@ -507,7 +513,7 @@ TEST_F(TwoNodes, AfterAStartsAgainBsOldHoldIsDroppedAndItsReleaseEndsNoNewHold)
 {
   auto old_hold = open_on_a();
   ASSERT_TRUE(old_hold.ok()) << old_hold.status();
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
   EXPECT_EQ(b_view().holds_we_have(), 1u);
 
   stop_a(a_);
@@ -518,18 +524,18 @@ TEST_F(TwoNodes, AfterAStartsAgainBsOldHoldIsDroppedAndItsReleaseEndsNoNewHold)
 
   auto new_hold = open_on_a();
   ASSERT_TRUE(new_hold.ok()) << new_hold.status();
-  ASSERT_EQ(a_.core->remote_holds().size(), 1u);
-  auto const kept_there = a_.core->remote_holds().begin()->first;
+  ASSERT_EQ(a_.core->buffers().remote_holds().size(), 1u);
+  auto const kept_there = a_.core->buffers().remote_holds().begin()->first;
 
   // The client lets go of the old one: nothing goes to A. Then a third hold
   // opened and closed: its close is sent after whatever the old one's was.
-  ASSERT_TRUE(b_core_->close_buffer(b_session_, *old_hold).ok());
+  ASSERT_TRUE(b_core_->buffers().close_buffer(b_session_, *old_hold).ok());
   auto third = open_on_a();
   ASSERT_TRUE(third.ok()) << third.status();
-  ASSERT_EQ(a_.core->remote_holds().size(), 2u);
-  ASSERT_TRUE(b_core_->close_buffer(b_session_, *third).ok());
-  ASSERT_TRUE(eventually([&] { return a_.core->remote_holds().size() == 1; }));
-  EXPECT_EQ(a_.core->remote_holds().begin()->first, kept_there);
+  ASSERT_EQ(a_.core->buffers().remote_holds().size(), 2u);
+  ASSERT_TRUE(b_core_->buffers().close_buffer(b_session_, *third).ok());
+  ASSERT_TRUE(eventually([&] { return a_.core->buffers().remote_holds().size() == 1; }));
+  EXPECT_EQ(a_.core->buffers().remote_holds().begin()->first, kept_there);
   EXPECT_EQ(b_view().holds_we_have(), 1u);
 }
 
@@ -537,9 +543,9 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
 {
   auto held = open_on_a();
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
   b_->stop();
-  EXPECT_TRUE(a_.core->remote_holds().empty());
+  EXPECT_TRUE(a_.core->buffers().remote_holds().empty());
   v1::OpenBufferRequest request;
   request.set_name("w/fab");
   request.set_peer("nodeA");
@@ -547,7 +553,7 @@ TEST_F(TwoNodes, AStoppingBRefusesOpensAndEndsItsHoldsOnA)
   auto s = b_->open(b_session_, request, &grant);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("stopping"));
-  EXPECT_TRUE(a_.core->remote_holds().empty());
+  EXPECT_TRUE(a_.core->buffers().remote_holds().empty());
 }
 
 /// A (fabric-like buffers) and B, each with its peering, over mutual TLS
@@ -576,15 +582,15 @@ class TwoNodesOverTls : public test::certs_suite {
     if (HasFatalFailure()) { return; }
     a_core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    auto pool = a_core_->add_pool(
+    auto pool = a_core_->pools().add_pool(
         {.name = "fab", .gpu_uuid = "GPU-test", .handle_types = {core::handle_type::fabric}},
         std::make_unique<fabric_like_backend>("fab", 1 << 20));
-    auto s =
-        a_core_->open_session({.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
+    auto s = a_core_->sessions().open_session(
+        {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "a", "c");
     ASSERT_TRUE(s.ok());
     a_session_ = s->id;
-    auto b     = a_core_->create_buffer(a_session_, "w/fab", pool, 4096, {});
-    ASSERT_TRUE(b.ok() && a_core_->publish_buffer(a_session_, b->id).ok());
+    auto b     = a_core_->buffers().create_buffer(a_session_, "w/fab", pool, 4096, {});
+    ASSERT_TRUE(b.ok() && a_core_->buffers().publish_buffer(a_session_, b->id).ok());
     a_ = peering::start(
         *a_core_,
         {.node_name      = "nodeA",
@@ -598,9 +604,9 @@ class TwoNodesOverTls : public test::certs_suite {
 
     b_core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    b_core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                      std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    auto bs = b_core_->open_session(
+    b_core_->pools().add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                              std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto bs = b_core_->sessions().open_session(
         {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid()}, "b", "client");
     ASSERT_TRUE(bs.ok());
     b_session_ = bs->id;
@@ -651,8 +657,8 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
   v1::BufferGrant grant;
   auto opened = b_->open(b_session_, request, &grant);
   ASSERT_TRUE(opened.ok()) << opened;
-  ASSERT_EQ(a_core_->remote_holds().size(), 1u);
-  auto const hold_on_a = a_core_->remote_holds().begin()->first;
+  ASSERT_EQ(a_core_->buffers().remote_holds().size(), 1u);
+  auto const hold_on_a = a_core_->buffers().remote_holds().begin()->first;
 
   // A certificate A does not trust: the link fails at once, the hold stays
   // on both sides (the lease is long).
@@ -661,7 +667,7 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
   ASSERT_TRUE(eventually([&] { return b_view().state() == "unreachable"; }))
       << b_view().DebugString();
   EXPECT_EQ(b_view().holds_we_have(), 1u);
-  EXPECT_EQ(a_core_->remote_holds().size(), 1u);
+  EXPECT_EQ(a_core_->buffers().remote_holds().size(), 1u);
 
   // B's good certificate again: a new connection from the same node and
   // incarnation continues the hold; closing it ends it on A.
@@ -670,24 +676,24 @@ TEST_F(TwoNodesOverTls, BsHoldOnAOutlivesItsNewCertificatesAndEndsWhenClosed)
   ASSERT_TRUE(eventually([&] { return b_view().state() == "probe_failed"; }))
       << b_view().DebugString();
   EXPECT_EQ(b_view().holds_we_have(), 1u);
-  ASSERT_EQ(a_core_->remote_holds().size(), 1u);
-  EXPECT_EQ(a_core_->remote_holds().begin()->first, hold_on_a);
-  ASSERT_TRUE(b_core_->close_buffer(b_session_, grant.buffer_id()).ok());
-  EXPECT_TRUE(eventually([&] { return a_core_->remote_holds().empty(); }));
+  ASSERT_EQ(a_core_->buffers().remote_holds().size(), 1u);
+  EXPECT_EQ(a_core_->buffers().remote_holds().begin()->first, hold_on_a);
+  ASSERT_TRUE(b_core_->buffers().close_buffer(b_session_, grant.buffer_id()).ok());
+  EXPECT_TRUE(eventually([&] { return a_core_->buffers().remote_holds().empty(); }));
   EXPECT_EQ(b_view().holds_we_have(), 0u);
 }
 
 TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
 {
-  auto const pool = a_.core->pools().back().id;
+  auto const pool = a_.core->pools().list().back().id;
   for (auto const& [name, model] : {std::pair{"w/x", "m1"}, std::pair{"secret/y", "m1"}}) {
-    auto b = a_.core->create_buffer(a_.session, name, pool, 4096, {});
+    auto b = a_.core->buffers().create_buffer(a_.session, name, pool, 4096, {});
     ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_TRUE(a_.core
-                    ->set_buffer_manifest(
+    ASSERT_TRUE(a_.core->buffers()
+                    .set_buffer_manifest(
                         a_.session, b->id, core::buffer_manifest{.labels = {{"model", model}}})
                     .ok());
-    ASSERT_TRUE(a_.core->publish_buffer(a_.session, b->id).ok());
+    ASSERT_TRUE(a_.core->buffers().publish_buffer(a_.session, b->id).ok());
   }
   auto listed = list_on_a();
   ASSERT_TRUE(listed.ok()) << listed.status();
@@ -726,7 +732,7 @@ TEST_F(TwoNodes, BListsAsBuffersThroughItsGrantAndOpensOneByItsLabels)
   v1::BufferGrant grant;
   ASSERT_TRUE(b_->open(b_session_, open, &grant).ok());
   EXPECT_EQ(grant.manifest().labels(0).value(), "m1");
-  EXPECT_EQ(a_.core->remote_holds().size(), 1u);
+  EXPECT_EQ(a_.core->buffers().remote_holds().size(), 1u);
 }
 
 TEST_F(TwoNodes, AListingOfAnUnknownNodeIsNotFoundAndOfAGoneOneUnavailable)

@@ -167,7 +167,7 @@ TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   auto r = send(c, 1);
   ASSERT_TRUE(r && r->has_allocate());
   auto const lease = r->allocate().allocation_id();
-  auto const held  = core_->stats().pools.at(0).allocation_count;
+  auto const held  = core_->pools().stats().pools.at(0).allocation_count;
 
   c.Clear();
   c.set_reply_only_on_error(true);  // a refusal is answered all the same
@@ -178,7 +178,7 @@ TEST_F(SessionProtocol, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(r->error().message(), ::testing::HasSubstr("no longer supported"));
   EXPECT_EQ(r->reply_case(), v1::SessionReply::REPLY_NOT_SET);
-  EXPECT_EQ(core_->stats().pools.at(0).allocation_count, held) << "the refused Free freed";
+  EXPECT_EQ(core_->pools().stats().pools.at(0).allocation_count, held) << "the refused Free freed";
 
   c.mutable_free()->clear_removed_release_event();
   r = send(c, 3);
@@ -243,10 +243,12 @@ TEST_F(SessionProtocol, OpenSaysTheManifestFollowsAndKeepsTheGuardAndTheAccessRu
   core::buffer_manifest m;
   m.tensors = {core::tensor_entry{.name = "w", .dtype = 10, .shape = {16}, .byte_offset = 0}};
   m.labels  = {{"model", "gpt"}};
-  ASSERT_TRUE(core_->set_buffer_manifest(session_, id, m).ok());
-  ASSERT_TRUE(core_->publish_buffer(session_, id).ok());
+  ASSERT_TRUE(core_->buffers().set_buffer_manifest(session_, id, m).ok());
+  ASSERT_TRUE(core_->buffers().publish_buffer(session_, id).ok());
 
-  auto const holders = [&] { return core_->describe_buffer(session_, "team/m")->info.holders; };
+  auto const holders = [&] {
+    return core_->buffers().describe_buffer(session_, "team/m")->info.holders;
+  };
   c.Clear();
   auto* open = c.mutable_open_buffer();
   open->set_name("team/m");

@@ -26,9 +26,9 @@ class host_core_fixture : public ::testing::Test {
   {
     core_ = std::make_unique<core::daemon_core>(
         core::core_options{.access = {.uids = {::getuid()}, .gids = {}}, .quotas = {}});
-    core_->add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
-                    std::make_unique<backends::host::host_backend>("host", 1 << 20));
-    auto grant = core_->open_session(
+    core_->pools().add_pool({.name = "host", .handle_types = {core::handle_type::host_offset}},
+                            std::make_unique<backends::host::host_backend>("host", 1 << 20));
+    auto grant = core_->sessions().open_session(
         {.pid = ::getpid(), .uid = ::getuid(), .gid = ::getgid(), .supplementary_gids = {}},
         "test",
         client_name_);

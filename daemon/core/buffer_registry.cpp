@@ -1,33 +1,44 @@
-// daemon_core's named shared buffers (DESIGN.md, "Named shared buffers";
-// docs/sharing.md has the rules from a user's side).
-//
-// A buffer is charged once, when it is created: to its pool, to its creator's
-// uid until it is freed, and to its creating session's quota while that
-// session holds it. Holders are sessions; a session's end drops its holds
-// (and frees what it created and never published).
+// buffer_registry: creating, publishing, opening, closing, deleting and
+// listing shared buffers, a closing session's holds, and adoption after a
+// restart. Manifests are in buffer_manifests.cpp, peering's holds in
+// buffer_remote_holds.cpp.
+
+#include "daemon/core/buffer_registry.hpp"
 
 #include "common/buffer_name.hpp"
 #include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/core/core_entries.hpp"
-#include "daemon/core/daemon_core.hpp"
 
 #include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <span>
 
 namespace rmmd::core {
 namespace {
 
-std::string bytes_text(std::size_t bytes)
+/// Where this daemon's remote hold ids start: random, below 2^62 and not 0,
+/// so ids of a daemon that started again do not repeat its last one's (a
+/// peer's stale close must not end another hold), and every id stays below
+/// 2^63 (remote_holder_key's bit).
+remote_hold_id first_remote_hold_id()
 {
-  return absl::StrFormat("%d bytes", bytes);
+  remote_hold_id n = 0;
+  random_bytes(std::as_writable_bytes(std::span(&n, 1)));
+  n &= (remote_hold_id{1} << 62) - 1;
+  return n == 0 ? 1 : n;
 }
 
 }  // namespace
 
-bool daemon_core::may_open_locked(buffer_entry const& b, peer_credentials const& peer) const
+buffer_registry::buffer_registry(core_state& state)
+    : state_(state), next_remote_hold_(first_remote_hold_id())
+{
+}
+
+bool buffer_registry::may_open_locked(buffer_entry const& b, peer_credentials const& peer) const
 {
   if (peer.uid == 0 || peer.uid == b.creator_uid) { return true; }
   if (!b.gid) { return false; }
@@ -36,9 +47,8 @@ bool daemon_core::may_open_locked(buffer_entry const& b, peer_credentials const&
              peer.supplementary_gids.end();
 }
 
-std::optional<absl::Status> daemon_core::cross_tenant_refusal_locked(buffer_entry const& b,
-                                                                     session_entry const& s,
-                                                                     std::string_view request) const
+std::optional<absl::Status> buffer_registry::cross_tenant_refusal_locked(
+    buffer_entry const& b, session_entry const& s, std::string_view request) const
 {
   if (b.creating || b.tenant == s.tenant) { return std::nullopt; }
   auto const& m      = b.block;
@@ -54,7 +64,7 @@ std::optional<absl::Status> daemon_core::cross_tenant_refusal_locked(buffer_entr
       s.tenant.text()));
 }
 
-buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b, buffer_access access) const
+buffer_grant buffer_registry::buffer_grant_locked(buffer_entry const& b, buffer_access access) const
 {
   return buffer_grant{.id         = b.id,
                       .pool       = b.pool,
@@ -67,13 +77,13 @@ buffer_grant daemon_core::buffer_grant_locked(buffer_entry const& b, buffer_acce
                       .manifest   = b.manifest};
 }
 
-buffer_info daemon_core::buffer_info_locked(buffer_entry const& b) const
+buffer_info buffer_registry::buffer_info_locked(buffer_entry const& b) const
 {
   return buffer_info{
       .id              = b.id,
       .name            = b.name,
       .pool            = b.pool,
-      .pool_name       = pools_[b.pool]->config.name,
+      .pool_name       = state_.pools[b.pool]->config.name,
       .size            = b.size,
       .reserved_bytes  = b.charge,
       .creator_uid     = b.creator_uid,
@@ -89,12 +99,12 @@ buffer_info daemon_core::buffer_info_locked(buffer_entry const& b) const
       .tensor_count    = b.manifest ? b.manifest->tensors.size() : 0};
 }
 
-absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
-                                                        std::string_view name,
-                                                        pool_id pool,
-                                                        std::size_t bytes,
-                                                        buffer_options const& options,
-                                                        reclaim_policy policy)
+absl::StatusOr<buffer_grant> buffer_registry::create_buffer(session_id session,
+                                                            std::string_view name,
+                                                            pool_id pool,
+                                                            std::size_t bytes,
+                                                            buffer_options const& options,
+                                                            reclaim_policy policy)
 {
   auto const when_short =
       policy == reclaim_policy::refuse ? short_of_room::refuse : short_of_room::wait;
@@ -103,40 +113,65 @@ absl::StatusOr<buffer_grant> daemon_core::create_buffer(session_id session,
       create_buffer_with(session, name, pool, bytes, options, when_short));
 }
 
-answer_or_hold<buffer_grant> daemon_core::create_buffer_or_hold(session_id session,
-                                                                std::string_view name,
-                                                                pool_id pool,
-                                                                std::size_t bytes,
-                                                                buffer_options const& options)
+answer_or_hold<buffer_grant> buffer_registry::create_buffer_or_hold(session_id session,
+                                                                    std::string_view name,
+                                                                    pool_id pool,
+                                                                    std::size_t bytes,
+                                                                    buffer_options const& options)
 {
   return create_buffer_with(session, name, pool, bytes, options, short_of_room::hold);
 }
 
-answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
-                                                             std::string_view name,
-                                                             pool_id pool,
-                                                             std::size_t bytes,
-                                                             buffer_options const& options,
-                                                             short_of_room when_short)
+answer_or_hold<buffer_grant> buffer_registry::create_buffer_with(session_id session,
+                                                                 std::string_view name,
+                                                                 pool_id pool,
+                                                                 std::size_t bytes,
+                                                                 buffer_options const& options,
+                                                                 short_of_room when_short)
 {
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("create buffer %s", quoted_for_message(name));
+  auto target        = check_create_locked(session, name, pool, bytes, options, request);
+  if (!target.ok()) { return target.status(); }
+  auto& s           = *target->session;
+  auto& p           = *target->pool;
+  auto const charge = std::max(bytes, p.tenants.backend(s.tenant).reserved_size(bytes));
+  auto const what =
+      absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
+  if (auto refused = state_.refusal_locked(p, s, charge, what)) {
+    return create_when_short(
+        lock, *std::move(refused), s, name, pool, bytes, options, charge, what, when_short);
+  }
+  // Take the name and the bytes, then let the backend allocate without the
+  // lock (a large CUDA allocation takes a while). Until it is done the buffer
+  // is `creating`: its name is taken, nobody may open it, and a close of its
+  // session leaves it to this call to clean up.
+  auto& b = take_name_locked(s, name, pool, bytes, charge, options);
+  return allocate_created(lock, b, s, p, target->alignment, what, request);
+}
+
+absl::StatusOr<buffer_registry::create_target> buffer_registry::check_create_locked(
+    session_id session,
+    std::string_view name,
+    pool_id pool,
+    std::size_t bytes,
+    buffer_options const& options,
+    std::string const& request) const
+{
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
-  if (draining_) {
+  if (state_.draining) {
     return absl::UnavailableError(
         absl::StrCat(request, ": the daemon is draining for shutdown; no new buffers"));
   }
-  auto found = session_locked(session, request);
+  auto found = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
-  auto& s      = **found;
-  auto checked = check_request_locked(request, pool, bytes, options.alignment);
+  auto checked = state_.check_request_locked(request, pool, bytes, options.alignment);
   if (!checked.ok()) { return checked.status(); }
-  auto& p              = *checked->pool;
-  auto const alignment = checked->alignment;
-  if (auto taken = buffer_names_.find(std::string(name)); taken != buffer_names_.end()) {
-    auto const& other = *buffers_.at(taken->second);
+  if (auto taken = state_.buffer_names.find(std::string(name));
+      taken != state_.buffer_names.end()) {
+    auto const& other = *state_.buffers.at(taken->second);
     return absl::AlreadyExistsError(absl::StrFormat(
         "%s: the name is taken by buffer %d (%s, created by uid %d pid %d); open it, choose "
         "another name, or delete it first (rmmctl buffers delete NAME)",
@@ -146,66 +181,79 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
         other.creator_uid,
         other.creator_pid));
   }
-  auto const charge = std::max(bytes, p.tenants.backend(s.tenant).reserved_size(bytes));
-  auto const what =
-      absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
-  if (auto refused = refusal_locked(p, s, charge, what)) {
-    // As allocate() does: short of room that other sessions' idle slabs would
-    // make, it asks them and waits, then starts over (the name may be taken
-    // by then), refusing at once if the pool is still short.
-    if (when_short == short_of_room::refuse || quota_refusal_locked(s, charge, what) ||
-        !reclaim_could_serve_locked(pool, session, charge)) {
-      return *refused;
-    }
-    if (when_short == short_of_room::hold) { return reclaim_hold{}; }
-    stats_.reclaim_waited(pool);
-    wait_for_reclaim_locked(lock, pool, session, charge);
-    lock.unlock();
-    auto created = create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
-    lock.lock();
-    stats_.reclaim_ended(pool, created.ok());
-    return created;
-  }
+  return create_target{.session = *found, .pool = checked->pool, .alignment = checked->alignment};
+}
 
-  // Take the name and the bytes, then let the backend allocate without the
-  // lock (a large CUDA allocation takes a while). Until it is done the buffer
-  // is `creating`: its name is taken, nobody may open it, and a close of its
-  // session leaves it to this call to clean up.
-  auto& b           = take_name_locked(s, name, pool, bytes, charge, options);
-  auto const id     = b.id;
-  auto const uid    = s.peer.uid;
-  auto const tenant = s.tenant;
-  auto backend      = p.tenants.find(tenant)->backend;  // kept alive while the lock is let go
-  auto const others = p.tenants.others(tenant);
+answer_or_hold<buffer_grant> buffer_registry::create_when_short(std::unique_lock<std::mutex>& lock,
+                                                                absl::Status refused,
+                                                                session_entry const& s,
+                                                                std::string_view name,
+                                                                pool_id pool,
+                                                                std::size_t bytes,
+                                                                buffer_options const& options,
+                                                                std::size_t charge,
+                                                                std::string const& what,
+                                                                short_of_room when_short)
+{
+  // As lease_allocator::allocate() does: short of room that other sessions'
+  // idle slabs would make, it asks them and waits, then starts over.
+  auto const session = s.id;
+  if (when_short == short_of_room::refuse || state_.quota_refusal_locked(s, charge, what) ||
+      !state_.reclaim_could_serve_locked(pool, session, charge)) {
+    return refused;
+  }
+  if (when_short == short_of_room::hold) { return reclaim_hold{}; }
+  state_.stats.reclaim_waited(pool);
+  state_.wait_for_reclaim_locked(lock, pool, session, charge);
+  lock.unlock();
+  auto created = create_buffer(session, name, pool, bytes, options, reclaim_policy::refuse);
+  lock.lock();
+  state_.stats.reclaim_ended(pool, created.ok());
+  return created;
+}
+
+absl::StatusOr<buffer_grant> buffer_registry::allocate_created(std::unique_lock<std::mutex>& lock,
+                                                               buffer_entry& b,
+                                                               session_entry& s,
+                                                               pool_entry& p,
+                                                               std::size_t alignment,
+                                                               std::string const& what,
+                                                               std::string const& request)
+{
+  // `b` stays while it is `creating` (nothing frees it then); `s` may close
+  // while the lock is let go, so what is needed of it is taken now.
+  auto const id      = b.id;
+  auto const session = s.id;
+  auto const uid     = s.peer.uid;
+  auto const tenant  = s.tenant;
+  auto const charge  = b.charge;
+  auto const bytes   = b.size;
+  auto backend       = p.tenants.find(tenant)->backend;  // kept alive while the lock is let go
+  auto const others  = p.tenants.others(tenant);
   lock.unlock();
   auto block = after_trimming_others(
-      others, trim_mutex_, [&] { return backend->allocate_shared(bytes, alignment); });
+      others, state_.trim_mutex, [&] { return backend->allocate_shared(bytes, alignment); });
   lock.lock();
 
   // Take the estimate back; charge what the backend reserved, if it may stay.
-  auto* const creator = find_session_locked(session);
-  auto uncharge       = [&](std::size_t amount) {
-    p.count(tenant, amount, -1);
-    reclaim_.room_changed();
-    if (auto u = uid_bytes_.find(uid); u != uid_bytes_.end()) {
-      u->second -= amount;
-      if (u->second == 0) { uid_bytes_.erase(u); }
-    }
-    if (creator != nullptr) { creator->shared_bytes -= amount; }
-  };
+  auto* const creator = state_.find_session_locked(session);
+  p.count(tenant, charge, -1);
+  state_.reclaim.room_changed();
+  state_.uncharge_uid_locked(uid, charge);
+  if (creator != nullptr) { creator->shared_bytes -= charge; }
   auto forget = [&] {
-    if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == id) {
-      buffer_names_.erase(n);
+    if (auto n = state_.buffer_names.find(b.name);
+        n != state_.buffer_names.end() && n->second == id) {
+      state_.buffer_names.erase(n);
     }
     if (creator != nullptr) { creator->holds.erase(id); }
     if (auto* slot = p.tenants.find(tenant)) { --slot->buffers; }
-    buffers_.erase(id);
+    state_.buffers.erase(id);
   };
-  uncharge(charge);
   if (!block.ok()) {
     forget();
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
-      signal_pressure_locked(p);
+      core_state::signal_pressure_locked(p);
     }
     return absl::Status(block.status().code(), absl::StrCat(what, ": ", block.status().message()));
   }
@@ -216,7 +264,7 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
         absl::StrCat(request, ": the session closed during the call; open a new session"));
   }
   auto const reserved = block->block.bytes;
-  if (refusal_locked(p, *creator, reserved, what)) {
+  if (state_.refusal_locked(p, *creator, reserved, what)) {
     backend->deallocate_shared(*block);
     forget();
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -229,19 +277,19 @@ answer_or_hold<buffer_grant> daemon_core::create_buffer_with(session_id session,
   b.charge   = reserved;
   b.creating = false;
   p.count(tenant, reserved, +1);
-  stats_.grew(pool, p.in_use);
-  uid_bytes_[uid] += reserved;
+  state_.stats.grew(b.pool, p.in_use);
+  state_.uid_bytes[uid] += reserved;
   creator->shared_bytes += reserved;
   // A delete may have taken the name meanwhile: the creator holds it all the same.
   return buffer_grant_locked(b, buffer_access::read_write);
 }
 
-buffer_entry& daemon_core::take_name_locked(session_entry& s,
-                                            std::string_view name,
-                                            pool_id pool,
-                                            std::size_t bytes,
-                                            std::size_t charge,
-                                            buffer_options const& options)
+buffer_entry& buffer_registry::take_name_locked(session_entry& s,
+                                                std::string_view name,
+                                                pool_id pool,
+                                                std::size_t bytes,
+                                                std::size_t charge,
+                                                buffer_options const& options)
 {
   auto entry           = std::make_unique<buffer_entry>();
   entry->id            = next_buffer_++;
@@ -252,7 +300,7 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
   entry->persistent    = options.persistent;
   entry->gid           = options.gid;
   entry->allow_writers = options.allow_writers;
-  if (auto const& uuid = pools_[pool]->config.gpu_uuid; !uuid.empty()) {
+  if (auto const& uuid = state_.pools[pool]->config.gpu_uuid; !uuid.empty()) {
     entry->manifest = std::make_shared<buffer_manifest const>(
         buffer_manifest{.labels = {{std::string(gpu_uuid_label), uuid}}});
   }
@@ -264,25 +312,25 @@ buffer_entry& daemon_core::take_name_locked(session_entry& s,
   entry->holders.emplace(s.id, 1);
   auto const id = entry->id;
   auto& b       = *entry;
-  buffers_.emplace(id, std::move(entry));
-  buffer_names_.emplace(b.name, id);
+  state_.buffers.emplace(id, std::move(entry));
+  state_.buffer_names.emplace(b.name, id);
   s.holds.emplace(id, 1);
   s.shared_bytes += charge;
-  auto& p = *pools_[pool];
+  auto& p = *state_.pools[pool];
   p.count(s.tenant, charge, +1);
   if (auto* slot = p.tenants.find(s.tenant)) { ++slot->buffers; }
-  uid_bytes_[s.peer.uid] += charge;
+  state_.uid_bytes[s.peer.uid] += charge;
   return b;
 }
 
-absl::StatusOr<buffer_entry*> daemon_core::writing_buffer_locked(session_id session,
-                                                                 buffer_id id,
-                                                                 std::string const& request,
-                                                                 char const* what)
+absl::StatusOr<buffer_entry*> buffer_registry::writing_buffer_locked(session_id session,
+                                                                     buffer_id id,
+                                                                     std::string const& request,
+                                                                     char const* what)
 {
-  if (auto found = session_locked(session, request); !found.ok()) { return found.status(); }
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || it->second->creating) {
+  if (auto found = state_.session_locked(session, request); !found.ok()) { return found.status(); }
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end() || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": no such buffer (never created, or freed already)"));
   }
@@ -302,15 +350,15 @@ absl::StatusOr<buffer_entry*> daemon_core::writing_buffer_locked(session_id sess
   return &b;
 }
 
-absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
+absl::Status buffer_registry::publish_buffer(session_id session, buffer_id id)
 {
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto found =
       writing_buffer_locked(session, id, absl::StrFormat("publish buffer %d", id), "publish it");
   if (!found.ok()) { return found.status(); }
   auto& b = **found;
   b.state = buffer_state::published;
-  buffers_changed_.notify_all();
+  state_.buffers_changed.notify_all();
   if (!keeper_ || b.block.fd < 0) { return absl::OkStatus(); }
   keeper_->keep(kept_buffer{.info             = buffer_info_locked(b),
                             .manifest         = b.manifest,
@@ -318,7 +366,7 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
                             .host_memfd       = b.block.host_memfd,
                             .fabric_handle    = b.block.fabric_handle,
                             .allocation_bytes = b.block.block.bytes,
-                            .gpu_uuid         = pools_[b.pool]->config.gpu_uuid});
+                            .gpu_uuid         = state_.pools[b.pool]->config.gpu_uuid});
   // Answered once it is kept for good: a client that heard "published" and
   // then sees the daemon SIGKILLed finds the buffer after the restart.
   // (A keeper that takes longer says so in its log; the buffer is served.)
@@ -328,13 +376,13 @@ absl::Status daemon_core::publish_buffer(session_id session, buffer_id id)
   return absl::OkStatus();
 }
 
-absl::StatusOr<buffer_grant> daemon_core::open_buffer(
+absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
     session_id session,
     std::string_view name,
     std::chrono::steady_clock::time_point wait_until,
     buffer_open_options const& how)
 {
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("open buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
@@ -342,17 +390,17 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
   auto const key = std::string(name);
   bool waited    = false;
   while (true) {
-    auto found = session_locked(session, request);
+    auto found = state_.session_locked(session, request);
     if (!found.ok()) { return found.status(); }
     auto& s = **found;
     absl::Status waitable;  // the buffer is missing or unpublished: worth waiting for
-    if (auto n = buffer_names_.find(key); n == buffer_names_.end()) {
+    if (auto n = state_.buffer_names.find(key); n == state_.buffer_names.end()) {
       waitable = absl::NotFoundError(
           absl::StrCat(request,
                        ": no buffer has this name (see `rmmctl buffers`); its creator may not have "
                        "created it yet (open with a wait to wait for it)"));
     } else {
-      auto& b = *buffers_.at(n->second);
+      auto& b = *state_.buffers.at(n->second);
       if (!may_open_locked(b, s.peer)) {
         return absl::PermissionDeniedError(absl::StrFormat(
             "%s: uid %d may not open it; only its creator's uid %d, root%s may",
@@ -386,22 +434,22 @@ absl::StatusOr<buffer_grant> daemon_core::open_buffer(
       return waitable;
     }
     // No wait outlives the drain: the daemon is about to stop.
-    if (draining_ || sessions_closed_) {
+    if (state_.draining || state_.sessions_closed) {
       return absl::UnavailableError(
           absl::StrCat(request, ": the daemon is draining for shutdown; it stopped the wait"));
     }
     waited = true;
     ++waiting_opens_;
-    buffers_changed_.wait_until(lock, wait_until);
+    state_.buffers_changed.wait_until(lock, wait_until);
     --waiting_opens_;
   }
 }
 
-absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
+absl::Status buffer_registry::close_buffer(session_id session, buffer_id id)
 {
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("close buffer %d", id);
-  auto found         = session_locked(session, request);
+  auto found         = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
   if ((*found)->foreign_holds.erase(id) > 0) {
     auto notify = foreign_released_;
@@ -409,8 +457,8 @@ absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
     if (notify) { notify(id); }
     return absl::OkStatus();
   }
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
@@ -418,14 +466,14 @@ absl::Status daemon_core::close_buffer(session_id session, buffer_id id)
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) const
+absl::StatusOr<int> buffer_registry::buffer_fd(session_id session, buffer_id id) const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("fd of buffer %d", id);
-  auto found         = session_locked(session, request);
+  auto found         = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
-  auto it = buffers_.find(id);
-  if (it == buffers_.end() || !(*found)->holds.contains(id) || it->second->creating) {
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end() || !(*found)->holds.contains(id) || it->second->creating) {
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
@@ -438,22 +486,23 @@ absl::StatusOr<int> daemon_core::buffer_fd(session_id session, buffer_id id) con
   return it->second->block.fd;
 }
 
-absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::string_view name)
+absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,
+                                                           std::string_view name)
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("delete buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
-  auto found = session_locked(session, request);
+  auto found = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
   auto const uid = (*found)->peer.uid;
-  auto n         = buffer_names_.find(std::string(name));
-  if (n == buffer_names_.end()) {
+  auto n         = state_.buffer_names.find(std::string(name));
+  if (n == state_.buffer_names.end()) {
     return absl::NotFoundError(
         absl::StrCat(request, ": no buffer has this name (see `rmmctl buffers`)"));
   }
-  auto& b = *buffers_.at(n->second);
+  auto& b = *state_.buffers.at(n->second);
   if (uid != 0 && uid != b.creator_uid) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "%s: uid %d may not delete it; only its creator's uid %d and root may (sudo rmmctl "
@@ -462,7 +511,7 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
         uid,
         b.creator_uid));
   }
-  buffer_names_.erase(n);
+  state_.buffer_names.erase(n);
   b.state = buffer_state::deleted;
   if (keeper_) { keeper_->forget(b.id); }
   auto const holders = b.holders.size();
@@ -470,25 +519,25 @@ absl::StatusOr<std::size_t> daemon_core::delete_buffer(session_id session, std::
   return holders;
 }
 
-bool daemon_core::may_see_locked(buffer_entry const& b,
-                                 session_id session,
-                                 peer_credentials const& peer) const
+bool buffer_registry::may_see_locked(buffer_entry const& b,
+                                     session_id session,
+                                     peer_credentials const& peer) const
 {
   if (b.creating) { return false; }
-  bool const all = peer.uid == 0 || peer.uid == options_.admin_uid;
+  bool const all = peer.uid == 0 || peer.uid == state_.options.admin_uid;
   return all || b.creator == session ||
          (b.state != buffer_state::writing && may_open_locked(b, peer));
 }
 
-absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(
+absl::StatusOr<std::vector<buffer_info>> buffer_registry::list_buffers(
     session_id session, buffer_filter const& filter) const
 {
-  std::lock_guard lock(mutex_);
-  auto found = session_locked(session, "list buffers");
+  std::lock_guard lock(state_.mutex);
+  auto found = state_.session_locked(session, "list buffers");
   if (!found.ok()) { return found.status(); }
   auto const& peer = (*found)->peer;
   std::vector<buffer_info> out;
-  for (auto const& [id, b] : buffers_) {
+  for (auto const& [id, b] : state_.buffers) {
     if (may_see_locked(*b, session, peer) && filter_selects(filter, *b)) {
       out.push_back(buffer_info_locked(*b));
     }
@@ -496,25 +545,25 @@ absl::StatusOr<std::vector<buffer_info>> daemon_core::list_buffers(
   return out;
 }
 
-std::size_t daemon_core::waiting_opens() const
+std::size_t buffer_registry::waiting_opens() const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   return waiting_opens_;
 }
 
-std::vector<buffer_info> daemon_core::buffers() const
+std::vector<buffer_info> buffer_registry::all() const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   std::vector<buffer_info> out;
-  for (auto const& [id, b] : buffers_) {
+  for (auto const& [id, b] : state_.buffers) {
     if (!b->creating) { out.push_back(buffer_info_locked(*b)); }
   }
   return out;
 }
 
-void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
+void buffer_registry::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
 {
-  if (auto* s = find_session_locked(holder)) {
+  if (auto* s = state_.find_session_locked(holder)) {
     auto h = s->holds.find(b.id);
     if (h != s->holds.end() && --h->second == 0) { s->holds.erase(h); }
   }
@@ -525,14 +574,15 @@ void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
   if (holder == b.creator) {
     // The creator's session no longer counts the bytes against its quota
     // (its uid still does, until the buffer is freed).
-    if (auto* s = find_session_locked(holder); s != nullptr && b.creator_charged) {
+    if (auto* s = state_.find_session_locked(holder); s != nullptr && b.creator_charged) {
       s->shared_bytes -= b.charge;
     }
     b.creator_charged = false;
     // Never published: nobody else can hold it, and nothing is left of it.
     if (b.state != buffer_state::published) {
-      if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == b.id) {
-        buffer_names_.erase(n);
+      if (auto n = state_.buffer_names.find(b.name);
+          n != state_.buffer_names.end() && n->second == b.id) {
+        state_.buffer_names.erase(n);
       }
       b.state = buffer_state::deleted;
     }
@@ -540,15 +590,15 @@ void daemon_core::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
   free_buffer_if_unheld_locked(b.id);
 }
 
-bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
+bool buffer_registry::free_buffer_if_unheld_locked(buffer_id id) noexcept
 {
-  auto it = buffers_.find(id);
-  if (it == buffers_.end()) { return false; }
+  auto it = state_.buffers.find(id);
+  if (it == state_.buffers.end()) { return false; }
   auto& b = *it->second;
   if (b.creating || !b.holders.empty()) { return false; }
   if (b.persistent && b.state == buffer_state::published) { return false; }
   if (keeper_ && b.state == buffer_state::published) { keeper_->forget(b.id); }
-  auto& p = *pools_[b.pool];
+  auto& p = *state_.pools[b.pool];
   if (b.release) {
     // Adopted: its memory and its charge belong to no tenant's backend.
     b.release(b.block);
@@ -558,64 +608,78 @@ bool daemon_core::free_buffer_if_unheld_locked(buffer_id id) noexcept
     p.count(b.tenant, b.charge, -1);
     if (auto* slot = p.tenants.find(b.tenant)) { --slot->buffers; }
   }
-  reclaim_.room_changed();
-  if (auto u = uid_bytes_.find(b.creator_uid); u != uid_bytes_.end()) {
+  state_.reclaim.room_changed();
+  if (auto u = state_.uid_bytes.find(b.creator_uid); u != state_.uid_bytes.end()) {
     u->second -= b.charge;
-    if (u->second == 0) { uid_bytes_.erase(u); }
+    if (u->second == 0) { state_.uid_bytes.erase(u); }
   }
   if (b.creator_charged) {
-    if (auto* s = find_session_locked(b.creator)) { s->shared_bytes -= b.charge; }
+    if (auto* s = state_.find_session_locked(b.creator)) { s->shared_bytes -= b.charge; }
   }
-  if (auto n = buffer_names_.find(b.name); n != buffer_names_.end() && n->second == id) {
-    buffer_names_.erase(n);
+  if (auto n = state_.buffer_names.find(b.name);
+      n != state_.buffer_names.end() && n->second == id) {
+    state_.buffer_names.erase(n);
   }
-  buffers_.erase(it);
+  state_.buffers.erase(it);
   return true;
 }
 
-void daemon_core::release_buffers_of_locked(session_entry& s) noexcept
+buffer_registry::foreign_release buffer_registry::release_all_locked(session_entry& s) noexcept
 {
+  foreign_release foreign{.ids = {}, .notify = foreign_released_};
+  foreign.ids.swap(s.foreign_holds);
   // Each hold once for every open: drop_hold_locked erases as it goes.
   auto holds = s.holds;
   for (auto const& [id, count] : holds) {
-    auto it = buffers_.find(id);
-    if (it == buffers_.end()) { continue; }
+    auto it = state_.buffers.find(id);
+    if (it == state_.buffers.end()) { continue; }
     auto& b = *it->second;
     if (b.creating) { continue; }  // create_buffer cleans up when it finds the session gone
     for (std::size_t i = 0; i < count; ++i) {
-      if (!buffers_.contains(id)) { break; }
+      if (!state_.buffers.contains(id)) { break; }
       drop_hold_locked(b, s.id);
     }
   }
-  buffers_changed_.notify_all();  // waiting opens of this session end
+  state_.buffers_changed.notify_all();  // waiting opens of this session end
+  return foreign;
 }
 
-void daemon_core::set_buffer_keeper(std::shared_ptr<buffer_keeper> keeper)
+void buffer_registry::foreign_release::tell() const
 {
-  std::lock_guard lock(mutex_);
+  if (!notify) { return; }
+  for (auto id : ids) { notify(id); }
+}
+
+void buffer_registry::free_all() noexcept
+{
+  // Persistent buffers stay until deleted or the daemon stops: it stops.
+  std::lock_guard lock(state_.mutex);
+  for (auto& [id, b] : state_.buffers) {
+    if (b->creating) { continue; }
+    if (b->release) {
+      b->release(b->block);
+    } else {
+      state_.pools[b->pool]->tenants.backend(b->tenant).deallocate_shared(b->block);
+    }
+  }
+  state_.buffers.clear();
+  state_.buffer_names.clear();
+}
+
+void buffer_registry::set_buffer_keeper(std::shared_ptr<buffer_keeper> keeper)
+{
+  std::lock_guard lock(state_.mutex);
   keeper_ = std::move(keeper);
 }
 
-void daemon_core::set_driver_usage_source(driver_usage_source source)
+absl::StatusOr<buffer_id> buffer_registry::adopt_buffer(adopted_buffer_spec spec)
 {
-  std::lock_guard lock(mutex_);
-  driver_usage_ = std::move(source);
-}
-
-void daemon_core::set_restart_summary(restart_summary summary)
-{
-  std::lock_guard lock(mutex_);
-  restart_ = summary;
-}
-
-absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
-{
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("adopt buffer %s", quoted_for_message(spec.name));
   if (auto problem = names::buffer_name_problem(spec.name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
-  if (spec.pool >= pools_.size()) {
+  if (spec.pool >= state_.pools.size()) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: no pool %d", request, spec.pool));
   }
   auto const bytes = spec.memory.block.bytes;
@@ -626,7 +690,7 @@ absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
                         bytes_text(spec.size),
                         bytes_text(bytes)));
   }
-  if (buffer_names_.contains(spec.name)) {
+  if (state_.buffer_names.contains(spec.name)) {
     return absl::AlreadyExistsError(absl::StrCat(request, ": the name is taken"));
   }
   auto entry             = std::make_unique<buffer_entry>();
@@ -640,7 +704,7 @@ absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
   entry->state           = buffer_state::published;
   entry->persistent      = spec.persistent;
   entry->gid             = spec.gid;
-  entry->tenant          = options_.tenancy.isolate
+  entry->tenant          = state_.options.tenancy.isolate
                                ? tenant_key{.of = tenant_key::kind::uid, .id = spec.creator_uid}
                                : tenant_key{};
   entry->creator_uid     = spec.creator_uid;
@@ -651,12 +715,12 @@ absl::StatusOr<buffer_id> daemon_core::adopt_buffer(adopted_buffer_spec spec)
   entry->manifest        = std::move(spec.manifest);
   entry->release         = std::move(spec.release);
   auto const id          = entry->id;
-  auto& p                = *pools_[entry->pool];
+  auto& p                = *state_.pools[entry->pool];
   p.in_use += bytes;
-  stats_.grew(entry->pool, p.in_use);
-  uid_bytes_[entry->creator_uid] += bytes;
-  buffer_names_.emplace(entry->name, id);
-  buffers_.emplace(id, std::move(entry));
+  state_.stats.grew(entry->pool, p.in_use);
+  state_.uid_bytes[entry->creator_uid] += bytes;
+  state_.buffer_names.emplace(entry->name, id);
+  state_.buffers.emplace(id, std::move(entry));
   return id;
 }
 

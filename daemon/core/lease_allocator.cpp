@@ -1,24 +1,21 @@
-// daemon_core's leases: allocate (packed or of its own), free, dropped packed
-// blocks, and the checks and charges against pools and quotas that every
-// request for memory shares.
+// lease_allocator: allocate (packed or of its own), free, dropped packed
+// blocks, usage reports and pressure.
+
+#include "daemon/core/lease_allocator.hpp"
 
 #include "daemon/core/core_entries.hpp"
-#include "daemon/core/daemon_core.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <set>
 #include <utility>
 
 namespace rmmd::core {
 namespace {
-
-std::string bytes_text(std::size_t bytes)
-{
-  return absl::StrFormat("%d bytes", bytes);
-}
 
 absl::Status closed_during_call()
 {
@@ -34,70 +31,31 @@ absl::Status draining_refusal(std::string const& what)
 }  // namespace
 
 template <class BackendCall>
-auto daemon_core::call_backend_charged(std::unique_lock<std::mutex>& lock,
-                                       pool_id pool,
-                                       session_entry& s,
-                                       std::size_t charge,
-                                       BackendCall&& backend_call)
+auto lease_allocator::call_backend_charged(std::unique_lock<std::mutex>& lock,
+                                           pool_id pool,
+                                           session_entry& s,
+                                           std::size_t charge,
+                                           BackendCall&& backend_call)
 {
-  auto& p            = *pools_[pool];
+  auto& p            = *state_.pools[pool];
   auto const session = s.id;
   auto const uid     = s.peer.uid;
   auto const tenant  = s.tenant;
-  charge_locked(p, &s, uid, tenant, pool, charge, +1);
+  state_.charge_locked(p, &s, uid, tenant, pool, charge, +1);
   lock.unlock();
   auto result = std::forward<BackendCall>(backend_call)();
   lock.lock();
-  auto* const now = find_session_locked(session);
-  charge_locked(p, now, uid, tenant, pool, charge, -1);
+  auto* const now = state_.find_session_locked(session);
+  state_.charge_locked(p, now, uid, tenant, pool, charge, -1);
   return std::pair{std::move(result), now};
 }
 
-absl::StatusOr<daemon_core::checked_request> daemon_core::check_request_locked(
-    std::string_view request, pool_id pool, std::size_t bytes, std::size_t alignment) const
-{
-  if (pool >= pools_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unknown pool id %d; this daemon serves pool ids 0 to %d (see `rmmctl pools`)",
-        request,
-        pool,
-        static_cast<long long>(pools_.size()) - 1));
-  }
-  auto& p = *pools_[pool];
-  if (bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s in pool '%s': size 0 is not allowed; ask for at least 1 byte", request, p.config.name));
-  }
-  if (bytes > p.capacity) {
-    // RMM's resources raise out_of_memory for a request no memory could
-    // hold, so rmm::out_of_memory it is (RESOURCE_EXHAUSTED).
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s of %s in pool '%s': larger than the pool's capacity of %s; no request this large can "
-        "succeed here",
-        request,
-        bytes_text(bytes),
-        p.config.name,
-        bytes_text(p.capacity)));
-  }
-  if (alignment == 0) { alignment = default_alignment; }
-  if (!std::has_single_bit(alignment) || alignment > p.config.max_alignment) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s of %s in pool '%s': alignment %d is not a power of two between 1 and %d",
-        request,
-        bytes_text(bytes),
-        p.config.name,
-        alignment,
-        p.config.max_alignment));
-  }
-  return checked_request{.pool = pools_[pool].get(), .alignment = alignment};
-}
-
-absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
-                                                  pool_id pool,
-                                                  std::size_t bytes,
-                                                  std::size_t alignment,
-                                                  reclaim_policy policy,
-                                                  bool may_pack)
+absl::StatusOr<lease_grant> lease_allocator::allocate(session_id session,
+                                                      pool_id pool,
+                                                      std::size_t bytes,
+                                                      std::size_t alignment,
+                                                      reclaim_policy policy,
+                                                      bool may_pack)
 {
   auto const when_short =
       policy == reclaim_policy::refuse ? short_of_room::refuse : short_of_room::wait;
@@ -106,44 +64,45 @@ absl::StatusOr<lease_grant> daemon_core::allocate(session_id session,
       allocate_counted({session, pool, bytes, alignment, when_short, may_pack}));
 }
 
-answer_or_hold<lease_grant> daemon_core::allocate_or_hold(
+answer_or_hold<lease_grant> lease_allocator::allocate_or_hold(
     session_id session, pool_id pool, std::size_t bytes, std::size_t alignment, bool may_pack)
 {
   return allocate_counted({session, pool, bytes, alignment, short_of_room::hold, may_pack});
 }
 
-answer_or_hold<lease_grant> daemon_core::allocate_counted(allocation_request const& r)
+answer_or_hold<lease_grant> lease_allocator::allocate_counted(allocation_request const& r)
 {
   bool waited = false;
   auto result = allocate_once(r, waited);
   if (waited) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(state_.mutex);
     auto const* answer = std::get_if<absl::StatusOr<lease_grant>>(&result);
-    stats_.reclaim_ended(r.pool, answer != nullptr && answer->ok());
+    state_.stats.reclaim_ended(r.pool, answer != nullptr && answer->ok());
   }
   return result;
 }
 
-answer_or_hold<lease_grant> daemon_core::allocate_once(allocation_request const& r, bool& waited)
+answer_or_hold<lease_grant> lease_allocator::allocate_once(allocation_request const& r,
+                                                           bool& waited)
 {
-  std::unique_lock lock(mutex_);
-  if (draining_) { return draining_refusal(absl::StrCat("allocate ", bytes_text(r.bytes))); }
-  auto found = session_locked(r.session, "allocate");
+  std::unique_lock lock(state_.mutex);
+  if (state_.draining) { return draining_refusal(absl::StrCat("allocate ", bytes_text(r.bytes))); }
+  auto found = state_.session_locked(r.session, "allocate");
   if (!found.ok()) { return found.status(); }
   auto* s      = *found;
-  auto checked = check_request_locked("allocate", r.pool, r.bytes, r.alignment);
+  auto checked = state_.check_request_locked("allocate", r.pool, r.bytes, r.alignment);
   if (!checked.ok()) { return checked.status(); }
   auto& p              = *checked->pool;
   auto const alignment = checked->alignment;
   // Small and asked for by a client that imports blocks: carved out of a
   // block of the session's own (no driver call, no driver memory per lease).
-  if (r.may_pack && packed_.packs(p.capacity, r.bytes, alignment) &&
+  if (r.may_pack && state_.packed.packs(p.capacity, r.bytes, alignment) &&
       p.tenants.kind() == backend_kind::cuda) {
     if (auto grant = carve_packed_locked(*s, p, r, alignment)) { return *std::move(grant); }
     if (auto made = pack_in_new_block_locked(lock, *s, r, alignment)) { return *std::move(made); }
     // No room for a block: a lease of its own, below (the session may have
     // closed while the backend tried).
-    s = find_session_locked(r.session);
+    s = state_.find_session_locked(r.session);
     if (s == nullptr) { return closed_during_call(); }
   }
   // What the backend will reserve: quotas and the pool are checked, and
@@ -158,7 +117,7 @@ answer_or_hold<lease_grant> daemon_core::allocate_once(allocation_request const&
   return lease_from_backend_locked(lock, *s, r, alignment, charge, what, waited);
 }
 
-std::optional<answer_or_hold<lease_grant>> daemon_core::wait_for_room_locked(
+std::optional<answer_or_hold<lease_grant>> lease_allocator::wait_for_room_locked(
     std::unique_lock<std::mutex>& lock,
     session_entry*& s,
     allocation_request const& r,
@@ -166,27 +125,27 @@ std::optional<answer_or_hold<lease_grant>> daemon_core::wait_for_room_locked(
     std::string const& what,
     bool& waited)
 {
-  auto& p      = *pools_[r.pool];
-  auto refused = refusal_locked(p, *s, charge, what);
+  auto& p      = *state_.pools[r.pool];
+  auto refused = state_.refusal_locked(p, *s, charge, what);
   if (!refused) { return std::nullopt; }
   // Short of room that other sessions' idle slabs would make: ask them for
   // those and wait for the room rather than refuse (DESIGN.md, the fast path).
-  if (r.when_short == short_of_room::refuse || quota_refusal_locked(*s, charge, what) ||
-      !reclaim_could_serve_locked(r.pool, r.session, charge)) {
+  if (r.when_short == short_of_room::refuse || state_.quota_refusal_locked(*s, charge, what) ||
+      !state_.reclaim_could_serve_locked(r.pool, r.session, charge)) {
     return *refused;
   }
   if (r.when_short == short_of_room::hold) { return reclaim_hold{}; }
-  stats_.reclaim_waited(r.pool);
+  state_.stats.reclaim_waited(r.pool);
   waited = true;
-  wait_for_reclaim_locked(lock, r.pool, r.session, charge);
-  if (draining_) { return draining_refusal(what); }
-  s = find_session_locked(r.session);
+  state_.wait_for_reclaim_locked(lock, r.pool, r.session, charge);
+  if (state_.draining) { return draining_refusal(what); }
+  s = state_.find_session_locked(r.session);
   if (s == nullptr) { return closed_during_call(); }
-  if (auto still = refusal_locked(p, *s, charge, what)) { return *still; }
+  if (auto still = state_.refusal_locked(p, *s, charge, what)) { return *still; }
   return std::nullopt;
 }
 
-answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
+answer_or_hold<lease_grant> lease_allocator::lease_from_backend_locked(
     std::unique_lock<std::mutex>& lock,
     session_entry& s,
     allocation_request const& r,
@@ -195,7 +154,7 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
     std::string const& what,
     bool& waited)
 {
-  auto& p = *pools_[r.pool];
+  auto& p = *state_.pools[r.pool];
   // The backend's work (a CUDA allocation, a stream synchronisation and a
   // pointer export: tens of us) runs without the lock; the session's
   // tenant's backend serves it, and other tenants' backends give back what
@@ -204,21 +163,21 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
   auto const others     = p.tenants.others(s.tenant);
   auto [block, session] = call_backend_charged(lock, r.pool, s, charge, [&] {
     return after_trimming_others(
-        others, trim_mutex_, [&] { return backend->allocate(r.bytes, alignment); });
+        others, state_.trim_mutex, [&] { return backend->allocate(r.bytes, alignment); });
   });
   if (!block.ok()) {
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
-      signal_pressure_locked(p);
+      state_.signal_pressure_locked(p);
       // The ledger had room but the backend found none (a host pool too
       // fragmented for the request): more idle slabs back may make a range.
       // Ask for the request's size once more, then start over, refusing at
       // once if the backend still fails.
-      if (r.when_short != short_of_room::refuse && reclaim_.enabled() && !draining_ &&
-          reclaim_.reclaimable(sessions_, packed_, r.pool, r.session) > 0) {
+      if (r.when_short != short_of_room::refuse && state_.reclaim.enabled() && !state_.draining &&
+          state_.reclaim.reclaimable(state_.sessions, state_.packed, r.pool, r.session) > 0) {
         if (r.when_short == short_of_room::hold) { return reclaim_hold{}; }
-        if (!waited) { stats_.reclaim_waited(r.pool); }
+        if (!waited) { state_.stats.reclaim_waited(r.pool); }
         waited = true;
-        wait_for_reclaim_locked(lock, r.pool, r.session, charge, charge);
+        state_.wait_for_reclaim_locked(lock, r.pool, r.session, charge, charge);
         lock.unlock();
         auto again        = r;
         again.when_short  = short_of_room::refuse;
@@ -238,7 +197,7 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
   }
   // The ledger and quotas count what the backend reserved.
   auto const reserved = block->bytes;
-  if (refusal_locked(p, *session, reserved, what)) {
+  if (state_.refusal_locked(p, *session, reserved, what)) {
     backend->deallocate(*block);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "allocate %s from pool '%s': rounded up to %s by the pool's alignment, it exceeds the "
@@ -250,24 +209,24 @@ answer_or_hold<lease_grant> daemon_core::lease_from_backend_locked(
   auto id = ledger_.record(
       r.session,
       lease{.pool = r.pool, .bytes = reserved, .offset = block->offset, .address = block->address});
-  charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
-  stats_.grew(r.pool, p.in_use);
-  stats_.allocated(r.pool);
+  state_.charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
+  state_.stats.grew(r.pool, p.in_use);
+  state_.stats.allocated(r.pool);
   ++p.live;
   ++session->count;
   return lease_grant{.id = id, .block = *std::move(block), .bytes = reserved};
 }
 
-std::optional<lease_grant> daemon_core::carve_packed_locked(session_entry& s,
-                                                            pool_entry& p,
-                                                            allocation_request const& r,
-                                                            std::size_t alignment)
+std::optional<lease_grant> lease_allocator::carve_packed_locked(session_entry& s,
+                                                                pool_entry& p,
+                                                                allocation_request const& r,
+                                                                std::size_t alignment)
 {
-  auto carved = packed_.carve(s.id, r.pool, r.bytes, alignment);
+  auto carved = state_.packed.carve(s.id, r.pool, r.bytes, alignment);
   if (!carved) { return std::nullopt; }
   auto const id = ledger_.record(s.id, carved->range);
   ++p.live;
-  stats_.allocated(r.pool);
+  state_.stats.allocated(r.pool);
   ++s.count;
   return lease_grant{.id           = id,
                      .block        = *carved->memory,
@@ -276,18 +235,18 @@ std::optional<lease_grant> daemon_core::carve_packed_locked(session_entry& s,
                      .bytes        = carved->range.bytes};
 }
 
-std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked(
+std::optional<absl::StatusOr<lease_grant>> lease_allocator::pack_in_new_block_locked(
     std::unique_lock<std::mutex>& lock,
     session_entry& s,
     allocation_request const& r,
     std::size_t alignment)
 {
-  auto& p         = *pools_[r.pool];
-  auto const size = packed_.block_size();
+  auto& p         = *state_.pools[r.pool];
+  auto const size = state_.packed.block_size();
   // Without the side effects of a refusal (pressure): the request goes on
   // unpacked when a block does not fit.
   auto fits = [&](session_entry const& owner, std::size_t charge) {
-    return !quota_refusal_locked(owner, charge, "a packed block") && charge <= p.room();
+    return !state_.quota_refusal_locked(owner, charge, "a packed block") && charge <= p.room();
   };
   if (!fits(s, size)) { return std::nullopt; }
   auto backend          = p.tenants.find(s.tenant)->backend;  // alive while the lock is let go
@@ -297,7 +256,7 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
     if (block.status().code() == absl::StatusCode::kResourceExhausted) {
       // The device is short (not the ledger): slab clients hear it, as they
       // do when a lease of its own fails; the request goes on unpacked.
-      signal_pressure_locked(p);
+      state_.signal_pressure_locked(p);
       return std::nullopt;
     }
     return absl::Status(block.status().code(),
@@ -316,9 +275,9 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
     backend->deallocate(*block);
     return std::nullopt;
   }
-  charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
-  stats_.grew(r.pool, p.in_use);
-  packed_.add(r.session, r.pool, *std::move(block));
+  state_.charge_locked(p, session, session->peer.uid, session->tenant, r.pool, reserved, +1);
+  state_.stats.grew(r.pool, p.in_use);
+  state_.packed.add(r.session, r.pool, *std::move(block));
   if (auto grant = carve_packed_locked(*session, p, r, alignment)) { return *grant; }
   return absl::InternalError(
       absl::StrFormat("allocate %s from pool '%s': a new packed block had no room",
@@ -326,117 +285,25 @@ std::optional<absl::StatusOr<lease_grant>> daemon_core::pack_in_new_block_locked
                       p.config.name));
 }
 
-absl::Status daemon_core::drop_blocks(session_id session, std::span<block_id const> ids)
+absl::Status lease_allocator::drop_blocks(session_id session, std::span<block_id const> ids)
 {
-  std::lock_guard lock(mutex_);
-  auto found = session_locked(session, "drop blocks");
+  std::lock_guard lock(state_.mutex);
+  auto found = state_.session_locked(session, "drop blocks");
   if (!found.ok()) { return found.status(); }
   auto& s      = **found;
-  auto leaving = packed_.drop(session, ids);
+  auto leaving = state_.packed.drop(session, ids);
   if (!leaving.ok()) { return leaving.status(); }
   for (auto const& [pool, memory] : *leaving) {
-    auto& p = *pools_[pool];
+    auto& p = *state_.pools[pool];
     p.tenants.backend(s.tenant).deallocate(memory);
-    charge_locked(p, &s, s.peer.uid, s.tenant, pool, memory.bytes, -1);
+    state_.charge_locked(p, &s, s.peer.uid, s.tenant, pool, memory.bytes, -1);
   }
   return absl::OkStatus();
 }
 
-std::optional<absl::Status> daemon_core::refusal_locked(pool_entry& p,
-                                                        session_entry const& s,
-                                                        std::size_t charge,
-                                                        std::string const& what)
+absl::Status lease_allocator::free(session_id session, allocation_id id)
 {
-  if (auto quota = quota_refusal_locked(s, charge, what)) { return quota; }
-  if (charge > p.room()) {
-    signal_pressure_locked(p);
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("%s: the pool has %s of %s in use; retry later or use another pool",
-                        what,
-                        bytes_text(p.in_use),
-                        bytes_text(p.capacity)));
-  }
-  return std::nullopt;
-}
-
-std::optional<absl::Status> daemon_core::quota_refusal_locked(session_entry const& s,
-                                                              std::size_t charge,
-                                                              std::string const& what) const
-{
-  auto const session_limit = options_.quotas.per_session_bytes;
-  auto const session_used  = s.bytes + s.shared_bytes;
-  if (session_limit != 0 && charge > session_limit - std::min(session_limit, session_used)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: session %d holds %s of its quota of %s; free memory first or ask the operator for "
-        "a larger per-session quota",
-        what,
-        s.id,
-        bytes_text(session_used),
-        bytes_text(session_limit)));
-  }
-  auto const uid_limit = options_.quotas.limit_for_uid(s.peer.uid);
-  auto const uid_it    = uid_bytes_.find(s.peer.uid);
-  auto const uid_used  = uid_it == uid_bytes_.end() ? std::size_t{0} : uid_it->second;
-  if (uid_limit != 0 && charge > uid_limit - std::min(uid_limit, uid_used)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: uid %d holds %s of its quota of %s across its sessions and shared buffers; free "
-        "memory first or ask the operator for a larger per-uid quota",
-        what,
-        s.peer.uid,
-        bytes_text(uid_used),
-        bytes_text(uid_limit)));
-  }
-  return std::nullopt;
-}
-
-bool daemon_core::reclaim_could_serve_locked(pool_id pool,
-                                             session_id requester,
-                                             std::size_t charge) const
-{
-  return !draining_ &&
-         reclaim_.could_serve(sessions_, packed_, *pools_[pool], pool, requester, charge);
-}
-
-bool daemon_core::wait_for_reclaim_locked(std::unique_lock<std::mutex>& lock,
-                                          pool_id pool,
-                                          session_id requester,
-                                          std::size_t charge,
-                                          std::size_t ask_for)
-{
-  return reclaim_.wait_for_room(
-      lock,
-      sessions_,
-      packed_,
-      *pools_[pool],
-      {.pool = pool, .requester = requester, .charge = charge, .ask_for = ask_for},
-      draining_);
-}
-
-void daemon_core::charge_locked(pool_entry& p,
-                                session_entry* s,
-                                uid_t uid,
-                                tenant_key const& tenant,
-                                pool_id pool,
-                                std::size_t bytes,
-                                int sign) noexcept
-{
-  auto apply = [&](std::size_t& counter) {
-    counter = sign > 0 ? counter + bytes : counter - bytes;
-  };
-  p.count(tenant, bytes, sign);
-  if (s != nullptr) {
-    apply(s->bytes);
-    apply(s->pool_bytes[pool]);
-  }
-  auto u = uid_bytes_.try_emplace(uid, 0).first;
-  apply(u->second);
-  if (u->second == 0) { uid_bytes_.erase(u); }
-  if (sign < 0) { reclaim_.room_changed(); }
-}
-
-absl::Status daemon_core::free(session_id session, allocation_id id)
-{
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(state_.mutex);
   auto const* l = ledger_.find(session, id);
   if (l == nullptr) {
     if (ledger_.owner_of(id)) {
@@ -452,7 +319,7 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
     release_lease_locked(session, id);  // no backend call: its block stays
     return absl::OkStatus();
   }
-  auto* const owner = find_session_locked(session);
+  auto* const owner = state_.find_session_locked(session);
   if (owner == nullptr) {  // not while the lease is found: close_session frees both
     release_lease_locked(session, id);
     return absl::OkStatus();
@@ -466,29 +333,29 @@ absl::Status daemon_core::free(session_id session, allocation_id id)
   auto const uid     = owner->peer.uid;
   auto const tenant  = owner->tenant;
   auto const freed   = ledger_.erase(session, id);
-  auto const backend = pools_[freed.pool]->tenants.find(tenant)->backend;
+  auto const backend = state_.pools[freed.pool]->tenants.find(tenant)->backend;
   lock.unlock();
   backend->deallocate(freed.block());
   lock.lock();
-  auto& p       = *pools_[freed.pool];
-  auto* const s = find_session_locked(session);  // the session may have closed meanwhile
-  charge_locked(p, s, uid, tenant, freed.pool, freed.bytes, -1);
+  auto& p       = *state_.pools[freed.pool];
+  auto* const s = state_.find_session_locked(session);  // the session may have closed meanwhile
+  state_.charge_locked(p, s, uid, tenant, freed.pool, freed.bytes, -1);
   --p.live;
   if (s != nullptr) { --s->count; }
   return absl::OkStatus();
 }
 
-void daemon_core::release_lease_locked(session_id session, allocation_id id) noexcept
+void lease_allocator::release_lease_locked(session_id session, allocation_id id) noexcept
 {
   auto l  = ledger_.erase(session, id);
-  auto& p = *pools_[l.pool];
+  auto& p = *state_.pools[l.pool];
   --p.live;
-  auto* const s = find_session_locked(session);
+  auto* const s = state_.find_session_locked(session);
   if (l.packed) {
     if (s == nullptr) { return; }  // its blocks went with it
     --s->count;
-    packed_.release(
-        session, l, {.waiting = reclaim_.waiting(), .pressure_until = p.pressure_until});
+    state_.packed.release(
+        session, l, {.waiting = state_.reclaim.waiting(), .pressure_until = p.pressure_until});
     return;
   }
   // A lease outlives its session never (close_session frees them first):
@@ -499,27 +366,27 @@ void daemon_core::release_lease_locked(session_id session, allocation_id id) noe
   s->bytes -= l.bytes;
   s->pool_bytes[l.pool] -= l.bytes;
   --s->count;
-  auto u = uid_bytes_.find(s->peer.uid);
+  auto u = state_.uid_bytes.find(s->peer.uid);
   u->second -= l.bytes;
-  if (u->second == 0) { uid_bytes_.erase(u); }
-  reclaim_.room_changed();
+  if (u->second == 0) { state_.uid_bytes.erase(u); }
+  state_.reclaim.room_changed();
 }
 
-void daemon_core::release_all_leases_locked(session_entry& s) noexcept
+void lease_allocator::release_all_leases_locked(session_entry& s) noexcept
 {
   auto const leases = ledger_.take_all(s.id);
   // Its packed blocks: the client freed its imports before it closed the
   // session, or died with them.
-  auto const blocks = packed_.take_all(s.id);
+  auto const blocks = state_.packed.take_all(s.id);
   if (leases.empty() && blocks.empty()) { return; }
   // One batch per pool, so that a backend frees 100,000 leases in one go (the
   // host backend: one range and one hole per run of adjacent blocks) rather
   // than lease by lease under the lock.
-  std::vector<std::vector<backend_allocation>> by_pool(pools_.size());
-  std::vector<std::size_t> bytes(pools_.size());
-  std::vector<std::size_t> count(pools_.size());
+  std::vector<std::vector<backend_allocation>> by_pool(state_.pools.size());
+  std::vector<std::size_t> bytes(state_.pools.size());
+  std::vector<std::size_t> count(state_.pools.size());
   for (auto const& [id, l] : leases) { ++count[l.pool]; }
-  for (std::size_t i = 0; i < pools_.size(); ++i) { by_pool[i].reserve(count[i]); }
+  for (std::size_t i = 0; i < state_.pools.size(); ++i) { by_pool[i].reserve(count[i]); }
   for (auto const& [id, l] : leases) {
     if (l.packed) { continue; }  // its block goes below
     by_pool[l.pool].push_back(l.block());
@@ -530,9 +397,9 @@ void daemon_core::release_all_leases_locked(session_entry& s) noexcept
     bytes[pool] += memory.bytes;
   }
   std::size_t total = 0;
-  for (std::size_t i = 0; i < pools_.size(); ++i) {
+  for (std::size_t i = 0; i < state_.pools.size(); ++i) {
     if (by_pool[i].empty() && count[i] == 0) { continue; }
-    auto& p = *pools_[i];
+    auto& p = *state_.pools[i];
     p.tenants.backend(s.tenant).deallocate_many(by_pool[i]);
     p.count(s.tenant, bytes[i], -1);
     p.live -= count[i];
@@ -541,10 +408,99 @@ void daemon_core::release_all_leases_locked(session_entry& s) noexcept
   }
   s.bytes -= total;
   s.count -= leases.size();
-  if (auto u = uid_bytes_.find(s.peer.uid); u != uid_bytes_.end()) {
+  if (auto u = state_.uid_bytes.find(s.peer.uid); u != state_.uid_bytes.end()) {
     u->second -= total;
-    if (u->second == 0) { uid_bytes_.erase(u); }
+    if (u->second == 0) { state_.uid_bytes.erase(u); }
   }
+}
+
+void lease_allocator::set_reclaim_notifier(reclaim_notifier notify)
+{
+  std::lock_guard lock(state_.mutex);
+  state_.reclaim.set_notifier(std::move(notify));
+}
+
+void lease_allocator::set_retire_notifier(retire_notifier notify)
+{
+  std::lock_guard lock(state_.mutex);
+  state_.packed.set_retire_notifier(std::move(notify));
+}
+
+absl::StatusOr<std::vector<pool_id>> lease_allocator::report_usage(
+    session_id session, std::vector<carved_usage> const& usage)
+{
+  std::lock_guard lock(state_.mutex);
+  auto found = state_.session_locked(session, "report usage");
+  if (!found.ok()) { return found.status(); }
+  auto& s = **found;
+  std::set<pool_id> seen;
+  for (auto const& u : usage) {
+    if (u.pool >= state_.pools.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: unknown pool id %d; this daemon serves pool ids 0 to %d",
+                          u.pool,
+                          static_cast<long long>(state_.pools.size()) - 1));
+    }
+    if (!seen.insert(u.pool).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: pool '%s' appears twice; report each pool once",
+                          state_.pools[u.pool]->config.name));
+    }
+    auto const held  = s.held_in(u.pool);
+    auto const& name = state_.pools[u.pool]->config.name;
+    if (u.bytes > held) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "report usage: %s in %d allocations carved from pool '%s', but the session holds "
+          "%s there",
+          bytes_text(u.bytes),
+          u.allocation_count,
+          name,
+          bytes_text(held)));
+    }
+    if (u.slab_bytes > held) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: %s of slabs in pool '%s', but the session holds %s there",
+                          bytes_text(u.slab_bytes),
+                          name,
+                          bytes_text(held)));
+    }
+    if (u.slab_bytes != 0 && u.bytes > u.slab_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("report usage: %s carved from %s of slabs in pool '%s'; a session "
+                          "carves only from its slabs",
+                          bytes_text(u.bytes),
+                          bytes_text(u.slab_bytes),
+                          name));
+    }
+    if (u.reclaimable_bytes > u.slab_bytes - std::min(u.slab_bytes, u.bytes)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "report usage: %s of slabs with nothing carved in pool '%s', but only %s of its %s of "
+          "slabs there are not carved",
+          bytes_text(u.reclaimable_bytes),
+          name,
+          bytes_text(u.slab_bytes - std::min(u.slab_bytes, u.bytes)),
+          bytes_text(u.slab_bytes)));
+    }
+  }
+  for (auto const& u : usage) {
+    if (u.bytes == 0 && u.allocation_count == 0 && u.slab_bytes == 0) {
+      s.carved.erase(u.pool);
+    } else {
+      s.carved[u.pool] = u;
+    }
+  }
+  std::vector<pool_id> trim;
+  auto const now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < state_.pools.size(); ++i) {
+    if (state_.pools[i]->pressure_until > now) { trim.push_back(static_cast<pool_id>(i)); }
+  }
+  return trim;
+}
+
+void lease_allocator::signal_pressure(pool_id pool)
+{
+  std::lock_guard lock(state_.mutex);
+  if (pool < state_.pools.size()) { state_.signal_pressure_locked(*state_.pools[pool]); }
 }
 
 }  // namespace rmmd::core

@@ -1,12 +1,12 @@
-// daemon_core's side of peering: this node's buffers held by other nodes'
+// buffer_registry's side of peering: this node's buffers held by other nodes'
 // daemons (remote holds), and other nodes' buffers held by this node's
 // sessions (foreign holds). Who a peer is, its leases and its grants live in
 // daemon/peering/.
 
 #include "common/buffer_name.hpp"
 #include "daemon/core/buffer_manifest_checks.hpp"
+#include "daemon/core/buffer_registry.hpp"
 #include "daemon/core/core_entries.hpp"
-#include "daemon/core/daemon_core.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -15,30 +15,30 @@
 
 namespace rmmd::core {
 
-absl::StatusOr<remote_buffer_grant> daemon_core::open_remote_buffer(std::string_view name,
-                                                                    buffer_open_options const& how)
+absl::StatusOr<remote_buffer_grant> buffer_registry::open_remote_buffer(
+    std::string_view name, buffer_open_options const& how)
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto const request =
       absl::StrFormat("open buffer %s from another node", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
-  if (draining_ || sessions_closed_) {
+  if (state_.draining || state_.sessions_closed) {
     return absl::UnavailableError(
         absl::StrCat(request, ": the daemon is draining for shutdown; no new holds"));
   }
-  auto n = buffer_names_.find(std::string(name));
-  if (n == buffer_names_.end()) {
+  auto n = state_.buffer_names.find(std::string(name));
+  if (n == state_.buffer_names.end()) {
     return absl::NotFoundError(absl::StrCat(
         request, ": no buffer has this name on this node (see `rmmctl buffers` there)"));
   }
-  auto& b = *buffers_.at(n->second);
+  auto& b = *state_.buffers.at(n->second);
   if (b.creating || b.state != buffer_state::published) {
     return absl::NotFoundError(absl::StrCat(
         request, ": it is not published yet (its creator is still writing it); open it after"));
   }
-  auto const& pool = pools_[b.pool]->config;
+  auto const& pool = state_.pools[b.pool]->config;
   if (b.block.fabric_handle.empty()) {
     bool const pool_has_fabric =
         std::find(pool.handle_types.begin(), pool.handle_types.end(), handle_type::fabric) !=
@@ -67,12 +67,12 @@ absl::StatusOr<remote_buffer_grant> daemon_core::open_remote_buffer(std::string_
       .hold = id, .grant = buffer_grant_locked(b, how.access), .gpu_uuid = pool.gpu_uuid};
 }
 
-std::vector<buffer_info> daemon_core::list_remote_buffers(
+std::vector<buffer_info> buffer_registry::list_remote_buffers(
     buffer_filter const& filter, std::function<bool(std::string const& name)> const& may_list) const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   std::vector<buffer_info> out;
-  for (auto const& [id, b] : buffers_) {
+  for (auto const& [id, b] : state_.buffers) {
     // open_remote_buffer()'s own conditions: a deleted buffer, or one
     // without a fabric handle, could only ever be refused.
     if (b->creating || b->state != buffer_state::published || b->block.fabric_handle.empty()) {
@@ -84,9 +84,9 @@ std::vector<buffer_info> daemon_core::list_remote_buffers(
   return out;
 }
 
-absl::Status daemon_core::close_remote_hold(remote_hold_id id)
+absl::Status buffer_registry::close_remote_hold(remote_hold_id id)
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   auto it = remote_holds_.find(id);
   if (it == remote_holds_.end()) {
     return absl::NotFoundError(
@@ -94,41 +94,33 @@ absl::Status daemon_core::close_remote_hold(remote_hold_id id)
   }
   auto const buffer = it->second.buffer;
   remote_holds_.erase(it);
-  if (auto b = buffers_.find(buffer); b != buffers_.end()) {
+  if (auto b = state_.buffers.find(buffer); b != state_.buffers.end()) {
     drop_hold_locked(*b->second, remote_holder_key(id));
-    buffers_changed_.notify_all();
+    state_.buffers_changed.notify_all();
   }
   return absl::OkStatus();
 }
 
-std::map<remote_hold_id, remote_hold_entry> daemon_core::remote_holds() const
+std::map<remote_hold_id, remote_hold_entry> buffer_registry::remote_holds() const
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   return remote_holds_;
 }
 
-absl::StatusOr<buffer_id> daemon_core::add_foreign_hold(session_id session)
+absl::StatusOr<buffer_id> buffer_registry::add_foreign_hold(session_id session)
 {
-  std::lock_guard lock(mutex_);
-  auto found = session_locked(session, "open a buffer of another node");
+  std::lock_guard lock(state_.mutex);
+  auto found = state_.session_locked(session, "open a buffer of another node");
   if (!found.ok()) { return found.status(); }
   auto const id = next_buffer_++;  // never reused: no buffer of this node can have it
   (*found)->foreign_holds.insert(id);
   return id;
 }
 
-void daemon_core::set_foreign_release_notifier(foreign_release_notifier notify)
+void buffer_registry::set_foreign_release_notifier(foreign_release_notifier notify)
 {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(state_.mutex);
   foreign_released_ = std::move(notify);
-}
-
-absl::StatusOr<peer_credentials> daemon_core::session_peer(session_id session) const
-{
-  std::lock_guard lock(mutex_);
-  auto found = session_locked(session, "peer of session");
-  if (!found.ok()) { return found.status(); }
-  return (*found)->peer;
 }
 
 }  // namespace rmmd::core
