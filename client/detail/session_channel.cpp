@@ -162,8 +162,9 @@ void session_channel::close() noexcept
   releases_->channel = nullptr;
 }
 
-std::unique_ptr<grpc::ClientContext> session_channel::context() const
+std::unique_ptr<grpc::ClientContext> session_channel::context()
 {
+  reconnect_if_gone();
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->AddMetadata("rmmd-token", token_hex());
   ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
@@ -172,13 +173,17 @@ std::unique_ptr<grpc::ClientContext> session_channel::context() const
 
 std::unique_ptr<grpc::ClientContext> session_channel::context_for(std::uint32_t generation) const
 {
+  std::lock_guard lock(ids_mutex_);
+  return context_for_locked(generation);
+}
+
+std::unique_ptr<grpc::ClientContext> session_channel::context_for_locked(
+    std::uint32_t generation) const
+{
+  // The token, the stub and the generation change together, under ids_mutex_.
+  if (generation_.load(std::memory_order_relaxed) != generation) { return nullptr; }
   auto ctx = std::make_unique<grpc::ClientContext>();
-  {
-    std::lock_guard lock(ids_mutex_);
-    // The token and the generation change together, under this lock.
-    if (generation_.load(std::memory_order_relaxed) != generation) { return nullptr; }
-    ctx->AddMetadata("rmmd-token", token_hex_);
-  }
+  ctx->AddMetadata("rmmd-token", token_hex_);
   ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
   return ctx;
 }
@@ -189,20 +194,51 @@ std::string session_channel::token_hex() const
   return token_hex_;
 }
 
-grpc::Status session_channel::grpc_unary(
-    std::function<grpc::Status(grpc::ClientContext*, std::uint32_t)> const& rpc)
+grpc::Status session_channel::call(unary_rpc const& rpc)
 {
+  return reconnecting(true, [&](std::uint32_t generation) -> grpc::Status {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    v1::Rmmd::Stub* stub{};
+    {
+      std::lock_guard lock(ids_mutex_);
+      ctx  = context_for_locked(generation);
+      stub = stubs_.back().get();
+    }
+    if (!ctx) { return {grpc::StatusCode::ABORTED, reconnected_meanwhile}; }
+    return rpc(*stub, ctx.get(), generation);
+  });
+}
+
+grpc::Status session_channel::reconnecting(
+    bool look_first, std::function<grpc::Status(std::uint32_t)> const& attempt)
+{
+  if (options_.reconnect.count() <= 0) { return attempt(generation()); }
+  // A session that made no call while its daemon went away finds out here:
+  // its socket is closed. Reconnecting first spares a try that the new
+  // daemon would refuse (it does not know the old token).
+  if (look_first) { reconnect_if_gone(); }
   while (true) {
     auto const generation = this->generation();
-    auto ctx              = context_for(generation);
-    if (!ctx) { continue; }  // a reconnect came between: ask the new daemon
-    auto status = rpc(ctx.get(), generation);
-    if (status.ok() || options_.reconnect.count() <= 0) { return status; }
+    auto status           = attempt(generation);
+    if (status.ok()) { return status; }
+    // Another node that this daemon cannot reach: nothing to reconnect.
+    if (!unreachable_node(status).empty()) { return status; }
     auto const code = status.error_code();
-    // The old token at a new daemon: that daemon is the session's now.
-    if (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) { continue; }
-    if (!daemon_replaced(code, generation)) { return status; }
+    // Again at the new daemon, when the try was meant for one that is gone:
+    // a reconnect came between, the old token reached a new daemon, or no
+    // daemon answered and a new one is there now.
+    bool const again =
+        is_reconnected_meanwhile(status) ||
+        (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||
+        daemon_replaced(code, generation);
+    if (!again) { return status; }
   }
+}
+
+void session_channel::reconnect_if_gone()
+{
+  if (options_.reconnect.count() <= 0 || closing_.load() || !socket_closed()) { return; }
+  static_cast<void>(reconnect_after(generation()));
 }
 
 class session_channel::call_lock {
@@ -231,45 +267,36 @@ grpc::Status session_channel::call(v1::SessionCall& call,
   v1::SessionReply ignored;
   if (reply == nullptr) { reply = &ignored; }
   bool const may_reconnect = options_.reconnect.count() > 0;
-  v1::SessionCall asked;  // with the client's ids, for a second try at a new daemon
+  auto const kind          = call.call_case();
+  // A Free or a close lets go of what the daemon lent: one that finds its
+  // daemon gone is done (what it let go of went with the daemon, and a
+  // daemon started again never lent it), and waits for no new one.
+  bool const lets_go = kind == v1::SessionCall::kFree || kind == v1::SessionCall::kCloseBuffer ||
+                       kind == v1::SessionCall::kBlocksDropped;
+  v1::SessionCall asked;  // with the client's ids, for a try at a new daemon
   if (may_reconnect) { asked = call; }
-  while (true) {
-    auto const generation = this->generation();
-    if (auto answered = to_daemon(call, generation)) { return *answered; }
-    auto status = route(call, reply, fds, generation);
-    if (!may_reconnect) { return status; }
-    if (status.ok()) {
-      note_holds(asked, *reply);
-      return status;
+  bool first = true;
+  // On the session socket, the send finds a closed socket itself (no poll
+  // first: one system call fewer per call).
+  bool const look_first = !lets_go && !uses_session_calls();
+  auto status           = reconnecting(look_first, [&](std::uint32_t generation) -> grpc::Status {
+    if (!first) {
+      call = asked;
+      reply->Clear();
     }
-    auto const code = status.error_code();
-    auto const kind = call.call_case();
-    // A Free or a close that finds its daemon gone is done: what it let go
-    // of went with the daemon (and a daemon started again never lent it).
-    // No need to wait for one to come back.
-    if (code == grpc::StatusCode::UNAVAILABLE && this->generation() == generation &&
-        (kind == v1::SessionCall::kFree || kind == v1::SessionCall::kCloseBuffer ||
-         kind == v1::SessionCall::kBlocksDropped) &&
-        socket_closed()) {
-      if (kind == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
+    first = false;
+    if (auto answered = to_daemon(call, generation)) { return *answered; }
+    auto tried = route(call, reply, fds, generation);
+    if (may_reconnect && lets_go && tried.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        this->generation() == generation && socket_closed()) {
       return grpc::Status::OK;
     }
-    // Another node that this daemon cannot reach: nothing to reconnect.
-    if (!unreachable_node(status).empty()) { return status; }
-    bool const again =
-        is_reconnected_meanwhile(status) ||
-        (code == grpc::StatusCode::UNAUTHENTICATED && this->generation() != generation) ||
-        daemon_replaced(code, generation);
-    if (!again) {
-      if (call.call_case() == v1::SessionCall::kCloseBuffer) { note_holds(asked, *reply); }
-      return status;
-    }
-    // The daemon that went away took the call's subject with it; the new
-    // one is asked afresh (a Free or a close of the old one's is answered
-    // by to_daemon).
-    call = asked;
-    reply->Clear();
+    return tried;
+  });
+  if (may_reconnect && (status.ok() || kind == v1::SessionCall::kCloseBuffer)) {
+    note_holds(asked, *reply);
   }
+  return status;
 }
 
 grpc::Status session_channel::route(v1::SessionCall& call,

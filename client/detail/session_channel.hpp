@@ -160,12 +160,13 @@ class session_channel {
   /// daemon of now does not know it.
   [[nodiscard]] std::optional<std::uint64_t> daemon_buffer(std::uint64_t id) const;
 
-  /// A gRPC call of the kind only gRPC carries, made by `rpc(context,
-  /// generation)` with a context for the daemon of that generation: when it
-  /// fails because that daemon went away, the channel reconnects (within
-  /// the bound) and calls `rpc` again for the new one.
-  grpc::Status grpc_unary(
-      std::function<grpc::Status(grpc::ClientContext*, std::uint32_t generation)> const& rpc);
+  /// A call of the kind only gRPC carries (stats, listings, deletes,
+  /// manifests, reports, admin): `rpc(stub, context, generation)` makes it
+  /// with the stub and a context of the daemon of that generation. Reconnects
+  /// as every call does (below).
+  using unary_rpc =
+      std::function<grpc::Status(v1::Rmmd::Stub&, grpc::ClientContext*, std::uint32_t generation)>;
+  grpc::Status call(unary_rpc const& rpc);
   /// Sends `call` and waits for its reply, within call_timeout, on whichever
   /// transport this session's calls take: a datagram on the session socket
   /// (the default, where the daemon takes them), else the gRPC method of the
@@ -178,6 +179,14 @@ class session_channel {
   /// buffer (`peer` set) goes by gRPC. `fds`: where fds attached to the
   /// answer go (the caller's to close); null: any are closed. A call that
   /// cannot reach the daemon ends UNAVAILABLE or DEADLINE_EXCEEDED.
+  ///
+  /// Reconnecting (options.reconnect > 0), for both calls, decided in one
+  /// place (reconnecting()): a gRPC call that finds the session socket
+  /// closed (the daemon went away while the session was idle) reconnects
+  /// first; a try that fails because its daemon is gone
+  /// (UNAVAILABLE with the socket closed, or UNAUTHENTICATED from a new
+  /// daemon that does not know the old token) reconnects and tries again at
+  /// the new daemon. A Free or a close that finds its daemon gone is done.
   grpc::Status call(v1::SessionCall& call,
                     v1::SessionReply* reply,
                     std::vector<int>* fds = nullptr);
@@ -228,9 +237,11 @@ class session_channel {
   /// made current).
   [[nodiscard]] static bool on_reader_thread() noexcept;
 
-  /// A gRPC client context carrying the token and the call deadline, for the
-  /// calls only gRPC carries (stats, usage reports, deletes, admin).
-  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context() const;
+  /// A gRPC client context carrying the token and the call deadline, for a
+  /// caller that makes its call on stub() itself (rmmd's tools): a session
+  /// whose daemon went away reconnects first, as call() does; a failure of
+  /// the call itself is the caller's (call(unary_rpc) tries again).
+  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context();
   /// The stub of the gRPC channel of now (those of earlier daemons stay
   /// valid, for calls under way, until the session ends).
   [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept
@@ -302,6 +313,17 @@ class session_channel {
   [[nodiscard]] bool socket_closed() const noexcept;
   /// A context for generation `generation`, null when it is past.
   [[nodiscard]] std::unique_ptr<grpc::ClientContext> context_for(std::uint32_t generation) const;
+  /// The same, holding ids_mutex_.
+  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context_for_locked(
+      std::uint32_t generation) const;
+  /// The reconnect decision of every call (see call()): `attempt(generation)`
+  /// makes one try at the daemon of that generation; tries again while the
+  /// one before was meant for a daemon that is gone and a new one is there.
+  /// `look_first`: reconnect first when the session socket is closed.
+  grpc::Status reconnecting(bool look_first,
+                            std::function<grpc::Status(std::uint32_t generation)> const& attempt);
+  /// Reconnects when the session socket is closed (the daemon went away).
+  void reconnect_if_gone();
   /// Sends the queued calls. Holds call_mutex_.
   void send_releases_locked(std::vector<queued_call>& calls) noexcept;
   /// Sends queued calls while there are any and the socket is free.
