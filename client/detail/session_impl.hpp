@@ -5,8 +5,10 @@
 // outside).
 //
 // It owns nothing but its parts, each with its own state and locks:
-// - session_channel: the session socket, the gRPC stub, the token, one
-//   call() for every request, the release queue and the reader thread;
+// - session_channel: one call() for every request (it chooses the
+//   transport and decides reconnects), over parts of its own: the session
+//   socket, the daemon's ids and token, the reader thread, the release
+//   queue (session_channel.hpp);
 // - pool_mappings: the pools and this process's mappings and imports of them;
 // - usage_reports: carved-usage reports and reclaim watches;
 // - packed_block_imports (client/packed_block_imports.hpp): the imports of
