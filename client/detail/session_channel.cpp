@@ -65,7 +65,6 @@ std::unique_ptr<grpc::ClientContext> session_channel::context()
   return ctx;
 }
 
-
 grpc::Status session_channel::call(v1::SessionCall& call,
                                    v1::SessionReply* reply,
                                    std::vector<int>* fds)
