@@ -392,8 +392,7 @@ std::size_t shared_buffer::remove(session const& s, std::string_view name)
   v1::DeleteBufferRequest request;
   request.set_name(std::string(name));
   v1::DeleteBufferResponse response;
-  auto ctx = impl.context();
-  if (auto status = impl.stub().DeleteBuffer(ctx.get(), request, &response); !status.ok()) {
+  if (auto status = impl.unary(&v1::Rmmd::Stub::DeleteBuffer, request, &response); !status.ok()) {
     refused(status, what);
   }
   return response.holders();

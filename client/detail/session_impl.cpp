@@ -159,24 +159,24 @@ grpc::Status buffer_unknown_now()
 
 grpc::Status session_impl::set_buffer_manifest(v1::SetBufferManifestRequest const& request)
 {
-  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+  return channel_.call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t) {
     auto id = channel_.daemon_buffer(request.buffer_id());
     if (!id) { return buffer_unknown_now(); }
     auto ours = request;
     ours.set_buffer_id(*id);
     v1::SetBufferManifestResponse response;
-    return channel_.stub().SetBufferManifest(ctx, ours, &response);
+    return stub.SetBufferManifest(ctx, ours, &response);
   });
 }
 
 grpc::Status session_impl::get_buffer_manifest(std::uint64_t id, v1::BufferManifest* manifest)
 {
-  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
+  return channel_.call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t) {
     auto theirs = channel_.daemon_buffer(id);
     if (!theirs) { return buffer_unknown_now(); }
     v1::GetBufferManifestRequest request;
     request.set_buffer_id(*theirs);
-    return channel_.stub().GetBufferManifest(ctx, request, manifest);
+    return stub.GetBufferManifest(ctx, request, manifest);
   });
 }
 
@@ -185,24 +185,18 @@ grpc::Status session_impl::describe_buffer(std::string const& name,
 {
   v1::DescribeBufferRequest request;
   request.set_name(name);
-  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
-    return channel_.stub().DescribeBuffer(ctx, request, response);
-  });
+  return unary(&v1::Rmmd::Stub::DescribeBuffer, request, response);
 }
 
 grpc::Status session_impl::list_buffers(v1::ListBuffersRequest const& request,
                                         v1::ListBuffersResponse* response)
 {
-  return channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
-    return channel_.stub().ListBuffers(ctx, request, response);
-  });
+  return unary(&v1::Rmmd::Stub::ListBuffers, request, response);
 }
 
 grpc::Status session_impl::list_peers(v1::ListPeersResponse* response)
 {
-  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
-    return channel_.stub().ListPeers(ctx, v1::ListPeersRequest{}, response);
-  });
+  auto status = unary(&v1::Rmmd::Stub::ListPeers, v1::ListPeersRequest{}, response);
   // A daemon built without peering has no peers: the same answer as one
   // whose rmmd.conf configures none.
   if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {

@@ -5,8 +5,10 @@
 // outside).
 //
 // It owns nothing but its parts, each with its own state and locks:
-// - session_channel: the session socket, the gRPC stub, the token, one
-//   call() for every request, the release queue and the reader thread;
+// - session_channel: one call() for every request (it chooses the
+//   transport and decides reconnects), over parts of its own: the session
+//   socket, the daemon's ids and token, the reader thread, the release
+//   queue (session_channel.hpp);
 // - pool_mappings: the pools and this process's mappings and imports of them;
 // - usage_reports: carved-usage reports and reclaim watches;
 // - packed_block_imports (client/packed_block_imports.hpp): the imports of
@@ -117,9 +119,25 @@ class session_impl {
   /// What rmmd's tools and the resources reach through the channel.
   using queued_call   = session_channel::queued_call;
   using release_queue = session_channel::release_queue;
-  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context() const
+  /// For a call made on stub() itself: reconnects first when the daemon
+  /// went away (session_channel::context). unary() also tries again.
+  [[nodiscard]] std::unique_ptr<grpc::ClientContext> context()
   {
     return channel_.context();
+  }
+  /// One call of the Rmmd service through the channel's call(): `method`
+  /// of the stub of now, reconnecting as every call does.
+  template <class Request, class Response>
+  [[nodiscard]] grpc::Status unary(grpc::Status (v1::Rmmd::Stub::*method)(grpc::ClientContext*,
+                                                                          Request const&,
+                                                                          Response*),
+                                   Request const& request,
+                                   Response* response)
+  {
+    return channel_.call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t) {
+      response->Clear();
+      return (stub.*method)(ctx, request, response);
+    });
   }
   [[nodiscard]] v1::Rmmd::Stub& stub() const noexcept
   {

@@ -23,21 +23,22 @@ std::vector<std::uint32_t> usage_reports::send_built(
   // is not reported. The figures are built for each try: a try that went to
   // a daemon the session then reconnected away from is made again, for the
   // new one.
-  auto status = channel_.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t generation) {
-    v1::UsageReport request;
-    for (auto const& u : build(generation)) {
-      auto pool = channel_.daemon_pool(u.pool_id);
-      if (!pool) { continue; }
-      auto* p = request.add_pools();
-      p->set_pool_id(*pool);
-      p->set_bytes(u.bytes);
-      p->set_allocation_count(u.allocation_count);
-      p->set_slab_bytes(u.slab_bytes);
-      p->set_reclaimable_bytes(u.reclaimable_bytes);
-    }
-    reply.Clear();
-    return channel_.stub().ReportUsage(ctx, request, &reply);
-  });
+  auto status =
+      channel_.call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t generation) {
+        v1::UsageReport request;
+        for (auto const& u : build(generation)) {
+          auto pool = channel_.daemon_pool(u.pool_id);
+          if (!pool) { continue; }
+          auto* p = request.add_pools();
+          p->set_pool_id(*pool);
+          p->set_bytes(u.bytes);
+          p->set_allocation_count(u.allocation_count);
+          p->set_slab_bytes(u.slab_bytes);
+          p->set_reclaimable_bytes(u.reclaimable_bytes);
+        }
+        reply.Clear();
+        return stub.ReportUsage(ctx, request, &reply);
+      });
   if (!status.ok()) {
     // The daemon's refusals name the call already; gRPC's own do not.
     throw_status(status, status.error_message().starts_with("report usage") ? "" : "report usage");

@@ -201,7 +201,8 @@ typedef struct rmmd_buffer_options {
   size_t size;      /* sizeof(rmmd_buffer_options) */
   char const* pool; /* by name; NULL: the CUDA pool of `device` */
   int device;       /* -1: the current device */
-  int persistent;   /* nonzero: stays until deleted or the daemon stops */
+  int persistent;   /* nonzero: stays until deleted (across restarts where a service manager
+                     * keeps rmmd's fd store; elsewhere until the daemon stops) */
   int has_gid;      /* nonzero: members of `gid` may open it too */
   uint32_t gid;
   size_t alignment; /* 0: 256 */

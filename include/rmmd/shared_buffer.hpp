@@ -185,7 +185,8 @@ struct shared_buffer_options {
   /// the calling thread's current device.
   int device{-1};
   /// Keep the buffer after its last holder is gone, until it is deleted
-  /// (`rmmctl buffers delete NAME`) or the daemon stops.
+  /// (`rmmctl buffers delete NAME`); a restart keeps it where a service
+  /// manager keeps rmmd's fd store, elsewhere it goes when the daemon stops.
   bool persistent{false};
   /// Members of this group may open it too; unset: the creator's uid only
   /// (and root).

@@ -113,8 +113,10 @@ class SharedBuffer(Memory):
             device: this process's CUDA ordinal whose pool to use when `pool`
                 is None; ``None``: the current device.
             persistent: keep it after its last holder is gone, until deleted
-                (``SharedBuffer.delete``, ``rmmctl buffers delete NAME``) or
-                the daemon stops.
+                (``SharedBuffer.delete``, ``rmmctl buffers delete NAME``). A
+                restart of the daemon keeps it where a service manager keeps
+                rmmd's fd store (docs/operations.md, "Restart and upgrade");
+                elsewhere it lives as long as the daemon.
             gid: members of this group may open it too (else: this uid and root).
             alignment: a power of two up to the pool's ``max_alignment``.
             allow_writers: others may open it with ``writable=True``; else

@@ -308,8 +308,9 @@ class Session(OwnsHandle):
 
     def session_stats(self) -> dict[str, Any] | None:
         """This session's entry in :meth:`stats` (``None`` if it is missing)."""
+        stats = self.stats()  # may reconnect, which gives the session a new id
         me = self.id
-        for s in self.stats().get("sessions", []):
+        for s in stats.get("sessions", []):
             if s.get("session_id") == me:
                 return s
         return None

@@ -8,15 +8,22 @@
 // reconnect off, or a daemon that does not come back within the bound, the
 // error is the one sessions always gave. tests/gpu/reconnect_test.cpp does
 // the same for CUDA pools in direct and slab mode.
+//
+// IdleRestart: a session that makes no call while rmmd, under a service
+// manager that keeps its fd store, is SIGKILLed and started again: whichever
+// call it makes first afterwards, from C++ or the C ABI, reconnects and is
+// answered by the new daemon.
 
 #include "client/detail/session_impl.hpp"
 #include "client/detail/usage_reports.hpp"
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/managed_rmmd.hpp"
 #include "tests/tools/pattern.hpp"
 #include "tests/tools/text.hpp"
 
+#include <rmmd/rmmd.h>
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/shared_buffer.hpp>
 
@@ -27,8 +34,11 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -400,6 +410,340 @@ TEST(Reconnect, ADaemonThatDoesNotComeBackWithinTheBoundEndsTheSessionAsBefore)
   mr.deallocate_sync(p, buffer_bytes, 256);  // freed here: the daemon that lent it is gone
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
+
+// ---- IdleRestart --------------------------------------------------------
+
+constexpr char const* kept_name = "idle/kept";
+
+/// One public call, the first a session makes after the restart: through a
+/// C++ session, or a C ABI one (the other left empty).
+struct idle_call {
+  std::string name;
+  std::function<void(rmmd::session const&)> cpp{};
+  std::function<rmmd_status(rmmd_session_t)> c{};
+};
+
+void PrintTo(idle_call const& call, std::ostream* os)
+{
+  *os << call.name;
+}
+
+::testing::AssertionResult c_ok(rmmd_status status)
+{
+  if (status == RMMD_SUCCESS) { return ::testing::AssertionSuccess(); }
+  return ::testing::AssertionFailure()
+         << rmmd_status_name(status) << ": " << rmmd_last_error_message();
+}
+
+/// A call as rmmctl makes it: a context, then the stub's method.
+template <class Request, class Response>
+void rmmctl_call(rmmd::session const& s,
+                 grpc::Status (v1::Rmmd::Stub::*method)(grpc::ClientContext*,
+                                                        Request const&,
+                                                        Response*),
+                 Request const& request = {})
+{
+  auto& impl = s.impl();
+  Response reply;
+  auto ctx    = impl.context();
+  auto status = (impl.stub().*method)(ctx.get(), request, &reply);
+  if (!status.ok()) { detail::throw_status(status, "rmmctl's call"); }
+}
+
+class IdleRestart : public ::testing::TestWithParam<idle_call> {
+ protected:
+  void SetUp() override
+  {
+    ASSERT_TRUE(daemon_.start());
+    // A persistent buffer, which the new daemon serves again (the store
+    // keeps its fd).
+    rmmd::session producer(
+        rmmd::session::options{.runtime_dir = daemon_.runtime_dir(), .reconnect = 0ms});
+    auto made = shared_buffer::create(
+        producer, kept_name, buffer_bytes, {.pool = producer.host_pool().name, .persistent = true});
+    made.set_manifest(buffer_manifest{.labels = {{"model", "idle"}}});
+    made.publish();
+    ASSERT_TRUE(daemon_.wait_for_stored(1)) << ::testing::PrintToString(daemon_.stored_buffers());
+  }
+
+  void restart()
+  {
+    ASSERT_TRUE(daemon_.manager().kill_service(SIGKILL));
+    ASSERT_TRUE(daemon_.start());
+  }
+
+  managed_rmmd daemon_{
+      {"--backend", "host", "--host-pool-bytes", "64MiB", "--drain-timeout-ms", "0"}};
+};
+
+TEST_P(IdleRestart, TheFirstCallAfterTheRestartReconnects)
+{
+  auto const& call = GetParam();
+  auto const dir   = daemon_.runtime_dir();
+  testing::internal::CaptureStderr();
+  std::uint32_t reconnects = 0;
+  if (call.cpp) {
+    rmmd::session s(
+        rmmd::session::options{.runtime_dir = dir, .client_name = "idle", .reconnect = 120s});
+    restart();
+    try {
+      call.cpp(s);
+    } catch (std::exception const& e) {
+      ADD_FAILURE() << call.name << " threw: " << e.what();
+    }
+    reconnects = s.reconnects();
+  } else {
+    rmmd_session_options o{};
+    o.size         = sizeof(o);
+    o.runtime_dir  = dir.c_str();
+    o.client_name  = "idle";
+    o.reconnect_ms = 120000;
+    rmmd_session_t c{};
+    ASSERT_TRUE(c_ok(rmmd_session_create(&o, &c)));
+    restart();
+    EXPECT_TRUE(c_ok(call.c(c))) << call.name;
+    EXPECT_TRUE(c_ok(rmmd_session_reconnects(c, &reconnects)));
+    EXPECT_TRUE(c_ok(rmmd_session_destroy(c)));
+  }
+  auto const said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(reconnects, 1u) << said;
+  EXPECT_THAT(said, HasSubstr("reconnected to the daemon at " + dir.string()));
+}
+
+/// Makes, publishes and closes a host buffer `name`, with a manifest.
+void create_publish(rmmd::session const& s, std::string const& name)
+{
+  auto made = shared_buffer::create(s, name, buffer_bytes, {.pool = s.host_pool().name});
+  made.set_manifest(buffer_manifest{.labels = {{"model", "fresh"}}});
+  made.publish();
+}
+
+std::vector<idle_call> cpp_calls()
+{
+  using session = rmmd::session const&;
+  return {
+      {.name = "session_allocate_free",
+       .cpp  = [](session s) { s.free(s.allocate(s.host_pool().id, 4096, 256).id); }},
+      {.name = "host_memory_resource",
+       .cpp =
+           [](session s) {
+             rmmd::host_memory_resource mr(s);
+             mr.deallocate_sync(mr.allocate_sync(4096, 256), 4096, 256);
+           }},
+      {.name = "session_report_usage",
+       .cpp =
+           [](session s) {
+             static_cast<void>(s.report_usage({carved_usage{.pool_id = s.host_pool().id}}));
+           }},
+      {.name = "shared_buffer_create_publish",
+       .cpp  = [](session s) { create_publish(s, "idle/new"); }},
+      {.name = "shared_buffer_open",
+       .cpp  = [](session s) { static_cast<void>(shared_buffer::open(s, kept_name)); }},
+      {.name = "shared_buffer_open_with_options",
+       .cpp =
+           [](session s) {
+             static_cast<void>(shared_buffer::open(
+                 s, kept_name, open_options{.expect_labels = {{"model", "idle"}}}));
+           }},
+      {.name = "shared_buffer_open_by_labels",
+       .cpp =
+           [](session s) {
+             static_cast<void>(shared_buffer::open_by_labels(s, {{"model", "idle"}}));
+           }},
+      {.name = "shared_buffer_list",
+       .cpp =
+           [](session s) {
+             if (shared_buffer::list(s).size() != 1) { throw std::runtime_error("not listed"); }
+           }},
+      {.name = "shared_buffer_describe",
+       .cpp  = [](session s) { static_cast<void>(shared_buffer::describe(s, kept_name)); }},
+      {.name = "shared_buffer_remove",
+       .cpp  = [](session s) { static_cast<void>(shared_buffer::remove(s, kept_name)); }},
+      {.name = "ping",
+       .cpp =
+           [](session s) {
+             if (auto st = s.impl().ping(); !st.ok()) { detail::throw_status(st, "ping"); }
+           }},
+      {.name = "list_peers",
+       .cpp =
+           [](session s) {
+             v1::ListPeersResponse peers;
+             if (auto st = s.impl().list_peers(&peers); !st.ok()) {
+               detail::throw_status(st, "peers");
+             }
+           }},
+      {.name = "rmmctl_stats",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::GetStatsRequest, v1::Stats>(s, &v1::Rmmd::Stub::GetStats);
+           }},
+      {.name = "rmmctl_pools",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::ListPoolsRequest, v1::ListPoolsResponse>(s,
+                                                                      &v1::Rmmd::Stub::ListPools);
+           }},
+      {.name = "rmmctl_sessions",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::ListSessionsRequest, v1::ListSessionsResponse>(
+                 s, &v1::Rmmd::Stub::ListSessions);
+           }},
+      {.name = "rmmctl_buffers",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::ListBuffersRequest, v1::ListBuffersResponse>(
+                 s, &v1::Rmmd::Stub::ListBuffers);
+           }},
+      {.name = "rmmctl_buffers_describe",
+       .cpp =
+           [](session s) {
+             v1::DescribeBufferRequest request;
+             request.set_name(kept_name);
+             rmmctl_call(s, &v1::Rmmd::Stub::DescribeBuffer, request);
+           }},
+      {.name = "rmmctl_buffers_delete",
+       .cpp =
+           [](session s) {
+             v1::DeleteBufferRequest request;
+             request.set_name(kept_name);
+             rmmctl_call(s, &v1::Rmmd::Stub::DeleteBuffer, request);
+           }},
+      {.name = "rmmctl_trim",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::TrimRequest, v1::TrimResponse>(s, &v1::Rmmd::Stub::Trim);
+           }},
+      {.name = "rmmctl_health",
+       .cpp =
+           [](session s) {
+             rmmctl_call<v1::HealthRequest, v1::HealthResponse>(s, &v1::Rmmd::Stub::Health);
+           }},
+  };
+}
+
+/// Frees `json` and says whether the call succeeded.
+rmmd_status took_json(rmmd_status status, char* json)
+{
+  rmmd_string_free(json);
+  return status;
+}
+
+/// The kept buffer, opened with options (the fingerprint guard).
+rmmd_status c_open_with(rmmd_session_t c)
+{
+  char const* keys[]   = {"model"};
+  char const* values[] = {"idle"};
+  rmmd_open_options o{};
+  o.size          = sizeof(o);
+  o.expect_keys   = keys;
+  o.expect_values = values;
+  o.expect_count  = 1;
+  rmmd_buffer_t b{};
+  auto const status = rmmd_buffer_open_with(c, kept_name, &o, &b);
+  rmmd_buffer_destroy(b);
+  return status;
+}
+
+rmmd_status c_open_by_labels(rmmd_session_t c)
+{
+  char const* keys[]   = {"model"};
+  char const* values[] = {"idle"};
+  rmmd_buffer_t b{};
+  auto const status = rmmd_buffer_open_by_labels(c, keys, values, 1, nullptr, &b);
+  rmmd_buffer_destroy(b);
+  return status;
+}
+
+rmmd_status c_create_publish(rmmd_session_t c)
+{
+  rmmd_buffer_options o{};
+  o.size   = sizeof(o);
+  o.pool   = "host";
+  o.device = -1;
+  rmmd_buffer_t b{};
+  if (auto s = rmmd_buffer_create(c, "idle/new", buffer_bytes, &o, &b); s != RMMD_SUCCESS) {
+    return s;
+  }
+  auto status = rmmd_buffer_set_manifest_json(b, R"({"labels":[{"key":"model","value":"c"}]})");
+  if (status == RMMD_SUCCESS) { status = rmmd_buffer_publish(b); }
+  rmmd_buffer_destroy(b);
+  return status;
+}
+
+rmmd_status c_allocate(rmmd_session_t c)
+{
+  rmmd_resource_options o{};
+  o.size   = sizeof(o);
+  o.kind   = RMMD_RESOURCE_HOST;
+  o.device = -1;
+  rmmd_resource_t r{};
+  if (auto s = rmmd_resource_create(c, &o, &r); s != RMMD_SUCCESS) { return s; }
+  void* p{};
+  auto status = rmmd_allocate(r, 4096, 256, nullptr, &p);
+  if (status == RMMD_SUCCESS) { status = rmmd_deallocate(r, p, 4096, 256, nullptr); }
+  rmmd_resource_destroy(r);
+  return status;
+}
+
+std::vector<idle_call> c_calls()
+{
+  return {
+      {.name = "c_session_stats_json",
+       .c =
+           [](rmmd_session_t c) {
+             char* json{};
+             return took_json(rmmd_session_stats_json(c, &json), json);
+           }},
+      {.name = "c_allocate", .c = c_allocate},
+      {.name = "c_buffer_create_publish", .c = c_create_publish},
+      {.name = "c_buffer_open",
+       .c =
+           [](rmmd_session_t c) {
+             rmmd_buffer_t b{};
+             auto const status = rmmd_buffer_open(c, kept_name, 0, &b);
+             rmmd_buffer_destroy(b);
+             return status;
+           }},
+      {.name = "c_buffer_open_with", .c = c_open_with},
+      {.name = "c_buffer_open_by_labels", .c = c_open_by_labels},
+      {.name = "c_buffer_delete",
+       .c    = [](rmmd_session_t c) { return rmmd_buffer_delete(c, kept_name, nullptr); }},
+      {.name = "c_buffer_list_json",
+       .c =
+           [](rmmd_session_t c) {
+             char* json{};
+             return took_json(rmmd_buffer_list_json(c, nullptr, nullptr, nullptr, 0, &json), json);
+           }},
+      {.name = "c_buffer_describe_json",
+       .c =
+           [](rmmd_session_t c) {
+             char* json{};
+             return took_json(rmmd_buffer_describe_json(c, kept_name, &json), json);
+           }},
+      {.name = "c_peers_json",
+       .c =
+           [](rmmd_session_t c) {
+             char* json{};
+             return took_json(rmmd_peers_json(c, &json), json);
+           }},
+  };
+}
+
+std::vector<idle_call> every_call()
+{
+  auto all = cpp_calls();
+  auto c   = c_calls();
+  all.insert(all.end(), c.begin(), c.end());
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCall,
+                         IdleRestart,
+                         ::testing::ValuesIn(every_call()),
+                         [](::testing::TestParamInfo<idle_call> const& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace rmmd::test
