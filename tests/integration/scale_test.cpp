@@ -6,6 +6,7 @@
 // (harness/raw_session.hpp): real connections, without a client
 // library's imports. How fast this goes is the bench's to show (section h).
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/raw_session.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -182,7 +183,7 @@ TEST_F(ManySessions, BadTopOptionsAreUsageErrors)
 TEST_F(ManySessions, TheStatsCallListsTheTopSessionsOnlyWhenAsked)
 {
   auto observer = daemon_.open_session("observer");
-  auto& impl    = observer.impl();
+  auto& impl    = rmmd::detail::impl_of(observer);
   v1::GetStatsRequest request;
   request.set_top_sessions(4);
   v1::Stats top;
@@ -234,8 +235,8 @@ TEST(ManySessionsMetrics, AScrapeStaysTheSameSizeWithThreeHundredSessions)
       {"--host-pool-bytes", "64MiB", "--backend", "host", "--metrics-address", "127.0.0.1:0"}};
   auto observer = daemon.open_session("observer");
   v1::HealthResponse health;
-  auto ctx = observer.impl().context();
-  ASSERT_TRUE(observer.impl().stub().Health(ctx.get(), {}, &health).ok());
+  auto ctx = rmmd::detail::impl_of(observer).context();
+  ASSERT_TRUE(rmmd::detail::impl_of(observer).stub().Health(ctx.get(), {}, &health).ok());
   auto const address = health.metrics_address();
   auto const colon   = address.rfind(':');
   httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
