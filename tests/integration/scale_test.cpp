@@ -95,7 +95,7 @@ class ManySessions : public ::testing::Test {
   {
     for (int i = 1; i <= 30; ++i) {
       auto& s = sessions_.emplace_back(daemon_.runtime_dir(), "holder-" + std::to_string(i));
-      s.allocate(s.pool_of(v1::BACKEND_HOST), 4096, static_cast<std::size_t>(i));
+      s.allocate(s.pool_of(harness::raw_backend::host), 4096, static_cast<std::size_t>(i));
     }
   }
 
@@ -250,12 +250,12 @@ TEST(ManySessionsMetrics, AScrapeStaysTheSameSizeWithThreeHundredSessions)
   std::vector<raw_session> sessions;
   for (int i = 0; i < 20; ++i) {
     auto& s = sessions.emplace_back(daemon.runtime_dir(), "many");
-    s.allocate(s.pool_of(v1::BACKEND_HOST), 256, 1);
+    s.allocate(s.pool_of(harness::raw_backend::host), 256, 1);
   }
   auto const with_twenty = scrape();
   for (int i = 20; i < 300; ++i) {
     auto& s = sessions.emplace_back(daemon.runtime_dir(), "many");
-    s.allocate(s.pool_of(v1::BACKEND_HOST), 256, 1);
+    s.allocate(s.pool_of(harness::raw_backend::host), 256, 1);
   }
   auto const with_three_hundred = scrape();
   // Ten sessions with series of their own (the default), the rest summed.
@@ -278,7 +278,7 @@ TEST(ManyLeases, ASessionHolding100000LeasesGivesEverythingBackWhenItCloses)
   constexpr auto per = std::uint64_t{256};
   {
     raw_session holder(daemon.runtime_dir(), "holder");
-    auto ids = holder.allocate(holder.pool_of(v1::BACKEND_HOST), per, n);
+    auto ids = holder.allocate(holder.pool_of(harness::raw_backend::host), per, n);
     ASSERT_EQ(ids.size(), n);
     auto const stats = daemon.stats();
     EXPECT_EQ(in_use(stats, pool), (1u << 20) + n * per);
