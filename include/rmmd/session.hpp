@@ -208,12 +208,6 @@ class session {
   /// that path (rmmd_host_pairs); others call free().
   void free_without_reply(std::uint64_t allocation_id) const noexcept;
 
-  /// For rmmd's own tools (rmmctl): the implementation.
-  [[nodiscard]] detail::session_impl& impl() const noexcept
-  {
-    return *impl_;
-  }
-
   friend bool operator==(session const& a, session const& b) noexcept
   {
     return a.impl_ == b.impl_;
