@@ -1,23 +1,38 @@
 #pragma once
 
-// What the bench asks the daemon outside the calls it times.
+// What the bench asks the daemon outside the calls it times, through the
+// client library's admin calls (rmmd/admin.hpp), read back into the wire's
+// messages.
 
 #include "bench/bench_support.hpp"
-#include "client/detail/session_impl.hpp"
+#include "rmmd/v1/rmmd.pb.h"
 
+#include <rmmd/admin.hpp>
 #include <rmmd/session.hpp>
+
+#include <google/protobuf/util/json_util.h>
+
+#include <string>
 
 namespace rmmd::bench {
 
-/// GetStats over the session's gRPC channel (every session listed).
-inline v1::Stats get_stats(rmmd::session const& s)
+/// `json`, protobuf's JSON mapping of a `Message` (what rmmd::admin returns),
+/// as that message. Throws bench_error when it does not parse.
+template <typename Message>
+Message parse_json(std::string const& json)
 {
-  auto& impl = s.impl();
-  v1::Stats out;
-  auto ctx    = impl.context();
-  auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &out);
-  if (!status.ok()) { throw bench_error("GetStats failed: " + status.error_message()); }
+  Message out;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  if (auto status = google::protobuf::util::JsonStringToMessage(json, &out, options);
+      !status.ok()) {
+    throw bench_error("the daemon's " + out.GetTypeName() +
+                      " does not parse: " + std::string(status.message()));
+  }
   return out;
 }
+
+/// GetStats through `s`, every session listed (or the `which` ones).
+v1::Stats get_stats(rmmd::session const& s, rmmd::session_listing which = {});
 
 }  // namespace rmmd::bench

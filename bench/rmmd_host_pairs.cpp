@@ -19,8 +19,6 @@
 
 #include "bench/bench_support.hpp"
 
-#include "client/detail/session_impl.hpp"
-
 #include <rmmd/session.hpp>
 
 #include <CLI/CLI.hpp>
@@ -60,12 +58,11 @@ int worker_main(std::string const& free_mode, std::size_t bytes, double seconds)
   try {
     rmmd::session s(rmmd::session::options{.client_name = "rmmd-host-pairs"});
     auto const pool   = s.host_pool().id;
-    auto& impl        = s.impl();
     bool const oneway = free_mode == "oneway";
     auto pair         = [&] {
       auto lease = s.allocate(pool, bytes, 256);
       if (oneway) {
-        detail::session_impl::free_when_reached(*impl.releases(), lease.id);
+        s.free_without_reply(lease.id);
       } else {
         s.free(lease.id);
       }

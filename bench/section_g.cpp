@@ -2,7 +2,6 @@
 
 #include "bench/bench_session.hpp"
 #include "bench/bench_support.hpp"
-#include "client/detail/session_impl.hpp"
 
 #include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/session.hpp>

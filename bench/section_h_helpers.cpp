@@ -47,8 +47,9 @@ int raw_leases_main(std::string const& dir, std::string const& kind, std::size_t
   die_with_parent();
   try {
     harness::raw_session s(dir, "rmmd-bench-leases");
-    auto const pool = s.pool_of(kind == "cuda" ? v1::BACKEND_CUDA : v1::BACKEND_HOST);
-    auto const t0   = steady::now();
+    auto const pool =
+        s.pool_of(kind == "cuda" ? harness::raw_backend::cuda : harness::raw_backend::host);
+    auto const t0 = steady::now();
     // CUDA: packed, as the client library's direct resource asks for them.
     (void)s.allocate(pool, scale_lease_bytes, count, 64, kind == "cuda");
     auto const t1 = steady::now();
@@ -74,7 +75,7 @@ int raw_sessions_main(std::string const& dir, std::size_t count)
       auto const t0 = steady::now();
       auto& s       = sessions.emplace_back(dir, "rmmd-bench-sessions");
       ns.push_back(std::chrono::duration<double, std::nano>(steady::now() - t0).count());
-      (void)s.allocate(s.pool_of(v1::BACKEND_HOST), scale_lease_bytes, 1);
+      (void)s.allocate(s.pool_of(harness::raw_backend::host), scale_lease_bytes, 1);
     }
     say("ready " + std::to_string(count));
     say(samples_line(ns));

@@ -6,10 +6,9 @@
 #include "harness/daemon_process.hpp"
 #include "harness/peer_setup.hpp"
 
+#include <rmmd/admin.hpp>
 #include <rmmd/session.hpp>
 #include <rmmd/shared_buffer.hpp>
-
-#include "client/detail/session_impl.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -80,30 +79,332 @@ double copy_gbps(std::size_t bytes, int reps, Copy&& copy)
   return static_cast<double>(bytes) * reps / (static_cast<double>(ms) * 1e6);
 }
 
+/// Why section p cannot run here ("" when it can); `script` is set to
+/// scripts/make-test-certs.sh when it can.
+std::string skip_reason(fs::path* script)
+{
+  std::string why;
+  if (int n = visible_gpus(why); n < 2) {
+    return "it needs 2 GPUs, " + std::to_string(n) + " visible" +
+           (why.empty() ? "" : " (" + why + ")");
+  }
+  if (!fs::exists("/dev/nvidia-caps-imex-channels/channel0")) {
+    return "no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): fabric handles cannot be "
+           "imported";
+  }
+  *script = harness::find_certs_script(RMMD_SOURCE_DIR);
+  if (script->empty()) {
+    return "scripts/make-test-certs.sh not found (set RMMD_TEST_CERTS_SCRIPT)";
+  }
+  return {};
+}
+
+/// A directory of the section's own under /tmp, removed with what it holds.
+class scratch_dir {
+ public:
+  scratch_dir()
+  {
+    char tmpl[] = "/tmp/rmmd-bench-peering-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) { throw std::runtime_error("mkdtemp failed"); }
+    path_ = tmpl;
+  }
+  scratch_dir(scratch_dir const&)            = delete;
+  scratch_dir& operator=(scratch_dir const&) = delete;
+  ~scratch_dir()
+  {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  [[nodiscard]] fs::path const& path() const noexcept
+  {
+    return path_;
+  }
+
+ private:
+  fs::path path_;
+};
+
+/// Nodes A and B: A serves GPU 0 with a fabric pool and grants B "bench/";
+/// B (on GPU 1) peers with A over mutual TLS on 127.0.0.1.
+struct peered_daemons {
+  std::unique_ptr<harness::daemon_process> a, b;
+};
+
+peered_daemons start_daemons(fs::path const& rmmd, fs::path const& dir, fs::path const& script)
+{
+  auto const certs = dir / "certs";
+  harness::child_process made(
+      {"/bin/bash", script.string(), certs.string()}, {}, {.merge_stderr = true});
+  made.close_stdin();
+  auto const said = made.read_all(std::chrono::seconds(60));
+  if (made.wait(std::chrono::seconds(60)).value_or(-1) != 0) {
+    throw std::runtime_error("make-test-certs.sh failed: " + said);
+  }
+  int const port = harness::free_loopback_port();
+  std::ofstream(dir / "a.conf") << pools(std::uint64_t{16} << 30)
+                                << "peering {\n  node_name: \"nodeA\"\n  listen_address: "
+                                   "\"127.0.0.1:"
+                                << port << "\"\n"
+                                << tls(certs, "nodeA")
+                                << "  grants { identity: \"CN=rmmd-nodeB\" name_prefixes: "
+                                   "\"bench/\" }\n}\n";
+  std::ofstream(dir / "b.conf") << pools(std::uint64_t{4} << 30)
+                                << "peering {\n  node_name: \"nodeB\"\n"
+                                << tls(certs, "nodeB")
+                                << "  peers { name: \"nodeA\" address: \"127.0.0.1:" << port
+                                << "\" identity: \"CN=rmmd-nodeA\" }\n}\n";
+  auto start = [&](char const* conf, char const* devices) {
+    return std::make_unique<harness::daemon_process>(
+        harness::daemon_process::options{.program     = rmmd,
+                                         .args        = {"--config", (dir / conf).string()},
+                                         .dir_prefix  = "rmmd-bench-p-",
+                                         .log_to_file = true,
+                                         .env = {std::string("CUDA_VISIBLE_DEVICES=") + devices}});
+  };
+  auto a = start("a.conf", "0");
+  auto b = start("b.conf", "1");
+  return {std::move(a), std::move(b)};
+}
+
+/// Waits (30 s at most) until B, through session `sb`, sees A ready;
+/// throws saying why not, with both daemons' logs.
+void wait_until_peered(rmmd::session const& sb, peered_daemons const& d)
+{
+  rmmd::admin const admin(sb);
+  std::string state, problem;
+  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (state != "ready" && std::chrono::steady_clock::now() < deadline) {
+    try {
+      auto const listed = parse_json<v1::ListPeersResponse>(admin.peers_json());
+      for (auto const& p : listed.peers()) {
+        if (p.node_name() == "nodeA") {
+          state   = p.state();
+          problem = p.problem();
+        }
+      }
+    } catch (std::exception const& e) {
+      problem = e.what();  // asked again until the deadline
+    }
+    if (state != "ready") { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+  }
+  if (state != "ready") {
+    throw std::runtime_error("B never saw A ready (state '" + state + "': " + problem +
+                             ")\nA's log:\n" + d.a->log_tail(20) + "B's log:\n" +
+                             d.b->log_tail(20));
+  }
+}
+
+/// The sessions the section opens with: the producer on A, the consumer on
+/// B, and on A the baseline's (a process on A's node opening the same
+/// buffer by its fabric handle: the import a remote open pays, without the
+/// hop to the other daemon).
+struct sessions {
+  rmmd::session a, b, local;
+};
+
+/// One size's samples, in ns.
+struct samples {
+  std::vector<double> open_close, close, answer, local;
+};
+
+double ns_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b)
+{
+  return std::chrono::duration<double, std::nano>(b - a).count();
+}
+
+/// One open of each kind of buffer `name`, timed, `reps` times after the
+/// warm-up: the remote open (B asks A, this process imports the fabric
+/// handle and maps it on GPU 1) and its close; the daemons' answer alone
+/// (nothing imported or mapped); and, as the baseline in the same run, this
+/// process opening the same buffer through A by its fabric handle, which
+/// maps it on A's GPU 0 (the import without the hop, and without GPU 1
+/// mapping GPU 0's memory).
+samples measure_opens(config const& cfg,
+                      sessions const& s,
+                      std::string const& name,
+                      std::size_t reps)
+{
+  rmmd::admin const b(s.b);
+  samples out;
+  for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
+    auto const t0 = std::chrono::steady_clock::now();
+    auto r = rmmd::shared_buffer::open(s.b, "nodeA:" + name, rmmd::open_options{.device = 1});
+    auto const t_open = std::chrono::steady_clock::now();
+    r.close();
+    auto const t1 = std::chrono::steady_clock::now();
+    auto l        = rmmd::shared_buffer::open(s.local, name);
+    l.close();
+    auto const t2     = std::chrono::steady_clock::now();
+    auto const answer = b.probe_open(name, "nodeA").answer;
+    if (i >= cfg.share_warmup) {
+      out.open_close.push_back(ns_between(t0, t1));
+      out.close.push_back(ns_between(t_open, t1));
+      out.local.push_back(ns_between(t1, t2));
+      out.answer.push_back(static_cast<double>(answer.count()));
+    }
+  }
+  return out;
+}
+
+/// The opens of every size, cold and warm.
+struct open_samples {
+  std::vector<samples> cold, warm;
+};
+
+/// Creates A's buffers of every size (`made` keeps them), then measures
+/// their opens cold (nothing else of GPU 0 mapped on GPU 1 in this process,
+/// so every open pays the driver's first mapping between the two GPUs) and
+/// warm (this process keeps another buffer of A mapped on GPU 1 meanwhile,
+/// as a consumer that holds any remote buffer does).
+open_samples measure_cold_and_warm(config const& cfg,
+                                   sessions const& s,
+                                   std::size_t reps,
+                                   std::vector<rmmd::shared_buffer>& made)
+{
+  open_samples out;
+  for (std::size_t bytes : cfg.share_sizes) {
+    auto const name = "bench/p" + std::to_string(bytes >> 20);
+    auto made_buf   = rmmd::shared_buffer::create(s.a, name, bytes, {.pool = "gpu"});
+    check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+    check_cuda(cudaMemset(made_buf.data(), 0x5a, bytes), "cudaMemset");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    made_buf.publish();
+    made.push_back(std::move(made_buf));
+    out.cold.push_back(measure_opens(cfg, s, name, reps));
+  }
+  auto keep_made =
+      rmmd::shared_buffer::create(s.a, "bench/p-keep", std::size_t{2} << 20, {.pool = "gpu"});
+  keep_made.publish();
+  auto kept = rmmd::shared_buffer::open(s.b, "nodeA:bench/p-keep", rmmd::open_options{.device = 1});
+  for (std::size_t bytes : cfg.share_sizes) {
+    out.warm.push_back(measure_opens(cfg, s, "bench/p" + std::to_string(bytes >> 20), reps));
+  }
+  kept.close();
+  keep_made.close();
+  return out;
+}
+
+/// The opens' table, rows of `out` and their targets checked into `st`.
+void report_opens(config const& cfg,
+                  std::size_t reps,
+                  open_samples const& opens,
+                  results::Peering& out,
+                  run_state& st)
+{
+  std::printf("  %-10s %6s %10s %10s %10s %8s %12s %12s %12s %12s\n",
+              "size",
+              "reps",
+              "p50 ms",
+              "p99 ms",
+              "max ms",
+              "target",
+              "cold p50 ms",
+              "of it: close",
+              "answer only",
+              "local fabric");
+  for (std::size_t k = 0; k < cfg.share_sizes.size(); ++k) {
+    auto const bytes  = cfg.share_sizes[k];
+    auto const s      = summarize(opens.warm[k].open_close);
+    auto const closed = summarize(opens.warm[k].close);
+    auto const answer = summarize(opens.warm[k].answer);
+    auto const local  = summarize(opens.warm[k].local);
+    auto const c      = summarize(opens.cold[k].open_close);
+    auto* row         = out.add_opens();
+    row->set_mib(u32(bytes >> 20));
+    row->set_reps(u32(reps));
+    row->set_p50_us(s.p50_us);
+    row->set_p99_us(s.p99_us);
+    row->set_max_us(s.max_us);
+    row->set_close_p50_us(closed.p50_us);
+    row->set_answer_p50_us(answer.p50_us);
+    row->set_local_fabric_open_close_p50_us(local.p50_us);
+    row->set_cold_p50_us(c.p50_us);
+    row->set_cold_p99_us(c.p99_us);
+    auto const verdict =
+        st.check({.what = "p) remote open+map+close p50, " + std::to_string(bytes >> 20) + " MiB",
+                  .measured = s.p50_us / 1000,
+                  .limit    = open_target_ms,
+                  .unit     = "ms"});
+    std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s %12.3f %12.3f %12.3f %12.3f\n",
+                bytes >> 20,
+                reps,
+                s.p50_us / 1000,
+                s.p99_us / 1000,
+                s.max_us / 1000,
+                verdict.c_str(),
+                c.p50_us / 1000,
+                closed.p50_us / 1000,
+                answer.p50_us / 1000,
+                local.p50_us / 1000);
+  }
+}
+
+/// Gives GPU 1 access to GPU 0's memory where it can (a peer copy without
+/// it is staged through the host); whether it has it.
+bool enable_peer_access()
+{
+  check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
+  int can_access = 0;
+  check_cuda(cudaDeviceCanAccessPeer(&can_access, 1, 0), "cudaDeviceCanAccessPeer");
+  if (can_access != 0) {
+    auto const e = cudaDeviceEnablePeerAccess(0, 0);
+    if (e != cudaErrorPeerAccessAlreadyEnabled) {
+      check_cuda(e, "cudaDeviceEnablePeerAccess(GPU 1 to GPU 0)");
+    }
+    cudaGetLastError();
+  }
+  return can_access != 0;
+}
+
+/// Read bandwidth: GPU 1 copies the largest remote buffer out of its
+/// mapping, and cudaMemcpyPeer copies the same bytes from GPU 0 to GPU 1 at
+/// its best (peer access on where the GPUs allow it).
+void measure_read(config const& cfg, rmmd::session const& sb, results::Peering& out)
+{
+  std::size_t const read_bytes = cfg.share_sizes.back();
+  auto const read_name         = "bench/p" + std::to_string(read_bytes >> 20);
+  auto remote =
+      rmmd::shared_buffer::open(sb, "nodeA:" + read_name, rmmd::open_options{.device = 1});
+  void* dst  = nullptr;
+  void* src0 = nullptr;
+  check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
+  check_cuda(cudaMalloc(&dst, read_bytes), "cudaMalloc on GPU 1");
+  check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+  check_cuda(cudaMalloc(&src0, read_bytes), "cudaMalloc on GPU 0");
+  int const copies         = cfg.quick ? 3 : 10;
+  bool const peer          = enable_peer_access();
+  double const remote_gbps = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
+    check_cuda(cudaMemcpyAsync(dst, remote.data(), read_bytes, cudaMemcpyDeviceToDevice, s),
+               "cudaMemcpyAsync from the remote mapping");
+  });
+  double const peer_gbps   = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
+    check_cuda(cudaMemcpyPeerAsync(dst, 1, src0, 0, read_bytes, s), "cudaMemcpyPeerAsync");
+  });
+  remote.close();
+  cudaFree(dst);
+  cudaFree(src0);
+  out.set_read_mib(u32(read_bytes >> 20));
+  out.set_remote_read_gbps(remote_gbps);
+  out.set_peer_copy_gbps(peer_gbps);
+  out.set_peer_access(peer);
+  std::printf(
+      "  GPU 1 reads a remote %zu MiB buffer: %.1f GB/s; cudaMemcpyPeer GPU 0 -> 1: "
+      "%.1f GB/s (same run, %s)\n",
+      read_bytes >> 20,
+      remote_gbps,
+      peer_gbps,
+      peer ? "peer access on" : "no peer access between these GPUs");
+}
+
 }  // namespace
 
 void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
 {
   auto& out = *st.doc.mutable_peering();
-  auto skip = [&](std::string const& why) {
+  fs::path script;
+  if (auto const why = skip_reason(&script); !why.empty()) {
     out.set_skipped(why);
     std::printf("\np) skipped: %s\n", why.c_str());
-  };
-  std::string why;
-  if (int n = visible_gpus(why); n < 2) {
-    skip("it needs 2 GPUs, " + std::to_string(n) + " visible" +
-         (why.empty() ? "" : " (" + why + ")"));
-    return;
-  }
-  if (!fs::exists("/dev/nvidia-caps-imex-channels/channel0")) {
-    skip(
-        "no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): fabric handles cannot be "
-        "imported");
-    return;
-  }
-  auto const script = harness::find_certs_script(RMMD_SOURCE_DIR);
-  if (script.empty()) {
-    skip("scripts/make-test-certs.sh not found (set RMMD_TEST_CERTS_SCRIPT)");
     return;
   }
   std::printf(
@@ -111,243 +412,21 @@ void section_peering(config const& cfg, fs::path const& rmmd, run_state& st)
       "(CUDA_VISIBLE_DEVICES=1) peering over mutual TLS on 127.0.0.1; this process opens "
       "nodeA:NAME through B and maps it on GPU 1\n");
   try {
-    char tmpl[] = "/tmp/rmmd-bench-peering-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) { throw std::runtime_error("mkdtemp failed"); }
-    fs::path const dir = tmpl;
-    struct remove_dir {
-      fs::path d;
-      ~remove_dir()
-      {
-        std::error_code ec;
-        fs::remove_all(d, ec);
-      }
-    } cleanup{dir};
-    auto const certs = dir / "certs";
-    {
-      harness::child_process made(
-          {"/bin/bash", script.string(), certs.string()}, {}, {.merge_stderr = true});
-      made.close_stdin();
-      auto const said = made.read_all(std::chrono::seconds(60));
-      if (made.wait(std::chrono::seconds(60)).value_or(-1) != 0) {
-        throw std::runtime_error("make-test-certs.sh failed: " + said);
-      }
-    }
-    int const port = harness::free_loopback_port();
-    std::ofstream(dir / "a.conf") << pools(std::uint64_t{16} << 30)
-                                  << "peering {\n  node_name: \"nodeA\"\n  listen_address: "
-                                     "\"127.0.0.1:"
-                                  << port << "\"\n"
-                                  << tls(certs, "nodeA")
-                                  << "  grants { identity: \"CN=rmmd-nodeB\" name_prefixes: "
-                                     "\"bench/\" }\n}\n";
-    std::ofstream(dir / "b.conf") << pools(std::uint64_t{4} << 30)
-                                  << "peering {\n  node_name: \"nodeB\"\n"
-                                  << tls(certs, "nodeB")
-                                  << "  peers { name: \"nodeA\" address: \"127.0.0.1:" << port
-                                  << "\" identity: \"CN=rmmd-nodeA\" }\n}\n";
-    auto start_daemon = [&](char const* conf, char const* devices) {
-      return std::make_unique<harness::daemon_process>(harness::daemon_process::options{
-          .program     = rmmd,
-          .args        = {"--config", (dir / conf).string()},
-          .dir_prefix  = "rmmd-bench-p-",
-          .log_to_file = true,
-          .env         = {std::string("CUDA_VISIBLE_DEVICES=") + devices}});
-    };
-    auto a = start_daemon("a.conf", "0");
-    auto b = start_daemon("b.conf", "1");
-    rmmd::session sa({.runtime_dir = a->runtime_dir(), .client_name = "bench-p-producer"});
-    rmmd::session sb({.runtime_dir = b->runtime_dir(), .client_name = "bench-p-consumer"});
-    // The baseline in the same run: a process on A's node opening the same
-    // buffer by its fabric handle (the import a remote open pays, without
-    // the hop to the other daemon).
-    rmmd::session sl({.runtime_dir      = a->runtime_dir(),
-                      .client_name      = "bench-p-local",
-                      .import_by_fabric = true});
+    scratch_dir const dir;
+    auto const daemons = start_daemons(rmmd, dir.path(), script);
+    sessions const s{.a     = rmmd::session({.runtime_dir = daemons.a->runtime_dir(),
+                                             .client_name = "bench-p-producer"}),
+                     .b     = rmmd::session({.runtime_dir = daemons.b->runtime_dir(),
+                                             .client_name = "bench-p-consumer"}),
+                     .local = rmmd::session({.runtime_dir      = daemons.a->runtime_dir(),
+                                             .client_name      = "bench-p-local",
+                                             .import_by_fabric = true})};
+    wait_until_peered(s.b, daemons);
     std::vector<rmmd::shared_buffer> made;  // alive until the read below
-    // Ready: B sees A ready (or says why not).
-    std::string state, problem;
-    auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (state != "ready" && std::chrono::steady_clock::now() < deadline) {
-      v1::ListPeersResponse peers;
-      if (sb.impl().list_peers(&peers).ok()) {
-        for (auto const& p : peers.peers()) {
-          if (p.node_name() == "nodeA") {
-            state   = p.state();
-            problem = p.problem();
-          }
-        }
-      }
-      if (state != "ready") { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
-    }
-    if (state != "ready") {
-      throw std::runtime_error("B never saw A ready (state '" + state + "': " + problem +
-                               ")\nA's log:\n" + a->log_tail(20) + "B's log:\n" + b->log_tail(20));
-    }
-
-    // One open of each kind, timed: the remote open (B asks A, this process
-    // imports the fabric handle and maps it on GPU 1) and its close; the
-    // daemons' answer alone (nothing imported or mapped); and, as the
-    // baseline in the same run, this process opening the same buffer through
-    // A by its fabric handle, which maps it on A's GPU 0 (the import without
-    // the hop, and without GPU 1 mapping GPU 0's memory).
-    struct samples {
-      std::vector<double> open_close, close, answer, local;
-    };
-    auto ns_between = [](auto a, auto b) {
-      return std::chrono::duration<double, std::nano>(b - a).count();
-    };
-    auto measure = [&](std::string const& name, std::size_t reps) {
-      samples out;
-      for (std::size_t i = 0; i < reps + cfg.share_warmup; ++i) {
-        auto const t0 = std::chrono::steady_clock::now();
-        auto r = rmmd::shared_buffer::open(sb, "nodeA:" + name, rmmd::open_options{.device = 1});
-        auto const t_open = std::chrono::steady_clock::now();
-        r.close();
-        auto const t1 = std::chrono::steady_clock::now();
-        auto l        = rmmd::shared_buffer::open(sl, name);
-        l.close();
-        auto const t2 = std::chrono::steady_clock::now();
-        v1::OpenBufferRequest ask;
-        ask.set_name(name);
-        ask.set_peer("nodeA");
-        ask.set_access(v1::BUFFER_ACCESS_READ);
-        v1::BufferGrant answer;
-        auto const asked = sb.impl().open_buffer(ask, &answer);
-        auto const t3    = std::chrono::steady_clock::now();
-        if (!asked.ok()) {
-          throw std::runtime_error("B's answer for nodeA:" + name + ": " + asked.error_message());
-        }
-        (void)sb.impl().close_buffer(answer.buffer_id());
-        if (i >= cfg.share_warmup) {
-          out.open_close.push_back(ns_between(t0, t1));
-          out.close.push_back(ns_between(t_open, t1));
-          out.local.push_back(ns_between(t1, t2));
-          out.answer.push_back(ns_between(t2, t3));
-        }
-      }
-      return out;
-    };
     std::size_t const reps = cfg.quick ? 20 : 200;
-    // Cold: nothing else of GPU 0 is mapped on GPU 1 in this process, so
-    // every open pays the driver's first mapping between the two GPUs.
-    std::vector<samples> cold;
-    for (std::size_t bytes : cfg.share_sizes) {
-      auto const name = "bench/p" + std::to_string(bytes >> 20);
-      auto made_buf   = rmmd::shared_buffer::create(sa, name, bytes, {.pool = "gpu"});
-      check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
-      check_cuda(cudaMemset(made_buf.data(), 0x5a, bytes), "cudaMemset");
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      made_buf.publish();
-      made.push_back(std::move(made_buf));
-      cold.push_back(measure(name, reps));
-    }
-    // Warm: this process keeps another buffer of A mapped on GPU 1 meanwhile,
-    // as a consumer that holds any remote buffer does.
-    auto keep_made =
-        rmmd::shared_buffer::create(sa, "bench/p-keep", std::size_t{2} << 20, {.pool = "gpu"});
-    keep_made.publish();
-    auto kept =
-        rmmd::shared_buffer::open(sb, "nodeA:bench/p-keep", rmmd::open_options{.device = 1});
-    std::vector<samples> warm;
-    for (std::size_t bytes : cfg.share_sizes) {
-      warm.push_back(measure("bench/p" + std::to_string(bytes >> 20), reps));
-    }
-    kept.close();
-    keep_made.close();
-
-    std::printf("  %-10s %6s %10s %10s %10s %8s %12s %12s %12s %12s\n",
-                "size",
-                "reps",
-                "p50 ms",
-                "p99 ms",
-                "max ms",
-                "target",
-                "cold p50 ms",
-                "of it: close",
-                "answer only",
-                "local fabric");
-    for (std::size_t k = 0; k < cfg.share_sizes.size(); ++k) {
-      auto const bytes  = cfg.share_sizes[k];
-      auto const s      = summarize(warm[k].open_close);
-      auto const closed = summarize(warm[k].close);
-      auto const answer = summarize(warm[k].answer);
-      auto const local  = summarize(warm[k].local);
-      auto const c      = summarize(cold[k].open_close);
-      auto* row         = out.add_opens();
-      row->set_mib(u32(bytes >> 20));
-      row->set_reps(u32(reps));
-      row->set_p50_us(s.p50_us);
-      row->set_p99_us(s.p99_us);
-      row->set_max_us(s.max_us);
-      row->set_close_p50_us(closed.p50_us);
-      row->set_answer_p50_us(answer.p50_us);
-      row->set_local_fabric_open_close_p50_us(local.p50_us);
-      row->set_cold_p50_us(c.p50_us);
-      row->set_cold_p99_us(c.p99_us);
-      auto const verdict =
-          st.check({.what = "p) remote open+map+close p50, " + std::to_string(bytes >> 20) + " MiB",
-                    .measured = s.p50_us / 1000,
-                    .limit    = open_target_ms,
-                    .unit     = "ms"});
-      std::printf("  %6zu MiB %6zu %10.3f %10.3f %10.3f %8s %12.3f %12.3f %12.3f %12.3f\n",
-                  bytes >> 20,
-                  reps,
-                  s.p50_us / 1000,
-                  s.p99_us / 1000,
-                  s.max_us / 1000,
-                  verdict.c_str(),
-                  c.p50_us / 1000,
-                  closed.p50_us / 1000,
-                  answer.p50_us / 1000,
-                  local.p50_us / 1000);
-    }
-
-    // Read bandwidth: GPU 1 copies a remote buffer out of its mapping, and
-    // cudaMemcpyPeer copies the same bytes from GPU 0 to GPU 1.
-    std::size_t const read_bytes = cfg.share_sizes.back();
-    auto const read_name         = "bench/p" + std::to_string(read_bytes >> 20);
-    auto remote =
-        rmmd::shared_buffer::open(sb, "nodeA:" + read_name, rmmd::open_options{.device = 1});
-    void* dst  = nullptr;
-    void* src0 = nullptr;
-    check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
-    check_cuda(cudaMalloc(&dst, read_bytes), "cudaMalloc on GPU 1");
-    check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
-    check_cuda(cudaMalloc(&src0, read_bytes), "cudaMalloc on GPU 0");
-    int const copies = cfg.quick ? 3 : 10;
-    // The local peer-to-peer copy at its best: GPU 1 with access to GPU 0's
-    // memory (a copy without it is staged through the host).
-    check_cuda(cudaSetDevice(1), "cudaSetDevice(1)");
-    int can_access = 0;
-    check_cuda(cudaDeviceCanAccessPeer(&can_access, 1, 0), "cudaDeviceCanAccessPeer");
-    if (can_access != 0) {
-      auto const e = cudaDeviceEnablePeerAccess(0, 0);
-      if (e != cudaErrorPeerAccessAlreadyEnabled) {
-        check_cuda(e, "cudaDeviceEnablePeerAccess(GPU 1 to GPU 0)");
-      }
-      cudaGetLastError();
-    }
-    double const remote_gbps = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
-      check_cuda(cudaMemcpyAsync(dst, remote.data(), read_bytes, cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpyAsync from the remote mapping");
-    });
-    double const peer_gbps   = copy_gbps(read_bytes, copies, [&](cudaStream_t s) {
-      check_cuda(cudaMemcpyPeerAsync(dst, 1, src0, 0, read_bytes, s), "cudaMemcpyPeerAsync");
-    });
-    remote.close();
-    cudaFree(dst);
-    cudaFree(src0);
-    out.set_read_mib(u32(read_bytes >> 20));
-    out.set_remote_read_gbps(remote_gbps);
-    out.set_peer_copy_gbps(peer_gbps);
-    out.set_peer_access(can_access != 0);
-    std::printf(
-        "  GPU 1 reads a remote %zu MiB buffer: %.1f GB/s; cudaMemcpyPeer GPU 0 -> 1: "
-        "%.1f GB/s (same run, %s)\n",
-        read_bytes >> 20,
-        remote_gbps,
-        peer_gbps,
-        can_access != 0 ? "peer access on" : "no peer access between these GPUs");
+    auto const opens       = measure_cold_and_warm(cfg, s, reps, made);
+    report_opens(cfg, reps, opens, out, st);
+    measure_read(cfg, s.b, out);
   } catch (std::exception const& e) {
     st.error("p", e.what());
   }

@@ -4,7 +4,6 @@
 #include "bench/section_r.hpp"
 #include "bench/section_support.hpp"
 
-#include "client/detail/session_impl.hpp"
 #include "common/vmm.hpp"
 #include "harness/service_manager.hpp"
 
@@ -379,10 +378,7 @@ int restart_opener_main(std::string const& dir, std::size_t count)
       opened.push_back(rmmd::shared_buffer::open(*s, buffer_name(i)));
     }
     auto const last_at = steady::now();
-    v1::Stats stats;
-    auto ctx    = s->impl().context();
-    auto status = s->impl().stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);
-    if (!status.ok()) { throw bench_error("GetStats: " + status.error_message()); }
+    auto const stats   = get_stats(*s);
     say(format("done %zu %lld %lld %llu",
                opened.size(),
                ns_of(session_at),

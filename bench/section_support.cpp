@@ -135,6 +135,11 @@ ipc_memory_resource make_ipc_resource(session s, allocation_mode mode)
   return ipc_memory_resource(std::move(s), options);
 }
 
+v1::Stats get_stats(rmmd::session const& s, rmmd::session_listing which)
+{
+  return parse_json<v1::Stats>(rmmd::admin(s).stats_json(which));
+}
+
 std::uint64_t pool_in_use(v1::Stats const& stats, std::uint32_t pool_id)
 {
   for (auto const& p : stats.pools()) {

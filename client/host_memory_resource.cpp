@@ -1,6 +1,7 @@
 #include <rmmd/host_memory_resource.hpp>
 
 #include "client/detail/process_exit.hpp"
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stderr_line.hpp"
 
@@ -23,7 +24,7 @@ host_memory_resource_impl::host_memory_resource_impl(session s,
     throw rmmd::logic_error("rmmd: pool '" + std::string(pool_name) +
                             "' is not a host pool; use rmmd::ipc_memory_resource for device pools");
   }
-  auto& mappings    = session_.impl().mappings();
+  auto& mappings    = detail::impl_of(session_).mappings();
   auto const latest = mappings.latest();
   base_.store(pinned ? mappings.pinned_host_pool_base(pool_.id, latest)
                      : mappings.host_pool_base(pool_.id, latest));
@@ -77,7 +78,7 @@ void* host_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t al
                              std::to_string(pool_.capacity_bytes) +
                              " bytes; ask for less, or have the operator give the pool more");
   }
-  auto granted = session_.impl().lease_memory(pool_.id, bytes, alignment, false);
+  auto granted = detail::impl_of(session_).lease_memory(pool_.id, bytes, alignment, false);
   auto& lease  = granted.granted;
   std::byte* base{};
   try {
@@ -97,7 +98,7 @@ std::byte* host_memory_resource_impl::base_of(std::uint32_t generation)
   std::lock_guard lock(base_mutex_);
   if (generation == base_generation_) { return base_.load(std::memory_order_relaxed); }
   // A lease of a daemon the session reconnected to: its pool's mapping.
-  auto& mappings = session_.impl().mappings();
+  auto& mappings = detail::impl_of(session_).mappings();
   auto* base     = pinned_ ? mappings.pinned_host_pool_base(pool_.id, generation)
                            : mappings.host_pool_base(pool_.id, generation);
   base_.store(base, std::memory_order_release);

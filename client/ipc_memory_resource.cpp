@@ -2,6 +2,7 @@
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/device_scope.hpp"
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stderr_line.hpp"
 #include "client/detail/stream_capture.hpp"
@@ -83,8 +84,8 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
         (visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "") +
         "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
   }
-  imported_generation_ = session_.impl().mappings().latest();
-  imported_            = session_.impl().mappings().cuda_pool(pool_.id, imported_generation_);
+  imported_generation_ = detail::impl_of(session_).mappings().latest();
+  imported_ = detail::impl_of(session_).mappings().cuda_pool(pool_.id, imported_generation_);
   watch_process_exit();
   if (options_.mode == allocation_mode::slab) { carver_ = std::make_unique<slab_carver>(*this); }
 }
@@ -116,7 +117,8 @@ ipc_memory_resource_impl::~ipc_memory_resource_impl()
     cudaGetLastError();
     return;
   }
-  wait_for_releases(std::chrono::steady_clock::now() + session_.impl().options.call_timeout);
+  wait_for_releases(std::chrono::steady_clock::now() +
+                    detail::impl_of(session_).options.call_timeout);
   if (own_stream_ != nullptr) { cudaStreamDestroy(own_stream_); }
 }
 
@@ -271,15 +273,16 @@ void* ipc_memory_resource_impl::lease_into(lease_table& table,
   relaxed_capture_scope relaxed;
   // The daemon completed the allocation before replying: it is ready on
   // every stream, `stream` included.
-  auto& impl = session_.impl();
+  auto& impl = detail::impl_of(session_);
   auto lease = [&] {
     try {
       return impl.lease_memory(pool_.id, bytes, alignment, true);
     } catch (rmm::out_of_memory const&) {
       // Our own frees that wait for their streams may be what is missing:
       // once they reached the daemon, ask once more.
-      auto const deadline = std::chrono::steady_clock::now() + session_.impl().options.call_timeout;
-      bool had_pending    = false;
+      auto const deadline =
+          std::chrono::steady_clock::now() + detail::impl_of(session_).options.call_timeout;
+      bool had_pending = false;
       {
         std::lock_guard lock(pending_->mutex);
         had_pending = pending_->count != 0;
@@ -415,7 +418,7 @@ void ipc_memory_resource_impl::release(cudaStream_t stream, void* ptr, std::uint
   std::unique_ptr<release_job> job;
   try {
     job = std::make_unique<release_job>(
-        release_job{.queue = session_.impl().releases(), .pending = pending_, .id = id});
+        release_job{.queue = detail::impl_of(session_).releases(), .pending = pending_, .id = id});
   } catch (std::bad_alloc const&) {
   }
   if (job) {

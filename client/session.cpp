@@ -95,6 +95,11 @@ void session::free(std::uint64_t allocation_id) const
   }
 }
 
+void session::free_without_reply(std::uint64_t allocation_id) const noexcept
+{
+  detail::session_impl::free_when_reached(*impl_->releases(), allocation_id);
+}
+
 std::vector<std::uint32_t> session::report_usage(std::vector<carved_usage> const& usage) const
 {
   return impl_->reports().send(usage);

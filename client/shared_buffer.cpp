@@ -4,6 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/manifest_convert.hpp"
 #include "client/detail/process_exit.hpp"
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stderr_line.hpp"
 #include "client/detail/stream_capture.hpp"
@@ -106,7 +107,7 @@ void check_name(std::string const& what, std::string_view name)
 void close_unreachable(session const& s, std::uint64_t id) noexcept
 {
   try {
-    static_cast<void>(s.impl().close_buffer(id));
+    static_cast<void>(detail::impl_of(s).close_buffer(id));
   } catch (std::exception const&) {
     // The daemon lets go of it when the session closes.
   }
@@ -141,7 +142,7 @@ shared_buffer shared_buffer::create(session const& s,
                              pool.name + "': larger than the pool's capacity of " +
                              std::to_string(pool.capacity_bytes) + " bytes");
   }
-  s.impl().watch_exit_once();
+  detail::impl_of(s).watch_exit_once();
   v1::CreateBufferRequest request;
   request.set_name(std::string(name));
   request.set_pool_id(pool.id);
@@ -151,7 +152,7 @@ shared_buffer shared_buffer::create(session const& s,
   if (options.gid) { request.set_gid(*options.gid); }
   request.set_allow_writers(options.allow_writers);
   v1::BufferGrant grant;
-  if (auto status = s.impl().create_buffer(request, &grant); !status.ok()) {
+  if (auto status = detail::impl_of(s).create_buffer(request, &grant); !status.ok()) {
     refused(status, what);
   }
   return attached(s, grant, true);
@@ -204,7 +205,7 @@ shared_buffer shared_buffer::open(session const& s,
       }
     }
   }
-  s.impl().watch_exit_once();
+  detail::impl_of(s).watch_exit_once();
   v1::OpenBufferRequest request;
   request.set_name(address->name);
   request.set_peer(address->node);
@@ -215,7 +216,9 @@ shared_buffer shared_buffer::open(session const& s,
                                                                  : v1::BUFFER_ACCESS_READ);
   detail::copy_labels(options.expect_labels, request.mutable_expect_labels());
   v1::BufferGrant grant;
-  if (auto status = s.impl().open_buffer(request, &grant); !status.ok()) { refused(status, what); }
+  if (auto status = detail::impl_of(s).open_buffer(request, &grant); !status.ok()) {
+    refused(status, what);
+  }
   if (remote && grant.peer() != address->node) {
     close_unreachable(s, grant.buffer_id());
     throw rmm::bad_alloc("rmmd: " + what + ": the daemon answered with a buffer of node '" +
@@ -244,7 +247,8 @@ shared_buffer shared_buffer::open(session const& s,
   if (grant.manifest_follows()) {
     // A session-socket grant: the manifest comes by gRPC, which the open
     // makes this session's to ask for.
-    if (auto status = s.impl().get_buffer_manifest(grant.buffer_id(), grant.mutable_manifest());
+    if (auto status =
+            detail::impl_of(s).get_buffer_manifest(grant.buffer_id(), grant.mutable_manifest());
         !status.ok()) {
       close_unreachable(s, grant.buffer_id());
       detail::throw_status(status, what + ": its manifest");
@@ -267,8 +271,9 @@ shared_buffer shared_buffer::attached(session const& s,
   try {
     if (grant.has_manifest()) { out.manifest_ = detail::from_proto(grant.manifest()); }
     bool const read_only = out.access_ == buffer_access::read;
-    out.data_            = grant.peer().empty() ? s.impl().buffers().attach(grant, read_only)
-                                                : s.impl().buffers().attach_remote(grant, read_only, device);
+    out.data_            = grant.peer().empty()
+                               ? detail::impl_of(s).buffers().attach(grant, read_only)
+                               : detail::impl_of(s).buffers().attach_remote(grant, read_only, device);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
@@ -293,7 +298,7 @@ std::vector<buffer_info> shared_buffer::list(session const& s, buffer_filter con
   detail::copy_labels(filter.labels, request.mutable_labels());
   request.set_peer(filter.peer);
   v1::ListBuffersResponse response;
-  if (auto status = s.impl().list_buffers(request, &response); !status.ok()) {
+  if (auto status = detail::impl_of(s).list_buffers(request, &response); !status.ok()) {
     detail::throw_status(status, "list buffers");
   }
   std::vector<buffer_info> out;
@@ -359,7 +364,8 @@ std::pair<buffer_info, buffer_manifest> shared_buffer::describe(session const& s
   auto const what = "describe buffer '" + std::string(name) + "'";
   check_name(what, name);
   v1::DescribeBufferResponse response;
-  if (auto status = s.impl().describe_buffer(std::string(name), &response); !status.ok()) {
+  if (auto status = detail::impl_of(s).describe_buffer(std::string(name), &response);
+      !status.ok()) {
     refused(status, what);
   }
   return {detail::from_proto(response.info()), detail::from_proto(response.manifest())};
@@ -373,7 +379,7 @@ void shared_buffer::set_manifest(buffer_manifest const& manifest)
     throw rmmd::precondition_error("rmmd: " + what +
                                    ": only the process that created it may set its manifest");
   }
-  auto& impl = session_->impl();
+  auto& impl = detail::impl_of(*session_);
   v1::SetBufferManifestRequest request;
   request.set_buffer_id(id_);
   detail::to_proto(manifest, request.mutable_manifest());
@@ -388,7 +394,7 @@ std::size_t shared_buffer::remove(session const& s, std::string_view name)
 {
   auto const what = "delete buffer '" + std::string(name) + "'";
   check_name(what, name);
-  auto& impl = s.impl();
+  auto& impl = detail::impl_of(s);
   v1::DeleteBufferRequest request;
   request.set_name(std::string(name));
   v1::DeleteBufferResponse response;
@@ -495,8 +501,9 @@ void shared_buffer::publish(cuda::stream_ref stream)
   }
   stream_    = stream;
   using call = detail::session_impl::queued_call;
-  if (detail::buffer_job::launch(
-          session_->impl(), stream.get(), call{.what = call::kind::publish_buffer, .id = id_})) {
+  if (detail::buffer_job::launch(detail::impl_of(*session_),
+                                 stream.get(),
+                                 call{.what = call::kind::publish_buffer, .id = id_})) {
     return;
   }
   // No host function (out of memory, or the stream takes none): wait here.
@@ -514,7 +521,7 @@ void shared_buffer::publish()
     throw rmmd::precondition_error("rmmd: publish buffer '" + name_ +
                                    "': only the process that created it may publish it");
   }
-  if (auto status = session_->impl().publish_buffer(id_); !status.ok()) {
+  if (auto status = detail::impl_of(*session_).publish_buffer(id_); !status.ok()) {
     refused(status, "publish buffer '" + name_ + "'");
   }
 }
@@ -528,7 +535,7 @@ void shared_buffer::close() noexcept
   if (!session_) { return; }
   // A host buffer without a stream: nothing of the GPU's to wait for.
   if (!detail::process_is_exiting()) {
-    auto& impl = session_->impl();
+    auto& impl = detail::impl_of(*session_);
     if (auto view = impl.buffers().detach(id_, access_ == buffer_access::read)) {
       detail::buffer_views::unmap_host(*view);
     }
@@ -545,7 +552,7 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     reset();
     return;
   }
-  auto& impl = session_->impl();
+  auto& impl = detail::impl_of(*session_);
   // Set when this was the last open here with this access.
   auto const view = impl.buffers().detach(id_, access_ == buffer_access::read);
   bool const host = [&] {

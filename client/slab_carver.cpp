@@ -2,6 +2,7 @@
 #include "client/detail/stderr_line.hpp"
 
 #include "client/detail/cuda_state.hpp"
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stream_capture.hpp"
 
@@ -219,7 +220,7 @@ slab_carver::~slab_carver()
     return;
   }
   // The session's other resources of this pool report on without this one.
-  owner_.get_session().impl().reports().forget_reporter(this, owner_.pool().id);
+  detail::impl_of(owner_.get_session()).reports().forget_reporter(this, owner_.pool().id);
   trim();
   carved_figures left;
   for (std::size_t i = 0; i < lane_count_; ++i) {
@@ -506,7 +507,7 @@ bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_p
 {
   // The daemon the figures are counted for: read first, so that a slab a
   // later daemon lends meanwhile is left out rather than counted for this one.
-  auto const generation = owner_.get_session().impl().channel().generation();
+  auto const generation = detail::impl_of(owner_.get_session()).channel().generation();
   auto const figures    = carved();
   auto const slabs      = slab_bytes();
   bool const changed    = figures.bytes != state.reported.bytes ||
@@ -516,8 +517,9 @@ bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_p
     return false;
   }
   try {
-    auto const trim_pools = owner_.get_session().impl().reports().report_carved(
-        this, usage(figures, slabs, generation), generation);
+    auto const trim_pools = detail::impl_of(owner_.get_session())
+                                .reports()
+                                .report_carved(this, usage(figures, slabs, generation), generation);
     state.reported       = figures;
     state.reported_slabs = slabs;
     state.last_report    = now;
@@ -533,12 +535,14 @@ bool slab_carver::report_if_due(keeper_state& state, bool holding, clock::time_p
 
 void slab_carver::report_now(keeper_state& state, clock::time_point now) noexcept
 {
-  auto const generation = owner_.get_session().impl().channel().generation();  // first: see above
-  auto const slabs      = slab_bytes();
-  auto const figures    = carved();
+  auto const generation =
+      detail::impl_of(owner_.get_session()).channel().generation();  // first: see above
+  auto const slabs   = slab_bytes();
+  auto const figures = carved();
   try {
-    static_cast<void>(owner_.get_session().impl().reports().report_carved(
-        this, usage(figures, slabs, generation), generation));
+    static_cast<void>(detail::impl_of(owner_.get_session())
+                          .reports()
+                          .report_carved(this, usage(figures, slabs, generation), generation));
     state.reported       = figures;
     state.reported_slabs = slabs;
     state.last_report    = now;

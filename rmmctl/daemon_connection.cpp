@@ -1,8 +1,6 @@
 #include "rmmctl/daemon_connection.hpp"
 
-#include "client/detail/session_impl.hpp"
-
-#include <grpcpp/grpcpp.h>
+#include "rmmctl/views.hpp"
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -60,11 +58,12 @@ void expect_listening(std::filesystem::path const& path)
 }
 
 /// The client library's message without the prefixes its exception types
-/// add ("std::bad_alloc: ", "rmmd: "): rmmctl puts its own name in front.
+/// add ("std::bad_alloc: out_of_memory: ", "rmmd: "): rmmctl puts its own
+/// name in front.
 std::string plain_message(std::exception const& e)
 {
   std::string_view text = e.what();
-  for (std::string_view prefix : {"std::bad_alloc: ", "rmmd: "}) {
+  for (std::string_view prefix : {"std::bad_alloc: ", "out_of_memory: ", "rmmd: "}) {
     if (text.substr(0, prefix.size()) == prefix) { text.remove_prefix(prefix.size()); }
   }
   return std::string(text);
@@ -72,17 +71,19 @@ std::string plain_message(std::exception const& e)
 
 }  // namespace
 
-ctl_error call_failed(grpc::Status const& status, std::string_view what)
+ctl_error call_failed(std::string_view what)
 {
-  auto message = std::string(what) + ": " + status.error_message();
-  switch (status.error_code()) {
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return ctl_error(denied, message);
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return ctl_error(not_running, message + " (the daemon is gone, stopping, or not answering)");
-    default:
-      return ctl_error(failed, message);
+  auto const prefix = what.empty() ? std::string() : std::string(what) + ": ";
+  try {
+    throw;
+  } catch (ctl_error const& e) {
+    return e;
+  } catch (rmmd::permission_error const& e) {
+    return ctl_error(denied, prefix + plain_message(e));
+  } catch (rmmd::session_error const& e) {
+    return ctl_error(not_running, prefix + plain_message(e));
+  } catch (std::exception const& e) {
+    return ctl_error(failed, prefix + plain_message(e));
   }
 }
 
@@ -108,20 +109,18 @@ rmmd::session& daemon_connection::session()
   return *session_;
 }
 
+rmmd::admin daemon_connection::admin()
+{
+  return rmmd::admin(session());
+}
+
 v1::HealthResponse daemon_connection::health()
 {
   auto const path = dir_ / "rmmd.sock";
-  if (!health_stub_) {
-    expect_listening(path);
-    health_stub_ = v1::Rmmd::NewStub(
-        grpc::CreateChannel("unix:" + path.string(), grpc::InsecureChannelCredentials()));
-  }
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + timeout_);
-  v1::HealthResponse response;
-  auto status = health_stub_->Health(&context, v1::HealthRequest{}, &response);
-  if (!status.ok()) { throw call_failed(status, "health of the daemon at " + path.string()); }
-  return response;
+  expect_listening(path);
+  // The library's message names the call and the socket.
+  return parse_json<v1::HealthResponse>(
+      ask("", [&] { return rmmd::admin::health_json(dir_, timeout_); }));
 }
 
 }  // namespace rmmd::ctl

@@ -3,13 +3,13 @@
 // How rmmctl reaches the daemon, and how each way of failing becomes one of
 // its exit codes (docs/operations.md).
 
-#include "rmmd/v1/rmmd.grpc.pb.h"
+#include "rmmd/v1/rmmd.pb.h"
 
+#include <rmmd/admin.hpp>
 #include <rmmd/session.hpp>
 
 #include <chrono>
 #include <filesystem>
-#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -40,9 +40,23 @@ class ctl_error : public std::runtime_error {
   exit_code code_;
 };
 
-/// The exit code for a failed call's status, and a ctl_error saying `what`
-/// failed and why.
-ctl_error call_failed(grpc::Status const& status, std::string_view what);
+/// The ctl_error for the exception in flight, thrown by a request through
+/// the client library (error.hpp): its exit code (permission_error: denied;
+/// session_error: not running; anything else: failed) and its message after
+/// `what` (empty: the message alone). REQUIRES: called inside a catch block.
+ctl_error call_failed(std::string_view what);
+
+/// What `call` (a request through the client library) returns; what it
+/// throws becomes call_failed(what).
+template <typename Call>
+auto ask(std::string_view what, Call&& call) -> decltype(call())
+{
+  try {
+    return call();
+  } catch (...) {
+    throw call_failed(what);
+  }
+}
 
 /// The daemon at one runtime directory. Opens a session only for the
 /// commands that need one (everything but health).
@@ -53,6 +67,8 @@ class daemon_connection {
 
   /// A session of rmmctl's own, opened on first use. Throws ctl_error.
   rmmd::session& session();
+  /// The daemon's admin calls, through session().
+  rmmd::admin admin();
 
   /// Health, without a session. Throws ctl_error.
   v1::HealthResponse health();
@@ -61,7 +77,6 @@ class daemon_connection {
   std::filesystem::path dir_;
   std::chrono::milliseconds timeout_;
   std::optional<rmmd::session> session_;
-  std::unique_ptr<v1::Rmmd::Stub> health_stub_;
 };
 
 }  // namespace rmmd::ctl

@@ -10,7 +10,6 @@
 // (or another failure), 2 bad usage, 3 no daemon answers at the runtime
 // directory (or it is shutting down), 4 permission denied.
 
-#include "client/detail/session_impl.hpp"
 #include "common/runtime_dir.hpp"
 #include "rmmctl/daemon_connection.hpp"
 #include "rmmctl/views.hpp"
@@ -87,6 +86,13 @@ void drop_own_session(Reply* reply, std::uint64_t id, session_choice const& choi
     sessions->DeleteSubrange(static_cast<int>(choice.top),
                              sessions->size() - static_cast<int>(choice.top));
   }
+}
+
+/// What the daemon is asked to list for `choice`.
+rmmd::session_listing listing(session_choice const& choice)
+{
+  if (choice.all) { return {}; }
+  return {.top = choice.top + 1};
 }
 
 /// Adds --top and --all to a command that lists sessions.
@@ -262,15 +268,11 @@ void refuse_watching_changes(command_line const& cl)
 int show_stats(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("stats", cl.out, [&](bool one_line) {
-    auto& s    = daemon.session();
-    auto& impl = s.impl();
-    rmmd::v1::GetStatsRequest request;
-    if (!cl.stats_choice.all) { request.set_top_sessions(cl.stats_choice.top + 1); }
-    rmmd::v1::Stats reply;
-    auto ctx    = impl.context();
-    auto status = impl.stub().GetStats(ctx.get(), request, &reply);
-    if (!status.ok()) { throw call_failed(status, "stats"); }
-    drop_own_session(&reply, s.id(), cl.stats_choice);
+    auto const& choice = cl.stats_choice;
+    auto reply         = parse_json<rmmd::v1::Stats>(ask("stats", [&] {
+      return daemon.admin().stats_json(listing(choice));
+    }));
+    drop_own_session(&reply, daemon.session().id(), choice);
     return cl.out.json ? to_json(reply, one_line) : format_stats(reply);
   });
 }
@@ -278,11 +280,8 @@ int show_stats(daemon_connection& daemon, command_line const& cl)
 int show_pools(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("pools", cl.out, [&](bool one_line) {
-    auto& impl = daemon.session().impl();
-    rmmd::v1::ListPoolsResponse reply;
-    auto ctx    = impl.context();
-    auto status = impl.stub().ListPools(ctx.get(), rmmd::v1::ListPoolsRequest{}, &reply);
-    if (!status.ok()) { throw call_failed(status, "pools"); }
+    auto const reply = parse_json<rmmd::v1::ListPoolsResponse>(
+        ask("pools", [&] { return daemon.admin().pools_json(); }));
     return cl.out.json ? to_json(reply, one_line) : format_pools(reply);
   });
 }
@@ -290,77 +289,57 @@ int show_pools(daemon_connection& daemon, command_line const& cl)
 int show_sessions(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("sessions", cl.out, [&](bool one_line) {
-    auto& s    = daemon.session();
-    auto& impl = s.impl();
-    rmmd::v1::ListSessionsRequest request;
-    if (!cl.sessions_choice.all) { request.set_top_sessions(cl.sessions_choice.top + 1); }
-    rmmd::v1::ListSessionsResponse reply;
-    auto ctx    = impl.context();
-    auto status = impl.stub().ListSessions(ctx.get(), request, &reply);
-    if (!status.ok()) { throw call_failed(status, "sessions"); }
-    drop_own_session(&reply, s.id(), cl.sessions_choice);
+    auto const& choice = cl.sessions_choice;
+    auto reply         = parse_json<rmmd::v1::ListSessionsResponse>(ask("sessions", [&] {
+      return daemon.admin().sessions_json(listing(choice));
+    }));
+    drop_own_session(&reply, daemon.session().id(), choice);
     return cl.out.json ? to_json(reply, one_line) : format_sessions(reply, now_unix_ms());
   });
 }
 
 int delete_buffer(daemon_connection& daemon, command_line const& cl)
 {
-  auto& impl = daemon.session().impl();
-  rmmd::v1::DeleteBufferRequest request;
-  request.set_name(cl.delete_name);
   rmmd::v1::DeleteBufferResponse reply;
-  auto ctx    = impl.context();
-  auto status = impl.stub().DeleteBuffer(ctx.get(), request, &reply);
-  if (!status.ok()) { throw call_failed(status, "buffers delete"); }
+  reply.set_holders(static_cast<std::uint32_t>(
+      ask("buffers delete", [&] { return daemon.admin().delete_buffer(cl.delete_name); })));
   std::cout << (cl.out.json ? to_json(reply, false) : format_delete(cl.delete_name, reply))
             << std::flush;
   return ok;
 }
 
 /// The filters of `rmmctl buffers`.
-rmmd::v1::ListBuffersRequest buffer_filter(command_line const& cl)
+rmmd::buffer_filter buffer_filter(command_line const& cl)
 {
-  rmmd::v1::ListBuffersRequest request;
-  request.set_name_prefix(cl.buffer_prefix);
-  request.set_peer(cl.buffer_peer);
+  rmmd::buffer_filter filter{.name_prefix = cl.buffer_prefix, .peer = cl.buffer_peer};
   for (auto const& label : cl.buffer_labels) {
     auto eq = label.find('=');
     if (eq == std::string::npos || eq == 0) {
       throw ctl_error(usage, "--label " + label + ": give KEY=VALUE (a value may be empty)");
     }
-    auto* wanted = request.add_labels();
-    wanted->set_key(label.substr(0, eq));
-    wanted->set_value(label.substr(eq + 1));
+    filter.labels.insert_or_assign(label.substr(0, eq), label.substr(eq + 1));
   }
-  return request;
+  return filter;
 }
 
 int show_buffers(daemon_connection& daemon, command_line const& cl)
 {
-  auto const request = buffer_filter(cl);
+  auto const filter = buffer_filter(cl);
   return print_frames("buffers", cl.out, [&](bool one_line) {
-    auto& impl = daemon.session().impl();
-    rmmd::v1::ListBuffersResponse reply;
-    auto ctx    = impl.context();
-    auto status = impl.stub().ListBuffers(ctx.get(), request, &reply);
-    if (!status.ok()) { throw call_failed(status, "buffers"); }
+    auto reply = parse_json<rmmd::v1::ListBuffersResponse>(
+        ask("buffers", [&] { return daemon.admin().buffers_json(filter); }));
     sort_buffers(&reply);
     if (cl.out.json) { return to_json(reply, one_line); }
-    return request.peer().empty() ? format_buffers(reply, now_unix_ms())
-                                  : format_peer_buffers(reply, request.peer(), now_unix_ms());
+    return filter.peer.empty() ? format_buffers(reply, now_unix_ms())
+                               : format_peer_buffers(reply, filter.peer, now_unix_ms());
   });
 }
 
 int show_buffer(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("buffers show", cl.out, [&](bool one_line) {
-    auto& impl = daemon.session().impl();
-    rmmd::v1::DescribeBufferRequest request;
-    request.set_name(cl.show_name);
-    rmmd::v1::DescribeBufferResponse reply;
-    auto ctx    = impl.context();
-    auto status = impl.stub().DescribeBuffer(ctx.get(), request, &reply);
-    if (!status.ok()) { throw call_failed(status, "buffers show"); }
+    auto const reply = parse_json<rmmd::v1::DescribeBufferResponse>(
+        ask("buffers show", [&] { return daemon.admin().buffer_json(cl.show_name); }));
     return cl.out.json ? to_json(reply, one_line) : format_buffer(reply, now_unix_ms());
   });
 }
@@ -368,9 +347,8 @@ int show_buffer(daemon_connection& daemon, command_line const& cl)
 int show_peers(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("peers", cl.out, [&](bool one_line) {
-    rmmd::v1::ListPeersResponse reply;
-    auto status = daemon.session().impl().list_peers(&reply);
-    if (!status.ok()) { throw call_failed(status, "peers"); }
+    auto const reply = parse_json<rmmd::v1::ListPeersResponse>(
+        ask("peers", [&] { return daemon.admin().peers_json(); }));
     return cl.out.json ? to_json(reply, one_line) : format_peers(reply, now_unix_ms());
   });
 }
@@ -385,14 +363,9 @@ int show_health(daemon_connection& daemon, command_line const& cl)
 
 int trim_pools(daemon_connection& daemon, command_line const& cl)
 {
-  auto& s    = daemon.session();
-  auto& impl = s.impl();
-  rmmd::v1::TrimRequest request;
-  for (auto id : resolve_pools(s, cl.trim_pools)) { request.add_pool_ids(id); }
-  rmmd::v1::TrimResponse reply;
-  auto ctx    = impl.context();
-  auto status = impl.stub().Trim(ctx.get(), request, &reply);
-  if (!status.ok()) { throw call_failed(status, "trim"); }
+  auto const pools = resolve_pools(daemon.session(), cl.trim_pools);
+  auto const reply = parse_json<rmmd::v1::TrimResponse>(
+      ask("trim", [&] { return daemon.admin().trim_json(pools); }));
   std::cout << (cl.out.json ? to_json(reply, false) : format_trim(reply)) << std::flush;
   return ok;
 }

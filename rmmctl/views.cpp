@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 namespace rmmd::ctl {
@@ -660,6 +661,17 @@ std::string format_health(v1::HealthResponse const& h)
   t.add({"METRICS",
          h.metrics_address().empty() ? "off" : "http://" + h.metrics_address() + "/metrics"});
   return t.str({false, false});
+}
+
+void from_json(std::string const& json, google::protobuf::Message* out)
+{
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto status                   = google::protobuf::util::JsonStringToMessage(json, out, options);
+  if (!status.ok()) {
+    throw std::runtime_error("the daemon's " + out->GetTypeName() +
+                             " does not parse: " + std::string(status.message()));
+  }
 }
 
 std::string to_json(google::protobuf::Message const& message, bool one_line)

@@ -49,6 +49,18 @@ std::string format_peers(v1::ListPeersResponse const& peers, std::int64_t now_un
 /// One "key  value" line per figure.
 std::string format_health(v1::HealthResponse const& health);
 
+/// `json`, protobuf's JSON mapping of a `Message` (what rmmd::admin returns),
+/// as that message; fields it does not know are skipped. Throws
+/// std::runtime_error when it does not parse.
+void from_json(std::string const& json, google::protobuf::Message* out);
+template <typename Message>
+Message parse_json(std::string const& json)
+{
+  Message out;
+  from_json(json, &out);
+  return out;
+}
+
 /// protobuf's JSON mapping of `message`, every field printed (defaults too);
 /// indented, or on one line with `one_line` (JSON Lines for --watch).
 std::string to_json(google::protobuf::Message const& message, bool one_line = false);

@@ -19,7 +19,8 @@ namespace rmmd {
 
 namespace detail {
 class session_impl;
-}
+struct session_access;  // client/detail/session_access.hpp: the library's own way in
+}  // namespace detail
 
 enum class backend_kind { host, cuda };
 
@@ -199,11 +200,13 @@ class session {
   /// daemon serves when none is on it.
   [[nodiscard]] pool_info const& device_pool(int device) const;
 
-  /// For rmmd's own tools (rmmctl): the implementation.
-  [[nodiscard]] detail::session_impl& impl() const noexcept
-  {
-    return *impl_;
-  }
+  /// Frees `allocation_id` without waiting for the daemon, as the memory
+  /// resources' stream-ordered free does from its CUDA host function: sent at
+  /// once when no call is in progress (on the session socket, answered only
+  /// if it fails: a failure is printed when a later call reads it), else by
+  /// the call in progress before it lets the socket go. For callers that time
+  /// that path (rmmd_host_pairs); others call free().
+  void free_without_reply(std::uint64_t allocation_id) const noexcept;
 
   friend bool operator==(session const& a, session const& b) noexcept
   {
@@ -211,6 +214,7 @@ class session {
   }
 
  private:
+  friend struct detail::session_access;
   std::shared_ptr<detail::session_impl> impl_;
 };
 

@@ -11,6 +11,7 @@
 // Every body ends with the daemon's ledger for the pool back at zero, and
 // nothing printed on stderr (the fixture checks both).
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/client/resource_kinds.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -246,8 +247,8 @@ class ResourceConformance : public ::testing::Test {
   {
     if (metrics_port_ == 0) {
       v1::HealthResponse health;
-      auto ctx    = session_->impl().context();
-      auto status = session_->impl().stub().Health(ctx.get(), {}, &health);
+      auto ctx    = rmmd::detail::impl_of(*session_).context();
+      auto status = rmmd::detail::impl_of(*session_).stub().Health(ctx.get(), {}, &health);
       EXPECT_TRUE(status.ok()) << status.error_message();
       auto const& address = health.metrics_address();
       metrics_host_       = address.substr(0, address.rfind(':'));

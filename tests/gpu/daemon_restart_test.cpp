@@ -7,6 +7,7 @@
 // allocates again. tests/integration/daemon_restart_test.cpp does the same for
 // the host pool everywhere. Skips, saying why, where CUDA sees no GPU.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -157,8 +158,11 @@ TEST(DaemonRestart, DeviceClientsKeepTheirDataAndGoOnWithANewSession)
       EXPECT_TRUE(holds(h.ptr, h.bytes, 0x5a)) << h.what;
     }
     v1::Stats stats;
-    auto ctx = fresh.impl().context();
-    ASSERT_TRUE(fresh.impl().stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats).ok());
+    auto ctx = rmmd::detail::impl_of(fresh).context();
+    ASSERT_TRUE(rmmd::detail::impl_of(fresh)
+                    .stub()
+                    .GetStats(ctx.get(), v1::GetStatsRequest{}, &stats)
+                    .ok());
     EXPECT_EQ(stats.sessions_size(), 1) << "the new daemon knows only the new session";
     for (auto& h : again) { h.mr.deallocate(stream, h.ptr, h.bytes, 256); }
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

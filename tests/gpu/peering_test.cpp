@@ -23,6 +23,7 @@
 #include <rmmd/session.hpp>
 #include <rmmd/shared_buffer.hpp>
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 
 #include <cuda_runtime_api.h>
@@ -77,7 +78,7 @@ struct node {
   {
     auto s = session();
     v1::ListPeersResponse out;
-    auto status = s.impl().list_peers(&out);
+    auto status = rmmd::detail::impl_of(s).list_peers(&out);
     EXPECT_TRUE(status.ok()) << name << ": ListPeers: " << status.error_message();
     return out;
   }

@@ -7,6 +7,7 @@
 // tests/integration/reconnect_test.cpp does the same for host pools
 // everywhere. Skips, saying why, where CUDA sees no GPU.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -56,8 +57,8 @@ bool holds(void const* p, std::size_t bytes, unsigned char value)
 v1::Stats stats_of(rmmd::session const& s)
 {
   v1::Stats stats;
-  auto ctx    = s.impl().context();
-  auto status = s.impl().stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);
+  auto ctx    = rmmd::detail::impl_of(s).context();
+  auto status = rmmd::detail::impl_of(s).stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return stats;
 }

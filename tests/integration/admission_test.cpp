@@ -4,6 +4,7 @@
 // real daemon runs as `rmmd`, its clients as two users of group `rmmd` (as
 // the shipped unit runs them); the tests skip without root.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -93,8 +94,8 @@ class Admission : public ::testing::Test {
   std::optional<double> metric(std::string const& series) const
   {
     v1::HealthResponse health;
-    auto ctx    = observer_->impl().context();
-    auto status = observer_->impl().stub().Health(ctx.get(), {}, &health);
+    auto ctx    = rmmd::detail::impl_of(*observer_).context();
+    auto status = rmmd::detail::impl_of(*observer_).stub().Health(ctx.get(), {}, &health);
     EXPECT_TRUE(status.ok()) << status.error_message();
     auto const address = health.metrics_address();
     auto const colon   = address.rfind(':');

@@ -5,6 +5,7 @@
 // Raw requests through the session's stub, past any client library checks.
 // (The session socket's side: tests/session/session_protocol_test.cpp.)
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -88,7 +89,8 @@ class raw_session {
     r.set_pool_id(0);
     r.set_size(buffer_bytes);
     r.set_allow_writers(allow_writers);
-    return s_.impl().stub().CreateBuffer(s_.impl().context().get(), r, grant);
+    return rmmd::detail::impl_of(s_).stub().CreateBuffer(
+        rmmd::detail::impl_of(s_).context().get(), r, grant);
   }
   grpc::Status set(std::uint64_t id, v1::BufferManifest const& m)
   {
@@ -96,30 +98,35 @@ class raw_session {
     r.set_buffer_id(id);
     *r.mutable_manifest() = m;
     v1::SetBufferManifestResponse reply;
-    return s_.impl().stub().SetBufferManifest(s_.impl().context().get(), r, &reply);
+    return rmmd::detail::impl_of(s_).stub().SetBufferManifest(
+        rmmd::detail::impl_of(s_).context().get(), r, &reply);
   }
   grpc::Status publish(std::uint64_t id)
   {
     v1::PublishBufferRequest r;
     r.set_buffer_id(id);
     v1::PublishBufferResponse reply;
-    return s_.impl().stub().PublishBuffer(s_.impl().context().get(), r, &reply);
+    return rmmd::detail::impl_of(s_).stub().PublishBuffer(
+        rmmd::detail::impl_of(s_).context().get(), r, &reply);
   }
   grpc::Status open(v1::OpenBufferRequest const& r, v1::BufferGrant* grant)
   {
-    return s_.impl().stub().OpenBuffer(s_.impl().context().get(), r, grant);
+    return rmmd::detail::impl_of(s_).stub().OpenBuffer(
+        rmmd::detail::impl_of(s_).context().get(), r, grant);
   }
   grpc::Status describe(std::string const& name, v1::DescribeBufferResponse* reply)
   {
     v1::DescribeBufferRequest r;
     r.set_name(name);
-    return s_.impl().stub().DescribeBuffer(s_.impl().context().get(), r, reply);
+    return rmmd::detail::impl_of(s_).stub().DescribeBuffer(
+        rmmd::detail::impl_of(s_).context().get(), r, reply);
   }
   grpc::Status manifest(std::uint64_t id, v1::BufferManifest* reply)
   {
     v1::GetBufferManifestRequest r;
     r.set_buffer_id(id);
-    return s_.impl().stub().GetBufferManifest(s_.impl().context().get(), r, reply);
+    return rmmd::detail::impl_of(s_).stub().GetBufferManifest(
+        rmmd::detail::impl_of(s_).context().get(), r, reply);
   }
   std::vector<std::string> list(std::string prefix, std::map<std::string, std::string> labels = {})
   {
@@ -127,7 +134,8 @@ class raw_session {
     r.set_name_prefix(prefix);
     for (auto const& [k, v] : labels) { add_label(r.mutable_labels(), k, v); }
     v1::ListBuffersResponse reply;
-    auto status = s_.impl().stub().ListBuffers(s_.impl().context().get(), r, &reply);
+    auto status = rmmd::detail::impl_of(s_).stub().ListBuffers(
+        rmmd::detail::impl_of(s_).context().get(), r, &reply);
     EXPECT_TRUE(status.ok()) << status.error_message();
     std::vector<std::string> names;
     for (auto const& b : reply.buffers()) { names.push_back(b.name()); }

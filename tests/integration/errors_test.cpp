@@ -3,6 +3,7 @@
 // and gRPC): the status code, the message, the client's exception, and the
 // daemon's state unchanged afterwards.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 
@@ -27,14 +28,14 @@ grpc::Status allocate(rmmd::session const& s,
   request.set_size(size);
   request.set_alignment(alignment);
   v1::AllocateResponse response;
-  return s.impl().allocate(request, out ? out : &response);
+  return rmmd::detail::impl_of(s).allocate(request, out ? out : &response);
 }
 
 grpc::Status free_id(rmmd::session const& s, std::uint64_t id)
 {
   v1::FreeRequest request;
   request.set_allocation_id(id);
-  return s.impl().free(request);
+  return rmmd::detail::impl_of(s).free(request);
 }
 
 /// Pools and sessions' bytes/counts, without what changes by itself.
@@ -56,7 +57,7 @@ class ErrorTable : public ::testing::TestWithParam<rmmd::call_transport> {
 
 TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
 {
-  EXPECT_EQ(session_.impl().uses_session_calls(),
+  EXPECT_EQ(rmmd::detail::impl_of(session_).uses_session_calls(),
             GetParam() == rmmd::call_transport::session_socket);
   auto held         = session_.allocate(pool_, 4096, 0);  // some state to keep
   auto const before = ledger(daemon_.stats());

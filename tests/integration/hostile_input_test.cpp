@@ -1,6 +1,7 @@
 // The session socket and the gRPC socket against clients that do not follow
 // the protocol: each is answered or disconnected, and the daemon keeps serving.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "common/fd_passing.hpp"
 #include "common/hex.hpp"
@@ -407,7 +408,7 @@ TEST_F(HostileInput, OversizedGrpcMessageIsRejected)
   auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
-  ctx.AddMetadata("rmmd-token", s.impl().token_hex());
+  ctx.AddMetadata("rmmd-token", rmmd::detail::impl_of(s).token_hex());
   v1::AllocateResponse response;
   auto st = v1::Rmmd::NewStub(channel)->Allocate(&ctx, request, &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();

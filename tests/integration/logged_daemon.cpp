@@ -1,5 +1,6 @@
 #include "tests/integration/logged_daemon.hpp"
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 
 #include <signal.h>
@@ -66,7 +67,7 @@ std::optional<std::string> logged_daemon::wait_notify(std::string_view text,
 
 v1::Stats stats_of(rmmd::session const& s)
 {
-  auto& impl = s.impl();
+  auto& impl = rmmd::detail::impl_of(s);
   v1::Stats stats;
   auto ctx    = impl.context();
   auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);

@@ -2,6 +2,7 @@
 // through Health, scraped with cpp-httplib's client after real calls, and
 // checked by promtool.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/text.hpp"
@@ -41,8 +42,8 @@ std::string find_promtool()
 std::string metrics_address_of(rmmd::session const& session)
 {
   v1::HealthResponse h;
-  auto ctx = session.impl().context();
-  auto st  = session.impl().stub().Health(ctx.get(), {}, &h);
+  auto ctx = rmmd::detail::impl_of(session).context();
+  auto st  = rmmd::detail::impl_of(session).stub().Health(ctx.get(), {}, &h);
   EXPECT_TRUE(st.ok()) << st.error_message();
   return h.metrics_address();
 }
@@ -196,8 +197,8 @@ TEST_F(Metrics, SharedBuffersArePerPoolWithoutASeriesPerName)
   auto draft  = rmmd::shared_buffer::create(session_, "secret-team/draft", 4096, {.pool = "host"});
   // What the pool reserved for them, as the daemon reports it.
   v1::ListBuffersResponse listed;
-  auto ctx = session_.impl().context();
-  ASSERT_TRUE(session_.impl().stub().ListBuffers(ctx.get(), {}, &listed).ok());
+  auto ctx = rmmd::detail::impl_of(session_).context();
+  ASSERT_TRUE(rmmd::detail::impl_of(session_).stub().ListBuffers(ctx.get(), {}, &listed).ok());
   ASSERT_EQ(listed.buffers_size(), 2);
   auto const reserved = listed.buffers(0).reserved_bytes() + listed.buffers(1).reserved_bytes();
   EXPECT_GE(reserved, (1u << 20) + 4096);
@@ -318,8 +319,8 @@ TEST(MetricsAddress, APortInUseStopsTheSecondDaemon)
   daemon_process first({"--host-pool-bytes", "1MiB", "--metrics-address", "127.0.0.1:0"});
   auto s = first.open_session();
   v1::HealthResponse h;
-  auto ctx = s.impl().context();
-  ASSERT_TRUE(s.impl().stub().Health(ctx.get(), {}, &h).ok());
+  auto ctx = rmmd::detail::impl_of(s).context();
+  ASSERT_TRUE(rmmd::detail::impl_of(s).stub().Health(ctx.get(), {}, &h).ok());
   char tmpl[]               = "/tmp/rmmd-metrics-XXXXXX";
   std::filesystem::path dir = ::mkdtemp(tmpl);
   child_process second({program_path("rmmd").string(),

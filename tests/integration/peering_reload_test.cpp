@@ -9,6 +9,7 @@
 // On a host without fabric every link settles at probe_failed (the host
 // backend exports no probe): that is "sees the other" here.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/peer_setup.hpp"
 #include "rmmd/v1/peer.grpc.pb.h"
@@ -92,7 +93,8 @@ class PeeringReload : public certs_suite {
   static v1::ListPeersResponse peers(rmmd::session& s)
   {
     v1::ListPeersResponse reply;
-    auto st = s.impl().stub().ListPeers(s.impl().context().get(), {}, &reply);
+    auto st = rmmd::detail::impl_of(s).stub().ListPeers(
+        rmmd::detail::impl_of(s).context().get(), {}, &reply);
     EXPECT_TRUE(st.ok()) << st.error_message();
     return reply;
   }

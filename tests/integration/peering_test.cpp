@@ -5,6 +5,7 @@
 // buffers get the errors of the contract. What needs GPUs in one NVLink domain (a
 // fabric buffer opened and read from the other node) is in tests/gpu.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_channel.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/peer_setup.hpp"
@@ -76,7 +77,8 @@ class Peering : public certs_suite {
   static v1::ListPeersResponse peers(rmmd::session& s)
   {
     v1::ListPeersResponse reply;
-    auto st = s.impl().stub().ListPeers(s.impl().context().get(), {}, &reply);
+    auto st = rmmd::detail::impl_of(s).stub().ListPeers(
+        rmmd::detail::impl_of(s).context().get(), {}, &reply);
     EXPECT_TRUE(st.ok()) << st.error_message();
     return reply;
   }
@@ -172,11 +174,17 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   create.set_pool_id(0);
   create.set_size(4096);
   v1::BufferGrant made;
-  ASSERT_TRUE(sa.impl().stub().CreateBuffer(sa.impl().context().get(), create, &made).ok());
+  ASSERT_TRUE(rmmd::detail::impl_of(sa)
+                  .stub()
+                  .CreateBuffer(rmmd::detail::impl_of(sa).context().get(), create, &made)
+                  .ok());
   v1::PublishBufferRequest publish;
   publish.set_buffer_id(made.buffer_id());
   v1::PublishBufferResponse published;
-  ASSERT_TRUE(sa.impl().stub().PublishBuffer(sa.impl().context().get(), publish, &published).ok());
+  ASSERT_TRUE(rmmd::detail::impl_of(sa)
+                  .stub()
+                  .PublishBuffer(rmmd::detail::impl_of(sa).context().get(), publish, &published)
+                  .ok());
   ASSERT_TRUE(eventually(
       [&] {
         auto r = peers(sb);
@@ -189,7 +197,8 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   open.set_name("models/w");
   open.set_peer("nodeA");
   v1::BufferGrant grant;
-  auto st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  auto st = rmmd::detail::impl_of(sb).stub().OpenBuffer(
+      rmmd::detail::impl_of(sb).context().get(), open, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
   EXPECT_THAT(st.error_message(), StartsWith("node 'nodeA' refused: "));
   EXPECT_THAT(st.error_message(), HasSubstr("is in pool 'host', which exports no fabric handles"));
@@ -197,14 +206,16 @@ TEST_F(Peering, ARemoteOpenOfAHostPoolBufferNamesThePool)
   EXPECT_EQ(ledger(sa), before);
 
   open.set_peer("nodeZ");
-  st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  st = rmmd::detail::impl_of(sb).stub().OpenBuffer(
+      rmmd::detail::impl_of(sb).context().get(), open, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(st.error_message(), HasSubstr("no peer 'nodeZ' in peering.peers"));
 
   // No grant names it for nodeB: A says so.
   open.set_peer("nodeA");
   open.set_name("private/w");
-  st = sb.impl().stub().OpenBuffer(sb.impl().context().get(), open, &grant);
+  st = rmmd::detail::impl_of(sb).stub().OpenBuffer(
+      rmmd::detail::impl_of(sb).context().get(), open, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   // The node that answered, named once: not "peer 'nodeA': peer 'CN=...'".
   EXPECT_EQ(st.error_message(),
@@ -249,7 +260,7 @@ TEST_F(Peering, ANodeNobodyAnswersForIsUnreachableFromThisNodesDaemonAndTheSessi
   v1::BufferGrant grant;
   // What shared_buffer::open sends (with a GPU: it maps the answer on one)
   // and how it turns the refusal into an exception.
-  auto const st = s.impl().open_buffer(open, &grant);
+  auto const st = rmmd::detail::impl_of(s).open_buffer(open, &grant);
   ASSERT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   EXPECT_EQ(detail::unreachable_node(st), "nodeX");
   try {
@@ -275,7 +286,7 @@ TEST_F(Peering, ANodeNobodyAnswersForIsUnreachableFromThisNodesDaemonAndTheSessi
 
   // This node's daemon gone: the same call says so, with no node named.
   ASSERT_TRUE(b.stop().has_value());
-  auto const gone = s.impl().open_buffer(open, &grant);
+  auto const gone = rmmd::detail::impl_of(s).open_buffer(open, &grant);
   EXPECT_EQ(gone.error_code(), grpc::StatusCode::UNAVAILABLE) << gone.error_message();
   EXPECT_EQ(detail::unreachable_node(gone), "");
   try {
@@ -373,7 +384,8 @@ TEST_F(Peering, AListingOfAnotherNodeHasOnlyWhatCouldBeOpenedFromThere)
   v1::ListBuffersRequest request;
   request.set_peer("nodeZ");
   v1::ListBuffersResponse reply;
-  auto st = sb.impl().stub().ListBuffers(sb.impl().context().get(), request, &reply);
+  auto st = rmmd::detail::impl_of(sb).stub().ListBuffers(
+      rmmd::detail::impl_of(sb).context().get(), request, &reply);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(st.error_message(),
             "list buffers: no peer 'nodeZ' in peering.peers (see `rmmctl peers`)");

@@ -14,6 +14,7 @@
 // call it makes first afterwards, from C++ or the C ABI, reconnects and is
 // answered by the new daemon.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/usage_reports.hpp"
 #include "tests/integration/logged_daemon.hpp"
@@ -277,12 +278,12 @@ TEST(Reconnect, CarvedReportsCountedForAnEarlierDaemonAreLeftOut)
   auto const dir            = first->runtime_dir();
   rmmd::session s(rmmd::session::options{.runtime_dir = dir, .reconnect = 30s});
   auto const pool = s.host_pool().id;
-  auto& reports   = s.impl().reports();
+  auto& reports   = rmmd::detail::impl_of(s).reports();
   int const old_reporter{};
   int const new_reporter{};
   // At the first daemon: a 16 MiB "slab", 1 MiB carved from it.
   auto const slab      = s.allocate(pool, 16 * MiB, 256);
-  auto const first_gen = s.impl().channel().generation();
+  auto const first_gen = rmmd::detail::impl_of(s).channel().generation();
   carved_usage const old_figures{
       .pool_id = pool, .bytes = MiB, .allocation_count = 1, .slab_bytes = 16 * MiB};
   EXPECT_NO_THROW(static_cast<void>(reports.report_carved(&old_reporter, old_figures, first_gen)));
@@ -295,7 +296,7 @@ TEST(Reconnect, CarvedReportsCountedForAnEarlierDaemonAreLeftOut)
   // session reconnects, and the new daemon hears nothing of them.
   EXPECT_NO_THROW(static_cast<void>(reports.report_carved(&old_reporter, old_figures, first_gen)));
   EXPECT_EQ(s.reconnects(), 1u);
-  auto const second_gen = s.impl().channel().generation();
+  auto const second_gen = rmmd::detail::impl_of(s).channel().generation();
   EXPECT_NE(second_gen, first_gen);
   auto stats = stats_of(s);
   ASSERT_NE(session_in(stats, s.id()), nullptr) << stats.DebugString();

@@ -6,6 +6,7 @@
 // (harness/raw_session.hpp): real connections, without a client
 // library's imports. How fast this goes is the bench's to show (section h).
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/raw_session.hpp"
 #include "tests/tools/daemon_process.hpp"
@@ -94,7 +95,7 @@ class ManySessions : public ::testing::Test {
   {
     for (int i = 1; i <= 30; ++i) {
       auto& s = sessions_.emplace_back(daemon_.runtime_dir(), "holder-" + std::to_string(i));
-      s.allocate(s.pool_of(v1::BACKEND_HOST), 4096, static_cast<std::size_t>(i));
+      s.allocate(s.pool_of(harness::raw_backend::host), 4096, static_cast<std::size_t>(i));
     }
   }
 
@@ -182,7 +183,7 @@ TEST_F(ManySessions, BadTopOptionsAreUsageErrors)
 TEST_F(ManySessions, TheStatsCallListsTheTopSessionsOnlyWhenAsked)
 {
   auto observer = daemon_.open_session("observer");
-  auto& impl    = observer.impl();
+  auto& impl    = rmmd::detail::impl_of(observer);
   v1::GetStatsRequest request;
   request.set_top_sessions(4);
   v1::Stats top;
@@ -234,8 +235,8 @@ TEST(ManySessionsMetrics, AScrapeStaysTheSameSizeWithThreeHundredSessions)
       {"--host-pool-bytes", "64MiB", "--backend", "host", "--metrics-address", "127.0.0.1:0"}};
   auto observer = daemon.open_session("observer");
   v1::HealthResponse health;
-  auto ctx = observer.impl().context();
-  ASSERT_TRUE(observer.impl().stub().Health(ctx.get(), {}, &health).ok());
+  auto ctx = rmmd::detail::impl_of(observer).context();
+  ASSERT_TRUE(rmmd::detail::impl_of(observer).stub().Health(ctx.get(), {}, &health).ok());
   auto const address = health.metrics_address();
   auto const colon   = address.rfind(':');
   httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
@@ -249,12 +250,12 @@ TEST(ManySessionsMetrics, AScrapeStaysTheSameSizeWithThreeHundredSessions)
   std::vector<raw_session> sessions;
   for (int i = 0; i < 20; ++i) {
     auto& s = sessions.emplace_back(daemon.runtime_dir(), "many");
-    s.allocate(s.pool_of(v1::BACKEND_HOST), 256, 1);
+    s.allocate(s.pool_of(harness::raw_backend::host), 256, 1);
   }
   auto const with_twenty = scrape();
   for (int i = 20; i < 300; ++i) {
     auto& s = sessions.emplace_back(daemon.runtime_dir(), "many");
-    s.allocate(s.pool_of(v1::BACKEND_HOST), 256, 1);
+    s.allocate(s.pool_of(harness::raw_backend::host), 256, 1);
   }
   auto const with_three_hundred = scrape();
   // Ten sessions with series of their own (the default), the rest summed.
@@ -277,7 +278,7 @@ TEST(ManyLeases, ASessionHolding100000LeasesGivesEverythingBackWhenItCloses)
   constexpr auto per = std::uint64_t{256};
   {
     raw_session holder(daemon.runtime_dir(), "holder");
-    auto ids = holder.allocate(holder.pool_of(v1::BACKEND_HOST), per, n);
+    auto ids = holder.allocate(holder.pool_of(harness::raw_backend::host), per, n);
     ASSERT_EQ(ids.size(), n);
     auto const stats = daemon.stats();
     EXPECT_EQ(in_use(stats, pool), (1u << 20) + n * per);

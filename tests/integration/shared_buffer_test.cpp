@@ -3,6 +3,7 @@
 // byte, processes exit or are killed, and the ledger comes back to where it
 // was. The same scenarios on device memory are in tests/gpu/shared_buffer_test.cpp.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/test_users.hpp"
@@ -338,7 +339,7 @@ TEST_P(SharedBufferErrors, TheDaemonRefusesWhatTheLibraryWouldNotHaveSent)
     r.set_pool_id(0);
     r.set_size(size);
     v1::BufferGrant grant;
-    return s.impl().create_buffer(r, &grant);
+    return rmmd::detail::impl_of(s).create_buffer(r, &grant);
   };
   for (auto const& [name, size, code] :
        std::vector<std::tuple<std::string, std::uint64_t, grpc::StatusCode>>{
@@ -352,10 +353,11 @@ TEST_P(SharedBufferErrors, TheDaemonRefusesWhatTheLibraryWouldNotHaveSent)
     EXPECT_EQ(now(), before) << name;
   }
   v1::BufferGrant grant;
-  EXPECT_EQ(s.impl().open_buffer("a//b", 0ms, &grant).error_code(),
+  EXPECT_EQ(rmmd::detail::impl_of(s).open_buffer("a//b", 0ms, &grant).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.impl().publish_buffer(12345).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(s.impl().close_buffer(12345).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(rmmd::detail::impl_of(s).publish_buffer(12345).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(rmmd::detail::impl_of(s).close_buffer(12345).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(now(), before);
 }
 

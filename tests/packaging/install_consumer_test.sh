@@ -27,7 +27,7 @@ run_logged "$scratch/install.log" "$CMAKE" --install "$build" --prefix "$prefix"
 
 for f in bin/rmmd bin/rmmctl lib/librmmd_client.so lib/rmmd/librmmd_proto.so lib/rmmd/librmm.so \
   lib/rmmd/libgrpc++.so.1.51 lib/rmmd/libprotobuf.so.32 \
-  include/rmmd/session.hpp include/rmmd/host_memory_resource.hpp \
+  include/rmmd/session.hpp include/rmmd/host_memory_resource.hpp include/rmmd/admin.hpp \
   include/rmmd/ipc_memory_resource.hpp include/rmmd/error.hpp \
   lib/cmake/rmmd/rmmdConfig.cmake lib/cmake/rmmd/rmmdConfigVersion.cmake \
   lib/cmake/rmmd/rmmdTargets.cmake lib/pkgconfig/rmmd.pc \

@@ -23,6 +23,7 @@
 // It finds rmmd, rmmctl and rmmd_soak_client beside itself, in $RMMD_BIN_DIR,
 // or in the build tree it was built in.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "harness/daemon_process.hpp"
 #include "rmmd/v1/rmmd.pb.h"
@@ -234,7 +235,7 @@ class daemon_under_test {
 
   [[nodiscard]] v1::Stats stats() const
   {
-    auto& impl = observer_->impl();
+    auto& impl = rmmd::detail::impl_of(*observer_);
     v1::Stats stats;
     auto ctx    = impl.context();
     auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);

@@ -1,5 +1,6 @@
 #include "tests/tools/daemon_process.hpp"
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 
 #include <gtest/gtest.h>
@@ -55,7 +56,7 @@ v1::Stats daemon_process::rmmctl_stats() const
 v1::Stats daemon_process::stats() const
 {
   if (!observer_) { observer_ = std::make_unique<rmmd::session>(open_session("observer")); }
-  auto& impl = observer_->impl();
+  auto& impl = rmmd::detail::impl_of(*observer_);
   v1::Stats stats;
   auto ctx    = impl.context();
   auto status = impl.stub().GetStats(ctx.get(), v1::GetStatsRequest{}, &stats);

@@ -63,6 +63,7 @@
 // permission, logic, out_of_memory, session, bad_alloc) and exit 2. The
 // daemon is found through $RMMD_RUNTIME_DIR.
 
+#include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 #include "tests/tools/pattern.hpp"
 
@@ -267,7 +268,7 @@ int hold_past_close(std::string const& name,
     return 1;
   }
   std::cout << "verified " << bytes << std::endl;
-  if (auto status = s.impl().close_buffer(buf.id()); !status.ok()) {
+  if (auto status = rmmd::detail::impl_of(s).close_buffer(buf.id()); !status.ok()) {
     std::cout << "error close: " << status.error_message() << std::endl;
     return 2;
   }

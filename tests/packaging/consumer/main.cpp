@@ -3,7 +3,8 @@
 // RUNTIME_DIR, writes and reads back host memory through
 // rmmd::host_memory_resource, frees it. With --device, then the same with
 // device memory of the current GPU's pool (rmm::device_uvector over
-// rmmd::ipc_memory_resource).
+// rmmd::ipc_memory_resource). It also asks the daemon's health and stats
+// through rmmd::admin (its public header needs no protobuf).
 //
 //   rmmd_consumer RUNTIME_DIR [--device]
 //
@@ -11,6 +12,7 @@
 // where CUDA sees no GPU (the host part passed; the reason is printed),
 // 1 other.
 
+#include <rmmd/admin.hpp>
 #include <rmmd/error.hpp>
 #include <rmmd/host_memory_resource.hpp>
 #include <rmmd/ipc_memory_resource.hpp>
@@ -132,6 +134,12 @@ int main(int argc, char** argv)
                 static_cast<unsigned long long>(session.id()),
                 session.host_pool().name.c_str(),
                 bytes);
+    rmmd::admin const admin(session);
+    auto const health = admin.health();
+    std::printf("rmmd_consumer: daemon %s, %u sessions, stats of %zu bytes of JSON: ok\n",
+                health.version.c_str(),
+                health.session_count,
+                admin.stats_json().size());
     if (device) { return use_device_memory(session); }
   } catch (rmmd::session_error const& e) {
     std::printf("rmmd_consumer: no session: %s\n", e.what());
