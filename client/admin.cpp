@@ -1,5 +1,5 @@
 // rmmd::admin: each call is one request through the session's channel (the
-// gRPC calls through grpc_unary, which waits for a reconnect and asks the
+// gRPC calls through session_impl::unary, which waits for a reconnect and asks the
 // new daemon), its reply printed as protobuf's JSON mapping or read into
 // admin.hpp's structs.
 
@@ -42,12 +42,8 @@ Reply unary(session const& s,
             Request const& request,
             std::string const& what)
 {
-  auto& channel = detail::impl_of(s).channel();
   Reply reply;
-  auto status = channel.grpc_unary([&](grpc::ClientContext* ctx, std::uint32_t) {
-    reply.Clear();
-    return (channel.stub().*method)(ctx, request, &reply);
-  });
+  auto status = detail::impl_of(s).unary(method, request, &reply);
   if (!status.ok()) { detail::throw_status(status, what); }
   return reply;
 }

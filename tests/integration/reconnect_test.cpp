@@ -444,7 +444,7 @@ void rmmctl_call(rmmd::session const& s,
                                                         Response*),
                  Request const& request = {})
 {
-  auto& impl = s.impl();
+  auto& impl = rmmd::detail::impl_of(s);
   Response reply;
   auto ctx    = impl.context();
   auto status = (impl.stub().*method)(ctx.get(), request, &reply);
@@ -563,13 +563,15 @@ std::vector<idle_call> cpp_calls()
       {.name = "ping",
        .cpp =
            [](session s) {
-             if (auto st = s.impl().ping(); !st.ok()) { detail::throw_status(st, "ping"); }
+             if (auto st = rmmd::detail::impl_of(s).ping(); !st.ok()) {
+               detail::throw_status(st, "ping");
+             }
            }},
       {.name = "list_peers",
        .cpp =
            [](session s) {
              v1::ListPeersResponse peers;
-             if (auto st = s.impl().list_peers(&peers); !st.ok()) {
+             if (auto st = rmmd::detail::impl_of(s).list_peers(&peers); !st.ok()) {
                detail::throw_status(st, "peers");
              }
            }},
