@@ -95,7 +95,7 @@ TEST_F(Calls, AFreeNamingAnInterprocessEventIsRefusedAndFreesNothing)
   auto const refused = make("Free", free_request, &freed);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("no longer supported"));
-  EXPECT_EQ(core_->stats().pools.at(0).allocation_count, 1u);
+  EXPECT_EQ(core_->pools().stats().pools.at(0).allocation_count, 1u);
 
   free_request.clear_removed_release_event();
   EXPECT_TRUE(make("Free", free_request, &freed).ok()) << "the refused Free took the lease";
