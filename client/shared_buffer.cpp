@@ -67,6 +67,18 @@ struct buffer_job {
 };
 
 }  // namespace
+
+/// Reads the daemon's grant into a shared_buffer (a friend of it: the
+/// public header names no wire type).
+struct shared_buffer_access {
+  /// This process's view of a buffer the daemon granted (by create or open).
+  /// `device`: where a buffer of another node is mapped (-1: current).
+  static shared_buffer attached(session const& s,
+                                v1::BufferGrant const& grant,
+                                bool creator,
+                                int device = -1);
+};
+
 }  // namespace detail
 
 namespace {
@@ -155,7 +167,7 @@ shared_buffer shared_buffer::create(session const& s,
   if (auto status = detail::impl_of(s).create_buffer(request, &grant); !status.ok()) {
     refused(status, what);
   }
-  return attached(s, grant, true);
+  return detail::shared_buffer_access::attached(s, grant, true);
 }
 
 shared_buffer shared_buffer::open(session const& s,
@@ -254,13 +266,13 @@ shared_buffer shared_buffer::open(session const& s,
       detail::throw_status(status, what + ": its manifest");
     }
   }
-  return attached(s, grant, false, device);
+  return detail::shared_buffer_access::attached(s, grant, false, device);
 }
 
-shared_buffer shared_buffer::attached(session const& s,
-                                      v1::BufferGrant const& grant,
-                                      bool creator,
-                                      int device)
+shared_buffer detail::shared_buffer_access::attached(session const& s,
+                                                     v1::BufferGrant const& grant,
+                                                     bool creator,
+                                                     int device)
 {
   shared_buffer out;
   // The creator holds it read-write; a consumer as the daemon granted (a
@@ -539,7 +551,7 @@ void shared_buffer::close() noexcept
     if (auto view = impl.buffers().detach(id_, access_ == buffer_access::read)) {
       detail::buffer_views::unmap_host(*view);
     }
-    send_close(impl);
+    send_close();
   }
   reset();
 }
@@ -571,13 +583,13 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
       synchronize(stream);
       if (view) { detail::buffer_views::unmap_host(*view); }
     }
-    send_close(impl);
+    send_close();
   } else if (view->vmm_handle != 0) {
     // The buffer's own allocation: unmapping is a CUDA call, which a host
     // function may not make, so the stream is waited for here.
     synchronize(stream);
     detail::buffer_views::unmap_allocation(*view);
-    send_close(impl);
+    send_close();
   } else {
     // A pool pointer (a daemon that serves buffers from pool memory). CUDA's
     // rule: the import goes before the daemon may free the memory, in the
@@ -597,7 +609,7 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
     if (!detail::buffer_job::launch(
             impl, stream.get(), call{.what = call::kind::close_buffer, .id = id_})) {
       synchronize(stream);
-      send_close(impl);
+      send_close();
     }
   }
   reset();
@@ -617,9 +629,9 @@ void shared_buffer::synchronize(cuda::stream_ref stream) const noexcept
   }
 }
 
-void shared_buffer::send_close(detail::session_impl& impl) const noexcept
+void shared_buffer::send_close() const noexcept
 {
-  auto status = impl.close_buffer(id_);
+  auto status = detail::impl_of(*session_).close_buffer(id_);
   // UNAVAILABLE: the daemon is gone, and the hold with it.
   if (!status.ok() && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
     rmmd::detail::stderr_line(

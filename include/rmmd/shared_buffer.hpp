@@ -37,8 +37,8 @@
 
 namespace rmmd {
 
-namespace v1 {
-class BufferGrant;  // the wire message (rmmd/v1/rmmd.pb.h); only declared here
+namespace detail {
+struct shared_buffer_access;  // client/shared_buffer.cpp: builds one from the daemon's grant
 }
 
 /// The element type of a tensor in a manifest: the safetensors format's
@@ -399,14 +399,11 @@ class shared_buffer {
   }
 
  private:
-  /// This process's view of a buffer the daemon granted (by create or open).
-  /// `device`: where a buffer of another node is mapped (-1: current).
-  static shared_buffer attached(session const& s,
-                                v1::BufferGrant const& grant,
-                                bool creator,
-                                int device = -1);
+  friend struct detail::shared_buffer_access;
+
   void reset() noexcept;
-  void send_close(detail::session_impl& impl) const noexcept;
+  /// Tells the daemon this open is closed (printing, not throwing, a refusal).
+  void send_close() const noexcept;
   void synchronize(cuda::stream_ref stream) const noexcept;
 
   std::optional<session> session_;
