@@ -625,8 +625,10 @@ std::vector<idle_call> cpp_calls()
   };
 }
 
-/// Frees `json` and says whether the call succeeded.
-rmmd_status took_json(rmmd_status status, char* json)
+/// Frees `json` and says whether the call succeeded. `json` by reference: it
+/// is read once the call (the other argument, evaluated in either order) has
+/// written it.
+rmmd_status took_json(rmmd_status status, char* const& json)
 {
   rmmd_string_free(json);
   return status;
