@@ -11,7 +11,7 @@
 # There (carry BUNDLE; the checkout travels with it), as root:
 #   scripts/gpu-check.sh run [BUNDLE]
 # runs, in this order, each suite in full:
-#   gpu            rmmd_gpu_tests with an IMEX channel (made if missing), but
+#   gpu            rmmd_gpu_tests (four shards at once) with an IMEX channel (made if missing), but
 #                  the restart soak (below)
 #   gpu-no-imex    the fabric, shared-buffer, example and peering tests of
 #                  rmmd_gpu_tests with the channel removed (each fabric test
@@ -24,9 +24,9 @@
 #   python         python/tests with the host's Python (PyTorch, CuPy, JAX)
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 15; the 100-round soak is its own run)
-# With the channel, gpu (in two shards), python and the CPU-only suites
+# With the channel, gpu (in shards), python and the CPU-only suites
 # (integration, manifest, examples, one after another) run at once; then
-# soak; then gpu-no-imex (two shards). Each suite's log goes to
+# soak; then gpu-no-imex (in shards). Each suite's log goes to
 # $OUT/gpu-check-<suite>.log where $OUT is set (the device tool's folder),
 # else to gpu-check-logs/. A suite passes when its program exits 0; the line
 # says how many tests passed, failed and skipped, and why each skipped.
@@ -108,11 +108,11 @@ run_suite() {
     "$counts" | tee "$logs/line-$name"
 }
 
-# The GPU suite in RMMD_GPU_CHECK_SHARDS shards at once (default 2; each
+# The GPU suite in RMMD_GPU_CHECK_SHARDS shards at once (default 4; each
 # test has a daemon and pools of its own, and none reads the driver's
 # totals), as one suite.
 gpu_suite() {
-  local filter=$1 rc=0 shards=${RMMD_GPU_CHECK_SHARDS:-2} pids=() i
+  local filter=$1 rc=0 shards=${RMMD_GPU_CHECK_SHARDS:-4} pids=() i
   for ((i = 1; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i rmmd_gpu_tests --gtest_filter="$filter" \
       >"$logs/shard-$i.log" 2>&1 &
