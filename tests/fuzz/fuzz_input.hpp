@@ -133,4 +133,19 @@ inline bool ledger_is_empty(core::daemon_core& core)
   return true;
 }
 
+/// Persistent buffers outlive their sessions, until deleted: deletes them
+/// (each must be published and unheld by then).
+inline void delete_persistent_buffers(core::daemon_core& core, core::peer_credentials const& peer)
+{
+  auto cleaner = core.sessions().open_session(peer, "fuzz", "cleaner");
+  RMMD_FUZZ_CHECK(cleaner.ok());
+  auto left = core.buffers().list_buffers(cleaner->id);
+  RMMD_FUZZ_CHECK(left.ok());
+  for (auto const& b : *left) {
+    RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
+    RMMD_FUZZ_CHECK(core.buffers().delete_buffer(cleaner->id, b.name).ok());
+  }
+  core.close_session(cleaner->id);
+}
+
 }  // namespace rmmd::fuzz

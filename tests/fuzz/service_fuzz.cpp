@@ -61,20 +61,6 @@ grpc::Status call(service::rmmd_service& svc,
   return status;
 }
 
-/// Persistent buffers outlive their sessions, until deleted: deletes them.
-void delete_persistent_buffers(core::daemon_core& core, core::peer_credentials const& peer)
-{
-  auto cleaner = core.sessions().open_session(peer, "fuzz", "cleaner");
-  RMMD_FUZZ_CHECK(cleaner.ok());
-  auto left = core.buffers().list_buffers(cleaner->id);
-  RMMD_FUZZ_CHECK(left.ok());
-  for (auto const& b : *left) {
-    RMMD_FUZZ_CHECK(b.persistent && b.state == core::buffer_state::published && b.holders == 0);
-    RMMD_FUZZ_CHECK(core.buffers().delete_buffer(cleaner->id, b.name).ok());
-  }
-  core.close_session(cleaner->id);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size)
@@ -120,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   }
   core.close_session(first->id);
   core.close_session(second->id);
-  delete_persistent_buffers(core, peer);
+  fuzz::delete_persistent_buffers(core, peer);
   RMMD_FUZZ_CHECK(core.buffers().all().empty());
   RMMD_FUZZ_CHECK(fuzz::ledger_is_empty(core));
   return 0;
