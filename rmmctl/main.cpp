@@ -269,9 +269,8 @@ int show_stats(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("stats", cl.out, [&](bool one_line) {
     auto const& choice = cl.stats_choice;
-    auto reply         = parse_json<rmmd::v1::Stats>(ask("stats", [&] {
-      return daemon.admin().stats_json(listing(choice));
-    }));
+    auto reply         = parse_json<rmmd::v1::Stats>(
+        ask("stats", [&] { return daemon.admin().stats_json(listing(choice)); }));
     drop_own_session(&reply, daemon.session().id(), choice);
     return cl.out.json ? to_json(reply, one_line) : format_stats(reply);
   });
@@ -290,9 +289,8 @@ int show_sessions(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("sessions", cl.out, [&](bool one_line) {
     auto const& choice = cl.sessions_choice;
-    auto reply         = parse_json<rmmd::v1::ListSessionsResponse>(ask("sessions", [&] {
-      return daemon.admin().sessions_json(listing(choice));
-    }));
+    auto reply         = parse_json<rmmd::v1::ListSessionsResponse>(
+        ask("sessions", [&] { return daemon.admin().sessions_json(listing(choice)); }));
     drop_own_session(&reply, daemon.session().id(), choice);
     return cl.out.json ? to_json(reply, one_line) : format_sessions(reply, now_unix_ms());
   });

@@ -29,8 +29,7 @@ struct counted_kind;
 class admission {
  public:
   /// Refusals and the pending count go to `metrics` unless it is null.
-  explicit admission(core::admission_limits limits,
-                     metrics::admission_metrics* metrics = nullptr);
+  explicit admission(core::admission_limits limits, metrics::admission_metrics* metrics = nullptr);
   admission(admission const&)            = delete;
   admission& operator=(admission const&) = delete;
 

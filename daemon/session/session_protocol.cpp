@@ -122,12 +122,12 @@ hello_answer handle_hello(core::daemon_core& core,
   answer.client_name         = hello.client_name();
   answer.previous_session_id = hello.previous_session_id();
   answer.reconnects          = hello.reconnects();
-  auto grant =
-      core.sessions().open_session(peer,
-                        std::move(command),
-                        core::session_origin{.client_name      = hello.client_name(),
-                                             .reconnects       = hello.reconnects(),
-                                             .previous_session = hello.previous_session_id()});
+  auto grant                 = core.sessions().open_session(
+      peer,
+      std::move(command),
+      core::session_origin{.client_name      = hello.client_name(),
+                                           .reconnects       = hello.reconnects(),
+                                           .previous_session = hello.previous_session_id()});
   if (!grant.ok()) {
     answer.refusal = grant.status();
     answer.message = refusal_welcome(grant.status());

@@ -4,8 +4,8 @@
 // configuration file's fields (docs/configuration.md, Command-line flags).
 // The same overrides apply at start and at every reload.
 
-#include "daemon/core/admission_limits.hpp"
 #include "daemon/config/settings.hpp"
+#include "daemon/core/admission_limits.hpp"
 
 #include <CLI/CLI.hpp>
 

@@ -49,11 +49,11 @@ absl::Status create_buffer(core::daemon_core& core,
       },
       [&] {
         return core.buffers().create_buffer(session,
-                                  request.name(),
-                                  request.pool_id(),
-                                  request.size(),
-                                  from_proto(request),
-                                  core::reclaim_policy::wait);
+                                            request.name(),
+                                            request.pool_id(),
+                                            request.size(),
+                                            from_proto(request),
+                                            core::reclaim_policy::wait);
       },
       reply);
   if (status.ok()) { manifest_follows(rules, reply); }
@@ -117,7 +117,8 @@ absl::Status set_buffer_manifest(core::daemon_core& core,
                         request.buffer_id(),
                         *key));
   }
-  return core.buffers().set_buffer_manifest(session, request.buffer_id(), from_proto(request.manifest()));
+  return core.buffers().set_buffer_manifest(
+      session, request.buffer_id(), from_proto(request.manifest()));
 }
 
 absl::Status describe_buffer(core::daemon_core const& core,

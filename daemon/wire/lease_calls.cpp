@@ -30,18 +30,18 @@ absl::Status allocate(core::daemon_core& core,
       held,
       [&] {
         return core.leases().allocate_or_hold(session,
-                                     request.pool_id(),
-                                     request.size(),
-                                     request.alignment(),
-                                     rules.packing && request.may_pack());
+                                              request.pool_id(),
+                                              request.size(),
+                                              request.alignment(),
+                                              rules.packing && request.may_pack());
       },
       [&] {
         return core.leases().allocate(session,
-                             request.pool_id(),
-                             request.size(),
-                             request.alignment(),
-                             core::reclaim_policy::wait,
-                             rules.packing && request.may_pack());
+                                      request.pool_id(),
+                                      request.size(),
+                                      request.alignment(),
+                                      core::reclaim_policy::wait,
+                                      rules.packing && request.may_pack());
       },
       reply);
 }

@@ -155,9 +155,9 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   EXPECT_EQ(s.quotas.limit_for_uid(4242), 2097152u);
   EXPECT_EQ(s.admission,
             (core::admission_limits{.max_pending_per_uid  = 3,
-                                      .max_pending_total    = 30,
-                                      .max_sessions_per_uid = 5,
-                                      .max_sessions_total   = 50}));
+                                    .max_pending_total    = 30,
+                                    .max_sessions_per_uid = 5,
+                                    .max_sessions_total   = 50}));
   EXPECT_EQ(s.drain_timeout, std::chrono::milliseconds(0));
   EXPECT_EQ(s.hello_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(s.max_message_bytes, 1048576u);

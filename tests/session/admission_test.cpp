@@ -13,9 +13,9 @@ using metrics::admission_limit;
 using ::testing::HasSubstr;
 
 constexpr core::admission_limits small{.max_pending_per_uid  = 2,
-                                         .max_pending_total    = 3,
-                                         .max_sessions_per_uid = 2,
-                                         .max_sessions_total   = 3};
+                                       .max_pending_total    = 3,
+                                       .max_sessions_per_uid = 2,
+                                       .max_sessions_total   = 3};
 
 std::uint64_t refusals(metrics::admission_metrics const& m, admission_limit l)
 {
@@ -70,9 +70,9 @@ TEST(Admission, NewLimitsApplyToTheNextAdmissionAndWhatIsOpenStays)
   EXPECT_TRUE(a.admit_session(7).ok());
   EXPECT_TRUE(a.admit_session(7).ok());
   a.set_limits(core::admission_limits{.max_pending_per_uid  = 2,
-                                        .max_pending_total    = 3,
-                                        .max_sessions_per_uid = 1,
-                                        .max_sessions_total   = 3});
+                                      .max_pending_total    = 3,
+                                      .max_sessions_per_uid = 1,
+                                      .max_sessions_total   = 3});
   EXPECT_EQ(a.sessions(), 2u);
   EXPECT_FALSE(a.admit_session(7).ok());
   a.end_session(7);
