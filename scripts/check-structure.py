@@ -50,7 +50,8 @@ DAEMON_ANY = {"daemon/" + r for r in
 # "hpp:" entries narrow what its headers may include.
 RULES: dict[str, set[str]] = {
     "daemon/core": {"common"},
-    "daemon/backends": {"daemon/core", "daemon", "common"},
+    # A kind's entry (pool_kinds.hpp) makes its pools from their settings.
+    "daemon/backends": {"daemon/core", "daemon/config", "daemon", "common"},
     "daemon/wire": {"daemon/core", "daemon", "proto", "grpc", "protobuf"},
     "daemon/config": {"daemon/core", "daemon", "common", "proto", "protobuf"},
     "daemon/metrics": {"daemon/core", "daemon"},

@@ -20,7 +20,7 @@ std::string described(gpu_pool_override const& o)
 pool_settings applied(per_gpu_pools const& s, int device, gpu_pool_override const* o)
 {
   pool_settings p{.name                    = s.name_prefix + std::to_string(device),
-                  .backend                 = core::backend_kind::cuda,
+                  .backend                 = pool_kind::cuda,
                   .device                  = device,
                   .fabric                  = s.fabric,
                   .initial_size_bytes      = s.initial_size_bytes,

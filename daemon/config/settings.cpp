@@ -38,7 +38,7 @@ daemon_settings default_settings()
   s.access            = default_access();
   s.peering.node_name = host_name();
   s.pools.push_back(pool_settings{.name           = "host",
-                                  .backend        = core::backend_kind::host,
+                                  .backend        = pool_kind::host,
                                   .device         = -1,
                                   .capacity_bytes = default_host_pool_bytes});
   return s;
@@ -101,7 +101,7 @@ std::string bytes_or_none(std::size_t bytes)
 
 std::string pool_line(pool_settings const& p)
 {
-  if (p.backend == core::backend_kind::host) {
+  if (p.backend == pool_kind::host) {
     return absl::StrFormat("  pool %s: host memory, %d bytes", p.name, p.capacity_bytes);
   }
   char const* handles = p.fabric == fabric_mode::off        ? "posix-fd"
@@ -121,7 +121,7 @@ std::string pool_line(pool_settings const& p)
 std::string per_gpu_lines(per_gpu_pools const& g)
 {
   pool_settings shared{.name                    = g.name_prefix + "N",
-                       .backend                 = core::backend_kind::cuda,
+                       .backend                 = pool_kind::cuda,
                        .device                  = -1,
                        .fabric                  = g.fabric,
                        .initial_size_bytes      = g.initial_size_bytes,

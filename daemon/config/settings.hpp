@@ -33,9 +33,13 @@ enum class fabric_mode : std::uint8_t {
   off,        ///< posix fd only
 };
 
+/// Which kind of backend serves a pool (the config's Pool.backend). Each
+/// kind's pools are made by daemon/backends (pool_kinds.hpp).
+enum class pool_kind : std::uint8_t { host, cuda };
+
 struct pool_settings {
   std::string name;
-  core::backend_kind backend{core::backend_kind::host};
+  pool_kind backend{pool_kind::host};
   int device{-1};  ///< cuda: the CUDA device ordinal; host: -1
   /// cuda: the GPU by UUID or PCI bus id (config `gpu`); when set, `device`
   /// is found from it at start.

@@ -97,7 +97,7 @@ answer_or_hold<lease_grant> lease_allocator::allocate_once(allocation_request co
   // Small and asked for by a client that imports blocks: carved out of a
   // block of the session's own (no driver call, no driver memory per lease).
   if (r.may_pack && state_.packed.packs(p.capacity, r.bytes, alignment) &&
-      p.tenants.kind() == backend_kind::cuda) {
+      p.tenants.traits().packs_small_leases) {
     if (auto grant = carve_packed_locked(*s, p, r, alignment)) { return *std::move(grant); }
     if (auto made = pack_in_new_block_locked(lock, *s, r, alignment)) { return *std::move(made); }
     // No room for a block: a lease of its own, below (the session may have

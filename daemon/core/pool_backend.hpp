@@ -56,7 +56,8 @@ class pool_backend {
   pool_backend& operator=(pool_backend const&) = delete;
   virtual ~pool_backend()                      = default;
 
-  [[nodiscard]] virtual backend_kind kind() const noexcept = 0;
+  /// What kind of backend this is (the same for every backend of a kind).
+  [[nodiscard]] virtual backend_traits traits() const noexcept = 0;
 
   /// Most bytes this backend can ever hold at once.
   [[nodiscard]] virtual std::size_t capacity() const noexcept = 0;

@@ -28,7 +28,7 @@ pool_id pool_registry::add_pool(pool_config config, std::unique_ptr<pool_backend
 }
 
 pool_id pool_registry::add_pool(pool_config config,
-                                backend_kind kind,
+                                backend_traits traits,
                                 std::size_t capacity,
                                 backend_maker make)
 {
@@ -38,7 +38,7 @@ pool_id pool_registry::add_pool(pool_config config,
     return add_pool(std::move(config), std::move(backend));
   }
   std::lock_guard lock(state_.mutex);
-  auto entry      = std::make_unique<pool_entry>(pool_tenants(kind, std::move(make)));
+  auto entry      = std::make_unique<pool_entry>(pool_tenants(traits, std::move(make)));
   entry->capacity = config.limit_bytes != 0 ? std::min(capacity, config.limit_bytes) : capacity;
   entry->config   = std::move(config);
   state_.pools.push_back(std::move(entry));
@@ -76,7 +76,7 @@ std::vector<pool_description> pool_registry::pools_locked(tenant_key const* tena
         .device         = p.config.device,
         .gpu_uuid       = p.config.gpu_uuid,
         .pci_bus_id     = p.config.pci_bus_id,
-        .backend        = p.tenants.kind(),
+        .backend        = p.tenants.traits(),
         .handle_types   = p.config.handle_types,
         .capacity_bytes = p.capacity,
         .shareable_fd   = owner == nullptr ? -1 : owner->shareable_fd(),

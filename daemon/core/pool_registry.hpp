@@ -47,11 +47,14 @@ class pool_registry {
   /// its tenant. Call before serving requests.
   pool_id add_pool(pool_config config, std::unique_ptr<pool_backend> backend);
 
-  /// Adds a pool of `kind` lending at most `capacity` bytes, served to each
+  /// Adds a pool of the kind `traits` describes, lending at most `capacity` bytes, served to each
   /// tenant (options.tenancy) by a backend of its own that `make` makes on
   /// the tenant's first session; with tenancy off, by one backend made now.
   /// Throws what `make` throws. Call before serving requests.
-  pool_id add_pool(pool_config config, backend_kind kind, std::size_t capacity, backend_maker make);
+  pool_id add_pool(pool_config config,
+                   backend_traits traits,
+                   std::size_t capacity,
+                   backend_maker make);
 
   /// The pools; a pool with a backend per tenant without any tenant's
   /// handles (shareable_fd -1, no fabric handle): pools_for() gives a

@@ -31,13 +31,13 @@ tenant_key tenancy_policy::tenant_of(peer_credentials const& peer) const
   return {.of = tenant_key::kind::uid, .id = peer.uid};
 }
 
-pool_tenants::pool_tenants(std::unique_ptr<pool_backend> shared) : kind_(shared->kind())
+pool_tenants::pool_tenants(std::unique_ptr<pool_backend> shared) : traits_(shared->traits())
 {
   slots_[tenant_key{}].backend = std::move(shared);
 }
 
-pool_tenants::pool_tenants(backend_kind kind, backend_maker make)
-    : make_(std::move(make)), kind_(kind)
+pool_tenants::pool_tenants(backend_traits traits, backend_maker make)
+    : make_(std::move(make)), traits_(traits)
 {
 }
 

@@ -71,8 +71,8 @@ class pool_tenants {
  public:
   /// One backend for every tenant.
   explicit pool_tenants(std::unique_ptr<pool_backend> shared);
-  /// A backend of `kind` per tenant, made on demand.
-  pool_tenants(backend_kind kind, backend_maker make);
+  /// A backend of the kind `traits` describes per tenant, made on demand.
+  pool_tenants(backend_traits traits, backend_maker make);
 
   /// Whether each tenant gets a backend of its own.
   [[nodiscard]] bool per_tenant() const noexcept
@@ -110,9 +110,9 @@ class pool_tenants {
   [[nodiscard]] std::vector<std::shared_ptr<pool_backend>> others(tenant_key const& tenant) const;
 
   /// Every tenant's backend's kind.
-  [[nodiscard]] backend_kind kind() const noexcept
+  [[nodiscard]] backend_traits const& traits() const noexcept
   {
-    return kind_;
+    return traits_;
   }
 
  private:
@@ -122,7 +122,7 @@ class pool_tenants {
   }
 
   backend_maker make_;
-  backend_kind kind_{};
+  backend_traits traits_{};
   std::map<tenant_key, tenant_slot> slots_;
 };
 

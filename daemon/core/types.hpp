@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rmmd::core {
@@ -41,7 +42,21 @@ inline constexpr std::chrono::milliseconds default_pack_idle{1000};
 
 using block_id = std::uint64_t;
 
-enum class backend_kind : std::uint8_t { host, cuda };
+/// Where a pool's memory lives, which says how a client maps it: a memfd
+/// at an offset (host), or an exported device allocation (device). The core,
+/// the wire and the client go by this, never by which backend serves a pool.
+enum class memory_space : std::uint8_t { host, device };
+
+/// What a kind of backend is, as far as the core, the wire and the metrics
+/// need to know. Each backend declares its own (pool_backend::traits()), so a
+/// new kind of pool adds no case to them (docs/architecture.md's recipe).
+struct backend_traits {
+  std::string_view name{};  ///< the config's and the metrics' name: "host", "cuda"
+  memory_space space{memory_space::host};
+  /// Small leases may be carved out of packed blocks that a session imports
+  /// once (device memory, where each import costs a driver call).
+  bool packs_small_leases{false};
+};
 
 enum class handle_type : std::uint8_t { posix_fd, fabric, host_offset };
 
@@ -80,7 +95,7 @@ struct pool_description {
   int device{-1};          ///< in the daemon's numbering; clients go by gpu_uuid
   std::string gpu_uuid{};  ///< see pool_config
   std::string pci_bus_id{};
-  backend_kind backend{};
+  backend_traits backend{};
   std::vector<handle_type> handle_types{};
   std::size_t capacity_bytes{};
   int shareable_fd{-1};                    ///< fd to pass to sessions, owned by the backend

@@ -95,11 +95,6 @@ class exposition {
   std::string out_;
 };
 
-char const* backend_name(core::backend_kind kind)
-{
-  return kind == core::backend_kind::cuda ? "cuda" : "host";
-}
-
 struct uid_totals {
   std::uint64_t bytes{};
   std::uint64_t allocations{};
@@ -237,7 +232,7 @@ void write_pools(exposition& e, std::vector<core::pool_stats> const& pools)
       [](core::pool_stats const& p) {
         return labels{{"pool", p.pool.name},
                       {"pool_id", absl::StrCat(p.pool.id)},
-                      {"backend", backend_name(p.pool.backend)},
+                      {"backend", std::string(p.pool.backend.name)},
                       {"device", absl::StrCat(p.pool.device)},
                       {"gpu_uuid", p.pool.gpu_uuid},
                       {"pci_bus_id", p.pool.pci_bus_id}};

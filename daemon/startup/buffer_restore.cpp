@@ -39,7 +39,7 @@ absl::StatusOr<checked_memory> check_memory(std::vector<core::pool_description> 
         "its pool '%s' is not served by this daemon (the configuration changed)", r.pool_name()));
   }
   if (r.kind() == v1::STORED_BUFFER_KIND_HOST_MEMFD) {
-    if (pool->backend != core::backend_kind::host) {
+    if (pool->backend.space != core::memory_space::host) {
       return absl::FailedPreconditionError(
           absl::StrFormat("it is a host buffer, and pool '%s' is now a CUDA pool", r.pool_name()));
     }
@@ -50,7 +50,7 @@ absl::StatusOr<checked_memory> check_memory(std::vector<core::pool_description> 
                                       .host_memfd = true},
                           .release = [](core::shared_allocation const& m) { ::close(m.fd); }};
   }
-  if (pool->backend != core::backend_kind::cuda) {
+  if (pool->backend.space != core::memory_space::device) {
     return absl::FailedPreconditionError(
         absl::StrFormat("it is a CUDA buffer, and pool '%s' is now a host pool", r.pool_name()));
   }

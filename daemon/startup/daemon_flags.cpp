@@ -214,7 +214,7 @@ bool apply_pool_flags(CLI::App const& app, daemon_flags const& flags, config::da
 {
   auto given      = [&](char const* name) { return app.count(name) > 0; };
   auto first_host = std::find_if(s.pools.begin(), s.pools.end(), [](auto const& p) {
-    return p.backend == core::backend_kind::host;
+    return p.backend == config::pool_kind::host;
   });
   if ((given("--host-pool-bytes") || given("--host-pool-name")) && first_host == s.pools.end()) {
     log::error(
@@ -234,11 +234,11 @@ bool apply_pool_flags(CLI::App const& app, daemon_flags const& flags, config::da
                                : std::optional<bool>(flags.host_pool_pinned == "on");
   }
   if (flags.backend == "host") {
-    std::erase_if(s.pools, [](auto const& p) { return p.backend == core::backend_kind::cuda; });
+    std::erase_if(s.pools, [](auto const& p) { return p.backend == config::pool_kind::cuda; });
     s.cuda_pool_per_gpu.reset();
   }
   for (auto& p : s.pools) {
-    if (p.backend != core::backend_kind::cuda) { continue; }
+    if (p.backend != config::pool_kind::cuda) { continue; }
     if (given("--cuda-pool-bytes")) { p.limit_bytes = flags.cuda_pool_bytes; }
     if (given("--cuda-release-threshold")) {
       p.release_threshold_bytes = flags.cuda_release_threshold;

@@ -19,7 +19,7 @@ peering::probe_exchange make_peer_probes(core::daemon_core const& core)
     // where that said no. Not pool.fabric_handle: with per-uid tenancy no
     // tenant's backend exists at start, so it is empty.
     bool const fabric =
-        pool.backend == core::backend_kind::cuda &&
+        pool.backend.space == core::memory_space::device &&
         std::find(pool.handle_types.begin(), pool.handle_types.end(), core::handle_type::fabric) !=
             pool.handle_types.end();
     if (!fabric) { continue; }

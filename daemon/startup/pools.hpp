@@ -1,9 +1,9 @@
 #pragma once
 
 // The pools a daemon serves: which ones the settings and the flags ask for
-// (one per GPU where configured), and making each one (a host memfd pool, or
-// a CUDA pool after its GPU is found and its fabric handles proven) in the
-// core, saying in words what could not be made and why.
+// (one per GPU where configured), and making each one in the core through
+// its kind's entry (daemon/backends/pool_kinds.hpp), which says in words
+// what could not be made and why.
 
 #include <optional>
 #include <string>

@@ -7,12 +7,14 @@
 namespace rmmd::wire {
 namespace {
 
-v1::Backend to_proto(core::backend_kind kind)
+/// The wire names the memory space (how a client maps a pool), whatever
+/// kind of backend serves it.
+v1::Backend to_proto(core::memory_space space)
 {
-  switch (kind) {
-    case core::backend_kind::host:
+  switch (space) {
+    case core::memory_space::host:
       return v1::BACKEND_HOST;
-    case core::backend_kind::cuda:
+    case core::memory_space::device:
       return v1::BACKEND_CUDA;
   }
   return v1::BACKEND_UNSPECIFIED;
@@ -40,7 +42,7 @@ void to_proto(core::pool_description const& in, int fd_index, v1::PoolDescriptio
   out->set_device(in.device);
   out->set_gpu_uuid(in.gpu_uuid);
   out->set_pci_bus_id(in.pci_bus_id);
-  out->set_backend(to_proto(in.backend));
+  out->set_backend(to_proto(in.backend.space));
   for (auto t : in.handle_types) { out->add_handle_types(to_proto(t)); }
   out->set_capacity_bytes(in.capacity_bytes);
   out->set_fd_index(fd_index);

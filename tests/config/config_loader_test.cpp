@@ -62,7 +62,7 @@ TEST(ConfigLoader, AnEmptyFileMeansTheBuiltInDefaults)
   }
   ASSERT_THAT(s.pools, SizeIs(1));
   EXPECT_EQ(s.pools[0].name, "host");
-  EXPECT_EQ(s.pools[0].backend, core::backend_kind::host);
+  EXPECT_EQ(s.pools[0].backend, config::pool_kind::host);
   EXPECT_EQ(s.pools[0].capacity_bytes, default_host_pool_bytes);
   ASSERT_TRUE(s.cuda_pool_per_gpu.has_value());
   EXPECT_EQ(*s.cuda_pool_per_gpu, per_gpu_pools{});
@@ -132,12 +132,12 @@ TEST(ConfigLoader, EveryFieldReachesTheSettings)
   ASSERT_THAT(s.pools, SizeIs(4));
   EXPECT_EQ(s.pools[0],
             (pool_settings{.name           = "staging",
-                           .backend        = core::backend_kind::host,
+                           .backend        = config::pool_kind::host,
                            .device         = -1,
                            .capacity_bytes = 4194304}));
   EXPECT_EQ(s.pools[1],
             (pool_settings{.name                    = "big",
-                           .backend                 = core::backend_kind::cuda,
+                           .backend                 = config::pool_kind::cuda,
                            .device                  = 1,
                            .fabric                  = fabric_mode::required,
                            .initial_size_bytes      = 1024,

@@ -218,13 +218,13 @@ TEST(PerGpuPools, EveryGpuGetsAPoolWithItsOverrideApplied)
   ASSERT_THAT(plan.pools, SizeIs(2));
   EXPECT_EQ(plan.pools[0],
             (pool_settings{.name                    = "gpu0",
-                           .backend                 = core::backend_kind::cuda,
+                           .backend                 = config::pool_kind::cuda,
                            .device                  = 0,
                            .release_threshold_bytes = GiB,
                            .limit_bytes             = 32 * GiB}));
   EXPECT_EQ(plan.pools[1],
             (pool_settings{.name                    = "big",
-                           .backend                 = core::backend_kind::cuda,
+                           .backend                 = config::pool_kind::cuda,
                            .device                  = 1,
                            .fabric                  = fabric_mode::off,
                            .release_threshold_bytes = GiB,

@@ -44,7 +44,7 @@ class Admin : public ::testing::Test {
     // A pool that says it holds 10 MiB from the system, gives 6 MiB of them
     // back on trim(), and has a release threshold.
     auto gpu = std::make_unique<fake_pool_backend>(fake_pool_backend::options{
-        .capacity = 16 * MiB, .kind = backend_kind::cuda, .release_threshold = 4 * MiB});
+        .capacity = 16 * MiB, .traits = device_like_traits, .release_threshold = 4 * MiB});
     backend_ = gpu.get();
     backend_->set_reserved(10 * MiB, 6 * MiB);
     core_->pools().add_pool(config("gpu"), std::move(gpu));

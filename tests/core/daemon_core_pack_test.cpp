@@ -52,7 +52,7 @@ class Packing : public ::testing::Test {
   {
     auto owned = std::make_unique<fake_pool_backend>(
         fake_pool_backend::options{.capacity = capacity,
-                                   .kind     = backend_kind::cuda,
+                                   .traits   = device_like_traits,
                                    .source   = fake_pool_backend::memory::made_up});
     backend_ = owned.get();
     pool_    = core_.pools().add_pool(
@@ -164,6 +164,34 @@ TEST_F(Packing, OnlySmallRequestsThatAskForItArePacked)
   // (the CUDA backend refuses it).
   EXPECT_EQ(aligned->packed_block, 0u);
   EXPECT_EQ(backend_->allocations(), 3u);
+}
+
+// A new kind of pool is its backend and its traits: the core packs by the
+// traits, not by which kind it is, and describes the pool by them.
+TEST(NewPoolKind, TheCoreGoesByItsBackendsTraits)
+{
+  core_options options;
+  options.access = {.uids = {1000}, .gids = {}};
+  daemon_core core(std::move(options));
+  auto const device_unpacked = backend_traits{.name = "test-kind", .space = memory_space::device};
+  auto owned                 = std::make_unique<fake_pool_backend>(
+      fake_pool_backend::options{.capacity = 64 * MiB,
+                                                 .traits   = device_unpacked,
+                                                 .source   = fake_pool_backend::memory::made_up});
+  auto* backend   = owned.get();
+  auto const pool = core.pools().add_pool(
+      pool_config{.name = "other", .device = 0, .handle_types = {handle_type::posix_fd}},
+      std::move(owned));
+  auto const described = core.pools().list().at(0).backend;
+  EXPECT_EQ(described.name, "test-kind");
+  EXPECT_EQ(described.space, memory_space::device);
+  auto s =
+      core.sessions().open_session(peer_credentials{.pid = 1, .uid = 1000, .gid = 100}, "t", "");
+  auto small = core.leases().allocate(s->id, pool, 256, 0, reclaim_policy::refuse, true);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->packed_block, 0u);  // its traits do not pack
+  EXPECT_EQ(backend->allocations(), 1u);
+  EXPECT_EQ(core.pools().stats().pools.at(0).pool.backend.name, "test-kind");
 }
 
 TEST_F(Packing, SessionsNeverShareABlock)

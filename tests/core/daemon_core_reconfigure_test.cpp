@@ -145,7 +145,7 @@ TEST(ReconfigurePacking, ANewPackUpToAppliesToTheNextAllocationAndBlocksStay)
       pool_config{.name = "gpu0", .device = 0, .handle_types = {handle_type::posix_fd}},
       std::make_unique<fake_pool_backend>(
           fake_pool_backend::options{.capacity = 64 * MiB,
-                                     .kind     = backend_kind::cuda,
+                                     .traits   = device_like_traits,
                                      .source   = fake_pool_backend::memory::made_up}));
   auto const s = core.sessions().open_session(peer(1000), "t", "").value().id;
   auto packed  = [&](std::size_t bytes) {

@@ -214,7 +214,8 @@ TEST_F(CoreWithPool, DescribesItsPools)
   EXPECT_EQ(pools[0].id, pool_);
   EXPECT_EQ(pools[0].name, "host");
   EXPECT_EQ(pools[0].device, -1);
-  EXPECT_EQ(pools[0].backend, backend_kind::host);
+  EXPECT_EQ(pools[0].backend.space, memory_space::host);
+  EXPECT_EQ(pools[0].backend.name, "host");
   EXPECT_EQ(pools[0].capacity_bytes, pool_size);
   EXPECT_EQ(pools[0].max_alignment, 2 * MiB);
   // One backend for everyone (added as one): each session imports its fd.

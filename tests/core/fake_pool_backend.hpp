@@ -22,6 +22,11 @@
 
 namespace rmmd::core {
 
+/// The traits of the two kinds a test's fake stands in for.
+inline constexpr backend_traits host_like_traits{.name = "host", .space = memory_space::host};
+inline constexpr backend_traits device_like_traits{
+    .name = "cuda", .space = memory_space::device, .packs_small_leases = true};
+
 class fake_pool_backend final : public pool_backend {
  public:
   /// Where its memory comes from.
@@ -36,7 +41,7 @@ class fake_pool_backend final : public pool_backend {
 
   struct options {
     std::size_t capacity{std::size_t{64} << 20};
-    backend_kind kind{backend_kind::host};
+    backend_traits traits{host_like_traits};
     memory source{memory::host};
     /// What release_threshold() says; nullopt: it has none.
     std::optional<std::size_t> release_threshold{};
@@ -50,9 +55,9 @@ class fake_pool_backend final : public pool_backend {
   {
   }
 
-  [[nodiscard]] backend_kind kind() const noexcept override
+  [[nodiscard]] backend_traits traits() const noexcept override
   {
-    return options_.kind;
+    return options_.traits;
   }
   [[nodiscard]] std::size_t capacity() const noexcept override
   {

@@ -41,14 +41,14 @@ class Tenants : public ::testing::Test {
       if (!cuda_like) { return std::make_unique<backends::host::host_backend>("t", pool_size); }
       auto fake = std::make_unique<fake_pool_backend>(
           fake_pool_backend::options{.capacity = pool_size,
-                                         .kind     = backend_kind::cuda,
+                                         .traits   = device_like_traits,
                                          .source   = fake_pool_backend::memory::made_up});
       fakes_.push_back(fake.get());
       return fake;
     };
     pool_ = core_->pools().add_pool(
         pool_config{.name = "p", .handle_types = {handle_type::host_offset}},
-        cuda_like ? backend_kind::cuda : backend_kind::host,
+        cuda_like ? device_like_traits : host_like_traits,
         pool_size,
         make);
   }

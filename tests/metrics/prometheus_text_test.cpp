@@ -35,7 +35,7 @@ daemon_snapshot sample_snapshot()
   core::pool_stats host;
   host.pool.id             = 0;
   host.pool.name           = "host";
-  host.pool.backend        = core::backend_kind::host;
+  host.pool.backend        = {.name = "host", .space = core::memory_space::host};
   host.pool.device         = -1;
   host.pool.capacity_bytes = 1 << 20;
   host.in_use_bytes        = 4096;
@@ -48,7 +48,7 @@ daemon_snapshot sample_snapshot()
   core::pool_stats gpu;
   gpu.pool.id                = 1;
   gpu.pool.name              = "gpu0";
-  gpu.pool.backend           = core::backend_kind::cuda;
+  gpu.pool.backend           = {.name = "cuda", .space = core::memory_space::device};
   gpu.pool.device            = 0;
   gpu.pool.gpu_uuid          = "GPU-5f3c2b1a-0000-1111-2222-333344445555";
   gpu.pool.pci_bus_id        = "0000:3b:00.0";

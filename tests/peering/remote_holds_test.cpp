@@ -33,9 +33,9 @@ using namespace std::chrono_literals;
 class fabric_like_backend final : public core::pool_backend {
  public:
   fabric_like_backend(std::string name, std::size_t bytes) : host_(std::move(name), bytes) {}
-  [[nodiscard]] core::backend_kind kind() const noexcept override
+  [[nodiscard]] core::backend_traits traits() const noexcept override
   {
-    return core::backend_kind::cuda;
+    return {.name = "fabric-like", .space = core::memory_space::device};
   }
   [[nodiscard]] std::size_t capacity() const noexcept override
   {

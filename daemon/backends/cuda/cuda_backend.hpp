@@ -83,9 +83,12 @@ class cuda_backend final : public core::pool_backend {
   explicit cuda_backend(cuda_pool_options options);
   ~cuda_backend() override;
 
-  [[nodiscard]] core::backend_kind kind() const noexcept override
+  /// Device memory; small leases packed into blocks a session imports once.
+  static constexpr core::backend_traits kind_traits{
+      .name = "cuda", .space = core::memory_space::device, .packs_small_leases = true};
+  [[nodiscard]] core::backend_traits traits() const noexcept override
   {
-    return core::backend_kind::cuda;
+    return kind_traits;
   }
   [[nodiscard]] std::size_t capacity() const noexcept override
   {

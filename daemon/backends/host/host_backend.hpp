@@ -42,9 +42,12 @@ class host_backend final : public core::pool_backend {
                         std::string const& tenant = {});
   ~host_backend() override;
 
-  [[nodiscard]] core::backend_kind kind() const noexcept override
+  /// Shared host memory, lent at offsets of one memfd.
+  static constexpr core::backend_traits kind_traits{.name  = "host",
+                                                    .space = core::memory_space::host};
+  [[nodiscard]] core::backend_traits traits() const noexcept override
   {
-    return core::backend_kind::host;
+    return kind_traits;
   }
   [[nodiscard]] std::size_t capacity() const noexcept override;
   absl::StatusOr<core::backend_allocation> allocate(std::size_t bytes,

@@ -13,7 +13,7 @@ namespace {
 void check_host_pool(
     checked_file& f, v1::Pool const& p, node const& n, std::string const& label, pool_settings& out)
 {
-  out.backend    = core::backend_kind::host;
+  out.backend    = pool_kind::host;
   out.device     = -1;
   auto cuda_only = [&](std::string_view field) {
     f.error(n,
@@ -83,7 +83,7 @@ void check_cuda_sizes(
 void check_cuda_pool(
     checked_file& f, v1::Pool const& p, node const& n, std::string const& label, pool_settings& out)
 {
-  out.backend = core::backend_kind::cuda;
+  out.backend = pool_kind::cuda;
   out.device  = p.has_device() ? p.device() : 0;
   if (out.device < 0) {
     f.error(n,

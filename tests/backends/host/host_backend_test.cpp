@@ -86,7 +86,8 @@ TEST(HostBackend, IsASealedMemfdOfTheCapacity)
   host_backend b("sealed", pool_size);
   int const fd = b.shareable_fd();
   ASSERT_GE(fd, 0);
-  EXPECT_EQ(b.kind(), core::backend_kind::host);
+  EXPECT_EQ(b.traits().space, core::memory_space::host);
+  EXPECT_EQ(b.traits().name, "host");
   EXPECT_EQ(b.capacity(), pool_size);
 
   std::string link(256, '\0');
