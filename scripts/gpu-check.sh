@@ -21,7 +21,8 @@
 #                  other users from a copy of the bundle in /opt/rmmdb)
 #   manifest       rmmd_buffer_manifest_tests
 #   examples       rmmd_example_tests
-#   python         python/tests with the host's Python (PyTorch, CuPy, JAX)
+#   python         python/tests with the host's Python (PyTorch, CuPy, JAX), by file
+#                  in RMMD_GPU_CHECK_PY_SHARDS (4) pytest processes at once
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 15; the 100-round soak is its own run)
 # With the channel, gpu (in shards), python and the CPU-only suites
@@ -100,7 +101,7 @@ run_suite() {
   rc=$?
   case $kind in
     gtest) counts=$(gtest_line "$log") ;;
-    pytest) counts=$(grep -E '[0-9]+ (passed|failed|skipped)' "$log" | tail -1 | tr -d '=' | sed 's/^ *//') ;;
+    pytest) counts=$(pytest_counts "$log") ;;
     *) counts=$(tail -1 "$log" | cut -c1-200) ;;
   esac
   [ "$rc" -eq 0 ] || verdict=FAIL
@@ -122,6 +123,44 @@ gpu_suite() {
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for ((i = 1; i < shards; i++)); do cat "$logs/shard-$i.log"; done
   return $rc
+}
+
+# The Python suite in RMMD_GPU_CHECK_PY_SHARDS pytest processes at once
+# (default 4), by file: the GPU-heavy files first, dealt round-robin, so
+# each shard gets one (every test has a daemon and a runtime directory of
+# its own). Each shard prints its own summary line; pytest_counts sums them.
+python_suite() {
+  local shards=${RMMD_GPU_CHECK_PY_SHARDS:-4} rc=0 pids=() i=0 f
+  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py)
+  local files=() groups=()
+  for f in "${heavy[@]}"; do [ -f "python/tests/$f" ] && files+=("python/tests/$f"); done
+  for f in python/tests/test_*.py; do
+    [[ " ${files[*]} " == *" $f "* ]] || files+=("$f")
+  done
+  for f in "${files[@]}"; do groups[i % shards]+=" $f"; i=$((i + 1)); done
+  for ((i = 0; i < shards; i++)); do
+    [ -n "${groups[i]:-}" ] || continue
+    # shellcheck disable=SC2086
+    python/tests/run_gpu.sh "$bundle" --durations=5 ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for ((i = 0; i < shards; i++)); do [ ! -f "$logs/py-shard-$i.log" ] || cat "$logs/py-shard-$i.log"; done
+  return $rc
+}
+
+# Sums pytest's final lines ("3 failed, 40 passed, 2 skipped in 9.1s") of
+# a log holding one or several runs, and each skip's reason (-rs) with how
+# often it was given.
+pytest_counts() {
+  local counts reasons
+  counts=$(grep -E '^[= ]*[0-9]+ (passed|failed|skipped|errors?)[ ,]' "$1" | tr -d '=' |
+    grep -oE '[0-9]+ (passed|failed|skipped|errors?)' |
+    awk '{n[$2] += $1} END {printf "%d passed, %d failed, %d skipped, %d errors", n["passed"], n["failed"], n["skipped"], n["error"] + n["errors"]}')
+  reasons=$(grep -E '^SKIPPED \[[0-9]+\] ' "$1" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+:[0-9]+: /\1 /' |
+    awk '{k = $1; $1 = ""; n[substr($0, 2)] += k} END {for (r in n) printf "%dx %s;", n[r], r}' |
+    sed 's/;$//' | cut -c1-600)
+  echo "$counts${reasons:+ ($reasons)}"
 }
 
 integration_suite() {
@@ -153,7 +192,7 @@ run_step() {
   # another beside the GPU ones).
   local pids=()
   if wanted gpu; then run_suite gpu gtest gpu_suite '-RestartSoak.*' & pids+=($!); fi
-  if wanted python; then run_suite python pytest python/tests/run_gpu.sh "$bundle" & pids+=($!); fi
+  if wanted python; then run_suite python pytest python_suite & pids+=($!); fi
   (! wanted integration || run_suite integration gtest integration_suite
     ! wanted manifest || run_suite manifest gtest rmmd_buffer_manifest_tests
     ! wanted examples || run_suite examples gtest rmmd_example_tests) &
