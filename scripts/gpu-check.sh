@@ -141,7 +141,7 @@ python_suite() {
   for ((i = 0; i < shards; i++)); do
     [ -n "${groups[i]:-}" ] || continue
     # shellcheck disable=SC2086
-    python/tests/run_gpu.sh "$bundle" --durations=5 ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
+    python/tests/run_gpu.sh "$bundle" -v -v -o faulthandler_timeout=150 --durations=5 ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
