@@ -23,6 +23,8 @@
 #   examples       rmmd_example_tests
 #   python         python/tests with the host's Python (PyTorch, CuPy, JAX), by file
 #                  in RMMD_GPU_CHECK_PY_SHARDS (4) pytest processes at once
+#   python-exclusive  the Python tests marked gpu_exclusive (they read the
+#                  device's free memory), alone after those above
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 15; the 100-round soak is its own run)
 # With the channel, gpu (in shards), python and the CPU-only suites
@@ -67,7 +69,7 @@ bundle_step() {
 logs=${OUT:-$root/gpu-check-logs}
 # RMMD_GPU_CHECK_SUITES: run only these (a partial run does not resolve an
 # issue; the summary says which suites it left out).
-all_suites="gpu gpu-no-imex integration manifest examples python soak"
+all_suites="gpu gpu-no-imex integration manifest examples python python-exclusive soak"
 suites=${RMMD_GPU_CHECK_SUITES:-$all_suites}
 wanted() { [[ " $suites " == *" $1 "* ]]; }
 
@@ -141,7 +143,8 @@ python_suite() {
   for ((i = 0; i < shards; i++)); do
     [ -n "${groups[i]:-}" ] || continue
     # shellcheck disable=SC2086
-    python/tests/run_gpu.sh "$bundle" -v -v -o faulthandler_timeout=150 --durations=5 ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
+    python/tests/run_gpu.sh "$bundle" -v -v -o faulthandler_timeout=150 --durations=5 \
+      -m "not gpu_exclusive" ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
@@ -198,6 +201,10 @@ run_step() {
     ! wanted examples || run_suite examples gtest rmmd_example_tests) &
   pids+=($!)
   wait "${pids[@]}"
+  # Alone on the GPUs: the tests that read a device's free memory.
+  if wanted python-exclusive; then
+    run_suite python-exclusive pytest python/tests/run_gpu.sh "$bundle" -m gpu_exclusive
+  fi
   if wanted soak; then
     RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-15} \
       run_suite soak gtest rmmd_gpu_tests --gtest_filter='RestartSoak.*'

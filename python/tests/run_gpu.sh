@@ -26,4 +26,7 @@ export RMMD_LIBRARY="$bundle/bin/librmmd_c.so" RMMD_DAEMON="$bundle/bin/rmmd" RM
 # Packages that Python lacks there, installed into the bundle
 # (scripts/gpu-safetensors.sh install BUNDLE_DIR).
 [ ! -d "$bundle/pylib" ] || export PYTHONPATH="$bundle/pylib${PYTHONPATH:+:$PYTHONPATH}"
-exec "${RMMD_PYTHON:-/opt/torch/.venv/bin/python}" -m pytest -p no:cacheprovider -q -rs "$tests_dir" "$@"
+# Test files or ids among the arguments: those only; else the whole folder.
+paths=("$tests_dir")
+for a in "$@"; do [[ "$a" == *.py || "$a" == *.py::* ]] && paths=(); done
+exec "${RMMD_PYTHON:-/opt/torch/.venv/bin/python}" -m pytest -p no:cacheprovider -q -rs "${paths[@]}" "$@"

@@ -51,6 +51,7 @@ def test_publish_lays_out_tied_and_non_contiguous_tensors(published: dict[str, A
     assert published["labels"]["rmmd.gpu_uuid"].startswith("GPU-")
 
 
+@pytest.mark.gpu_exclusive  # free_drop: the device's free memory, which every process changes
 def test_a_module_on_the_meta_device_attaches_in_another_process(
     torch_daemon: Daemon, published: dict[str, Any]
 ) -> None:
