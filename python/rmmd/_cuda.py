@@ -52,6 +52,8 @@ def _find() -> ctypes.CDLL:
             ("cudaHostAlloc", c_int, [POINTER(c_void_p), c_size_t, c_uint]),
             ("cudaFreeHost", c_int, [c_void_p]),
             ("cudaMemcpyAsync", c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p]),
+            ("cudaMemcpy2DAsync", c_int, [c_void_p, c_size_t, c_void_p, c_size_t, c_size_t, c_size_t, c_int,
+                                          c_void_p]),
             ("cudaStreamCreateWithFlags", c_int, [POINTER(c_void_p), c_uint]),
             ("cudaStreamSynchronize", c_int, [c_void_p]),
             ("cudaStreamDestroy", c_int, [c_void_p]),
@@ -109,6 +111,18 @@ def device_count() -> int:
     return n.value if fn(ctypes.byref(n)) == 0 else 0
 
 
+def current_device() -> int:
+    lib = _find()
+    device = c_int(-1)
+    _check(lib, lib.cudaGetDevice(ctypes.byref(device)), "cudaGetDevice")
+    return device.value
+
+
+def set_device(device: int) -> None:
+    lib = _find()
+    _check(lib, lib.cudaSetDevice(device), f"cudaSetDevice({device})")
+
+
 @contextmanager
 def on_device(device: int) -> Iterator[None]:
     """Makes `device` the current CUDA device meanwhile."""
@@ -125,11 +139,16 @@ def on_device(device: int) -> Iterator[None]:
             lib.cudaSetDevice(previous.value)
 
 
-def host_alloc(nbytes: int) -> int:
-    """`nbytes` of page-locked host memory (cudaHostAlloc); free with free_host."""
+_HOST_ALLOC_PORTABLE = 0x01
+
+
+def host_alloc(nbytes: int, portable: bool = False) -> int:
+    """`nbytes` of page-locked host memory (cudaHostAlloc; `portable`: for
+    copies to every GPU, not only the current one's); free with free_host."""
     lib = _find()
     ptr = c_void_p()
-    _check(lib, lib.cudaHostAlloc(ctypes.byref(ptr), nbytes, 0), f"cudaHostAlloc({nbytes})")
+    flags = _HOST_ALLOC_PORTABLE if portable else 0
+    _check(lib, lib.cudaHostAlloc(ctypes.byref(ptr), nbytes, flags), f"cudaHostAlloc({nbytes})")
     return ptr.value or 0
 
 
@@ -190,3 +209,66 @@ class CopyStream:
         self._events = []
         self._lib.cudaStreamDestroy(self._stream)
         self._stream = None  # type: ignore[assignment]
+
+
+class DeviceStream:
+    """A non-blocking stream of one device, for copies from pinned host
+    memory, with an event to mark what was queued so far. Every call makes
+    the stream's device current on the calling thread first (a thread may
+    feed several devices)."""
+
+    def __init__(self, device: int) -> None:
+        self._lib = _find()
+        self.device = device
+        _check(self._lib, self._lib.cudaSetDevice(device), f"cudaSetDevice({device})")
+        stream = c_void_p()
+        _check(self._lib, self._lib.cudaStreamCreateWithFlags(ctypes.byref(stream), _STREAM_NON_BLOCKING),
+               "cudaStreamCreateWithFlags")
+        self._stream: c_void_p | None = stream
+
+    def copy(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
+        """Queues `height` rows of `width` bytes from host `src` (rows
+        `spitch` apart) to device `dst` (rows `dpitch` apart)."""
+        lib = self._lib
+        _check(lib, lib.cudaSetDevice(self.device), "cudaSetDevice")
+        if height == 1:
+            err = lib.cudaMemcpyAsync(c_void_p(dst), c_void_p(src), width, _MEMCPY_HOST_TO_DEVICE, self._stream)
+            _check(lib, err, "cudaMemcpyAsync")
+        else:
+            err = lib.cudaMemcpy2DAsync(c_void_p(dst), dpitch, c_void_p(src), spitch, width, height,
+                                        _MEMCPY_HOST_TO_DEVICE, self._stream)
+            _check(lib, err, "cudaMemcpy2DAsync")
+
+    def mark(self) -> c_void_p:
+        """An event recorded after what is queued so far (wait with
+        :func:`wait_event`, which destroys it)."""
+        lib = self._lib
+        _check(lib, lib.cudaSetDevice(self.device), "cudaSetDevice")
+        event = c_void_p()
+        _check(lib, lib.cudaEventCreateWithFlags(ctypes.byref(event), _EVENT_DISABLE_TIMING),
+               "cudaEventCreateWithFlags")
+        try:
+            _check(lib, lib.cudaEventRecord(event, self._stream), "cudaEventRecord")
+        except BaseException:
+            lib.cudaEventDestroy(event)
+            raise
+        return event
+
+    def synchronize(self) -> None:
+        _check(self._lib, self._lib.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+
+    def close(self) -> None:
+        if self._stream is None:
+            return
+        self._lib.cudaStreamSynchronize(self._stream)
+        self._lib.cudaStreamDestroy(self._stream)
+        self._stream = None
+
+
+def wait_event(event: c_void_p) -> None:
+    """Blocks until `event` (from DeviceStream.mark) completed; destroys it."""
+    lib = _find()
+    try:
+        _check(lib, lib.cudaEventSynchronize(event), "cudaEventSynchronize")
+    finally:
+        lib.cudaEventDestroy(event)

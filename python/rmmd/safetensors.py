@@ -1,357 +1,277 @@
-"""A ``.safetensors`` file straight into a shared buffer: its header becomes
-the buffer's manifest, its bytes go from the file through pinned staging
-memory to the device in overlapping chunks, with no PyTorch (or any other
-framework's) copy in between.
+"""Safetensors checkpoints straight into shared buffers: a file, or a Hugging
+Face model directory (``model.safetensors.index.json`` and its shards),
+whole on one GPU or on several, or split into tensor-parallel ranks; the
+headers become the buffers' manifests, the bytes go from the files through
+staging memory to the devices with no framework in between.
 
     buf = rmmd.safetensors.publish_file("model.safetensors", "gpt/weights",
                                         labels={"revision": "abc"})
-    # any process: rmmd.torch.load_state_dict("gpt/weights"), or
-    # rmmd.SharedBuffer.open(session, "gpt/weights").tensors()
+    model = rmmd.safetensors.publish_dir("Llama-3-8B/", "llama3", devices=[0, 1], tp=2,
+                                         labels={"revision": "abc"}, persistent=True)
+    # rank r, in any process:
+    buf = rmmd.safetensors.open_rank(session, "llama3", rank=r, tp=2,
+                                     plan=rmmd.tp.Plan.llama(), expect={"revision": "abc"})
 
-The format (https://huggingface.co/docs/safetensors): 8 bytes, the header's
-length N as a little-endian unsigned 64-bit integer; N bytes of a JSON
-object mapping each tensor's name to ``{"dtype", "shape", "data_offsets":
-[begin, end]}`` (offsets relative to the byte after the header) and an
-optional ``"__metadata__"`` of strings; then the data. Where the
-``safetensors`` package is installed its reader checks the file too.
+The format (https://huggingface.co/docs/safetensors): 8 bytes of header
+length, a JSON header (each tensor's dtype, shape and data offsets, and an
+optional ``__metadata__`` of strings), then the data. Where the
+``safetensors`` package is installed its reader checks each file too.
 
-The buffer keeps the file's layout (the data as it is, each tensor at its
-offset) where every tensor's offset is a multiple of its element size, as
-in files the safetensors package writes (it orders tensors by alignment);
-otherwise (a file written in another order: a 3-byte bool tensor before a
-float32 one) each tensor is placed at an offset aligned to 256 bytes. The file's ``__metadata__``
-becomes labels where the key is one a label may have.
+A buffer keeps a file's layout (the data as it is, each tensor at its
+offset) where nothing of the file is split and every tensor's offset is a
+multiple of its element size, as in files the safetensors package writes;
+otherwise each tensor starts at a multiple of 256 bytes. The reads are
+parallel, large and aligned (rmmd/_loader.py says how).
 
 This module imports without PyTorch or the safetensors package.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
-import re
-import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
-from . import _cuda
+from . import _loader
 from ._buffer import SharedBuffer
-from ._errors import Error, InvalidArgumentError
-from ._manifest import ITEMSIZE, TensorEntry
+from ._checkpoint import Checkpoint, plan_buffers, plan_reads, read_checkpoint
+from ._errors import InvalidArgumentError
+from ._loader import Destination, LoadStats, Progress
 from ._session import Pool, Session
+from ._st_header import DTYPES, FileTensor, Header, read_header
+from .tp import Plan
 
-__all__ = ["publish_file", "read_header", "Header", "DTYPES"]
+__all__ = [
+    "publish_file",
+    "publish_dir",
+    "Published",
+    "open_rank",
+    "rank_expect",
+    "buffer_names",
+    "read_header",
+    "read_checkpoint",
+    "Header",
+    "FileTensor",
+    "Checkpoint",
+    "LoadStats",
+    "DTYPES",
+]
 
-# safetensors' dtype names -> the manifest's
-DTYPES: dict[str, str] = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "U32": "uint32",
-    "I32": "int32",
-    "F32": "float32",
-    "U64": "uint64",
-    "I64": "int64",
-    "F64": "float64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "C64": "complex64",
-}
-
-# The safetensors package's own bound on a header.
-MAX_HEADER_BYTES = 100_000_000
-ALIGNMENT = 256
-_LABEL_KEY = re.compile(r"[A-Za-z0-9._/:-]{1,128}")
-_MAX_LABELS = 256
-_MAX_LABEL_VALUE = 4096
+DEFAULT_CHUNK_BYTES = 32 << 20
 
 
-@dataclass(frozen=True)
-class FileTensor:
-    """One tensor as the file holds it: bytes [begin, end) of the data."""
+def default_readers() -> int:
+    """Reader threads when none are asked for: 8, fewer on a machine with
+    fewer than 4 CPUs (each thread mostly waits for the storage or the copy
+    engine; 8 keeps a local NVMe or the page cache busy)."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
+def buffer_names(name: str, tp: int = 1, devices: Sequence[int | None] = (None,)) -> list[str]:
+    """The buffers a publish of `name` makes: `name` itself for one buffer;
+    ``name/rank<r>`` for each rank of a tensor-parallel publish (tp > 1);
+    ``name/gpu<d>`` for each device of a replicated one (tp 1, several
+    devices; d is the publisher's CUDA ordinal)."""
+    if tp > 1:
+        return [f"{name}/rank{r}" for r in range(tp)]
+    if len(devices) > 1:
+        return [f"{name}/gpu{d}" for d in devices]
+    return [name]
+
+
+def rank_expect(
+    tp: int = 1, rank: int = 0, plan: Plan | None = None, labels: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The labels guard for rank `rank` of a `tp`-way publish with `plan`,
+    plus `labels` (``{"revision": ...}``): what :func:`open_rank` expects.
+    Give it as ``expect=`` to ``SharedBuffer.open``, ``rmmd.torch.attach``
+    or ``load_state_dict``: a buffer of another split is refused before
+    anything is opened."""
+    out = dict(labels or {})
+    if tp > 1:
+        out.update({"tp.size": str(tp), "tp.rank": str(rank)})
+        if plan is not None:
+            out["tp.plan.sha256"] = plan.sha256
+    return out
+
+
+def open_rank(
+    session: Session,
+    name: str,
+    rank: int = 0,
+    tp: int = 1,
+    plan: Plan | None = None,
+    expect: Mapping[str, str] | None = None,
+    wait: float = 0.0,
+    device: int | None = None,
+) -> SharedBuffer:
+    """Opens rank `rank`'s buffer of the `tp`-way publish `name`
+    (``name/rank<r>``; `name` itself for tp 1), read-only, refused
+    (PreconditionError naming the label) unless it holds that rank's slices
+    of `plan` and carries `expect`."""
+    target = f"{name}/rank{rank}" if tp > 1 else name
+    return SharedBuffer.open(session, target, wait=wait, expect=rank_expect(tp, rank, plan, expect), device=device)
+
+
+@dataclass
+class Published:
+    """What :func:`publish_dir` made: the buffers (the creator's holds, in
+    rank or device order), their devices, and what the load did.
+    ``close()`` lets go of them (non-persistent ones go with it)."""
 
     name: str
-    dtype: str  # the manifest's name
-    shape: tuple[int, ...]
-    begin: int
-    end: int
+    buffers: list[SharedBuffer]
+    devices: list[int | None]
+    ranks: list[int]
+    stats: LoadStats
+    labels: dict[str, str]
 
+    @property
+    def names(self) -> list[str]:
+        return [b.name for b in self.buffers]
 
-@dataclass(frozen=True)
-class Header:
-    """What a safetensors file's header says."""
+    def __iter__(self) -> Iterator[SharedBuffer]:
+        return iter(self.buffers)
 
-    tensors: tuple[FileTensor, ...]  # by offset in the data
-    metadata: Mapping[str, str]
-    data_start: int  # the file offset of the data (8 + header length)
-    file_size: int
-
-
-def read_header(path: str | os.PathLike[str]) -> Header:
-    """Reads and checks the header of the safetensors file at `path`.
-
-    Raises:
-        InvalidArgumentError: not a safetensors file, or one whose header is
-            malformed (the message says where).
-        OSError: the file cannot be read.
-    """
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise InvalidArgumentError(f"rmmd: {path}: {size} bytes, too short for a safetensors file")
-        (n,) = struct.unpack("<Q", prefix)
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            raise InvalidArgumentError(
-                f"rmmd: {path}: the header is said to be {n} bytes, in a file of {size} "
-                "(not a safetensors file?)"
-            )
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidArgumentError(f"rmmd: {path}: the header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise InvalidArgumentError(f"rmmd: {path}: the header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise InvalidArgumentError(f"rmmd: {path}: __metadata__ is not an object of strings")
-    data_start = 8 + n
-    data_bytes = size - data_start
-    tensors = [_file_tensor(path, name, info, data_bytes) for name, info in header.items()]
-    tensors.sort(key=lambda t: (t.begin, t.end))
-    # The format: the data is the tensors' bytes, each after the other,
-    # with no hole and nothing after the last.
-    previous: FileTensor | None = None
-    for t in tensors:
-        end = previous.end if previous is not None else 0
-        if t.begin < end:
-            raise InvalidArgumentError(
-                f"rmmd: {path}: tensors '{previous.name}' and '{t.name}' overlap in the data "  # type: ignore[union-attr]
-                f"([{previous.begin}, {previous.end}) and [{t.begin}, {t.end}))"  # type: ignore[union-attr]
-            )
-        if t.begin > end:
-            raise InvalidArgumentError(
-                f"rmmd: {path}: the data has a hole: bytes [{end}, {t.begin}) before tensor '{t.name}' "
-                "belong to no tensor"
-            )
-        previous = t
-    end = previous.end if previous is not None else 0
-    if end != data_bytes:
-        raise InvalidArgumentError(
-            f"rmmd: {path}: the data is {data_bytes} bytes, but its tensors end at byte {end}"
-        )
-    out = Header(tuple(tensors), dict(metadata), data_start, size)
-    _check_with_package(path, out)
-    return out
-
-
-def _file_tensor(path: str, name: str, info: Any, data_bytes: int) -> FileTensor:
-    if not isinstance(info, dict):
-        raise InvalidArgumentError(f"rmmd: {path}: tensor '{name}' is not an object in the header")
-    dtype = info.get("dtype")
-    if dtype not in DTYPES:
-        raise InvalidArgumentError(
-            f"rmmd: {path}: tensor '{name}' has dtype {dtype!r}, which a buffer cannot hold "
-            f"(it holds {', '.join(DTYPES)})"
-        )
-    shape = info.get("shape")
-    offsets = info.get("data_offsets")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InvalidArgumentError(f"rmmd: {path}: tensor '{name}' has shape {shape!r}")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and o >= 0 for o in offsets)
-        or offsets[0] > offsets[1]
-    ):
-        raise InvalidArgumentError(f"rmmd: {path}: tensor '{name}' has data_offsets {offsets!r}")
-    begin, end = offsets
-    numel = 1
-    for d in shape:
-        numel *= d
-    want = numel * ITEMSIZE[DTYPES[dtype]]
-    if end - begin != want:
-        raise InvalidArgumentError(
-            f"rmmd: {path}: tensor '{name}' ({dtype}, shape {shape}) is {want} bytes, but its "
-            f"data_offsets [{begin}, {end}) span {end - begin}"
-        )
-    if end > data_bytes:
-        raise InvalidArgumentError(
-            f"rmmd: {path}: tensor '{name}' ends at byte {end} of the data, which has {data_bytes}"
-        )
-    return FileTensor(name, DTYPES[dtype], tuple(shape), begin, end)
-
-
-def _check_with_package(path: str, header: Header) -> None:
-    """Where the safetensors package is installed, its reader must see the
-    same tensors and metadata (it refuses files our reader might miss)."""
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        return
-    try:
-        with safe_open(path, framework="numpy") as f:
-            names = set(f.keys())
-            metadata = f.metadata() or {}
-    except Exception as e:  # safetensors_rust.SafetensorError
-        raise InvalidArgumentError(f"rmmd: {path}: the safetensors package refuses it: {e}") from None
-    ours = {t.name for t in header.tensors}
-    if names != ours or dict(metadata) != dict(header.metadata):
-        raise InvalidArgumentError(
-            f"rmmd: {path}: the safetensors package reads another header "
-            f"({len(names)} tensors) than rmmd does ({len(ours)})"
-        )
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """Bytes [src, src + nbytes) of the file go to [dst, dst + nbytes) of the buffer."""
-
-    src: int
-    dst: int
-    nbytes: int
-
-
-def _layout(header: Header) -> tuple[list[TensorEntry], list[_Segment], int]:
-    """The manifest's entries, the copies to make and the buffer's size:
-    the file's layout where every offset suits its dtype, else each tensor
-    aligned to 256 bytes."""
-    keep = all(t.begin % ITEMSIZE[t.dtype] == 0 for t in header.tensors if t.end > t.begin)
-    entries: list[TensorEntry] = []
-    segments: list[_Segment] = []
-    offset = 0
-    for t in header.tensors:
-        n = t.end - t.begin
-        if n == 0:  # no bytes, so no place of its own: offset 0
-            entries.append(TensorEntry(t.name, t.dtype, t.shape, 0))
-            continue
-        if keep:
-            offset = t.begin
-        else:
-            offset = (offset + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        entries.append(TensorEntry(t.name, t.dtype, t.shape, offset))
-        src = header.data_start + t.begin
-        last = segments[-1] if segments else None
-        if last is not None and last.src + last.nbytes == src and last.dst + last.nbytes == offset:
-            segments[-1] = _Segment(last.src, last.dst, last.nbytes + n)
-        else:
-            segments.append(_Segment(src, offset, n))
-        offset += n
-    return entries, segments, max((offset + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT, ALIGNMENT)
-
-
-def _labels(metadata: Mapping[str, str], labels: Mapping[str, str] | None) -> dict[str, str]:
-    """The caller's labels, then the file's metadata where a key is one a
-    label may have, up to the daemon's bound on labels."""
-    out = dict(labels or {})
-    for k in sorted(metadata):
-        if len(out) >= _MAX_LABELS:
-            break
-        v = metadata[k]
-        if (
-            k not in out
-            and _LABEL_KEY.fullmatch(k)
-            and not k.startswith("rmmd.")
-            and len(v.encode("utf-8")) <= _MAX_LABEL_VALUE
-        ):
-            out[k] = v
-    return out
-
-
-def _read_fully(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise InvalidArgumentError(f"rmmd: the file ended early, at byte {offset + done}")
-        done += n
-
-
-def _chunks(segments: list[_Segment], chunk: int) -> Iterator[_Segment]:
-    for s in segments:
-        for start in range(0, s.nbytes, chunk):
-            n = min(chunk, s.nbytes - start)
-            yield _Segment(s.src + start, s.dst + start, n)
-
-
-class _Staging:
-    """Page-locked host memory to stage chunks in: from the session's
-    pinnable host pool where it has one (rmmd's memory, counted as the
-    session's), else from cudaHostAlloc."""
-
-    def __init__(self, session: Session, nbytes: int) -> None:
-        self._allocation: Any = None
-        self._cuda_ptr = 0
-        for pool in session.pools:
-            if pool.is_host and pool.pinnable:
-                try:
-                    resource = session.host_resource(pool=pool, pinned=True)
-                    self._allocation = resource.allocation(nbytes)
-                    self._resource = resource
-                    self.ptr = self._allocation.ptr
-                    self.view = self._allocation.memoryview()
-                    self.source = f"host pool '{pool.name}'"
-                    return
-                except Error:  # full, or not pinnable here: the CUDA runtime's then
-                    self._allocation = None
-        self._cuda_ptr = _cuda.host_alloc(nbytes)
-        self.ptr = self._cuda_ptr
-        self.view = memoryview((ctypes.c_ubyte * nbytes).from_address(self.ptr)).cast("B")
-        self.source = "cudaHostAlloc"
+    def __len__(self) -> int:
+        return len(self.buffers)
 
     def close(self) -> None:
-        self.view.release()
-        if self._allocation is not None:
-            self._allocation.free()
-            self._resource.close()
-            self._allocation = None
-        if self._cuda_ptr:
-            _cuda.free_host(self._cuda_ptr)
-            self._cuda_ptr = 0
+        for b in self.buffers:
+            b.close()
+
+    def __enter__(self) -> "Published":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _copy_to_host(buf: SharedBuffer, fd: int, segments: list[_Segment]) -> None:
-    """A host buffer is the destination and readable memory itself: the file
-    is read straight into it."""
-    view = buf.memoryview()
+def publish_dir(
+    path: str | os.PathLike[str],
+    name: str,
+    *,
+    session: Session | None = None,
+    devices: Sequence[int] | None = None,
+    tp: int = 1,
+    plan: Plan | str | None = None,
+    labels: Mapping[str, str] | None = None,
+    pool: str | Pool | None = None,
+    persistent: bool = False,
+    gid: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    readers: int | None = None,
+    io: str = "auto",
+    keep_layout: bool = True,
+    progress: Progress | None = None,
+) -> Published:
+    """Publishes the checkpoint at `path` (a model directory, or one
+    ``.safetensors`` file) as one buffer per device (tp 1) or per rank.
+
+    Each buffer's manifest holds its tensors (a rank's: its slices, with
+    their shapes) and labels: `labels`, then what the checkpoint says of
+    itself (its files' ``__metadata__``; ``config.<key>`` for config.json's
+    scalar entries and ``config.sha256``; ``checkpoint.shards``,
+    ``checkpoint.bytes``, ``checkpoint.sha256`` of the headers and index;
+    ``revision`` for a Hugging Face cache snapshot), and for tp > 1
+    ``tp.size``, ``tp.rank``, ``tp.plan`` (the plan's JSON where it fits),
+    ``tp.plan.name`` and ``tp.plan.sha256``.
+
+    Args:
+        devices: the GPUs (this process's ordinals); tp > 1: one per rank,
+            rank r on devices[r] (default ``range(tp)``); tp 1: a whole copy
+            on each (default: the current device). Buffers are named as
+            :func:`buffer_names` says.
+        tp, plan: ranks, and the :class:`rmmd.tp.Plan` (or a plan's name,
+            or a JSON file) splitting tensors among them (default: "llama").
+        pool: a pool by name instead of devices (a host pool: every rank's
+            buffer there).
+        persistent, gid: as :meth:`rmmd.SharedBuffer.create`.
+        chunk_bytes, readers, io: reads of at most `chunk_bytes`, by
+            `readers` threads (default :func:`default_readers`), through the
+            page cache or not (``"auto"``, ``"direct"``, ``"buffered"``).
+        keep_layout: keep each file's layout where nothing is split (fewer,
+            larger copies); ``False``: every tensor at a multiple of 256 bytes.
+        progress: called after each read (from a reader thread).
+
+    Raises:
+        InvalidArgumentError: no checkpoint at `path`, a malformed header or
+            index, a plan that does not divide a tensor, devices that do not
+            match `tp`; the daemon's refusals. Nothing is left published.
+        OSError: a file cannot be read.
+        AlreadyExistsError, OutOfMemoryError, PermissionError: as
+            :meth:`rmmd.SharedBuffer.create`.
+    """
+    tp = int(tp)
+    if tp < 1:
+        raise InvalidArgumentError(f"rmmd: tp is {tp}; give 1 or more ranks")
+    if int(chunk_bytes) <= 0:
+        raise InvalidArgumentError(f"rmmd: chunk_bytes is {chunk_bytes}; give a positive size")
+    if io not in _loader.IO_MODES:
+        raise InvalidArgumentError(f"rmmd: io is {io!r}; give one of {', '.join(_loader.IO_MODES)}")
+    if tp > 1 and not isinstance(plan, Plan):
+        plan = Plan.load(plan or "llama")
+    elif tp == 1:
+        plan = None
+    targets_devices = _devices(devices, tp, pool)
+    ckpt = read_checkpoint(path)
+    chunk = -(-int(chunk_bytes) // _loader.IO_ALIGNMENT) * _loader.IO_ALIGNMENT
+    ranks = list(range(tp)) if tp > 1 else [0] * len(targets_devices)
+    layouts, where = plan_buffers(ckpt, tp, plan, keep_layout)
+    reads = plan_reads(ckpt, ranks, tp, plan, where, chunk)
+    names = buffer_names(name, tp, targets_devices)
+    base = {**ckpt.labels, **(labels or {})}
+    s = session if session is not None else Session(client_name="rmmd.safetensors")
+    buffers: list[SharedBuffer] = []
     try:
-        for s in segments:
-            _read_fully(fd, view[s.dst : s.dst + s.nbytes], s.src)
-    finally:
-        view.release()
+        for bname, dev, rank in zip(names, targets_devices, ranks):
+            buffers.append(
+                SharedBuffer.create(s, bname, layouts[rank].nbytes, pool=pool, device=dev, persistent=persistent, gid=gid)
+            )
+        destinations = [Destination(b.ptr, None if b.is_host else b.device) for b in buffers]
+        stats = _loader.load(
+            ckpt.files, reads, destinations, chunk=chunk, readers=readers or default_readers(), io=io,
+            progress=progress,
+        )
+        for b, rank in zip(buffers, ranks):
+            b.set_manifest(layouts[rank].entries, {**base, **_tp_labels(tp, rank, plan)})
+        for b in buffers:
+            b.publish()
+    except BaseException:
+        for b in buffers:
+            if persistent:
+                try:
+                    SharedBuffer.delete(s, b.name)
+                except Exception:  # noqa: BLE001: the first error is the one to raise
+                    pass
+            b.close()
+        raise
+    return Published(name, buffers, [b.device if not b.is_host else None for b in buffers], ranks, stats, base)
 
 
-def _copy_to_device(buf: SharedBuffer, fd: int, segments: list[_Segment], chunk_bytes: int) -> str:
-    """Reads chunk k+1 into one staging slot while chunk k's copy to the
-    device runs from the other. Returns where the staging memory came from."""
-    total = sum(s.nbytes for s in segments)
-    chunk = min(chunk_bytes, max(total, 1))
-    slots = 2 if total > chunk else 1
-    staging = _Staging(buf.session, chunk * slots)
-    try:
-        with _cuda.on_device(buf.device):
-            stream = _cuda.CopyStream(slots)
-            try:
-                slot = 0
-                for c in _chunks(segments, chunk):
-                    stream.wait_slot(slot)
-                    at = slot * chunk
-                    _read_fully(fd, staging.view[at : at + c.nbytes], c.src)
-                    stream.copy_to_device(buf.ptr + c.dst, staging.ptr + at, c.nbytes, slot)
-                    slot = (slot + 1) % slots
-                stream.synchronize()
-            finally:
-                stream.close()
-    finally:
-        staging.close()
-    return staging.source
+def _devices(devices: Sequence[int] | None, tp: int, pool: str | Pool | None) -> list[int | None]:
+    if pool is not None:
+        if devices is not None:
+            raise InvalidArgumentError("rmmd: give devices or pool, not both")
+        return [None] * tp
+    if devices is None:
+        return list(range(tp)) if tp > 1 else [None]
+    out = [int(d) for d in devices]
+    if not out or any(d < 0 for d in out) or len(set(out)) != len(out):
+        raise InvalidArgumentError(f"rmmd: devices is {list(devices)}; give distinct CUDA ordinals >= 0")
+    if tp > 1 and len(out) != tp:
+        raise InvalidArgumentError(f"rmmd: tp {tp} takes one device per rank; devices {out} are {len(out)}")
+    return list(out)
+
+
+def _tp_labels(tp: int, rank: int, plan: Plan | None) -> dict[str, str]:
+    if tp == 1 or plan is None:
+        return {}
+    out = {"tp.size": str(tp), "tp.rank": str(rank), "tp.plan.name": plan.name, "tp.plan.sha256": plan.sha256}
+    text = plan.to_json()
+    if len(text.encode()) <= 4096:
+        out["tp.plan"] = text
+    return out
 
 
 def publish_file(
@@ -364,21 +284,22 @@ def publish_file(
     pool: str | Pool | None = None,
     persistent: bool = False,
     gid: int | None = None,
-    chunk_bytes: int = 64 << 20,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    readers: int | None = None,
+    io: str = "auto",
 ) -> SharedBuffer:
     """Publishes the safetensors file at `path` as the shared buffer
-    `name`: the header as the manifest (tensors, and ``__metadata__`` as
-    labels), the data copied in through pinned staging memory in chunks of
-    `chunk_bytes`, two at a time (one read from the file while the other is
-    copied to the device). Returns the creator's hold.
+    `name`: the header as the manifest (tensors; ``__metadata__`` and the
+    ``checkpoint.*`` labels), the data copied in as :func:`publish_dir`
+    does. Returns the creator's hold.
 
     Args:
         session: the session to create it in; ``None``: a new one.
-        labels: the manifest's labels, before the file's metadata.
+        labels: the manifest's labels, before the file's.
         device: the GPU whose CUDA pool holds it; ``None``: the current one.
-        pool: a pool by name instead (a host pool: the file is read straight
-            into the buffer, no staging).
+        pool: a pool by name instead (a host pool: no pinned staging).
         persistent, gid: as :meth:`rmmd.SharedBuffer.create`.
+        chunk_bytes, readers, io: as :func:`publish_dir`.
 
     Raises:
         InvalidArgumentError: not a safetensors file, a malformed header, a
@@ -387,28 +308,20 @@ def publish_file(
         AlreadyExistsError, OutOfMemoryError, PermissionError: as
             :meth:`rmmd.SharedBuffer.create`.
     """
-    if int(chunk_bytes) <= 0:
-        raise InvalidArgumentError(f"rmmd: chunk_bytes is {chunk_bytes}; give a positive size")
-    header = read_header(path)
-    if not header.tensors:
-        raise InvalidArgumentError(f"rmmd: {os.fspath(path)} holds no tensors: nothing to publish")
-    entries, segments, nbytes = _layout(header)
-    s = session if session is not None else Session(client_name="rmmd.safetensors")
-    buf = SharedBuffer.create(s, name, nbytes, pool=pool, device=device, persistent=persistent, gid=gid)
-    try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if buf.is_host:
-                _copy_to_host(buf, fd, segments)
-            else:
-                _copy_to_device(buf, fd, segments, int(chunk_bytes))
-        finally:
-            os.close(fd)
-        buf.set_manifest(entries, _labels(header.metadata, labels))
-        buf.publish()
-    except BaseException:
-        if persistent:
-            SharedBuffer.delete(s, name)
-        buf.close()
-        raise
-    return buf
+    if os.path.isdir(os.fspath(path)):
+        raise InvalidArgumentError(f"rmmd: {os.fspath(path)} is a directory: use publish_dir")
+    published = publish_dir(
+        path,
+        name,
+        session=session,
+        devices=None if device is None else [device],
+        labels=labels,
+        pool=pool,
+        persistent=persistent,
+        gid=gid,
+        chunk_bytes=chunk_bytes,
+        readers=readers,
+        io=io,
+    )
+    return published.buffers[0]
+

@@ -54,6 +54,11 @@ def sample() -> dict[str, np.ndarray]:
     }
 
 
+def file_labels(buf: rmmd.SharedBuffer) -> dict[str, str]:
+    """The labels but the checkpoint's own (checkpoint.*)."""
+    return {k: v for k, v in buf.labels.items() if not k.startswith("checkpoint.")}
+
+
 def check_tensors(buf: rmmd.SharedBuffer, want: dict[str, np.ndarray]) -> None:
     got = buf.tensors("numpy")
     assert set(got) == set(want)
@@ -76,7 +81,12 @@ def test_a_file_becomes_a_buffer_with_its_header_as_the_manifest(
         # The file's layout is kept: each tensor at its offset in the data.
         kept = {n: b for n, (b, e) in offsets.items() if e > b}
         assert {t.name: t.offset for t in buf.manifest.tensors if t.nbytes} == kept
-        assert buf.labels == {"format": "pt", "revision": "mine"}
+        assert file_labels(buf) == {"format": "pt", "revision": "mine"}
+        # What the checkpoint says of itself: one shard, its data's bytes,
+        # the sha256 of its header (the same file gives the same one).
+        assert buf.labels["checkpoint.shards"] == "1"
+        assert buf.labels["checkpoint.bytes"] == str(max(e for _, e in offsets.values()))
+        assert buf.labels["checkpoint.sha256"] == rmmd.safetensors.read_checkpoint(path).labels["checkpoint.sha256"]
         other = rmmd.Session(runtime_dir=str(daemon.runtime_dir), client_name="reader")
         with other, rmmd.SharedBuffer.open(other, "st/model", expect={"format": "pt"}) as seen:
             assert not seen.writable
@@ -144,5 +154,5 @@ def test_a_file_the_safetensors_package_wrote(tmp_path: Path, session: rmmd.Sess
     st.save_file(tensors, str(path), metadata={"model": "tiny"})
     with rmmd.safetensors.publish_file(path, "st/pkg", session=session, pool=session.host_pool) as buf:
         check_tensors(buf, tensors)
-        assert buf.labels == {"model": "tiny"}
+        assert file_labels(buf) == {"model": "tiny"}
         assert len(buf.manifest) == len(tensors)
