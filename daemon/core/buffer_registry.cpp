@@ -172,6 +172,13 @@ absl::StatusOr<buffer_registry::create_target> buffer_registry::check_create_loc
   if (auto taken = state_.buffer_names.find(std::string(name));
       taken != state_.buffer_names.end()) {
     auto const& other = *state_.buffers.at(taken->second);
+    if (!may_open_locked(other, (*found)->peer)) {
+      // Names are one namespace per node, so the name's use cannot be
+      // hidden; whose buffer it is, and which, can.
+      return absl::AlreadyExistsError(absl::StrCat(
+          request,
+          ": the name is taken by a buffer this session may not see; choose another name"));
+    }
     return absl::AlreadyExistsError(absl::StrFormat(
         "%s: the name is taken by buffer %d (%s, created by uid %d pid %d); open it, choose "
         "another name, or delete it first (rmmctl buffers delete NAME)",
@@ -328,9 +335,13 @@ absl::StatusOr<buffer_entry*> buffer_registry::writing_buffer_locked(session_id 
                                                                      std::string const& request,
                                                                      char const* what)
 {
-  if (auto found = state_.session_locked(session, request); !found.ok()) { return found.status(); }
+  auto found = state_.session_locked(session, request);
+  if (!found.ok()) { return found.status(); }
   auto it = state_.buffers.find(id);
-  if (it == state_.buffers.end() || it->second->creating) {
+  // A buffer the caller's uid may not open is answered as one that does not
+  // exist.
+  if (it == state_.buffers.end() || it->second->creating ||
+      !may_open_locked(*it->second, (*found)->peer)) {
     return absl::NotFoundError(
         absl::StrCat(request, ": no such buffer (never created, or freed already)"));
   }
@@ -394,21 +405,16 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
     if (!found.ok()) { return found.status(); }
     auto& s = **found;
     absl::Status waitable;  // the buffer is missing or unpublished: worth waiting for
-    if (auto n = state_.buffer_names.find(key); n == state_.buffer_names.end()) {
+    auto n = state_.buffer_names.find(key);
+    // A buffer this uid may not open is answered, and waited for, as one that
+    // does not exist: its name, creator and state stay hidden.
+    if (n == state_.buffer_names.end() || !may_open_locked(*state_.buffers.at(n->second), s.peer)) {
       waitable = absl::NotFoundError(
           absl::StrCat(request,
                        ": no buffer has this name (see `rmmctl buffers`); its creator may not have "
                        "created it yet (open with a wait to wait for it)"));
     } else {
       auto& b = *state_.buffers.at(n->second);
-      if (!may_open_locked(b, s.peer)) {
-        return absl::PermissionDeniedError(absl::StrFormat(
-            "%s: uid %d may not open it; only its creator's uid %d, root%s may",
-            request,
-            s.peer.uid,
-            b.creator_uid,
-            b.gid ? absl::StrFormat(" and members of gid %d", *b.gid) : std::string()));
-      }
       if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
         if (auto refused = open_refusal_locked(b, session, how, request)) { return *refused; }
@@ -498,7 +504,8 @@ absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,
   if (!found.ok()) { return found.status(); }
   auto const uid = (*found)->peer.uid;
   auto n         = state_.buffer_names.find(std::string(name));
-  if (n == state_.buffer_names.end()) {
+  if (n == state_.buffer_names.end() ||
+      !may_open_locked(*state_.buffers.at(n->second), (*found)->peer)) {
     return absl::NotFoundError(
         absl::StrCat(request, ": no buffer has this name (see `rmmctl buffers`)"));
   }

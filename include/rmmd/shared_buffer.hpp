@@ -215,9 +215,10 @@ struct shared_buffer_options {
 /// (data() of each open), each released with its last open.
 ///
 /// Throws (create, open): rmmd::logic_error for a bad name, size, alignment
-/// or pool, rmmd::not_found_error (no such name), rmmd::already_exists_error
-/// (name taken), rmmd::logic_error (not published yet), rmmd::permission_error
-/// (uid or gid), rmm::out_of_memory (quota, pool), rmmd::session_error
+/// or pool, rmmd::not_found_error (no such name, or none this uid or gid may
+/// open: the same answer), rmmd::already_exists_error (name taken),
+/// rmmd::logic_error (not published yet), rmmd::permission_error (for writing
+/// where the creator allowed no writers), rmm::out_of_memory (quota, pool), rmmd::session_error
 /// (daemon gone), rmm::bad_alloc (a CUDA error, named).
 ///
 /// Thread safety: distinct objects may be used from any thread; one object
@@ -281,8 +282,9 @@ class shared_buffer {
 
   /// Deletes the buffer named `name`: the name is free at once, the memory
   /// goes back after the last holder. Returns how many sessions hold it
-  /// still. Only the creator's uid and root may (rmmd::permission_error);
-  /// rmmd::not_found_error when no buffer has the name.
+  /// still. Only the creator's uid and root may (rmmd::permission_error for
+  /// a uid that may open it); rmmd::not_found_error when no buffer has the
+  /// name or this uid may not open it.
   static std::size_t remove(session const& s, std::string_view name);
 
   /// An empty buffer (what a moved-from one is): data() is null.

@@ -193,10 +193,12 @@ class SharedBuffer(Memory):
                 buffer of another node in a process that sees no GPU (or no
                 GPU `device`); a buffer of this node that is not on `device`.
             NotFoundError: no buffer has the name (or the wait ended first),
-                or no peer of this node's daemon has the node's name.
+                none that this uid or gid may open (answered in the same
+                words, so it stays hidden), or no peer of this node's daemon
+                has the node's name.
             PreconditionError: not published yet (or the wait ended first),
                 or a label differs from `expect`.
-            PermissionError: this uid or gid may not open it, or `writable`
+            PermissionError: `writable`
                 where the creator did not allow writers; another node's
                 grants do not name it for this node.
             SessionError: the daemon is gone or draining; or, for a buffer

@@ -154,7 +154,7 @@ TEST_F(KeptBuffers, AnAdoptedBufferIsServedChargedAndFreedThroughItsRelease)
   EXPECT_EQ((*list)[0].creator_pid, 77);
   EXPECT_EQ((*list)[0].labels.at("model"), "m1");
   EXPECT_EQ(core_->buffers().open_buffer(open(bob), "team/adopted").status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   auto grant = core_->buffers().open_buffer(a, "team/adopted");
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->block.fd, memory.fd);

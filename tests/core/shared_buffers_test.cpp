@@ -8,6 +8,7 @@
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
 
+#include <absl/strings/str_replace.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@ namespace rmmd::core {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 constexpr std::size_t MiB       = std::size_t{1} << 20;
@@ -164,9 +166,9 @@ TEST_F(SharedBuffers, TheMemoryGoesBackWithTheLastHolderNotBefore)
   ASSERT_TRUE(core_->buffers().publish_buffer(producer, made->id).ok());
   std::vector<session_id> consumers;
   for (int i = 0; i < 8; ++i) { consumers.push_back(open(peer(bob, team))); }
-  // bob may not open alice's buffer: it names no group.
+  // bob may not open alice's buffer: it names no group, so it is not there for him.
   EXPECT_EQ(core_->buffers().open_buffer(consumers[0], "batch/7").status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   core_->close_session(producer);
   EXPECT_TRUE(pool_is_empty());  // nobody held it: gone with its creator
 
@@ -230,7 +232,7 @@ TEST_F(SharedBuffers, APersistentBufferOutlivesEveryHolderUntilDeleted)
 
   auto other = open(peer(bob));
   EXPECT_EQ(core_->buffers().delete_buffer(other, "model/w").status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);  // another uid's private buffer: not there for it
   auto admin   = open(peer(0));
   auto deleted = core_->buffers().delete_buffer(admin, "model/w");
   ASSERT_TRUE(deleted.ok());
@@ -288,11 +290,53 @@ TEST_F(SharedBuffers, WhoMayOpenFollowsTheCreatorsUidTheGidAndRoot)
   auto outsider = open(peer(bob, 7, {8}));
   auto before   = fingerprint();
   auto refused  = core_->buffers().open_buffer(outsider, "g");
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(refused.status().message(), HasSubstr("gid 500"));
-  EXPECT_TRUE(core_->buffers().list_buffers(outsider)->empty());  // nor does it see it
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);  // it is not there for it
+  EXPECT_TRUE(core_->buffers().list_buffers(outsider)->empty());    // nor does it see it
   EXPECT_EQ(fingerprint(), before);
   EXPECT_EQ(core_->buffers().list_buffers(open(peer(0)))->size(), 1u);
+}
+
+// A buffer a caller may not see is, for every call, a buffer that does not
+// exist, in the same words: nothing says it is there, whose it is or its id.
+TEST_F(SharedBuffers, ABufferAnotherUidMayNotSeeAnswersEveryCallAsAMissingOne)
+{
+  auto producer = open(peer(alice));
+  auto kept     = core_->buffers().create_buffer(producer, "a/private", 0, MiB, {});
+  ASSERT_TRUE(kept.ok());
+  auto draft = core_->buffers().create_buffer(producer, "a/draft", 0, MiB, {});
+  ASSERT_TRUE(draft.ok());
+  ASSERT_TRUE(core_->buffers().publish_buffer(producer, kept->id).ok());
+  auto other        = open(peer(bob, 7));
+  auto const before = fingerprint();
+  auto same = [](absl::Status const& hidden, absl::Status const& missing, std::string_view name) {
+    EXPECT_EQ(hidden.code(), absl::StatusCode::kNotFound) << hidden;
+    EXPECT_EQ(hidden.code(), missing.code());
+    EXPECT_EQ(absl::StrReplaceAll(std::string(hidden.message()), {{std::string(name), "NAME"}}),
+              absl::StrReplaceAll(std::string(missing.message()), {{"x/none", "NAME"}}));
+    EXPECT_THAT(hidden.message(), Not(HasSubstr("1000")));
+  };
+  same(core_->buffers().open_buffer(other, "a/private").status(),
+       core_->buffers().open_buffer(other, "x/none").status(),
+       "a/private");
+  same(core_->buffers().describe_buffer(other, "a/private").status(),
+       core_->buffers().describe_buffer(other, "x/none").status(),
+       "a/private");
+  auto deleted = core_->buffers().delete_buffer(other, "a/private");
+  same(deleted.status(), core_->buffers().delete_buffer(other, "x/none").status(), "a/private");
+  // By id: another's unpublished buffer is no buffer, and says not its name.
+  auto const published = core_->buffers().publish_buffer(other, draft->id);
+  EXPECT_EQ(published.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(published.message(), Not(HasSubstr("a/draft")));
+  // Names are the node's, so a taken one cannot be hidden; whose it is can.
+  auto taken = core_->buffers().create_buffer(other, "a/private", 0, MiB, {});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(taken.status().message(), Not(HasSubstr("1000")));
+  EXPECT_THAT(taken.status().message(), HasSubstr("may not see"));
+  EXPECT_EQ(fingerprint(), before);
+  // Its own uid and root still get the precise answers.
+  EXPECT_TRUE(core_->buffers().open_buffer(open(peer(alice)), "a/private").ok());
+  EXPECT_EQ(core_->buffers().create_buffer(open(peer(0)), "a/private", 0, MiB, {}).status().code(),
+            absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(SharedBuffers, TheCreatorsUidIsChargedOnceHoweverManyOpen)
@@ -415,10 +459,10 @@ TEST_F(SharedBuffers, EveryRefusalSaysWhyAndChangesNothing)
       core_->buffers().close_buffer(mine, made->id),
       absl::StatusCode::kNotFound,
       "does not hold it");
-  add("delete, another uid",
+  add("delete, another uid's private buffer (not there for it)",
       core_->buffers().delete_buffer(other, "taken").status(),
-      absl::StatusCode::kPermissionDenied,
-      "uid 2000 may not delete it");
+      absl::StatusCode::kNotFound,
+      "no buffer has this name");
   add("delete, unknown",
       core_->buffers().delete_buffer(other, "nothing").status(),
       absl::StatusCode::kNotFound,

@@ -11,6 +11,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <absl/strings/str_replace.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -800,14 +801,21 @@ TEST(RmmctlPermission, BuffersAreDeletedByTheCreatorsUidAndRootOnly)
   EXPECT_EQ(row_named(table.out, "shared/with-nogroup")["GID"], std::to_string(nobody))
       << table.out;
 
-  // Opening is not deleting: exit code 4 for both, and nothing changes.
-  for (std::string name : {"root/only", "shared/with-nogroup"}) {
-    auto r = rmmctl({"--runtime-dir", dir.string(), "buffers", "delete", name}, true, true);
-    EXPECT_EQ(r.status, exit_denied) << r.out;
-    EXPECT_THAT(r.out,
-                HasSubstr("uid 65534 may not delete it; only its creator's uid 0 and root may"))
-        << name;
-  }
+  // Opening is not deleting: exit code 4 for the buffer it may open, and
+  // nothing changes. The one it may not open is not there for it: exit code
+  // 1, as for a name no buffer has, in the same words.
+  auto r = rmmctl(
+      {"--runtime-dir", dir.string(), "buffers", "delete", "shared/with-nogroup"}, true, true);
+  EXPECT_EQ(r.status, exit_denied) << r.out;
+  EXPECT_THAT(r.out,
+              HasSubstr("uid 65534 may not delete it; only its creator's uid 0 and root may"));
+  auto hidden =
+      rmmctl({"--runtime-dir", dir.string(), "buffers", "delete", "root/only"}, true, true);
+  auto missing =
+      rmmctl({"--runtime-dir", dir.string(), "buffers", "delete", "root/none"}, true, true);
+  EXPECT_EQ(hidden.status, exit_failed) << hidden.out;
+  EXPECT_EQ(absl::StrReplaceAll(hidden.out, {{"root/only", "NAME"}}),
+            absl::StrReplaceAll(missing.out, {{"root/none", "NAME"}}));
   EXPECT_EQ(list_size(rmmctl({"--runtime-dir", dir.string(), "buffers", "--json"})), 2);
   auto by_root = rmmctl({"--runtime-dir", dir.string(), "buffers", "delete", "root/only"});
   EXPECT_EQ(by_root.status, exit_ok) << by_root.out;
