@@ -1,5 +1,6 @@
 #include "daemon/core/core_stats.hpp"
 
+#include <algorithm>
 #include <tuple>
 
 namespace rmmd::core {
@@ -55,6 +56,31 @@ session_listing core_stats::top(session_map const& sessions,
   return out;
 }
 
+namespace {
+
+/// Buffers a restart adopted (their memory is no tenant backend's, so no
+/// slot counts them) in their tenant's row of `pool`; a tenant without a
+/// slot yet (no session of it since the restart) gets a row of its own.
+void add_adopted(std::vector<tenant_pool_stats>& rows,
+                 std::map<buffer_id, std::unique_ptr<buffer_entry>> const& buffers,
+                 pool_id pool,
+                 pool_tenants const& tenants)
+{
+  for (auto const& [id, b] : buffers) {
+    if (b->pool != pool || !b->release) { continue; }
+    // A pool with one backend for everyone has one row, whoever adopted.
+    auto const tenant = tenants.per_tenant() ? b->tenant.text() : tenant_key{}.text();
+    auto row =
+        std::find_if(rows.begin(), rows.end(), [&](auto const& r) { return r.tenant == tenant; });
+    if (row == rows.end()) { row = rows.insert(rows.end(), tenant_pool_stats{.tenant = tenant}); }
+    row->in_use_bytes += b->charge;
+    row->high_water_bytes = std::max(row->high_water_bytes, row->in_use_bytes);
+    ++row->shared_buffers;
+  }
+}
+
+}  // namespace
+
 stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_sessions) const
 {
   stats_snapshot out;
@@ -80,6 +106,7 @@ stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_s
           .backend_used_bytes     = u ? std::optional(u->used_bytes) : std::nullopt,
           .shared_buffers         = slot.buffers});
     }
+    add_adopted(tenants, in.buffers, static_cast<pool_id>(i), p.tenants);
     out.pools.push_back(pool_stats{
         .pool                   = std::move(in.descriptions[i]),
         .tenants                = std::move(tenants),

@@ -143,6 +143,10 @@ TEST_F(KeptBuffers, AnAdoptedBufferIsServedChargedAndFreedThroughItsRelease)
   auto const stats = core_->pools().stats();
   EXPECT_EQ(stats.pools[0].in_use_bytes, MiB);
   EXPECT_EQ(stats.uid_shared_bytes.at(alice), MiB);
+  // The pool's row per tenant (one backend for everyone here) counts it too.
+  ASSERT_EQ(stats.pools[0].tenants.size(), 1u);
+  EXPECT_EQ(stats.pools[0].tenants[0].in_use_bytes, MiB);
+  EXPECT_EQ(stats.pools[0].tenants[0].shared_buffers, 1u);
 
   // Its owner's uid sees it published with its manifest; another uid does not.
   auto a    = open(alice);
@@ -190,6 +194,51 @@ TEST_F(KeptBuffers, AdoptionRefusesATakenNameABadPoolAndASizeAboveTheAllocation)
   EXPECT_EQ(core_->buffers().adopt_buffer(spec("../x", 0, MiB)).status().code(),
             absl::StatusCode::kInvalidArgument);
   ::close(memory.fd);
+}
+
+// With a backend per tenant, an adopted buffer is in its creator's tenant
+// row: the rows add up to the pool's total, before and after a session of
+// that tenant makes its slot.
+TEST(AdoptedBuffers, CountInTheirTenantsRowOfThePool)
+{
+  core_options o;
+  o.access.uids = {0, alice, bob};
+  daemon_core core(std::move(o));
+  auto const pool = core.pools().add_pool(
+      pool_config{.name = "host", .handle_types = {handle_type::host_offset}},
+      backend_traits{.name = "host", .space = memory_space::host},
+      16 * MiB,
+      [](tenant_key const& t) {
+        return std::make_unique<backends::host::host_backend>("t", 16 * MiB, false, t.text());
+      });
+  int fd = ::memfd_create("kept", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(MiB)), 0);
+  auto id = core.buffers().adopt_buffer(
+      adopted_buffer_spec{.name        = "team/adopted",
+                          .pool        = pool,
+                          .size        = MiB,
+                          .persistent  = true,
+                          .creator_uid = alice,
+                          .memory      = {.block = {.bytes = MiB}, .fd = fd, .host_memfd = true},
+                          .release     = [](shared_allocation const& m) { ::close(m.fd); }});
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto rows = [&] { return core.pools().stats().pools[pool].tenants; };
+  ASSERT_EQ(rows().size(), 1u);  // no session of alice yet: a row of its own
+  EXPECT_EQ(rows()[0].tenant, "uid 1000");
+  EXPECT_EQ(rows()[0].in_use_bytes, MiB);
+  EXPECT_EQ(rows()[0].shared_buffers, 1u);
+
+  auto s = core.sessions().open_session(
+      peer_credentials{.pid = 1, .uid = alice, .gid = 100}, "test", "test");
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(core.leases().allocate(s->id, pool, MiB, 0).ok());
+  auto const after = rows();
+  ASSERT_EQ(after.size(), 1u);  // its slot's row, with the adopted buffer in it
+  EXPECT_EQ(after[0].in_use_bytes, 2 * MiB);
+  EXPECT_EQ(after[0].shared_buffers, 1u);
+  EXPECT_EQ(core.pools().stats().pools[pool].in_use_bytes, 2 * MiB);
+  ASSERT_TRUE(core.buffers().delete_buffer(s->id, "team/adopted").ok());
+  EXPECT_EQ(rows()[0].in_use_bytes, MiB);
 }
 
 }  // namespace
