@@ -4,7 +4,9 @@
 # and shows what docs/operations.md "Restart and upgrade" promises: a
 # published persistent host buffer lives in systemd's fd store across
 # `systemctl kill -s SIGKILL rmmd` (and the automatic restart) and across
-# `systemctl restart rmmd`, with the same bytes, and a stop drops it.
+# `systemctl restart rmmd`, with the same bytes, also after six restarts in
+# a row (the start limit must not fail the unit and drop the store), and a
+# stop drops it.
 #
 #   sudo ./scripts/systemd-container-check.sh     (root; no GPU needed)
 #
@@ -357,6 +359,47 @@ store_fds
 show as_rmmd rmmd_share_client consume "$buf" "$bytes" "$seed" --wait-ms 5000 </dev/null
 what="after systemctl restart: a new rmmd serves '$buf' with the same bytes"
 if [ "$(in_ns systemctl show rmmd -p MainPID --value)" != "$old_pid" ] &&
+  [ "$last_rc" = 0 ] &&
+  last_out | grep -qx "verified $bytes [0-9]*" &&
+  [ "$store_hashes" = "$published_hash" ]; then
+  pass "$what"
+else
+  fail "$what"
+fi
+
+step "six more restarts within a minute (an operator's, or a crash loop's): the start limit must not drop the store"
+for i in 1 2 3 4 5 6; do show in_ns systemctl restart rmmd; done
+show in_ns systemctl show rmmd -p ActiveState,Result,NRestarts,NFileDescriptorStore,StartLimitBurst,StartLimitIntervalUSec
+store_fds
+show as_rmmd rmmd_share_client consume "$buf" "$bytes" "$seed" --wait-ms 5000 </dev/null
+what="after six restarts in a row: rmmd is active and serves '$buf' with the same bytes"
+if [ "$(in_ns systemctl show rmmd -p ActiveState --value)" = active ] &&
+  [ "$last_rc" = 0 ] &&
+  last_out | grep -qx "verified $bytes [0-9]*" &&
+  [ "$store_hashes" = "$published_hash" ]; then
+  pass "$what"
+else
+  fail "$what"
+fi
+
+step "a broken configuration and a restart: systemd keeps trying, and the store, until it is fixed"
+in_ns cp /etc/rmmd/rmmd.conf /etc/rmmd/rmmd.conf.good
+echo "no_such_setting: 1" | in_ns tee -a /etc/rmmd/rmmd.conf >/dev/null
+show in_ns systemctl restart rmmd
+sleep 7  # a few RestartSec=2s rounds of ExecStartPre refusing the file
+show in_ns systemctl show rmmd -p ActiveState,SubState,NRestarts,NFileDescriptorStore
+broken_state=$(in_ns systemctl show rmmd -p ActiveState --value)
+broken_store=$(fdstore_count)
+in_ns mv /etc/rmmd/rmmd.conf.good /etc/rmmd/rmmd.conf
+for _ in $(seq 50); do
+  [ "$(in_ns systemctl show rmmd -p ActiveState --value)" = active ] && break
+  sleep 0.2
+done
+show in_ns systemctl show rmmd -p ActiveState,NRestarts,NFileDescriptorStore
+store_fds
+show as_rmmd rmmd_share_client consume "$buf" "$bytes" "$seed" --wait-ms 5000 </dev/null
+what="while the file was broken the unit kept restarting ($broken_state) with the store ($broken_store fd); fixed, it serves '$buf' with the same bytes"
+if [ "$broken_state" != failed ] && [ "$broken_store" = 1 ] &&
   [ "$last_rc" = 0 ] &&
   last_out | grep -qx "verified $bytes [0-9]*" &&
   [ "$store_hashes" = "$published_hash" ]; then
