@@ -3,6 +3,7 @@
 #include "daemon/wire/status_mapping.hpp"
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
+#include <absl/strings/str_format.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/support/method_handler.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -80,8 +81,20 @@ grpc::Status rmmd_service::serve_bytes(wire::call const& method,
                                        grpc::ByteBuffer const& request_bytes,
                                        grpc::ByteBuffer* reply_bytes)
 {
-  // A request that does not parse is answered as gRPC answers it for a
-  // generated method, before the method runs: not counted.
+  // A request over its method's cap, or one that does not parse, is
+  // answered as gRPC answers one over its own cap or unparsable, before the
+  // method runs (and before parsing, for the first): not counted.
+  auto const cap = method.routes.large_request ? large_request_bytes_ : small_request_bytes_;
+  if (request_bytes.Length() > cap) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrFormat("%s: a request of %d bytes is larger than the %d bytes this method "
+                            "accepts (the daemon's max_message_bytes; SetBufferManifest takes "
+                            "up to %d)",
+                            method.name,
+                            request_bytes.Length(),
+                            cap,
+                            large_request_bytes_)};
+  }
   std::unique_ptr<wire::Message> request(method.request->New());
   grpc::ByteBuffer bytes(request_bytes);
   if (auto parsed = message_traits::Deserialize(&bytes, request.get()); !parsed.ok()) {

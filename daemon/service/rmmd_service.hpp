@@ -11,6 +11,7 @@
 // Thread safety: serve() runs on gRPC's threads, any number at once; its
 // state is set before the service serves calls, and read only after.
 
+#include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/metrics/request_metrics.hpp"
 #include "daemon/wire/calls.hpp"
@@ -51,6 +52,16 @@ class rmmd_service final : public grpc::Service {
     remote_ = remote;
   }
 
+  /// The largest request each method accepts, in bytes: `small` for most,
+  /// `large` for those whose routes say large_request (a manifest). gRPC's
+  /// own receive cap must be at least `large`. REQUIRES: called before the
+  /// service serves calls.
+  void set_request_caps(std::size_t small, std::size_t large)
+  {
+    small_request_bytes_ = small;
+    large_request_bytes_ = large;
+  }
+
   /// The metrics endpoint's address, which Health reports.
   /// REQUIRES: called before the service serves calls.
   void set_metrics_address(std::string address)
@@ -69,6 +80,8 @@ class rmmd_service final : public grpc::Service {
   absl::StatusOr<core::session_id> caller(grpc::ServerContext const& context) const;
 
   core::daemon_core& core_;
+  std::size_t small_request_bytes_{std::size_t{64} << 10};
+  std::size_t large_request_bytes_{core::max_manifest_bytes + (std::size_t{64} << 10)};
   metrics::request_metrics& requests_;
   wire::daemon_facts facts_;
   wire::remote_buffers* remote_{nullptr};

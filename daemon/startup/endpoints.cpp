@@ -111,6 +111,7 @@ bool endpoints::start_grpc(config::daemon_settings const& settings)
   ::unlink(grpc_path_.c_str());
   builder.AddListeningPort("unix:" + grpc_path_.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service_);
+  service_.set_request_caps(settings.max_message_bytes, grpc_message_bytes(settings));
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_message_bytes(settings)));
   // The sync server's threads notice a shutdown only when their completion
   // queue poll times out (1 s by default): poll more often so SIGTERM is quick.

@@ -276,7 +276,7 @@ std::vector<call> buffer_calls()
           "ListBuffers", {}, &list_here_or_there),
       make_call<v1::SetBufferManifestRequest, v1::SetBufferManifestResponse>(
           "SetBufferManifest",
-          {},
+          {.large_request = true},
           [](call_context const& c, auto const& request, auto*) {
             return set_buffer_manifest(c.core, c.session, request);
           }),

@@ -98,6 +98,10 @@ struct call_routes {
   bool reply_only_on_error{false};
   /// Whether the caller must be a session (gRPC: its token); Health needs none.
   bool needs_session{true};
+  /// gRPC: its request may be as large as a manifest (core::max_manifest_bytes
+  /// and room for the rest); every other call's request is capped at the
+  /// daemon's max_message_bytes (64 KiB by default).
+  bool large_request{false};
 };
 
 using google::protobuf::Message;

@@ -415,5 +415,28 @@ TEST_F(HostileInput, OversizedGrpcMessageIsRejected)
   EXPECT_EQ(in_use(daemon_.stats()), 0u);
 }
 
+// Each call's own cap: a request of 100 KiB, well under what gRPC takes for a
+// manifest, is refused by a call that takes no manifest (the daemon's
+// max_message_bytes, 64 KiB), before it is parsed, naming the call and its
+// limit; nothing changes.
+TEST_F(HostileInput, ARequestOverItsCallsCapIsRefusedBeforeItIsParsed)
+{
+  auto s = daemon_.open_session("capped");
+  v1::OpenBufferRequest request;
+  request.set_name(std::string(100 << 10, 'n'));
+  auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("rmmd-token", rmmd::detail::impl_of(s).token_hex());
+  v1::BufferGrant grant;
+  auto const before = daemon_.stats().SerializeAsString();
+  auto st           = v1::Rmmd::NewStub(channel)->OpenBuffer(&ctx, request, &grant);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("OpenBuffer: a request of 102404 bytes is larger than the 65536 bytes "
+                        "this method accepts"));
+  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+}
+
 }  // namespace
 }  // namespace rmmd::test
