@@ -18,11 +18,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -237,7 +239,9 @@ void add_commands(CLI::App& app, command_line& cl)
                          "Another node's buffers (its name in peering.peers): those its grant "
                          "lets this node open, published and in a fabric pool");
   cl.buffers_show = cl.buffers->add_subcommand(
-      "show", "One buffer: its figures, labels and tensor table (its manifest)");
+      "show",
+      "One buffer: its figures, labels and tensor table (its manifest); for a model published "
+      "per rank or GPU (NAME/rank<r>, NAME/gpu<d>), each part's");
   cl.buffers_show->add_option("NAME", cl.show_name, "The buffer's name")->required();
   cl.health = app.add_subcommand(
       "health", "Serving or draining, uptime, version, pool and session counts (no session)");
@@ -333,12 +337,59 @@ int show_buffers(daemon_connection& daemon, command_line const& cl)
   });
 }
 
+/// The buffers of a model published one per rank or per GPU
+/// (rmmd.safetensors.publish_dir: NAME/rank<r>, NAME/gpu<d>), by name; none
+/// when `name` is not such a model.
+std::vector<std::string> model_parts(daemon_connection& daemon, std::string const& name)
+{
+  auto const listed = parse_json<rmmd::v1::ListBuffersResponse>(ask(
+      "buffers show", [&] { return daemon.admin().buffers_json({.name_prefix = name + "/"}); }));
+  std::vector<std::string> parts;
+  for (auto const& b : listed.buffers()) {
+    auto const rest   = std::string_view(b.name()).substr(name.size() + 1);
+    auto const kind   = rest.starts_with("rank") ? 4 : rest.starts_with("gpu") ? 3 : 0;
+    auto const digits = rest.substr(kind);
+    if (kind != 0 && !digits.empty() &&
+        digits.find_first_not_of("0123456789") == std::string_view::npos) {
+      parts.push_back(b.name());
+    }
+  }
+  std::sort(parts.begin(), parts.end(), [](auto const& x, auto const& y) {
+    return std::pair(x.size(), x) < std::pair(y.size(), y);  // rank2 before rank10
+  });
+  return parts;
+}
+
+/// One buffer; or, for a model published per rank or GPU, each part's in
+/// turn (under a line naming it; --json: an array of them).
 int show_buffer(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("buffers show", cl.out, [&](bool one_line) {
-    auto const reply = parse_json<rmmd::v1::DescribeBufferResponse>(
-        ask("buffers show", [&] { return daemon.admin().buffer_json(cl.show_name); }));
-    return cl.out.json ? to_json(reply, one_line) : format_buffer(reply, now_unix_ms());
+    std::vector<std::string> names{cl.show_name};
+    try {
+      auto const reply =
+          parse_json<rmmd::v1::DescribeBufferResponse>(daemon.admin().buffer_json(cl.show_name));
+      return cl.out.json ? to_json(reply, one_line) : format_buffer(reply, now_unix_ms());
+    } catch (rmmd::not_found_error const&) {
+      names = model_parts(daemon, cl.show_name);
+      if (names.empty()) { throw call_failed("buffers show"); }
+    } catch (...) {
+      throw call_failed("buffers show");
+    }
+    std::string out = cl.out.json ? "[" : "";
+    for (auto const& part : names) {
+      auto const reply = parse_json<rmmd::v1::DescribeBufferResponse>(
+          ask("buffers show", [&] { return daemon.admin().buffer_json(part); }));
+      if (cl.out.json) {
+        auto one = to_json(reply, true);
+        if (!one.empty() && one.back() == '\n') { one.pop_back(); }
+        out += (out.size() > 1 ? "," : "") + one;
+      } else {
+        out += (out.empty() ? "" : "\n") + std::string("== ") + part + "\n" +
+               format_buffer(reply, now_unix_ms());
+      }
+    }
+    return cl.out.json ? out + "]" + (one_line ? "" : "\n") : out;
   });
 }
 

@@ -376,5 +376,45 @@ TEST_F(BufferManifests, RmmctlShowsAndFilters)
   EXPECT_EQ(missing_status, 1) << missing;
 }
 
+// A model published one buffer per rank (rmmd.safetensors.publish_dir's
+// NAME/rank<r>): `rmmctl buffers show NAME` shows each rank's tensors, in rank
+// order (rank2 before rank10), and --json an array of them.
+TEST_F(BufferManifests, RmmctlShowsAModelRankByRank)
+{
+  for (auto name : {"llama/rank10", "llama/rank2", "llama/extra", "llamas/rank0"}) {
+    v1::BufferGrant g;
+    ASSERT_TRUE(creator_.create(name, false, &g).ok()) << name;
+    ASSERT_TRUE(creator_.set(g.buffer_id(), weights()).ok());
+    ASSERT_TRUE(creator_.publish(g.buffer_id()).ok());
+  }
+  auto [status, text] = rmmctl(daemon_, {"buffers", "show", "llama"});
+  ASSERT_EQ(status, 0) << text;
+  auto const two = text.find("== llama/rank2\n");
+  auto const ten = text.find("== llama/rank10\n");
+  ASSERT_NE(two, std::string::npos) << text;
+  ASSERT_NE(ten, std::string::npos) << text;
+  EXPECT_LT(two, ten);
+  EXPECT_THAT(text, Not(HasSubstr("llama/extra")));  // not a rank
+  EXPECT_THAT(text, Not(HasSubstr("llamas/rank0")));
+  EXPECT_THAT(text.substr(ten), HasSubstr("TENSORS (3)"));
+
+  auto [json_status, json] = rmmctl(daemon_, {"buffers", "show", "llama", "--json"});
+  ASSERT_EQ(json_status, 0) << json;
+  ASSERT_TRUE(json.starts_with("[{") && json.ends_with("}]\n")) << json;
+  // Each element is a DescribeBufferResponse (one line each, joined by ',').
+  auto const split = json.find(R"(},{"info":)");
+  ASSERT_NE(split, std::string::npos) << json;
+  v1::DescribeBufferResponse first, second;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.substr(1, split), &first).ok());
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  json.substr(split + 2, json.size() - split - 4), &second)
+                  .ok());
+  EXPECT_EQ(first.info().name(), "llama/rank2");
+  EXPECT_EQ(second.info().name(), "llama/rank10");
+  EXPECT_TRUE(same(second.manifest(), weights()));
+  auto [missing_status, missing] = rmmctl(daemon_, {"buffers", "show", "llam"});
+  EXPECT_EQ(missing_status, 1) << missing;  // neither a buffer nor a model's ranks
+}
+
 }  // namespace
 }  // namespace rmmd::test
