@@ -27,11 +27,11 @@
 #                  device's free memory), alone after those above
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 15; the 100-round soak is its own run)
-# With the channel, gpu (in shards), python and the CPU-only suites
-# (integration, manifest, examples, one after another) run at once; then
-# soak; then gpu-no-imex (in shards). Each suite's log goes to
-# $OUT/gpu-check-<suite>.log where $OUT is set (the device tool's folder),
-# else to gpu-check-logs/. A suite passes when its program exits 0; the line
+# With the channel, gpu (in shards), python (in shards), soak and the
+# CPU-only suites (integration, manifest, examples, one after another) run at
+# once; then python-exclusive alone; then gpu-no-imex (in shards). Each suite's log goes to
+# gpu-check-logs/gpu-check-<suite>.log (and, where $OUT is set, all of them
+# packed into $OUT/gpu-check-logs.tgz). A suite passes when its program exits 0; the line
 # says how many tests passed, failed and skipped, and why each skipped.
 # Exit status: 0 when every suite passed.
 set -uo pipefail
@@ -66,7 +66,15 @@ bundle_step() {
   du -sh "$bundle"
 }
 
-logs=${OUT:-$root/gpu-check-logs}
+# Logs go to gpu-check-logs/ (RMMD_GPU_CHECK_LOGS); where $OUT is set (the
+# device tool's folder, which brings back only a few files), they are also
+# packed into $OUT/gpu-check-logs.tgz at the end, or when a TERM cuts the run
+# short (run it under `timeout` shorter than the call's limit).
+logs=${RMMD_GPU_CHECK_LOGS:-$root/gpu-check-logs}
+pack_logs() {
+  [ -n "${OUT:-}" ] || return 0
+  tar czf "$OUT/gpu-check-logs.tgz" -C "$logs" . 2>/dev/null || true
+}
 # RMMD_GPU_CHECK_SUITES: run only these (a partial run does not resolve an
 # issue; the summary says which suites it left out).
 all_suites="gpu gpu-no-imex integration manifest examples python python-exclusive soak"
@@ -172,8 +180,8 @@ integration_suite() {
 }
 
 run_step() {
-  mkdir -p "$logs"
-  rm -f "$logs"/line-*
+  mkdir -p "$logs" && rm -f "$logs"/*.log "$logs"/line-*
+  trap 'echo "gpu-check: cut short (TERM)"; pack_logs; exit 124' TERM
   # shellcheck disable=SC1091
   source "$bundle/env"
   local bin
@@ -196,6 +204,12 @@ run_step() {
   local pids=()
   if wanted gpu; then run_suite gpu gtest gpu_suite '-RestartSoak.*' & pids+=($!); fi
   if wanted python; then run_suite python pytest python_suite & pids+=($!); fi
+  # The soak reads only its own daemon's figures: beside the rest too.
+  if wanted soak; then
+    RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-15} \
+      run_suite soak gtest rmmd_gpu_tests --gtest_filter='RestartSoak.*' &
+    pids+=($!)
+  fi
   (! wanted integration || run_suite integration gtest integration_suite
     ! wanted manifest || run_suite manifest gtest rmmd_buffer_manifest_tests
     ! wanted examples || run_suite examples gtest rmmd_example_tests) &
@@ -204,10 +218,6 @@ run_step() {
   # Alone on the GPUs: the tests that read a device's free memory.
   if wanted python-exclusive; then
     run_suite python-exclusive pytest python/tests/run_gpu.sh "$bundle" -m gpu_exclusive
-  fi
-  if wanted soak; then
-    RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-15} \
-      run_suite soak gtest rmmd_gpu_tests --gtest_filter='RestartSoak.*'
   fi
 
   # Without it: the tests that skip where there is one, and the POSIX-fd
@@ -231,6 +241,7 @@ run_step() {
   done
   for name in $all_suites; do wanted "$name" || echo "gpu-check: $name NOT RUN (RMMD_GPU_CHECK_SUITES)"; done
   [ "$failed" -eq 0 ] && echo "gpu-check: every suite run passed" || echo "gpu-check: FAILED"
+  pack_logs
   return "$failed"
 }
 
