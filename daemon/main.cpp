@@ -68,8 +68,9 @@ int main(int argc, char** argv)
                                .pack_up_to      = settings->pack_up_to,
                                .tenancy         = settings->tenancy});
   auto const pools = startup::pool_plan(*settings);
-  if (!pools ||
-      !startup::add_pools(core, *pools, flags.backend, flags.shared_buffer_memory == "own")) {
+  std::vector<std::string> unserved;  // pools skipped at start, in words: peers hear of them
+  if (!pools || !startup::add_pools(
+                    core, *pools, flags.backend, flags.shared_buffer_memory == "own", &unserved)) {
     return 1;
   }
   core.pools().set_driver_usage_source(rmmd::backends::cuda::driver_used_bytes);
@@ -83,11 +84,11 @@ int main(int argc, char** argv)
         "daemon restarts (host buffers are kept)",
         flags.shared_buffer_memory);
   }
-  auto endpoints =
-      startup::endpoints::start(core,
-                                *settings,
-                                settings->peering.enabled() ? startup::make_peer_probes(core)
-                                                            : rmmd::peering::probe_exchange{});
+  auto endpoints = startup::endpoints::start(core,
+                                             *settings,
+                                             settings->peering.enabled()
+                                                 ? startup::make_peer_probes(core, unserved)
+                                                 : rmmd::peering::probe_exchange{});
   if (!endpoints) { return 1; }
 
   startup::service_status status(core.pools().list().size());

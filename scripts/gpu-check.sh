@@ -225,7 +225,7 @@ run_step() {
   if wanted gpu-no-imex; then
     rm -f "$channel"
     run_suite gpu-no-imex gtest gpu_suite \
-      'FabricPool.*:PeeringWithoutImex.*:*DeviceShared*PosixFd*:*ReadOnlyDeviceBuffers*PosixFd*:*ShareExamples*:*Outlive*'
+      'FabricPool.*:PeeringWithoutImex.*:PeeringWithoutImexRequired.*:*DeviceShared*PosixFd*:*ReadOnlyDeviceBuffers*PosixFd*:*ShareExamples*:*Outlive*'
     make_channel || true
   fi
 

@@ -12,13 +12,19 @@
 #include "daemon/core/types.hpp"
 
 #include <span>
+#include <string>
+#include <vector>
 
 namespace rmmd::backends {
 
 /// What the start knows when it makes pools.
 struct pool_start {
-  int gpus{};               ///< GPUs CUDA shows this daemon (0: none, or none needed)
-  bool vmm_buffers{false};  ///< shared buffers on device pools get allocations of their own
+  int gpus{};  ///< GPUs CUDA shows this daemon (0: none, or none needed)
+  bool vmm_buffers{false};
+  /// Where a kind's entry notes each pool it skips (not served, the daemon
+  /// starts without it), in words; null: nowhere. Peering tells peers.
+  std::vector<std::string>* unserved{
+      nullptr};  ///< shared buffers on device pools get allocations of their own
 };
 
 /// One kind of pool.

@@ -11,7 +11,8 @@
 
 namespace rmmd::startup {
 
-peering::probe_exchange make_peer_probes(core::daemon_core const& core)
+peering::probe_exchange make_peer_probes(core::daemon_core const& core,
+                                         std::vector<std::string> const& unserved)
 {
   for (auto const& pool : core.pools().list()) {
     // handle_types names fabric only where startup/pools proved the export
@@ -45,17 +46,21 @@ peering::probe_exchange make_peer_probes(core::daemon_core const& core)
     }
   }
   // No fabric pool: where the config asked one for fabric handles and the
-  // start found none (no IMEX channel, ...), the peers hear why.
-  auto out = peering::no_fabric_probe();
+  // start found none (no IMEX channel, ...), the peers hear why: a pool not
+  // served for it first, else one served without them.
+  auto out                         = peering::no_fabric_probe();
+  std::vector<std::string> reasons = unserved;
   for (auto const& pool : core.pools().list()) {
     if (pool.fabric_problem.empty()) { continue; }
-    auto const why =
-        absl::StrFormat("pool '%s' has no fabric handles: %s", pool.name, pool.fabric_problem);
+    reasons.push_back(
+        absl::StrFormat("pool '%s' has no fabric handles: %s", pool.name, pool.fabric_problem));
+  }
+  if (!reasons.empty()) {
+    auto const why   = reasons.front();
     out.ours.problem = why;
     out.import       = [why](peering::fabric_probe const&) {
       return peering::probe_verdict{.ok = false, .problem = why};
     };
-    break;
   }
   return out;
 }

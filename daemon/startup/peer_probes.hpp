@@ -7,9 +7,15 @@
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/peering/probe_exchange.hpp"
 
+#include <string>
+#include <vector>
+
 namespace rmmd::startup {
 
 /// Never throws: a probe that cannot be made is an empty one with the reason.
-peering::probe_exchange make_peer_probes(core::daemon_core const& core);
+/// Without a fabric pool, the reason names the first of `unserved` (pools the
+/// start skipped, in words), else a pool served without fabric handles.
+peering::probe_exchange make_peer_probes(core::daemon_core const& core,
+                                         std::vector<std::string> const& unserved = {});
 
 }  // namespace rmmd::startup

@@ -43,7 +43,8 @@ std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_setti
 bool add_pools(core::daemon_core& core,
                std::vector<config::pool_settings> const& plan,
                std::string const& backend_flag,
-               bool vmm_buffers)
+               bool vmm_buffers,
+               std::vector<std::string>* unserved)
 {
   bool const any_cuda = std::any_of(plan.begin(), plan.end(), [](auto const& p) {
     return backends::pool_kind_of(p.backend).needs_gpu;
@@ -58,7 +59,9 @@ bool add_pools(core::daemon_core& core,
   }
   for (auto const& p : plan) {
     auto const& kind = backends::pool_kind_of(p.backend);
-    if (!kind.add(core, p, {.gpus = gpus, .vmm_buffers = vmm_buffers})) { return false; }
+    if (!kind.add(core, p, {.gpus = gpus, .vmm_buffers = vmm_buffers, .unserved = unserved})) {
+      return false;
+    }
   }
   if (core.pools().list().empty()) {
     log::error("no pool could be served; see the lines above");

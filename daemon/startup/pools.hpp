@@ -20,10 +20,13 @@ std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_setti
 
 /// Makes the pools of `plan` in order. False, after saying why, if one that
 /// must exist cannot. `backend_flag`: --backend; `vmm_buffers`: shared
-/// buffers on CUDA pools are allocations of their own.
+/// buffers on CUDA pools are allocations of their own. `unserved` (may be
+/// null) gets, in words, each pool skipped without stopping the start (a
+/// pool that requires fabric handles where there are none).
 bool add_pools(core::daemon_core& core,
                std::vector<config::pool_settings> const& plan,
                std::string const& backend_flag,
-               bool vmm_buffers);
+               bool vmm_buffers,
+               std::vector<std::string>* unserved = nullptr);
 
 }  // namespace rmmd::startup

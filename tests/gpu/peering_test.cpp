@@ -524,5 +524,41 @@ TEST_F(PeeringWithoutImex, BothNodesSayThereIsNoImexChannelAndAnOpenIsRefusedInW
   EXPECT_EQ(a_.holders("peertest/noimex"), 1u);  // its producer alone
 }
 
+// Both nodes' configurations require fabric handles of their GPU pool, which
+// no IMEX channel allows: neither serves it, and each one's peer says which
+// pool is missing and why (rmmctl peers on both sides).
+class PeeringWithoutImexRequired : public Peering {
+ protected:
+  void SetUp() override
+  {
+    REQUIRE_GPUS(2);
+    if (fs::exists(imex_channel)) {
+      GTEST_SKIP() << "there is an IMEX channel (" << imex_channel.string()
+                   << "); this test needs none: remove it to run it";
+    }
+    start_nodes("probe_failed", true);
+  }
+};
+
+TEST_F(PeeringWithoutImexRequired, EachPeerNamesThePoolTheOtherDoesNotServeAndWhy)
+{
+  for (auto const& [node, other] : {std::pair{&b_, "nodeA"}, std::pair{&a_, "nodeB"}}) {
+    ASSERT_TRUE(eventually([&] { return node->peer(other).has_value(); }, 30s)) << other;
+    auto const seen = node->peer(other);
+    EXPECT_FALSE(seen->probe_ok()) << other;
+    EXPECT_THAT(seen->problem(),
+                HasSubstr("pool 'gpu' is not served: it requires fabric handles, but"))
+        << other << ": " << seen->problem();
+    EXPECT_THAT(seen->problem(), HasSubstr("IMEX channel")) << other;
+    auto const shown = run({program_path("rmmctl").string(),
+                            "--runtime-dir",
+                            node->daemon->runtime_dir().string(),
+                            "peers"},
+                           30s);
+    EXPECT_EQ(shown.status, 0) << shown.out;
+    EXPECT_THAT(shown.out, HasSubstr("is not served")) << shown.out;
+  }
+}
+
 }  // namespace
 }  // namespace rmmd::test

@@ -5,6 +5,7 @@
 #include "daemon/backends/cuda/fabric_probe.hpp"
 #include "daemon/log.hpp"
 
+#include <absl/strings/str_format.h>
 #include <cuda_runtime_api.h>
 
 #include <exception>
@@ -89,6 +90,7 @@ std::optional<bool> prove_fabric(config::pool_settings const& p, bool& fatal, st
   if (!support.usable && p.fabric == config::fabric_mode::required) {
     log::error(
         "pool '%s' is not served: it requires fabric handles, but %s", p.name, support.reason);
+    why   = support.reason;  // the pool is not served: the caller says so to peers
     fatal = false;
     return std::nullopt;
   }
@@ -110,7 +112,15 @@ bool add_cuda_pool(core::daemon_core& core,
   bool fatal = false;
   std::string no_fabric_because;
   auto const proven = prove_fabric(p, fatal, no_fabric_because);
-  if (!proven) { return !fatal; }
+  if (!proven) {
+    if (!fatal && start.unserved != nullptr) {
+      start.unserved->push_back(
+          absl::StrFormat("pool '%s' is not served: it requires fabric handles, but %s",
+                          p.name,
+                          no_fabric_because));
+    }
+    return !fatal;
+  }
   bool fabric = *proven;
   try {
     std::size_t capacity = p.limit_bytes;
