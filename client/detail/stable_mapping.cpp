@@ -167,7 +167,7 @@ void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entrie
   std::size_t open_from = 0;  // fds from here on are still open
   try {
     for (std::size_t i = 0; i < entries.size(); ++i) {
-      open_from = i + 1;
+      open_from     = i + 1;
       auto const fd = fds[i];
       auto close_fd = [fd] { ::close(fd); };  // the mapping keeps the memfd
       try {

@@ -93,9 +93,9 @@ class stable_memory_resource final
   /// `stream`, waited for). A wake that does not fit waits up to `deadline`
   /// for memory to come back, then throws rmm::out_of_memory with nothing
   /// mapped. Returns the bytes woken.
-  std::size_t wake(std::vector<std::string> const& tags   = {},
-                   std::chrono::milliseconds deadline      = std::chrono::seconds(10),
-                   cudaStream_t stream                     = nullptr)
+  std::size_t wake(std::vector<std::string> const& tags = {},
+                   std::chrono::milliseconds deadline   = std::chrono::seconds(10),
+                   cudaStream_t stream                  = nullptr)
   {
     return get().wake(tags, deadline, stream);
   }
@@ -103,9 +103,10 @@ class stable_memory_resource final
   /// The allocations a process of this uid left asleep under `backup_name`
   /// when it ended: woken at new addresses of this process and restored.
   /// Free them with deallocate() like any other.
-  std::vector<restored_allocation> restore(std::string const& backup_name,
-                                           std::chrono::milliseconds deadline = std::chrono::seconds(10),
-                                           cudaStream_t stream = nullptr)
+  std::vector<restored_allocation> restore(
+      std::string const& backup_name,
+      std::chrono::milliseconds deadline = std::chrono::seconds(10),
+      cudaStream_t stream                = nullptr)
   {
     return get().restore(backup_name, deadline, stream);
   }

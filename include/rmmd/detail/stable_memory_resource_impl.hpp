@@ -2,9 +2,9 @@
 
 #include <rmmd/session.hpp>
 
+#include <cuda_runtime_api.h>
 #include <cuda/memory_resource>
 #include <cuda/stream>
-#include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstddef>
@@ -58,7 +58,10 @@ class stable_memory_resource_impl {
   ~stable_memory_resource_impl();
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment);
-  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
+  void deallocate(cuda::stream_ref stream,
+                  void* ptr,
+                  std::size_t bytes,
+                  std::size_t alignment) noexcept;
   void* allocate_sync(std::size_t bytes, std::size_t alignment);
   void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept;
   void* allocate_tagged(std::string const& tag, std::size_t bytes);
