@@ -112,6 +112,13 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
   auto& p = *checked->pool;
   auto const what =
       absl::StrFormat("%s of %s in pool '%s'", request, bytes_text(bytes), p.config.name);
+  if (p.tenants.kind() != backend_kind::cuda) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: pool '%s' cannot make address-stable memory (it needs a CUDA pool: an allocation of "
+        "its own the client maps at addresses it keeps); use a CUDA pool",
+        what,
+        p.config.name));
+  }
   if (auto refused = state_.refusal_locked(p, s, bytes, what)) { return *std::move(refused); }
   // Charge the request while the backend allocates without the lock.
   auto const uid    = s.peer.uid;
