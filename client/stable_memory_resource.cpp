@@ -41,6 +41,11 @@ namespace {
 
 using entry = stable_memory_resource_impl::entry;
 
+bool selected(std::vector<std::string> const& tags, std::string const& tag)
+{
+  return tags.empty() || std::find(tags.begin(), tags.end(), tag) != tags.end();
+}
+
 void throw_if_failed(grpc::Status const& status, std::string const& what)
 {
   if (!status.ok()) { throw_status(status, what); }
@@ -193,8 +198,12 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
 {
   std::lock_guard lock(mutex_);
   auto& s = impl_of(session_);
+  // This resource's own allocations only: a session may have several.
   v1::SleepRequest request;
-  for (auto const& tag : tags) { request.add_tags(tag); }
+  for (auto const& [address, e] : entries_) {
+    if (e.mapped && selected(tags, e.tag)) { request.add_allocation_ids(e.id); }
+  }
+  if (request.allocation_ids().empty()) { return 0; }
   request.set_backup(backup == sleep_backup::host ? v1::SLEEP_BACKUP_HOST : v1::SLEEP_BACKUP_NONE);
   request.set_backup_name(backup_name);
   v1::SleepResponse chosen;
@@ -250,17 +259,21 @@ std::size_t stable_memory_resource_impl::wake(std::vector<std::string> const& ta
                                               cudaStream_t stream)
 {
   std::lock_guard lock(mutex_);
-  return wake_locked(tags, {}, deadline, stream);
+  // This resource's own allocations only: a session may have several.
+  std::vector<std::uint64_t> ids;
+  for (auto const& [address, e] : entries_) {
+    if (!e.mapped && selected(tags, e.tag)) { ids.push_back(e.id); }
+  }
+  if (ids.empty()) { return 0; }
+  return wake_locked(ids, deadline, stream);
 }
 
-std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::string> const& tags,
-                                                     std::vector<std::uint64_t> const& ids,
+std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> const& ids,
                                                      std::chrono::milliseconds deadline,
                                                      cudaStream_t stream)
 {
   auto& s = impl_of(session_);
   v1::WakeRequest request;
-  for (auto const& tag : tags) { request.add_tags(tag); }
   for (auto id : ids) { request.add_allocation_ids(id); }
   request.set_deadline_ms(static_cast<std::uint32_t>(std::max<std::int64_t>(deadline.count(), 0)));
   v1::WakeResponse woken;
@@ -345,7 +358,7 @@ std::vector<restored_allocation> stable_memory_resource_impl::restore(
     entries_.emplace(e.address, std::move(e));
   }
   // Asleep until woken here: a failed wake leaves them for wake() to retry.
-  wake_locked({}, ids, deadline, stream);
+  wake_locked(ids, deadline, stream);
   return out;
 }
 

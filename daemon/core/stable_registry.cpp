@@ -258,7 +258,11 @@ absl::Status stable_registry::make_backups_locked(session_entry& s,
 }
 
 absl::StatusOr<std::vector<stable_grant>> stable_registry::begin_sleep(
-    session_id session, std::span<std::string const> tags, bool backup, std::string_view name)
+    session_id session,
+    std::span<std::string const> tags,
+    bool backup,
+    std::string_view name,
+    std::span<stable_id const> ids)
 {
   std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat(
@@ -290,7 +294,17 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::begin_sleep(
     }
   }
   std::vector<stable_entry*> chosen;
+  for (auto id : ids) {
+    auto e = owned_locked(session, id, request);
+    if (!e.ok()) { return e.status(); }
+    if ((*e)->state != stable_state::awake) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: allocation %d is not awake; sleep only what is awake", request, id));
+    }
+    chosen.push_back(*e);
+  }
   for (auto const& [id, e] : state_.stables) {
+    if (!ids.empty()) { break; }
     if (e->session != session || !tag_selected(tags, e->tag)) { continue; }
     if (e->state == stable_state::going_to_sleep || e->state == stable_state::waking) {
       return absl::FailedPreconditionError(

@@ -79,11 +79,14 @@ class stable_registry {
   /// without a backup), FAILED_PRECONDITION (a backup but no host pool;
   /// one of them going to sleep already), ALREADY_EXISTS (the name is kept
   /// or used by another session of the uid), RESOURCE_EXHAUSTED (the host
-  /// pool or the quota cannot take the backups).
+  /// pool or the quota cannot take the backups). With `ids`, exactly those
+  /// (NOT_FOUND for one not the session's, FAILED_PRECONDITION for one not
+  /// awake), whatever their tags.
   absl::StatusOr<std::vector<stable_grant>> begin_sleep(session_id session,
                                                         std::span<std::string const> tags,
                                                         bool backup,
-                                                        std::string_view backup_name);
+                                                        std::string_view backup_name,
+                                                        std::span<stable_id const> ids = {});
 
   /// Sleep, second step: the physical memory of `ids` goes back to the
   /// backend and their charge with it; they sleep (their backups kept). With

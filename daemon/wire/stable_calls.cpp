@@ -66,8 +66,11 @@ absl::Status sleep(call_context const& c, v1::SleepRequest const& request, v1::S
                         request.backup()));
   }
   auto const tags = tags_of(request.tags());
-  auto grants     = c.core.stables().begin_sleep(
-      c.session, tags, request.backup() == v1::SLEEP_BACKUP_HOST, request.backup_name());
+  auto grants     = c.core.stables().begin_sleep(c.session,
+                                             tags,
+                                             request.backup() == v1::SLEEP_BACKUP_HOST,
+                                             request.backup_name(),
+                                             ids_of(request.allocation_ids()));
   if (!grants.ok()) { return grants.status(); }
   to_proto(*grants, reply);
   return absl::OkStatus();

@@ -386,6 +386,26 @@ TEST_F(StableAllocations, NamedBackupsOutliveTheirSessionAndAreRestoredByTheSame
   (void)kv;
 }
 
+TEST_F(StableAllocations, ASleepByIdsTakesExactlyThose)
+{
+  auto s      = open(1000);
+  auto mine   = allocate(s, 2 * MiB, "kv");
+  auto other  = allocate(s, 2 * MiB, "kv");  // another resource's, same session and tag
+  auto ids    = std::vector<stable_id>{mine.id};
+  auto chosen = core_.stables().begin_sleep(s, {}, false, "", ids);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_EQ(chosen->size(), 1u);
+  EXPECT_EQ(chosen->front().id, mine.id);
+  ASSERT_TRUE(core_.stables().finish_sleep(s, ids, false).ok());
+  EXPECT_EQ(in_use(gpu_), 2 * MiB);
+  EXPECT_EQ(core_.stables().begin_sleep(s, {}, false, "", ids).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // asleep already
+  auto unknown = std::vector<stable_id>{other.id + 100};
+  EXPECT_EQ(core_.stables().begin_sleep(s, {}, false, "", unknown).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core_.stables().held_by(s).back().awake);
+}
+
 TEST_F(StableAllocations, KeptBackupsAreDroppedByName)
 {
   auto s = open(1000);

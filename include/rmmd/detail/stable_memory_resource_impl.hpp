@@ -109,10 +109,9 @@ class stable_memory_resource_impl {
   };
 
  private:
-  /// Wake (by `tags`, or by `ids` when given), map at the reserved
-  /// addresses, restore the backups, finish. REQUIRES: mutex_ held.
-  std::size_t wake_locked(std::vector<std::string> const& tags,
-                          std::vector<std::uint64_t> const& ids,
+  /// Wakes `ids` (this resource's), maps them at their reserved addresses,
+  /// restores their backups, finishes; all or none. REQUIRES: mutex_ held.
+  std::size_t wake_locked(std::vector<std::uint64_t> const& ids,
                           std::chrono::milliseconds deadline,
                           cudaStream_t stream);
   /// Unmaps (if mapped), frees its addresses, and tells the daemon.
