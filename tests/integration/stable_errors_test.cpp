@@ -6,6 +6,7 @@
 
 #include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
+#include "tests/tools/child_process.hpp"
 #include "tests/tools/daemon_process.hpp"
 
 #include <rmmd/rmmd.h>
@@ -131,6 +132,22 @@ TEST_F(StableErrors, NothingToSleepOrWakeIsNoError)
   EXPECT_TRUE(call(&v1::Rmmd::Stub::Wake, every).ok());
   auto reply = rmmd::admin(session_).sleepers_json();
   EXPECT_THAT(reply, HasSubstr("\"wake_failures\":\"0\""));
+}
+
+TEST_F(StableErrors, RmmctlListsNoSleepersAndRefusesToDropAnUnknownName)
+{
+  auto const dir = daemon_.runtime_dir().string();
+  auto table     = run({program_path("rmmctl").string(), "--runtime-dir", dir, "sleepers"});
+  EXPECT_EQ(table.status, 0) << table.out;
+  EXPECT_THAT(table.out, HasSubstr("BACKUP NAME"));
+  EXPECT_THAT(table.out, HasSubstr("(nobody sleeps)"));
+  EXPECT_THAT(table.out, HasSubstr("wake waits 0, wake failures 0"));
+  auto json = run({program_path("rmmctl").string(), "--runtime-dir", dir, "sleepers", "--json"});
+  EXPECT_EQ(json.status, 0) << json.out;
+  EXPECT_THAT(json.out, HasSubstr("\"wake_waits\""));
+  auto drop =
+      run({program_path("rmmctl").string(), "--runtime-dir", dir, "sleepers", "drop", "engine-9"});
+  EXPECT_NE(drop.status, 0) << drop.out;
 }
 
 TEST_F(StableErrors, TheClientRaisesTheTablesExceptions)
