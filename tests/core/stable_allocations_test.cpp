@@ -314,6 +314,37 @@ TEST_F(StableAllocations, AnotherUidIsServedWhileTheOwnerSleepsAndTheWakeFailsNa
   EXPECT_EQ(in_use(gpu_), 0u);
 }
 
+TEST_F(StableAllocations, AWakeAsksIdleSlabsBackAndIsServedByThem)
+{
+  auto owner  = open(1000);
+  auto slabby = open(1001);
+  allocate(owner, 48 * MiB, "kv");
+  sleep(owner, {});
+  // A slab client of another uid leases the room and carves nothing of it.
+  auto slab = core_.leases().allocate(slabby, gpu_, 40 * MiB, 0);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  ASSERT_TRUE(core_.leases()
+                  .report_usage(slabby,
+                                {carved_usage{.pool              = gpu_,
+                                              .bytes             = 0,
+                                              .allocation_count  = 0,
+                                              .slab_bytes        = 40 * MiB,
+                                              .reclaimable_bytes = 40 * MiB}})
+                  .ok());
+  std::vector<std::thread> answering;
+  core_.leases().set_reclaim_notifier([&](session_id s, pool_id, std::size_t) {
+    // As a slab client does: its Free, from its own thread.
+    answering.emplace_back(
+        [this, s, id = slab->id] { EXPECT_TRUE(core_.leases().free(s, id).ok()); });
+  });
+  auto woken = core_.stables().wake(owner, {}, {}, std::chrono::steady_clock::now() + 5s);
+  for (auto& t : answering) { t.join(); }
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(answering.size(), 1u);
+  EXPECT_EQ(in_use(gpu_), 48 * MiB);
+  EXPECT_EQ(core_.stables().totals().wake_waits, 1u);
+}
+
 TEST_F(StableAllocations, WakeIsAllOrNoneWhenTheDeviceFailsHalfWay)
 {
   auto s = open(1000);
