@@ -233,6 +233,9 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
   try {
     stable::check(on.error(), "cudaSetDevice");
     if (!backed.empty()) {
+      // What other streams still write must be in the copy: all of the
+      // device's work first, then the copies on `stream`.
+      stable::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before the backup copies");
       auto fds = stable::fetch_fds(s, backed_ids, true);
       stable::copy_backups(backed, fds, stable::direction::to_host, stream);
     }

@@ -74,12 +74,12 @@ class stable_memory_resource final
     return get().allocate_tagged(tag, bytes);
   }
 
-  /// Copies what `backup` keeps of the allocations tagged with one of `tags`
-  /// (stream-ordered on `stream`, into host memory the daemon holds), waits
-  /// for the device, unmaps them (keeping their addresses) and gives their
-  /// memory back to the pool. With a `backup_name`, the copies outlive this
-  /// process: a process of the same uid restore()s them after it ended.
-  /// Returns the device bytes given back.
+  /// Waits for the device's work, copies what `backup` keeps of the
+  /// allocations tagged with one of `tags` (on `stream`, into host memory
+  /// the daemon holds), waits for the copies, unmaps them (keeping their
+  /// addresses) and gives their memory back to the pool. With a
+  /// `backup_name`, the copies outlive this process: a process of the same
+  /// uid restore()s them after it ended. Returns the device bytes given back.
   std::size_t sleep(std::vector<std::string> const& tags = {},
                     sleep_backup backup                  = sleep_backup::none,
                     std::string const& backup_name       = {},
