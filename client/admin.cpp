@@ -196,6 +196,20 @@ std::size_t admin::delete_buffer(std::string_view name) const
   return shared_buffer::remove(session_, name);
 }
 
+std::string admin::sleepers_json() const
+{
+  return to_json(
+      unary(session_, &v1::Rmmd::Stub::ListSleepers, v1::ListSleepersRequest{}, "list sleepers"),
+      "list sleepers");
+}
+
+std::size_t admin::drop_backups(std::string_view backup_name) const
+{
+  v1::DropBackupsRequest request;
+  request.set_backup_name(std::string(backup_name));
+  return unary(session_, &v1::Rmmd::Stub::DropBackups, request, "drop backups").dropped_bytes();
+}
+
 std::chrono::nanoseconds admin::ping() const
 {
   auto const t0 = std::chrono::steady_clock::now();

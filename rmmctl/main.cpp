@@ -4,7 +4,7 @@
 //   COMMAND: stats [--top N | --all] | pools | sessions [--top N | --all]
 //            | buffers [--prefix P] [--label KEY=VALUE]... [--peer NODE] | buffers show NAME
 //            | health
-//            | trim [--pool NAME|ID]... | buffers delete NAME | peers
+//            | trim [--pool NAME|ID]... | buffers delete NAME | peers | sleepers [drop NAME]
 //
 // Exit codes (docs/operations.md): 0 success, 1 an error the daemon reported
 // (or another failure), 2 bad usage, 3 no daemon answers at the runtime
@@ -190,6 +190,9 @@ struct command_line {
   CLI::App* health{};
   CLI::App* trim{};
   CLI::App* peers{};
+  CLI::App* sleepers{};
+  CLI::App* sleepers_drop{};
+  std::string drop_name;
 };
 
 void add_global_options(CLI::App& app, command_line& cl)
@@ -250,9 +253,16 @@ void add_commands(CLI::App& app, command_line& cl)
       "Give memory the pools hold but do not lend back to the driver (root or the daemon's uid)");
   cl.trim->add_option(
       "--pool", cl.trim_pools, "A pool to trim, by name or id (repeatable; default: all)");
-  cl.peers = app.add_subcommand("peers",
+  cl.peers    = app.add_subcommand("peers",
                                 "Other nodes' daemons this one peers with: state, fabric probe "
-                                "both ways, holds and bytes each way, last contact, problem");
+                                   "both ways, holds and bytes each way, last contact, problem");
+  cl.sleepers = app.add_subcommand(
+      "sleepers",
+      "Who sleeps (docs/sleep.md): per session or kept backup name, the tags, device bytes given "
+      "back, host backup bytes, since when; the node's wake waits and failures");
+  cl.sleepers_drop = cl.sleepers->add_subcommand(
+      "drop", "Free the host backups kept under a name (its uid's, or any as root)");
+  cl.sleepers_drop->add_option("NAME", cl.drop_name, "The backup name")->required();
 }
 
 /// Commands that change the daemon's state run once.
@@ -261,6 +271,10 @@ void refuse_watching_changes(command_line const& cl)
   if (cl.out.watch_seconds <= 0) { return; }
   if (cl.trim->parsed()) {
     throw ctl_error(usage, "--watch does not apply to trim: it changes the pools; run it once");
+  }
+  if (cl.sleepers_drop->parsed()) {
+    throw ctl_error(usage,
+                    "--watch does not apply to sleepers drop: it frees backups; run it once");
   }
   if (cl.buffers_delete->parsed()) {
     throw ctl_error(usage,
@@ -402,6 +416,27 @@ int show_peers(daemon_connection& daemon, command_line const& cl)
   });
 }
 
+int show_sleepers(daemon_connection& daemon, command_line const& cl)
+{
+  return print_frames("sleepers", cl.out, [&](bool one_line) {
+    auto const reply = parse_json<rmmd::v1::ListSleepersResponse>(
+        ask("sleepers", [&] { return daemon.admin().sleepers_json(); }));
+    return cl.out.json ? to_json(reply, one_line) : format_sleepers(reply, now_unix_ms());
+  });
+}
+
+int drop_backups(daemon_connection& daemon, command_line const& cl)
+{
+  rmmd::v1::DropBackupsResponse reply;
+  reply.set_dropped_bytes(
+      ask("sleepers drop", [&] { return daemon.admin().drop_backups(cl.drop_name); }));
+  std::cout << (cl.out.json ? to_json(reply, false)
+                            : "dropped the backups kept under '" + cl.drop_name +
+                                  "': " + human_bytes(reply.dropped_bytes()) + "\n")
+            << std::flush;
+  return ok;
+}
+
 int show_health(daemon_connection& daemon, command_line const& cl)
 {
   return print_frames("health", cl.out, [&](bool one_line) {
@@ -436,6 +471,8 @@ int run_command(command_line const& cl)
       {cl.health, show_health},
       {cl.trim, trim_pools},
       {cl.peers, show_peers},
+      {cl.sleepers_drop, drop_backups},
+      {cl.sleepers, show_sleepers},
   };
   for (auto const& [command, run] : commands) {
     if (command->parsed()) { return run(daemon, cl); }

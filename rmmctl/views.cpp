@@ -687,4 +687,40 @@ std::string to_json(google::protobuf::Message const& message, bool one_line)
   return out;
 }
 
+std::string format_sleepers(v1::ListSleepersResponse const& response, std::int64_t now_unix_ms)
+{
+  table rows({"SESSION",
+              "UID",
+              "PID",
+              "COMMAND",
+              "BACKUP NAME",
+              "TAGS",
+              "ALLOCATIONS",
+              "GIVEN BACK",
+              "HOST BACKUP",
+              "AWAKE",
+              "ASLEEP FOR"});
+  for (auto const& s : response.sleepers()) {
+    std::string tags;
+    for (auto const& t : s.tags()) { tags += (tags.empty() ? "" : ",") + t; }
+    rows.add({s.session_id() == 0 ? std::string("(ended)") : std::to_string(s.session_id()),
+              std::to_string(s.uid()),
+              std::to_string(s.pid()),
+              s.command().empty() ? "-" : s.command(),
+              s.backup_name().empty() ? "-" : s.backup_name(),
+              tags,
+              std::to_string(s.sleeping_allocations()),
+              human_bytes(s.sleeping_bytes()),
+              human_bytes(s.backup_bytes()),
+              human_bytes(s.awake_bytes()),
+              human_duration(std::chrono::seconds(
+                  std::max<std::int64_t>(0, now_unix_ms - s.asleep_since_unix_ms()) / 1000))});
+  }
+  auto out = rows.str({true, true, true, false, false, false, true, true, true, true, true});
+  if (response.sleepers().empty()) { out += "(nobody sleeps)\n"; }
+  out += "wake waits " + std::to_string(response.wake_waits()) + ", wake failures " +
+         std::to_string(response.wake_failures()) + "\n";
+  return out;
+}
+
 }  // namespace rmmd::ctl

@@ -49,6 +49,9 @@ std::string format_peers(v1::ListPeersResponse const& peers, std::int64_t now_un
 /// One "key  value" line per figure.
 std::string format_health(v1::HealthResponse const& health);
 
+/// `rmmctl sleepers`: one row per sleeper, then the wake counters.
+std::string format_sleepers(v1::ListSleepersResponse const& sleepers, std::int64_t now_unix_ms);
+
 /// `json`, protobuf's JSON mapping of a `Message` (what rmmd::admin returns),
 /// as that message; fields it does not know are skipped. Throws
 /// std::runtime_error when it does not parse.

@@ -46,7 +46,7 @@ programs=(build/daemon/rmmd build/rmmctl/rmmctl build/client/librmmd_c.so
   build/tests/rmmd_peering_integration_tests build/tests/rmmd_buffer_restart_tests
   build/tests/rmmd_fd_store_restart_tests build/tests/rmmd_soak build/tests/rmmd_soak_client
   build/tests/rmmd_test_client build/tests/rmmd_share_client build/tests/rmmd_session_opener
-  build/tests/rmmd_restart_soak_client build/tests/rmmd_fd_store_test_service
+  build/tests/rmmd_restart_soak_client build/tests/rmmd_fd_store_test_service build/tests/rmmd_stable_client
   build/examples/rmmd_manifest_reader
   build/examples/rmmd_hello build/examples/rmmd_share_producer build/examples/rmmd_share_consumer)
 

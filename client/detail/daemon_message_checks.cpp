@@ -56,6 +56,8 @@ v1::SessionReply::ReplyCase reply_for(v1::SessionCall::CallCase call)
       return v1::SessionReply::kBufferFd;
     case v1::SessionCall::kBlocksDropped:
       return v1::SessionReply::kBlocksDropped;
+    case v1::SessionCall::kStableFds:
+      return v1::SessionReply::kStableFds;
     case v1::SessionCall::CALL_NOT_SET:
       break;
   }

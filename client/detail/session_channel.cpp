@@ -123,8 +123,9 @@ grpc::Status session_channel::route(v1::SessionCall& call,
   // gRPC method may wait for; its session-socket call threads wait for no one.
   bool const remote_open =
       kind == v1::SessionCall::kOpenBuffer && !call.open_buffer().peer().empty();
-  if (!remote_open &&
-      (uses_session_calls() || (kind == v1::SessionCall::kBufferFd && daemon_takes_calls()))) {
+  if (!remote_open && (uses_session_calls() || ((kind == v1::SessionCall::kBufferFd ||
+                                                 kind == v1::SessionCall::kStableFds) &&
+                                                daemon_takes_calls()))) {
     if (kind != v1::SessionCall::kOpenBuffer || call.open_buffer().wait_ms() == 0) {
       return socket_call(call, reply, fds, generation);
     }
@@ -173,6 +174,7 @@ grpc::Status session_channel::grpc_call(v1::SessionCall const& call,
     case v1::SessionCall::kPing:
       return {grpc::StatusCode::FAILED_PRECONDITION, "this session makes no session-socket calls"};
     case v1::SessionCall::kBufferFd:
+    case v1::SessionCall::kStableFds:
       return {grpc::StatusCode::FAILED_PRECONDITION,
               "this daemon takes no calls on the session socket, the only way an fd travels"};
     case v1::SessionCall::kBlocksDropped:

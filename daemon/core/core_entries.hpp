@@ -126,6 +126,38 @@ struct buffer_entry {
   std::function<void(shared_allocation const&)> release;
 };
 
+/// An address-stable allocation's life (stable_registry.hpp): awake (its
+/// physical memory exists), going to sleep (its backup taken, the client
+/// copying), asleep (its memory given back; its backup, if any, kept),
+/// waking (charged, its new memory being made without the core's lock).
+enum class stable_state : std::uint8_t { awake, going_to_sleep, asleep, waking };
+
+/// A sleeping allocation's copy in host memory: an allocation of its own in
+/// a host pool (a memfd), charged to that pool and to the owner's uid.
+struct stable_backup {
+  pool_id pool{};
+  tenant_key tenant;  // whose host backend made it
+  shared_allocation memory;
+};
+
+struct stable_entry {
+  stable_id id{};
+  session_id session{};  // 0: kept under backup_name after its session ended
+  uid_t uid{};
+  pid_t pid{};
+  std::string command;
+  tenant_key tenant;  // whose backend makes its memory
+  pool_id pool{};
+  std::string tag;
+  std::size_t size{};   // asked for
+  std::size_t bytes{};  // its allocation's (what the pool is charged while awake)
+  stable_state state{stable_state::awake};
+  shared_allocation memory;  // while not asleep
+  std::optional<stable_backup> backup;
+  std::string backup_name;
+  std::chrono::system_clock::time_point asleep_since;
+};
+
 /// Whether `filter` selects `b`: its name prefix, and every label with its
 /// value in b's manifest.
 inline bool filter_selects(buffer_filter const& filter, buffer_entry const& b)

@@ -9,11 +9,10 @@
 //
 // Owns: the pools (their backends per tenant and their counters), the open
 // sessions, each uid's charged bytes, the shared buffers and their names,
-// the statistics' history, the restart summary, the reclaim coordinator,
-// the packed blocks, the options in force and the drain flags. It also
-// holds the helpers every part uses: finding a session, the checks of a
-// request for memory, quotas and charges, pressure and the wait for
-// reclaim.
+// the address-stable allocations, the statistics' history, the restart summary, the reclaim
+// coordinator, the packed blocks, the options in force and the drain flags. It also holds the
+// helpers every part uses: finding a session, the checks of a request for memory, quotas and
+// charges, pressure and the wait for reclaim.
 //
 // Lock discipline: `mutex` guards every member but `trim_mutex` and those
 // a comment marks fixed. REQUIRES: every helper (the `_locked` ones) is
@@ -136,6 +135,9 @@ struct core_state {
   std::map<buffer_id, std::unique_ptr<buffer_entry>> buffers;
   std::unordered_map<std::string, buffer_id> buffer_names;  // named buffers only (not deleted)
   std::condition_variable_any buffers_changed;              // a publish, a session's end, a drain
+  std::map<stable_id, std::unique_ptr<stable_entry>> stables;  // address-stable allocations
+  std::uint64_t wake_waits{};                                  // see stable_totals
+  std::uint64_t wake_failures{};
   core_stats stats;
   restart_summary restart;
   reclaim_coordinator reclaim;

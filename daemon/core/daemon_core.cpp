@@ -23,7 +23,8 @@ daemon_core::daemon_core(core_options options)
       pools_(state_),
       sessions_(state_, pools_),
       leases_(state_),
-      buffers_(state_)
+      buffers_(state_),
+      stables_(state_)
 {
 }
 
@@ -31,6 +32,7 @@ daemon_core::~daemon_core()
 {
   close_all_sessions();
   buffers_.free_all();
+  stables_.free_all();
 }
 
 void daemon_core::close_session(session_id id) noexcept
@@ -43,6 +45,7 @@ void daemon_core::close_session(session_id id) noexcept
     auto* s = state_.find_session_locked(id);
     if (s == nullptr) { return; }
     leases = leases_.held_count_locked(id);
+    stables_.release_session_locked(*s);
     leases_.release_all_leases_locked(*s);
     foreign           = buffers_.release_all_locked(*s);
     auto const tenant = s->tenant;

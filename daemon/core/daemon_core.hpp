@@ -10,6 +10,7 @@
 //   leases()    lease_allocator   allocate, free, packed blocks, reclaim, usage
 //   buffers()   buffer_registry   shared buffers, manifests, remote and foreign holds
 //   pools()     pool_registry     pools, tenants' backends, trim, stats
+//   stables()   stable_registry   address-stable allocations, sleep and wake
 // It keeps the steps that span them: a session's end (its leases, its
 // buffers, its tenant's backends), the drain and a reload.
 //
@@ -26,6 +27,7 @@
 #include "daemon/core/lease_allocator.hpp"
 #include "daemon/core/pool_registry.hpp"
 #include "daemon/core/session_registry.hpp"
+#include "daemon/core/stable_registry.hpp"
 #include "daemon/core/types.hpp"
 
 namespace rmmd::core {
@@ -35,7 +37,8 @@ class daemon_core {
   explicit daemon_core(core_options options);
   daemon_core(daemon_core const&)            = delete;
   daemon_core& operator=(daemon_core const&) = delete;
-  /// Closes every session, then frees the buffers left (persistent ones too).
+  /// Closes every session, then frees the buffers left (persistent ones
+  /// too) and the backups kept.
   ~daemon_core();
 
   [[nodiscard]] session_registry& sessions() noexcept
@@ -70,8 +73,17 @@ class daemon_core {
   {
     return pools_;
   }
+  [[nodiscard]] stable_registry& stables() noexcept
+  {
+    return stables_;
+  }
+  [[nodiscard]] stable_registry const& stables() const noexcept
+  {
+    return stables_;
+  }
 
-  /// Ends a session: frees every lease it still holds, drops its holds of
+  /// Ends a session: frees its address-stable allocations (but keeps those
+  /// asleep with a named backup), frees every lease it still holds, drops its holds of
   /// buffers (telling the foreign release notifier of other nodes' buffers,
   /// without the lock), and retires its tenant's backends if it was the
   /// tenant's last. Unknown ids are ignored (the session socket and shutdown
@@ -106,6 +118,7 @@ class daemon_core {
   session_registry sessions_;
   lease_allocator leases_;
   buffer_registry buffers_;
+  stable_registry stables_;
 };
 
 }  // namespace rmmd::core

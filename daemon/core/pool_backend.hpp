@@ -95,6 +95,25 @@ class pool_backend {
     deallocate(memory.block);
   }
 
+  /// Address-stable memory (stable_registry.hpp): an allocation of its own
+  /// that the client maps at addresses it reserved, exported by a posix fd
+  /// of its own (`fd`, owned by the backend). FAILED_PRECONDITION where the
+  /// backend cannot make such memory (the default: host pools), and
+  /// RESOURCE_EXHAUSTED when the device is out of memory. Thread-safe like
+  /// allocate().
+  virtual absl::StatusOr<shared_allocation> allocate_stable(std::size_t /*bytes*/)
+  {
+    return absl::FailedPreconditionError(
+        "its pool cannot make address-stable memory (it needs a CUDA pool: an allocation of its "
+        "own the client maps at addresses it keeps); use a CUDA pool");
+  }
+  /// REQUIRES: `memory` came from allocate_stable() and was not freed.
+  /// Thread-safe like deallocate().
+  virtual void deallocate_stable(shared_allocation const& memory) noexcept
+  {
+    deallocate_shared(memory);
+  }
+
   /// What allocate(bytes) reserves when it succeeds (its rounding), so that
   /// the core can charge that while the backend works. `bytes` if unknown.
   [[nodiscard]] virtual std::size_t reserved_size(std::size_t bytes) const noexcept

@@ -93,6 +93,16 @@ class reclaim_coordinator {
     if (waiters_ > 0) { room_changed_.notify_all(); }
   }
 
+  /// Waits, letting go of the lock, until room_changed() or `deadline` (a
+  /// wake waiting for others to free memory).
+  void wait_for_change(std::unique_lock<std::mutex>& lock,
+                       std::chrono::steady_clock::time_point deadline)
+  {
+    ++waiters_;
+    room_changed_.wait_until(lock, deadline);
+    --waiters_;
+  }
+
   /// Whether a request waits for room now.
   [[nodiscard]] bool waiting() const noexcept
   {

@@ -23,6 +23,8 @@ using allocation_id = std::uint64_t;
 using buffer_id     = std::uint64_t;
 /// A hold of one of this node's buffers by another node's daemon (peering).
 using remote_hold_id = std::uint64_t;
+/// An address-stable allocation (stable_registry.hpp).
+using stable_id = std::uint64_t;
 
 /// Alignment used when a request asks for none (RMM's CUDA_ALLOCATION_ALIGNMENT).
 inline constexpr std::size_t default_alignment = 256;
@@ -56,6 +58,9 @@ struct backend_traits {
   /// Small leases may be carved out of packed blocks that a session imports
   /// once (device memory, where each import costs a driver call).
   bool packs_small_leases{false};
+  /// allocate_stable() makes address-stable memory: an allocation of its
+  /// own, exported by a POSIX fd, that a client maps where it keeps it.
+  bool stable_memory{false};
 };
 
 enum class handle_type : std::uint8_t { posix_fd, fabric, host_offset };
@@ -331,6 +336,44 @@ struct stats_snapshot {
   restart_summary restart{};
   /// Per GPU of a CUDA pool, where a driver_usage_source is set.
   std::vector<gpu_memory_use> gpu_memory{};
+};
+
+/// An address-stable allocation as its session sees it (stable_registry.hpp).
+struct stable_grant {
+  stable_id id{};
+  pool_id pool{};
+  std::string tag{};
+  std::size_t size{};   ///< bytes asked for
+  std::size_t bytes{};  ///< its allocation's bytes: what the client maps, what is charged
+  bool awake{false};    ///< its physical memory exists
+  bool has_backup{false};
+};
+
+/// One sleeper as an operator sees it: a session's sleeping allocations, or
+/// those kept under a backup name after their session ended (session 0).
+struct sleeper_info {
+  session_id session{};
+  uid_t uid{};
+  pid_t pid{};
+  std::string command{};
+  std::string backup_name{};
+  std::vector<std::string> tags{};  ///< of its sleeping allocations, sorted
+  std::size_t sleeping_allocations{};
+  std::size_t sleeping_bytes{};  ///< device bytes given back while they sleep
+  std::size_t backup_bytes{};    ///< host bytes their backups hold
+  std::size_t awake_bytes{};     ///< the same session's stable bytes awake
+  std::chrono::system_clock::time_point asleep_since{};  ///< its earliest sleeper's
+};
+
+/// Sleep and wake, node-wide (metrics).
+struct stable_totals {
+  std::size_t awake_bytes{};
+  std::size_t sleeping_bytes{};
+  std::size_t backup_bytes{};
+  std::size_t sleeping_allocations{};
+  std::size_t kept_backup_names{};  ///< names whose session ended while they slept
+  std::uint64_t wake_waits{};       ///< wakes that waited for room
+  std::uint64_t wake_failures{};    ///< wakes refused for want of room
 };
 
 }  // namespace rmmd::core

@@ -25,7 +25,8 @@ daemon_snapshot daemon_metrics::snapshot() const
       .stats         = core_.pools().stats(),
       .requests      = grpc_calls_.snapshot(),
       .session_calls = session_calls_.snapshot(),
-      .admission     = admission_.snapshot()};
+      .admission     = admission_.snapshot(),
+      .stable        = core_.stables().totals()};
 }
 
 }  // namespace rmmd::metrics

@@ -156,6 +156,34 @@ void write_daemon(exposition& e, daemon_snapshot const& s)
   e.sample("rmmd_sessions", {}, static_cast<std::uint64_t>(s.stats.sessions.size()));
 }
 
+/// Address-stable memory: what sleeps, what its backups hold, and the wakes
+/// that waited for room or were refused (docs/sleep.md).
+void write_sleep(exposition& e, core::stable_totals const& t)
+{
+  e.family("rmmd_stable_awake_bytes", "gauge", "Bytes of address-stable allocations awake.");
+  e.sample("rmmd_stable_awake_bytes", {}, static_cast<std::uint64_t>(t.awake_bytes));
+  e.family("rmmd_sleeping_bytes",
+           "gauge",
+           "Device bytes of sleeping address-stable allocations, given back to their pools.");
+  e.sample("rmmd_sleeping_bytes", {}, static_cast<std::uint64_t>(t.sleeping_bytes));
+  e.family("rmmd_sleeping_allocations", "gauge", "Sleeping address-stable allocations.");
+  e.sample("rmmd_sleeping_allocations", {}, static_cast<std::uint64_t>(t.sleeping_allocations));
+  e.family("rmmd_sleep_backup_bytes",
+           "gauge",
+           "Host bytes the daemon holds as sleeping allocations' backups (charged to host pools).");
+  e.sample("rmmd_sleep_backup_bytes", {}, static_cast<std::uint64_t>(t.backup_bytes));
+  e.family("rmmd_kept_backup_names",
+           "gauge",
+           "Backup names kept after their session ended while asleep, waiting for a restore.");
+  e.sample("rmmd_kept_backup_names", {}, static_cast<std::uint64_t>(t.kept_backup_names));
+  e.family("rmmd_wake_waits_total", "counter", "Wakes that waited for room in their pool.");
+  e.sample("rmmd_wake_waits_total", {}, t.wake_waits);
+  e.family("rmmd_wake_failures_total",
+           "counter",
+           "Wakes refused for want of room by their deadline (nothing mapped).");
+  e.sample("rmmd_wake_failures_total", {}, t.wake_failures);
+}
+
 /// What the start took back from the daemons before it, and what the
 /// driver holds beyond the ledger.
 void write_restart(exposition& e, core::stats_snapshot const& stats)
@@ -544,6 +572,7 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   write_daemon(e, s);
   write_restart(e, s.stats);
   write_admission(e, s.admission);
+  write_sleep(e, s.stable);
   write_pools(e, s.stats.pools);
   write_shared_buffers(e, s.stats.pools);
   write_tenants(e, s.stats.pools);

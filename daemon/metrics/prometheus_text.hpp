@@ -22,6 +22,7 @@ struct daemon_snapshot {
   request_snapshot requests;       ///< gRPC calls
   request_snapshot session_calls;  ///< calls on session sockets
   admission_snapshot admission{};  ///< the session socket's admission limits
+  core::stable_totals stable{};    ///< address-stable memory, sleep and wake
 };
 
 /// The Content-Type of render_prometheus()'s text.

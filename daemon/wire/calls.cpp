@@ -72,7 +72,7 @@ FieldDescriptor const* oneof_field(call const& c,
 std::vector<call> build()
 {
   std::vector<call> all;
-  for (auto&& domain : {lease_calls(), buffer_calls(), daemon_calls()}) {
+  for (auto&& domain : {lease_calls(), buffer_calls(), stable_calls(), daemon_calls()}) {
     all.insert(all.end(), domain.begin(), domain.end());
   }
   std::set<std::string_view> names;

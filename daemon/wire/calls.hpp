@@ -9,7 +9,7 @@
 // the names it gives, and the service fuzzer drives every gRPC entry.
 //
 // The entries live with their handlers, one file per domain:
-// lease_calls.cpp, buffer_calls.cpp, daemon_calls.cpp. A new call is its
+// lease_calls.cpp, buffer_calls.cpp, stable_calls.cpp, daemon_calls.cpp. A new call is its
 // messages and rpc (or SessionCall/SessionReply fields) in rmmd.proto, its
 // core method, and one make_call() entry in its domain's file.
 //
@@ -188,6 +188,7 @@ std::vector<std::string> call_names(transport t);
 // *_calls.cpp file).
 std::vector<call> lease_calls();
 std::vector<call> buffer_calls();
+std::vector<call> stable_calls();
 std::vector<call> daemon_calls();
 
 }  // namespace rmmd::wire

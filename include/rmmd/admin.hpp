@@ -129,6 +129,14 @@ class admin {
   /// hold it still.
   std::size_t delete_buffer(std::string_view name) const;
 
+  /// rmmd.v1.ListSleepersResponse: who sleeps (docs/sleep.md), per session
+  /// and per backup name kept after its session ended, with the node's wake
+  /// counters.
+  [[nodiscard]] std::string sleepers_json() const;
+  /// Frees the host backups kept under `backup_name` (this uid's; any for
+  /// root); the bytes freed. not_found_error when none are kept under it.
+  std::size_t drop_backups(std::string_view backup_name) const;
+
   /// One round trip on the session socket that changes nothing: the daemon
   /// has answered every call this session sent before it. How long it took.
   /// Throws precondition_error when the session's calls go over gRPC

@@ -387,6 +387,78 @@ RMMD_API rmmd_status rmmd_torch_configure(char const* runtime_dir, rmmd_allocati
  * first allocation. */
 RMMD_API rmmd_status rmmd_torch_get_stats(int device, rmmd_resource_stats* stats);
 
+/* ---- address-stable memory, sleep and wake (docs/sleep.md) ------------- */
+
+/* rmmd::stable_memory_resource: allocations the daemon makes in a CUDA pool,
+ * mapped by this process at addresses it keeps across sleep and wake. */
+typedef struct rmmd_stable_resource_s* rmmd_stable_resource_t;
+
+typedef enum rmmd_sleep_backup {
+  RMMD_SLEEP_BACKUP_NONE = 0, /* the contents are dropped (a KV cache) */
+  RMMD_SLEEP_BACKUP_HOST = 1  /* copied to host memory the daemon holds */
+} rmmd_sleep_backup;
+
+/* device: this process's ordinal (-1: current); pool: a CUDA pool by name
+ * (NULL: by device); default_tag: NULL is "default". */
+RMMD_API rmmd_status rmmd_stable_resource_create(rmmd_session_t session,
+                                                 int device,
+                                                 char const* pool,
+                                                 char const* default_tag,
+                                                 rmmd_stable_resource_t* resource);
+/* Frees what is still allocated from it. NULL is fine. */
+RMMD_API rmmd_status rmmd_stable_resource_destroy(rmmd_stable_resource_t resource);
+/* tag NULL: the calling thread's tag (rmmd_stable_set_thread_tag), else the
+ * resource's default. bytes 0 gives NULL. */
+RMMD_API rmmd_status rmmd_stable_allocate(rmmd_stable_resource_t resource,
+                                          size_t bytes,
+                                          char const* tag,
+                                          void** ptr);
+/* Waits for `stream` (NULL: the legacy default stream), then unmaps and frees. */
+RMMD_API rmmd_status rmmd_stable_deallocate(rmmd_stable_resource_t resource,
+                                            void* ptr,
+                                            size_t bytes,
+                                            void* stream);
+/* The calling thread's tag for allocations without one (torch_memory_saver's
+ * region); NULL or "" clears it. */
+RMMD_API rmmd_status rmmd_stable_set_thread_tag(char const* tag);
+/* Sleeps the allocations tagged with one of `tags` (tag_count 0: every tag):
+ * backups copied on `stream`, memory unmapped (addresses kept) and given
+ * back. backup_name (NULL: none) keeps host backups past this process for
+ * rmmd_stable_restore. *released_bytes (may be NULL): device bytes given back. */
+RMMD_API rmmd_status rmmd_stable_sleep(rmmd_stable_resource_t resource,
+                                       char const* const* tags,
+                                       size_t tag_count,
+                                       rmmd_sleep_backup backup,
+                                       char const* backup_name,
+                                       void* stream,
+                                       uint64_t* released_bytes);
+/* Wakes them at the same addresses, all or none, restoring backups on
+ * `stream`; a wake that does not fit waits up to deadline_ms, then
+ * RMMD_ERROR_OUT_OF_MEMORY naming who holds the pool, nothing mapped.
+ * *woken_bytes may be NULL. */
+RMMD_API rmmd_status rmmd_stable_wake(rmmd_stable_resource_t resource,
+                                      char const* const* tags,
+                                      size_t tag_count,
+                                      uint32_t deadline_ms,
+                                      void* stream,
+                                      uint64_t* woken_bytes);
+/* Takes over the allocations a process of this uid left asleep under
+ * backup_name, woken at new addresses and restored, as JSON:
+ * [{"ptr":140..., "size":..., "tag":"weights"}, ...] (free with
+ * rmmd_string_free); free each with rmmd_stable_deallocate. */
+RMMD_API rmmd_status rmmd_stable_restore(rmmd_stable_resource_t resource,
+                                         char const* backup_name,
+                                         uint32_t deadline_ms,
+                                         void* stream,
+                                         char** json);
+/* Frees the backups kept under backup_name. */
+RMMD_API rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
+                                              char const* backup_name,
+                                              uint64_t* dropped_bytes);
+/* Who sleeps on the node (rmmd.v1.ListSleepersResponse, as rmmctl sleepers
+ * --json prints it). Free with rmmd_string_free. */
+RMMD_API rmmd_status rmmd_stable_sleepers_json(rmmd_session_t session, char** json);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -24,8 +27,10 @@ namespace rmmd::core {
 
 /// The traits of the two kinds a test's fake stands in for.
 inline constexpr backend_traits host_like_traits{.name = "host", .space = memory_space::host};
-inline constexpr backend_traits device_like_traits{
-    .name = "cuda", .space = memory_space::device, .packs_small_leases = true};
+inline constexpr backend_traits device_like_traits{.name               = "cuda",
+                                                   .space              = memory_space::device,
+                                                   .packs_small_leases = true,
+                                                   .stable_memory      = true};
 
 class fake_pool_backend final : public pool_backend {
  public:
@@ -110,6 +115,47 @@ class fake_pool_backend final : public pool_backend {
     }
     for (auto const& block : blocks) { give_back_locked(block); }
   }
+
+  /// Address-stable memory (traits with stable_memory, as the cuda backend): rounded
+  /// to 2 MiB, counted against the device limit with the blocks, with an
+  /// empty memfd as its fd. Fails as allocate() does (fail_next()).
+  absl::StatusOr<shared_allocation> allocate_stable(std::size_t bytes) override
+  {
+    if (!options_.traits.stable_memory) { return pool_backend::allocate_stable(bytes); }
+    wait_at_gate(call::allocate);
+    std::lock_guard lock(mutex_);
+    ++allocate_calls_;
+    if (failures_ > 0) {
+      --failures_;
+      return failure_;
+    }
+    auto const size   = (bytes + stable_granularity - 1) / stable_granularity * stable_granularity;
+    auto const device = std::min(options_.capacity, device_limit_);
+    if (size > device - std::min(device, live_bytes_)) {
+      return absl::ResourceExhaustedError("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (fake)");
+    }
+    int const fd = ::memfd_create("fake-stable", MFD_CLOEXEC);
+    if (fd < 0) { return absl::InternalError("memfd_create"); }
+    ++allocations_;
+    ++live_stable_;
+    live_bytes_ += size;
+    return shared_allocation{.block = {.bytes = size}, .fd = fd, .driver_handle = ++next_handle_};
+  }
+  void deallocate_stable(shared_allocation const& memory) noexcept override
+  {
+    std::lock_guard lock(mutex_);
+    ++deallocations_;
+    --live_stable_;
+    live_bytes_ -= memory.block.bytes;
+    ::close(memory.fd);
+  }
+  /// Address-stable allocations made and not freed.
+  [[nodiscard]] std::size_t live_stable() const
+  {
+    std::lock_guard lock(mutex_);
+    return live_stable_;
+  }
+  static constexpr std::size_t stable_granularity = std::size_t{2} << 20;
 
   [[nodiscard]] std::optional<backend_usage> usage() const override
   {
@@ -295,6 +341,8 @@ class fake_pool_backend final : public pool_backend {
   int failures_{};
   std::size_t device_limit_{SIZE_MAX};
   std::uintptr_t next_{0x7f0000000000};
+  std::size_t live_stable_{};
+  std::uint64_t next_handle_{};
   std::set<std::uintptr_t> made_up_;
   std::optional<std::uint64_t> reserved_{};
   std::uint64_t releasable_{};

@@ -201,7 +201,8 @@ TEST_F(SessionProtocol, ErrorsCarryTheWireCodeAndNoPayload)
   EXPECT_EQ(r->error().code(), static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
   EXPECT_THAT(r->error().message(),
               ::testing::HasSubstr("(allocate, free, ping, create_buffer, publish_buffer, "
-                                   "open_buffer, close_buffer, buffer_fd, blocks_dropped)"));
+                                   "open_buffer, close_buffer, buffer_fd, blocks_dropped, "
+                                   "stable_fds)"));
 }
 
 // Another node's buffer is opened over gRPC (which may wait for the peer),

@@ -192,15 +192,42 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_
                                                                       std::size_t alignment)
 {
   if (!options_.vmm_buffers) { return pool_backend::allocate_shared(bytes, alignment); }
-  auto const& api = gpu::vmm();
   // A driver without the virtual memory API (none we support) still shares
   // buffers: as pointers of the pool.
-  if (!api) { return pool_backend::allocate_shared(bytes, alignment); }
+  if (!gpu::vmm()) { return pool_backend::allocate_shared(bytes, alignment); }
+  return allocate_own(bytes, alignment, !fabric_.empty());
+}
+
+absl::StatusOr<core::shared_allocation> cuda_backend::allocate_stable(std::size_t bytes)
+{
+  // Whatever --cuda-shared-buffer-memory says: the client maps it at its own
+  // addresses, which only an allocation of its own allows. No fabric handle:
+  // it is mapped on this node, by its session's process.
+  std::string why;
+  if (!gpu::vmm(&why)) {
+    return absl::FailedPreconditionError(
+        "address-stable memory needs the driver's virtual "
+        "memory API: " +
+        why);
+  }
+  return allocate_own(bytes, 0, false);
+}
+
+void cuda_backend::deallocate_stable(core::shared_allocation const& memory) noexcept
+{
+  deallocate_shared(memory);
+}
+
+absl::StatusOr<core::shared_allocation> cuda_backend::allocate_own(std::size_t bytes,
+                                                                   std::size_t alignment,
+                                                                   bool fabric)
+{
+  auto const& api = gpu::vmm();
   if (auto err = cudaSetDevice(options_.device); err != cudaSuccess) {
     return absl::InternalError(absl::StrFormat("cudaSetDevice: %s", cudaGetErrorName(err)));
   }
   auto const types = static_cast<CUmemAllocationHandleType>(
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric_.empty() ? 0 : CU_MEM_HANDLE_TYPE_FABRIC));
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric ? CU_MEM_HANDLE_TYPE_FABRIC : 0));
   auto const prop   = gpu::device_allocation(options_.device, types);
   std::size_t grain = 0;
   if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -231,14 +258,14 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_
     block.fd = -1;
     return fail("cuMemExportToShareableHandle (posix fd)", r);
   }
-  if (!fabric_.empty()) {
-    CUmemFabricHandle fabric{};
-    if (auto r = api->export_handle(&fabric, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+  if (fabric) {
+    CUmemFabricHandle handle_out{};
+    if (auto r = api->export_handle(&handle_out, handle, CU_MEM_HANDLE_TYPE_FABRIC, 0);
         r != CUDA_SUCCESS) {
       return fail("cuMemExportToShareableHandle (fabric)", r);
     }
-    auto const* p = reinterpret_cast<std::byte const*>(&fabric);
-    block.fabric_handle.assign(p, p + sizeof(fabric));
+    auto const* p = reinterpret_cast<std::byte const*>(&handle_out);
+    block.fabric_handle.assign(p, p + sizeof(handle_out));
   }
   return block;
 }

@@ -84,8 +84,10 @@ class cuda_backend final : public core::pool_backend {
   ~cuda_backend() override;
 
   /// Device memory; small leases packed into blocks a session imports once.
-  static constexpr core::backend_traits kind_traits{
-      .name = "cuda", .space = core::memory_space::device, .packs_small_leases = true};
+  static constexpr core::backend_traits kind_traits{.name  = "cuda",
+                                                    .space = core::memory_space::device,
+                                                    .packs_small_leases = true,
+                                                    .stable_memory      = true};
   [[nodiscard]] core::backend_traits traits() const noexcept override
   {
     return kind_traits;
@@ -106,6 +108,10 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
                                                           std::size_t alignment) override;
   void deallocate_shared(core::shared_allocation const& memory) noexcept override;
+  /// An allocation of its own (cuMemCreate, posix fd), whatever
+  /// vmm_buffers says: see pool_backend::allocate_stable().
+  absl::StatusOr<core::shared_allocation> allocate_stable(std::size_t bytes) override;
+  void deallocate_stable(core::shared_allocation const& memory) noexcept override;
   /// `bytes` rounded up to 256.
   [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
   {
@@ -128,6 +134,12 @@ class cuda_backend final : public core::pool_backend {
   }
 
  private:
+  /// cuMemCreate of `bytes` rounded to the driver's granularity, exported
+  /// by a posix fd (and a fabric handle with `fabric`).
+  absl::StatusOr<core::shared_allocation> allocate_own(std::size_t bytes,
+                                                       std::size_t alignment,
+                                                       bool fabric);
+
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built
   std::shared_ptr<cuda_streams> streams_;                    // never null once built

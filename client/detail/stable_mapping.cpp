@@ -1,0 +1,196 @@
+#include "client/detail/stable_mapping.hpp"
+
+#include "client/detail/call_status.hpp"
+#include "common/fd_passing.hpp"
+#include "common/vmm.hpp"
+
+#include <rmm/error.hpp>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+
+namespace rmmd::detail::stable {
+namespace {
+
+/// Most ids one StableFds call names (daemon/core/stable_registry.hpp).
+constexpr std::size_t fds_per_call = 250;
+
+gpu::vmm_api const& api()
+{
+  std::string why;
+  auto const& found = gpu::vmm(&why);
+  if (!found) { throw rmm::bad_alloc("rmmd: address-stable memory: " + why); }
+  return *found;
+}
+
+[[noreturn]] void driver_failed(gpu::vmm_api const& a, char const* what, CUresult r)
+{
+  throw rmm::bad_alloc(std::string("rmmd: ") + what + ": " + a.name(r));
+}
+
+/// A backup's memfd mapped here (and page-locked where the driver allows).
+struct host_view {
+  void* data{MAP_FAILED};
+  std::size_t bytes{};
+  bool pinned{false};
+
+  host_view(int fd, std::size_t size) : bytes(size)
+  {
+    data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      throw rmm::bad_alloc("rmmd: mapping a host backup of " + std::to_string(bytes) +
+                           " bytes failed (mmap)");
+    }
+    // Pinned, a copy runs at the host link's speed; pageable, at a fraction.
+    pinned = cudaHostRegister(data, bytes, cudaHostRegisterDefault) == cudaSuccess;
+    if (!pinned) { cudaGetLastError(); }
+  }
+  host_view(host_view const&)            = delete;
+  host_view& operator=(host_view const&) = delete;
+  host_view(host_view&& other) noexcept
+      : data(std::exchange(other.data, MAP_FAILED)), bytes(other.bytes), pinned(other.pinned)
+  {
+  }
+  host_view& operator=(host_view&&) = delete;
+  ~host_view()
+  {
+    if (data == MAP_FAILED) { return; }
+    if (pinned && cudaHostUnregister(data) != cudaSuccess) { cudaGetLastError(); }
+    ::munmap(data, bytes);
+  }
+};
+
+}  // namespace
+
+void check(cudaError_t err, char const* what)
+{
+  if (err == cudaSuccess) { return; }
+  cudaGetLastError();
+  throw rmm::bad_alloc(std::string("rmmd: ") + what + ": " + cudaGetErrorName(err));
+}
+
+std::uintptr_t reserve(std::size_t bytes)
+{
+  auto const& a  = api();
+  CUdeviceptr va = 0;
+  if (auto r = a.address_reserve(&va, bytes, 0, 0, 0); r != CUDA_SUCCESS) {
+    driver_failed(a, "cuMemAddressReserve", r);
+  }
+  return static_cast<std::uintptr_t>(va);
+}
+
+void unreserve(std::uintptr_t address, std::size_t bytes) noexcept
+{
+  if (auto const& a = gpu::vmm()) { a->address_free(static_cast<CUdeviceptr>(address), bytes); }
+}
+
+void map(stable_memory_resource_impl::entry& e, int fd, int device)
+{
+  auto const& a = api();
+  CUmemGenericAllocationHandle handle{};
+  auto r = a.import_handle(&handle,
+                           reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  ::close(fd);  // the import holds the allocation now
+  if (r != CUDA_SUCCESS) { driver_failed(a, "cuMemImportFromShareableHandle (posix fd)", r); }
+  auto const va = static_cast<CUdeviceptr>(e.address);
+  if (r = a.map(va, e.bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+    a.mem_release(handle);
+    driver_failed(a, "cuMemMap", r);
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id   = device;
+  access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (r = a.set_access(va, e.bytes, &access, 1); r != CUDA_SUCCESS) {
+    a.unmap(va, e.bytes);
+    a.mem_release(handle);
+    driver_failed(a, "cuMemSetAccess", r);
+  }
+  e.handle = handle;
+  e.mapped = true;
+}
+
+void unmap(stable_memory_resource_impl::entry& e) noexcept
+{
+  if (!e.mapped) { return; }
+  if (auto const& a = gpu::vmm()) {
+    a->unmap(static_cast<CUdeviceptr>(e.address), e.bytes);
+    a->mem_release(static_cast<CUmemGenericAllocationHandle>(e.handle));
+  }
+  e.mapped = false;
+  e.handle = 0;
+}
+
+std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const> ids, bool backup)
+{
+  std::vector<int> all;
+  try {
+    for (std::size_t at = 0; at < ids.size(); at += fds_per_call) {
+      auto const part = ids.subspan(at, std::min(fds_per_call, ids.size() - at));
+      v1::SessionCall call;
+      auto* request = call.mutable_stable_fds();
+      for (auto id : part) { request->add_allocation_ids(id); }
+      request->set_backup(backup);
+      v1::SessionReply reply;
+      std::vector<int> fds;
+      auto status = session.channel().call(call, &reply, &fds);
+      if (status.ok() && (fds.size() != part.size() ||
+                          reply.stable_fds().fd_count() != static_cast<int>(part.size()))) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL,
+                              "the daemon's reply brought " + std::to_string(fds.size()) +
+                                  " fds for " + std::to_string(part.size()) + " allocations");
+      }
+      if (!status.ok()) {
+        fd_passing::close_fds(fds, fds.size());
+        throw_status(status, backup ? "fds of host backups" : "fds of address-stable memory");
+      }
+      all.insert(all.end(), fds.begin(), fds.end());
+    }
+  } catch (...) {
+    fd_passing::close_fds(all, all.size());
+    throw;
+  }
+  return all;
+}
+
+void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entries,
+                  std::vector<int> const& fds,
+                  direction way,
+                  cudaStream_t stream)
+{
+  std::vector<host_view> views;
+  views.reserve(entries.size());
+  std::size_t open_from = 0;  // fds from here on are still open
+  try {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      open_from     = i + 1;
+      auto const fd = fds[i];
+      auto close_fd = [fd] { ::close(fd); };  // the mapping keeps the memfd
+      try {
+        views.emplace_back(fd, entries[i]->bytes);
+      } catch (...) {
+        close_fd();
+        throw;
+      }
+      close_fd();
+      auto* device = reinterpret_cast<void*>(entries[i]->address);
+      auto* host   = views.back().data;
+      check(way == direction::to_host
+                ? cudaMemcpyAsync(host, device, entries[i]->size, cudaMemcpyDeviceToHost, stream)
+                : cudaMemcpyAsync(device, host, entries[i]->size, cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync of a host backup");
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the backup copies");
+  } catch (...) {
+    for (std::size_t i = open_from; i < fds.size(); ++i) { ::close(fds[i]); }
+    cudaStreamSynchronize(stream);  // nothing may still copy into what the views unmap
+    cudaGetLastError();
+    throw;
+  }
+}
+
+}  // namespace rmmd::detail::stable

@@ -1,0 +1,52 @@
+#pragma once
+
+// What rmmd::stable_memory_resource does with the driver and the daemon's
+// fds, apart from its bookkeeping: reserving and freeing address ranges,
+// mapping an allocation's fd at its range and unmapping it, fetching fds
+// over the session socket, and copying between an allocation and its host
+// backup (a memfd mapped here and page-locked for the copy). Stateless;
+// each function throws as error.hpp says and leaves nothing behind when it
+// throws.
+
+#include <rmmd/detail/stable_memory_resource_impl.hpp>
+
+#include "client/detail/session_impl.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace rmmd::detail::stable {
+
+/// A range of `bytes` reserved for device `device`'s allocations.
+std::uintptr_t reserve(std::size_t bytes);
+void unreserve(std::uintptr_t address, std::size_t bytes) noexcept;
+
+/// Imports `fd` (closing it) and maps it read-write for `device` at
+/// `e.address`; sets e.handle and e.mapped.
+void map(stable_memory_resource_impl::entry& e, int fd, int device);
+/// Unmaps and releases the import (where mapped).
+void unmap(stable_memory_resource_impl::entry& e) noexcept;
+
+/// The fds of `ids` (their memory, or their backups) from the daemon, in
+/// order, in calls of at most 250; the caller closes them.
+std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const> ids, bool backup);
+
+/// Which way a copy goes.
+enum class direction { to_host, to_device };
+
+/// Copies each entry's `size` bytes between its range and its backup's fd
+/// (mapped here, page-locked where the driver allows), on `stream`, and
+/// waits for it. Closes the fds.
+void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entries,
+                  std::vector<int> const& fds,
+                  direction way,
+                  cudaStream_t stream);
+
+/// Throws rmm::bad_alloc naming `what` and the CUDA error, unless success.
+void check(cudaError_t err, char const* what);
+
+}  // namespace rmmd::detail::stable

@@ -1,0 +1,251 @@
+// Address-stable memory, sleep and wake on a real GPU (docs/sleep.md), with
+// the real daemon: addresses that stay across 100 sleep/wake cycles with the
+// backed-up bytes restored bitwise; a CUDA graph captured before a sleep
+// replaying after the wake with the same output; a backup restored into a
+// new process after its engine was SIGKILLed asleep; another uid served
+// from the memory a sleeper gave back; a wake that cannot fit failing at its
+// deadline with nothing mapped; and the pools back at 0 after each.
+// Skips without a GPU (and the other-uid test without root).
+
+#include "tests/gpu/gpu_count.hpp"
+#include "tests/tools/daemon_process.hpp"
+#include "tests/tools/device_pattern.hpp"
+#include "tests/tools/test_users.hpp"
+
+#include <rmmd/admin.hpp>
+#include <rmmd/stable_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rmmd::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+class StableMemory : public ::testing::Test {
+ protected:
+  void SetUp() override
+  {
+    REQUIRE_GPUS(1);
+    ::signal(SIGPIPE, SIG_IGN);  // child_process::write_line's requirement
+  }
+
+  /// rmmd with a CUDA pool of `gpu_pool` on each GPU and a host pool for
+  /// the backups; `extra` flags.
+  void start(std::string const& gpu_pool = "4GiB", std::vector<std::string> extra = {})
+  {
+    std::vector<std::string> args{
+        "--cuda-pool-bytes", gpu_pool, "--fabric", "off", "--host-pool-bytes", "2GiB"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_  = std::make_unique<daemon_process>(std::move(args));
+    session_ = std::make_unique<rmmd::session>(daemon_->open_session("stable-test"));
+    env_     = {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()};
+  }
+
+  std::size_t in_use(std::string const& pool) const
+  {
+    auto const stats = daemon_->stats();
+    for (auto const& p : stats.pools()) {
+      if (p.pool().name() == pool) { return p.in_use_bytes(); }
+    }
+    ADD_FAILURE() << "no pool " << pool;
+    return 0;
+  }
+  std::string gpu_pool() const
+  {
+    return session_->device_pool(0).name;
+  }
+
+  std::unique_ptr<child_process> client(std::vector<std::string> args, std::string user = {}) const
+  {
+    args.insert(args.begin(), program_path("rmmd_stable_client").string());
+    return std::make_unique<child_process>(std::move(args), env_, spawn_options{.user = user});
+  }
+
+  static std::vector<std::byte> read_back(void const* p, std::size_t bytes)
+  {
+    std::vector<std::byte> out(bytes);
+    EXPECT_EQ(cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+  std::unique_ptr<daemon_process> daemon_;
+  std::unique_ptr<rmmd::session> session_;
+  std::vector<std::string> env_;
+};
+
+TEST_F(StableMemory, AddressesStayAndBackupsComeBackBitwiseAcross100Cycles)
+{
+  start();
+  rmmd::stable_memory_resource mr(*session_, 0, "weights");
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  constexpr std::size_t weights_bytes = 64 * MiB;
+  constexpr std::size_t kv_bytes      = 128 * MiB;
+  void* weights                       = mr.allocate_sync(weights_bytes, 256);
+  void* kv                            = nullptr;
+  {
+    rmmd::scoped_stable_tag tag("kv");
+    kv = mr.allocate_sync(kv_bytes, 256);
+  }
+  EXPECT_EQ(mr.tag_of(weights), "weights");
+  EXPECT_EQ(mr.tag_of(kv), "kv");
+  device_fill(weights, weights_bytes, 36, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  auto const pool = gpu_pool();
+  EXPECT_EQ(in_use(pool), weights_bytes + kv_bytes);
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    device_fill(kv, kv_bytes, 1000 + cycle, stream);
+    EXPECT_EQ(mr.sleep({"weights"}, rmmd::sleep_backup::host, {}, stream), weights_bytes);
+    EXPECT_EQ(mr.sleep({"kv"}), kv_bytes);
+    EXPECT_FALSE(mr.is_awake(weights));
+    if (cycle == 0) { EXPECT_EQ(in_use(pool), 0u) << "the ledger shows the memory free"; }
+    EXPECT_EQ(mr.wake({}, std::chrono::seconds(10), stream), weights_bytes + kv_bytes);
+    ASSERT_TRUE(mr.is_awake(weights) && mr.is_awake(kv));
+    ASSERT_EQ(device_first_mismatch(weights, weights_bytes, 36, stream), -1) << "cycle " << cycle;
+    // kv had no backup: writable again at the same address.
+    device_fill(kv, kv_bytes, 2000 + cycle, stream);
+    ASSERT_EQ(device_first_mismatch(kv, kv_bytes, 2000 + cycle, stream), -1);
+  }
+  mr.deallocate_sync(weights, weights_bytes, 256);
+  mr.deallocate_sync(kv, kv_bytes, 256);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(in_use(pool), 0u);
+  EXPECT_EQ(in_use("host"), 0u);
+}
+
+TEST_F(StableMemory, AGraphCapturedBeforeSleepReplaysBitwiseAfterWake)
+{
+  start();
+  rmmd::stable_memory_resource mr(*session_, 0, "weights");
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  constexpr std::size_t bytes = 32 * MiB;
+  void* in                    = mr.allocate_tagged("weights", bytes);
+  void* out                   = mr.allocate_tagged("activations", 2 * bytes);
+  device_fill(in, bytes, 99, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // The graph holds both addresses: a copy out of `in`, and a pattern of its own.
+  cudaGraph_t graph{};
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(static_cast<char*>(out) + bytes, 0x5a, bytes, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec{};
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  auto const before = read_back(out, 2 * bytes);
+
+  mr.sleep({"weights"}, rmmd::sleep_backup::host, {}, stream);
+  mr.sleep({"activations"});
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  mr.wake({}, std::chrono::seconds(10), stream);
+  ASSERT_EQ(cudaMemsetAsync(out, 0, 2 * bytes, stream), cudaSuccess);  // no stale luck
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  auto const after = read_back(out, 2 * bytes);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size()), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  mr.deallocate_sync(in, bytes, 256);
+  mr.deallocate_sync(out, 2 * bytes, 256);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+TEST_F(StableMemory, ABackupIsRestoredIntoANewProcessAfterItsEngineWasKilledAsleep)
+{
+  start();
+  constexpr std::size_t bytes = 256 * MiB;
+  auto engine                 = client({"sleep", "engine-0", std::to_string(bytes), "4242"});
+  ASSERT_EQ(engine->read_line(60s).value_or("(nothing: it exited)"), "asleep");
+  engine->kill(SIGKILL);
+  (void)engine->wait(20s);
+  // The daemon keeps the backup under its name once the session is gone.
+  EXPECT_TRUE(eventually([&] {
+    return rmmd::admin(*session_).sleepers_json().find("\"session_id\":\"0\"") != std::string::npos;
+  })) << rmmd::admin(*session_).sleepers_json();
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  EXPECT_EQ(in_use("host"), bytes);
+
+  auto restorer = client({"restore", "engine-0", std::to_string(bytes), "4242"});
+  EXPECT_EQ(restorer->read_line(60s).value_or("(nothing: it exited)"), "intact");
+  EXPECT_EQ(restorer->wait(20s), 0);
+  EXPECT_TRUE(eventually([&] { return in_use(gpu_pool()) == 0 && in_use("host") == 0; }));
+}
+
+TEST_F(StableMemory, AWakeThatCannotFitFailsAtItsDeadlineWithNothingMapped)
+{
+  start("1GiB");
+  rmmd::stable_memory_resource mr(*session_, 0, "kv");
+  constexpr std::size_t bytes = 768 * MiB;
+  void* kv                    = mr.allocate_sync(bytes, 256);
+  mr.sleep();
+  // Another session takes the room while the first sleeps.
+  auto other_session = daemon_->open_session("trainer");
+  rmmd::stable_memory_resource other(other_session, 0, "trainer");
+  void* taken = other.allocate_sync(bytes, 256);
+
+  auto const start_at = std::chrono::steady_clock::now();
+  try {
+    mr.wake({}, std::chrono::milliseconds(300));
+    ADD_FAILURE() << "the wake fitted";
+  } catch (rmm::out_of_memory const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("holds"));
+    EXPECT_THAT(e.what(), HasSubstr("mapped nothing"));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start_at, std::chrono::milliseconds(300));
+  EXPECT_FALSE(mr.is_awake(kv));
+  EXPECT_EQ(in_use(gpu_pool()), bytes);  // the other's, nothing of the failed wake
+  EXPECT_THAT(rmmd::admin(*session_).sleepers_json(), HasSubstr("\"wake_failures\":\"1\""));
+
+  other.deallocate_sync(taken, bytes, 256);
+  EXPECT_EQ(mr.wake({}, std::chrono::seconds(10)), bytes);
+  EXPECT_TRUE(mr.is_awake(kv));
+  mr.deallocate_sync(kv, bytes, 256);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
+{
+  auto b = ensure_user(client_user_b, daemon_group);
+  if (!b) { GTEST_SKIP() << users_need_root(); }
+  if (auto why = unreachable_for(*b, program_path("rmmd_stable_client")); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  start("1GiB", {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid)});
+  rmmd::stable_memory_resource mr(*session_, 0, "kv");
+  constexpr std::size_t bytes = 768 * MiB;
+  void* kv                    = mr.allocate_sync(bytes, 256);
+  mr.sleep();
+  auto const slept_at = std::chrono::steady_clock::now();
+  auto lender         = client({"lease", std::to_string(bytes)}, client_user_b);
+  EXPECT_EQ(lender->read_line(60s).value_or("(nothing: it exited)"), "served");
+  std::cout << "another uid served " << bytes << " bytes "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - slept_at)
+                   .count()
+            << " ms after the sleep returned (its process start included)\n";
+  EXPECT_THROW(mr.wake({}, std::chrono::milliseconds(200)), rmm::out_of_memory);
+  lender->close_stdin();
+  EXPECT_EQ(lender->wait(20s), 0);
+  // Its CUDA pool may keep the memory (release threshold): the wake trims it.
+  EXPECT_EQ(mr.wake({}, std::chrono::seconds(10)), bytes);
+  mr.deallocate_sync(kv, bytes, 256);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+}  // namespace
+}  // namespace rmmd::test
