@@ -74,6 +74,25 @@ stable_grant stable_registry::grant_of(stable_entry const& e)
                       .has_backup = e.backup.has_value()};
 }
 
+absl::StatusOr<std::vector<stable_entry*>> stable_registry::awake_owned_locked(
+    session_id session,
+    std::span<stable_id const> ids,
+    std::string const& request,
+    std::string_view hint) const
+{
+  std::vector<stable_entry*> chosen;
+  for (auto id : ids) {
+    auto e = owned_locked(session, id, request);
+    if (!e.ok()) { return e.status(); }
+    if ((*e)->state != stable_state::awake) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: allocation %d is not awake; %s", request, id, hint));
+    }
+    chosen.push_back(*e);
+  }
+  return chosen;
+}
+
 absl::StatusOr<stable_entry*> stable_registry::owned_locked(session_id session,
                                                             stable_id id,
                                                             std::string const& request) const
@@ -293,16 +312,9 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::begin_sleep(
       }
     }
   }
-  std::vector<stable_entry*> chosen;
-  for (auto id : ids) {
-    auto e = owned_locked(session, id, request);
-    if (!e.ok()) { return e.status(); }
-    if ((*e)->state != stable_state::awake) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%s: allocation %d is not awake; sleep only what is awake", request, id));
-    }
-    chosen.push_back(*e);
-  }
+  auto awake = awake_owned_locked(session, ids, request, "sleep only what is awake");
+  if (!awake.ok()) { return awake.status(); }
+  auto chosen = *std::move(awake);
   for (auto const& [id, e] : state_.stables) {
     if (!ids.empty()) { break; }
     if (e->session != session || !tag_selected(tags, e->tag)) { continue; }
@@ -380,16 +392,9 @@ absl::StatusOr<std::size_t> stable_registry::finish_wake(session_id session,
   auto const request = absl::StrCat("finish the wake of ", ids_text(ids));
   auto found         = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
-  std::vector<stable_entry*> chosen;
-  for (auto id : ids) {
-    auto e = owned_locked(session, id, request);
-    if (!e.ok()) { return e.status(); }
-    if ((*e)->state != stable_state::awake) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%s: allocation %d is not awake; wake it first", request, id));
-    }
-    chosen.push_back(*e);
-  }
+  auto awake = awake_owned_locked(session, ids, request, "wake it first");
+  if (!awake.ok()) { return awake.status(); }
+  auto chosen       = *std::move(awake);
   std::size_t bytes = 0;
   for (auto* e : chosen) {
     if (e->backup) { bytes += e->backup->memory.block.bytes; }

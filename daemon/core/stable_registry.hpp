@@ -149,6 +149,12 @@ class stable_registry {
   absl::StatusOr<stable_entry*> owned_locked(session_id session,
                                              stable_id id,
                                              std::string const& request) const;
+  /// The session's entries `ids`, each awake; else NOT_FOUND, or
+  /// FAILED_PRECONDITION ending in `hint` (what the caller should do).
+  absl::StatusOr<std::vector<stable_entry*>> awake_owned_locked(session_id session,
+                                                                std::span<stable_id const> ids,
+                                                                std::string const& request,
+                                                                std::string_view hint) const;
   /// Frees `e`'s memory (if any) and backup, uncharging them (`s`: its
   /// session, null when ended), and forgets it.
   void erase_locked(stable_entry& e, session_entry* s) noexcept;
