@@ -21,8 +21,12 @@ What JAX cannot do, and where a copy would be forced:
   which in the result's ``copied``). Buffers from
   ``rmmd.safetensors.publish_dir`` hold dense row-major tensors, at their
   files' offsets or at multiples of 256 bytes (``keep_layout=False``).
-- bfloat16 and float8 need JAX's ``ml_dtypes`` (JAX ships it); complex128
-  needs ``jax_enable_x64``, as do 64-bit integers.
+- bfloat16 and float8 need JAX's ``ml_dtypes`` (JAX ships it). 64-bit
+  types (int64, uint64, float64, complex128: a checkpoint's ``position_ids``)
+  need ``jax_enable_x64`` (``jax.config.update("jax_enable_x64", True)`` or
+  ``JAX_ENABLE_X64=1``): without it JAX converts them to 32 bits, a copy, so
+  ``copy=False`` raises naming the tensor and the three ways out (enable
+  64-bit types, leave the tensor out with ``names``, or ``copy=True``).
 - The arrays keep the buffer open (its hold is released when the last one
   is collected).
 
@@ -43,6 +47,9 @@ from ._session import Session
 from ._views import select
 
 __all__ = ["attach", "arrays", "Attached"]
+
+# What JAX converts to 32 bits unless jax_enable_x64 is on.
+_WIDE = frozenset({"int64", "uint64", "float64", "complex128"})
 
 # DLPack's type codes (dlpack.h, DLDataTypeCode).
 _kDLInt, _kDLUInt, _kDLFloat, _kDLBfloat, _kDLComplex, _kDLBool = 0, 1, 2, 4, 5, 6
@@ -127,6 +134,14 @@ class Attached(dict):  # type: ignore[type-arg]
     copied: list[str]
 
 
+def _x64_enabled(jax: Any) -> bool:
+    """Whether JAX keeps 64-bit types (jax_enable_x64), as its dtype
+    canonicalisation says."""
+    import numpy
+
+    return bool(jax.dtypes.canonicalize_dtype(numpy.int64) == numpy.int64)
+
+
 def arrays(buf: SharedBuffer, names: Iterable[str] | None = None, copy: bool = False) -> Attached:
     """The manifest's tensors of the open buffer `buf` as jax.Arrays on its
     device (see the module's text for when a copy is forced)."""
@@ -143,10 +158,20 @@ def arrays(buf: SharedBuffer, names: Iterable[str] | None = None, copy: bool = F
     out.buffer = buf
     out.copied = []
     manifest = select(buf.manifest, names)
+    x64 = _x64_enabled(jax)
     for t in manifest.tensors:
+        if t.dtype in _WIDE and not x64:
+            if not copy:
+                raise InvalidArgumentError(
+                    f"rmmd: tensor '{t.name}' of buffer '{buf.name}' is {t.dtype} and JAX's 64-bit types are off: "
+                    "JAX would convert it to 32 bits, a copy (enable them with "
+                    "jax.config.update('jax_enable_x64', True) or JAX_ENABLE_X64=1, leave the tensor out with "
+                    "names=..., or pass copy=True)"
+                )
+            out.copied.append(t.name)
         dense = t.strides is None or t.strides == t.contiguous_strides
         aligned = (buf.ptr + t.offset) % t.itemsize == 0
-        if not (dense and aligned):
+        if not (dense and aligned) and t.name not in out.copied:
             if not copy:
                 raise InvalidArgumentError(
                     f"rmmd: tensor '{t.name}' of buffer '{buf.name}' is "

@@ -71,6 +71,10 @@ def test_jax_arrays_equal_numpys_read_of_the_files(gpu_daemon: Daemon, checkpoin
         got = json.loads(run_python([CLIENT, "jax", str(checkpoint), "ckpt/jax"], env).stdout)
         assert all(got["same"].values()), got["same"]
         assert all(got["zero_copy"].values()) and got["copied"] == [], got
+        # The checkpoint's int64 position_ids: refused by name without jax_enable_x64.
+        assert got["wide"], got
+        assert got["refused_64bit"] and got["wide"][0] in got["refused_64bit"], got
+        assert "jax_enable_x64" in got["refused_64bit"], got
 
 
 def test_the_transformers_example(gpu_daemon: Daemon, tmp_path: Path) -> None:

@@ -14,6 +14,10 @@
 //
 //   RMMD_SOAK_ROUNDS  rounds (default 100; about a second each)
 //   RMMD_SOAK_SEED    the seed of the kill moments (default: random, printed)
+//   RMMD_SOAK_SHARED_GPU=1  other processes use the GPUs meanwhile (gpu-check
+//                     runs it beside the other suites): the device-wide used
+//                     memory is printed, not compared (the daemon's own
+//                     figures, every pool at 0 and the fd store empty, still are)
 //
 // Skips, saying why, where CUDA sees no GPU.
 
@@ -258,6 +262,11 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
                       buffer_name});
   EXPECT_EQ(deleted.status, 0) << deleted.out;
   EXPECT_TRUE(daemon.wait_for_stored(0)) << daemon.log();
+  // Every client gone and the buffer deleted: every pool back to 0.
+  auto const final_stats = stats_of(daemon);
+  for (auto const& p : final_stats.pools()) {
+    EXPECT_EQ(p.in_use_bytes(), 0u) << "pool " << p.pool().name() << "; the log:\n" << daemon.log();
+  }
   auto stopped = daemon.manager().kill_service(SIGTERM);
   ASSERT_TRUE(stopped);
   EXPECT_TRUE(WIFEXITED(*stopped) && WEXITSTATUS(*stopped) == 0) << daemon.log();
@@ -265,9 +274,13 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   auto const used_after = gpu_used_bytes();
   ASSERT_TRUE(used_after);
   auto const grown = *used_after > *used_before ? *used_after - *used_before : 0;
-  EXPECT_LE(grown, memory_slack_bytes)
-      << "GPU memory used: " << *used_before << " bytes before the daemon started, " << *used_after
-      << " after the soak";
+  if (env_or("RMMD_SOAK_SHARED_GPU", 0) == 0) {
+    EXPECT_LE(grown, memory_slack_bytes)
+        << "GPU memory used: " << *used_before << " bytes before the daemon started, " << *used_after
+        << " after the soak";
+  } else {
+    std::printf("restart soak: the GPU is shared (RMMD_SOAK_SHARED_GPU): its used memory is not compared\n");
+  }
   std::printf("restart soak: %" PRIu64 " rounds, seed %" PRIu64 ", %" PRIu64 " restarts, %" PRIu64
               " bytes checked, %" PRIu64 " client iterations, GPU used %zu -> %zu bytes\n",
               rounds,

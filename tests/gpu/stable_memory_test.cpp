@@ -41,14 +41,16 @@ class StableMemory : public ::testing::Test {
     ::signal(SIGPIPE, SIG_IGN);  // child_process::write_line's requirement
   }
 
-  /// rmmd with a CUDA pool of `gpu_pool` on each GPU and a host pool for
-  /// the backups; `extra` flags.
-  void start(std::string const& gpu_pool = "4GiB", std::vector<std::string> extra = {})
+  /// rmmd (as `user`, root if empty) with a CUDA pool of `gpu_pool` on each
+  /// GPU and a host pool for the backups; `extra` flags.
+  void start(std::string const& gpu_pool = "4GiB",
+             std::vector<std::string> extra = {},
+             std::string const& user        = {})
   {
     std::vector<std::string> args{
         "--cuda-pool-bytes", gpu_pool, "--fabric", "off", "--host-pool-bytes", "2GiB"};
     args.insert(args.end(), extra.begin(), extra.end());
-    daemon_  = std::make_unique<daemon_process>(std::move(args));
+    daemon_  = std::make_unique<daemon_process>(std::move(args), user);
     session_ = std::make_unique<rmmd::session>(daemon_->open_session("stable-test"));
     env_     = {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()};
   }
@@ -220,12 +222,18 @@ TEST_F(StableMemory, AWakeThatCannotFitFailsAtItsDeadlineWithNothingMapped)
 
 TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
 {
-  auto b = ensure_user(client_user_b, daemon_group);
-  if (!b) { GTEST_SKIP() << users_need_root(); }
-  if (auto why = unreachable_for(*b, program_path("rmmd_stable_client")); !why.empty()) {
-    GTEST_SKIP() << why;
+  // As deployed: rmmd as `rmmd`, the other tenant a member of its group
+  // (the sockets' group), root the sleeper.
+  auto daemon_account = ensure_user(daemon_user, daemon_group);
+  auto b              = ensure_user(client_user_b, daemon_group);
+  if (!daemon_account || !b) { GTEST_SKIP() << users_need_root(); }
+  for (auto const& [user, program] : {std::pair{*daemon_account, "rmmd"},
+                                      std::pair{*b, "rmmd_stable_client"}}) {
+    if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
   }
-  start("1GiB", {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid)});
+  start("1GiB", {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid)}, daemon_user);
   rmmd::stable_memory_resource mr(*session_, 0, "kv");
   constexpr std::size_t bytes = 768 * MiB;
   void* kv                    = mr.allocate_sync(bytes, 256);

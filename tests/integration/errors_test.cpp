@@ -38,19 +38,6 @@ grpc::Status free_id(rmmd::session const& s, std::uint64_t id)
   return rmmd::detail::impl_of(s).free(request);
 }
 
-/// Pools and sessions' bytes/counts, without what changes by itself (the
-/// driver's view of each GPU counts every process there, and other tests'
-/// processes run beside this one on the GPU host).
-std::string ledger(v1::Stats stats)
-{
-  for (auto& s : *stats.mutable_sessions()) { s.clear_started_unix_ms(); }
-  for (auto& g : *stats.mutable_gpu_memory()) {
-    g.clear_driver_used_bytes();
-    g.clear_unaccounted_bytes();
-  }
-  return stats.SerializeAsString();
-}
-
 class ErrorTable : public ::testing::TestWithParam<rmmd::call_transport> {
  protected:
   // No drain deadline: on SIGTERM the live session is cut off at once
@@ -66,7 +53,7 @@ TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
   EXPECT_EQ(rmmd::detail::impl_of(session_).uses_session_calls(),
             GetParam() == rmmd::call_transport::session_socket);
   auto held         = session_.allocate(pool_, 4096, 0);  // some state to keep
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   struct bad_request {
     std::uint32_t pool;
     std::uint64_t size;
@@ -83,7 +70,7 @@ TEST_P(ErrorTable, InvalidArgumentsAreRefusedAndChangeNothing)
     EXPECT_THAT(st.error_message(), HasSubstr(r.says));
   }
   EXPECT_THROW((void)session_.allocate(pool_, 0, 0), rmmd::logic_error);
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
   session_.free(held.id);
 }
 
@@ -91,7 +78,7 @@ TEST_P(ErrorTable, ARequestNoPoolCouldHoldIsOutOfMemoryAndChangesNothing)
 {
   // As RMM's own resources answer a request larger than any memory they have.
   auto held         = session_.allocate(pool_, 4096, 0);
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   auto st           = allocate(session_, pool_, std::uint64_t{1} << 50, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(st.error_message(), HasSubstr("larger than the pool's capacity"));
@@ -101,19 +88,19 @@ TEST_P(ErrorTable, ARequestNoPoolCouldHoldIsOutOfMemoryAndChangesNothing)
   } catch (rmm::out_of_memory const& e) {
     EXPECT_THAT(e.what(), HasSubstr("out_of_memory"));
   }
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
   session_.free(held.id);
 }
 
 TEST_P(ErrorTable, QuotaIsEnforced)
 {
   auto a            = session_.allocate(pool_, 768 * 1024, 0);
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   auto st           = allocate(session_, pool_, 512 * 1024, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(st.error_message(), HasSubstr("quota of 1048576 bytes"));
   EXPECT_THROW((void)session_.allocate(pool_, 512 * 1024, 0), rmm::out_of_memory);
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
   // What is left of the quota can still be used.
   auto b = session_.allocate(pool_, 256 * 1024, 0);
   session_.free(a.id);
@@ -124,26 +111,26 @@ TEST_P(ErrorTable, UnknownAndDoubleFreeAreNotFound)
 {
   auto a = session_.allocate(pool_, 4096, 0);
   ASSERT_TRUE(free_id(session_, a.id).ok());
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   for (auto id : {a.id, std::uint64_t{123456789}}) {
     auto st = free_id(session_, id);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_THAT(st.error_message(), HasSubstr("no such allocation"));
   }
   EXPECT_THROW(session_.free(a.id), rmmd::logic_error);
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 }
 
 TEST_P(ErrorTable, FreeingAnotherSessionsAllocationIsPermissionDenied)
 {
   auto other        = daemon_.open_session("other", GetParam());
   auto theirs       = other.allocate(pool_, 8192, 0);
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   auto st           = free_id(session_, theirs.id);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(st.error_message(), HasSubstr("held by another session"));
   EXPECT_THROW(session_.free(theirs.id), rmmd::permission_error);
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
   other.free(theirs.id);
 }
 
@@ -152,7 +139,7 @@ TEST_P(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
   auto channel      = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
                                      grpc::InsecureChannelCredentials());
   auto stub         = v1::Rmmd::NewStub(channel);
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   for (std::string token : {"", "00000000000000000000000000000000", "not-hex", "zz"}) {
     grpc::ClientContext ctx;
     if (!token.empty()) { ctx.AddMetadata("rmmd-token", token); }
@@ -169,7 +156,7 @@ TEST_P(ErrorTable, MissingOrForgedTokenIsUnauthenticated)
     EXPECT_EQ(stub->GetStats(&stats_ctx, {}, &stats).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 }
 
 TEST_P(ErrorTable, PoolExhaustionIsResourceExhausted)
@@ -180,11 +167,11 @@ TEST_P(ErrorTable, PoolExhaustionIsResourceExhausted)
     fillers.push_back(daemon_.open_session("filler"));
     (void)fillers.back().allocate(pool_, 1 << 20, 0);
   }
-  auto const before = ledger(daemon_.stats());
+  auto const before = daemon_.ledger();
   auto st           = allocate(session_, pool_, 1 << 20, 0);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(st.error_message(), HasSubstr("in use"));
-  EXPECT_EQ(ledger(daemon_.stats()), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 }
 
 TEST_P(ErrorTable, AStoppedDaemonIsASessionError)

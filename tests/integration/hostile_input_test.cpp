@@ -246,7 +246,7 @@ TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
   auto held        = s.call(alloc);
   ASSERT_FALSE(held.has_error()) << held.error().message();
   ASSERT_EQ(held.tag(), 1u);
-  auto const before = daemon_.stats().SerializeAsString();
+  auto const before = daemon_.ledger();
 
   s.send(std::string("\xff\xff\xff\xff garbage \x00\x01", 16));
   auto garbage = s.reply();
@@ -288,7 +288,7 @@ TEST_F(HostileInput, BadCallsAreAnsweredAndTheSessionGoesOn)
   EXPECT_FALSE(pong.has_error());
   EXPECT_TRUE(pong.has_ping());
 
-  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+  EXPECT_EQ(daemon_.ledger(), before);
   v1::SessionCall release;
   release.set_tag(7);
   release.mutable_free()->set_allocation_id(held.allocate().allocation_id());
@@ -333,7 +333,7 @@ TEST_F(HostileInput, AFreeNamingAnInterprocessEventIsRefusedOnBothSocketsAndFree
   auto held = s.call(allocate_call(1));
   ASSERT_FALSE(held.has_error()) << held.error().message();
   auto const id     = held.allocate().allocation_id();
-  auto const before = daemon_.stats().SerializeAsString();
+  auto const before = daemon_.ledger();
 
   // The session socket: refused even when it asks for no reply.
   v1::SessionCall old_free;
@@ -345,7 +345,7 @@ TEST_F(HostileInput, AFreeNamingAnInterprocessEventIsRefusedOnBothSocketsAndFree
   EXPECT_EQ(refused.tag(), 2u);
   EXPECT_EQ(refused.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error().message(), HasSubstr("no longer supported"));
-  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 
   // The gRPC socket, with the same session's token.
   auto channel = grpc::CreateChannel("unix:" + (daemon_.runtime_dir() / "rmmd.sock").string(),
@@ -356,7 +356,7 @@ TEST_F(HostileInput, AFreeNamingAnInterprocessEventIsRefusedOnBothSocketsAndFree
   auto st = v1::Rmmd::NewStub(channel)->Free(&ctx, old_free.free(), &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
   EXPECT_THAT(st.error_message(), HasSubstr("no longer supported"));
-  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 
   // The lease is still there to free.
   v1::SessionCall release;
@@ -429,13 +429,13 @@ TEST_F(HostileInput, ARequestOverItsCallsCapIsRefusedBeforeItIsParsed)
   grpc::ClientContext ctx;
   ctx.AddMetadata("rmmd-token", rmmd::detail::impl_of(s).token_hex());
   v1::BufferGrant grant;
-  auto const before = daemon_.stats().SerializeAsString();
+  auto const before = daemon_.ledger();
   auto st           = v1::Rmmd::NewStub(channel)->OpenBuffer(&ctx, request, &grant);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
   EXPECT_THAT(st.error_message(),
               HasSubstr("OpenBuffer: a request of 102404 bytes is larger than the 65536 bytes "
                         "this method accepts"));
-  EXPECT_EQ(daemon_.stats().SerializeAsString(), before);
+  EXPECT_EQ(daemon_.ledger(), before);
 }
 
 }  // namespace

@@ -64,6 +64,17 @@ v1::Stats daemon_process::stats() const
   return stats;
 }
 
+std::string daemon_process::ledger() const
+{
+  auto s = stats();
+  for (auto& session : *s.mutable_sessions()) { session.clear_started_unix_ms(); }
+  for (auto& gpu : *s.mutable_gpu_memory()) {
+    gpu.clear_driver_used_bytes();
+    gpu.clear_unaccounted_bytes();
+  }
+  return s.SerializeAsString();
+}
+
 std::uint64_t in_use(v1::Stats const& stats, std::uint32_t pool_id)
 {
   for (auto const& p : stats.pools()) {

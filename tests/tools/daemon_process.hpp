@@ -40,6 +40,11 @@ class daemon_process : public harness::daemon_process {
   [[nodiscard]] v1::Stats rmmctl_stats() const;
   /// The same through the gRPC API of a session of the test's own.
   [[nodiscard]] v1::Stats stats() const;
+  /// stats() without what changes by itself: each session's start time and
+  /// the driver's view of each GPU (it counts every process there, and other
+  /// suites run beside this one on the GPU host). What a refusal must leave
+  /// unchanged, byte for byte.
+  [[nodiscard]] std::string ledger() const;
 
  private:
   mutable std::unique_ptr<rmmd::session> observer_;

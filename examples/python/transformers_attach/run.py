@@ -56,11 +56,15 @@ def write_checkpoint(directory: Path, seed: int) -> None:
     model.save_pretrained(directory, max_shard_size="300KB", safe_serialization=True)
 
 
-def attach_model(name: str, directory: Path, device: int, session: rmmd.Session, revision: str) -> torch.nn.Module:
+def attach_model(
+    name: str, directory: Path, device: int, session: rmmd.Session, revision: str
+) -> tuple[torch.nn.Module, rmmd.SharedBuffer]:
+    """The model on the meta device, attached: its parameters are views of
+    the buffer; and that buffer as this process mapped it."""
     config = transformers.AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, **{DTYPE_KW: torch.bfloat16})
-    rmmd.torch.attach(name, model, session=session, expect={"revision": revision}, strict=False)
+    held = rmmd.torch.attach(name, model, session=session, expect={"revision": revision}, strict=False)
     # What a state dict leaves out (non-persistent buffers: the rotary
     # inverse frequencies) is made again by the module that owns it, from
     # the config, on the CPU and then moved, as a model made on the CPU
@@ -73,7 +77,7 @@ def attach_model(name: str, directory: Path, device: int, session: rmmd.Session,
     left = [n for n, b in model.named_buffers() if b.is_meta] + [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise RuntimeError(f"not in the checkpoint and not made again: {left}")
-    return model.eval()
+    return model.eval(), held
 
 
 def main() -> int:
@@ -98,7 +102,7 @@ def main() -> int:
     revision = f"seed{a.seed}"
     published = rmmd.safetensors.publish_dir(directory, a.name, session=session, devices=[a.device],
                                              labels={"revision": revision})
-    attached = attach_model(a.name, directory, a.device, session, revision)
+    attached, held = attach_model(a.name, directory, a.device, session, revision)
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         directory, device_map={"": a.device}, **{DTYPE_KW: torch.bfloat16}
@@ -109,10 +113,9 @@ def main() -> int:
         theirs = reference(tokens).logits
     torch.cuda.synchronize()
     equal = bool(torch.equal(ours.view(torch.int16), theirs.view(torch.int16)))
-    inside = all(
-        published.buffers[0].ptr <= t.data_ptr() < published.buffers[0].ptr + published.buffers[0].nbytes
-        for t in attached.parameters()
-    )
+    # Views of this process's mapping of the buffer (the publisher's own
+    # mapping, published.buffers[0], is another range of addresses).
+    inside = all(held.ptr <= t.data_ptr() < held.ptr + held.nbytes for t in attached.parameters())
     print(json.dumps({
         "equal": equal,
         "max_abs_diff": float((ours.float() - theirs.float()).abs().max()),

@@ -107,9 +107,19 @@ def refuse(name: str, tp: int) -> None:
 def jax_check(directory: str, name: str) -> None:
     import numpy as np
 
+    import jax
+
     import rmmd.jax
     from rmmd._views import numpy_dtype
 
+    # Without 64-bit types JAX would convert int64 tensors (position_ids):
+    # copy=False refuses, naming the tensor and the way out.
+    try:
+        rmmd.jax.attach(name, expect={"revision": "r1"})
+        refused_64bit = None
+    except rmmd.InvalidArgumentError as e:
+        refused_64bit = str(e)
+    jax.config.update("jax_enable_x64", True)
     attached = rmmd.jax.attach(name, expect={"revision": "r1"})
     buf = attached.buffer
     same, zero_copy = {}, {}
@@ -122,7 +132,9 @@ def jax_check(directory: str, name: str) -> None:
             got = np.asarray(a)
             same[t.name] = got.shape == want.shape and got.dtype == want.dtype and got.tobytes() == want.tobytes()
             zero_copy[t.name] = a.unsafe_buffer_pointer() == buf.ptr + buf.manifest[t.name].offset
+    wide = sorted(t.name for t in buf.manifest.tensors if t.dtype in ("int64", "uint64", "float64", "complex128"))
     print(json.dumps({"same": same, "zero_copy": zero_copy, "copied": attached.copied,
+                      "wide": wide, "refused_64bit": refused_64bit,
                       "device": str(next(iter(attached.values())).devices())}), flush=True)
 
 
