@@ -203,8 +203,15 @@ def worker(a: argparse.Namespace) -> None:
         io = {"rmmd-direct": "direct", "rmmd-buffered": "buffered"}.get(loader, "auto")
         tp = a.tp if loader == "rmmd-tp" else 1
         devices = list(range(tp)) if tp > 1 else [0]
+        # RMMD_BENCH_READERS, RMMD_BENCH_CHUNK_MIB: other reader counts and read
+        # sizes than publish_dir's defaults, to sweep them.
+        tuning: dict[str, int] = {}
+        if os.environ.get("RMMD_BENCH_READERS"):
+            tuning["readers"] = int(os.environ["RMMD_BENCH_READERS"])
+        if os.environ.get("RMMD_BENCH_CHUNK_MIB"):
+            tuning["chunk_bytes"] = int(os.environ["RMMD_BENCH_CHUNK_MIB"]) << 20
         published = rmmd.safetensors.publish_dir(a.dir, f"bench/{loader}-{os.getpid()}", session=session,
-                                                 devices=devices, tp=tp, io=io)
+                                                 devices=devices, tp=tp, io=io, **tuning)
         keep.append(published)
     if torch is not None:
         for d in range(torch.cuda.device_count()):
