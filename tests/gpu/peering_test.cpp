@@ -477,10 +477,11 @@ INSTANTIATE_TEST_SUITE_P(Certificates,
                          RefusedPeer,
                          ::testing::Values("stranger", "expired", "plaintext"));
 
-/// Run with the IMEX channel removed (it skips where there is one): A's
-/// pool takes fabric handles where it can and the start finds none, so
-/// peering works but no buffer can cross, and both nodes say why in words.
-class PeeringWithoutImex : public Peering {
+/// Two nodes started where there is no IMEX channel (it skips where there
+/// is one: remove it to run these), their GPU pools requiring fabric
+/// handles or taking them where they can.
+template <bool FabricRequired>
+class NodesWithoutImex : public Peering {
  protected:
   void SetUp() override
   {
@@ -489,9 +490,13 @@ class PeeringWithoutImex : public Peering {
       GTEST_SKIP() << "there is an IMEX channel (" << imex_channel.string()
                    << "); this test needs none: remove it to run it";
     }
-    start_nodes("probe_failed", false);
+    start_nodes("probe_failed", FabricRequired);
   }
 };
+
+/// A's pool takes fabric handles where it can and the start finds none, so
+/// peering works but no buffer can cross, and both nodes say why in words.
+class PeeringWithoutImex : public NodesWithoutImex<false> {};
 
 TEST_F(PeeringWithoutImex, BothNodesSayThereIsNoImexChannelAndAnOpenIsRefusedInWords)
 {
@@ -524,21 +529,10 @@ TEST_F(PeeringWithoutImex, BothNodesSayThereIsNoImexChannelAndAnOpenIsRefusedInW
   EXPECT_EQ(a_.holders("peertest/noimex"), 1u);  // its producer alone
 }
 
-// Both nodes' configurations require fabric handles of their GPU pool, which
-// no IMEX channel allows: neither serves it, and each one's peer says which
-// pool is missing and why (rmmctl peers on both sides).
-class PeeringWithoutImexRequired : public Peering {
- protected:
-  void SetUp() override
-  {
-    REQUIRE_GPUS(2);
-    if (fs::exists(imex_channel)) {
-      GTEST_SKIP() << "there is an IMEX channel (" << imex_channel.string()
-                   << "); this test needs none: remove it to run it";
-    }
-    start_nodes("probe_failed", true);
-  }
-};
+/// Both nodes' configurations require fabric handles of their GPU pool,
+/// which no IMEX channel allows: neither serves it, and each one's peer
+/// says which pool is missing and why (rmmctl peers on both sides).
+class PeeringWithoutImexRequired : public NodesWithoutImex<true> {};
 
 TEST_F(PeeringWithoutImexRequired, EachPeerNamesThePoolTheOtherDoesNotServeAndWhy)
 {
