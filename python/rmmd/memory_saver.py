@@ -69,9 +69,19 @@ def region_tag(tag: str) -> str:
     return tag[: -len(BACKUP_TAG_SUFFIX)] if tag.endswith(BACKUP_TAG_SUFFIX) else tag
 
 
+# The daemon's bound on a tag (docs/sleep.md, Errors), the suffix included.
+MAX_TAG_BYTES = 128 - len(BACKUP_TAG_SUFFIX)
+
+
 def _check_tag(tag: Any) -> str:
+    """`tag`, or InvalidArgumentError: refused here, not at the first
+    allocation (where PyTorch would call it out of memory)."""
     if not isinstance(tag, str) or not tag:
         raise InvalidArgumentError(f"rmmd.memory_saver: a tag is a non-empty str, not {tag!r}")
+    if len(tag) > MAX_TAG_BYTES or not all(" " <= c <= "~" for c in tag):
+        raise InvalidArgumentError(
+            f"rmmd.memory_saver: tag {tag!r}: a tag is 1 to {MAX_TAG_BYTES} printable ASCII characters"
+        )
     if tag.endswith(BACKUP_TAG_SUFFIX):
         raise InvalidArgumentError(
             f"rmmd.memory_saver: tag {tag!r} ends in {BACKUP_TAG_SUFFIX!r}, which marks the tags of "

@@ -141,6 +141,8 @@ def set_attr(name, value):
 out["refusals"] = {
     "empty tag": refusal(lambda: enter(tag="")),
     "tag with the suffix": refusal(lambda: enter(tag="kv+cpu_backup")),
+    "long tag": refusal(lambda: enter(tag="t" * 118)),
+    "unprintable tag": refusal(lambda: enter(tag="k\tv")),
     "disk backup": refusal(lambda: enter(enable_disk_backup=True)),
     "backend without backup": refusal(lambda: enter(cpu_backup_backend="pinned")),
     "unknown backend": refusal(lambda: enter(enable_cpu_backup=True, cpu_backup_backend="disk")),
@@ -193,6 +195,8 @@ def test_pools_tags_and_refusals_with_a_stand_in_torch(daemon: Daemon) -> None:
     assert r["empty tag"][0] == "InvalidArgumentError"
     assert r["tag with the suffix"][0] == "InvalidArgumentError" and "+cpu_backup" in r["tag with the suffix"][1]
     assert r["disk backup"][0] == "NotImplementedError" and "host memory the daemon holds" in r["disk backup"][1]
+    assert r["long tag"][0] == "InvalidArgumentError" and "1 to 117 printable" in r["long tag"][1]
+    assert r["unprintable tag"][0] == "InvalidArgumentError"
     assert r["backend without backup"] == ["ValueError", "cpu_backup_backend requires enable_cpu_backup=True"]
     assert r["unknown backend"][0] == "ValueError"
     assert r["pause empty tag"][0] == "InvalidArgumentError"
@@ -350,7 +354,7 @@ def test_a_resume_that_cannot_fit_is_torchs_out_of_memory_and_maps_nothing(fresh
     finish(holder)
     saver.stdin.write("\n")
     saver.stdin.flush()
-    assert said(read_line(saver)) == {"resumed": True, "same_address": True, "sum": 3.0 * 768 * MiB / 4}
+    assert said(read_line(saver)) == {"resumed": True, "same_address": True, "written": True}
     finish(saver)
     wait_until(lambda: cuda_in_use(d) == 0, what="the memory to go back")
 
@@ -378,7 +382,12 @@ def test_paused_memory_is_free_on_the_device(torch_daemon: Daemon) -> None:
     out = said(run_python([CLIENT, "free_memory", "1024"], torch_daemon.env()).stdout)
     assert out["paused"] - out["before"] >= size * 0.9, out
     assert out["paused"] - out["resumed"] >= size * 0.9, out
-    assert out["sum"] == 2.0 * size / 4
+    assert out["written"] is True
+
+
+def results(stdout: str) -> list[str]:
+    """The lines tms_script.py prints (without whatever else a package logs)."""
+    return [line for line in stdout.splitlines() if line.split(":")[0] in TMS_LABELS]
 
 
 TMS_LINES = [
@@ -390,15 +399,15 @@ TMS_LINES = [
     "cpu backup once resumed: None",
     "weights restored again: True",
 ]
+TMS_LABELS = {line.split(":")[0] for line in TMS_LINES} | {"weights checksum"}
 
 
 @pytest.mark.gpu
 def test_a_torch_memory_saver_script_runs_unchanged_with_rmmd(torch_daemon: Daemon) -> None:
     before = cuda_in_use(torch_daemon)
     out = run_python([TMS_SCRIPT], torch_daemon.env(TMS_IMPL="rmmd"))
-    lines = out.stdout.splitlines()
-    assert [l for l in lines if not l.startswith("weights checksum:")] == TMS_LINES, out.stdout
-    assert out.stderr == "", out.stderr
+    lines = [line for line in results(out.stdout) if not line.startswith("weights checksum:")]
+    assert lines == TMS_LINES, out.stdout + out.stderr
     wait_until(lambda: cuda_in_use(torch_daemon) == before, what="the memory to go back")
 
 
@@ -415,4 +424,7 @@ def test_the_script_prints_the_same_with_torch_memory_saver(torch_daemon: Daemon
     preload = probe.stdout.strip().splitlines()[-1]
     theirs = run_python([TMS_SCRIPT], dict(os.environ, TMS_IMPL="torch_memory_saver", LD_PRELOAD=preload))
     ours = run_python([TMS_SCRIPT], torch_daemon.env(TMS_IMPL="rmmd"))
-    assert ours.stdout == theirs.stdout, f"rmmd:\n{ours.stdout}\ntorch_memory_saver:\n{theirs.stdout}"
+    assert results(ours.stdout) == results(theirs.stdout), (
+        f"rmmd:\n{ours.stdout}\ntorch_memory_saver:\n{theirs.stdout}{theirs.stderr}"
+    )
+    assert len(results(ours.stdout)) == len(TMS_LINES) + 1
