@@ -10,6 +10,7 @@
 #include <rmm/error.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -363,6 +364,30 @@ std::vector<restored_allocation> stable_memory_resource_impl::restore(
   // Asleep until woken here: a failed wake leaves them for wake() to retry.
   wake_locked(ids, deadline, stream);
   return out;
+}
+
+bool stable_memory_resource_impl::read_backup(void const* ptr, std::size_t bytes, void* out) const
+{
+  auto const at = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard lock(mutex_);
+  auto it = entries_.upper_bound(at);
+  if (it == entries_.begin() || bytes > std::prev(it)->second.size ||
+      at - std::prev(it)->first > std::prev(it)->second.size - bytes) {
+    throw rmmd::not_found_error("rmmd: " + std::to_string(bytes) + " bytes at " +
+                                std::to_string(at) +
+                                " are not inside an address-stable allocation of pool '" +
+                                pool_.name + "' made by this process");
+  }
+  auto const& e = std::prev(it)->second;
+  if (e.mapped) { return false; }  // awake: its backup, if any, is stale
+  std::vector<int> fds;
+  try {
+    fds = stable::fetch_fds(impl_of(session_), std::vector<std::uint64_t>{e.id}, true);
+  } catch (rmmd::precondition_error const&) {
+    return false;  // asleep without a backup
+  }
+  stable::read_backup(fds.front(), e.bytes, at - e.address, bytes, out);
+  return true;
 }
 
 std::string stable_memory_resource_impl::tag_of(void const* ptr) const

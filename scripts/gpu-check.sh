@@ -141,7 +141,7 @@ gpu_suite() {
 # its own). Each shard prints its own summary line; pytest_counts sums them.
 python_suite() {
   local shards=${RMMD_GPU_CHECK_PY_SHARDS:-4} rc=0 pids=() i=0 f
-  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py)
+  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py test_memory_saver.py)
   local files=() groups=()
   for f in "${heavy[@]}"; do [ -f "python/tests/$f" ] && files+=("python/tests/$f"); done
   for f in python/tests/test_*.py; do

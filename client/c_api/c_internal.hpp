@@ -1,7 +1,7 @@
 #pragma once
 
 // Private to librmmd_c: what its files (one per domain of include/rmmd/rmmd.h:
-// c_errors, c_session, c_resources, c_buffers, c_peers, c_allocators) share:
+// c_errors, c_session, c_resources, c_buffers, c_peers, c_stable, c_allocators) share:
 // the opaque handles' definitions, and how an exported function turns an
 // exception into a status and the thread's message (STYLE.md: nothing throws
 // across the ABI). Nothing here is exported (the library's symbols are
@@ -13,6 +13,7 @@
 #include <rmmd/pinned_host_memory_resource.hpp>
 #include <rmmd/session.hpp>
 #include <rmmd/shared_buffer.hpp>
+#include <rmmd/stable_memory_resource.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +41,12 @@ struct rmmd_resource_s {
   std::atomic<std::uint64_t> count{};
   std::atomic<std::uint64_t> high_water{};
   std::atomic<std::uint64_t> total{};
+};
+
+/// One handle on a stable resource (a copyable handle itself: the
+/// process-wide ones of c_allocators hand out copies).
+struct rmmd_stable_resource_s {
+  rmmd::stable_memory_resource mr;
 };
 
 struct rmmd_buffer_s {

@@ -16,10 +16,6 @@
 #include <string>
 #include <vector>
 
-struct rmmd_stable_resource_s {
-  rmmd::stable_memory_resource mr;
-};
-
 namespace {
 
 using rmmd::c_api::fail;
@@ -186,6 +182,15 @@ rmmd_status rmmd_stable_restore(rmmd_stable_resource_t resource,
     }
     *json = rmmd::c_api::copy_string(out + "]");
   });
+}
+
+rmmd_status rmmd_stable_read_backup(
+    rmmd_stable_resource_t resource, void const* ptr, size_t bytes, void* out, size_t* copied)
+{
+  if (resource == nullptr || ptr == nullptr || out == nullptr || copied == nullptr) {
+    return null_argument("resource, ptr, out or copied");
+  }
+  return guarded([&] { *copied = resource->mr.read_backup(ptr, bytes, out) ? bytes : 0; });
 }
 
 rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,

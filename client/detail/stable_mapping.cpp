@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 namespace rmmd::detail::stable {
@@ -191,6 +193,18 @@ void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entrie
     cudaGetLastError();
     throw;
   }
+}
+
+void read_backup(int fd, std::size_t fd_bytes, std::size_t offset, std::size_t bytes, void* out)
+{
+  void* data = ::mmap(nullptr, fd_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the memfd
+  if (data == MAP_FAILED) {
+    throw rmm::bad_alloc("rmmd: mapping a host backup of " + std::to_string(fd_bytes) +
+                         " bytes failed (mmap)");
+  }
+  std::memcpy(out, static_cast<std::byte const*>(data) + offset, bytes);
+  ::munmap(data, fd_bytes);
 }
 
 }  // namespace rmmd::detail::stable

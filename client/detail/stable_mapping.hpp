@@ -46,6 +46,10 @@ void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entrie
                   direction way,
                   cudaStream_t stream);
 
+/// Copies `bytes` bytes at `offset` of a backup's fd (of `fd_bytes`, mapped
+/// here read-only meanwhile) into `out`. Closes the fd.
+void read_backup(int fd, std::size_t fd_bytes, std::size_t offset, std::size_t bytes, void* out);
+
 /// Throws rmm::bad_alloc naming `what` and the CUDA error, unless success.
 void check(cudaError_t err, char const* what);
 

@@ -451,6 +451,16 @@ RMMD_API rmmd_status rmmd_stable_restore(rmmd_stable_resource_t resource,
                                          uint32_t deadline_ms,
                                          void* stream,
                                          char** json);
+/* Copies `bytes` bytes at `ptr`, inside one of the resource's allocations
+ * that sleeps with a host backup, from that backup into `out` (host memory,
+ * `bytes` long). *copied: `bytes`, or 0 where that allocation is awake or
+ * sleeps without a backup (nothing is copied then). RMMD_ERROR_NOT_FOUND
+ * where [ptr, ptr + bytes) is not inside one of the resource's allocations. */
+RMMD_API rmmd_status rmmd_stable_read_backup(rmmd_stable_resource_t resource,
+                                             void const* ptr,
+                                             size_t bytes,
+                                             void* out,
+                                             size_t* copied);
 /* Frees the backups kept under backup_name. */
 RMMD_API rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
                                               char const* backup_name,
@@ -458,6 +468,29 @@ RMMD_API rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
 /* Who sleeps on the node (rmmd.v1.ListSleepersResponse, as rmmctl sleepers
  * --json prints it). Free with rmmd_string_free. */
 RMMD_API rmmd_status rmmd_stable_sleepers_json(rmmd_session_t session, char** json);
+
+/* ---- PyTorch's pluggable allocator over address-stable memory ----------
+ *
+ * What rmmd.memory_saver (torch_memory_saver's API) loads into a
+ * torch.cuda.MemPool: allocations from one process-wide
+ * rmmd_stable_resource_t per device, over the process-wide session of the
+ * rmmd_torch_* functions above (made at the first call from
+ * $RMMD_RUNTIME_DIR, or rmmd_torch_configure's runtime_dir), each tagged
+ * with the calling thread's tag (rmmd_stable_set_thread_tag), else
+ * "default". A failure returns NULL (PyTorch's caching allocator then
+ * raises torch.OutOfMemoryError); the reason is rmmd_last_error_message()
+ * of that thread. The free waits for `stream`, then unmaps. Nothing is
+ * printed at exit and nothing is left behind. */
+RMMD_API void* rmmd_torch_stable_malloc(size_t size, int device, void* stream);
+RMMD_API void rmmd_torch_stable_free(void* ptr, size_t size, int device, void* stream);
+/* A new handle on the process-wide stable resource of `device` (made if
+ * need be), for rmmd_stable_sleep, _wake, _restore and _read_backup of its
+ * allocations. rmmd_stable_resource_destroy of it frees nothing: the
+ * process-wide resource keeps its allocations for the process's life. */
+RMMD_API rmmd_status rmmd_torch_stable_resource(int device, rmmd_stable_resource_t* resource);
+/* The devices that have a process-wide stable resource: bit d of *devices
+ * for device d (0 to 63). */
+RMMD_API rmmd_status rmmd_torch_stable_devices(uint64_t* devices);
 
 #ifdef __cplusplus
 }

@@ -111,6 +111,17 @@ class stable_memory_resource final
     return get().restore(backup_name, deadline, stream);
   }
 
+  /// Copies `bytes` bytes at `ptr`, inside one of this resource's
+  /// allocations that sleeps with a host backup, from that backup into
+  /// `out` (host memory); returns false, copying nothing, where that
+  /// allocation is awake or sleeps without a backup (torch_memory_saver's
+  /// get_cpu_backup). Throws rmmd::not_found_error where [ptr, ptr + bytes)
+  /// is not inside one of this resource's allocations.
+  bool read_backup(void const* ptr, std::size_t bytes, void* out) const
+  {
+    return get().read_backup(ptr, bytes, out);
+  }
+
   /// The tag of the allocation at `ptr` (empty: none of this resource's).
   [[nodiscard]] std::string tag_of(void const* ptr) const
   {

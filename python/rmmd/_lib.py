@@ -152,6 +152,11 @@ MODE_DIRECT = 1
 session_t = c_void_p
 resource_t = c_void_p
 buffer_t = c_void_p
+stable_t = c_void_p
+
+# rmmd_sleep_backup
+SLEEP_BACKUP_NONE = 0
+SLEEP_BACKUP_HOST = 1
 
 # name: (restype, argtypes). Every function of include/rmmd/rmmd.h.
 _PROTOTYPES = {
@@ -218,6 +223,24 @@ _PROTOTYPES = {
     "rmmd_torch_allocate": (status_t, [c_size_t, c_int, c_void_p, POINTER(c_void_p)]),
     "rmmd_torch_configure": (status_t, [c_char_p, c_int]),
     "rmmd_torch_get_stats": (status_t, [c_int, POINTER(ResourceStats)]),
+    "rmmd_stable_resource_create": (status_t, [session_t, c_int, c_char_p, c_char_p, POINTER(stable_t)]),
+    "rmmd_stable_resource_destroy": (status_t, [stable_t]),
+    "rmmd_stable_allocate": (status_t, [stable_t, c_size_t, c_char_p, POINTER(c_void_p)]),
+    "rmmd_stable_deallocate": (status_t, [stable_t, c_void_p, c_size_t, c_void_p]),
+    "rmmd_stable_set_thread_tag": (status_t, [c_char_p]),
+    "rmmd_stable_sleep": (
+        status_t,
+        [stable_t, POINTER(c_char_p), c_size_t, c_int, c_char_p, c_void_p, POINTER(c_uint64)],
+    ),
+    "rmmd_stable_wake": (status_t, [stable_t, POINTER(c_char_p), c_size_t, c_uint32, c_void_p, POINTER(c_uint64)]),
+    "rmmd_stable_restore": (status_t, [stable_t, c_char_p, c_uint32, c_void_p, POINTER(c_void_p)]),
+    "rmmd_stable_read_backup": (status_t, [stable_t, c_void_p, c_size_t, c_void_p, POINTER(c_size_t)]),
+    "rmmd_stable_drop_backups": (status_t, [session_t, c_char_p, POINTER(c_uint64)]),
+    "rmmd_stable_sleepers_json": (status_t, [session_t, POINTER(c_void_p)]),
+    "rmmd_torch_stable_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+    "rmmd_torch_stable_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+    "rmmd_torch_stable_resource": (status_t, [c_int, POINTER(stable_t)]),
+    "rmmd_torch_stable_devices": (status_t, [POINTER(c_uint64)]),
 }
 
 _lock = threading.Lock()

@@ -4,14 +4,18 @@
 // replaying after the wake with the same output; a backup restored into a
 // new process after its engine was SIGKILLed asleep; another uid served
 // from the memory a sleeper gave back; a wake that cannot fit failing at its
-// deadline with nothing mapped; and the pools back at 0 after each.
+// deadline with nothing mapped; the C ABI's process-wide stable resource
+// that PyTorch's pluggable allocator loads (rmmd.memory_saver), its thread
+// tags and its backups read while asleep; and the pools back at 0 after each.
 // Skips without a GPU (and the other-uid test without root).
 
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/device_pattern.hpp"
+#include "tests/tools/pattern.hpp"
 #include "tests/tools/test_users.hpp"
 
+#include <rmmd/rmmd.h>
 #include <rmmd/admin.hpp>
 #include <rmmd/stable_memory_resource.hpp>
 
@@ -21,6 +25,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -253,6 +258,72 @@ TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
   EXPECT_EQ(mr.wake({}, std::chrono::seconds(10)), bytes);
   mr.deallocate_sync(kv, bytes, 256);
   EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+TEST_F(StableMemory, TheTorchEntryPointsLendFromOneProcessWideStableResourcePerDevice)
+{
+  start();
+  // The process-wide session is made once per process, from its first call.
+  auto const dir = daemon_->runtime_dir().string();
+  if (rmmd_torch_configure(dir.c_str(), RMMD_MODE_SLAB) != RMMD_SUCCESS) {
+    GTEST_SKIP() << "an earlier test of this process started the process-wide session ("
+                 << rmmd_last_error_message() << "); run this test alone";
+  }
+  constexpr std::size_t bytes = 64 * MiB;
+  ASSERT_EQ(rmmd_stable_set_thread_tag("kv"), RMMD_SUCCESS);
+  void* kv = rmmd_torch_stable_malloc(bytes, 0, nullptr);
+  ASSERT_NE(kv, nullptr) << rmmd_last_error_message();
+  ASSERT_EQ(rmmd_stable_set_thread_tag(nullptr), RMMD_SUCCESS);
+  void* plain = rmmd_torch_stable_malloc(bytes, 0, nullptr);  // the "default" tag
+  ASSERT_NE(plain, nullptr) << rmmd_last_error_message();
+  std::uint64_t devices = 0;
+  ASSERT_EQ(rmmd_torch_stable_devices(&devices), RMMD_SUCCESS);
+  EXPECT_EQ(devices, 1u);
+  EXPECT_EQ(in_use(gpu_pool()), 2 * bytes);
+
+  rmmd_stable_resource_t mr = nullptr;
+  ASSERT_EQ(rmmd_torch_stable_resource(0, &mr), RMMD_SUCCESS) << rmmd_last_error_message();
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  device_fill(kv, bytes, 77, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  char const* tags[]     = {"kv"};
+  std::uint64_t released = 0;
+  ASSERT_EQ(rmmd_stable_sleep(mr, tags, 1, RMMD_SLEEP_BACKUP_HOST, nullptr, stream, &released),
+            RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(released, bytes);
+  EXPECT_EQ(in_use(gpu_pool()), bytes);  // "default" stays awake
+
+  // The backup, read while asleep: 4 KiB from 1 MiB into the allocation.
+  std::vector<std::uint64_t> words(512);
+  std::size_t copied = 0;
+  ASSERT_EQ(rmmd_stable_read_backup(mr, static_cast<char*>(kv) + MiB, 4096, words.data(), &copied),
+            RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(copied, 4096u);
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    ASSERT_EQ(words[i], pattern(77, MiB / 8 + i)) << "word " << i;
+  }
+  EXPECT_EQ(
+      rmmd_stable_read_backup(mr, static_cast<char*>(kv) + bytes - 8, 16, words.data(), &copied),
+      RMMD_ERROR_NOT_FOUND);
+  ASSERT_EQ(rmmd_stable_read_backup(mr, plain, 4096, words.data(), &copied), RMMD_SUCCESS);
+  EXPECT_EQ(copied, 0u) << "awake: no backup to read";
+
+  std::uint64_t woken = 0;
+  ASSERT_EQ(rmmd_stable_wake(mr, nullptr, 0, 10000, stream, &woken), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(woken, bytes);
+  EXPECT_EQ(device_first_mismatch(kv, bytes, 77, stream), -1);
+  // The handle is a copy: destroying it frees nothing.
+  ASSERT_EQ(rmmd_stable_resource_destroy(mr), RMMD_SUCCESS);
+  EXPECT_EQ(device_first_mismatch(kv, bytes, 77, stream), -1);
+  rmmd_torch_stable_free(kv, bytes, 0, stream);
+  rmmd_torch_stable_free(plain, bytes, 0, stream);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  EXPECT_EQ(in_use("host"), 0u);
 }
 
 }  // namespace

@@ -177,5 +177,33 @@ TEST_F(StableErrors, TheCAbiSaysWhatWasWrong)
   rmmd_session_destroy(session);
 }
 
+TEST_F(StableErrors, TheTorchStableEntryPointsRefuseBadArgumentsWithoutASession)
+{
+  // Each refusal comes before the process-wide session is made (no GPU
+  // here; tests/gpu/stable_memory_test.cpp allocates through them).
+  rmmd_stable_resource_t resource = nullptr;
+  EXPECT_EQ(rmmd_torch_stable_resource(-1, &resource), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(rmmd_last_error_message(), HasSubstr("device -1 is not a CUDA device"));
+  EXPECT_EQ(resource, nullptr);
+  EXPECT_EQ(rmmd_torch_stable_resource(64, &resource), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(rmmd_torch_stable_resource(0, nullptr), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(rmmd_torch_stable_malloc(4096, 64, nullptr), nullptr);
+  EXPECT_THAT(rmmd_last_error_message(), HasSubstr("device 64 is not a CUDA device"));
+  EXPECT_EQ(rmmd_torch_stable_devices(nullptr), RMMD_ERROR_INVALID_ARGUMENT);
+  std::uint64_t devices = 7;
+  ASSERT_EQ(rmmd_torch_stable_devices(&devices), RMMD_SUCCESS);
+  EXPECT_EQ(devices, 0u);
+  // Frees of what no stable resource lent do nothing.
+  int not_ours = 0;
+  rmmd_torch_stable_free(nullptr, 0, 0, nullptr);
+  rmmd_torch_stable_free(&not_ours, 4, 0, nullptr);
+  rmmd_torch_stable_free(&not_ours, 4, -1, nullptr);
+  char out[16];
+  std::size_t copied = 3;
+  EXPECT_EQ(rmmd_stable_read_backup(nullptr, &not_ours, 4, out, &copied),
+            RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(copied, 3u);
+}
+
 }  // namespace
 }  // namespace rmmd::test

@@ -76,6 +76,7 @@ class stable_memory_resource_impl {
   std::vector<restored_allocation> restore(std::string const& backup_name,
                                            std::chrono::milliseconds deadline,
                                            cudaStream_t stream);
+  bool read_backup(void const* ptr, std::size_t bytes, void* out) const;
   [[nodiscard]] std::string tag_of(void const* ptr) const;
   [[nodiscard]] bool is_awake(void const* ptr) const;
 

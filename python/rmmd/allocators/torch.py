@@ -15,6 +15,11 @@ Three ways, from the most to the least recommended:
 3. Shared buffers as tensors (``torch.from_dlpack(rmmd.SharedBuffer...)``),
    beside either of the above or alone.
 
+And a ``torch.cuda.MemPool`` over address-stable memory
+(:func:`stable_mem_pool`): its segments keep their addresses while they
+sleep and wake by tag (:func:`stable_tag`, :func:`stable_resource`); what
+``rmmd.memory_saver`` (torch_memory_saver's API) is built on.
+
 Both allocators go through rmmd's C ABI (``rmmd_torch_malloc`` and
 ``rmmd_torch_free`` of librmmd_c.so, loaded by
 ``torch.cuda.memory.CUDAPluggableAllocator``): one process-wide session
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import _lib
-from .._errors import PreconditionError, Status, check
+from .._errors import InvalidArgumentError, PreconditionError, Status, check
 from .._resource import mode_value
 
 ALLOC_FN_NAME = "rmmd_torch_malloc"
@@ -53,6 +58,8 @@ ALLOC_FN_NAME = "rmmd_torch_malloc"
 OOM_ALLOC_FN_NAME = "rmmd_torch_malloc_oom"
 RAISING_ALLOC_FN_NAME = "rmmd_torch_malloc_or_raise"
 FREE_FN_NAME = "rmmd_torch_free"
+STABLE_ALLOC_FN_NAME = "rmmd_torch_stable_malloc"
+STABLE_FREE_FN_NAME = "rmmd_torch_stable_free"
 _SHIM_SOURCE = Path(__file__).with_name("_torch_oom.cpp")
 
 _lock = threading.Lock()
@@ -60,6 +67,9 @@ _configured: tuple[str | None, int] | None = None
 _allocator: Any = None
 _raising_allocator: Any = None  # the whole process's (use_rmmd_as_allocator)
 _default_pool: Any = None
+_stable_allocator: Any = None
+_stable_resources: dict[int, Any] = {}  # device -> rmmd._stable.StableResource
+_thread = threading.local()  # .tag: the calling thread's stable tag (None: "default")
 
 
 def _torch() -> Any:
@@ -355,6 +365,97 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     }
 
 
+def stable_allocator() -> Any:
+    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over address-stable
+    memory (``rmmd_torch_stable_malloc``; one per process)."""
+    global _stable_allocator
+    torch = _torch()
+    with _lock:
+        if _stable_allocator is None:
+            _stable_allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                library_path(), STABLE_ALLOC_FN_NAME, STABLE_FREE_FN_NAME
+            )
+        return _stable_allocator
+
+
+def stable_mem_pool(runtime_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
+    """A ``torch.cuda.MemPool`` over address-stable memory, for code that
+    manages its pools itself (``rmmd.memory_saver`` makes one per tag)::
+
+        pool = stable_mem_pool()
+        with torch.cuda.use_mem_pool(pool), stable_tag("kv"):
+            cache = torch.empty(n, device="cuda")           # a segment tagged "kv"
+        stable_resource().sleep(["kv"])                     # given back; cache keeps its address
+        stable_resource().wake(["kv"], deadline=30)         # mapped again there
+
+    Each segment PyTorch's cache takes for it is one allocation of the
+    process-wide stable resource of its device (docs/sleep.md), made on the
+    process-wide session of this module (client ``torch``; `runtime_dir` as
+    :func:`configure` takes it), and tagged with the tag of the thread that
+    allocates it (:func:`stable_tag`; "default" without one). Keep one tag
+    per pool: PyTorch reuses a pool's cached segments whatever the thread's
+    tag is now. `kwargs` go to ``torch.cuda.MemPool``.
+    """
+    configure(runtime_dir, None)
+    torch = _torch()
+    return torch.cuda.MemPool(stable_allocator().allocator(), **kwargs)
+
+
+def current_stable_tag() -> str | None:
+    """The calling thread's stable tag (None: allocations get "default")."""
+    return getattr(_thread, "tag", None)
+
+
+def _set_thread_tag(tag: str | None) -> None:
+    check(_lib.load().rmmd_stable_set_thread_tag(tag.encode() if tag else None))
+    _thread.tag = tag
+
+
+@contextlib.contextmanager
+def stable_tag(tag: str | None) -> Iterator[None]:
+    """Tags the address-stable allocations the calling thread makes inside
+    the block (the segments :func:`stable_mem_pool` takes) with `tag`
+    (None: "default"); nests, and restores the outer tag at the end."""
+    if tag is not None and (not isinstance(tag, str) or not tag):
+        raise InvalidArgumentError(f"rmmd: a tag is a non-empty str or None, not {tag!r}")
+    previous = current_stable_tag()
+    _set_thread_tag(tag)
+    try:
+        yield
+    finally:
+        _set_thread_tag(previous)
+
+
+def stable_devices() -> list[int]:
+    """The CUDA devices this process has a process-wide stable resource on
+    (it allocated there through :func:`stable_mem_pool`, or restored)."""
+    mask = ctypes.c_uint64()
+    check(_lib.load().rmmd_torch_stable_devices(ctypes.byref(mask)))
+    return [d for d in range(64) if mask.value >> d & 1]
+
+
+def stable_resource(device: Any = None) -> Any:
+    """The process-wide stable resource of `device` (``None``: the current
+    device), made if need be: an ``rmmd._stable.StableResource`` whose
+    ``sleep``, ``wake``, ``restore`` and ``read_backup`` act on every
+    segment :func:`stable_mem_pool` took on that device."""
+    from .._stable import StableResource
+
+    if device is None:
+        device = _torch().cuda.current_device()
+    index = getattr(device, "index", device)
+    if index is None:
+        index = _torch().cuda.current_device()
+    index = int(index)
+    with _lock:
+        found = _stable_resources.get(index)
+        if found is None:
+            handle = _lib.stable_t()
+            check(_lib.load().rmmd_torch_stable_resource(index, ctypes.byref(handle)))
+            found = _stable_resources[index] = StableResource(handle.value, index)
+        return found
+
+
 def last_error() -> str:
     """What rmmd said about the calling thread's last failed call (an
     allocation PyTorch made on this thread that rmmd refused, say); "" if
@@ -366,12 +467,18 @@ def last_error() -> str:
 __all__ = [
     "build_oom_shim",
     "configure",
+    "current_stable_tag",
     "default_mem_pool",
     "last_error",
     "library_path",
     "memory_stats",
     "rmmd_allocator",
     "rmmd_mem_pool",
+    "stable_allocator",
+    "stable_devices",
+    "stable_mem_pool",
+    "stable_resource",
+    "stable_tag",
     "use_mem_pool",
     "use_rmmd_as_allocator",
 ]
