@@ -478,6 +478,53 @@ TEST_F(IpcMemoryResource, SlabModeKeepsEveryBuffersDataAcrossManySlabs)
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+// Issue 39: the slab keeper's idle trim waits for the device
+// (cudaDeviceSynchronize) before it frees idle slabs. Another thread of the
+// process capturing a graph in global mode at that moment must still get a
+// valid graph: a trim that cannot wait keeps the slabs for a later tick.
+TEST_F(IpcMemoryResource, AnIdleTrimDuringAnotherThreadsGlobalCaptureLeavesTheGraphValid)
+{
+  rmmd::ipc_memory_resource mr(*session_, 0, slabs(8 * MiB, 50ms));
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, MiB), cudaSuccess);
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* p = mr.allocate(stream, MiB, 256);
+  ASSERT_EQ(cudaMemsetAsync(p, 1, MiB, stream), cudaSuccess);
+  mr.deallocate(stream, p, MiB, 256);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // The lane is idle from now: the keeper trims it within ~50-65 ms, while
+  // this thread captures for 600 ms.
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  auto const until      = std::chrono::steady_clock::now() + 600ms;
+  cudaError_t queued    = cudaSuccess;
+  int nodes             = 0;
+  while (std::chrono::steady_clock::now() < until && queued == cudaSuccess) {
+    queued = cudaMemsetAsync(scratch, nodes & 0xff, MiB, stream);
+    ++nodes;
+    std::this_thread::sleep_for(5ms);
+  }
+  auto const held_during = gpu_pool(daemon_->stats(), 0).in_use_bytes();
+  cudaGraph_t graph{};
+  auto const ended = cudaStreamEndCapture(stream, &graph);
+  std::cout << "capture of " << nodes << " memsets: queue " << cudaGetErrorName(queued) << ", end "
+            << cudaGetErrorName(ended) << "; the pool held " << held_during
+            << " bytes at its end (0: the trim ran during the capture)\n";
+  EXPECT_EQ(queued, cudaSuccess);
+  ASSERT_EQ(ended, cudaSuccess);
+  cudaGraphExec_t exec{};
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  // The slabs go back, during the capture or at a later tick.
+  EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == 0; }))
+      << gpu_pool(daemon_->stats(), 0).DebugString();
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(scratch), cudaSuccess);
+}
+
 TEST_F(IpcMemoryResource, TwoSlabResourcesOfOneSessionReportTheirSum)
 {
   // The daemon keeps one carved figure per session and pool: the session adds
