@@ -8,7 +8,7 @@
 # builds the default preset's programs that the GPU suites run and bundles
 # them with their libraries (../shared/tools/gpu-bundle, or $RMMD_GPU_BUNDLE_TOOL).
 #
-# There (carry BUNDLE; the checkout travels with it), as root:
+# There (carry BUNDLE.txz, the bundle packed; the checkout travels with it), as root:
 #   scripts/gpu-check.sh run [BUNDLE]
 # runs, in this order, each suite in full:
 #   gpu            rmmd_gpu_tests (four shards at once) with an IMEX channel (made if missing), but
@@ -61,9 +61,22 @@ bundle_step() {
   done
   "$tool" "$bundle" "${found[@]}"
   strip --strip-debug "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
+  # Python packages the host lacks that tests compare against (the
+  # torch_memory_saver test), from wheels here (a wheel is a zip of what an
+  # install puts in site-packages): RMMD_GPU_CHECK_WHEELS, a glob.
+  local wheel
+  for wheel in ${RMMD_GPU_CHECK_WHEELS:-.whl/torch_memory_saver-*.whl}; do
+    [ -f "$wheel" ] || continue
+    mkdir -p "$bundle/pylib" && unzip -qo "$wheel" -d "$bundle/pylib"
+    echo "gpu-check: $(basename "$wheel") into $bundle/pylib"
+  done
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu' || echo '+changes')" \
     >"$bundle/commit"
   du -sh "$bundle"
+  # The device tool carries 64 MiB with the checkout: carry BUNDLE.txz (the
+  # run step unpacks it where BUNDLE is missing).
+  tar cf - "$bundle" | xz -T2 -6 >"$bundle.txz"
+  du -sh "$bundle.txz"
 }
 
 # Logs go to gpu-check-logs/ (RMMD_GPU_CHECK_LOGS); where $OUT is set (the
@@ -180,6 +193,9 @@ integration_suite() {
 }
 
 run_step() {
+  if [ ! -d "$bundle" ] && [ -f "$bundle.txz" ]; then
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' "$bundle.txz"
+  fi
   mkdir -p "$logs" && rm -f "$logs"/*.log "$logs"/line-*
   trap 'echo "gpu-check: cut short (TERM)"; pack_logs; exit 124' TERM
   # shellcheck disable=SC1091
