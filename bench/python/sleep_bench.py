@@ -739,9 +739,10 @@ def gpu_identity(pinned: dict[str, Any]) -> dict[str, Any]:
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return gpu
+    digits = lambda u: "".join(c for c in u.lower().removeprefix("gpu-") if c in "0123456789abcdef")  # noqa: E731
     for row in out.strip().splitlines():
         uuid, driver, name = ([x.strip() for x in row.split(",", 2)] + ["", ""])[:3]
-        if gpu.get("uuid") and gpu["uuid"] in uuid:
+        if gpu.get("uuid") and digits(gpu["uuid"]) == digits(uuid):
             gpu.update({"uuid": uuid, "driver": driver, "smi_name": name})
     return gpu
 
