@@ -25,16 +25,17 @@ segment: 8 GiB of tensors are about 9.8 GiB of segments).
 In the same run: "pinned", --pinned-gib GiB of page-locked host memory
 copied to GPU 0 and back, 5 times each way (a process of its own): the
 host link that backups (device to host) and restores (host to device) are
-measured against. "handoff", after the cycles: a taker process, started
-beforehand (its CUDA context made), is told the moment pause("kv") returns
-and allocates the KV's bytes, for rmmd from the daemon (a session of its
-own, direct mode), for torch_memory_saver by torch.empty; the time from
-pause's return to the allocation served (CLOCK_MONOTONIC in both), and to
-the memory written, --handoff-repeats times (the KV resumed between). It
-fits only in the freed memory: rmmd's pool (--start-daemon) has room for it
-only once the KV sleeps; torch_memory_saver's taker first fills the device
-but for min(1 GiB, half the KV). `fenced` is the taker's same allocation
-tried once before the first pause: refused, as it should be.
+measured against. "handoff", after the cycles: a taker process
+(sleep_handoff.py), started beforehand (its CUDA context made), is told
+the moment pause("kv") returns and allocates the KV's bytes, for rmmd from
+the daemon (a session of its own, direct mode), for torch_memory_saver by
+torch.empty; the time from pause's return to the allocation served
+(CLOCK_MONOTONIC in both), and to the memory written, --handoff-repeats
+times (the KV resumed between). It fits only in the freed memory: rmmd's
+pool (--start-daemon) has room for it only once the KV sleeps;
+torch_memory_saver's taker first fills the device but for min(1 GiB, half
+the KV). `fenced` is the taker's same allocation tried once before the
+first pause: refused, as it should be.
 --taker-user USER runs the taker as USER (runuser; root only): another uid
 is another rmmd tenant. Without it, or where USER cannot import torch and
 rmmd or reach the daemon (the JSON says why), it is another session.
@@ -47,10 +48,11 @@ result, printed as MISS.
 
 rmmd's side needs a daemon: --runtime-dir DIR (else $RMMD_RUNTIME_DIR), or
 --start-daemon PATH (or --rmmd PATH): rmmd started with --cuda-pool-bytes
-the KV + the weights' segments + min(2 GiB, half the KV), --host-pool-bytes
-twice the weights' segments + 1 GiB (the backups), --fabric off, its
-open-file limit raised (an fd per stable allocation and per backup), and
-stopped at the end. Smoke: --kv-gib 2 --weights-gib 1 --weights-tensors 100.
+the KV + 1.25x the weights' segments + min(2 GiB, half the KV),
+--host-pool-bytes twice the weights' segments + 1 GiB (the backups),
+--fabric off, its open-file limit raised (an fd per stable allocation and
+per backup), and stopped at the end. Smoke: --kv-gib 2 --weights-gib 1
+--weights-tensors 100.
 
 Prints a table, the targets (pass / MISS) and the JSON document as the last
 line (also to --json FILE, or --out; schema rmmd-sleep-bench/1: gpu,
@@ -66,7 +68,6 @@ import datetime
 import json
 import os
 import resource
-import selectors
 import shutil
 import socket
 import statistics
@@ -79,6 +80,9 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from sleep_handoff import Taker, as_user, emit  # noqa: E402 (beside this file)
+
 GIB = 1 << 30
 MIB = 1 << 20
 SCHEMA = "rmmd-sleep-bench/1"
@@ -120,189 +124,12 @@ def make_plan(a: argparse.Namespace) -> dict[str, Any]:
         "weights_segment_bytes_estimate": segments,
         "handoff_bytes": kv,
         # Room for the handoff only once the KV sleeps: free before the
-        # pause is `slack` (< the KV), after it the KV plus `slack`.
-        "daemon_cuda_pool_bytes": kv + segments + slack,
+        # pause is about `slack` (< the KV), after it the KV plus that;
+        # a quarter more for the weights in case the estimate is short.
+        "daemon_cuda_pool_bytes": kv + segments * 5 // 4 + slack,
         "daemon_host_pool_bytes": 2 * segments + GIB,
         "torch_taker_room_bytes": min(GIB, kv // 2),
     }
-
-
-# ---- talking to child processes ------------------------------------------------
-
-
-class JsonLines:
-    """The JSON objects a child prints, one a line (other lines skipped),
-    each awaited with a deadline (os.read on the pipe: nothing waits in a
-    buffer that select cannot see)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        self.proc = proc
-        self.fd = proc.stdout.fileno()
-        self.buffer = b""
-
-    def next(self, timeout: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.fd, selectors.EVENT_READ)
-            while True:
-                while b"\n" in self.buffer:
-                    line, self.buffer = self.buffer.split(b"\n", 1)
-                    if line.startswith(b"{"):
-                        return json.loads(line)
-                left = deadline - time.monotonic()
-                if left <= 0 or not sel.select(left):
-                    raise TimeoutError(f"{what}: nothing after {timeout:.0f} s")
-                chunk = os.read(self.fd, 1 << 16)
-                if not chunk:
-                    raise RuntimeError(f"{what}: the process ended (status {self.proc.wait()})")
-                self.buffer += chunk
-
-
-def emit(doc: dict[str, Any]) -> None:
-    print(json.dumps(doc), flush=True)
-
-
-def as_user(user: str | None, argv: list[str], env: dict[str, str]) -> list[str]:
-    """`argv` run as `user` (None: as this process), with the variables a
-    worker needs passed on explicitly (runuser resets some)."""
-    if not user:
-        return argv
-    keep = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "RMMD_LIBRARY", "RMMD_RUNTIME_DIR", "CUDA_VISIBLE_DEVICES",
-            "PYTHONUNBUFFERED")
-    passed = [f"{k}={env[k]}" for k in keep if k in env]
-    if shutil.which("runuser"):
-        prefix = ["runuser", "-u", user, "--"]
-    else:
-        prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
-    return [*prefix, "env", "HOME=/tmp", *passed, *argv]
-
-
-# ---- the taker: another process that wants the freed memory ---------------------
-
-
-def _torch_ballast(torch: Any, room: int) -> tuple[Any, int]:
-    """Fills the device but for about `room` bytes; returns the ballast and
-    the free bytes left."""
-    free, _ = torch.cuda.mem_get_info()
-    size = free - room
-    for _ in range(16):
-        if size <= 0:
-            return None, free
-        try:
-            ballast = torch.empty(size, dtype=torch.uint8, device="cuda")
-            return ballast, torch.cuda.mem_get_info()[0]
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            size -= 128 * MIB
-    return None, torch.cuda.mem_get_info()[0]
-
-
-def taker_worker(kind: str, nbytes: int, room: int) -> None:
-    """Line protocol on stdin/stdout: says {"ready": ...}; then "probe"
-    (try the allocation now), "go" (allocate, write, say when), "free",
-    "exit"."""
-    import torch
-
-    torch.cuda.set_device(0)
-    torch.empty(1, device="cuda")  # the context, before any clock starts
-    said: dict[str, Any] = {"ready": True, "uid": os.getuid(), "kind": kind}
-    if kind == "rmmd":
-        import rmmd
-
-        mr = rmmd.Session(client_name="sleep-bench-taker").device_resource(0, mode="direct")
-        take: Callable[[], Any] = lambda: mr.allocation(nbytes)  # noqa: E731
-        view: Callable[[Any], Any] = torch.from_dlpack
-        give: Callable[[Any], None] = lambda held: held.free()  # noqa: E731
-    else:
-        ballast, said["free_after_ballast_bytes"] = _torch_ballast(torch, room)
-        said["ballast_bytes"] = 0 if ballast is None else ballast.numel()
-        take = lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda")  # noqa: E731
-        view = lambda held: held  # noqa: E731
-        give = lambda held: None  # noqa: E731
-    emit(said)
-    held = None
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "probe":
-            try:
-                probe = take()
-                give(probe)
-                del probe
-                emit({"refused": False})
-            except Exception as e:  # noqa: BLE001 (refused is the expected answer)
-                emit({"refused": True, "why": f"{type(e).__name__}: {str(e)[:300]}"})
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-        elif command == "go":
-            try:
-                held = take()
-                served = time.monotonic()
-                written_view = view(held)
-                written_view.fill_(7)
-                torch.cuda.synchronize()
-                written = time.monotonic()
-                del written_view
-                emit({"served": served, "written": written})
-            except Exception as e:  # noqa: BLE001 (a refusal is a result)
-                emit({"error": f"{type(e).__name__}: {str(e)[:300]}"})
-        elif command == "free":
-            if held is not None:
-                give(held)
-                held = None
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            emit({"freed": True})
-        elif command == "exit":
-            break
-
-
-class Taker:
-    """A taker process and its questions (each answer within `timeout`)."""
-
-    def __init__(self, kind: str, nbytes: int, room: int, user: str | None, timeout: float = 300) -> None:
-        env = dict(os.environ)
-        # A preloaded engine's taker is a plain PyTorch process.
-        kept = [p for p in env.pop("LD_PRELOAD", "").split(":") if p and "torch_memory_saver" not in p]
-        if kept:
-            env["LD_PRELOAD"] = ":".join(kept)
-        argv = [sys.executable, __file__, "--worker", "taker", "--taker-kind", kind, "--handoff-bytes",
-                str(nbytes), "--taker-room", str(room)]
-        self.timeout = timeout
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(as_user(user, argv, env), env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr)
-        self.lines = JsonLines(self.proc)
-        self.ready = self.call(lambda: self.lines.next(timeout, f"the {kind} taker's start"))
-
-    def call(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """`step`, or its error with the end of the taker's stderr."""
-        try:
-            return step()
-        except (OSError, RuntimeError, TimeoutError) as e:
-            self.stderr.seek(0)
-            raise RuntimeError(f"{e}; its stderr ends: {self.stderr.read()[-1500:].decode(errors='replace')}") from e
-
-    def ask(self, command: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-
-        def step() -> dict[str, Any]:
-            self.proc.stdin.write(command.encode() + b"\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-            return self.lines.next(self.timeout, f"the taker's answer to {command!r}")
-
-        return self.call(step)
-
-    def close(self) -> None:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b"exit\n")
-            self.proc.stdin.close()
-            self.proc.wait(60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
 
 
 # ---- the engine: one implementation's pauses and resumes -------------------------
@@ -562,7 +389,7 @@ def check_taker_user(user: str, env: dict[str, str]) -> str:
         return f"--taker-user {user} needs root (this process runs as uid {os.getuid()})"
     if user_uid(user) is None:
         return f"there is no user {user} (useradd --system --no-create-home {user})"
-    code = f"import torch, rmmd; rmmd._lib.load(); open({str(Path(__file__).resolve())!r}).close(); print('ok')"
+    code = f"import torch, rmmd; rmmd._lib.load(); open({str(HERE / 'sleep_handoff.py')!r}).close(); print('ok')"
     ok, said = python_says(code, env, user)
     return "" if ok else f"as {user}: {said} (the checkout and librmmd_c.so must be readable by {user})"
 
@@ -658,9 +485,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", "--out", dest="json", metavar="FILE", help="write the JSON document here too")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--taker-kind", help=argparse.SUPPRESS)
-    p.add_argument("--handoff-bytes", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--taker-room", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.impls = ["tms-torch" if x == "tms" else x for x in a.impls.split(",") if x]
     bad = [x for x in a.impls if x not in IMPLS]
@@ -672,9 +496,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def worker_main(a: argparse.Namespace) -> int:
-    if a.worker == "taker":
-        taker_worker(a.taker_kind, a.handoff_bytes, a.taker_room)
-    elif a.worker == "pinned":
+    if a.worker == "pinned":
         emit(pinned_worker(a))
     elif a.worker in IMPLS:
         emit(engine_worker(a.worker, a))
@@ -805,9 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{impl}: {'ran' if 'seconds' in r else r.get('skipped') or 'failed'}", file=sys.stderr, flush=True)
     doc["targets"] = targets(doc["impls"], doc["pinned"])
     doc["seconds"] = time.monotonic() - started
-    print(table(doc))
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(doc))
     print(json.dumps(doc))
     return 1 if doc["errors"] else 0
 
