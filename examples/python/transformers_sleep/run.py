@@ -329,8 +329,10 @@ class Engine:
 # ---- the run ---------------------------------------------------------------------------
 
 
-def sleep_and_train(a: argparse.Namespace, engine: Engine, saver: Any, ctl: Rmmctl, uuid: str) -> dict[str, Any]:
-    """Pause, the trainer on the freed memory, resume: the figures."""
+def sleep_and_train(a: argparse.Namespace, engine: Engine, saver: Any, ctl: Rmmctl, uuid: str,
+                    trainer_as: tuple[str | None, str]) -> dict[str, Any]:
+    """Pause, the trainer (as `trainer_as`: user, what to say) on the
+    freed memory, resume: the figures."""
     torch = engine.torch
     out: dict[str, Any] = {}
     torch.cuda.synchronize()
@@ -346,7 +348,7 @@ def sleep_and_train(a: argparse.Namespace, engine: Engine, saver: Any, ctl: Rmmc
     out["backup_bytes"] = int(me.get("backup_bytes", 0))
     room = asleep.get("cuda_capacity_bytes", 0) - asleep.get("cuda_in_use_bytes", 0)
     nbytes = min(room - 512 * MIB if room else int(0.75 * reserved), int(a.trainer_max_gib * GIB))
-    user, who = trainer_user(a.other_user)
+    user, who = trainer_as
     print(f"\n== the trainer runs as {who}, on {nbytes / GIB:.2f} GiB of training data ==", flush=True)
     trainer = start_trainer(a, user, max(nbytes, 64 * MIB))
     holding = said(trainer)
@@ -417,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     generate_s = [time.monotonic() - t0]
     sums, addresses = engine.weight_sums(), engine.addresses()
 
-    figures = sleep_and_train(a, engine, torch_memory_saver, ctl, uuid)
+    trainer_as = trainer_user(a.other_user)  # before the pause: the engine sleeps only while the trainer runs
+    figures = sleep_and_train(a, engine, torch_memory_saver, ctl, uuid, trainer_as)
 
     restored = bool(torch.equal(engine.weight_sums(), sums))
     kept = engine.addresses() == addresses
