@@ -223,9 +223,10 @@ def start_daemon(rmmd_path: str, cuda_bytes: int, host_bytes: int) -> tuple[subp
 
 def run_worker(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=1800)
-    if out.returncode != 0:
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
         return {"error": f"exit {out.returncode}: {out.stderr[-3000:]}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(lines[-1])
 
 
 def gpu_name() -> str:
@@ -297,7 +298,10 @@ def main() -> int:
             return 0
         result = pinned_worker() if a.worker == "pinned" else engine_worker(a.worker, a)
         print(json.dumps(result), flush=True)
-        return 0
+        # Out without tearing down: torch_memory_saver's hook mode "torch"
+        # aborts when its MemPools free their memory outside a region (at
+        # exit), which has nothing to do with what was measured.
+        os._exit(0)
 
     sizes = ["--kv-gib", str(a.kv_gib), "--weights-gib", str(a.weights_gib), "--weights-tensors",
              str(a.weights_tensors), "--handoff-gib", str(a.handoff_gib), "--repeats", str(a.repeats)]
