@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace rmmd::detail {
 namespace {
@@ -26,6 +27,11 @@ namespace {
 /// slab_carver::allocate() turns it back into what it was (the pool calls its
 /// upstream on the allocating thread).
 thread_local std::exception_ptr failed_lease;
+
+/// Where a trim (slab_carver::trim_lanes) parks the slabs that the pools it
+/// destroys hand back, to give them back after RMM's pool has waited for
+/// the streams that used them; null the rest of the time.
+thread_local std::vector<void*>* parked_slabs = nullptr;
 
 /// What a lane's pool leases its slabs from: the owning resource's direct
 /// path. Copyable (RMM keeps it in an any_resource); the owner and the lane
@@ -91,6 +97,15 @@ class direct_upstream {
           ranges_[2 * i + 1].store(0, std::memory_order_release);
           break;
         }
+      }
+    }
+    if (parked_slabs != nullptr) {
+      try {
+        parked_slabs->push_back(ptr);
+        slab_bytes_->fetch_sub(bytes, std::memory_order_relaxed);
+        return;
+      } catch (std::bad_alloc const&) {
+        // Given back at once, as a pool outside a trim does.
       }
     }
     owner_->unlease_slab(stream, ptr);
@@ -190,6 +205,15 @@ slab_carver::slab_carver(ipc_memory_resource_impl& owner)
                                                         })),
       keeper_([this](std::stop_token stop) { keep(std::move(stop)); })
 {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  auto const device = owner.pool().device;
+  if (previous != device) { cudaSetDevice(device); }
+  if (cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    release_stream_ = nullptr;  // trims give back in the legacy stream's order
+  }
+  if (previous != device) { cudaSetDevice(previous); }
 }
 
 void slab_carver::abandon() noexcept
@@ -222,6 +246,11 @@ slab_carver::~slab_carver()
   // The session's other resources of this pool report on without this one.
   detail::impl_of(owner_.get_session()).reports().forget_reporter(this, owner_.pool().id);
   trim();
+  if (release_stream_ != nullptr) {
+    // Destroying a stream does not wait for it: the slabs' Free host
+    // functions still run.
+    cudaStreamDestroy(release_stream_);
+  }
   carved_figures left;
   for (std::size_t i = 0; i < lane_count_; ++i) {
     auto& l = lanes_[i];
@@ -381,6 +410,9 @@ void slab_carver::deallocate(cuda::stream_ref stream,
   // lane's pool stays.
   auto& l = chooser_.single() ? lanes_[0] : lanes_[lane_of(ptr, chooser_.hint())];
   if (l.pool == nullptr) { return; }  // abandoned, or destroyed with this still carved
+  if (stream.get() == cudaStreamPerThread) [[unlikely]] {
+    l.per_thread_frees.store(true, std::memory_order_relaxed);
+  }
   l.pool->deallocate(stream, ptr, bytes, alignment);
   l.users.fetch_sub(carving(bytes), std::memory_order_release);
 }
@@ -394,7 +426,8 @@ template <typename Pick>
 std::size_t slab_carver::trim_lanes(Pick which) noexcept
 {
   std::array<std::unique_ptr<rmm::mr::pool_memory_resource>, max_lanes> idle;
-  bool any = false;
+  bool any         = false;
+  bool device_wide = false;
   for (std::size_t i = 0; i < lane_count_; ++i) {
     if (!which(i)) { continue; }
     auto& l = lanes_[i];
@@ -408,6 +441,7 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
     }
     idle[i] = std::move(l.pool);
     any     = true;
+    if (l.per_thread_frees.exchange(false, std::memory_order_relaxed)) { device_wide = true; }
   }
   if (!any) { return 0; }
   std::size_t bytes = 0;
@@ -428,19 +462,34 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
       if (needed) { cudaSetDevice(device); }
     }
   } restore{previous, previous != device};
-  // Work queued on any stream of that device may still use memory that was
-  // carved and freed in stream order: let it finish before the slabs are freed
-  // (each then goes back through the direct path, with a release event).
-  if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
-    cudaGetLastError();
-    for (auto& pool : idle) { static_cast<void>(pool.release()); }
-    if (cuda_is_going(err)) { return 0; }
-    rmmd::detail::stderr_line(
-        "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
-        owner_.pool().name.c_str(),
-        cudaGetErrorName(err));
-    return 0;
+  // Work queued on any stream may still use memory that was carved from
+  // these slabs and freed in stream order. RMM's pool records an event on a
+  // stream at each free into it, and waits for them all when it is
+  // destroyed; the slabs it hands back meanwhile are parked, and given back
+  // after that wait, in the order of this carver's own stream. Nothing waits
+  // for the whole device (cudaDeviceSynchronize), which would invalidate
+  // another thread's graph capture in global mode (issue 39). Frees on
+  // cudaStreamPerThread are the exception: RMM keeps their events per
+  // thread, where the pool does not wait for them, so a lane that had one
+  // waits for the device first, as every trim once did.
+  if (device_wide) {
+    if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      cudaGetLastError();
+      for (auto& pool : idle) { static_cast<void>(pool.release()); }
+      if (cuda_is_going(err)) { return 0; }
+      rmmd::detail::stderr_line(
+          "rmmd: trimming pool '%s': cudaDeviceSynchronize: %s; keeping the slabs\n",
+          owner_.pool().name.c_str(),
+          cudaGetErrorName(err));
+      return 0;
+    }
   }
+  std::vector<void*> parked;
+  try {
+    parked.reserve(64);
+  } catch (std::bad_alloc const&) {
+  }
+  parked_slabs = &parked;
   for (auto& pool : idle) {
     try {
       pool.reset();
@@ -450,6 +499,9 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
       bytes = 0;
     }
   }
+  parked_slabs = nullptr;
+  cuda::stream_ref const order{release_stream_ != nullptr ? release_stream_ : cudaStreamLegacy};
+  for (void* slab : parked) { owner_.unlease_slab(order, slab); }
   return bytes;
 }
 

@@ -99,6 +99,10 @@ class slab_carver {
     static constexpr std::size_t max_slabs = 32;
     std::array<std::atomic<std::uintptr_t>, 2 * max_slabs> ranges{};
     std::atomic<std::size_t> slots{0};
+    /// Something was freed into the pool on cudaStreamPerThread, whose
+    /// events RMM keeps per thread, out of reach of the pool's own wait: a
+    /// trim of this lane then waits for the whole device (trim_lanes()).
+    std::atomic<bool> per_thread_frees{false};
     [[nodiscard]] bool holds(std::uintptr_t p) const noexcept;
     [[nodiscard]] carved_figures carved() const noexcept;
   };
@@ -177,6 +181,10 @@ class slab_carver {
   }
 
   ipc_memory_resource_impl& owner_;
+  /// A stream of the pool's device of the carver's own (non-blocking; null
+  /// if CUDA would not make one): a trim gives slabs back in its order,
+  /// never in the legacy stream's, which another thread's capture forbids.
+  cudaStream_t release_stream_{};
   std::size_t const lane_count_;
   std::array<lane, max_lanes> lanes_;  // the first lane_count_ may be used
   lane_chooser chooser_;               // which lane serves the calling thread

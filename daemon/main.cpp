@@ -12,6 +12,7 @@
 #include "daemon/startup/config_source.hpp"
 #include "daemon/startup/daemon_flags.hpp"
 #include "daemon/startup/endpoints.hpp"
+#include "daemon/startup/open_files.hpp"
 #include "daemon/startup/peer_probes.hpp"
 #include "daemon/startup/pools.hpp"
 #include "daemon/startup/reload.hpp"
@@ -58,6 +59,7 @@ int main(int argc, char** argv)
   if (!settings || !apply_flags(*settings)) { return 1; }
   startup::apply_log_level(settings->log_level);
 
+  startup::raise_open_file_limit();
   sigset_t const signals = startup::block_signals();
   if (!startup::prepare_runtime_dir(*settings)) { return 1; }
 

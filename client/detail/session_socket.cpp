@@ -89,7 +89,10 @@ grpc::Status session_socket::round_trip(v1::SessionCall& call,
   auto const deadline = clock::now() + call_timeout_;
   if (auto sent = send(call, deadline); !sent.ok()) { return sent; }
   std::array<char, 4096> buffer;  // replies are far smaller; left uninitialised
-  std::array<int, 4> attached{};  // a BufferFd answer brings one fd
+  // A BufferFd answer brings one fd, a StableFds answer up to 250 (a wake
+  // of many allocations): room for a datagram's most, or the kernel drops
+  // what does not fit. Left uninitialised: only the first fd_count are read.
+  std::array<int, fd_passing::max_fds_per_datagram> attached;
   while (true) {
     // Blocks until a reply comes or the socket's receive timeout (a slice of
     // call_timeout, set after the hello) passes: then EAGAIN, and the

@@ -132,6 +132,38 @@ TEST_F(StableMemory, AddressesStayAndBackupsComeBackBitwiseAcross100Cycles)
   EXPECT_EQ(in_use("host"), 0u);
 }
 
+// An engine's weights are hundreds of tensors: a sleep and a wake of 600
+// allocations (their fds come in answers of up to 250; the client once had
+// room for 4 and failed "4 fds for 60 allocations").
+TEST_F(StableMemory, SixHundredAllocationsSleepAndWakeWithTheirBackups)
+{
+  start();
+  rmmd::stable_memory_resource mr(*session_, 0, "weights");
+  cudaStream_t stream{};
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  constexpr std::size_t count = 600;
+  constexpr std::size_t bytes = 2 * MiB;
+  std::vector<void*> weights;
+  for (std::size_t i = 0; i < count; ++i) {
+    weights.push_back(mr.allocate_sync(bytes, 256));
+    device_fill(weights.back(), bytes, static_cast<int>(i), stream);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    EXPECT_EQ(mr.sleep({"weights"}, rmmd::sleep_backup::host, {}, stream), count * bytes);
+    EXPECT_EQ(in_use(gpu_pool()), 0u);
+    EXPECT_EQ(mr.wake({}, std::chrono::seconds(30), stream), count * bytes);
+    for (std::size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(device_first_mismatch(weights[i], bytes, static_cast<int>(i), stream), -1)
+          << "allocation " << i << ", cycle " << cycle;
+    }
+  }
+  for (auto* p : weights) { mr.deallocate_sync(p, bytes, 256); }
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  EXPECT_EQ(in_use("host"), 0u);
+}
+
 TEST_F(StableMemory, AGraphCapturedBeforeSleepReplaysBitwiseAfterWake)
 {
   start();
