@@ -1,58 +1,74 @@
 #!/usr/bin/env python3
-"""Sleep and wake, side by side: rmmd.memory_saver against SGLang's
-torch_memory_saver (0.0.10, hook mode "torch") on the same GPU and sizes,
-in one run (issue 36's bench section).
+"""Sleep and wake, side by side in one run on one GPU: rmmd.memory_saver
+against SGLang's torch_memory_saver (0.0.10) in both of its hook modes.
 
   python bench/python/sleep_bench.py [--kv-gib 60] [--weights-gib 8] [--weights-tensors 1000]
-        [--repeats 5] [--impls tms,rmmd] [--rmmd PATH | --runtime-dir DIR] [--out FILE.json]
+        [--repeats 5] [--handoff-repeats 3] [--pinned-gib 4] [--impls tms-torch,tms-preload,rmmd]
+        [--start-daemon PATH_TO_rmmd | --runtime-dir DIR] [--taker-user USER] [--json FILE] [--dry-run]
 
-Each implementation runs in a fresh process (python this-file --worker
-IMPL), on GPU 0, which makes, under its ``region``s:
+Each implementation runs in a process of its own (this file again, with
+--worker: no CUDA state shared) and hands its figures back as JSON:
+tms-torch (hook_mode "torch"), tms-preload (hook_mode "preload": that
+worker alone starts with LD_PRELOAD naming the package's preload library,
+as configure_subprocess() sets it) and rmmd (rmmd.memory_saver: the same
+calls). On GPU 0 each makes, under its regions, "kv": --kv-gib tensors of
+1 GiB, no backup; "weights": --weights-gib GiB in --weights-tensors uint8
+tensors with a CPU backup, random bytes (fixed seed). Then --repeats
+cycles of pause("kv"), resume("kv"), pause("weights"), resume("weights"),
+each call timed from the call (device idle) to the device idle after it
+(the time to its return kept beside). After each weights resume every
+tensor's byte sum (int64, on the GPU) is checked against the sums before
+the first pause. The weights' GB/s count the bytes PyTorch reserved for
+them, the segments that are copied (8 MiB tensors sit two to a 20 MiB
+segment: 8 GiB of tensors are about 9.8 GiB of segments).
 
-  kv       --kv-gib tensors of 1 GiB, no backup (a KV cache)
-  weights  --weights-gib GiB in --weights-tensors tensors, with a CPU
-           backup, each filled with its own byte
+In the same run: "pinned", --pinned-gib GiB of page-locked host memory
+copied to GPU 0 and back, 5 times each way (a process of its own): the
+host link that backups (device to host) and restores (host to device) are
+measured against. "handoff", after the cycles: a taker process
+(sleep_handoff.py), started beforehand (its CUDA context made), is told
+the moment pause("kv") returns and allocates the KV's bytes, for rmmd from
+the daemon (a session of its own, direct mode), for torch_memory_saver by
+torch.empty; the time from pause's return to the allocation served
+(CLOCK_MONOTONIC in both), and to the memory written, --handoff-repeats
+times (the KV resumed between). It fits only in the freed memory: rmmd's
+pool (--start-daemon) has room for it only once the KV sleeps;
+torch_memory_saver's taker first fills the device but for min(1 GiB, half
+the KV). `fenced` is the taker's same allocation tried once before the
+first pause: refused, as it should be.
+--taker-user USER runs the taker as USER (runuser; root only): another uid
+is another rmmd tenant. Without it, or where USER cannot import torch and
+rmmd or reach the daemon (the JSON says why), it is another session.
 
-and times, --repeats times each: ``pause("kv")`` and ``resume("kv")``;
-``pause("weights")`` (the copy to host included) and ``resume("weights")``
-(the copy back included), every weight checked after each resume (a sum on
-the GPU against the one before). Each call is timed to its return, after
-which the device is synchronized (outside the timed span: both return with
-the work done). Addresses are checked to stay.
+Targets: rmmd's pause and resume of the KV each at most 1.1x
+torch_memory_saver's (medians; against each hook mode that ran); rmmd's
+weights pause and resume each at least 80% of the pinned copy's GB/s
+(medians); rmmd's handoff (median, fenced) at most 50 ms. A miss is a
+result, printed as MISS.
 
-Beside it, in the same run:
+rmmd's side needs a daemon: --runtime-dir DIR (else $RMMD_RUNTIME_DIR), or
+--start-daemon PATH (or --rmmd PATH): rmmd started with --cuda-pool-bytes
+the KV + 1.25x the weights' segments + min(2 GiB, half the KV),
+--host-pool-bytes twice the weights' segments + 1 GiB (the backups),
+--fabric off, its open-file limit raised (an fd per stable allocation and
+per backup), and stopped at the end. Smoke: --kv-gib 2 --weights-gib 1
+--weights-tensors 100.
 
-  pinned   cudaMemcpy of a 4 GiB page-locked host tensor to the GPU and
-           back: the host link's bandwidth, against which a backup's copy
-           is measured
-  handoff  (rmmd) another process, its CUDA context made and its session
-           opened, is told the moment ``pause("kv")`` returns and allocates
-           --handoff-gib GiB from the daemon's pool (direct), which has room
-           for it only once the pause gave the KV back; the time from
-           pause's return to its allocation served. (torch_memory_saver's
-           memory goes back to the driver, with no bound a tenant could
-           be held to: there is nothing to compare.)
-
-rmmd's side needs a daemon with a CUDA pool for both sets and the
-handoff's allocation, and a host pool that holds the weights' backup:
---rmmd PATH starts one (--cuda-pool-bytes --kv-gib + --weights-gib + 4 GiB,
---host-pool-bytes --weights-gib + 1 GiB, its open-file limit raised for the
-backups' and allocations' fds) and stops it at the end; --runtime-dir uses
-a running one.
-
-Targets (issue 36): rmmd's pause and resume without backup each at most
-1.1x torch_memory_saver's (medians); its backup and restore each at least
-80% of the pinned bandwidth; the handoff at most 50 ms. A miss is a result,
-printed as MISS. JSON (--out, and the last line printed): the GPU, sizes,
-every figure, the targets.
+Prints a table, the targets (pass / MISS) and the JSON document as the last
+line (also to --json FILE, or --out; schema rmmd-sleep-bench/1: gpu,
+config, plan, pinned, impls, targets, errors). Exit status: 0 when every
+part ran (a missed target is a result), 1 when a part failed (errors), 2 on
+a bad command line or without a GPU. --dry-run prints the plan only.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -60,13 +76,63 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-GIB = 1 << 30
+sys.path.insert(0, str(HERE))
+from sleep_handoff import Taker, as_user, emit  # noqa: E402 (beside this file)
 
-# ---- the workers (each in a process of its own) ------------------------------
+GIB = 1 << 30
+MIB = 1 << 20
+SCHEMA = "rmmd-sleep-bench/1"
+IMPLS = ("tms-torch", "tms-preload", "rmmd")
+CYCLE_KEYS = ("kv_pause", "kv_resume", "weights_pause", "weights_resume")
+WORKER_TIMEOUT_S = 1800
+
+
+# ---- sizes -------------------------------------------------------------------
+
+
+def weights_tensor_bytes(weights_gib: float, tensors: int) -> int:
+    """Each weights tensor's bytes: --weights-gib over the count, 4 KiB-aligned."""
+    return max(4096, int(weights_gib * GIB) // tensors // 4096 * 4096)
+
+
+def segment_bytes(tensor_bytes: int, count: int) -> int:
+    """What PyTorch's caching allocator reserves for `count` tensors of
+    `tensor_bytes` allocated one after another (its default settings):
+    sizes to 1 MiB share 2 MiB segments, sizes under 10 MiB share 20 MiB
+    ones, larger ones get a segment of their own rounded to 2 MiB."""
+    size = -(-tensor_bytes // 512) * 512
+    if size >= 10 * MIB:
+        return count * (-(-size // (2 * MIB)) * 2 * MIB)
+    segment = 2 * MIB if size <= MIB else 20 * MIB
+    per_segment = segment // size
+    return -(-count // per_segment) * segment
+
+
+def make_plan(a: argparse.Namespace) -> dict[str, Any]:
+    tensor = weights_tensor_bytes(a.weights_gib, a.weights_tensors)
+    segments = segment_bytes(tensor, a.weights_tensors)
+    kv = a.kv_gib * GIB
+    slack = min(2 * GIB, kv // 2)
+    return {
+        "kv_bytes": kv,
+        "weights_tensor_bytes": tensor,
+        "weights_bytes": tensor * a.weights_tensors,
+        "weights_segment_bytes_estimate": segments,
+        "handoff_bytes": kv,
+        # Room for the handoff only once the KV sleeps: free before the
+        # pause is about `slack` (< the KV), after it the KV plus that;
+        # a quarter more for the weights in case the estimate is short.
+        "daemon_cuda_pool_bytes": kv + segments * 5 // 4 + slack,
+        "daemon_host_pool_bytes": 2 * segments + GIB,
+        "torch_taker_room_bytes": min(GIB, kv // 2),
+    }
+
+
+# ---- the engine: one implementation's pauses and resumes -------------------------
 
 
 def _saver(impl: str) -> Any:
@@ -75,269 +141,501 @@ def _saver(impl: str) -> Any:
     else:
         from torch_memory_saver import torch_memory_saver
 
-        torch_memory_saver.hook_mode = "torch"
+        torch_memory_saver.hook_mode = "torch" if impl == "tms-torch" else "preload"
     return torch_memory_saver
 
 
-def _timed(fn: Any, torch: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - t0
+def _timed(torch: Any, call: Callable[[], Any]) -> tuple[float, float]:
+    """Seconds from the call (the device idle) to its return, and to the
+    device idle after it."""
     torch.cuda.synchronize()
-    return seconds
+    t0 = time.perf_counter()
+    call()
+    returned = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return returned, time.perf_counter() - t0
 
 
-def _handoff_taker(impl: str, nbytes: int) -> subprocess.Popen[str]:
-    """A process with its CUDA context (and, for rmmd, its session) made,
-    waiting for a line on stdin; it then allocates `nbytes` and prints the
-    CLOCK_MONOTONIC time its allocation was served."""
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", f"taker-{impl}", "--handoff-bytes", str(nbytes)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        raise SystemExit(f"the handoff taker ({impl}) did not start")
-    return proc
+def engine_memory(saver: Any, torch: Any, a: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
+    """The KV and the weights under their regions, the weights random."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    with saver.region(tag="kv"):
+        kv = [torch.empty(GIB, dtype=torch.uint8, device="cuda") for _ in range(a.kv_gib)]
+    after_kv = torch.cuda.memory_reserved()
+    with saver.region(tag="weights", enable_cpu_backup=True):
+        weights = [torch.empty(plan["weights_tensor_bytes"], dtype=torch.uint8, device="cuda")
+                   for _ in range(a.weights_tensors)]
+    after_weights = torch.cuda.memory_reserved()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for w in weights:
+        w.random_(generator=generator)
+    torch.cuda.synchronize()
+    return {"kv": kv, "weights": weights, "kv_reserved": after_kv - before,
+            "weights_reserved": after_weights - after_kv}
 
 
-def taker_worker(impl: str, nbytes: int) -> None:
-    import torch
+def weights_sums(torch: Any, weights: list[Any]) -> Any:
+    """Every tensor's byte sum, on the GPU, brought back as one small tensor."""
+    return torch.stack([w.sum(dtype=torch.int64) for w in weights]).cpu()
 
-    torch.cuda.set_device(0)
-    torch.empty(1, device="cuda")  # its context, before the clock starts
-    if impl == "rmmd":
-        import rmmd
 
-        mr = rmmd.Session(client_name="sleep-bench-taker").device_resource(0, mode="direct")
-        allocate = lambda: mr.allocate(nbytes)  # noqa: E731
-    else:
-        allocate = lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda")  # noqa: E731
-    print("ready", flush=True)
-    sys.stdin.readline()
+def engine_cycles(saver: Any, torch: Any, mem: dict[str, Any], repeats: int, want: Any) -> dict[str, Any]:
+    calls = {"kv_pause": lambda: saver.pause("kv"), "kv_resume": lambda: saver.resume("kv"),
+             "weights_pause": lambda: saver.pause("weights"), "weights_resume": lambda: saver.resume("weights")}
+    to_idle: dict[str, list[float]] = {k: [] for k in CYCLE_KEYS}
+    to_return: dict[str, list[float]] = {k: [] for k in CYCLE_KEYS}
+    restored = []
+    for _ in range(repeats):
+        for key in CYCLE_KEYS:
+            returned, idle = _timed(torch, calls[key])
+            to_return[key].append(returned)
+            to_idle[key].append(idle)
+        restored.append(bool(torch.equal(weights_sums(torch, mem["weights"]), want)))
+    return {"seconds": to_idle, "seconds_to_return": to_return, "weights_restored": restored}
+
+
+def engine_handoff(saver: Any, torch: Any, impl: str, a: argparse.Namespace,
+                   plan: dict[str, Any]) -> dict[str, Any]:
+    """Another process allocates the KV's bytes the moment pause("kv")
+    returns, --handoff-repeats times."""
+    kind = "rmmd" if impl == "rmmd" else "torch"
+    taker = Taker(kind, plan["handoff_bytes"], plan["torch_taker_room_bytes"], a.taker_user or None)
+    out: dict[str, Any] = {"taker": taker.ready, "bytes": plan["handoff_bytes"]}
     try:
-        held = allocate()
-        served = time.monotonic()
-        print(json.dumps({"served": served}), flush=True)
-    except Exception as e:  # the engine's pause gave back too little: a result
-        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
-        held = None
-    sys.stdin.readline()
-    del held
+        out["fenced"] = taker.ask("probe")
+        served, written = [], []
+        for _ in range(a.handoff_repeats):
+            torch.cuda.synchronize()
+            saver.pause("kv")
+            returned = time.monotonic()
+            got = taker.ask("go")
+            freed = taker.ask("free")
+            saver.resume("kv")
+            torch.cuda.synchronize()
+            if "served" not in got or not freed.get("freed"):
+                out["error"] = got.get("error", f"the taker said {got} then {freed}")
+                break
+            served.append(got["served"] - returned)
+            written.append(got["written"] - returned)
+        out["served_seconds"] = served
+        out["written_seconds"] = written
+    finally:
+        taker.close()
+    return out
 
 
 def engine_worker(impl: str, a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.cuda.set_device(0)
+    plan = make_plan(a)
     saver = _saver(impl)
-    out: dict[str, Any] = {"impl": impl}
-    with saver.region(tag="kv"):
-        kv = [torch.empty(GIB, dtype=torch.uint8, device="cuda") for _ in range(a.kv_gib)]
-    per = (int(a.weights_gib * GIB) // a.weights_tensors) // 4096 * 4096
-    with saver.region(tag="weights", enable_cpu_backup=True):
-        weights = [torch.empty(per, dtype=torch.uint8, device="cuda") for _ in range(a.weights_tensors)]
-    for i, w in enumerate(weights):
-        w.fill_(1 + i % 251)
-    torch.cuda.synchronize()
-
-    def weights_sum() -> int:
-        return int(sum(w.view(torch.int32).sum(dtype=torch.int64) for w in weights).item())
-
-    want = weights_sum()
-    addresses = [t.data_ptr() for t in kv + weights]
-    out["kv_bytes"] = a.kv_gib * GIB
-    out["weights_bytes"] = per * a.weights_tensors
-    runs: dict[str, list[float]] = {"kv_pause": [], "kv_resume": [], "weights_pause": [], "weights_resume": []}
-    checks = []
-    for _ in range(a.repeats):
-        runs["kv_pause"].append(_timed(lambda: saver.pause("kv"), torch))
-        runs["kv_resume"].append(_timed(lambda: saver.resume("kv"), torch))
-        runs["weights_pause"].append(_timed(lambda: saver.pause("weights"), torch))
-        runs["weights_resume"].append(_timed(lambda: saver.resume("weights"), torch))
-        checks.append(weights_sum() == want)
-    out["runs"] = runs
-    out["weights_restored"] = all(checks)
-    out["addresses_kept"] = addresses == [t.data_ptr() for t in kv + weights]
-
-    if impl != "rmmd":  # the driver's memory has no owner to hand it over: nothing to time
-        return out
-    # The handoff: another process allocates what pause("kv") gave back.
-    taker = _handoff_taker(impl, a.handoff_gib * GIB)
-    assert taker.stdin is not None and taker.stdout is not None
-    saver.pause("kv")
-    returned = time.monotonic()
-    taker.stdin.write("go\n")
-    taker.stdin.flush()
-    got = json.loads(taker.stdout.readline())
-    taker.stdin.write("done\n")
-    taker.stdin.flush()
-    taker.wait(60)
-    out["handoff"] = ({"seconds": got["served"] - returned} if "served" in got else got)
-    saver.resume("kv")
-    torch.cuda.synchronize()
+    mem = engine_memory(saver, torch, a, plan)
+    addresses = [t.data_ptr() for t in mem["kv"] + mem["weights"]]
+    out: dict[str, Any] = {"impl": impl, "kv_bytes": plan["kv_bytes"], "kv_reserved_bytes": mem["kv_reserved"],
+                           "weights_bytes": plan["weights_bytes"], "weights_reserved_bytes": mem["weights_reserved"]}
+    want = weights_sums(torch, mem["weights"])
+    out.update(engine_cycles(saver, torch, mem, a.repeats, want))
+    if a.handoff_repeats > 0:
+        try:
+            out["handoff"] = engine_handoff(saver, torch, impl, a, plan)
+        except Exception as e:  # noqa: BLE001 (the cycles' figures still count)
+            out["handoff"] = {"error": f"{type(e).__name__}: {e}"}
+    # Once more after the handoffs (the KV paused and resumed beside the weights).
+    out["weights_restored"].append(bool(torch.equal(weights_sums(torch, mem["weights"]), want)))
+    out["addresses_kept"] = addresses == [t.data_ptr() for t in mem["kv"] + mem["weights"]]
     return out
 
 
-def pinned_worker() -> dict[str, Any]:
+def pinned_worker(a: argparse.Namespace) -> dict[str, Any]:
+    """The host link both ways, and the GPU's identity."""
     import torch
 
+    if not torch.cuda.is_available():
+        return {"no_gpu": "torch.cuda.is_available() is False"}
     torch.cuda.set_device(0)
-    n = 4 * GIB
+    props = torch.cuda.get_device_properties(0)
+    n = int(a.pinned_gib * GIB)
     host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(n, dtype=torch.uint8, device="cuda")
     h2d, d2h = [], []
-    for _ in range(3):
-        h2d.append(_timed(lambda: dev.copy_(host, non_blocking=False), torch))
-        d2h.append(_timed(lambda: host.copy_(dev, non_blocking=False), torch))
-    return {"bytes": n, "h2d_gb_s": n / min(h2d) / 1e9, "d2h_gb_s": n / min(d2h) / 1e9}
+    for _ in range(5):
+        h2d.append(_timed(torch, lambda: dev.copy_(host))[1])
+        d2h.append(_timed(torch, lambda: host.copy_(dev))[1])
+    return {
+        "gpu": {"name": props.name, "uuid": str(getattr(props, "uuid", "")), "memory_bytes": props.total_memory,
+                "torch": torch.__version__, "cuda": torch.version.cuda,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
+        "bytes": n, "h2d_seconds": h2d, "d2h_seconds": d2h,
+        "h2d_gb_s": n / statistics.median(h2d) / 1e9, "d2h_gb_s": n / statistics.median(d2h) / 1e9,
+        "h2d_best_gb_s": n / min(h2d) / 1e9, "d2h_best_gb_s": n / min(d2h) / 1e9,
+    }
 
 
-# ---- the driver ------------------------------------------------------------------
+# ---- the daemon ----------------------------------------------------------------------
 
 
-def start_daemon(rmmd_path: str, cuda_bytes: int, host_bytes: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_daemon(rmmd_path: str, plan: dict[str, Any], allow_uids: list[int]) -> tuple[subprocess.Popen[bytes], str]:
     runtime = tempfile.mkdtemp(prefix="rmmd-sleep-bench-")
     notify_path = os.path.join(runtime, "notify.sock")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(notify_path)
-    notify.settimeout(60)
-    log = open(os.path.join(runtime, "rmmd.log"), "wb")
+    notify.settimeout(0.2)
+    args = [rmmd_path, "--runtime-dir", runtime, "--backend", "cuda", "--fabric", "off",
+            "--cuda-pool-bytes", str(plan["daemon_cuda_pool_bytes"]),
+            "--host-pool-bytes", str(plan["daemon_host_pool_bytes"]), "--drain-timeout-ms", "0"]
+    for uid in allow_uids:
+        args += ["--allow-uid", str(uid)]
 
-    def more_files() -> None:  # one fd per stable allocation and per backup (docs/sleep.md)
+    def more_files() -> None:  # an fd per stable allocation and per backup (docs/sleep.md)
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    proc = subprocess.Popen([rmmd_path, "--runtime-dir", runtime, "--backend", "cuda", "--cuda-pool-bytes",
-                             str(cuda_bytes), "--host-pool-bytes", str(host_bytes), "--drain-timeout-ms", "0"],
-                            env=dict(os.environ, NOTIFY_SOCKET=notify_path), stdout=log, stderr=log,
-                            preexec_fn=more_files)
+    with open(os.path.join(runtime, "rmmd.log"), "wb") as log:
+        proc = subprocess.Popen(args, env=dict(os.environ, NOTIFY_SOCKET=notify_path), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, preexec_fn=more_files)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if b"READY=1" in notify.recv(4096):
-                return proc, runtime
-        except socket.timeout:
-            break
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if b"READY=1" in notify.recv(4096):
+                    if allow_uids:
+                        open_to_every_uid(runtime)
+                    return proc, runtime
+            except socket.timeout:
+                pass
+    finally:
+        notify.close()
     proc.kill()
-    raise SystemExit(f"rmmd did not start; log: {open(os.path.join(runtime, 'rmmd.log')).read()}")
+    proc.wait()
+    raise RuntimeError(f"rmmd did not report READY=1; its log:\n{Path(runtime, 'rmmd.log').read_text()[-3000:]}")
+
+
+def open_to_every_uid(runtime: str) -> None:
+    """Lets another uid reach the sockets (the daemon decides who may use them)."""
+    os.chmod(runtime, 0o755)
+    for name in ("rmmd-session.sock", "rmmd.sock"):
+        try:
+            os.chmod(os.path.join(runtime, name), 0o666)
+        except OSError:
+            pass
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], runtime: str) -> str:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log = Path(runtime, "rmmd.log").read_text(errors="replace")[-2000:]
+    shutil.rmtree(runtime, ignore_errors=True)
+    return log
+
+
+# ---- the driver ----------------------------------------------------------------------
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This checkout's package first, as the other Python benches do."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
 
 
 def run_worker(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=1800)
-    lines = out.stdout.strip().splitlines()
+    try:
+        out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
+                             timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the worker {' '.join(args[:2])} passed {WORKER_TIMEOUT_S} s"}
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode != 0 or not lines:
         return {"error": f"exit {out.returncode}: {out.stderr[-3000:]}"}
     return json.loads(lines[-1])
 
 
-def gpu_name() -> str:
+def python_says(code: str, env: dict[str, str], user: str | None = None) -> tuple[bool, str]:
+    """Whether `python -c code` exits 0 (as `user`), and its last line (or error)."""
     try:
-        return subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=name,uuid", "--format=csv,noheader"],
-                              capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
+        out = subprocess.run(as_user(user, [sys.executable, "-c", code], env), env=env, capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    text = (out.stdout if out.returncode == 0 else out.stderr).strip().splitlines()
+    return out.returncode == 0, text[-1] if text else f"exit {out.returncode}"
 
 
-def importable(module: str) -> bool:
-    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+def preload_library(env: dict[str, str]) -> tuple[str | None, str]:
+    ok, said = python_says("from torch_memory_saver.utils import get_binary_path_from_package as g\n"
+                           "print(g('torch_memory_saver_hook_mode_preload'))", env)
+    return (said, "") if ok else (None, said)
 
 
-def targets(results: dict[str, Any], pinned: dict[str, Any]) -> list[dict[str, Any]]:
+def user_uid(user: str) -> int | None:
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def check_taker_user(user: str, env: dict[str, str]) -> str:
+    """Empty when `user` can run a taker here (PyTorch, rmmd's package and
+    library, this file); else why not."""
+    if os.geteuid() != 0:
+        return f"--taker-user {user} needs root (this process runs as uid {os.getuid()})"
+    if user_uid(user) is None:
+        return f"there is no user {user} (useradd --system --no-create-home {user})"
+    code = f"import torch, rmmd; rmmd._lib.load(); open({str(HERE / 'sleep_handoff.py')!r}).close(); print('ok')"
+    ok, said = python_says(code, env, user)
+    return "" if ok else f"as {user}: {said} (the checkout and librmmd_c.so must be readable by {user})"
+
+
+def check_taker_session(user: str, env: dict[str, str]) -> str:
+    """Empty when `user` may open a session with the daemon of `env`."""
+    ok, said = python_says("import rmmd; rmmd.Session(client_name='sleep-bench-probe').close(); print('ok')",
+                           env, user)
+    return "" if ok else f"as {user}: {said} (the daemon must admit {user} and its sockets be reachable)"
+
+
+def targets(impls: dict[str, Any], pinned: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    ours, theirs = results.get("rmmd", {}), results.get("tms", {})
-    med = lambda r, k: statistics.median(r["runs"][k])  # noqa: E731
-    if "runs" in ours and "runs" in theirs:
-        for k in ("kv_pause", "kv_resume"):
-            ratio = med(ours, k) / med(theirs, k)
-            out.append({"what": f"{k}: rmmd / torch_memory_saver (medians)", "value": ratio, "limit": 1.1,
-                        "pass": ratio <= 1.1})
-    if "runs" in ours and "h2d_gb_s" in pinned:
-        for k, link in (("weights_pause", "d2h_gb_s"), ("weights_resume", "h2d_gb_s")):
-            share = ours["weights_bytes"] / med(ours, k) / 1e9 / pinned[link]
-            out.append({"what": f"{k}: rmmd's GB/s / pinned {link[:3]}", "value": share, "limit": 0.8,
-                        "pass": share >= 0.8})
-    if "seconds" in ours.get("handoff", {}):
-        ms = ours["handoff"]["seconds"] * 1e3
-        out.append({"what": "handoff: pause's return to another tenant's allocation served (ms)", "value": ms,
-                    "limit": 50.0, "pass": ms <= 50.0})
+    ours = impls.get("rmmd", {})
+    med = lambda r, k: statistics.median(r["seconds"][k])  # noqa: E731
+    if "seconds" not in ours:
+        return out
+    for ref in ("tms-torch", "tms-preload"):
+        theirs = impls.get(ref, {})
+        if "seconds" not in theirs:
+            continue
+        for key in ("kv_pause", "kv_resume"):
+            ratio = med(ours, key) / med(theirs, key)
+            out.append({"name": f"{key}_vs_{ref}", "what": f"{key}: rmmd / torch_memory_saver ({ref}), medians",
+                        "value": ratio, "limit": 1.1, "pass": ratio <= 1.1})
+    if "h2d_gb_s" in pinned:
+        for key, link in (("weights_pause", "d2h_gb_s"), ("weights_resume", "h2d_gb_s")):
+            share = copied_bytes(ours) / med(ours, key) / 1e9 / pinned[link]
+            out.append({"name": f"{key}_share_of_pinned", "value": share, "limit": 0.8, "pass": share >= 0.8,
+                        "what": f"{key}: rmmd's GB/s / the pinned copy's ({link[:3]})"})
+    handoff = ours.get("handoff", {})
+    if handoff.get("served_seconds"):
+        ms = statistics.median(handoff["served_seconds"]) * 1e3
+        fenced = bool(handoff.get("fenced", {}).get("refused"))
+        out.append({"name": "handoff_ms", "value": ms, "limit": 50.0, "pass": ms <= 50.0 and fenced,
+                    "what": "handoff: pause's return to the taker's allocation served (ms, median)"
+                    + ("" if fenced else "; NOT fenced: the taker's allocation fitted before the pause")})
     return out
 
 
-def report(results: dict[str, Any], pinned: dict[str, Any]) -> None:
-    print(f"pinned 4 GiB: {pinned.get('h2d_gb_s', 0):.1f} GB/s to the GPU, {pinned.get('d2h_gb_s', 0):.1f} GB/s back")
-    for impl, r in results.items():
-        if "runs" not in r:
-            print(f"{impl}: {r}")
+def copied_bytes(r: dict[str, Any]) -> int:
+    """The weights' reserved bytes (what is copied), else their tensor bytes."""
+    return max(r.get("weights_reserved_bytes", 0), r["weights_bytes"])
+
+
+def table(doc: dict[str, Any]) -> str:
+    pinned = doc["pinned"]
+    lines = [f"GPU: {doc['gpu'].get('name', '?')} {doc['gpu'].get('uuid', '')}",
+             f"pinned {pinned.get('bytes', 0) / GIB:.0f} GiB: {pinned.get('h2d_gb_s', 0):.1f} GB/s to the GPU, "
+             f"{pinned.get('d2h_gb_s', 0):.1f} GB/s back (medians of 5)"]
+    lines.append(f"{'impl':12} {'kv pause':>10} {'kv resume':>10} {'w pause':>10} {'w resume':>10} "
+                 f"{'backup GB/s':>12} {'restore GB/s':>12} {'handoff ms':>11} restored  addresses")
+    for impl, r in doc["impls"].items():
+        if "seconds" not in r:
+            lines.append(f"{impl:12} {r.get('skipped') or r.get('error', '?')}"[:2000])
             continue
-        line = [f"{impl:5}"]
-        for k, v in r["runs"].items():
-            nbytes = r["kv_bytes"] if k.startswith("kv") else r["weights_bytes"]
-            line.append(f"{k} {statistics.median(v) * 1e3:8.1f} ms ({nbytes / statistics.median(v) / 1e9:6.1f} GB/s)")
-        print("  ".join(line))
-        print(f"      weights restored: {r['weights_restored']}, addresses kept: {r['addresses_kept']}"
-              + (f", handoff: {r['handoff']}" if "handoff" in r else ""))
+        ms = {k: statistics.median(v) * 1e3 for k, v in r["seconds"].items()}
+        gbs = {k: copied_bytes(r) / ms[k] / 1e6 for k in ("weights_pause", "weights_resume")}
+        pct = {k: f"({100 * gbs[k] / pinned[link]:3.0f}%)" if pinned.get(link) else ""
+               for k, link in (("weights_pause", "d2h_gb_s"), ("weights_resume", "h2d_gb_s"))}
+        h = r.get("handoff", {})
+        fence = " " if h.get("fenced", {}).get("refused") else "!"
+        handoff = (f"{statistics.median(h['served_seconds']) * 1e3:10.1f}{fence}" if h.get("served_seconds")
+                   else f"{'error' if 'error' in h else '-':>11}")
+        lines.append(f"{impl:12} {ms['kv_pause']:10.1f} {ms['kv_resume']:10.1f} {ms['weights_pause']:10.1f} "
+                     f"{ms['weights_resume']:10.1f} {gbs['weights_pause']:6.1f}{pct['weights_pause']:>6} "
+                     f"{gbs['weights_resume']:6.1f}{pct['weights_resume']:>6} {handoff} "
+                     f"{str(all(r['weights_restored'])):9} {r['addresses_kept']}")
+        if "error" in h:
+            lines.append(f"{'':12} handoff: {h['error']}"[:2000])
+    lines.append("(ms: medians, call to device idle; GB/s: the weights' reserved bytes, % of the pinned copy;\n"
+                 " handoff !: not fenced, the taker's allocation fitted before the pause too)")
+    for t in doc["targets"]:
+        lines.append(f"{'pass' if t['pass'] else 'MISS'}  {t['what']}: {t['value']:.3f} (limit {t['limit']})")
+    return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kv-gib", type=int, default=60)
-    p.add_argument("--weights-gib", type=float, default=8.0)
-    p.add_argument("--weights-tensors", type=int, default=1000)
-    p.add_argument("--handoff-gib", type=int, default=0, help="default: --kv-gib")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--impls", default="tms,rmmd")
-    p.add_argument("--rmmd", default=os.environ.get("RMMD_DAEMON"))
-    p.add_argument("--runtime-dir")
-    p.add_argument("--out")
-    p.add_argument("--worker")
-    p.add_argument("--handoff-bytes", type=int, default=0)
-    a = p.parse_args()
-    a.handoff_gib = a.handoff_gib or a.kv_gib
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]))
+    p.add_argument("--kv-gib", type=int, default=60, help="KV: this many 1 GiB tensors, no backup (60)")
+    p.add_argument("--weights-gib", type=float, default=8.0, help="weights: GiB with a CPU backup (8)")
+    p.add_argument("--weights-tensors", type=int, default=1000, help="weights: in this many tensors (1000)")
+    p.add_argument("--repeats", type=int, default=5, help="pause/resume cycles of each (5)")
+    p.add_argument("--handoff-repeats", type=int, default=3, help="handoffs per implementation (3; 0: none)")
+    p.add_argument("--pinned-gib", type=float, default=4.0, help="the pinned copy's size (4)")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {','.join(IMPLS)}")
+    p.add_argument("--start-daemon", "--rmmd", dest="start_daemon", metavar="PATH",
+                   help="start this rmmd for rmmd's side, and stop it at the end")
+    p.add_argument("--runtime-dir", help="a running rmmd's runtime directory (default $RMMD_RUNTIME_DIR)")
+    p.add_argument("--taker-user", default="", help="run the handoff's taker as this user (root only)")
+    p.add_argument("--json", "--out", dest="json", metavar="FILE", help="write the JSON document here too")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.impls = ["tms-torch" if x == "tms" else x for x in a.impls.split(",") if x]
+    bad = [x for x in a.impls if x not in IMPLS]
+    if bad or a.kv_gib < 1 or a.weights_tensors < 1 or a.weights_gib <= 0 or a.repeats < 1 or a.pinned_gib <= 0:
+        p.error(f"sizes must be positive and --impls of {','.join(IMPLS)} (got {bad or a.impls})")
+    if a.start_daemon and a.runtime_dir:
+        p.error("give --start-daemon or --runtime-dir, not both")
+    return a
+
+
+def worker_main(a: argparse.Namespace) -> int:
+    if a.worker == "pinned":
+        emit(pinned_worker(a))
+    elif a.worker in IMPLS:
+        emit(engine_worker(a.worker, a))
+    else:
+        print(f"sleep_bench: no worker {a.worker!r}", file=sys.stderr)
+        return 2
+    # Out without tearing down: torch_memory_saver's hook mode "torch"
+    # aborts when its MemPools free their memory outside a region (at
+    # exit), which has nothing to do with what was measured.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def sizes_args(a: argparse.Namespace, taker_user: str) -> list[str]:
+    return ["--kv-gib", str(a.kv_gib), "--weights-gib", str(a.weights_gib), "--weights-tensors",
+            str(a.weights_tensors), "--repeats", str(a.repeats), "--handoff-repeats", str(a.handoff_repeats),
+            "--taker-user", taker_user]
+
+
+def run_tms(impl: str, a: argparse.Namespace, base: dict[str, str]) -> dict[str, Any]:
+    ok, said = python_says("import torch_memory_saver", base)
+    if not ok:
+        return {"skipped": f"torch_memory_saver does not import: {said}"}
+    env = dict(base)
+    if impl == "tms-preload":
+        library, why = preload_library(base)
+        if library is None:
+            return {"skipped": f"no preload library: {why}"}
+        env["LD_PRELOAD"] = ":".join([library] + ([base["LD_PRELOAD"]] if base.get("LD_PRELOAD") else []))
+    return run_worker(["--worker", impl, *sizes_args(a, a.taker_user)], env)
+
+
+def run_rmmd(a: argparse.Namespace, plan: dict[str, Any], base: dict[str, str], doc: dict[str, Any]) -> dict[str, Any]:
+    runtime = a.runtime_dir or (None if a.start_daemon else os.environ.get("RMMD_RUNTIME_DIR"))
+    if runtime is None and not a.start_daemon:
+        return {"error": "rmmd's side needs --start-daemon PATH or --runtime-dir DIR (or $RMMD_RUNTIME_DIR)"}
+    daemon = None
+    if runtime is None:
+        taker_uid = user_uid(a.taker_user) if a.taker_user else None
+        # Naming uids replaces the daemon's default policy: this process's too.
+        allow = sorted({0, os.getuid(), taker_uid}) if taker_uid is not None else []
+        daemon, runtime = start_daemon(a.start_daemon, plan, allow)
+        doc["daemon"] = {"started": a.start_daemon, "cuda_pool_bytes": plan["daemon_cuda_pool_bytes"],
+                         "host_pool_bytes": plan["daemon_host_pool_bytes"], "allow_uids": allow}
+    else:
+        doc["daemon"] = {"runtime_dir": runtime}
+    env = dict(base, RMMD_RUNTIME_DIR=runtime)
+    try:
+        taker_user = a.taker_user
+        if taker_user:
+            why = check_taker_session(taker_user, env)
+            if why:
+                doc["config"]["taker"]["rmmd_why_not"] = why
+                taker_user = ""
+        return run_worker(["--worker", "rmmd", *sizes_args(a, taker_user)], env)
+    finally:
+        if daemon is not None:
+            doc["daemon"]["log_tail"] = stop_daemon(daemon, runtime)
+
+
+def gpu_identity(pinned: dict[str, Any]) -> dict[str, Any]:
+    """torch's view of GPU 0, with nvidia-smi's driver for the same UUID."""
+    gpu = dict(pinned.get("gpu", {}))
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,driver_version,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return gpu
+    digits = lambda u: "".join(c for c in u.lower().removeprefix("gpu-") if c in "0123456789abcdef")  # noqa: E731
+    for row in out.strip().splitlines():
+        uuid, driver, name = ([x.strip() for x in row.split(",", 2)] + ["", ""])[:3]
+        if gpu.get("uuid") and digits(gpu["uuid"]) == digits(uuid):
+            gpu.update({"uuid": uuid, "driver": driver, "smi_name": name})
+    return gpu
+
+
+def versions() -> dict[str, Any]:
+    from importlib import metadata
+
+    out: dict[str, Any] = {}
+    try:
+        out["torch_memory_saver"] = metadata.version("torch_memory_saver")
+    except metadata.PackageNotFoundError:
+        out["torch_memory_saver"] = None
+    try:
+        git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+        out["rmmd_commit"] = git.stdout.strip() or None
+    except OSError:
+        out["rmmd_commit"] = None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if a.worker:
-        if a.worker.startswith("taker-"):
-            taker_worker(a.worker[len("taker-"):], a.handoff_bytes)
-            return 0
-        result = pinned_worker() if a.worker == "pinned" else engine_worker(a.worker, a)
-        print(json.dumps(result), flush=True)
-        # Out without tearing down: torch_memory_saver's hook mode "torch"
-        # aborts when its MemPools free their memory outside a region (at
-        # exit), which has nothing to do with what was measured.
-        os._exit(0)
-
-    sizes = ["--kv-gib", str(a.kv_gib), "--weights-gib", str(a.weights_gib), "--weights-tensors",
-             str(a.weights_tensors), "--handoff-gib", str(a.handoff_gib), "--repeats", str(a.repeats)]
-    env = dict(os.environ)
-    pinned = run_worker(["--worker", "pinned"], env)
-    results: dict[str, Any] = {}
-    impls = a.impls.split(",")
-    if "tms" in impls:
-        results["tms"] = (run_worker(["--worker", "tms", *sizes], env) if importable("torch_memory_saver")
-                          else {"skipped": "torch_memory_saver does not import"})
-    if "rmmd" in impls:
-        daemon = None
-        runtime = a.runtime_dir
-        if runtime is None:
-            if not a.rmmd:
-                raise SystemExit("rmmd's side needs --rmmd PATH (a daemon to start) or --runtime-dir DIR")
-            cuda = int((a.kv_gib + a.weights_gib + 4) * GIB)
-            daemon, runtime = start_daemon(a.rmmd, cuda, int((a.weights_gib + 1) * GIB))
+        return worker_main(a)
+    plan = make_plan(a)
+    started = time.monotonic()
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "command": sys.argv, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "config": {"kv_gib": a.kv_gib, "weights_gib": a.weights_gib, "weights_tensors": a.weights_tensors,
+                   "repeats": a.repeats, "handoff_repeats": a.handoff_repeats, "pinned_gib": a.pinned_gib,
+                   "impls": a.impls, "taker": {"user": a.taker_user or None}},
+        "plan": plan, "versions": versions(), "errors": [],
+    }
+    if a.dry_run:
+        print(json.dumps(doc, indent=1))
+        return 0
+    base = worker_env()
+    if a.taker_user:
+        why = check_taker_user(a.taker_user, base)
+        doc["config"]["taker"] = {"user": None if why else a.taker_user, "uid": user_uid(a.taker_user),
+                                  "why_not": why or None}
+        a.taker_user = "" if why else a.taker_user
+    pinned = run_worker(["--worker", "pinned", "--pinned-gib", str(a.pinned_gib)], base)
+    if "no_gpu" in pinned or "error" in pinned:
+        print(f"sleep_bench: the pinned copy on GPU 0 failed: {pinned.get('no_gpu') or pinned.get('error')}",
+              file=sys.stderr)
+        return 2
+    doc["gpu"], doc["pinned"] = gpu_identity(pinned), {k: v for k, v in pinned.items() if k != "gpu"}
+    doc["impls"] = {}
+    for impl in a.impls:
         try:
-            results["rmmd"] = run_worker(["--worker", "rmmd", *sizes], dict(env, RMMD_RUNTIME_DIR=runtime))
-        finally:
-            if daemon is not None:
-                daemon.terminate()
-                daemon.wait(60)
-    report(results, pinned)
-    checks = targets(results, pinned)
-    for t in checks:
-        print(f"{'pass' if t['pass'] else 'MISS'}  {t['what']}: {t['value']:.3f} (limit {t['limit']})")
-    doc = {"gpu": gpu_name(), "sizes": {"kv_gib": a.kv_gib, "weights_gib": a.weights_gib,
-                                        "weights_tensors": a.weights_tensors, "handoff_gib": a.handoff_gib,
-                                        "repeats": a.repeats},
-           "pinned": pinned, "results": results, "targets": checks}
-    if a.out:
-        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+            r = run_tms(impl, a, base) if impl != "rmmd" else run_rmmd(a, plan, base, doc)
+        except Exception as e:  # noqa: BLE001 (one part failing leaves the others' figures)
+            r = {"error": f"{type(e).__name__}: {e}"}
+        doc["impls"][impl] = r
+        if "error" in r or "error" in r.get("handoff", {}):
+            doc["errors"].append({"impl": impl, "error": r.get("error") or r["handoff"]["error"]})
+        if "seconds" in r and not (all(r["weights_restored"]) and r["addresses_kept"]):
+            doc["errors"].append({"impl": impl, "error": "weights not restored bitwise or addresses moved"})
+        print(f"{impl}: {'ran' if 'seconds' in r else r.get('skipped') or 'failed'}", file=sys.stderr, flush=True)
+    doc["targets"] = targets(doc["impls"], doc["pinned"])
+    doc["seconds"] = time.monotonic() - started
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(doc))
     print(json.dumps(doc))
-    return 0
+    return 1 if doc["errors"] else 0
 
 
 if __name__ == "__main__":
