@@ -22,7 +22,7 @@
 #   manifest       rmmd_buffer_manifest_tests
 #   examples       rmmd_example_tests
 #   python         python/tests with the host's Python (PyTorch, CuPy, JAX), by file
-#                  in RMMD_GPU_CHECK_PY_SHARDS (4) pytest processes at once
+#                  in RMMD_GPU_CHECK_PY_SHARDS (6) pytest processes at once
 #   python-exclusive  the Python tests marked gpu_exclusive (they read the
 #                  device's free memory), alone after those above
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
@@ -149,12 +149,13 @@ gpu_suite() {
 }
 
 # The Python suite in RMMD_GPU_CHECK_PY_SHARDS pytest processes at once
-# (default 4), by file: the GPU-heavy files first, dealt round-robin, so
+# (default 6), by file: the GPU-heavy files first, dealt round-robin, so
 # each shard gets one (every test has a daemon and a runtime directory of
 # its own). Each shard prints its own summary line; pytest_counts sums them.
 python_suite() {
-  local shards=${RMMD_GPU_CHECK_PY_SHARDS:-4} rc=0 pids=() i=0 f
-  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py test_memory_saver.py)
+  local shards=${RMMD_GPU_CHECK_PY_SHARDS:-6} rc=0 pids=() i=0 f
+  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py test_memory_saver.py
+    test_checkpoint_gpu.py test_sleep_example_gpu.py)
   local files=() groups=()
   for f in "${heavy[@]}"; do [ -f "python/tests/$f" ] && files+=("python/tests/$f"); done
   for f in python/tests/test_*.py; do
