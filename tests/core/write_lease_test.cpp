@@ -343,6 +343,23 @@ TEST_F(WriteLease, PlainWritersAndTheLeaseKeepOutOfEachOthersWay)
   EXPECT_EQ(again->lease_generation, 2u);
 }
 
+TEST_F(WriteLease, AWaiterLeavingTheLineLetsThroughOneOnlyItKeptWaiting)
+{
+  // The creator keeps its create (a plain write open) and waits for the
+  // lease behind another session, which its own write open keeps waiting.
+  auto creator = publish("kv/0", false);
+  auto other   = open();
+  auto first   = std::async(std::launch::async, [&] { return take(other, "kv/0", 1500ms); });
+  ASSERT_TRUE(waiting(1));
+  auto second = wait_for(creator, "kv/0");
+  ASSERT_TRUE(waiting(2));
+  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto got = second.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->lease_generation, 1u);
+  EXPECT_EQ(lease().holder, creator);
+}
+
 TEST_F(WriteLease, RefusedRequestsChangeNothing)
 {
   publish("kv/0");
