@@ -5,6 +5,7 @@
 
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_l.hpp"
 #include "bench/section_r.hpp"
 #include "bench/section_t.hpp"
 #include "bench/sections.hpp"
@@ -173,7 +174,13 @@ int restart_opener(int argc, char** argv)
   return restart_opener_main(argv[2], *count);
 }
 
-constexpr std::array<helper_entry, 15> table{{
+int lease_waiter(int argc, char** argv)
+{
+  if (argc != 4) { return usage(argv); }
+  return lease_waiter_main(argv[2], argv[3]);
+}
+
+constexpr std::array<helper_entry, 16> table{{
     {"--exporter", "(socket on fd 3)", exporter},
     {"--raw-leases", "RUNTIME_DIR host|cuda COUNT 256", raw_leases},
     {"--raw-sessions", "RUNTIME_DIR COUNT 256", raw_sessions},
@@ -191,6 +198,7 @@ constexpr std::array<helper_entry, 15> table{{
     {"--tenant-idle", "RUNTIME_DIR host|cuda COUNT BYTES", tenant_idle},
     {"--restart-publisher", "RUNTIME_DIR POOL COUNT BYTES", restart_publisher},
     {"--restart-opener", "RUNTIME_DIR COUNT", restart_opener},
+    {"--lease-waiter", "RUNTIME_DIR NAME", lease_waiter},
 }};
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "bench/section_a8.hpp"
 #include "bench/section_g.hpp"
 #include "bench/section_h.hpp"
+#include "bench/section_l.hpp"
 #include "bench/section_p.hpp"
 #include "bench/section_r.hpp"
 #include "bench/section_t.hpp"
@@ -208,6 +209,17 @@ void run_r(bench_context& c)
   for (auto const& t : targets) { (void)c.st.check(t); }
 }
 
+void run_l(bench_context& c)
+{
+  auto const targets = section_lease({.rmmd       = c.options.rmmd_path,
+                                      .self       = self_path(),
+                                      .helper_env = self_env(),
+                                      .cuda       = true,
+                                      .quick      = c.cfg.quick},
+                                     *c.st.doc.mutable_lease());
+  for (auto const& t : targets) { (void)c.st.check(t); }
+}
+
 void run_p(bench_context& c)
 {
   section_peering(c.cfg, c.options.rmmd_path, c.st);
@@ -218,7 +230,7 @@ struct section_entry {
   char const* name;
   void (*run)(bench_context&);
 };
-constexpr std::array<section_entry, 14> sections{{{"a", run_a},
+constexpr std::array<section_entry, 15> sections{{{"a", run_a},
                                                   {"a8", run_a8},
                                                   {"b", run_b},
                                                   {"b2", run_b2},
@@ -231,6 +243,7 @@ constexpr std::array<section_entry, 14> sections{{{"a", run_a},
                                                   {"h", run_h},
                                                   {"t", run_t},
                                                   {"r", run_r},
+                                                  {"l", run_l},
                                                   {"p", run_p}}};
 
 std::vector<std::string> section_names()
@@ -497,13 +510,20 @@ int bench_main(int argc, char** argv)
     ::signal(SIGPIPE, SIG_IGN);
     return section_restart_without_gpu(restart_options_of(o, false), o.out_path, o.command);
   }
+  if (visible_gpus(why) == 0 && o.sections == std::vector<std::string>{"l"}) {
+    ::signal(SIGPIPE, SIG_IGN);
+    return section_lease_without_gpu(
+        {.rmmd = o.rmmd_path, .self = self_path(), .helper_env = self_env(), .quick = o.quick},
+        o.out_path,
+        o.command);
+  }
   if (visible_gpus(why) == 0) {
-    std::fprintf(
-        stderr,
-        "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
-        "a GPU: run it on the GPU host (bench/README.md); `--sections h`, `--sections t` or "
-        "`--sections r` alone runs that section's host figures without one.\n",
-        why.c_str());
+    std::fprintf(stderr,
+                 "rmmd_bench: no CUDA GPU here (%s). It measures rmmd against in-process RMM on "
+                 "a GPU: run it on the GPU host (bench/README.md); `--sections h`, `--sections t`, "
+                 "`--sections r` or `--sections l` alone runs that section's host figures without "
+                 "one.\n",
+                 why.c_str());
     return 2;
   }
   if (!out_path_writable(o.out_path)) { return 2; }

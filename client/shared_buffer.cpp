@@ -112,7 +112,35 @@ void check_name(std::string const& what, std::string_view name)
 /// Throws what error.hpp gives for a refused buffer call `what`.
 [[noreturn]] void refused(grpc::Status const& status, std::string const& what)
 {
+  // The daemon's own DEADLINE_EXCEEDED (a wait it ended: its message names
+  // the request) is not a lost daemon.
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && daemon_names_it(status)) {
+    throw rmmd::deadline_error("rmmd: " + status.error_message());
+  }
   detail::throw_status(status, daemon_names_it(status) ? std::string() : what);
+}
+
+/// An OpenBuffer, asked again while the daemon ends its wait before the
+/// caller's (it waits at most some minutes per call) with the wait left; a
+/// write lease's place in line starts again at each ask.
+grpc::Status open_within(session const& s,
+                         v1::OpenBufferRequest& request,
+                         std::chrono::milliseconds wait,
+                         v1::BufferGrant* grant)
+{
+  using ms            = std::chrono::milliseconds;
+  using steady        = std::chrono::steady_clock;
+  auto left           = std::clamp(wait, ms(0), ms(0xffffffff));
+  auto const deadline = steady::now() + left;
+  while (true) {
+    request.set_wait_ms(static_cast<std::uint32_t>(left.count()));
+    auto status            = detail::impl_of(s).open_buffer(request, grant);
+    left                   = std::chrono::ceil<ms>(deadline - steady::now());
+    bool const ended_early = request.exclusive() &&
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                             daemon_names_it(status) && left > std::chrono::seconds(1);
+    if (!ended_early) { return status; }
+  }
 }
 
 /// Gives back an open or create whose memory this process could not reach.
@@ -190,6 +218,16 @@ shared_buffer shared_buffer::open(session const& s,
     throw rmmd::logic_error("rmmd: " + what + ": device is " + std::to_string(options.device) +
                             "; give a CUDA device of this process, or -1 for the current one");
   }
+  if (options.exclusive && options.access != buffer_access::read_write) {
+    throw rmmd::logic_error("rmmd: " + what +
+                            ": an exclusive open takes the write lease, so it is a read-write "
+                            "open: set access to buffer_access::read_write too");
+  }
+  if (options.exclusive && remote) {
+    throw rmmd::logic_error("rmmd: " + what +
+                            ": a write lease is held by a session of the buffer's own node "
+                            "(docs/failover.md); open it exclusively there");
+  }
   int device = -1;
   if (remote) {
     // A buffer of another node comes by fabric handle, mapped on a device of
@@ -221,14 +259,12 @@ shared_buffer shared_buffer::open(session const& s,
   v1::OpenBufferRequest request;
   request.set_name(address->name);
   request.set_peer(address->node);
-  auto const wait_ms = std::min<std::chrono::milliseconds::rep>(
-      std::max<std::chrono::milliseconds::rep>(options.wait.count(), 0), 0xffffffff);
-  request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
   request.set_access(options.access == buffer_access::read_write ? v1::BUFFER_ACCESS_READ_WRITE
                                                                  : v1::BUFFER_ACCESS_READ);
+  request.set_exclusive(options.exclusive);
   detail::copy_labels(options.expect_labels, request.mutable_expect_labels());
   v1::BufferGrant grant;
-  if (auto status = detail::impl_of(s).open_buffer(request, &grant); !status.ok()) {
+  if (auto status = open_within(s, request, options.wait, &grant); !status.ok()) {
     refused(status, what);
   }
   if (remote && grant.peer() != address->node) {
@@ -290,15 +326,16 @@ shared_buffer detail::shared_buffer_access::attached(session const& s,
     close_unreachable(s, grant.buffer_id());
     throw;
   }
-  out.session_     = s;
-  out.size_        = grant.size();
-  out.id_          = grant.buffer_id();
-  out.pool_id_     = grant.pool_id();
-  out.name_        = grant.name();
-  out.creator_     = creator;
-  out.persistent_  = grant.persistent();
-  out.peer_        = grant.peer();
-  out.peer_device_ = device;
+  out.session_          = s;
+  out.size_             = grant.size();
+  out.id_               = grant.buffer_id();
+  out.pool_id_          = grant.pool_id();
+  out.name_             = grant.name();
+  out.creator_          = creator;
+  out.persistent_       = grant.persistent();
+  out.peer_             = grant.peer();
+  out.peer_device_      = device;
+  out.lease_generation_ = grant.lease_generation();
   if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
   return out;
 }
@@ -429,6 +466,7 @@ shared_buffer::shared_buffer(shared_buffer&& other) noexcept
       access_(other.access_),
       creator_(other.creator_),
       persistent_(other.persistent_),
+      lease_generation_(other.lease_generation_),
       stream_(other.stream_)
 {
   other.reset();
@@ -438,19 +476,20 @@ shared_buffer& shared_buffer::operator=(shared_buffer&& other) noexcept
 {
   if (this != &other) {
     close();
-    session_     = std::move(other.session_);
-    data_        = other.data_;
-    size_        = other.size_;
-    id_          = other.id_;
-    pool_id_     = other.pool_id_;
-    name_        = std::move(other.name_);
-    peer_        = std::move(other.peer_);
-    peer_device_ = other.peer_device_;
-    manifest_    = std::move(other.manifest_);
-    access_      = other.access_;
-    creator_     = other.creator_;
-    persistent_  = other.persistent_;
-    stream_      = other.stream_;
+    session_          = std::move(other.session_);
+    data_             = other.data_;
+    size_             = other.size_;
+    id_               = other.id_;
+    pool_id_          = other.pool_id_;
+    name_             = std::move(other.name_);
+    peer_             = std::move(other.peer_);
+    peer_device_      = other.peer_device_;
+    manifest_         = std::move(other.manifest_);
+    access_           = other.access_;
+    creator_          = other.creator_;
+    persistent_       = other.persistent_;
+    lease_generation_ = other.lease_generation_;
+    stream_           = other.stream_;
     other.reset();
   }
   return *this;
@@ -469,9 +508,10 @@ void shared_buffer::reset() noexcept
   id_      = 0;
   creator_ = false;
   peer_.clear();
-  peer_device_ = -1;
-  manifest_    = {};
-  access_      = buffer_access::read_write;
+  peer_device_      = -1;
+  manifest_         = {};
+  access_           = buffer_access::read_write;
+  lease_generation_ = 0;
   stream_.reset();
 }
 
@@ -607,7 +647,9 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
       return;
     }
     if (!detail::buffer_job::launch(
-            impl, stream.get(), call{.what = call::kind::close_buffer, .id = id_})) {
+            impl,
+            stream.get(),
+            call{.what = call::kind::close_buffer, .id = id_, .hold = hold_kind()})) {
       synchronize(stream);
       send_close();
     }
@@ -629,9 +671,16 @@ void shared_buffer::synchronize(cuda::stream_ref stream) const noexcept
   }
 }
 
+std::uint8_t shared_buffer::hold_kind() const noexcept
+{
+  if (lease_generation_ != 0) { return v1::BUFFER_HOLD_LEASE; }
+  return access_ == buffer_access::read_write ? v1::BUFFER_HOLD_READ_WRITE : v1::BUFFER_HOLD_READ;
+}
+
 void shared_buffer::send_close() const noexcept
 {
-  auto status = detail::impl_of(*session_).close_buffer(id_);
+  auto status =
+      detail::impl_of(*session_).close_buffer(id_, static_cast<v1::BufferHold>(hold_kind()));
   // UNAVAILABLE: the daemon is gone, and the hold with it.
   if (!status.ok() && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
     rmmd::detail::stderr_line(

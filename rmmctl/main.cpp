@@ -226,7 +226,8 @@ void add_commands(CLI::App& app, command_line& cl)
   add_session_choice(cl.stats, cl.stats_choice);
   add_session_choice(cl.sessions, cl.sessions_choice);
   cl.buffers = app.add_subcommand(
-      "buffers", "Named shared buffers: name, pool, bytes, creator, holders, state, persistence");
+      "buffers",
+      "Named shared buffers: name, pool, bytes, creator, holders, state, persistence, write lease");
   cl.buffers_delete = cl.buffers->add_subcommand(
       "delete",
       "Take a buffer's name away now; its memory goes back after its last holder closes it "

@@ -469,6 +469,38 @@ void sort_buffers(v1::ListBuffersResponse* response)
   });
 }
 
+/// A buffer's write lease in one cell: "gen 2 pid 1234" (its holder),
+/// "gen 2 free", or "-" while nobody ever asked for it.
+std::string lease_cell(v1::BufferInfo const& b)
+{
+  if (!b.has_lease()) { return "-"; }
+  auto const& l = b.lease();
+  auto out      = "gen " + std::to_string(l.generation());
+  if (l.holder_session_id() != 0) { return out + " pid " + std::to_string(l.holder_pid()); }
+  return out + " free";
+}
+
+/// A buffer's write lease in words (rmmctl buffers show).
+std::string lease_words(v1::BufferInfo const& b, std::int64_t now_unix_ms)
+{
+  if (!b.has_lease()) { return "- (no exclusive open asked for it)"; }
+  auto const& l = b.lease();
+  std::string out =
+      l.generation() == 0 ? "never granted" : "generation " + std::to_string(l.generation());
+  if (l.holder_session_id() != 0) {
+    out += ", held by session " + std::to_string(l.holder_session_id()) + " (pid " +
+           std::to_string(l.holder_pid()) + ", uid " + std::to_string(l.holder_uid()) + ") for " +
+           human_duration(std::chrono::seconds((now_unix_ms - l.granted_unix_ms()) / 1000));
+  } else {
+    out += ", free";
+  }
+  if (l.plain_writers() > 0) {
+    out += "; " + std::to_string(l.plain_writers()) +
+           " other session(s) hold it open read-write without the lease (a grant waits for them)";
+  }
+  return out;
+}
+
 std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t now_unix_ms)
 {
   table buffers({"NAME",
@@ -482,6 +514,8 @@ std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t
                  "HOLDERS",
                  "STATE",
                  "PERSISTENT",
+                 "LEASE",
+                 "WAITERS",
                  "AGE",
                  "TENSORS",
                  "LABELS"});
@@ -497,12 +531,28 @@ std::string format_buffers(v1::ListBuffersResponse const& response, std::int64_t
                  std::to_string(b.holders()),
                  state_name(b.state()),
                  b.persistent() ? "yes" : "no",
+                 lease_cell(b),
+                 b.has_lease() ? std::to_string(b.lease().waiters_size()) : "-",
                  human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000)),
                  std::to_string(b.tensor_count()),
                  labels_cell(b.labels(), 60)});
   }
-  auto out = buffers.str(
-      {false, true, false, true, true, true, true, true, true, false, false, true, true, false});
+  auto out = buffers.str({false,
+                          true,
+                          false,
+                          true,
+                          true,
+                          true,
+                          true,
+                          true,
+                          true,
+                          false,
+                          false,
+                          false,
+                          true,
+                          true,
+                          true,
+                          false});
   if (response.buffers().empty()) { out += "(no buffers)\n"; }
   return out;
 }
@@ -552,7 +602,20 @@ std::string format_buffer(v1::DescribeBufferResponse const& response, std::int64
   info.add({"WRITERS", b.allow_writers() ? "allowed" : "no (consumers open it read-only)"});
   info.add(
       {"AGE", human_duration(std::chrono::seconds((now_unix_ms - b.created_unix_ms()) / 1000))});
+  info.add({"LEASE", lease_words(b, now_unix_ms)});
   auto out = info.str({false, false});
+
+  if (b.has_lease() && b.lease().waiters_size() > 0) {
+    out += "\nLEASE WAITERS (" + std::to_string(b.lease().waiters_size()) + ", in line)\n";
+    table waiters({"SESSION", "PID", "UID", "WAITING"});
+    for (auto const& w : b.lease().waiters()) {
+      waiters.add({std::to_string(w.session_id()),
+                   std::to_string(w.pid()),
+                   std::to_string(w.uid()),
+                   human_duration(std::chrono::seconds((now_unix_ms - w.since_unix_ms()) / 1000))});
+    }
+    out += waiters.str({true, true, true, true});
+  }
 
   auto const& manifest = response.manifest();
   auto const labels    = sorted_labels(manifest.labels());

@@ -80,10 +80,11 @@ std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* opti
 {
   rmmd_open_options defaults{};
   defaults.size = sizeof(defaults);
-  auto o =
-      read_struct(options,
-                  defaults,
-                  {offsetof(rmmd_open_options, peer), offsetof(rmmd_open_options, has_device)});
+  auto o        = read_struct(options,
+                       defaults,
+                       {offsetof(rmmd_open_options, peer),
+                               offsetof(rmmd_open_options, has_device),
+                               offsetof(rmmd_open_options, exclusive)});
   if (!o) {
     *refused = fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size");
     return std::nullopt;
@@ -119,6 +120,7 @@ rmmd::open_options to_open_options(rmmd_open_options const& o, std::string const
                      what + ": expected labels");
   if (o.peer != nullptr) { oo.peer = o.peer; }
   if (o.has_device != 0) { oo.device = o.device; }
+  oo.exclusive = o.exclusive != 0;
   return oo;
 }
 
@@ -285,6 +287,13 @@ rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* ac
   if (buffer == nullptr || access == nullptr) { return null_argument("buffer or access"); }
   *access = buffer->buffer.access() == rmmd::buffer_access::read_write ? RMMD_BUFFER_READ_WRITE
                                                                        : RMMD_BUFFER_READ;
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_lease_generation(rmmd_buffer_t buffer, uint64_t* generation)
+{
+  if (buffer == nullptr || generation == nullptr) { return null_argument("buffer or generation"); }
+  *generation = buffer->buffer.lease_generation();
   return RMMD_SUCCESS;
 }
 

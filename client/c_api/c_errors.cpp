@@ -55,6 +55,8 @@ rmmd_status from_exception() noexcept
     return fail(RMMD_ERROR_PERMISSION_DENIED, words(e.what()));
   } catch (rmmd::session_error const& e) {
     return fail(RMMD_ERROR_SESSION, words(e.what()));
+  } catch (rmmd::deadline_error const& e) {
+    return fail(RMMD_ERROR_DEADLINE_EXCEEDED, words(e.what()));
   } catch (rmm::out_of_memory const& e) {
     return fail(RMMD_ERROR_OUT_OF_MEMORY, words(e.what()));
   } catch (rmm::bad_alloc const& e) {
@@ -114,6 +116,8 @@ char const* rmmd_status_name(rmmd_status status)
       return "RMMD_SUCCESS";
     case RMMD_ERROR_INVALID_ARGUMENT:
       return "RMMD_ERROR_INVALID_ARGUMENT";
+    case RMMD_ERROR_DEADLINE_EXCEEDED:
+      return "RMMD_ERROR_DEADLINE_EXCEEDED";
     case RMMD_ERROR_NOT_FOUND:
       return "RMMD_ERROR_NOT_FOUND";
     case RMMD_ERROR_ALREADY_EXISTS:

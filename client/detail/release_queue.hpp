@@ -32,6 +32,8 @@ struct queued_call {
   enum class kind : std::uint8_t { free, publish_buffer, close_buffer, drop_block };
   kind what{kind::free};
   std::uint64_t id{};  ///< the allocation, buffer or packed block (a client id)
+  /// close_buffer: which of the session's opens it ends (rmmd.v1.BufferHold's number).
+  std::uint8_t hold{};
 };
 
 /// The request `what` in words, for a line saying that it failed.

@@ -135,8 +135,12 @@ grpc::Status session_channel::route(v1::SessionCall& call,
     call.mutable_open_buffer()->set_wait_ms(0);
     auto status = socket_call(call, reply, fds, generation);
     call.mutable_open_buffer()->set_wait_ms(wait_ms);
+    // Missing or unpublished; or, for an exclusive open, its write lease
+    // held by another session (the daemon's DEADLINE_EXCEEDED of no wait).
     bool const waitable = status.error_code() == grpc::StatusCode::NOT_FOUND ||
-                          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+                          status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                          (call.open_buffer().exclusive() &&
+                           status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
     if (status.ok() || !waitable) { return status; }
   }
   auto status = grpc_call(call, reply, generation);
@@ -323,6 +327,7 @@ void session_channel::send_releases_locked(std::vector<queued_call>& calls) noex
           break;
         case kind::close_buffer:
           c.mutable_close_buffer()->set_buffer_id(q.id);
+          c.mutable_close_buffer()->set_hold(static_cast<v1::BufferHold>(q.hold));
           break;
         case kind::drop_block:
           c.mutable_blocks_dropped()->add_block_ids(q.id);

@@ -143,8 +143,9 @@ class session_channel final : private release_sender {
   /// (the default, where the daemon takes them), else the gRPC method of the
   /// same name, whose response fills `reply`'s field of that call. Rules the
   /// callers need not know: an OpenBuffer that may wait (wait_ms > 0) is
-  /// tried on the socket and, when the buffer is missing or unpublished,
-  /// asked again over gRPC, where the daemon waits; a BufferFd goes on the
+  /// tried on the socket and, when the buffer is missing or unpublished
+  /// (or, exclusive, its write lease is held), asked again over gRPC, where
+  /// the daemon waits; a BufferFd goes on the
   /// socket whatever the options say (only it carries fds); a Ping on a
   /// gRPC session is FAILED_PRECONDITION; an OpenBuffer of another node's
   /// buffer (`peer` set) goes by gRPC. `fds`: where fds attached to the

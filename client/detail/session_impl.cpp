@@ -214,10 +214,11 @@ grpc::Status session_impl::publish_buffer(std::uint64_t id)
   return channel_.call(call, &reply);
 }
 
-grpc::Status session_impl::close_buffer(std::uint64_t id)
+grpc::Status session_impl::close_buffer(std::uint64_t id, v1::BufferHold hold)
 {
   v1::SessionCall call;
   call.mutable_close_buffer()->set_buffer_id(id);
+  call.mutable_close_buffer()->set_hold(hold);
   v1::SessionReply reply;
   return channel_.call(call, &reply);
 }

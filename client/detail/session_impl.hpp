@@ -111,7 +111,10 @@ class session_impl {
   /// the holds each way; none from a daemon that serves no ListPeers.
   [[nodiscard]] grpc::Status list_peers(v1::ListPeersResponse* response);
   [[nodiscard]] grpc::Status publish_buffer(std::uint64_t id);
-  [[nodiscard]] grpc::Status close_buffer(std::uint64_t id);
+  /// Ends one of the session's opens of buffer `id`: one of `hold` (the
+  /// default: a read open) where it has one.
+  [[nodiscard]] grpc::Status close_buffer(std::uint64_t id,
+                                          v1::BufferHold hold = v1::BUFFER_HOLD_READ);
   /// One round trip on the session socket that changes nothing.
   /// FAILED_PRECONDITION when the session's calls go over gRPC.
   [[nodiscard]] grpc::Status ping();

@@ -96,7 +96,8 @@ buffer_info buffer_registry::buffer_info_locked(buffer_entry const& b) const
       .created         = b.created,
       .allow_writers   = b.allow_writers,
       .labels          = b.manifest ? b.manifest->labels : std::map<std::string, std::string>{},
-      .tensor_count    = b.manifest ? b.manifest->tensors.size() : 0};
+      .tensor_count    = b.manifest ? b.manifest->tensors.size() : 0,
+      .lease           = lease_info_locked(b)};
 }
 
 absl::StatusOr<buffer_grant> buffer_registry::create_buffer(session_id session,
@@ -317,6 +318,7 @@ buffer_entry& buffer_registry::take_name_locked(session_entry& s,
   entry->creator_pid = s.peer.pid;
   entry->created     = std::chrono::system_clock::now();
   entry->holders.emplace(s.id, 1);
+  entry->writers.emplace(s.id, 1);  // the creator writes it
   auto const id = entry->id;
   auto& b       = *entry;
   state_.buffers.emplace(id, std::move(entry));
@@ -398,6 +400,12 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
+  if (how.exclusive && how.access != buffer_access::read_write) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request,
+        ": an exclusive open takes the write lease, so it is a read-write open: ask for "
+        "read-write access too"));
+  }
   auto const key = std::string(name);
   bool waited    = false;
   while (true) {
@@ -418,6 +426,11 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
       if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
         if (auto refused = open_refusal_locked(b, session, how, request)) { return *refused; }
+        if (how.exclusive) { return open_exclusive_locked(lock, b, s, wait_until, request); }
+        if (how.access == buffer_access::read_write) {
+          if (auto refused = plain_writer_refusal_locked(b, session, request)) { return *refused; }
+          ++b.writers[session];
+        }
         ++b.holders[session];
         ++s.holds[b.id];
         return buffer_grant_locked(b, how.access);
@@ -451,8 +464,9 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
   }
 }
 
-absl::Status buffer_registry::close_buffer(session_id session, buffer_id id)
+absl::Status buffer_registry::close_buffer(session_id session, buffer_id id, hold_kind kind)
 {
+  auto const since = std::chrono::steady_clock::now();
   std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("close buffer %d", id);
   auto found         = state_.session_locked(session, request);
@@ -468,7 +482,7 @@ absl::Status buffer_registry::close_buffer(session_id session, buffer_id id)
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
-  drop_hold_locked(*it->second, session);
+  drop_hold_locked(*it->second, session, kind, since);
   return absl::OkStatus();
 }
 
@@ -520,6 +534,7 @@ absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,
   }
   state_.buffer_names.erase(n);
   b.state = buffer_state::deleted;
+  end_line_locked(b);  // the exclusive opens waiting for it answer NOT_FOUND
   if (keeper_) { keeper_->forget(b.id); }
   auto const holders = b.holders.size();
   free_buffer_if_unheld_locked(b.id);
@@ -568,16 +583,27 @@ std::vector<buffer_info> buffer_registry::all() const
   return out;
 }
 
-void buffer_registry::drop_hold_locked(buffer_entry& b, session_id holder) noexcept
+void buffer_registry::drop_hold_locked(buffer_entry& b,
+                                       session_id holder,
+                                       hold_kind kind,
+                                       std::chrono::steady_clock::time_point since) noexcept
 {
+  if (since == std::chrono::steady_clock::time_point{}) {
+    since = std::chrono::steady_clock::now();
+  }
   if (auto* s = state_.find_session_locked(holder)) {
     auto h = s->holds.find(b.id);
     if (h != s->holds.end() && --h->second == 0) { s->holds.erase(h); }
   }
   auto h = b.holders.find(holder);
   if (h == b.holders.end()) { return; }
-  if (--h->second > 0) { return; }
-  b.holders.erase(h);
+  auto const remaining = --h->second;
+  if (remaining == 0) { b.holders.erase(h); }
+  // The lease goes to the next in line before anything may free the buffer:
+  // the new holder keeps it.
+  settle_lease_locked(b, holder, kind, remaining);
+  grant_to_next_locked(b, since);
+  if (remaining > 0) { return; }
   if (holder == b.creator) {
     // The creator's session no longer counts the bytes against its quota
     // (its uid still does, until the buffer is freed).
@@ -623,6 +649,7 @@ bool buffer_registry::free_buffer_if_unheld_locked(buffer_id id) noexcept
   if (b.creator_charged) {
     if (auto* s = state_.find_session_locked(b.creator)) { s->shared_bytes -= b.charge; }
   }
+  end_line_locked(b);
   if (auto n = state_.buffer_names.find(b.name);
       n != state_.buffer_names.end() && n->second == id) {
     state_.buffer_names.erase(n);
@@ -631,10 +658,13 @@ bool buffer_registry::free_buffer_if_unheld_locked(buffer_id id) noexcept
   return true;
 }
 
-buffer_registry::foreign_release buffer_registry::release_all_locked(session_entry& s) noexcept
+buffer_registry::foreign_release buffer_registry::release_all_locked(
+    session_entry& s, std::chrono::steady_clock::time_point since) noexcept
 {
   foreign_release foreign{.ids = {}, .notify = foreign_released_};
   foreign.ids.swap(s.foreign_holds);
+  // Out of every line first: nothing is granted to a session that is ending.
+  leave_all_lines_locked(s);
   // Each hold once for every open: drop_hold_locked erases as it goes.
   auto holds = s.holds;
   for (auto const& [id, count] : holds) {
@@ -644,7 +674,7 @@ buffer_registry::foreign_release buffer_registry::release_all_locked(session_ent
     if (b.creating) { continue; }  // create_buffer cleans up when it finds the session gone
     for (std::size_t i = 0; i < count; ++i) {
       if (!state_.buffers.contains(id)) { break; }
-      drop_hold_locked(b, s.id);
+      drop_hold_locked(b, s.id, hold_kind::read, since);
     }
   }
   state_.buffers_changed.notify_all();  // waiting opens of this session end

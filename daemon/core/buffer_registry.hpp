@@ -2,15 +2,17 @@
 
 // The named shared buffers (DESIGN.md, "Named shared buffers";
 // docs/sharing.md has the rules from a user's side): creating, publishing,
-// opening, closing and deleting them, their manifests, the buffers kept
-// across a restart (buffer_keeper.hpp) and adopted after one, and peering's
-// holds: this node's buffers held by other nodes' daemons (remote holds),
-// and other nodes' buffers held by sessions here (foreign holds).
+// opening, closing and deleting them, their manifests, their write leases
+// (docs/failover.md; buffer_leases.cpp), the buffers kept across a restart
+// (buffer_keeper.hpp) and adopted after one, and peering's holds: this
+// node's buffers held by other nodes' daemons (remote holds), and other
+// nodes' buffers held by sessions here (foreign holds).
 //
 // Owns: the next buffer id, the remote holds, the opens waiting for a
-// buffer, the keeper and who is told of a foreign hold's end. The buffers
-// and their names are core_state's (stats read them; a buffer is charged to
-// the same pools and quotas as leases).
+// buffer or its write lease (and the next ticket of such a wait), the keeper
+// and who is told of a foreign hold's end. The buffers (their leases among
+// them) and their names are core_state's (stats read them; a buffer is
+// charged to the same pools and quotas as leases).
 //
 // A buffer is charged once, when it is created: to its pool, to its
 // creator's uid until it is freed, and to its creating session's quota
@@ -20,9 +22,10 @@
 //
 // Lock discipline: every public member takes the core's mutex itself and
 // lets go of it only where a comment says so (create_buffer while the
-// backend allocates; open_buffer while it waits; publish_buffer while the
-// keeper keeps; set_buffer_manifest while the manifest is checked; the
-// foreign release notifier is called without it). The private members that
+// backend allocates; open_buffer while it waits, for a buffer or for its
+// write lease; publish_buffer while the keeper keeps; set_buffer_manifest
+// while the manifest is checked; the foreign release notifier is called
+// without it). The private members that
 // end in `_locked` are called with the mutex held (daemon_core's among them).
 
 #include "daemon/core/buffer_keeper.hpp"
@@ -95,6 +98,18 @@ class buffer_registry {
   /// allowed writers (PERMISSION_DENIED otherwise); labels it expects, in key
   /// order, else FAILED_PRECONDITION naming the first that differs. A
   /// refused open holds nothing.
+  ///
+  /// The write lease (docs/failover.md): with `how.exclusive` (and
+  /// read_write; INVALID_ARGUMENT otherwise) the session takes the lease,
+  /// a grant carrying its generation, when no other session holds it or a
+  /// plain read-write open and nobody waits before it; else, until
+  /// `wait_until`, it waits in line (first come, first served) and is
+  /// granted when the holder closes it or its session ends; then
+  /// DEADLINE_EXCEEDED naming the holder, and nothing changed. A session
+  /// ending takes its waits out of line (UNAUTHENTICATED to them); a
+  /// delete ends them (NOT_FOUND). FAILED_PRECONDITION: a second lease of
+  /// the same session, or a plain read-write open while another session
+  /// holds or waits for the lease.
   absl::StatusOr<buffer_grant> open_buffer(session_id session,
                                            std::string_view name,
                                            std::chrono::steady_clock::time_point wait_until = {},
@@ -116,10 +131,13 @@ class buffer_registry {
   absl::StatusOr<buffer_description> describe_buffer(session_id session,
                                                      std::string_view name) const;
 
-  /// `session` lets go of one open (or its create) of `id`. NOT_FOUND when it
-  /// holds none. The last holder's close frees a buffer that is not
-  /// persistent, and a creator's close before publishing frees it always.
-  absl::Status close_buffer(session_id session, buffer_id id);
+  /// `session` lets go of one open (or its create) of `id`: one of `kind`
+  /// where it has such an open, else another. NOT_FOUND when it holds none.
+  /// Closing the exclusive open (hold_kind::lease), or the session's last
+  /// open, ends its write lease, which goes to the next in line. The last
+  /// holder's close frees a buffer that is not persistent, and a creator's
+  /// close before publishing frees it always.
+  absl::Status close_buffer(session_id session, buffer_id id, hold_kind kind = hold_kind::read);
 
   /// The fd of buffer `id`'s own allocation (owned by the backend: send a
   /// copy), for a session that holds it. NOT_FOUND when it holds none,
@@ -140,8 +158,13 @@ class buffer_registry {
   /// Every buffer, deleted ones still held included (metrics, tests).
   [[nodiscard]] std::vector<buffer_info> all() const;
 
-  /// Opens waiting now for a buffer to appear or be published.
+  /// Opens waiting now for a buffer to appear or be published, or for its
+  /// write lease.
   [[nodiscard]] std::size_t waiting_opens() const;
+
+  /// Write leases node-wide: held and waited for now, and what they did
+  /// since the start (metrics).
+  [[nodiscard]] lease_totals leases() const;
 
   // Buffers that outlive the daemon (buffer_keeper.hpp).
 
@@ -276,14 +299,23 @@ class buffer_registry {
                                                                     buffer_id id,
                                                                     std::string const& request,
                                                                     char const* what);
-  /// Drops one hold of `b` by session `holder`; frees it when nothing keeps it.
-  void drop_hold_locked(buffer_entry& b, session_id holder) noexcept;
+  /// Drops one hold of `b` by session `holder`, one of `kind` where it has
+  /// one (see close_buffer); grants the write lease to the next in line if
+  /// that let it go; frees `b` when nothing keeps it. `since`: when the
+  /// close or the session's end began (the takeover's start; {}: now).
+  void drop_hold_locked(buffer_entry& b,
+                        session_id holder,
+                        hold_kind kind                              = hold_kind::read,
+                        std::chrono::steady_clock::time_point since = {}) noexcept;
   /// Frees `b` if no session holds it and it is neither persistent and
   /// published, nor still being created. Returns whether it went.
   bool free_buffer_if_unheld_locked(buffer_id id) noexcept;
-  /// Drops every hold of closing session `s`, and takes its holds of other
-  /// nodes' buffers, for the caller to tell of without the lock.
-  foreign_release release_all_locked(session_entry& s) noexcept;
+  /// Drops every hold of closing session `s` (its write leases go to the
+  /// next in line) and takes its exclusive opens out of line, and takes its
+  /// holds of other nodes' buffers, for the caller to tell of without the
+  /// lock. `since`: when the session's end began.
+  foreign_release release_all_locked(session_entry& s,
+                                     std::chrono::steady_clock::time_point since) noexcept;
   /// Frees every buffer left (the daemon stops; its sessions are closed).
   void free_all() noexcept;
   buffer_info buffer_info_locked(buffer_entry const& b) const;
@@ -303,8 +335,56 @@ class buffer_registry {
   [[nodiscard]] std::optional<absl::Status> cross_tenant_refusal_locked(
       buffer_entry const& b, session_entry const& s, std::string_view request) const;
 
+  // The write lease (buffer_leases.cpp).
+
+  /// An exclusive open of `b`, which `s` may open (its access and labels
+  /// checked): the lease now, or a wait in line until `wait_until`.
+  absl::StatusOr<buffer_grant> open_exclusive_locked(
+      std::unique_lock<std::mutex>& lock,
+      buffer_entry& b,
+      session_entry& s,
+      std::chrono::steady_clock::time_point wait_until,
+      std::string const& request);
+  /// The wait of an exclusive open, in line as `ticket`: its grant, or why it ended.
+  absl::StatusOr<buffer_grant> wait_for_lease_locked(
+      std::unique_lock<std::mutex>& lock,
+      buffer_id id,
+      session_id session,
+      std::uint64_t ticket,
+      std::chrono::steady_clock::time_point wait_until,
+      std::string const& request);
+  /// Why a plain read-write open of `b` by `session` is refused: another
+  /// session holds or waits for its lease.
+  [[nodiscard]] std::optional<absl::Status> plain_writer_refusal_locked(
+      buffer_entry const& b, session_id session, std::string_view request) const;
+  /// Whether no holder but `session` has a plain read-write open of `b`.
+  [[nodiscard]] static bool no_other_writer_locked(buffer_entry const& b, session_id session);
+  /// Gives `b`'s lease to `s` (one more hold of it, the next generation).
+  std::uint64_t grant_lease_locked(buffer_entry& b, session_entry& s);
+  /// Gives `b`'s lease to the first in line if nobody holds it and no other
+  /// session's plain write open is in the way; wakes the waiting calls.
+  void grant_to_next_locked(buffer_entry& b, std::chrono::steady_clock::time_point since) noexcept;
+  /// After `holder` dropped a hold of `kind` and has `remaining` left: its
+  /// lease and plain-writer count as what is left allows.
+  void settle_lease_locked(buffer_entry& b,
+                           session_id holder,
+                           hold_kind kind,
+                           std::size_t remaining) noexcept;
+  /// Takes `ticket` out of b's line (and its session's count); false if not there.
+  bool leave_line_locked(buffer_entry& b, std::uint64_t ticket) noexcept;
+  /// Ends every wait in b's line (b is deleted or freed): they answer NOT_FOUND.
+  void end_line_locked(buffer_entry& b) noexcept;
+  /// Takes closing session `s`'s exclusive opens out of every line.
+  void leave_all_lines_locked(session_entry& s) noexcept;
+  /// The next generation of `b`'s lease: restarts * 2^32 + grants.
+  [[nodiscard]] std::uint64_t next_generation_locked(buffer_entry& b) const noexcept;
+  /// Why an exclusive open cannot have the lease now, in words.
+  [[nodiscard]] std::string lease_busy_locked(buffer_entry const& b, session_id session) const;
+  [[nodiscard]] std::optional<buffer_lease_info> lease_info_locked(buffer_entry const& b) const;
+
   core_state& state_;
   buffer_id next_buffer_{1};
+  std::uint64_t next_ticket_{1};        // of an exclusive open waiting in line
   std::size_t waiting_opens_{};         // opens waiting on state_.buffers_changed
   remote_hold_id next_remote_hold_{1};  // random at start (first_remote_hold_id)
   std::map<remote_hold_id, remote_hold_entry> remote_holds_;

@@ -24,6 +24,12 @@ absl::StatusOr<remote_buffer_grant> buffer_registry::open_remote_buffer(
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
   }
+  if (how.exclusive) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request,
+                     ": a write lease is held by a session of the buffer's own node "
+                     "(docs/failover.md); open it exclusively there"));
+  }
   if (state_.draining || state_.sessions_closed) {
     return absl::UnavailableError(
         absl::StrCat(request, ": the daemon is draining for shutdown; no new holds"));
@@ -61,6 +67,10 @@ absl::StatusOr<remote_buffer_grant> buffer_registry::open_remote_buffer(
   auto const id  = next_remote_hold_++;
   auto const key = remote_holder_key(id);
   if (auto refused = open_refusal_locked(b, key, how, request)) { return *refused; }
+  if (how.access == buffer_access::read_write) {
+    if (auto refused = plain_writer_refusal_locked(b, key, request)) { return *refused; }
+    ++b.writers[key];
+  }
   ++b.holders[key];
   remote_holds_.emplace(id, remote_hold_entry{.buffer = b.id, .bytes = b.block.block.bytes});
   return remote_buffer_grant{

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,6 +74,7 @@ struct session_entry {
   std::size_t shared_bytes{};                 // buffers it created and holds (charged with `bytes`)
   std::map<buffer_id, std::size_t> holds;     // buffers it holds: opens (and its create) not closed
   std::set<buffer_id> foreign_holds;          // buffers of other nodes it holds (peering)
+  std::map<buffer_id, std::size_t> lease_waits;  // its exclusive opens waiting in line, per buffer
 
   /// What it holds in `pool` now.
   [[nodiscard]] std::size_t held_in(pool_id pool) const
@@ -97,6 +100,28 @@ struct remote_hold_entry {
   std::size_t bytes{};
 };
 
+/// An exclusive open waiting in line for a buffer's write lease.
+struct lease_waiter {
+  std::uint64_t ticket{};  // the waiting call's, unique in the daemon
+  session_id session{};
+  std::chrono::system_clock::time_point since{};
+};
+
+/// A buffer's write lease (docs/failover.md): at most one session holds it;
+/// exclusive opens wait in line for it, and each grant takes the next
+/// generation.
+struct buffer_lease {
+  session_id holder{};         // 0: nobody holds it
+  std::uint64_t generation{};  // the latest grant's; 0: never granted
+  std::uint64_t grants{};      // grants while this daemon runs (the generation's low 32 bits)
+  std::chrono::system_clock::time_point granted{};
+  std::deque<lease_waiter> waiters;  // first come, first served
+  // Tickets granted from the line whose waiting call has not taken the
+  // grant yet, with the generation each got.
+  std::map<std::uint64_t, std::uint64_t> granted_tickets;
+  bool asked{false};  // an exclusive open came: rmmctl shows the lease from then on
+};
+
 struct buffer_entry {
   buffer_id id{};
   std::string name;
@@ -116,6 +141,10 @@ struct buffer_entry {
   // session -> its opens (its create counts one); other nodes' holds are
   // here too, each under remote_holder_key(its id).
   std::map<session_id, std::size_t> holders;
+  // Of those, the plain read-write opens (the creator's create counts one),
+  // by holder: a write lease is granted only while no other holder has one.
+  std::map<session_id, std::size_t> writers;
+  buffer_lease lease;
   std::chrono::system_clock::time_point created;
   bool allow_writers{false};
   // Its manifest with the daemon's labels; null: none. Replaced whole, never

@@ -5,6 +5,16 @@
 
 namespace rmmd::core {
 
+void core_stats::lease_taken_over(std::chrono::steady_clock::duration took) noexcept
+{
+  auto const seconds = std::chrono::duration<double>(took).count();
+  auto const bucket  = static_cast<std::size_t>(
+      std::lower_bound(takeover_bounds_seconds.begin(), takeover_bounds_seconds.end(), seconds) -
+      takeover_bounds_seconds.begin());
+  ++leases_.takeover_buckets[bucket];
+  leases_.takeover_seconds_sum += seconds;
+}
+
 session_info core_stats::info(session_entry const& s, packed_blocks const& blocks)
 {
   session_info info{.id               = s.id,

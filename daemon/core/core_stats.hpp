@@ -15,6 +15,7 @@
 #include "daemon/core/types.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -61,6 +62,28 @@ class core_stats {
     ++(served ? pools_[pool].reclaim_served : pools_[pool].reclaim_refused);
   }
 
+  // Write leases (docs/failover.md): what they did since the start.
+  void lease_granted() noexcept
+  {
+    ++leases_.grants;
+  }
+  void lease_waited() noexcept
+  {
+    ++leases_.waits;
+  }
+  void lease_wait_timed_out() noexcept
+  {
+    ++leases_.wait_timeouts;
+  }
+  /// A waiter got the lease `took` after its holder's end.
+  void lease_taken_over(std::chrono::steady_clock::duration took) noexcept;
+  /// The counters and the takeover histogram (`held` and `waiters` are 0:
+  /// the buffers' state says those).
+  [[nodiscard]] lease_totals const& leases() const noexcept
+  {
+    return leases_;
+  }
+
   /// Pools and sessions; with `top_sessions`, only that many sessions (see
   /// top()), otherwise every session, by id.
   [[nodiscard]] stats_snapshot snapshot(sources in, std::optional<std::size_t> top_sessions) const;
@@ -83,6 +106,7 @@ class core_stats {
     std::uint64_t reclaim_refused{};
   };
   std::vector<pool_history> pools_;  // index == pool id
+  lease_totals leases_;
 };
 
 }  // namespace rmmd::core

@@ -5,6 +5,7 @@
 
 #include <malloc.h>
 
+#include <chrono>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -38,8 +39,9 @@ daemon_core::~daemon_core()
 void daemon_core::close_session(session_id id) noexcept
 {
   std::size_t leases = 0;
-  std::vector<std::shared_ptr<pool_backend>> retired;  // destroyed without the lock
-  buffer_registry::foreign_release foreign;            // told without the lock
+  std::vector<std::shared_ptr<pool_backend>> retired;   // destroyed without the lock
+  buffer_registry::foreign_release foreign;             // told without the lock
+  auto const since = std::chrono::steady_clock::now();  // a write lease's takeover starts here
   {
     std::lock_guard lock(state_.mutex);
     auto* s = state_.find_session_locked(id);
@@ -47,7 +49,7 @@ void daemon_core::close_session(session_id id) noexcept
     leases = leases_.held_count_locked(id);
     stables_.release_session_locked(*s);
     leases_.release_all_leases_locked(*s);
-    foreign           = buffers_.release_all_locked(*s);
+    foreign           = buffers_.release_all_locked(*s, since);
     auto const tenant = s->tenant;
     if (sessions_.forget_locked(id)) { retired = pools_.retire_tenant_locked(tenant); }
     state_.reclaim.room_changed();  // its leases are back, and its idle slabs gone from the count

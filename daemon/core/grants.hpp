@@ -69,6 +69,8 @@ struct buffer_grant {
   buffer_access access{buffer_access::read};
   /// Its manifest (shared, never changed in place); null: it has none.
   std::shared_ptr<buffer_manifest const> manifest;
+  /// An exclusive open: the generation of the write lease it holds; 0: none.
+  std::uint64_t lease_generation{};
 };
 
 /// One of this node's buffers as another node's daemon holds it (peering).

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -242,6 +243,34 @@ struct buffer_open_options {
   buffer_access access{buffer_access::read};
   /// The fingerprint guard: labels the buffer must carry with these values.
   std::map<std::string, std::string> expect_labels{};
+  /// Take the buffer's write lease (docs/failover.md); needs read_write.
+  bool exclusive{false};
+};
+
+/// Which of its opens of a buffer a session closes (buffer_registry::close_buffer).
+enum class hold_kind : std::uint8_t {
+  read,        ///< a read open
+  read_write,  ///< a plain read-write open, or the creator's create
+  lease,       ///< the exclusive open, and with it the write lease
+};
+
+/// A session waiting for a buffer's write lease, as an operator sees it.
+struct lease_waiter_info {
+  session_id session{};
+  pid_t pid{};
+  uid_t uid{};
+  std::chrono::system_clock::time_point since{};
+};
+
+/// A buffer's write lease as an operator sees it (docs/failover.md).
+struct buffer_lease_info {
+  std::uint64_t generation{};  ///< the latest grant's; 0: never granted
+  session_id holder{};         ///< 0: nobody holds it
+  pid_t holder_pid{};
+  uid_t holder_uid{};
+  std::chrono::system_clock::time_point granted{};
+  std::vector<lease_waiter_info> waiters{};  ///< in the order they are served
+  std::size_t plain_writers{};  ///< other sessions' plain read-write opens, which a grant waits for
 };
 
 /// Which buffers a listing wants: both filters together; empty: all.
@@ -269,6 +298,8 @@ struct buffer_info {
   bool allow_writers{false};
   std::map<std::string, std::string> labels{};  ///< its manifest's
   std::size_t tensor_count{};                   ///< its manifest's tensors
+  /// Its write lease; nullopt while nobody ever asked for it.
+  std::optional<buffer_lease_info> lease{};
 };
 
 /// Some of the live sessions (see session_registry::top_sessions), and what the rest
@@ -374,6 +405,25 @@ struct stable_totals {
   std::size_t kept_backup_names{};  ///< names whose session ended while they slept
   std::uint64_t wake_waits{};       ///< wakes that waited for room
   std::uint64_t wake_failures{};    ///< wakes refused for want of room
+};
+
+/// The upper bounds (seconds) of the takeover histogram's buckets; one more
+/// bucket counts what is above the last.
+inline constexpr std::array<double, 12> takeover_bounds_seconds{
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0};
+
+/// Write leases, node-wide (metrics; docs/failover.md).
+struct lease_totals {
+  std::size_t held{};             ///< buffers whose lease a session holds now
+  std::size_t waiters{};          ///< exclusive opens waiting now
+  std::uint64_t grants{};         ///< leases granted, at once or after a wait
+  std::uint64_t waits{};          ///< exclusive opens that waited in line
+  std::uint64_t wait_timeouts{};  ///< waits that ended at their deadline (nothing changed)
+  /// Takeovers: a holder's end (its close, or its session's end as the
+  /// daemon handles it) to the grant to the waiter first in line, by
+  /// takeover_bounds_seconds (the last bucket: above them).
+  std::array<std::uint64_t, takeover_bounds_seconds.size() + 1> takeover_buckets{};
+  double takeover_seconds_sum{};
 };
 
 }  // namespace rmmd::core

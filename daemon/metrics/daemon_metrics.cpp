@@ -26,7 +26,8 @@ daemon_snapshot daemon_metrics::snapshot() const
       .requests      = grpc_calls_.snapshot(),
       .session_calls = session_calls_.snapshot(),
       .admission     = admission_.snapshot(),
-      .stable        = core_.stables().totals()};
+      .stable        = core_.stables().totals(),
+      .leases        = core_.buffers().leases()};
 }
 
 }  // namespace rmmd::metrics

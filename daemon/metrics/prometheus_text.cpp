@@ -184,6 +184,44 @@ void write_sleep(exposition& e, core::stable_totals const& t)
   e.sample("rmmd_wake_failures_total", {}, t.wake_failures);
 }
 
+/// Shared buffers' write leases (docs/failover.md): held and waited for
+/// now, grants, waits and their timeouts, and the takeover histogram.
+void write_leases(exposition& e, core::lease_totals const& t)
+{
+  e.family("rmmd_buffer_leases_held", "gauge", "Shared buffers whose write lease a session holds.");
+  e.sample("rmmd_buffer_leases_held", {}, static_cast<std::uint64_t>(t.held));
+  e.family("rmmd_buffer_lease_waiters",
+           "gauge",
+           "Exclusive opens waiting in line for a buffer's write lease.");
+  e.sample("rmmd_buffer_lease_waiters", {}, static_cast<std::uint64_t>(t.waiters));
+  e.family("rmmd_buffer_lease_grants_total",
+           "counter",
+           "Write leases granted: at once, or to the first in line.");
+  e.sample("rmmd_buffer_lease_grants_total", {}, t.grants);
+  e.family("rmmd_buffer_lease_waits_total", "counter", "Exclusive opens that waited in line.");
+  e.sample("rmmd_buffer_lease_waits_total", {}, t.waits);
+  e.family("rmmd_buffer_lease_wait_timeouts_total",
+           "counter",
+           "Waits for a write lease that ended at their deadline (DEADLINE_EXCEEDED; nothing "
+           "changed).");
+  e.sample("rmmd_buffer_lease_wait_timeouts_total", {}, t.wait_timeouts);
+  std::string const takeover = "rmmd_buffer_lease_takeover_seconds";
+  e.family(takeover,
+           "histogram",
+           "From a write lease holder's end (its close, or its session's end as the daemon "
+           "handles it) to the grant to the first in line.");
+  std::uint64_t cumulative{};
+  for (std::size_t b = 0; b < t.takeover_buckets.size(); ++b) {
+    cumulative += t.takeover_buckets[b];
+    auto const le = b < core::takeover_bounds_seconds.size()
+                        ? absl::StrFormat("%g", core::takeover_bounds_seconds[b])
+                        : std::string("+Inf");
+    e.sample(takeover + "_bucket", {{"le", le}}, cumulative);
+  }
+  e.sample(takeover + "_sum", {}, t.takeover_seconds_sum);
+  e.sample(takeover + "_count", {}, cumulative);
+}
+
 /// What the start took back from the daemons before it, and what the
 /// driver holds beyond the ledger.
 void write_restart(exposition& e, core::stats_snapshot const& stats)
@@ -573,6 +611,7 @@ std::string render_prometheus(daemon_snapshot const& s, render_options const& op
   write_restart(e, s.stats);
   write_admission(e, s.admission);
   write_sleep(e, s.stable);
+  write_leases(e, s.leases);
   write_pools(e, s.stats.pools);
   write_shared_buffers(e, s.stats.pools);
   write_tenants(e, s.stats.pools);

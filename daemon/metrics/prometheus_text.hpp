@@ -23,6 +23,7 @@ struct daemon_snapshot {
   request_snapshot session_calls;  ///< calls on session sockets
   admission_snapshot admission{};  ///< the session socket's admission limits
   core::stable_totals stable{};    ///< address-stable memory, sleep and wake
+  core::lease_totals leases{};     ///< shared buffers' write leases
 };
 
 /// The Content-Type of render_prometheus()'s text.

@@ -144,11 +144,30 @@ absl::Status get_buffer_manifest(core::daemon_core const& core,
   return absl::OkStatus();
 }
 
+/// INVALID_ARGUMENT for a hold the protocol does not define.
 absl::Status close_buffer(core::daemon_core& core,
                           core::session_id session,
                           v1::CloseBufferRequest const& request)
 {
-  return core.buffers().close_buffer(session, request.buffer_id());
+  core::hold_kind kind{};
+  switch (request.hold()) {
+    case v1::BUFFER_HOLD_READ:
+      kind = core::hold_kind::read;
+      break;
+    case v1::BUFFER_HOLD_READ_WRITE:
+      kind = core::hold_kind::read_write;
+      break;
+    case v1::BUFFER_HOLD_LEASE:
+      kind = core::hold_kind::lease;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "close buffer %d: hold %d is not one the protocol defines; name BUFFER_HOLD_READ (0), "
+          "BUFFER_HOLD_READ_WRITE (1) or BUFFER_HOLD_LEASE (2)",
+          request.buffer_id(),
+          static_cast<int>(request.hold())));
+  }
+  return core.buffers().close_buffer(session, request.buffer_id(), kind);
 }
 
 absl::Status delete_buffer(core::daemon_core& core,
@@ -201,6 +220,13 @@ absl::Status open_here_or_there(call_context const& c,
                                 v1::BufferGrant* reply)
 {
   if (!request.peer().empty()) {
+    if (request.exclusive()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "open buffer '%s:%s' exclusively: a write lease is held by a session of the buffer's "
+          "own node (docs/failover.md); open it exclusively there",
+          request.peer(),
+          request.name()));
+    }
     if (!c.deadline) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "open buffer '%s:%s': the session socket opens this node's buffers only; open "

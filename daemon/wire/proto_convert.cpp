@@ -190,6 +190,7 @@ void to_proto(core::buffer_grant const& in, v1::BufferGrant* out)
   out->set_access(in.access == core::buffer_access::read_write ? v1::BUFFER_ACCESS_READ_WRITE
                                                                : v1::BUFFER_ACCESS_READ);
   if (in.manifest && !in.manifest->empty()) { to_proto(*in.manifest, out->mutable_manifest()); }
+  out->set_lease_generation(in.lease_generation);
   auto const& memory = in.block;
   if (memory.host_memfd) {
     out->mutable_host_memfd()->set_mapping_bytes(memory.block.bytes);
@@ -257,6 +258,29 @@ void to_proto(core::buffer_info const& in, v1::BufferInfo* out)
   out->set_allow_writers(in.allow_writers);
   to_proto(in.labels, out->mutable_labels());
   out->set_tensor_count(static_cast<std::uint32_t>(in.tensor_count));
+  if (in.lease) { to_proto(*in.lease, out->mutable_lease()); }
+}
+
+void to_proto(core::buffer_lease_info const& in, v1::BufferLease* out)
+{
+  auto const unix_ms = [](std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  };
+  out->set_generation(in.generation);
+  out->set_holder_session_id(in.holder);
+  if (in.holder != 0) {
+    out->set_holder_pid(in.holder_pid);
+    out->set_holder_uid(in.holder_uid);
+    out->set_granted_unix_ms(unix_ms(in.granted));
+  }
+  for (auto const& w : in.waiters) {
+    auto* waiter = out->add_waiters();
+    waiter->set_session_id(w.session);
+    waiter->set_pid(w.pid);
+    waiter->set_uid(w.uid);
+    waiter->set_since_unix_ms(unix_ms(w.since));
+  }
+  out->set_plain_writers(static_cast<std::uint32_t>(in.plain_writers));
 }
 
 core::buffer_options from_proto(v1::CreateBufferRequest const& in)
@@ -303,7 +327,8 @@ core::buffer_open_options from_proto(v1::OpenBufferRequest const& in)
   return core::buffer_open_options{.access        = in.access() == v1::BUFFER_ACCESS_READ_WRITE
                                                         ? core::buffer_access::read_write
                                                         : core::buffer_access::read,
-                                   .expect_labels = from_proto(in.expect_labels())};
+                                   .expect_labels = from_proto(in.expect_labels()),
+                                   .exclusive     = in.exclusive()};
 }
 
 core::buffer_filter from_proto(v1::ListBuffersRequest const& in)

@@ -24,6 +24,7 @@ void to_proto(core::pool_trim const& in, v1::PoolTrim* out);
 void to_proto(core::lease_grant const& in, v1::AllocateResponse* out);
 void to_proto(core::buffer_grant const& in, v1::BufferGrant* out);
 void to_proto(core::buffer_info const& in, v1::BufferInfo* out);
+void to_proto(core::buffer_lease_info const& in, v1::BufferLease* out);
 v1::BufferState to_proto(core::buffer_state state);
 /// A CreateBufferRequest's options.
 core::buffer_options from_proto(v1::CreateBufferRequest const& in);

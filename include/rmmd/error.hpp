@@ -9,10 +9,13 @@
 //  RESOURCE_EXHAUSTED                                -> rmm::out_of_memory
 //  PERMISSION_DENIED                                 -> rmmd::permission_error
 //  UNAUTHENTICATED, UNAVAILABLE (daemon gone)        -> rmmd::session_error
+//  DEADLINE_EXCEEDED from the daemon (a wait it ended) -> rmmd::deadline_error
+//  DEADLINE_EXCEEDED of the call itself (no answer)  -> rmmd::session_error
 //  anything else                                     -> rmm::bad_alloc
 //
-// permission_error and session_error derive from rmm::bad_alloc, so code that
-// already handles RMM allocation failures handles a refused or lost session.
+// permission_error, session_error and deadline_error derive from
+// rmm::bad_alloc, so code that already handles RMM allocation failures
+// handles a refused or lost session.
 
 #include <rmm/error.hpp>
 
@@ -43,6 +46,14 @@ struct already_exists_error : public logic_error {
 
 /// The daemon refused the caller: uid not allowed, or not the holder.
 class permission_error : public rmm::bad_alloc {
+ public:
+  using rmm::bad_alloc::bad_alloc;
+};
+
+/// A wait the caller bounded ended before what it waited for came, and the
+/// daemon said so: a shared buffer's write lease still held by another
+/// session (docs/failover.md). Nothing changed; the session is fine.
+class deadline_error : public rmm::bad_alloc {
  public:
   using rmm::bad_alloc::bad_alloc;
 };

@@ -43,6 +43,7 @@ extern "C" {
 typedef enum rmmd_status {
   RMMD_SUCCESS                   = 0,
   RMMD_ERROR_INVALID_ARGUMENT    = 3,  /* bad size, alignment, name, pool, handle */
+  RMMD_ERROR_DEADLINE_EXCEEDED   = 4,  /* a wait ended first (a write lease held): nothing changed */
   RMMD_ERROR_NOT_FOUND           = 5,  /* no such allocation or shared buffer */
   RMMD_ERROR_ALREADY_EXISTS      = 6,  /* a shared buffer of that name exists */
   RMMD_ERROR_PERMISSION_DENIED   = 7,  /* uid or gid not allowed */
@@ -243,6 +244,15 @@ typedef struct rmmd_open_options {
    * device) */
   int has_device;
   int device;
+  /* nonzero: take the buffer's write lease (docs/failover.md), with
+   * access RMMD_BUFFER_READ_WRITE and a buffer of this node (else
+   * RMMD_ERROR_INVALID_ARGUMENT before any request). While another session
+   * holds it, waits up to wait_ms in line, first come first served, and is
+   * granted when the holder closes its exclusive open or its session ends;
+   * a wait that ends first is RMMD_ERROR_DEADLINE_EXCEEDED naming the
+   * holder, and nothing is opened. rmmd_buffer_lease_generation says which
+   * grant it is. (0.7; callers built before, whose size is smaller: 0) */
+  int exclusive;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -302,6 +312,9 @@ RMMD_API rmmd_status rmmd_buffer_set_manifest_json(rmmd_buffer_t buffer, char co
 RMMD_API rmmd_status rmmd_buffer_manifest_json(rmmd_buffer_t buffer, char** json);
 /* RMMD_BUFFER_READ or RMMD_BUFFER_READ_WRITE (the creator's). */
 RMMD_API rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_access* access);
+/* The generation of the write lease this open holds (an exclusive open);
+ * 0: it holds none. Larger for every later grant of the buffer's lease. */
+RMMD_API rmmd_status rmmd_buffer_lease_generation(rmmd_buffer_t buffer, uint64_t* generation);
 /* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse:
  * those whose names start with name_prefix (NULL or "": any) and whose
  * manifests carry label_keys[i] = label_values[i] for every i < label_count.

@@ -143,6 +143,17 @@ struct open_options {
   /// other than -1 is a check, and one that is not the pool's (or a host
   /// pool's buffer) is rmmd::logic_error, with nothing left open.
   int device{-1};
+  /// Take the buffer's write lease (docs/failover.md): at most one session
+  /// holds it. Needs access read_write and a buffer of this node
+  /// (rmmd::logic_error otherwise, before any request). While another
+  /// session holds it, or has the buffer open read-write without it, the
+  /// open waits up to `wait` in line, first come first served, and is
+  /// granted when the holder closes its exclusive open or its session ends
+  /// (exit, crash, SIGKILL); lease_generation() says which grant this is.
+  /// A wait that ends first throws rmmd::deadline_error naming the holder,
+  /// and nothing changed. rmmd::precondition_error: this session holds the
+  /// lease already.
+  bool exclusive{false};
 };
 
 /// A buffer as the daemon lists it.
@@ -219,7 +230,10 @@ struct shared_buffer_options {
 /// open: the same answer), rmmd::already_exists_error (name taken),
 /// rmmd::logic_error (not published yet), rmmd::permission_error (for writing
 /// where the creator allowed no writers), rmm::out_of_memory (quota, pool), rmmd::session_error
-/// (daemon gone), rmm::bad_alloc (a CUDA error, named).
+/// (daemon gone), rmm::bad_alloc (a CUDA error, named); an exclusive open
+/// also rmmd::deadline_error (the write lease stayed with another session
+/// to the end of the wait) and rmmd::precondition_error (a plain read-write
+/// open while another session holds or waits for the lease).
 ///
 /// Thread safety: distinct objects may be used from any thread; one object
 /// is not to be used from two threads at once.
@@ -324,6 +338,20 @@ class shared_buffer {
   {
     return access_;
   }
+  /// An exclusive open (open_options::exclusive): this process holds the
+  /// buffer's write lease until it closes this open or its session ends.
+  [[nodiscard]] bool exclusive() const noexcept
+  {
+    return lease_generation_ != 0;
+  }
+  /// The write lease's generation this open holds (0: not an exclusive
+  /// open). Each grant of a buffer's lease has a larger one than the grants
+  /// before it (one more, while the daemon runs), so a write stamped with it
+  /// tells this holder's writes from an earlier holder's late ones.
+  [[nodiscard]] std::uint64_t lease_generation() const noexcept
+  {
+    return lease_generation_;
+  }
 
   /// Lets go of the buffer after the work queued on `stream`: the stream is
   /// synchronised, this process's mapping of the buffer undone (the last open
@@ -406,6 +434,9 @@ class shared_buffer {
   void reset() noexcept;
   /// Tells the daemon this open is closed (printing, not throwing, a refusal).
   void send_close() const noexcept;
+  /// Which of the session's opens this one is, as a close names it
+  /// (rmmd.v1.BufferHold's number).
+  [[nodiscard]] std::uint8_t hold_kind() const noexcept;
   void synchronize(cuda::stream_ref stream) const noexcept;
 
   std::optional<session> session_;
@@ -420,6 +451,7 @@ class shared_buffer {
   buffer_access access_{buffer_access::read_write};
   bool creator_{false};
   bool persistent_{false};
+  std::uint64_t lease_generation_{};
   std::optional<cuda::stream_ref> stream_;
 };
 

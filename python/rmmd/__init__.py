@@ -22,6 +22,7 @@ from . import _lib
 from ._buffer import SharedBuffer
 from ._errors import (
     AlreadyExistsError,
+    DeadlineError,
     Error,
     InternalError,
     InvalidArgumentError,
@@ -32,7 +33,7 @@ from ._errors import (
     SessionError,
     Status,
 )
-from ._manifest import BufferInfo, Manifest, TensorEntry
+from ._manifest import BufferInfo, LeaseInfo, Manifest, TensorEntry
 from ._memory import Memory
 from ._resource import (
     Allocation,
@@ -51,6 +52,7 @@ __all__ = [
     "AlreadyExistsError",
     "Allocation",
     "BufferInfo",
+    "DeadlineError",
     "DeviceAllocation",
     "DeviceResource",
     "Error",
@@ -58,6 +60,7 @@ __all__ = [
     "HostResource",
     "InternalError",
     "InvalidArgumentError",
+    "LeaseInfo",
     "Manifest",
     "Memory",
     "MemoryResource",

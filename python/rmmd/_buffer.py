@@ -76,6 +76,8 @@ class SharedBuffer(Memory):
             check(lib.rmmd_buffer_id(handle, ctypes.byref(ident)))
             device = ctypes.c_int()
             check(lib.rmmd_buffer_device(handle, ctypes.byref(device)))
+            generation = ctypes.c_uint64()
+            check(lib.rmmd_buffer_lease_generation(handle, ctypes.byref(generation)))
         except BaseException:
             self._handle = None
             lib.rmmd_buffer_destroy(handle)
@@ -84,6 +86,7 @@ class SharedBuffer(Memory):
         self._nbytes = size.value
         self._id = ident.value
         self._device = device.value
+        self._lease_generation = generation.value
         self._read_only = access.value == _lib.BUFFER_READ
         self._ready_stream = None
         self._stream_owner: Any = None  # keeps the publish stream's object alive
@@ -158,6 +161,7 @@ class SharedBuffer(Memory):
         expect: Mapping[str, str] | None = None,
         peer: str | None = None,
         device: int | None = None,
+        exclusive: bool = False,
     ) -> "SharedBuffer":
         """Opens the published buffer `name`, for reading unless `writable`.
         With `wait` (seconds), waits up to that long for it to be created
@@ -185,6 +189,14 @@ class SharedBuffer(Memory):
                 is mapped on its pool's GPU: there `device` is a check, and
                 one that is not the pool's device (or a host pool's buffer)
                 is InvalidArgumentError, with nothing left open.
+            exclusive: take the buffer's write lease (docs/failover.md;
+                needs ``writable=True`` and a buffer of this node): at most
+                one session holds it. While another holds it (or has the
+                buffer open writable without it), waits up to `wait` in
+                line, first come first served; the daemon grants it when the
+                holder closes this kind of open or its process ends (exit,
+                crash, SIGKILL). :attr:`lease_generation` says which grant
+                it is.
 
         Raises:
             InvalidArgumentError: a malformed name or node (``':'`` twice,
@@ -201,12 +213,17 @@ class SharedBuffer(Memory):
             PermissionError: `writable`
                 where the creator did not allow writers; another node's
                 grants do not name it for this node.
+            DeadlineError: `exclusive`, and the lease stayed with another
+                session until the wait ended (a :class:`TimeoutError`;
+                nothing changed). PreconditionError: this session holds the
+                lease already; or a `writable` open (not exclusive) while
+                another session holds or waits for the lease.
             SessionError: the daemon is gone or draining; or, for a buffer
                 of another node, this node's daemon cannot reach that node's
                 (the message says so; ``Session.peers()`` and ``rmmctl
                 peers`` say why), while this session goes on working.
         """
-        options = _open_options(f"open buffer '{name}'", peer, wait, writable, expect, device)
+        options = _open_options(f"open buffer '{name}'", peer, wait, writable, expect, device, exclusive)
         handle = _lib.buffer_t()
         check(
             _lib.load().rmmd_buffer_open_with(
@@ -299,6 +316,19 @@ class SharedBuffer(Memory):
         """The node whose daemon holds the memory, for a buffer opened as
         ``"NODE:NAME"``; ``None`` for this node's buffers."""
         return self._peer
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether this open holds the buffer's write lease (``exclusive=True``)."""
+        return self._lease_generation != 0
+
+    @property
+    def lease_generation(self) -> int:
+        """The generation of the write lease this open holds; 0: none. Every
+        later grant of the buffer's lease has a larger one, so a write
+        stamped with it tells this holder's writes from an earlier holder's
+        late ones."""
+        return self._lease_generation
 
     @property
     def writable(self) -> bool:
@@ -455,7 +485,8 @@ class SharedBuffer(Memory):
         state = " closed" if self._handle is None else ""
         # A buffer of another node shows as it was opened, NODE:NAME.
         name = self._name if self._peer is None else f"{self._peer}:{self._name}"
-        return f"<rmmd.SharedBuffer '{name}' id={self._id} {self._nbytes} bytes on {where}{state}>"
+        lease = f" write lease generation {self._lease_generation}" if self._lease_generation else ""
+        return f"<rmmd.SharedBuffer '{name}' id={self._id} {self._nbytes} bytes on {where}{lease}{state}>"
 
 
 def _open_options(
@@ -465,6 +496,7 @@ def _open_options(
     writable: bool,
     expect: Mapping[str, str] | None,
     device: int | None,
+    exclusive: bool = False,
 ) -> "_lib.OpenOptions":
     """The C options of an open, checked (InvalidArgumentError) before any request."""
     if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
@@ -476,6 +508,11 @@ def _open_options(
         raise InvalidArgumentError(f"rmmd: peer is a node's name (str), not {peer!r}")
     if wait < 0 or math.isnan(wait):
         raise InvalidArgumentError(f"rmmd: wait is {wait}; give seconds >= 0")
+    if exclusive and not writable:
+        raise InvalidArgumentError(
+            f"rmmd: {what}: an exclusive open takes the write lease, so it is a writable open: "
+            "pass writable=True too"
+        )
     keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
     return _lib.OpenOptions(
         size=ctypes.sizeof(_lib.OpenOptions),
@@ -487,6 +524,7 @@ def _open_options(
         peer=peer.encode() if peer else None,
         has_device=0 if device is None else 1,
         device=0 if device is None else device,
+        exclusive=1 if exclusive else 0,
     )
 
 

@@ -14,6 +14,7 @@ class Status(enum.IntEnum):
 
     SUCCESS = 0
     INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
     NOT_FOUND = 5
     ALREADY_EXISTS = 6
     PERMISSION_DENIED = 7
@@ -79,6 +80,12 @@ class InternalError(Error, RuntimeError):
     """INTERNAL: a CUDA or system error, named in the message."""
 
 
+class DeadlineError(Error, TimeoutError):
+    """DEADLINE_EXCEEDED: a wait ended before what it waited for came (a
+    shared buffer's write lease still held by another session, named in the
+    message). Nothing changed, and the session is fine: wait again."""
+
+
 class SessionError(Error, ConnectionError):
     """SESSION: no daemon, the daemon is gone or draining, the session is lost
     or closed."""
@@ -86,6 +93,7 @@ class SessionError(Error, ConnectionError):
 
 _BY_STATUS: dict[int, type[Error]] = {
     Status.INVALID_ARGUMENT: InvalidArgumentError,
+    Status.DEADLINE_EXCEEDED: DeadlineError,
     Status.NOT_FOUND: NotFoundError,
     Status.ALREADY_EXISTS: AlreadyExistsError,
     Status.PERMISSION_DENIED: PermissionError,

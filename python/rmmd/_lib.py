@@ -126,6 +126,7 @@ class OpenOptions(Structure):
         ("peer", c_char_p),
         ("has_device", c_int),
         ("device", c_int),
+        ("exclusive", c_int),
     ]
 
 
@@ -203,6 +204,7 @@ _PROTOTYPES = {
     "rmmd_buffer_set_manifest_json": (status_t, [buffer_t, c_char_p]),
     "rmmd_buffer_manifest_json": (status_t, [buffer_t, POINTER(c_void_p)]),
     "rmmd_buffer_access_mode": (status_t, [buffer_t, POINTER(c_int)]),
+    "rmmd_buffer_lease_generation": (status_t, [buffer_t, POINTER(c_uint64)]),
     "rmmd_buffer_list_json": (
         status_t,
         [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],

@@ -309,6 +309,37 @@ def _state(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class LeaseInfo:
+    """A buffer's write lease as the daemon lists it (docs/failover.md)."""
+
+    generation: int
+    """The latest grant's (0: never granted)."""
+    holder_session: int
+    """The session holding it now; 0: nobody."""
+    holder_pid: int
+    holder_uid: int
+    waiters: tuple[tuple[int, int, int], ...]
+    """The sessions waiting for it, in the order they are served: (session, pid, uid)."""
+    plain_writers: int
+    """Other sessions holding plain read-write opens, which a grant waits for."""
+
+    @classmethod
+    def _from_wire(cls, d: Mapping[str, Any]) -> "LeaseInfo":
+        waiters = tuple(
+            (int(_field(w, "session_id", 0)), int(w.get("pid", 0)), int(w.get("uid", 0)))
+            for w in d.get("waiters", [])
+        )
+        return cls(
+            generation=int(d.get("generation", 0)),
+            holder_session=int(_field(d, "holder_session_id", 0)),
+            holder_pid=int(_field(d, "holder_pid", 0)),
+            holder_uid=int(_field(d, "holder_uid", 0)),
+            waiters=waiters,
+            plain_writers=int(_field(d, "plain_writers", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class BufferInfo:
     """A buffer as the daemon lists it (``rmmctl buffers``)."""
 
@@ -333,6 +364,8 @@ class BufferInfo:
     peer: str | None = None
     """The node whose buffer it is (``Session.buffers(peer=...)``); ``None``:
     this node. Such an entry has no id, pool or creator (that node's)."""
+    lease: LeaseInfo | None = None
+    """Its write lease; ``None`` while nobody ever asked for it."""
 
     @classmethod
     def _from_wire(cls, d: Mapping[str, Any]) -> "BufferInfo":
@@ -354,4 +387,5 @@ class BufferInfo:
             state=state,
             creator_pid=int(_field(d, "creator_pid", 0)),
             peer=d.get("peer") or None,
+            lease=LeaseInfo._from_wire(d["lease"]) if d.get("lease") is not None else None,
         )

@@ -160,7 +160,7 @@ def test_every_status_has_its_exception() -> None:
     from rmmd._errors import error_for
 
     expected = {
-        3: rmmd.InvalidArgumentError, 5: rmmd.NotFoundError, 6: rmmd.AlreadyExistsError,
+        3: rmmd.InvalidArgumentError, 4: rmmd.DeadlineError, 5: rmmd.NotFoundError, 6: rmmd.AlreadyExistsError,
         7: rmmd.PermissionError, 8: rmmd.OutOfMemoryError, 9: rmmd.PreconditionError,
         13: rmmd.InternalError, 14: rmmd.SessionError,
     }

@@ -386,6 +386,34 @@ TEST(RenderPrometheus, ShowsRestartsReadoptedBuffersAndUnaccountedGpuMemory)
   }
 }
 
+TEST(RenderPrometheus, WriteLeasesGrantsWaitsTimeoutsAndTheTakeoverHistogram)
+{
+  auto s   = sample_snapshot();
+  s.leases = {.held = 2, .waiters = 3, .grants = 7, .waits = 5, .wait_timeouts = 1};
+  s.leases.takeover_buckets[3]  = 2;  // <= 1 ms
+  s.leases.takeover_buckets[12] = 1;  // above 1 s
+  s.leases.takeover_seconds_sum = 1.5;
+  auto const text               = render_prometheus(s);
+  for (std::string line : {
+           "# TYPE rmmd_buffer_leases_held gauge",
+           "rmmd_buffer_leases_held 2",
+           "rmmd_buffer_lease_waiters 3",
+           "# TYPE rmmd_buffer_lease_grants_total counter",
+           "rmmd_buffer_lease_grants_total 7",
+           "rmmd_buffer_lease_waits_total 5",
+           "rmmd_buffer_lease_wait_timeouts_total 1",
+           "# TYPE rmmd_buffer_lease_takeover_seconds histogram",
+           "rmmd_buffer_lease_takeover_seconds_bucket{le=\"0.0005\"} 0",
+           "rmmd_buffer_lease_takeover_seconds_bucket{le=\"0.001\"} 2",
+           "rmmd_buffer_lease_takeover_seconds_bucket{le=\"1\"} 2",
+           "rmmd_buffer_lease_takeover_seconds_bucket{le=\"+Inf\"} 3",
+           "rmmd_buffer_lease_takeover_seconds_sum 1.5",
+           "rmmd_buffer_lease_takeover_seconds_count 3",
+       }) {
+    EXPECT_THAT(text, HasSubstr(line + "\n"));
+  }
+}
+
 TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
 {
   auto const text = render_prometheus(sample_snapshot());

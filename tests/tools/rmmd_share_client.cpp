@@ -39,6 +39,12 @@
 //       C++ API says of it: "access read|read_write", one "tensor NAME DTYPE
 //       SHAPE OFFSET EXTENT [alias A]..." line per tensor (SHAPE as 2x3),
 //       one "label KEY=VALUE" per label, then "end"; waits for stdin to close.
+//   rmmd_share_client lease NAME [OPTIONS]
+//       opens NAME exclusively (its write lease; waiting up to --wait-ms,
+//       default 30000), reads its first 8 bytes as a number, writes the
+//       lease's generation there, prints "leased GENERATION SEEN" and waits
+//       for stdin to close; then closes it and prints "closed". A wait that
+//       ends first: "error deadline: MESSAGE" and exit 2.
 //   rmmd_share_client write NAME BYTES SEED [OPTIONS]
 //       opens NAME (read-only unless --writable) and writes SEED's pattern
 //       over it: a host buffer with the CPU (a read-only mapping faults:
@@ -60,7 +66,7 @@
 //         --fabric        import CUDA pools by fabric handle
 //
 // Errors print "error KIND: MESSAGE" (KIND: not_found, already_exists, precondition,
-// permission, logic, out_of_memory, session, bad_alloc) and exit 2. The
+// permission, logic, out_of_memory, session, deadline, bad_alloc) and exit 2. The
 // daemon is found through $RMMD_RUNTIME_DIR.
 
 #include "client/detail/session_access.hpp"
@@ -351,12 +357,49 @@ int write(std::string const& name, std::size_t bytes, std::uint64_t seed, option
   return bad < 0 ? 0 : 1;
 }
 
+/// The first 8 bytes of `buf` (host or device memory).
+std::uint64_t first_word(rmmd::shared_buffer const& buf)
+{
+  std::uint64_t word = 0;
+  if (buf.is_host()) {
+    std::memcpy(&word, buf.data(), sizeof word);
+  } else {
+    check(cudaMemcpy(&word, buf.data(), sizeof word, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  return word;
+}
+
+int lease(std::string const& name, options const& o)
+{
+  auto s                = open_session(o);
+  auto buf              = rmmd::shared_buffer::open(s,
+                                       name,
+                                       {.wait          = std::chrono::milliseconds(o.wait_ms),
+                                                     .access        = rmmd::buffer_access::read_write,
+                                                     .expect_labels = o.expect,
+                                                     .exclusive     = true});
+  auto const seen       = first_word(buf);
+  auto const generation = buf.lease_generation();
+  if (buf.is_host()) {
+    std::memcpy(buf.data(), &generation, sizeof generation);
+  } else {
+    check(cudaMemcpy(buf.data(), &generation, sizeof generation, cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+  }
+  std::cout << "leased " << generation << " " << seen << std::endl;
+  wait_for_stdin_to_close();
+  buf.close();
+  std::cout << "closed" << std::endl;
+  return 0;
+}
+
 int usage()
 {
   std::fprintf(stderr,
                "usage: rmmd_share_client produce NAME BYTES SEED [OPTIONS] | consume NAME BYTES "
                "SEED [OPTIONS] | hold-past-close NAME BYTES SEED [OPTIONS] | try-open NAME "
-               "[OPTIONS] | show NAME [OPTIONS] | write NAME BYTES SEED [OPTIONS]\n");
+               "[OPTIONS] | show NAME [OPTIONS] | write NAME BYTES SEED [OPTIONS] | lease NAME "
+               "[OPTIONS]\n");
   return 64;
 }
 
@@ -417,6 +460,7 @@ int main(int argc, char** argv)
     }
     if (mode == "try-open" && positional.size() == 2) { return try_open(positional[1], o); }
     if (mode == "show" && positional.size() == 2) { return show(positional[1], o); }
+    if (mode == "lease" && positional.size() == 2) { return lease(positional[1], o); }
     if (mode == "write" && positional.size() == 4) {
       return write(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
     }
@@ -441,6 +485,9 @@ int main(int argc, char** argv)
     return 2;
   } catch (rmmd::session_error const& e) {
     std::cout << "error session: " << e.what() << std::endl;
+    return 2;
+  } catch (rmmd::deadline_error const& e) {
+    std::cout << "error deadline: " << e.what() << std::endl;
     return 2;
   } catch (rmm::out_of_memory const& e) {
     std::cout << "error out_of_memory: " << e.what() << std::endl;

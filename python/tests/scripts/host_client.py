@@ -13,6 +13,9 @@ then wait for a line on stdin before they finish.
   leave BYTES                         allocate, create a buffer, exit without
                                       freeing or closing anything
   raise BYTES                         the same, then raise
+  lease NAME [--wait S]               open NAME exclusively (its write
+                                      lease), write the generation into its
+                                      first 8 bytes, print it; wait; close
 """
 
 from __future__ import annotations
@@ -76,6 +79,15 @@ def main(argv: list[str]) -> int:
         globals()["kept"] = kept
         if cmd == "raise":
             raise RuntimeError("boom")
+    elif cmd == "lease":
+        name = argv[1]
+        wait = float(argv[argv.index("--wait") + 1]) if "--wait" in argv else 0.0
+        buf = rmmd.SharedBuffer.open(session, name, wait=wait, writable=True, exclusive=True)
+        seen = int(np.asarray(buf).view(np.uint64)[0])
+        np.asarray(buf).view(np.uint64)[0] = buf.lease_generation
+        say(generation=buf.lease_generation, seen=seen, session=session.id)
+        sys.stdin.readline()
+        buf.close()
     else:
         raise SystemExit(f"unknown command {cmd}")
     return 0
