@@ -233,7 +233,8 @@ stats_snapshot pool_registry::stats(std::optional<std::size_t> top_sessions) con
                                             .descriptions = pools_locked(),
                                             .sessions     = state_.sessions,
                                             .blocks       = state_.packed,
-                                            .buffers      = state_.buffers},
+                                            .buffers      = state_.buffers,
+                                            .stables      = state_.stables},
                                         top_sessions);
   snapshot.restart = state_.restart;
   for (auto const& [device, used] : driver_used) {
