@@ -4,6 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/process_exit.hpp"
 #include "client/detail/session_access.hpp"
+#include "client/detail/session_ids.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stable_mapping.hpp"
 
@@ -52,8 +53,68 @@ void throw_if_failed(grpc::Status const& status, std::string const& what)
   if (!status.ok()) { throw_status(status, what); }
 }
 
+// Allocation ids. The resource holds client ids (session_ids.hpp): the
+// daemon's id with the generation of the daemon that made it, so that an id
+// of a daemon before a reconnect is never taken for one of the daemon of
+// now. A request's ids go as that daemon knows them (to_daemon: false when
+// one is an earlier daemon's), a response's come back as client ids
+// (from_daemon: false for an id too large to carry a generation).
+
+using id_list = google::protobuf::RepeatedField<std::uint64_t>;
+
+bool to_daemon(id_list& ids, std::uint32_t generation)
+{
+  for (auto& id : ids) {
+    if (generation_of(id) != generation) { return false; }
+    id &= daemon_id_mask;
+  }
+  return true;
+}
+bool to_daemon(v1::StableAllocateRequest&, std::uint32_t)
+{
+  return true;
+}
+bool to_daemon(v1::RestoreBackupsRequest&, std::uint32_t)
+{
+  return true;
+}
+bool to_daemon(v1::StableFreeRequest& r, std::uint32_t generation)
+{
+  if (generation_of(r.allocation_id()) != generation) { return false; }
+  r.set_allocation_id(r.allocation_id() & daemon_id_mask);
+  return true;
+}
+template <class Request>
+requires requires(Request r)
+{
+  r.mutable_allocation_ids();
+}
+bool to_daemon(Request& r, std::uint32_t generation)
+{
+  return to_daemon(*r.mutable_allocation_ids(), generation);
+}
+
+bool from_daemon(v1::StableAllocation& a, std::uint32_t generation)
+{
+  if ((a.allocation_id() & ~daemon_id_mask) != 0) { return false; }
+  a.set_allocation_id(client_id(a.allocation_id(), generation));
+  return true;
+}
+template <class Response>
+bool from_daemon(Response& r, std::uint32_t generation)
+{
+  if constexpr (requires { r.mutable_allocations(); }) {
+    for (auto& a : *r.mutable_allocations()) {
+      if (!from_daemon(a, generation)) { return false; }
+    }
+  }
+  return true;
+}
+
 /// Calls `method` through the channel with a deadline `extra` past the
-/// session's call timeout (a wake may wait that long in the daemon).
+/// session's call timeout (a wake may wait that long in the daemon), its
+/// ids translated (above); a request about an earlier daemon's allocations
+/// is answered `gone` without asking.
 template <class Request, class Response>
 grpc::Status call_with(session_impl& s,
                        grpc::Status (v1::Rmmd::Stub::*method)(grpc::ClientContext*,
@@ -61,13 +122,23 @@ grpc::Status call_with(session_impl& s,
                                                               Response*),
                        Request const& request,
                        Response* response,
-                       std::chrono::milliseconds extra = {})
+                       std::chrono::milliseconds extra = {},
+                       grpc::Status const& gone        = stable_of_gone_daemon())
 {
-  return s.channel().call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t) {
-    response->Clear();
-    ctx->set_deadline(std::chrono::system_clock::now() + s.options.call_timeout + extra);
-    return (stub.*method)(ctx, request, response);
-  });
+  return s.channel().call(
+      [&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t generation) {
+        response->Clear();
+        Request ours = request;
+        if (!to_daemon(ours, generation)) { return gone; }
+        ctx->set_deadline(std::chrono::system_clock::now() + s.options.call_timeout + extra);
+        auto status = (stub.*method)(ctx, ours, response);
+        if (status.ok() && !from_daemon(*response, generation)) {
+          return grpc::Status(grpc::StatusCode::INTERNAL,
+                              "the daemon sent an allocation id of 2^48 or more, which this "
+                              "client cannot take");
+        }
+        return status;
+      });
 }
 
 }  // namespace
@@ -85,11 +156,9 @@ stable_memory_resource_impl::stable_memory_resource_impl(session s,
     throw rmmd::logic_error("rmmd: pool '" + pool_.name + "' is on GPU " + pool_.gpu_uuid +
                             ", which this process cannot see; use the pool of a GPU it sees");
   }
-  auto daemon_pool = impl_of(session_).channel().daemon_pool(pool_.id);
-  if (!daemon_pool) {
+  if (!impl_of(session_).channel().daemon_pool(pool_.id)) {
     throw rmmd::session_error("rmmd: the daemon serving now has no pool '" + pool_.name + "'");
   }
-  daemon_pool_ = *daemon_pool;
   watch_process_exit();
 }
 
@@ -117,15 +186,19 @@ void* stable_memory_resource_impl::allocate_sync(std::size_t bytes, std::size_t 
 void* stable_memory_resource_impl::allocate_tagged(std::string const& tag, std::size_t bytes)
 {
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
-  auto& s = impl_of(session_);
+  auto& s          = impl_of(session_);
+  auto daemon_pool = s.channel().daemon_pool(pool_.id);  // the daemon of now's
+  if (!daemon_pool) {
+    throw rmmd::session_error("rmmd: the daemon serving now has no pool '" + pool_.name + "'");
+  }
   v1::StableAllocateRequest request;
-  request.set_pool_id(daemon_pool_);
+  request.set_pool_id(*daemon_pool);
   request.set_size(bytes);
   request.set_tag(tag);
   v1::StableAllocation granted;
   auto const what = "rmmd: address-stable allocation of " + std::to_string(bytes) +
                     " bytes tagged '" + tag + "' in pool '" + pool_.name + "'";
-  throw_if_failed(s.unary(&v1::Rmmd::Stub::StableAllocate, request, &granted), what);
+  throw_if_failed(call_with(s, &v1::Rmmd::Stub::StableAllocate, request, &granted), what);
   entry e{.id      = granted.allocation_id(),
           .address = 0,
           .bytes   = granted.mapping_bytes(),
@@ -186,8 +259,11 @@ void stable_memory_resource_impl::free_entry(entry& e) noexcept
     v1::StableFreeRequest request;
     request.set_allocation_id(e.id);
     v1::StableFreeResponse ignored;
-    auto status = impl_of(session_).unary(&v1::Rmmd::Stub::StableFree, request, &ignored);
-    (void)status;  // a gone daemon freed it with the session
+    // A gone daemon freed it with the session; one before a reconnect is
+    // asked nothing (done: the daemon of now never lent it).
+    auto status = call_with(
+        impl_of(session_), &v1::Rmmd::Stub::StableFree, request, &ignored, {}, grpc::Status::OK);
+    (void)status;
   } catch (...) {  // NOLINT(bugprone-empty-catch): never throw from a free
   }
 }

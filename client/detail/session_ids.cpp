@@ -15,6 +15,16 @@ constexpr int max_receive_bytes = 64 << 20;
 
 }  // namespace
 
+grpc::Status stable_of_gone_daemon()
+{
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      "the address-stable allocation was made by a daemon that went away (rmmd restarted and "
+      "the session reconnected): the daemon serving now does not know it. Memory still mapped "
+      "stays valid until it is freed (locally); host backups slept under a name were kept by "
+      "the daemon: restore(name) maps them again, at new addresses");
+}
+
 session_ids::session_ids(session::options const& options, v1::SessionWelcome const& first)
     : options_(options)
 {
@@ -170,6 +180,16 @@ std::optional<grpc::Status> session_ids::to_daemon(v1::SessionCall& call,
                             "now does not know it");
       }
       call.mutable_buffer_fd()->set_buffer_id(*id);
+      break;
+    }
+    case v1::SessionCall::kStableFds: {
+      // Address-stable allocations are the daemon's that made them: one
+      // that went away took them with it (their named backups it kept).
+      auto* ids = call.mutable_stable_fds()->mutable_allocation_ids();
+      for (auto& id : *ids) {
+        if (generation_of(id) != generation) { return stable_of_gone_daemon(); }
+        id &= daemon_id_mask;
+      }
       break;
     }
     case v1::SessionCall::kBlocksDropped: {

@@ -59,6 +59,11 @@ inline constexpr std::uint64_t daemon_id_mask   = (std::uint64_t{1} << generatio
   return daemon_id | (std::uint64_t{generation} << generation_shift);
 }
 
+/// The answer to a call about address-stable allocations that a daemon
+/// before a reconnect made (FAILED_PRECONDITION, saying what is left of them
+/// and what to do).
+[[nodiscard]] grpc::Status stable_of_gone_daemon();
+
 class session_ids {
  public:
   /// The first daemon's welcome: generation 0, whose pool ids are the

@@ -167,12 +167,17 @@ struct stable_backup {
   pool_id pool{};
   tenant_key tenant;  // whose host backend made it
   shared_allocation memory;
+  // Adopted from the daemon before a restart (stable_registry::adopt_backup):
+  // frees `memory`, which no tenant's backend made, and its charge is in no
+  // tenant's slot. Empty otherwise.
+  std::function<void(shared_allocation const&)> release;
 };
 
 struct stable_entry {
   stable_id id{};
   session_id session{};  // 0: kept under backup_name after its session ended
   uid_t uid{};
+  gid_t gid{};  // its session's primary gid (the tenant an adopted backup is charged to)
   pid_t pid{};
   std::string command;
   tenant_key tenant;  // whose backend makes its memory
@@ -184,6 +189,7 @@ struct stable_entry {
   shared_allocation memory;  // while not asleep
   std::optional<stable_backup> backup;
   std::string backup_name;
+  bool kept{false};  // the backup keeper holds its backup (backup_keeper.hpp)
   std::chrono::system_clock::time_point asleep_since;
 };
 

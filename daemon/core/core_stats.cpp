@@ -68,24 +68,42 @@ session_listing core_stats::top(session_map const& sessions,
 
 namespace {
 
-/// Buffers a restart adopted (their memory is no tenant backend's, so no
-/// slot counts them) in their tenant's row of `pool`; a tenant without a
-/// slot yet (no session of it since the restart) gets a row of its own.
+/// The row of `tenant` among `rows` (a pool with one backend for everyone
+/// has one row, whoever it is); a tenant without a slot yet (no session of
+/// it since the restart) gets a row of its own.
+tenant_pool_stats& row_of(std::vector<tenant_pool_stats>& rows,
+                          pool_tenants const& tenants,
+                          tenant_key const& tenant)
+{
+  auto const text = tenants.per_tenant() ? tenant.text() : tenant_key{}.text();
+  auto row =
+      std::find_if(rows.begin(), rows.end(), [&](auto const& r) { return r.tenant == text; });
+  if (row == rows.end()) { row = rows.insert(rows.end(), tenant_pool_stats{.tenant = text}); }
+  return *row;
+}
+
+void count_in(tenant_pool_stats& row, std::size_t bytes)
+{
+  row.in_use_bytes += bytes;
+  row.high_water_bytes = std::max(row.high_water_bytes, row.in_use_bytes);
+}
+
+/// What a restart adopted, buffers and sleep backups, in their tenant's row
+/// of `pool`: their memory is no tenant backend's, so no slot counts it.
 void add_adopted(std::vector<tenant_pool_stats>& rows,
-                 std::map<buffer_id, std::unique_ptr<buffer_entry>> const& buffers,
+                 core_stats::sources const& in,
                  pool_id pool,
                  pool_tenants const& tenants)
 {
-  for (auto const& [id, b] : buffers) {
+  for (auto const& [id, b] : in.buffers) {
     if (b->pool != pool || !b->release) { continue; }
-    // A pool with one backend for everyone has one row, whoever adopted.
-    auto const tenant = tenants.per_tenant() ? b->tenant.text() : tenant_key{}.text();
-    auto row =
-        std::find_if(rows.begin(), rows.end(), [&](auto const& r) { return r.tenant == tenant; });
-    if (row == rows.end()) { row = rows.insert(rows.end(), tenant_pool_stats{.tenant = tenant}); }
-    row->in_use_bytes += b->charge;
-    row->high_water_bytes = std::max(row->high_water_bytes, row->in_use_bytes);
-    ++row->shared_buffers;
+    auto& row = row_of(rows, tenants, b->tenant);
+    count_in(row, b->charge);
+    ++row.shared_buffers;
+  }
+  for (auto const& [id, e] : in.stables) {
+    if (!e->backup || e->backup->pool != pool || !e->backup->release) { continue; }
+    count_in(row_of(rows, tenants, e->backup->tenant), e->backup->memory.block.bytes);
   }
 }
 
@@ -116,7 +134,7 @@ stats_snapshot core_stats::snapshot(sources in, std::optional<std::size_t> top_s
           .backend_used_bytes     = u ? std::optional(u->used_bytes) : std::nullopt,
           .shared_buffers         = slot.buffers});
     }
-    add_adopted(tenants, in.buffers, static_cast<pool_id>(i), p.tenants);
+    add_adopted(tenants, in, static_cast<pool_id>(i), p.tenants);
     out.pools.push_back(pool_stats{
         .pool                   = std::move(in.descriptions[i]),
         .tenants                = std::move(tenants),

@@ -34,6 +34,7 @@ class core_stats {
     session_map const& sessions;
     packed_blocks const& blocks;
     std::map<buffer_id, std::unique_ptr<buffer_entry>> const& buffers;
+    std::map<stable_id, std::unique_ptr<stable_entry>> const& stables;
   };
 
   /// A pool was added (ids count up from 0).

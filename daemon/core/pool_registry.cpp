@@ -233,9 +233,18 @@ stats_snapshot pool_registry::stats(std::optional<std::size_t> top_sessions) con
                                             .descriptions = pools_locked(),
                                             .sessions     = state_.sessions,
                                             .blocks       = state_.packed,
-                                            .buffers      = state_.buffers},
+                                            .buffers      = state_.buffers,
+                                            .stables      = state_.stables},
                                         top_sessions);
   snapshot.restart = state_.restart;
+  // Address-stable memory with physical memory now: allocations of its own,
+  // outside the pools' reservations, like buffers'.
+  std::map<pool_id, std::size_t> stable_bytes;
+  for (auto const& [id, e] : state_.stables) {
+    if (e->state == stable_state::awake || e->state == stable_state::going_to_sleep) {
+      stable_bytes[e->pool] += e->bytes;
+    }
+  }
   for (auto const& [device, used] : driver_used) {
     if (!used) { continue; }
     gpu_memory_use g{.device = device, .driver_used_bytes = *used};
@@ -243,6 +252,9 @@ stats_snapshot pool_registry::stats(std::optional<std::size_t> top_sessions) con
       if (p.pool.device != device) { continue; }
       g.gpu_uuid = p.pool.gpu_uuid;
       g.ledger_bytes += p.backend_reserved_bytes.value_or(0) + p.shared_bytes;
+      if (auto s = stable_bytes.find(p.pool.id); s != stable_bytes.end()) {
+        g.ledger_bytes += s->second;
+      }
     }
     g.unaccounted_bytes = *used > g.ledger_bytes ? *used - g.ledger_bytes : 0;
     snapshot.gpu_memory.push_back(std::move(g));

@@ -178,6 +178,7 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
   entry->id      = next_id_++;
   entry->session = session;
   entry->uid     = uid;
+  entry->gid     = owner->peer.gid;
   entry->pid     = owner->peer.pid;
   entry->command = owner->command;
   entry->tenant  = tenant;
@@ -218,11 +219,53 @@ void stable_registry::release_memory_locked(stable_entry& e, session_entry* s) n
 void stable_registry::drop_backup_locked(stable_entry& e, session_entry* s) noexcept
 {
   if (!e.backup) { return; }
-  auto& hp = *state_.pools[e.backup->pool];
-  hp.tenants.backend(e.backup->tenant).deallocate_shared(e.backup->memory);
-  state_.charge_locked(
-      hp, s, e.uid, e.backup->tenant, e.backup->pool, e.backup->memory.block.bytes, -1);
+  auto& b          = *e.backup;
+  auto& hp         = *state_.pools[b.pool];
+  auto const bytes = b.memory.block.bytes;
+  if (b.release) {
+    // Adopted: its memory and its charge belong to no tenant's backend.
+    b.release(b.memory);
+    hp.in_use -= bytes;
+    if (s != nullptr) {
+      s->bytes -= bytes;
+      s->pool_bytes[b.pool] -= bytes;
+    }
+    state_.uncharge_uid_locked(e.uid, bytes);
+    state_.reclaim.room_changed();
+  } else {
+    hp.tenants.backend(b.tenant).deallocate_shared(b.memory);
+    state_.charge_locked(hp, s, e.uid, b.tenant, b.pool, bytes, -1);
+  }
   e.backup.reset();
+  if (e.kept && keeper_) { keeper_->forget_backup(e.id); }
+  e.kept = false;
+}
+
+bool stable_registry::keep_backup_locked(stable_entry& e) noexcept
+{
+  if (!keeper_ || !e.backup || e.backup_name.empty() || e.backup->memory.fd < 0) { return false; }
+  auto const& pool = state_.pools[e.pool]->config;
+  try {
+    keeper_->keep_backup(kept_backup{.id             = e.id,
+                                     .uid            = e.uid,
+                                     .gid            = e.gid,
+                                     .pid            = e.pid,
+                                     .command        = e.command,
+                                     .backup_name    = e.backup_name,
+                                     .tag            = e.tag,
+                                     .size           = e.size,
+                                     .bytes          = e.bytes,
+                                     .pool_name      = pool.name,
+                                     .gpu_uuid       = pool.gpu_uuid,
+                                     .host_pool_name = state_.pools[e.backup->pool]->config.name,
+                                     .fd             = e.backup->memory.fd,
+                                     .backup_bytes   = e.backup->memory.block.bytes,
+                                     .asleep_since   = e.asleep_since});
+  } catch (...) {
+    return false;  // out of memory: kept while this daemon lives, not after it
+  }
+  e.kept = true;
+  return true;
 }
 
 void stable_registry::erase_locked(stable_entry& e, session_entry* s) noexcept
@@ -269,7 +312,8 @@ absl::Status stable_registry::make_backups_locked(session_entry& s,
                           absl::StrCat(what, ": ", memory.status().message()));
     }
     state_.charge_locked(hp, &s, s.peer.uid, s.tenant, hp_id, memory->block.bytes, +1);
-    e->backup = stable_backup{.pool = hp_id, .tenant = s.tenant, .memory = *std::move(memory)};
+    e->backup = stable_backup{
+        .pool = hp_id, .tenant = s.tenant, .memory = *std::move(memory), .release = {}};
     made.push_back(e);
   }
   state_.stats.grew(hp_id, hp.in_use);
@@ -307,7 +351,7 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::begin_sleep(
             "NAME), or choose another name",
             request,
             quoted_for_message(name),
-            e->session == 0 ? "kept from an ended session"
+            e->session == 0 ? "kept (from an ended session, or from before a restart of rmmd)"
                             : absl::StrFormat("held by session %d", e->session)));
       }
     }
@@ -345,7 +389,7 @@ absl::StatusOr<std::size_t> stable_registry::finish_sleep(session_id session,
                                                           std::span<stable_id const> ids,
                                                           bool cancel)
 {
-  std::lock_guard lock(state_.mutex);
+  std::unique_lock lock(state_.mutex);
   auto const request =
       absl::StrFormat("%s of %s", cancel ? "cancel the sleep" : "finish the sleep", ids_text(ids));
   auto found = state_.session_locked(session, request);
@@ -371,6 +415,7 @@ absl::StatusOr<std::size_t> stable_registry::finish_sleep(session_id session,
     chosen.push_back(*e);
   }
   std::size_t bytes = 0;
+  bool kept         = false;
   for (auto* e : chosen) {
     if (cancel) {
       drop_backup_locked(*e, *found);
@@ -381,7 +426,15 @@ absl::StatusOr<std::size_t> stable_registry::finish_sleep(session_id session,
     bytes += e->bytes;
     e->state        = stable_state::asleep;
     e->asleep_since = std::chrono::system_clock::now();
+    kept            = keep_backup_locked(*e) || kept;
   }
+  if (!kept) { return bytes; }
+  // Answered once the named backups are kept for good: a client that heard
+  // "asleep" and then sees the daemon SIGKILLed finds them after the restart.
+  // (A keeper that takes longer says so in its log; the sleep stands.)
+  auto const keeper = keeper_;
+  lock.unlock();
+  keeper->wait_until_kept(std::chrono::steady_clock::now() + std::chrono::seconds(10));
   return bytes;
 }
 

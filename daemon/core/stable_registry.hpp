@@ -15,17 +15,24 @@
 // room), then finish (the client mapped and restored; the backups go).
 // A session that ends while its allocations sleep with a named backup
 // leaves them kept under that name (their backups still charged to the
-// uid and the host pool), for a session of the same uid to restore.
+// uid and the host pool), for a session of the same uid to restore. Named
+// backups also outlive the daemon where a backup keeper is set
+// (backup_keeper.hpp): it is told of each once its allocation sleeps, and
+// that it goes once its wake is finished or it is dropped or freed; at
+// start the keeper's backups come back through adopt_backup(), kept.
 //
-// Owns: the next stable id. The entries themselves, and the wake counters,
-// are core_state's (a session's end and stats read them).
+// Owns: the next stable id and the backup keeper. The entries themselves,
+// and the wake counters, are core_state's (a session's end and stats read
+// them).
 //
 // Lock discipline: every public member takes the core's mutex itself and
 // lets go of it only where a comment says so (allocate() and wake() while
-// the backend allocates, and while a wake waits for room). The private
+// the backend allocates, and while a wake waits for room; finish_sleep()
+// while the keeper keeps). The private
 // members that end in `_locked` are called with the mutex held
 // (daemon_core's among them).
 
+#include "daemon/core/backup_keeper.hpp"
 #include "daemon/core/core_entries.hpp"
 #include "daemon/core/core_state.hpp"
 #include "daemon/core/types.hpp"
@@ -35,6 +42,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -91,9 +99,10 @@ class stable_registry {
   /// Sleep, second step: the physical memory of `ids` goes back to the
   /// backend and their charge with it; they sleep (their backups kept). With
   /// `cancel`, a begun sleep is called off instead: backups dropped, memory
-  /// kept. Returns the device bytes released. NOT_FOUND (an id not the
-  /// session's), FAILED_PRECONDITION (asleep already; with cancel, one not
-  /// going to sleep). All or none.
+  /// kept. Returns the device bytes released, once the backup keeper (if
+  /// any) keeps their named backups. NOT_FOUND (an id not the session's),
+  /// FAILED_PRECONDITION (asleep already; with cancel, one not going to
+  /// sleep). All or none.
   absl::StatusOr<std::size_t> finish_sleep(session_id session,
                                            std::span<stable_id const> ids,
                                            bool cancel);
@@ -122,6 +131,21 @@ class stable_registry {
   /// Frees what is kept under `name` (the session's uid's, or any uid's for
   /// root). Returns the backup bytes freed. NOT_FOUND.
   absl::StatusOr<std::size_t> drop_backups(session_id session, std::string_view name);
+
+  /// Who keeps named backups across a restart (null: nobody). Set before
+  /// serving; the daemon's stop sets null, so that closing the sessions
+  /// then forgets nothing.
+  void set_backup_keeper(std::shared_ptr<backup_keeper> keeper);
+
+  /// A backup the last daemon kept: an allocation asleep under
+  /// `spec.backup_name`, kept (no session), charged to its uid and to the
+  /// host pool again, freed through spec.release. The keeper has it
+  /// already. Returns its id. INVALID_ARGUMENT (a bad name or tag, an
+  /// unknown pool or one that cannot make address-stable memory, a host
+  /// pool that is not one, sizes that do not fit), ALREADY_EXISTS (a live
+  /// session of the uid sleeps under the name); nothing is adopted then and
+  /// the memory stays the caller's.
+  absl::StatusOr<stable_id> adopt_backup(adopted_backup_spec spec);
 
   /// The fds (owned by the backends: send copies) of `ids`' physical memory
   /// (awake), or of their backups. INVALID_ARGUMENT (none, or more than
@@ -158,7 +182,11 @@ class stable_registry {
   /// Frees `e`'s memory (if any) and backup, uncharging them (`s`: its
   /// session, null when ended), and forgets it.
   void erase_locked(stable_entry& e, session_entry* s) noexcept;
+  /// Frees `e`'s backup, uncharging it, and tells the keeper it went.
   void drop_backup_locked(stable_entry& e, session_entry* s) noexcept;
+  /// Tells the keeper of `e`'s named backup (asleep); false when there is
+  /// no keeper or nothing to keep.
+  bool keep_backup_locked(stable_entry& e) noexcept;
   void release_memory_locked(stable_entry& e, session_entry* s) noexcept;
   /// The backups `chosen` need, made and charged all or none.
   absl::Status make_backups_locked(session_entry& s,
@@ -184,6 +212,7 @@ class stable_registry {
 
   core_state& state_;
   stable_id next_id_{1};
+  std::shared_ptr<backup_keeper> keeper_;  // guarded by state_.mutex
 };
 
 /// Why `tag` is no stable allocation's tag, if it is not.

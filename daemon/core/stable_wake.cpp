@@ -1,5 +1,5 @@
-// stable_registry: wake (and its wait for room), restoring and dropping kept
-// backups, a session's end, and the listings.
+// stable_registry: wake (and its wait for room), a session's end, and the
+// listings.
 
 #include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/core/stable_registry.hpp"
@@ -261,75 +261,6 @@ absl::Status stable_registry::allocate_for_wake(std::unique_lock<std::mutex>& lo
   return failed;
 }
 
-absl::StatusOr<std::vector<stable_grant>> stable_registry::restore(session_id session,
-                                                                   std::string_view name)
-{
-  std::lock_guard lock(state_.mutex);
-  auto const request = absl::StrCat("restore backups ", quoted_for_message(name));
-  auto found         = state_.session_locked(session, request);
-  if (!found.ok()) { return found.status(); }
-  auto& s = **found;
-  std::vector<stable_entry*> kept;
-  for (auto const& [id, e] : state_.stables) {
-    if (e->uid != s.peer.uid || e->backup_name != name) { continue; }
-    if (e->session != 0) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: session %d (pid %d) still sleeps under that name; its backups are kept for a "
-          "new process only once it ends",
-          request,
-          e->session,
-          e->pid));
-    }
-    kept.push_back(e.get());
-  }
-  if (kept.empty()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "%s: uid %d has no backups kept under that name (rmmctl sleepers lists them)",
-        request,
-        s.peer.uid));
-  }
-  std::vector<stable_grant> grants;
-  for (auto* e : kept) {
-    e->session = session;
-    e->pid     = s.peer.pid;
-    e->command = s.command;
-    e->tenant  = s.tenant;  // its next memory comes from this session's backend
-    if (e->backup) {        // the uid and the host pool hold its charge still
-      s.bytes += e->backup->memory.block.bytes;
-      s.pool_bytes[e->backup->pool] += e->backup->memory.block.bytes;
-    }
-    grants.push_back(grant_of(*e));
-  }
-  return grants;
-}
-
-absl::StatusOr<std::size_t> stable_registry::drop_backups(session_id session, std::string_view name)
-{
-  std::lock_guard lock(state_.mutex);
-  auto const request = absl::StrCat("drop backups ", quoted_for_message(name));
-  auto found         = state_.session_locked(session, request);
-  if (!found.ok()) { return found.status(); }
-  auto const uid = (*found)->peer.uid;
-  std::vector<stable_entry*> kept;
-  for (auto const& [id, e] : state_.stables) {
-    if (e->session == 0 && e->backup_name == name && (uid == 0 || e->uid == uid)) {
-      kept.push_back(e.get());
-    }
-  }
-  if (kept.empty()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "%s: no backups are kept under that name for uid %d (rmmctl sleepers lists them)",
-        request,
-        uid));
-  }
-  std::size_t bytes = 0;
-  for (auto* e : kept) {
-    if (e->backup) { bytes += e->backup->memory.block.bytes; }
-    erase_locked(*e, nullptr);
-  }
-  return bytes;
-}
-
 void stable_registry::release_session_locked(session_entry& s) noexcept
 {
   std::vector<stable_entry*> mine;
@@ -357,7 +288,9 @@ void stable_registry::free_all() noexcept
     if (e->state == stable_state::awake || e->state == stable_state::going_to_sleep) {
       state_.pools[e->pool]->tenants.backend(e->tenant).deallocate_stable(e->memory);
     }
-    if (e->backup) {
+    if (e->backup && e->backup->release) {
+      e->backup->release(e->backup->memory);
+    } else if (e->backup) {
       state_.pools[e->backup->pool]
           ->tenants.backend(e->backup->tenant)
           .deallocate_shared(e->backup->memory);

@@ -339,8 +339,9 @@ struct gpu_memory_use {
   std::string gpu_uuid{};
   int device{-1};
   std::size_t driver_used_bytes{};  ///< total minus free, every process's
-  /// The daemon's CUDA pools there: what their backends reserve, and their
-  /// shared buffers' bytes (allocations of their own, outside the pools).
+  /// The daemon's CUDA pools there: what their backends reserve, and the
+  /// bytes of their shared buffers and awake address-stable allocations
+  /// (allocations of their own, outside the pools).
   std::size_t ledger_bytes{};
   /// driver_used_bytes - ledger_bytes (0 if below): held from before a
   /// restart, CUDA contexts, other processes.

@@ -7,22 +7,60 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 namespace rmmd::restart {
 namespace {
 
+/// A record of either kind, as the rule sees it.
+struct record_view {
+  std::string_view fd_name;
+  std::string what;        // "buffer 'x'", "backup 'n' of uid 1000": for the problems
+  char const* not_used{};  // "not served", "not kept"
+  bool host_memfd{false};
+  std::uint64_t bytes{};  // a memfd's exact size
+  bool backup{false};
+  std::size_t index{};  // into state.buffers or state.backups
+};
+
+std::vector<record_view> records_of(v1::BufferRegistryState const* state)
+{
+  std::vector<record_view> out;
+  if (state == nullptr) { return out; }
+  for (int i = 0; i < state->buffers_size(); ++i) {
+    auto const& r = state->buffers(i);
+    out.push_back({.fd_name    = r.fd_name(),
+                   .what       = absl::StrFormat("buffer '%s'", r.name()),
+                   .not_used   = "not served",
+                   .host_memfd = r.kind() == v1::STORED_BUFFER_KIND_HOST_MEMFD,
+                   .bytes      = r.allocation_bytes(),
+                   .backup     = false,
+                   .index      = static_cast<std::size_t>(i)});
+  }
+  for (int i = 0; i < state->backups_size(); ++i) {
+    auto const& r = state->backups(i);
+    out.push_back({.fd_name    = r.fd_name(),
+                   .what       = absl::StrFormat("backup '%s' of uid %d", r.backup_name(), r.uid()),
+                   .not_used   = "not kept",
+                   .host_memfd = true,
+                   .bytes      = r.backup_bytes(),
+                   .backup     = true,
+                   .index      = static_cast<std::size_t>(i)});
+  }
+  return out;
+}
+
 /// Why `facts` is not what `record` describes, or nullopt.
-std::optional<std::string> mismatch(v1::StoredBuffer const& record, fd_facts const& facts)
+std::optional<std::string> mismatch(record_view const& record, fd_facts const& facts)
 {
   if (!facts.open) { return std::string("the fd cannot be examined (fstat failed)"); }
-  if (record.kind() == v1::STORED_BUFFER_KIND_HOST_MEMFD) {
+  if (record.host_memfd) {
     if (!facts.memfd) { return std::string("the record is a host memfd, the fd is not a memfd"); }
     if (!facts.sealed_size) {
       return std::string("the memfd is not sealed against resizing, as rmmd seals every one");
     }
-    if (facts.bytes != record.allocation_bytes()) {
-      return absl::StrFormat(
-          "the memfd has %d bytes, the record %d", facts.bytes, record.allocation_bytes());
+    if (facts.bytes != record.bytes) {
+      return absl::StrFormat("the memfd has %d bytes, the record %d", facts.bytes, record.bytes);
     }
     return std::nullopt;
   }
@@ -60,44 +98,44 @@ adoption_decision decide_adoption(v1::BufferRegistryState const* state,
     if (fds[i].fd_id >= d.next_fd_id) { d.next_fd_id = fds[i].fd_id + 1; }
   }
   std::vector<bool> fd_used(fds.size(), false);
-  int const records = state != nullptr ? state->buffers_size() : 0;
-  for (int r = 0; r < records; ++r) {
-    auto const& record = state->buffers(r);
-    auto const index   = static_cast<std::size_t>(r);
-    auto const it      = fds_by_name.find(record.fd_name());
+  for (auto const& record : records_of(state)) {
+    auto& adopt        = record.backup ? d.adopt_backups : d.adopt;
+    auto& drop_records = record.backup ? d.drop_backup_records : d.drop_records;
+    auto const it      = fds_by_name.find(record.fd_name);
     if (it == fds_by_name.end()) {
       d.problems.push_back(absl::StrFormat(
-          "buffer '%s' (fd '%s'): the fd store passed no fd for it, so its memory is gone: not "
-          "served",
-          record.name(),
-          record.fd_name()));
-      d.drop_records.push_back(index);
+          "%s (fd '%s'): the fd store passed no fd for it, so its memory is gone: %s",
+          record.what,
+          record.fd_name,
+          record.not_used));
+      drop_records.push_back(record.index);
       continue;
     }
     for (auto f : it->second) { fd_used[f] = true; }
     if (it->second.size() > 1) {
       d.problems.push_back(absl::StrFormat(
-          "buffer '%s' (fd '%s'): the fd store passed %d fds of that name, which should be unique: "
-          "not served, all removed from the store",
-          record.name(),
-          record.fd_name(),
-          it->second.size()));
-      d.drop_records.push_back(index);
+          "%s (fd '%s'): the fd store passed %d fds of that name, which should be unique: "
+          "%s, all removed from the store",
+          record.what,
+          record.fd_name,
+          it->second.size(),
+          record.not_used));
+      drop_records.push_back(record.index);
       for (auto f : it->second) { d.drop_fds.push_back(f); }
       continue;
     }
     auto const f = it->second.front();
     if (auto why = mismatch(record, fds[f].facts)) {
-      d.problems.push_back(
-          absl::StrFormat("buffer '%s' (fd '%s'): %s: not served, removed from the store",
-                          record.name(),
-                          record.fd_name(),
-                          *why));
-      d.drop_records.push_back(index);
+      d.problems.push_back(absl::StrFormat("%s (fd '%s'): %s: %s, removed from the store",
+                                           record.what,
+                                           record.fd_name,
+                                           *why,
+                                           record.not_used));
+      drop_records.push_back(record.index);
       d.drop_fds.push_back(f);
       continue;
     }
-    d.adopt.emplace_back(index, f);
+    adopt.emplace_back(record.index, f);
   }
   for (std::size_t f = 0; f < fds.size(); ++f) {
     if (fd_used[f]) { continue; }
@@ -105,7 +143,7 @@ adoption_decision decide_adoption(v1::BufferRegistryState const* state,
         "fd '%s' from the fd store: %s: closed, removed from the store",
         fds[f].fd_name,
         state != nullptr ? "no record of the state file names it (stored just before a crash?)"
-                         : "there is no usable state file to say which buffer it is"));
+                         : "there is no usable state file to say whose it is"));
     d.drop_fds.push_back(f);
   }
   std::sort(d.drop_fds.begin(), d.drop_fds.end());
@@ -113,7 +151,7 @@ adoption_decision decide_adoption(v1::BufferRegistryState const* state,
 }
 
 adoption_result reconcile(std::optional<v1::BufferRegistryState> const& state,
-                          std::vector<passed_buffer_fd> fds)
+                          std::vector<passed_stored_fd> fds)
 {
   std::vector<stored_fd_view> views;
   views.reserve(fds.size());
@@ -128,6 +166,10 @@ adoption_result reconcile(std::optional<v1::BufferRegistryState> const& state,
   for (auto [r, f] : d.adopt) {
     result.adopted.push_back(
         adopted_buffer{.record = state->buffers(static_cast<int>(r)), .fd = std::move(fds[f].fd)});
+  }
+  for (auto [r, f] : d.adopt_backups) {
+    result.adopted_backups.push_back(
+        adopted_backup{.record = state->backups(static_cast<int>(r)), .fd = std::move(fds[f].fd)});
   }
   for (auto f : d.drop_fds) {
     if (std::find(result.remove_from_store.begin(), result.remove_from_store.end(), fds[f].name) ==

@@ -1,14 +1,15 @@
 #pragma once
 
-// At start: which stored buffers the new rmmd may serve. The state file says
-// which buffers the last rmmd stored (records); the service manager passes
-// the fds it kept (take_passed_fds().buffers). A buffer is adopted only when
-// exactly one fd of its record's fd name came back and that fd is what the
-// record says (a host buffer: a sealed memfd of allocation_bytes; a CUDA
-// buffer: not a memfd, and the caller then imports it and checks its size
-// with the driver). Everything else is a problem in words, and its fd is
-// closed and named for removal from the store, so that nothing is served
-// wrong and nothing stale comes back at the next start:
+// At start: which stored buffers the new rmmd may serve, and which sleep
+// backups it may keep. The state file says which buffers and backups the
+// last rmmd stored (records); the service manager passes the fds it kept
+// (take_passed_fds().stored). A record is adopted only when exactly one fd
+// of its fd name came back and that fd is what the record says (a host
+// buffer: a sealed memfd of allocation_bytes; a backup: a sealed memfd of
+// backup_bytes; a CUDA buffer: not a memfd, and the caller then imports it
+// and checks its size with the driver). Everything else is a problem in
+// words, and its fd is closed and named for removal from the store, so that
+// nothing is served wrong and nothing stale comes back at the next start:
 //  - a record with no fd (its memory is gone: the store was cleared, the
 //    node rebooted, the fd was dropped past FileDescriptorStoreMax);
 //  - an fd no record names (stored just before a crash, before the state
@@ -51,10 +52,14 @@ struct stored_fd_view {
 struct adoption_decision {
   /// (index into state.buffers, index into fds), in record order.
   std::vector<std::pair<std::size_t, std::size_t>> adopt;
+  /// (index into state.backups, index into fds), in record order.
+  std::vector<std::pair<std::size_t, std::size_t>> adopt_backups;
   /// Indexes into fds that are not adopted: close, and FDSTOREREMOVE by name.
   std::vector<std::size_t> drop_fds;
   /// Indexes into state.buffers that are not adopted.
   std::vector<std::size_t> drop_records;
+  /// Indexes into state.backups that are not adopted.
+  std::vector<std::size_t> drop_backup_records;
   /// One line per record or fd not adopted, saying why and what happens.
   std::vector<std::string> problems;
   /// The next fd_id to give: above every id in the state and among the fds.
@@ -72,8 +77,15 @@ struct adopted_buffer {
   owned_fd fd;
 };
 
+/// A sleep backup the new rmmd may keep: its record and its memfd.
+struct adopted_backup {
+  v1::StoredBackup record;
+  owned_fd fd;
+};
+
 struct adoption_result {
   std::vector<adopted_buffer> adopted;
+  std::vector<adopted_backup> adopted_backups;
   std::vector<std::string> problems;
   /// FDNAMEs to remove from the store (fd_store::remove); their fds here
   /// are already closed.
@@ -82,8 +94,8 @@ struct adoption_result {
 };
 
 /// decide_adoption() on real fds: takes the fds, returns the adopted ones
-/// and closes the rest.
+/// (buffers and backups) and closes the rest.
 [[nodiscard]] adoption_result reconcile(std::optional<v1::BufferRegistryState> const& state,
-                                        std::vector<passed_buffer_fd> fds);
+                                        std::vector<passed_stored_fd> fds);
 
 }  // namespace rmmd::restart

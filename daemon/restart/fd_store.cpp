@@ -21,22 +21,20 @@ bool fd_name_char_ok(char c)
   return c >= ' ' && c < 127 && c != ':';
 }
 
-}  // namespace
-
-std::string buffer_fd_name(std::uint64_t fd_id, std::string_view buffer_name)
+std::string fd_name_of(std::string_view prefix, std::uint64_t fd_id, std::string_view what)
 {
-  std::string name = std::string(buffer_fd_name_prefix) + std::to_string(fd_id) + ".";
-  for (char c : buffer_name) {
+  std::string name = std::string(prefix) + std::to_string(fd_id) + ".";
+  for (char c : what) {
     if (name.size() == max_fd_name_bytes) { break; }
     name.push_back(fd_name_char_ok(c) ? c : '_');
   }
   return name;
 }
 
-std::optional<std::uint64_t> buffer_fd_id(std::string_view fd_name)
+std::optional<std::uint64_t> fd_id_of(std::string_view prefix, std::string_view fd_name)
 {
-  if (!fd_name.starts_with(buffer_fd_name_prefix)) { return std::nullopt; }
-  auto rest          = fd_name.substr(buffer_fd_name_prefix.size());
+  if (!fd_name.starts_with(prefix)) { return std::nullopt; }
+  auto rest          = fd_name.substr(prefix.size());
   std::uint64_t id   = 0;
   std::size_t digits = 0;
   for (; digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9'; ++digits) {
@@ -47,6 +45,34 @@ std::optional<std::uint64_t> buffer_fd_id(std::string_view fd_name)
   if (digits == 0) { return std::nullopt; }
   if (digits < rest.size() && rest[digits] != '.') { return std::nullopt; }
   return id;
+}
+
+}  // namespace
+
+std::string buffer_fd_name(std::uint64_t fd_id, std::string_view buffer_name)
+{
+  return fd_name_of(buffer_fd_name_prefix, fd_id, buffer_name);
+}
+
+std::optional<std::uint64_t> buffer_fd_id(std::string_view fd_name)
+{
+  return fd_id_of(buffer_fd_name_prefix, fd_name);
+}
+
+std::string backup_fd_name(std::uint64_t fd_id, std::string_view backup_name)
+{
+  return fd_name_of(backup_fd_name_prefix, fd_id, backup_name);
+}
+
+std::optional<std::uint64_t> backup_fd_id(std::string_view fd_name)
+{
+  return fd_id_of(backup_fd_name_prefix, fd_name);
+}
+
+std::optional<std::uint64_t> stored_fd_id(std::string_view fd_name)
+{
+  if (auto id = buffer_fd_id(fd_name)) { return id; }
+  return backup_fd_id(fd_name);
 }
 
 bool is_valid_fd_name(std::string_view fd_name)
@@ -95,9 +121,9 @@ passed_fds take_passed_fds()
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // sd_listen_fds does so too; not on its error path
     std::string name = "unknown";
     if (named == count && names != nullptr && names[i] != nullptr) { name = names[i]; }
-    if (auto id = buffer_fd_id(name)) {
-      result.buffers.push_back(
-          passed_buffer_fd{.fd_id = *id, .name = std::move(name), .fd = owned_fd(fd)});
+    if (auto id = stored_fd_id(name)) {
+      result.stored.push_back(
+          passed_stored_fd{.fd_id = *id, .name = std::move(name), .fd = owned_fd(fd)});
     } else {
       result.others.push_back(passed_fd{.name = std::move(name), .fd = owned_fd(fd)});
     }
@@ -105,7 +131,7 @@ passed_fds take_passed_fds()
   if (named != count) {
     log::warn(
         "LISTEN_FDNAMES does not name the %d passed fd(s) (%s): none of them is taken as a "
-        "buffer's",
+        "buffer's or a backup's",
         count,
         named < 0 ? std::strerror(-named) : "a different count");
     ::unsetenv("LISTEN_FDS");
@@ -169,8 +195,8 @@ void fd_store::say_unavailable_once()
 {
   if (!said_unavailable_.exchange(true)) {
     log::info(
-        "no service manager (NOTIFY_SOCKET is not set): buffers are not put in an fd "
-        "store, and a restart of rmmd loses them");
+        "no service manager (NOTIFY_SOCKET is not set): buffers and sleep backups are not "
+        "put in an fd store, and a restart of rmmd loses them");
   }
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // systemd's file-descriptor store, as rmmd uses it to keep published
-// buffers alive across its own restart and crash: each buffer's shareable fd
+// buffers (and named sleep backups) alive across its own restart and crash:
+// each buffer's shareable fd
 // goes to the service manager (sd_pid_notify_with_fds, "FDSTORE=1"), comes
 // back at the next start (LISTEN_FDS / LISTEN_FDNAMES, sd_listen_fds(3)),
 // and leaves the store when the buffer is deleted ("FDSTOREREMOVE=1").
@@ -19,9 +20,11 @@
 // common/buffer_name.hpp); a character that is not (a name the rule would
 // refuse) becomes '_'. The name is not reversed: the state file's record
 // (StoredBuffer.fd_name) says which buffer an fd is; only fd_id is read back.
-// Any fd whose name does not start with "rmmd-buffer-" (a socket a .socket
-// unit passes, an fd stored without FDNAME, which systemd calls "stored") is
-// not a buffer: take_passed_fds() hands it back as `other`.
+// A sleep backup's memfd is stored as "rmmd-backup-<fd_id>.<backup name>",
+// its fd_id from the same count. Any fd whose name starts with neither
+// prefix (a socket a .socket unit passes, an fd stored without FDNAME, which
+// systemd calls "stored") is not rmmd's: take_passed_fds() hands it back as
+// `other`.
 //
 // Without systemd (no NOTIFY_SOCKET: a test, a container, rmmd started by
 // hand) storing and removing do nothing, and the first call says so once in
@@ -44,6 +47,8 @@ namespace rmmd::restart {
 
 /// The prefix of every buffer fd's FDNAME.
 inline constexpr std::string_view buffer_fd_name_prefix = "rmmd-buffer-";
+/// The prefix of every sleep backup fd's FDNAME.
+inline constexpr std::string_view backup_fd_name_prefix = "rmmd-backup-";
 /// systemd's limit on an FDNAME.
 inline constexpr std::size_t max_fd_name_bytes = 255;
 
@@ -54,6 +59,14 @@ inline constexpr std::size_t max_fd_name_bytes = 255;
 /// The fd_id of a buffer fd's name; nullopt for a name that is not one
 /// (no prefix, no digits, digits not followed by '.' or the end, overflow).
 [[nodiscard]] std::optional<std::uint64_t> buffer_fd_id(std::string_view fd_name);
+
+/// "rmmd-backup-<fd_id>.<backup_name>", made as buffer_fd_name() makes one.
+[[nodiscard]] std::string backup_fd_name(std::uint64_t fd_id, std::string_view backup_name);
+/// The fd_id of a backup fd's name, as buffer_fd_id() reads one.
+[[nodiscard]] std::optional<std::uint64_t> backup_fd_id(std::string_view fd_name);
+
+/// The fd_id of a buffer's or a backup's fd name (an fd rmmd stored).
+[[nodiscard]] std::optional<std::uint64_t> stored_fd_id(std::string_view fd_name);
 
 /// True if `fd_name` is valid as an FDNAME (systemd's fdname_is_valid).
 [[nodiscard]] bool is_valid_fd_name(std::string_view fd_name);
@@ -90,8 +103,9 @@ struct passed_fd {
   owned_fd fd;
 };
 
-/// A passed fd that is a buffer's (its name parses as buffer_fd_name()).
-struct passed_buffer_fd {
+/// A passed fd that rmmd stored: a buffer's or a backup's (its name parses
+/// as buffer_fd_name() or backup_fd_name()).
+struct passed_stored_fd {
   std::uint64_t fd_id{};
   std::string name;
   owned_fd fd;
@@ -99,7 +113,7 @@ struct passed_buffer_fd {
 
 /// What the service manager passed at start, split by name.
 struct passed_fds {
-  std::vector<passed_buffer_fd> buffers;
+  std::vector<passed_stored_fd> stored;
   /// Everything else, in the order passed: sockets of a .socket unit, and
   /// fds stored under names rmmd does not know (an older or newer rmmd's):
   /// the caller uses or closes them, and removes unknown stored ones from
@@ -122,6 +136,7 @@ class fd_store {
 
   fd_store(fd_store const&)            = delete;
   fd_store& operator=(fd_store const&) = delete;
+  virtual ~fd_store()                  = default;
 
   /// True where a service manager listens (NOTIFY_SOCKET is set). Whether
   /// it keeps the fds also needs FileDescriptorStoreMax= > 0 in the unit,
@@ -137,11 +152,16 @@ class fd_store {
   /// hung up). OK without systemd (nothing sent; logged once). Error: a name
   /// systemd would refuse (nothing sent), or the send failed (errno in
   /// words). REQUIRES: fd >= 0.
-  absl::Status store(std::string_view fd_name, int fd);
+  virtual absl::Status store(std::string_view fd_name, int fd);
 
   /// Sends "FDSTOREREMOVE=1\nFDNAME=<fd_name>": the store closes every fd of
   /// that name. OK without systemd (nothing sent; logged once).
-  absl::Status remove(std::string_view fd_name);
+  virtual absl::Status remove(std::string_view fd_name);
+
+ protected:
+  /// A stand-in for the service manager (tests): available() as given,
+  /// NOTIFY_SOCKET not read; it overrides store() and remove().
+  explicit fd_store(bool available) : available_(available) {}
 
  private:
   absl::Status send(std::string const& message, int const* fds, unsigned n_fds);

@@ -43,6 +43,44 @@ v1::StoredBuffer stored_record(core::kept_buffer const& buffer)
   return r;
 }
 
+v1::StoredBackup stored_record(core::kept_backup const& backup)
+{
+  v1::StoredBackup r;
+  r.set_backup_name(backup.backup_name);
+  r.set_uid(backup.uid);
+  r.set_gid(backup.gid);
+  r.set_pid(backup.pid);
+  r.set_command(backup.command);
+  r.set_tag(backup.tag);
+  r.set_size(backup.size);
+  r.set_allocation_bytes(backup.bytes);
+  r.set_pool_name(backup.pool_name);
+  r.set_gpu_uuid(backup.gpu_uuid);
+  r.set_host_pool_name(backup.host_pool_name);
+  r.set_backup_bytes(backup.backup_bytes);
+  r.set_asleep_since_unix_ms(
+      std::chrono::duration_cast<std::chrono::milliseconds>(backup.asleep_since.time_since_epoch())
+          .count());
+  return r;
+}
+
+namespace {
+
+/// A dup of `fd` for the store, or an empty one after saying why `what`
+/// will not outlive this daemon.
+owned_fd dup_for_store(int fd, std::string const& what) noexcept
+{
+  int const copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (copy < 0) {
+    log::error("%s will not outlive this daemon: cannot duplicate its fd (%s)",
+               what,
+               std::strerror(errno));
+  }
+  return owned_fd(copy);
+}
+
+}  // namespace
+
 fd_store_keeper::fd_store_keeper(options opts, fd_store& store)
     : options_(std::move(opts)),
       store_(store),
@@ -61,36 +99,47 @@ fd_store_keeper::~fd_store_keeper()
   thread_.join();
 }
 
-void fd_store_keeper::keep(core::kept_buffer const& buffer) noexcept
+bool fd_store_keeper::enqueue(event e) noexcept
 {
-  int const copy = ::fcntl(buffer.fd, F_DUPFD_CLOEXEC, 3);
-  if (copy < 0) {
-    log::error("buffer '%s' will not outlive this daemon: cannot duplicate its fd (%s)",
-               buffer.info.name,
-               std::strerror(errno));
-    return;
-  }
   try {
     std::lock_guard lock(mutex_);
-    queue_.emplace_back(keep_event{.buffer = buffer, .fd = owned_fd(copy)});
+    queue_.push_back(std::move(e));
     ++queued_;
   } catch (...) {
-    ::close(copy);  // out of memory: the buffer is served, not kept
-    return;
+    return false;  // out of memory: `e` (and any fd it holds) is dropped
   }
   wake_.notify_one();
+  return true;
+}
+
+void fd_store_keeper::keep(core::kept_buffer const& buffer) noexcept
+{
+  try {
+    auto fd = dup_for_store(buffer.fd, "buffer '" + buffer.info.name + "'");
+    if (fd) { enqueue(keep_event{.buffer = buffer, .fd = std::move(fd)}); }
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: served, not kept
+  }
 }
 
 void fd_store_keeper::forget(core::buffer_id id) noexcept
 {
+  // Not queued (out of memory): the next start finds its fd without a use
+  // and drops it then.
+  enqueue(forget_event{.id = id});
+}
+
+void fd_store_keeper::keep_backup(core::kept_backup const& backup) noexcept
+{
   try {
-    std::lock_guard lock(mutex_);
-    queue_.emplace_back(forget_event{.id = id});
-    ++queued_;
-  } catch (...) {
-    return;  // the next start finds its fd without a use: it drops it then
+    auto fd = dup_for_store(backup.fd, "sleep backup '" + backup.backup_name + "'");
+    if (fd) { enqueue(keep_backup_event{.backup = backup, .fd = std::move(fd)}); }
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory: kept while this daemon lives
   }
-  wake_.notify_one();
+}
+
+void fd_store_keeper::forget_backup(core::stable_id id) noexcept
+{
+  enqueue(forget_backup_event{.id = id});
 }
 
 bool fd_store_keeper::wait_until_kept(std::chrono::steady_clock::time_point deadline) noexcept
@@ -101,8 +150,8 @@ bool fd_store_keeper::wait_until_kept(std::chrono::steady_clock::time_point dead
     return true;
   }
   log::warn(
-      "a published buffer is served but not yet kept across a restart: the fd store and the "
-      "state file (%s) are slow to take it",
+      "a published buffer or a sleep backup is not yet kept across a restart: the fd store "
+      "and the state file (%s) are slow to take it",
       options_.state_file.string());
   return false;
 }
@@ -112,6 +161,13 @@ void fd_store_keeper::adopted(core::buffer_id id, v1::StoredBuffer record)
   std::lock_guard lock(records_mutex_);
   next_fd_id_ = std::max(next_fd_id_, record.fd_id() + 1);
   records_.emplace(id, std::move(record));
+}
+
+void fd_store_keeper::adopted_backup(core::stable_id id, v1::StoredBackup record)
+{
+  std::lock_guard lock(records_mutex_);
+  next_fd_id_ = std::max(next_fd_id_, record.fd_id() + 1);
+  backup_records_.emplace(id, std::move(record));
 }
 
 absl::Status fd_store_keeper::write_now()
@@ -130,6 +186,7 @@ absl::Status fd_store_keeper::write_locked_records()
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count());
   for (auto const& [id, record] : records_) { *state.add_buffers() = record; }
+  for (auto const& [id, record] : backup_records_) { *state.add_backups() = record; }
   return write_state_file(options_.state_file, state);
 }
 
@@ -150,39 +207,72 @@ void fd_store_keeper::run()
   }
 }
 
+bool fd_store_keeper::apply_locked(event& e, std::vector<std::string>& to_remove)
+{
+  // Stores `fd` under the next fd_id's name (`fd_name_for(fd_id, name)`) with
+  // `record`, kept in `records` under `id`; the fd name it replaces, if any,
+  // leaves the store.
+  auto store = [&](auto& records,
+                   auto id,
+                   auto record,
+                   auto fd_name_for,
+                   std::string const& name,
+                   owned_fd const& fd,
+                   char const* kind) {
+    auto const fd_id   = next_fd_id_++;
+    auto const fd_name = fd_name_for(fd_id, name);
+    record.set_fd_id(fd_id);
+    record.set_fd_name(fd_name);
+    if (auto stored = store_.store(fd_name, fd.get()); !stored.ok()) {
+      log::error("%s '%s' will not outlive this daemon: %s", kind, name, stored.message());
+      return false;
+    }
+    if (auto old = records.find(id); old != records.end()) {
+      to_remove.push_back(old->second.fd_name());
+    }
+    records[id] = std::move(record);
+    return true;
+  };
+  auto forget = [&](auto& records, auto id) {
+    auto r = records.find(id);
+    if (r == records.end()) { return false; }
+    to_remove.push_back(r->second.fd_name());
+    records.erase(r);
+    return true;
+  };
+  if (auto* k = std::get_if<keep_event>(&e)) {
+    return store(records_,
+                 k->buffer.info.id,
+                 stored_record(k->buffer),
+                 buffer_fd_name,
+                 k->buffer.info.name,
+                 k->fd,
+                 "buffer");
+  }
+  if (auto* k = std::get_if<keep_backup_event>(&e)) {
+    return store(backup_records_,
+                 k->backup.id,
+                 stored_record(k->backup),
+                 backup_fd_name,
+                 k->backup.backup_name,
+                 k->fd,
+                 "sleep backup");
+  }
+  if (auto* f = std::get_if<forget_event>(&e)) { return forget(records_, f->id); }
+  return forget(backup_records_, std::get<forget_backup_event>(e).id);
+}
+
 void fd_store_keeper::apply(std::deque<event> batch)
 {
   std::lock_guard lock(records_mutex_);
   std::vector<std::string> to_remove;
   bool changed = false;
-  for (auto& e : batch) {
-    if (auto* k = std::get_if<keep_event>(&e)) {
-      auto record      = stored_record(k->buffer);
-      auto const fd_id = next_fd_id_++;
-      auto const name  = buffer_fd_name(fd_id, k->buffer.info.name);
-      record.set_fd_id(fd_id);
-      record.set_fd_name(name);
-      if (auto stored = store_.store(name, k->fd.get()); !stored.ok()) {
-        log::error(
-            "buffer '%s' will not outlive this daemon: %s", k->buffer.info.name, stored.message());
-        continue;
-      }
-      records_[k->buffer.info.id] = std::move(record);
-      changed                     = true;
-    } else {
-      auto const id = std::get<forget_event>(e).id;
-      if (auto r = records_.find(id); r != records_.end()) {
-        to_remove.push_back(r->second.fd_name());
-        records_.erase(r);
-        changed = true;
-      }
-    }
-  }
+  for (auto& e : batch) { changed = apply_locked(e, to_remove) || changed; }
   if (changed) {
     if (auto written = write_locked_records(); !written.ok()) {
       log::error(
-          "the state file was not written, so the buffers published since it last was "
-          "will not be served after a restart: %s",
+          "the state file was not written, so the buffers published and the backups slept since "
+          "it last was will not be kept after a restart: %s",
           written.message());
     }
   }

@@ -1,6 +1,7 @@
 #include "daemon/restart/state_file.hpp"
 
 #include "common/buffer_name.hpp"
+#include "daemon/core/stable_registry.hpp"
 #include "daemon/restart/detail/crc32c.hpp"
 #include "daemon/restart/fd_store.hpp"
 
@@ -67,6 +68,37 @@ std::optional<std::string> record_problem(v1::StoredBuffer const& b, std::uint64
   return std::nullopt;
 }
 
+std::optional<std::string> backup_record_problem(v1::StoredBackup const& b,
+                                                 std::uint64_t next_fd_id)
+{
+  if (!is_valid_fd_name(b.fd_name()) || b.fd_name().empty()) {
+    return "its fd name is not one systemd gives (1 to 255 bytes of printable ASCII, no ':')";
+  }
+  auto id = backup_fd_id(b.fd_name());
+  if (!id || *id != b.fd_id()) {
+    return absl::StrFormat(
+        "its fd name '%s' is not a backup's carrying its fd_id %d", b.fd_name(), b.fd_id());
+  }
+  if (b.fd_id() >= next_fd_id) {
+    return absl::StrFormat("its fd_id %d is not below next_fd_id %d", b.fd_id(), next_fd_id);
+  }
+  if (auto why = names::buffer_name_problem(b.backup_name())) { return "its backup name: " + *why; }
+  if (auto why = core::stable_tag_problem(b.tag())) { return "its tag: " + *why; }
+  if (b.size() == 0) { return std::string("its size is 0"); }
+  if (b.allocation_bytes() < b.size() || b.backup_bytes() < b.allocation_bytes()) {
+    return absl::StrFormat(
+        "its sizes do not fit (asked %d bytes, allocation %d, backup %d): each must hold the one "
+        "before",
+        b.size(),
+        b.allocation_bytes(),
+        b.backup_bytes());
+  }
+  if (b.pool_name().empty() || b.host_pool_name().empty()) {
+    return std::string("it names no pool or no host pool");
+  }
+  return std::nullopt;
+}
+
 std::string errno_text(char const* step, std::filesystem::path const& path, int e)
 {
   return absl::StrFormat("%s %s: %s", step, path.string(), std::strerror(e));
@@ -95,6 +127,18 @@ std::optional<std::string> state_problem(v1::BufferRegistryState const& state)
       return where + absl::StrFormat(": another record has its fd_id %d", b.fd_id());
     }
     if (!names.insert(b.name()).second) { return where + ": another record has its name"; }
+  }
+  for (int i = 0; i < state.backups_size(); ++i) {
+    auto const& b = state.backups(i);
+    auto where =
+        absl::StrFormat("backup record %d (backup '%s' of uid %d)", i, b.backup_name(), b.uid());
+    if (auto why = backup_record_problem(b, state.next_fd_id())) { return where + ": " + *why; }
+    if (!fd_names.insert(b.fd_name()).second) {
+      return where + ": another record has its fd name '" + b.fd_name() + "'";
+    }
+    if (!fd_ids.insert(b.fd_id()).second) {
+      return where + absl::StrFormat(": another record has its fd_id %d", b.fd_id());
+    }
   }
   return std::nullopt;
 }

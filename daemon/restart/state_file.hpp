@@ -1,8 +1,9 @@
 #pragma once
 
-// The state file: the registry of buffers whose fds rmmd keeps in systemd's
-// fd store (rmmd.v1.BufferRegistryState, proto/rmmd/v1/state.proto), written
-// whenever that set changes and read once at start.
+// The state file: the registry of buffers and sleep backups whose fds rmmd
+// keeps in systemd's fd store (rmmd.v1.BufferRegistryState,
+// proto/rmmd/v1/state.proto), written whenever that set changes and read
+// once at start.
 //
 // On disk: 8 bytes of magic "RMMDST01", the payload's length (u64, little
 // endian), the payload's CRC-32C (u32, little endian), then the payload, a
@@ -46,6 +47,10 @@ inline constexpr std::uint64_t max_state_payload_bytes = 64ull << 20;
 /// name, size > 0, allocation_bytes >= size, a known kind, a GPU UUID exactly
 /// for CUDA kinds, the state PUBLISHED (only published buffers are stored),
 /// fd_id < next_fd_id; no two records with the same fd_name, fd_id or name.
+/// Per backup record: a backup's FDNAME whose number is fd_id < next_fd_id,
+/// a valid backup name and tag, size > 0, size <= allocation_bytes <=
+/// backup_bytes, a pool and a host pool named; no fd_name or fd_id that
+/// another record (a buffer's or a backup's) has.
 [[nodiscard]] std::optional<std::string> state_problem(v1::BufferRegistryState const& state);
 
 /// The file's bytes for `state` (header and payload). Does not check it.

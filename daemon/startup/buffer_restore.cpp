@@ -2,6 +2,7 @@
 
 #include "daemon/backends/cuda/buffer_import.hpp"
 #include "daemon/log.hpp"
+#include "daemon/restart/backup_restore.hpp"
 #include "daemon/restart/buffer_adoption.hpp"
 #include "daemon/restart/state_file.hpp"
 #include "daemon/wire/proto_convert.hpp"
@@ -134,22 +135,22 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
                                                           std::filesystem::path const& state_file)
 {
   if (!store.available()) {
-    if (!passed.buffers.empty()) {
+    if (!passed.stored.empty()) {
       log::warn(
-          "%d buffer fd(s) were passed, but no service manager listens (NOTIFY_SOCKET is "
+          "%d stored fd(s) were passed, but no service manager listens (NOTIFY_SOCKET is "
           "unset) to keep them: closed",
-          passed.buffers.size());
+          passed.stored.size());
     }
     log::info(
-        "buffers live as long as this daemon: no service manager keeps their fds "
-        "(NOTIFY_SOCKET is unset)");
+        "buffers live as long as this daemon, and so do sleep backups: no service manager keeps "
+        "their fds (NOTIFY_SOCKET is unset)");
     return nullptr;
   }
   drop_others(store, passed.others);
   auto const state      = read_state(state_file);
   auto const previous   = state ? state->daemon_generation() : 0;
   auto const generation = previous + 1;
-  auto result           = restart::reconcile(state, std::move(passed.buffers));
+  auto result           = restart::reconcile(state, std::move(passed.stored));
   core::restart_summary summary{.restarts = previous, .keeping = true};
   for (auto const& problem : result.problems) { log::warn("%s", problem); }
   summary.dropped = result.problems.size();
@@ -213,8 +214,13 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
               r.creator_uid(),
               r.persistent() ? ", persistent" : "");
   }
-  // The records now name exactly what is served; then what is not leaves
-  // the store (a crash between the two leaves unknown fds: dropped next time).
+  auto backups = restart::adopt_backups(core, std::move(result.adopted_backups), *keeper);
+  summary.dropped += backups.dropped;
+  to_remove.insert(
+      to_remove.end(), backups.remove_from_store.begin(), backups.remove_from_store.end());
+  // The records now name exactly what is served and kept; then what is not
+  // leaves the store (a crash between the two leaves unknown fds: dropped
+  // next time).
   if (auto written = keeper->write_now(); !written.ok()) {
     log::error(
         "the state file was not written: buffers published from now on will not be "
@@ -225,15 +231,18 @@ std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& cor
     if (auto removed = store.remove(name); !removed.ok()) { log::warn("%s", removed.message()); }
   }
   log::info(
-      "restart %d of this daemon: %d buffer(s) of %d bytes served again, %d problem(s); "
-      "state file %s",
+      "restart %d of this daemon: %d buffer(s) of %d bytes served again, %d sleep backup(s) of "
+      "%d bytes kept again, %d problem(s); state file %s",
       previous,
       summary.adopted_buffers,
       summary.adopted_bytes,
+      backups.adopted,
+      backups.bytes,
       summary.dropped,
       state_file.string());
   core.pools().set_restart_summary(summary);
   core.buffers().set_buffer_keeper(keeper);
+  core.stables().set_backup_keeper(keeper);
   return keeper;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 
-// At start, before serving: takes back the buffers the daemon before this
-// one kept in systemd's fd store (docs/operations.md, "Restart and upgrade"),
-// and from then on keeps every published buffer there.
+// At start, before serving: takes back the buffers and the sleep backups the
+// daemon before this one kept in systemd's fd store (docs/operations.md,
+// "Restart and upgrade"; docs/sleep.md), and from then on keeps every
+// published buffer and every named sleep backup there (the backups through
+// daemon/restart/backup_restore).
 //
 // The fds the service manager passed (take_passed_fds, called first thing
 // in main), the state file and the rule of daemon/restart/buffer_adoption
@@ -23,9 +25,10 @@
 namespace rmmd::startup {
 
 /// Adopts what can be adopted into `core` and returns the keeper, already
-/// set on `core`; null where no service manager listens (`store` is not
-/// available): then buffers live as long as this daemon, as without
-/// systemd they always did, and the state file is neither read nor written.
+/// set on `core` for buffers and backups; null where no service manager
+/// listens (`store` is not available): then buffers and backups live as
+/// long as this daemon, as without systemd they always did, and the state
+/// file is neither read nor written.
 /// REQUIRES: the pools are added; nothing is served yet.
 std::shared_ptr<restart::fd_store_keeper> restore_buffers(core::daemon_core& core,
                                                           restart::fd_store& store,

@@ -52,8 +52,9 @@ void stop_serving(core::daemon_core& core, endpoints& endpoints, service_status&
   // are cancelled at once: a deadline here would be waited in full while any
   // client keeps its channel open, even an idle one.
   // What closing the sessions now frees stays kept: a restart serves it
-  // again (their clients did not let go of it).
+  // again (their clients did not let go of it), as after a SIGKILL.
   core.buffers().set_buffer_keeper(nullptr);
+  core.stables().set_backup_keeper(nullptr);
   status.stopped();
   core.begin_drain();
   endpoints.stop();

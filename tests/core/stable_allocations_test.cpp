@@ -437,6 +437,23 @@ TEST_F(StableAllocations, ASleepByIdsTakesExactlyThose)
   EXPECT_TRUE(core_.stables().held_by(s).back().awake);
 }
 
+TEST_F(StableAllocations, TheGpusLedgerCountsAwakeMemoryAndNotWhatSleeps)
+{
+  core_.pools().set_driver_usage_source([](int) { return std::optional<std::size_t>(40 * MiB); });
+  auto gpu_memory = [&] {
+    auto const stats = core_.pools().stats();
+    EXPECT_EQ(stats.gpu_memory.size(), 1u);
+    return stats.gpu_memory.empty() ? gpu_memory_use{} : stats.gpu_memory.front();
+  };
+  auto s = open(1000);
+  allocate(s, 6 * MiB, "weights");
+  allocate(s, 2 * MiB, "kv");
+  EXPECT_EQ(gpu_memory().ledger_bytes, 8 * MiB);
+  EXPECT_EQ(gpu_memory().unaccounted_bytes, 32 * MiB);
+  sleep(s, tags({"kv"}));
+  EXPECT_EQ(gpu_memory().ledger_bytes, 6 * MiB);
+}
+
 TEST_F(StableAllocations, KeptBackupsAreDroppedByName)
 {
   auto s = open(1000);

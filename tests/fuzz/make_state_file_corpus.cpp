@@ -2,9 +2,9 @@
 // after a change to proto/rmmd/v1/state.proto):
 //   rmmd_fuzz_state_file_corpus tests/fuzz/corpus
 // Seeds: an empty registry, a host and a CUDA buffer with a manifest (the
-// CUDA one with a fabric handle), a registry of 64 buffers, and three files
-// a reader must refuse (truncated, a flipped payload byte, another format
-// version).
+// CUDA one with a fabric handle), a registry of 64 buffers, two buffers
+// with three sleep backups, and three files a reader must refuse
+// (truncated, a flipped payload byte, another format version).
 
 #include "daemon/restart/fd_store.hpp"
 #include "daemon/restart/state_file.hpp"
@@ -66,6 +66,35 @@ v1::BufferRegistryState registry(int buffers)
   return s;
 }
 
+/// `registry(buffers)` and `backups` sleep backups after them (two names).
+v1::BufferRegistryState with_backups(int buffers, int backups)
+{
+  auto s = registry(buffers);
+  for (int i = 1; i <= backups; ++i) {
+    auto const id = static_cast<std::uint64_t>(buffers + i);
+    v1::StoredBackup b;
+    b.set_fd_id(id);
+    auto const name = i % 2 == 0 ? std::string("engine-1") : std::string("engine-0");
+    b.set_fd_name(restart::backup_fd_name(id, name));
+    b.set_backup_name(name);
+    b.set_uid(1000);
+    b.set_gid(100);
+    b.set_pid(4343);
+    b.set_command("python -m engine");
+    b.set_tag(i == 1 ? "kv" : "weights");
+    b.set_size(3000 * id);
+    b.set_allocation_bytes(2 << 20);
+    b.set_pool_name("gpu0");
+    b.set_gpu_uuid("GPU-5f3c2a1e-0000-1111-2222-333344445555");
+    b.set_host_pool_name("host");
+    b.set_backup_bytes(2 << 20);
+    b.set_asleep_since_unix_ms(1'790'000'000'000);
+    *s.add_backups() = b;
+  }
+  s.set_next_fd_id(static_cast<std::uint64_t>(buffers + backups) + 1);
+  return s;
+}
+
 void write(fs::path const& dir, std::string const& name, std::string const& bytes)
 {
   std::ofstream(dir / name, std::ios::binary) << bytes;
@@ -85,6 +114,7 @@ int main(int argc, char** argv)
   auto const two = restart::encode_state(registry(2));
   write(dir, "host_and_cuda_with_manifest", two);
   write(dir, "sixty_four_buffers", restart::encode_state(registry(64)));
+  write(dir, "buffers_and_backups", restart::encode_state(with_backups(2, 3)));
   write(dir, "truncated", two.substr(0, two.size() - 7));
   auto flipped = two;
   flipped[restart::state_file_header_bytes + 3] ^= 0x01;

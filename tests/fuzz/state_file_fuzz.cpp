@@ -7,9 +7,10 @@
 // Checked: a state is returned only if it keeps every rule (state_problem
 // finds nothing) and encodes back to bytes that decode to the same state; an
 // error has a message. On an accepted state, with one fd per record (facts
-// from the record, some made to disagree) plus one stray fd: every record is
-// adopted or dropped exactly once, every fd adopted or dropped exactly once,
-// each drop has a problem in words, and the next fd id is above every id.
+// from the record, some made to disagree) plus one stray fd: every record
+// (buffer or sleep backup) is adopted or dropped exactly once, every fd
+// adopted or dropped exactly once, each drop has a problem in words, and the
+// next fd id is above every id.
 
 #include "daemon/restart/buffer_adoption.hpp"
 #include "daemon/restart/state_file.hpp"
@@ -49,19 +50,35 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     fds.push_back({b.fd_id(), names[static_cast<std::size_t>(i)], facts});
   }
   fds.push_back({state->next_fd_id() + 5, names.back(), restart::fd_facts{.open = true}});
+  for (int i = 0; i < state->backups_size(); ++i) {
+    auto const& b = state->backups(i);
+    restart::fd_facts facts{.open        = true,
+                            .memfd       = true,
+                            .sealed_size = i % 4 != 3,
+                            .bytes       = b.backup_bytes() + (i % 3 == 1 ? 1 : 0)};
+    fds.push_back({b.fd_id(), b.fd_name(), facts});
+  }
   auto const d = restart::decide_adoption(&*state, fds);
   std::vector<int> record_seen(static_cast<std::size_t>(state->buffers_size()), 0);
+  std::vector<int> backup_seen(static_cast<std::size_t>(state->backups_size()), 0);
   std::vector<int> fd_seen(fds.size(), 0);
   for (auto [r, f] : d.adopt) {
     RMMD_FUZZ_CHECK(r < record_seen.size() && f < fd_seen.size());
     ++record_seen[r];
     ++fd_seen[f];
   }
+  for (auto [r, f] : d.adopt_backups) {
+    RMMD_FUZZ_CHECK(r < backup_seen.size() && f < fd_seen.size());
+    ++backup_seen[r];
+    ++fd_seen[f];
+  }
   for (auto r : d.drop_records) { ++record_seen.at(r); }
+  for (auto r : d.drop_backup_records) { ++backup_seen.at(r); }
   for (auto f : d.drop_fds) { ++fd_seen.at(f); }
   for (int n : record_seen) { RMMD_FUZZ_CHECK(n == 1); }
+  for (int n : backup_seen) { RMMD_FUZZ_CHECK(n == 1); }
   for (int n : fd_seen) { RMMD_FUZZ_CHECK(n == 1); }
-  RMMD_FUZZ_CHECK(d.problems.size() >= d.drop_records.size());
+  RMMD_FUZZ_CHECK(d.problems.size() >= d.drop_records.size() + d.drop_backup_records.size());
   for (auto const& p : d.problems) { RMMD_FUZZ_CHECK(!p.empty()); }
   for (auto const& f : fds) { RMMD_FUZZ_CHECK(d.next_fd_id > f.fd_id); }
   return 0;

@@ -6,12 +6,17 @@
 // from the memory a sleeper gave back; a wake that cannot fit failing at its
 // deadline with nothing mapped; the C ABI's process-wide stable resource
 // that PyTorch's pluggable allocator loads (rmmd.memory_saver), its thread
-// tags and its backups read while asleep; and the pools back at 0 after each.
-// Skips without a GPU (and the other-uid test without root).
+// tags and its backups read while asleep; named backups that survive a
+// SIGKILL of rmmd under a stand-in for systemd's fd store
+// (tools/managed_rmmd.hpp), for an engine killed asleep and for one alive
+// across the restart; and the pools back at 0 after each. Skips without a
+// GPU (and the other-uid test without root).
 
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/daemon_process.hpp"
 #include "tests/tools/device_pattern.hpp"
+#include "tests/tools/kept_buffer_clients.hpp"
+#include "tests/tools/managed_rmmd.hpp"
 #include "tests/tools/pattern.hpp"
 #include "tests/tools/test_users.hpp"
 
@@ -23,6 +28,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -223,6 +231,72 @@ TEST_F(StableMemory, ABackupIsRestoredIntoANewProcessAfterItsEngineWasKilledAsle
   EXPECT_EQ(restorer->read_line(60s).value_or("(nothing: it exited)"), "intact");
   EXPECT_EQ(restorer->wait(20s), 0);
   EXPECT_TRUE(eventually([&] { return in_use(gpu_pool()) == 0 && in_use("host") == 0; }));
+}
+
+TEST_F(StableMemory, NamedBackupsSurviveASigkillOfRmmdAndAreRestoredBitwise)
+{
+  managed_rmmd daemon(
+      {"--cuda-pool-bytes", "4GiB", "--fabric", "off", "--host-pool-bytes", "2GiB"});
+  ASSERT_TRUE(daemon.start());
+  env_        = {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
+  auto in_use = [&](bool host) {
+    std::size_t bytes = 0;
+    auto const stats  = stats_of(daemon);
+    for (auto const& p : stats.pools()) {
+      if ((p.pool().backend() == v1::BACKEND_HOST) == host) { bytes += p.in_use_bytes(); }
+    }
+    return bytes;
+  };
+  constexpr std::size_t bytes       = 256 * MiB;
+  constexpr std::size_t small_bytes = 64 * MiB;
+  // engine-0 is killed asleep before the restart; engine-1 lives across it
+  // (its session the old daemon's); engine-2 ends asleep, to be dropped.
+  auto killed = client({"sleep", "engine-0", std::to_string(bytes), "4242"});
+  ASSERT_EQ(killed->read_line(60s).value_or("(nothing: it exited)"), "asleep");
+  killed->kill(SIGKILL);
+  (void)killed->wait(20s);
+  auto survivor = client({"sleep-across-restart", "engine-1", std::to_string(bytes), "4343"});
+  ASSERT_EQ(survivor->read_line(60s).value_or("(nothing: it exited)"), "asleep");
+  auto ended = client({"sleep", "engine-2", std::to_string(small_bytes), "7"});
+  ASSERT_EQ(ended->read_line(60s).value_or("(nothing: it exited)"), "asleep");
+  ended->close_stdin();
+  EXPECT_EQ(ended->wait(20s), 0);
+  // A sleep answers once its backups are stored: nothing to wait for.
+  EXPECT_EQ(daemon.stored_backups().size(), 3u) << daemon.log();
+
+  auto crashed = daemon.manager().kill_service(SIGKILL);
+  ASSERT_TRUE(crashed && WIFSIGNALED(*crashed));
+  ASSERT_TRUE(daemon.start());
+  EXPECT_THAT(daemon.log(), HasSubstr("3 sleep backup(s) of")) << daemon.log();
+  auto const sleepers = rmmctl_json<v1::ListSleepersResponse>(daemon, {"sleepers"});
+  std::vector<std::string> names;
+  for (auto const& sl : sleepers.sleepers()) {
+    EXPECT_EQ(sl.session_id(), 0u) << sl.backup_name();
+    names.push_back(sl.backup_name());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"engine-0", "engine-1", "engine-2"}));
+  EXPECT_EQ(in_use(true), 2 * bytes + small_bytes);  // charged to the host pool again
+  EXPECT_EQ(in_use(false), 0u);  // engine-1's awake kv is the old daemon's: not in this ledger
+
+  auto restorer = client({"restore", "engine-0", std::to_string(bytes), "4242"});
+  EXPECT_EQ(restorer->read_line(60s).value_or("(nothing: it exited)"), "intact");
+  EXPECT_EQ(restorer->wait(20s), 0);
+  survivor->write_line("go");
+  EXPECT_EQ(survivor->read_line(60s).value_or("(nothing: it exited)"), "intact");
+  survivor->close_stdin();
+  EXPECT_EQ(survivor->wait(20s), 0);
+  auto drop = run({program_path("rmmctl").string(),
+                   "--runtime-dir",
+                   daemon.runtime_dir().string(),
+                   "sleepers",
+                   "drop",
+                   "engine-2"});
+  EXPECT_EQ(drop.status, 0) << drop.out;
+  // Restored and woken, or dropped: out of the store, and the memory free.
+  EXPECT_TRUE(daemon.wait_for_stored_backups(0)) << daemon.log();
+  EXPECT_TRUE(eventually([&] { return in_use(true) == 0 && in_use(false) == 0; }));
+  EXPECT_EQ(rmmctl_json<v1::ListSleepersResponse>(daemon, {"sleepers"}).sleepers_size(), 0);
 }
 
 TEST_F(StableMemory, AWakeThatCannotFitFailsAtItsDeadlineWithNothingMapped)

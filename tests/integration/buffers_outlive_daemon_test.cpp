@@ -199,7 +199,7 @@ TEST(BuffersOutliveDaemon, ACorruptStateFileIsReportedAndNothingIsServed)
   }
   ASSERT_TRUE(daemon.start());
   EXPECT_THAT(daemon.log(), HasSubstr("the state file cannot be used"));
-  EXPECT_THAT(daemon.log(), HasSubstr("there is no usable state file to say which buffer it is"));
+  EXPECT_THAT(daemon.log(), HasSubstr("there is no usable state file to say whose it is"));
   EXPECT_THAT(listed(daemon), IsEmpty());
   EXPECT_TRUE(daemon.wait_for_stored(0)) << "the unknown fd stays in the store";
   EXPECT_EQ(stats_of(daemon).restart().dropped_at_start(), 1u);

@@ -133,6 +133,46 @@ TEST(DecideAdoption, TwoFdsOfOneNameAreBothDropped)
   EXPECT_THAT(d.problems[0], HasSubstr("2 fds of that name"));
 }
 
+v1::StoredBackup backup(std::uint64_t fd_id, std::string const& name, std::uint64_t bytes = 8192)
+{
+  v1::StoredBackup b;
+  b.set_fd_id(fd_id);
+  b.set_fd_name(backup_fd_name(fd_id, name));
+  b.set_backup_name(name);
+  b.set_uid(1000);
+  b.set_tag("weights");
+  b.set_size(bytes);
+  b.set_allocation_bytes(bytes);
+  b.set_backup_bytes(bytes);
+  b.set_pool_name("gpu0");
+  b.set_host_pool_name("host");
+  return b;
+}
+
+TEST(DecideAdoption, BackupsAreAdoptedBesideBuffersByTheSameRule)
+{
+  auto state           = state_of({record(1, "weights")}, 6);
+  *state.add_backups() = backup(2, "engine-0");
+  *state.add_backups() = backup(3, "engine-0");  // its fd did not come back
+  *state.add_backups() = backup(4, "engine-1");  // its fd has the wrong size
+  *state.add_backups() = backup(5, "engine-2");  // its fd is not a memfd
+  std::vector<stored_fd_view> fds{{1, state.buffers(0).fd_name(), sealed_memfd(4096)},
+                                  {2, state.backups(0).fd_name(), sealed_memfd(8192)},
+                                  {4, state.backups(2).fd_name(), sealed_memfd(4096)},
+                                  {5, state.backups(3).fd_name(), device_fd()}};
+  auto d = decide_adoption(&state, fds);
+  EXPECT_THAT(d.adopt, ElementsAre(std::pair<std::size_t, std::size_t>{0, 0}));
+  EXPECT_THAT(d.adopt_backups, ElementsAre(std::pair<std::size_t, std::size_t>{0, 1}));
+  EXPECT_THAT(d.drop_backup_records, ElementsAre(1u, 2u, 3u));
+  EXPECT_THAT(d.drop_records, IsEmpty());
+  EXPECT_THAT(d.drop_fds, ElementsAre(2u, 3u));
+  ASSERT_THAT(d.problems, SizeIs(3));
+  EXPECT_THAT(d.problems[0], HasSubstr("backup 'engine-0' of uid 1000"));
+  EXPECT_THAT(d.problems[0], HasSubstr("passed no fd for it, so its memory is gone: not kept"));
+  EXPECT_THAT(d.problems[1], HasSubstr("the memfd has 4096 bytes, the record 8192: not kept"));
+  EXPECT_THAT(d.problems[2], HasSubstr("the fd is not a memfd"));
+}
+
 int sealed_memfd_of(std::size_t bytes)
 {
   int fd = ::memfd_create("adoption-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -162,7 +202,7 @@ TEST(InspectFd, TellsMemfdsSealsAndSizes)
 TEST(Reconcile, AdoptsRealMemfdsAndClosesWhatItDrops)
 {
   auto const state = state_of({record(1, "keep"), record(2, "gone")}, 3);
-  std::vector<passed_buffer_fd> fds;
+  std::vector<passed_stored_fd> fds;
   fds.push_back({1, buffer_fd_name(1, "keep"), owned_fd(sealed_memfd_of(4096))});
   int const stray = sealed_memfd_of(4096);
   fds.push_back({7, buffer_fd_name(7, "stray"), owned_fd(stray)});
@@ -175,6 +215,20 @@ TEST(Reconcile, AdoptsRealMemfdsAndClosesWhatItDrops)
   EXPECT_EQ(r.next_fd_id, 8u);
   // The stray fd was closed: its number is free again (or reused by another open).
   EXPECT_EQ(::fcntl(stray, F_GETFD), -1);
+}
+
+TEST(Reconcile, HandsBackupsBackWithTheirMemfds)
+{
+  auto state           = state_of({}, 3);
+  *state.add_backups() = backup(2, "engine-0");
+  std::vector<passed_stored_fd> fds;
+  fds.push_back({2, backup_fd_name(2, "engine-0"), owned_fd(sealed_memfd_of(8192))});
+  auto r = reconcile(state, std::move(fds));
+  EXPECT_THAT(r.adopted, IsEmpty());
+  ASSERT_THAT(r.adopted_backups, SizeIs(1));
+  EXPECT_EQ(r.adopted_backups[0].record.backup_name(), "engine-0");
+  EXPECT_EQ(inspect_fd(r.adopted_backups[0].fd.get()).bytes, 8192u);
+  EXPECT_THAT(r.problems, IsEmpty());
 }
 
 }  // namespace

@@ -40,6 +40,19 @@ TEST(BufferFdName, OtherNamesAreNotBuffers)
   EXPECT_EQ(buffer_fd_id("rmmd-buffer-12"), 12u);
 }
 
+TEST(BackupFdName, HasItsOwnPrefixAndBothAreStoredFds)
+{
+  EXPECT_EQ(backup_fd_name(9, "engine-0"), "rmmd-backup-9.engine-0");
+  EXPECT_EQ(backup_fd_id("rmmd-backup-9.engine-0"), 9u);
+  EXPECT_FALSE(buffer_fd_id("rmmd-backup-9.engine-0").has_value());
+  EXPECT_FALSE(backup_fd_id("rmmd-buffer-9.weights").has_value());
+  EXPECT_EQ(stored_fd_id("rmmd-backup-9.engine-0"), 9u);
+  EXPECT_EQ(stored_fd_id("rmmd-buffer-8.weights"), 8u);
+  EXPECT_FALSE(stored_fd_id("rmmd-backup-x").has_value());
+  EXPECT_FALSE(stored_fd_id("rmmd.socket").has_value());
+  EXPECT_EQ(backup_fd_name(1, std::string(300, 'y')).size(), max_fd_name_bytes);
+}
+
 TEST(FdNameRules, AsSystemdChecksThem)
 {
   EXPECT_TRUE(is_valid_fd_name(""));
@@ -74,7 +87,7 @@ TEST(TakePassedFds, NothingPassedIsNothingTaken)
   ::unsetenv("LISTEN_FDS");
   ::unsetenv("LISTEN_PID");
   auto passed = take_passed_fds();
-  EXPECT_TRUE(passed.buffers.empty());
+  EXPECT_TRUE(passed.stored.empty());
   EXPECT_TRUE(passed.others.empty());
 }
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -38,6 +39,41 @@ v1::StoredBuffer host_record(std::uint64_t fd_id, std::string const& name)
   b.set_state(v1::BUFFER_STATE_PUBLISHED);
   b.set_created_unix_ms(1'700'000'000'000);
   return b;
+}
+
+v1::StoredBackup backup_record(std::uint64_t fd_id, std::string const& name)
+{
+  v1::StoredBackup b;
+  b.set_fd_id(fd_id);
+  b.set_fd_name(backup_fd_name(fd_id, name));
+  b.set_backup_name(name);
+  b.set_uid(1000);
+  b.set_gid(100);
+  b.set_pid(43);
+  b.set_command("engine --serve");
+  b.set_tag("weights");
+  b.set_size(3000);
+  b.set_allocation_bytes(2 << 20);
+  b.set_pool_name("gpu0");
+  b.set_gpu_uuid("GPU-0123");
+  b.set_host_pool_name("host");
+  b.set_backup_bytes(2 << 20);
+  b.set_asleep_since_unix_ms(1'700'000'000'000);
+  return b;
+}
+
+/// Two buffers and, beside them, the sleep backups of one name.
+v1::BufferRegistryState sample_state_with_backups()
+{
+  v1::BufferRegistryState s;
+  s.set_format_version(state_format_version);
+  s.set_next_fd_id(5);
+  *s.add_buffers() = host_record(1, "team/model/layer0");
+  *s.add_backups() = backup_record(3, "engine-0");
+  auto second      = backup_record(4, "engine-0");
+  second.set_tag("kv");
+  *s.add_backups() = second;
+  return s;
 }
 
 v1::BufferRegistryState sample_state()
@@ -273,6 +309,93 @@ TEST(StateProblem, EachRuleNamesTheRecord)
       },
       "another record has its fd");
   EXPECT_FALSE(state_problem(sample_state()).has_value());
+}
+
+TEST(StateProblem, EachBackupRuleNamesTheBackupRecord)
+{
+  auto check = [](auto change, char const* expected) {
+    auto state = sample_state_with_backups();
+    change(*state.mutable_backups(1));
+    auto why = state_problem(state);
+    ASSERT_TRUE(why.has_value()) << expected;
+    EXPECT_THAT(*why, HasSubstr("backup record 1 (backup '")) << expected;
+    EXPECT_THAT(*why, HasSubstr("' of uid 1000): ")) << expected;
+    EXPECT_THAT(*why, HasSubstr(expected));
+  };
+  using b = v1::StoredBackup;
+  check([](b& r) { r.set_fd_name("a:b"); }, "fd name is not one systemd gives");
+  check([](b& r) { r.set_fd_name(buffer_fd_name(4, "engine-0")); }, "is not a backup's");
+  check(
+      [](b& r) {
+        r.set_fd_id(9);
+        r.set_fd_name(backup_fd_name(9, "engine-0"));
+      },
+      "not below next_fd_id");
+  check([](b& r) { r.set_backup_name("../x"); }, "backup name");
+  check([](b& r) { r.set_tag(""); }, "its tag");
+  check([](b& r) { r.set_size(0); }, "size is 0");
+  check([](b& r) { r.set_allocation_bytes(10); }, "sizes do not fit");
+  check([](b& r) { r.set_backup_bytes(4096); }, "sizes do not fit");
+  check([](b& r) { r.clear_host_pool_name(); }, "no host pool");
+  check(
+      [](b& r) {
+        r.set_fd_id(1);  // the buffer's
+        r.set_fd_name(backup_fd_name(1, "engine-0"));
+      },
+      "another record has its fd_id 1");
+  check(
+      [](b& r) {
+        r.set_fd_id(3);
+        r.set_fd_name(backup_fd_name(3, "engine-0"));
+      },
+      "another record has its fd name");
+  EXPECT_FALSE(state_problem(sample_state_with_backups()).has_value());
+}
+
+TEST_F(StateFile, BackupsReadBackWholeBesideTheBuffers)
+{
+  auto const state = sample_state_with_backups();
+  ASSERT_TRUE(write_state_file(file(), state).ok());
+  auto read = read_state_file(file());
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->has_value());
+  EXPECT_EQ((*read)->SerializeAsString(), state.SerializeAsString());
+  EXPECT_EQ((*read)->backups_size(), 2);
+  EXPECT_EQ((*read)->backups(1).tag(), "kv");
+}
+
+TEST(StoredRecord, ABackupsRecordCarriesWhatARestoreNeeds)
+{
+  auto const since = std::chrono::system_clock::time_point(std::chrono::milliseconds(1234567));
+  auto r           = stored_record(core::kept_backup{.id             = 5,
+                                                     .uid            = 1000,
+                                                     .gid            = 100,
+                                                     .pid            = 42,
+                                                     .command        = "engine",
+                                                     .backup_name    = "engine-0",
+                                                     .tag            = "weights",
+                                                     .size           = 3000,
+                                                     .bytes          = 2 << 20,
+                                                     .pool_name      = "gpu0",
+                                                     .gpu_uuid       = "GPU-1",
+                                                     .host_pool_name = "host",
+                                                     .fd             = -1,
+                                                     .backup_bytes   = 2 << 20,
+                                                     .asleep_since   = since});
+  EXPECT_EQ(r.backup_name(), "engine-0");
+  EXPECT_EQ(r.uid(), 1000u);
+  EXPECT_EQ(r.gid(), 100u);
+  EXPECT_EQ(r.pid(), 42);
+  EXPECT_EQ(r.command(), "engine");
+  EXPECT_EQ(r.tag(), "weights");
+  EXPECT_EQ(r.size(), 3000u);
+  EXPECT_EQ(r.allocation_bytes(), 2u << 20);
+  EXPECT_EQ(r.pool_name(), "gpu0");
+  EXPECT_EQ(r.gpu_uuid(), "GPU-1");
+  EXPECT_EQ(r.host_pool_name(), "host");
+  EXPECT_EQ(r.backup_bytes(), 2u << 20);
+  EXPECT_EQ(r.asleep_since_unix_ms(), 1234567);
+  EXPECT_TRUE(r.fd_name().empty());  // the keeper's to set
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ int main(int argc, char** argv)
   auto passed           = rmmd::restart::take_passed_fds();
   std::string status    = "STATUS=passed buffers:";
   std::uint64_t next_id = 1;
-  for (auto const& b : passed.buffers) {
+  for (auto const& b : passed.stored) {
     status += " " + b.name + "=" + content_of(b.fd.get()) + ",";
     if (b.fd_id >= next_id) { next_id = b.fd_id + 1; }
   }

@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -95,11 +96,23 @@ class managed_rmmd {
   /// Stored fd names that are buffers' ("rmmd-buffer-...").
   [[nodiscard]] std::vector<std::string> stored_buffers() const
   {
-    std::vector<std::string> out;
-    for (auto& name : manager_->stored_names()) {
-      if (name.starts_with("rmmd-buffer-")) { out.push_back(name); }
-    }
-    return out;
+    return stored_with("rmmd-buffer-");
+  }
+  /// Stored fd names that are sleep backups' ("rmmd-backup-...").
+  [[nodiscard]] std::vector<std::string> stored_backups() const
+  {
+    return stored_with("rmmd-backup-");
+  }
+  /// Waits until exactly `n` backup fds are stored.
+  bool wait_for_stored_backups(std::size_t n)
+  {
+    return manager_->wait_for_store(
+        [&](std::vector<std::string> const& names) {
+          return static_cast<std::size_t>(std::count_if(names.begin(), names.end(), [](auto& name) {
+                   return name.starts_with("rmmd-backup-");
+                 })) == n;
+        },
+        harness::steady::now() + std::chrono::seconds(20));
   }
   /// Waits until exactly `n` buffer fds are stored, the last ending in
   /// `suffix` if given.
@@ -120,6 +133,15 @@ class managed_rmmd {
   }
 
  private:
+  [[nodiscard]] std::vector<std::string> stored_with(std::string const& prefix) const
+  {
+    std::vector<std::string> out;
+    for (auto& name : manager_->stored_names()) {
+      if (name.starts_with(prefix)) { out.push_back(name); }
+    }
+    return out;
+  }
+
   std::vector<std::string> args_;
   std::filesystem::path dir_;
   std::unique_ptr<harness::service_manager> manager_;

@@ -98,7 +98,9 @@ class stable_memory_resource_impl {
     return this == &other;
   }
 
-  /// One allocation: its daemon id, its reserved range, its mapping.
+  /// One allocation: its id (the daemon's, with the generation of the daemon
+  /// that made it: client/detail/session_ids.hpp), its reserved range, its
+  /// mapping.
   struct entry {
     std::uint64_t id{};
     std::uintptr_t address{};
@@ -121,7 +123,6 @@ class stable_memory_resource_impl {
   session session_;
   pool_info pool_;
   std::string default_tag_;
-  std::uint32_t daemon_pool_{};
   mutable std::mutex mutex_;  // guards entries_; held across a sleep or a wake
   std::map<std::uintptr_t, entry> entries_;
 };

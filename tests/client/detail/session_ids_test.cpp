@@ -123,6 +123,23 @@ TEST_F(SessionIds, ABufferHeldAgainTakesItsNewId)
   EXPECT_TRUE(answered->ok());
 }
 
+TEST_F(SessionIds, StableFdsOfAnEarlierDaemonsAllocationsAreRefusedWithoutAsking)
+{
+  reconnect();
+  v1::SessionCall now;
+  now.mutable_stable_fds()->add_allocation_ids(client_id(3, 1));
+  EXPECT_FALSE(ids_.to_daemon(now, 1).has_value());
+  EXPECT_EQ(now.stable_fds().allocation_ids(0), 3u);  // as the daemon of now knows it
+
+  v1::SessionCall old;
+  old.mutable_stable_fds()->add_allocation_ids(client_id(4, 1));
+  old.mutable_stable_fds()->add_allocation_ids(3);  // generation 0's allocation 3
+  auto answered = ids_.to_daemon(old, 1);
+  ASSERT_TRUE(answered.has_value());
+  EXPECT_EQ(answered->error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(answered->error_message().find("restore(name)"), std::string::npos);
+}
+
 TEST_F(SessionIds, AContextIsMadeOnlyForTheGenerationOfNow)
 {
   EXPECT_NE(ids_.target(0).context, nullptr);
