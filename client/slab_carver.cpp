@@ -489,10 +489,18 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
     parked.reserve(64);
   } catch (std::bad_alloc const&) {
   }
+  // Freeing an import (cudaFreeAsync), and maybe destroying RMM's events,
+  // count as unsafe while another thread captures in global mode: made in
+  // this thread's default mode, they failed (cudaErrorStreamCaptureUnsupported)
+  // and invalidated that capture (shown on an H200). In relaxed mode this
+  // thread's calls are not held against other threads' captures; the slabs
+  // are no graph's memory, and RMM's events were recorded outside captures.
+  auto mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   parked_slabs = &parked;
   for (auto& pool : idle) {
     try {
-      pool.reset();
+      pool.reset();  // RMM waits for its streams' events, then frees its events
     } catch (std::exception const& e) {
       rmmd::detail::stderr_line(
           "rmmd: trimming pool '%s': %s\n", owner_.pool().name.c_str(), e.what());
@@ -502,6 +510,7 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
   parked_slabs = nullptr;
   cuda::stream_ref const order{release_stream_ != nullptr ? release_stream_ : cudaStreamLegacy};
   for (void* slab : parked) { owner_.unlease_slab(order, slab); }
+  cudaThreadExchangeStreamCaptureMode(&mode);
   return bytes;
 }
 

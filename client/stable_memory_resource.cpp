@@ -168,7 +168,15 @@ stable_memory_resource_impl::~stable_memory_resource_impl()
   std::lock_guard lock(mutex_);
   device_scope on(pool_.device);
   if (cudaDeviceSynchronize() != cudaSuccess) { cudaGetLastError(); }
-  for (auto& [address, e] : entries_) { free_entry(e); }
+  for (auto& [address, e] : entries_) {
+    if (e.kept) {
+      // Asleep under a backup name: the daemon keeps it once the session
+      // ends; only this process's addresses go.
+      stable::unreserve(e.address, e.bytes);
+      continue;
+    }
+    free_entry(e);
+  }
   entries_.clear();
 }
 
@@ -331,6 +339,9 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
   v1::SleepDoneResponse released;
   throw_if_failed(call_with(s, &v1::Rmmd::Stub::SleepDone, done, &released),
                   "rmmd: sleep (releasing the memory)");
+  if (!backup_name.empty()) {
+    for (auto* e : backed) { e->kept = true; }
+  }
   return released.released_bytes();
 }
 

@@ -114,6 +114,7 @@ void map(stable_memory_resource_impl::entry& e, int fd, int device)
   }
   e.handle = handle;
   e.mapped = true;
+  e.kept   = false;
 }
 
 void unmap(stable_memory_resource_impl::entry& e) noexcept

@@ -109,6 +109,10 @@ class stable_memory_resource_impl {
     std::string tag;
     std::uint64_t handle{};  ///< the imported CUmemGenericAllocationHandle while mapped
     bool mapped{false};
+    /// Asleep with a host backup under a name: the resource's destructor
+    /// leaves it to the daemon, which keeps it under that name once the
+    /// session ends (an engine restarted on purpose restores it).
+    bool kept{false};
   };
 
  private:
