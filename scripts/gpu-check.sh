@@ -27,9 +27,10 @@
 #                  device's free memory), alone after those above
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 15; the 100-round soak is its own run)
-# With the channel, gpu (in shards), python (in shards), soak and the
-# CPU-only suites (integration, manifest, examples, one after another) run at
-# once; then python-exclusive alone; then gpu-no-imex (in shards). Each suite's log goes to
+# First gpu-no-imex (in shards, the channel removed); then, with the channel,
+# gpu (in shards), python (in shards), soak and the CPU-only suites
+# (integration in three parts, then manifest, examples) at once; then
+# python-exclusive alone. Each suite's log goes to
 # gpu-check-logs/gpu-check-<suite>.log (and, where $OUT is set, all of them
 # packed into $OUT/gpu-check-logs.tgz). A suite passes when its program exits 0; the line
 # says how many tests passed, failed and skipped, and why each skipped.
@@ -188,9 +189,21 @@ pytest_counts() {
   echo "$counts${reasons:+ ($reasons)}"
 }
 
+# Three at once (each test has a daemon of its own): rmmd_integration_tests
+# in two shards, and the other programs one after another. In one chain it
+# took 450 s on the GPU host (06c2cf1), the longest suite.
 integration_suite() {
-  rmmd_integration_tests && rmmd_peering_integration_tests && rmmd_buffer_restart_tests &&
-    rmmd_fd_store_restart_tests && rmmd_soak --backend host --rounds 20 --clients 6 --progress-every 0
+  local rc=0 pids=() i
+  for i in 0 1; do
+    GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i rmmd_integration_tests >"$logs/int-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  (rmmd_peering_integration_tests && rmmd_buffer_restart_tests && rmmd_fd_store_restart_tests &&
+    rmmd_soak --backend host --rounds 20 --clients 6 --progress-every 0) >"$logs/int-2.log" 2>&1 &
+  pids+=($!)
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  cat "$logs"/int-[012].log
+  return $rc
 }
 
 run_step() {
@@ -214,6 +227,15 @@ run_step() {
   src=$(strings "$bin/rmmd_gpu_tests" | grep -m1 -E '^/.*/deploy$' | sed 's,/deploy$,,' || true)
   if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
   nvidia-smi -L | sed 's/^/gpu-check: /'
+
+  # First, without it: the tests that skip where there is one, and the
+  # POSIX-fd cases again on pools that cannot take fabric handles (first, so
+  # that a run cut short by its call's limit still has them: 06c2cf1's was).
+  if wanted gpu-no-imex; then
+    rm -f "$channel"
+    run_suite gpu-no-imex gtest gpu_suite \
+      'FabricPool.*:PeeringWithoutImex.*:PeeringWithoutImexRequired.*:*DeviceShared*PosixFd*:*ReadOnlyDeviceBuffers*PosixFd*:*ShareExamples*:*Outlive*'
+  fi
   make_channel || true
 
   # With the channel: everything at once (the CPU-only suites one after
@@ -236,15 +258,6 @@ run_step() {
   # Alone on the GPUs: the tests that read a device's free memory.
   if wanted python-exclusive; then
     run_suite python-exclusive pytest python/tests/run_gpu.sh "$bundle" -m gpu_exclusive
-  fi
-
-  # Without it: the tests that skip where there is one, and the POSIX-fd
-  # cases again on pools that cannot take fabric handles.
-  if wanted gpu-no-imex; then
-    rm -f "$channel"
-    run_suite gpu-no-imex gtest gpu_suite \
-      'FabricPool.*:PeeringWithoutImex.*:PeeringWithoutImexRequired.*:*DeviceShared*PosixFd*:*ReadOnlyDeviceBuffers*PosixFd*:*ShareExamples*:*Outlive*'
-    make_channel || true
   fi
 
   echo "gpu-check: summary of commit $(cat "$bundle/commit" 2>/dev/null || echo unknown)"
