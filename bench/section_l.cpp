@@ -27,7 +27,7 @@
 namespace rmmd::bench {
 namespace {
 
-constexpr double takeover_target_ms = 100.0;  // issue 37: SIGKILL to grant, p50
+constexpr double takeover_target_ms = 100.0;  // SIGKILL to grant, p50
 constexpr char const* buffer_name   = "bench-l/kv";
 
 long long ns_of(steady::time_point t)

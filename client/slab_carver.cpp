@@ -468,10 +468,10 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
   // destroyed; the slabs it hands back meanwhile are parked, and given back
   // after that wait, in the order of this carver's own stream. Nothing waits
   // for the whole device (cudaDeviceSynchronize), which would invalidate
-  // another thread's graph capture in global mode (issue 39). Frees on
+  // another thread's graph capture in global mode. Frees on
   // cudaStreamPerThread are the exception: RMM keeps their events per
   // thread, where the pool does not wait for them, so a lane that had one
-  // waits for the device first, as every trim once did.
+  // waits for the device first.
   if (device_wide) {
     if (auto err = cudaDeviceSynchronize(); err != cudaSuccess) {
       cudaGetLastError();
@@ -490,11 +490,11 @@ std::size_t slab_carver::trim_lanes(Pick which) noexcept
   } catch (std::bad_alloc const&) {
   }
   // Freeing an import (cudaFreeAsync), and maybe destroying RMM's events,
-  // count as unsafe while another thread captures in global mode: made in
-  // this thread's default mode, they failed (cudaErrorStreamCaptureUnsupported)
-  // and invalidated that capture (shown on an H200). In relaxed mode this
-  // thread's calls are not held against other threads' captures; the slabs
-  // are no graph's memory, and RMM's events were recorded outside captures.
+  // count as unsafe while another thread captures in global mode: in this
+  // thread's default mode they fail (cudaErrorStreamCaptureUnsupported) and
+  // invalidate that capture. In relaxed mode this thread's calls are not
+  // held against other threads' captures; the slabs are no graph's memory,
+  // and RMM's events were recorded outside captures.
   auto mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
   parked_slabs = &parked;

@@ -14,7 +14,8 @@ unsigned long raise_open_file_limit() noexcept
     auto const was = limit.rlim_cur;
     limit.rlim_cur = limit.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
-      rmmd::log::write(rmmd::log::level::debug, "open-file limit raised from %lu to %lu (the hard limit)",
+      rmmd::log::write(rmmd::log::level::debug,
+                       "open-file limit raised from %lu to %lu (the hard limit)",
                        static_cast<unsigned long>(was),
                        static_cast<unsigned long>(limit.rlim_cur));
     } else {

@@ -42,13 +42,13 @@ extern "C" {
 /* DESIGN.md's error table; the values are gRPC's status codes. */
 typedef enum rmmd_status {
   RMMD_SUCCESS                   = 0,
-  RMMD_ERROR_INVALID_ARGUMENT    = 3,  /* bad size, alignment, name, pool, handle */
-  RMMD_ERROR_DEADLINE_EXCEEDED   = 4,  /* a wait ended first (a write lease held): nothing changed */
-  RMMD_ERROR_NOT_FOUND           = 5,  /* no such allocation or shared buffer */
-  RMMD_ERROR_ALREADY_EXISTS      = 6,  /* a shared buffer of that name exists */
-  RMMD_ERROR_PERMISSION_DENIED   = 7,  /* uid or gid not allowed */
-  RMMD_ERROR_OUT_OF_MEMORY       = 8,  /* quota, pool limit, device memory */
-  RMMD_ERROR_FAILED_PRECONDITION = 9,  /* not published yet, not the creator, ... */
+  RMMD_ERROR_INVALID_ARGUMENT    = 3, /* bad size, alignment, name, pool, handle */
+  RMMD_ERROR_DEADLINE_EXCEEDED   = 4, /* a wait ended first (a write lease held): nothing changed */
+  RMMD_ERROR_NOT_FOUND           = 5, /* no such allocation or shared buffer */
+  RMMD_ERROR_ALREADY_EXISTS      = 6, /* a shared buffer of that name exists */
+  RMMD_ERROR_PERMISSION_DENIED   = 7, /* uid or gid not allowed */
+  RMMD_ERROR_OUT_OF_MEMORY       = 8, /* quota, pool limit, device memory */
+  RMMD_ERROR_FAILED_PRECONDITION = 9, /* not published yet, not the creator, ... */
   RMMD_ERROR_INTERNAL            = 13, /* a CUDA or system error, named in the message */
   RMMD_ERROR_SESSION             = 14  /* no daemon, daemon gone or draining, session lost */
 } rmmd_status;
@@ -469,11 +469,8 @@ RMMD_API rmmd_status rmmd_stable_restore(rmmd_stable_resource_t resource,
  * `bytes` long). *copied: `bytes`, or 0 where that allocation is awake or
  * sleeps without a backup (nothing is copied then). RMMD_ERROR_NOT_FOUND
  * where [ptr, ptr + bytes) is not inside one of the resource's allocations. */
-RMMD_API rmmd_status rmmd_stable_read_backup(rmmd_stable_resource_t resource,
-                                             void const* ptr,
-                                             size_t bytes,
-                                             void* out,
-                                             size_t* copied);
+RMMD_API rmmd_status rmmd_stable_read_backup(
+    rmmd_stable_resource_t resource, void const* ptr, size_t bytes, void* out, size_t* copied);
 /* Frees the backups kept under backup_name. */
 RMMD_API rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
                                               char const* backup_name,

@@ -276,10 +276,12 @@ TEST(RestartSoak, ABufferAndEveryClientModeRideThroughSigkilledRestarts)
   auto const grown = *used_after > *used_before ? *used_after - *used_before : 0;
   if (env_or("RMMD_SOAK_SHARED_GPU", 0) == 0) {
     EXPECT_LE(grown, memory_slack_bytes)
-        << "GPU memory used: " << *used_before << " bytes before the daemon started, " << *used_after
-        << " after the soak";
+        << "GPU memory used: " << *used_before << " bytes before the daemon started, "
+        << *used_after << " after the soak";
   } else {
-    std::printf("restart soak: the GPU is shared (RMMD_SOAK_SHARED_GPU): its used memory is not compared\n");
+    std::printf(
+        "restart soak: the GPU is shared (RMMD_SOAK_SHARED_GPU): its used memory is not "
+        "compared\n");
   }
   std::printf("restart soak: %" PRIu64 " rounds, seed %" PRIu64 ", %" PRIu64 " restarts, %" PRIu64
               " bytes checked, %" PRIu64 " client iterations, GPU used %zu -> %zu bytes\n",

@@ -56,7 +56,7 @@ class StableMemory : public ::testing::Test {
 
   /// rmmd (as `user`, root if empty) with a CUDA pool of `gpu_pool` on each
   /// GPU and a host pool for the backups; `extra` flags.
-  void start(std::string const& gpu_pool = "4GiB",
+  void start(std::string const& gpu_pool    = "4GiB",
              std::vector<std::string> extra = {},
              std::string const& user        = {})
   {
@@ -338,8 +338,8 @@ TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
   auto daemon_account = ensure_user(daemon_user, daemon_group);
   auto b              = ensure_user(client_user_b, daemon_group);
   if (!daemon_account || !b) { GTEST_SKIP() << users_need_root(); }
-  for (auto const& [user, program] : {std::pair{*daemon_account, "rmmd"},
-                                      std::pair{*b, "rmmd_stable_client"}}) {
+  for (auto const& [user, program] :
+       {std::pair{*daemon_account, "rmmd"}, std::pair{*b, "rmmd_stable_client"}}) {
     if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
       GTEST_SKIP() << why;
     }
