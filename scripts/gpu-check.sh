@@ -21,7 +21,7 @@
 #                  other users from a copy of the bundle in /opt/rmmdb)
 #   manifest       rmmd_buffer_manifest_tests
 #   examples       rmmd_example_tests
-#   python         python/tests with the host's Python (PyTorch, CuPy, JAX), by file
+#   python         python/tests with the host's Python (PyTorch, CuPy, JAX), by test
 #                  in RMMD_GPU_CHECK_PY_SHARDS (6) pytest processes at once
 #   python-exclusive  the Python tests marked gpu_exclusive (they read the
 #                  device's free memory), alone after those above
@@ -150,28 +150,19 @@ gpu_suite() {
 }
 
 # The Python suite in RMMD_GPU_CHECK_PY_SHARDS pytest processes at once
-# (default 6), by file: the GPU-heavy files first, dealt round-robin, so
-# each shard gets one (every test has a daemon and a runtime directory of
-# its own). Each shard prints its own summary line; pytest_counts sums them.
+# (default 6), each every Nth test of the whole suite (RMMD_PYTEST_SHARD,
+# conftest.py): one file's long tests spread over all of them (every test
+# has a daemon and a runtime directory of its own). Each shard prints its
+# own summary line; pytest_counts sums them.
 python_suite() {
-  local shards=${RMMD_GPU_CHECK_PY_SHARDS:-6} rc=0 pids=() i=0 f
-  local heavy=(test_gpu.py test_weights_gpu.py test_restart_gpu.py test_peering_gpu.py test_memory_saver.py
-    test_checkpoint_gpu.py test_sleep_example_gpu.py)
-  local files=() groups=()
-  for f in "${heavy[@]}"; do [ -f "python/tests/$f" ] && files+=("python/tests/$f"); done
-  for f in python/tests/test_*.py; do
-    [[ " ${files[*]} " == *" $f "* ]] || files+=("$f")
-  done
-  for f in "${files[@]}"; do groups[i % shards]+=" $f"; i=$((i + 1)); done
+  local shards=${RMMD_GPU_CHECK_PY_SHARDS:-6} rc=0 pids=() i
   for ((i = 0; i < shards; i++)); do
-    [ -n "${groups[i]:-}" ] || continue
-    # shellcheck disable=SC2086
-    python/tests/run_gpu.sh "$bundle" -v -v -o faulthandler_timeout=150 --durations=5 \
-      -m "not gpu_exclusive" ${groups[i]} >"$logs/py-shard-$i.log" 2>&1 &
+    RMMD_PYTEST_SHARD=$i/$shards python/tests/run_gpu.sh "$bundle" -v -v -o faulthandler_timeout=150 \
+      --durations=5 -m "not gpu_exclusive" >"$logs/py-shard-$i.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-  for ((i = 0; i < shards; i++)); do [ ! -f "$logs/py-shard-$i.log" ] || cat "$logs/py-shard-$i.log"; done
+  for ((i = 0; i < shards; i++)); do cat "$logs/py-shard-$i.log"; done
   return $rc
 }
 

@@ -62,6 +62,20 @@ def pytest_report_header(config: Any) -> list[str]:
     return [f"rmmd: library {LIBRARY}", f"rmmd: daemon {DAEMON}", f"rmmd: rmmctl {RMMCTL}"]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """``RMMD_PYTEST_SHARD=I/N`` keeps every Nth selected test from the Ith:
+    N processes at once run the suite's tests in turn, so the long tests of
+    one file (test_gpu.py's) spread over all of them (scripts/gpu-check.sh)."""
+    shard = os.environ.get("RMMD_PYTEST_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    kept = [item for n, item in enumerate(items) if n % count == index]
+    config.hook.pytest_deselected(items=[item for n, item in enumerate(items) if n % count != index])
+    items[:] = kept
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
     """Polls `predicate` until it returns something true; fails after `timeout` s."""
     deadline = time.monotonic() + timeout
