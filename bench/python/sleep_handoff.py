@@ -21,6 +21,7 @@ asked, and asks it, each answer awaited with a deadline.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import selectors
@@ -215,6 +216,7 @@ def main() -> int:
     p.add_argument("--bytes", type=int, required=True, help="what to allocate at 'go'")
     p.add_argument("--room", type=int, default=0, help="torch: the free bytes to leave when filling the device")
     a = p.parse_args()
+    faulthandler.enable()  # a crash shows its Python stack in the taker's stderr
     taker_worker(a.kind, a.bytes, a.room)
     return 0
 

@@ -240,3 +240,36 @@ def test_a_captured_forward_and_backward_replays_like_pytorchs_allocator(
     assert child.returncode == 0, err
     # A Free sent twice is refused (NOT_FOUND) and printed by the client.
     assert "rmmd:" not in err, err
+
+
+DLPACK_INTO_TORCH = """
+import faulthandler, sys
+faulthandler.enable()
+import torch, rmmd
+mode, nbytes = sys.argv[1], int(sys.argv[2])
+torch.cuda.set_device(0)
+torch.empty(1, device="cuda")  # PyTorch's context and runtime first, as an engine's process has them
+r = rmmd.Session(client_name="dlpack-into-torch").device_resource(0, mode=mode)
+for stream in (None, torch.cuda.Stream()):
+    with torch.cuda.stream(stream) if stream is not None else torch.cuda.stream(torch.cuda.current_stream()):
+        a = r.allocation(nbytes)
+        t = torch.from_dlpack(a)
+        assert t.data_ptr() == a.ptr and t.numel() == nbytes and t.is_cuda
+        t.fill_(7)
+        torch.cuda.synchronize()
+        assert int(t[:4096].sum()) == 7 * 4096 and int(t[-4096:].sum()) == 7 * 4096
+        del t
+        a.free()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nbytes", [1 << 20, 3 << 30])
+def test_a_device_allocation_becomes_a_torch_tensor_through_dlpack(torch_daemon: Daemon, mode: str, nbytes: int) -> None:
+    # What the sleep bench's taker does (there, with 60 GiB, it ended on SIGSEGV):
+    # in a process that made PyTorch's context first, torch.from_dlpack of an
+    # allocation, written by PyTorch, on the default stream and on one of its own.
+    out = run_python(["-c", DLPACK_INTO_TORCH, mode, str(nbytes)], torch_daemon.env())
+    assert out.stdout.strip() == "ok", out
+    wait_until(lambda: cuda_in_use(torch_daemon) == 0, what="the CUDA pools back to 0")
