@@ -171,7 +171,8 @@ stable_memory_resource_impl::~stable_memory_resource_impl()
   for (auto& [address, e] : entries_) {
     if (e.kept) {
       // Asleep under a backup name: the daemon keeps it once the session
-      // ends; only this process's addresses go.
+      // ends; only this process's addresses and mappings go.
+      stable::unmap_backup(e);
       stable::unreserve(e.address, e.bytes);
       continue;
     }
@@ -261,6 +262,7 @@ void stable_memory_resource_impl::deallocate_sync(void* ptr,
 void stable_memory_resource_impl::free_entry(entry& e) noexcept
 {
   stable::unmap(e);
+  stable::unmap_backup(e);
   if (e.address != 0) { stable::unreserve(e.address, e.bytes); }
   e.address = 0;
   try {
@@ -297,13 +299,16 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
   for (auto& [address, e] : entries_) { by_id.emplace(e.id, &e); }
   std::vector<std::uint64_t> ids;
   std::vector<entry*> backed;
-  std::vector<std::uint64_t> backed_ids;
+  std::vector<std::uint64_t> backed_serials;
   for (auto const& a : chosen.allocations()) {
     ids.push_back(a.allocation_id());
     auto found = by_id.find(a.allocation_id());
-    if (a.has_backup() && found != by_id.end()) {
+    if (found == by_id.end()) { continue; }
+    if (a.has_backup()) {
       backed.push_back(found->second);
-      backed_ids.push_back(a.allocation_id());
+      backed_serials.push_back(a.backup_serial());
+    } else {
+      stable::unmap_backup(*found->second);  // a sleep without one dropped it
     }
   }
   if (ids.empty()) { return 0; }
@@ -313,6 +318,7 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
     undo.set_cancel(true);
     v1::SleepDoneResponse ignored;
     (void)call_with(s, &v1::Rmmd::Stub::SleepDone, undo, &ignored);
+    for (auto* e : backed) { stable::unmap_backup(*e); }  // the cancel dropped them
   };
   device_scope on(pool_.device);
   try {
@@ -321,8 +327,8 @@ std::size_t stable_memory_resource_impl::sleep(std::vector<std::string> const& t
       // What other streams still write must be in the copy: all of the
       // device's work first, then the copies on `stream`.
       stable::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before the backup copies");
-      auto fds = stable::fetch_fds(s, backed_ids, true);
-      stable::copy_backups(backed, fds, stable::direction::to_host, stream);
+      stable::map_backups(s, backed, backed_serials);
+      stable::copy_backups(backed, stable::direction::to_host, stream);
     }
     // Work on other streams may still use the memory: unmapping is not
     // stream-ordered.
@@ -374,7 +380,7 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
   std::vector<std::uint64_t> chosen;
   std::vector<entry*> mapped;
   std::vector<entry*> backed;
-  std::vector<std::uint64_t> backed_ids;
+  std::vector<std::uint64_t> backed_serials;
   std::size_t bytes = 0;
   for (auto const& a : woken.allocations()) { chosen.push_back(a.allocation_id()); }
   if (chosen.empty()) { return 0; }
@@ -396,14 +402,14 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
       }
       mapped.push_back(found->second);
       bytes += found->second->bytes;
-      if (woken.allocations(static_cast<int>(i)).has_backup()) {
+      if (auto const& a = woken.allocations(static_cast<int>(i)); a.has_backup()) {
         backed.push_back(found->second);
-        backed_ids.push_back(chosen[i]);
+        backed_serials.push_back(a.backup_serial());
       }
     }
     if (!backed.empty()) {
-      auto backups = stable::fetch_fds(s, backed_ids, true);
-      stable::copy_backups(backed, backups, stable::direction::to_device, stream);
+      stable::map_backups(s, backed, backed_serials);
+      stable::copy_backups(backed, stable::direction::to_device, stream);
     }
   } catch (...) {
     // All or none: what this call mapped goes, and the daemon takes the
@@ -417,9 +423,14 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
   }
   v1::WakeDoneRequest done;
   for (auto id : chosen) { done.add_allocation_ids(id); }
+  done.set_keep_backups(keep_backups_);
   v1::WakeDoneResponse dropped;
   throw_if_failed(call_with(s, &v1::Rmmd::Stub::WakeDone, done, &dropped),
-                  "rmmd: wake (dropping the backups)");
+                  keep_backups_ ? "rmmd: wake (keeping the backups' room)"
+                                : "rmmd: wake (dropping the backups)");
+  if (!keep_backups_) {
+    for (auto* e : mapped) { stable::unmap_backup(*e); }
+  }
   return bytes;
 }
 

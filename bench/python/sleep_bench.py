@@ -231,6 +231,7 @@ def engine_worker(impl: str, a: argparse.Namespace) -> dict[str, Any]:
     torch.cuda.set_device(0)
     plan = make_plan(a)
     saver = _saver(impl)
+    saver.retain_cpu_backup = a.retain_cpu_backup
     mem = engine_memory(saver, torch, a, plan)
     addresses = [t.data_ptr() for t in mem["kv"] + mem["weights"]]
     out: dict[str, Any] = {"impl": impl, "kv_bytes": plan["kv_bytes"], "kv_reserved_bytes": mem["kv_reserved"],
@@ -477,6 +478,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="pause/resume cycles of each (5)")
     p.add_argument("--handoff-repeats", type=int, default=3, help="handoffs per implementation (3; 0: none)")
     p.add_argument("--pinned-gib", type=float, default=4.0, help="the pinned copy's size (4)")
+    p.add_argument("--retain-cpu-backup", action="store_true",
+                   help="every implementation keeps its CPU backups past resume (retain_cpu_backup = True): "
+                        "the cycles after the first copy into the backups kept")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {','.join(IMPLS)}")
     p.add_argument("--start-daemon", "--rmmd", dest="start_daemon", metavar="PATH",
                    help="start this rmmd for rmmd's side, and stop it at the end")
@@ -513,7 +517,7 @@ def worker_main(a: argparse.Namespace) -> int:
 def sizes_args(a: argparse.Namespace, taker_user: str) -> list[str]:
     return ["--kv-gib", str(a.kv_gib), "--weights-gib", str(a.weights_gib), "--weights-tensors",
             str(a.weights_tensors), "--repeats", str(a.repeats), "--handoff-repeats", str(a.handoff_repeats),
-            "--taker-user", taker_user]
+            "--taker-user", taker_user] + (["--retain-cpu-backup"] if a.retain_cpu_backup else [])
 
 
 def run_tms(impl: str, a: argparse.Namespace, base: dict[str, str]) -> dict[str, Any]:
@@ -599,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         "schema": SCHEMA, "command": sys.argv, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "config": {"kv_gib": a.kv_gib, "weights_gib": a.weights_gib, "weights_tensors": a.weights_tensors,
                    "repeats": a.repeats, "handoff_repeats": a.handoff_repeats, "pinned_gib": a.pinned_gib,
-                   "impls": a.impls, "taker": {"user": a.taker_user or None}},
+                   "impls": a.impls, "taker": {"user": a.taker_user or None},
+                   "retain_cpu_backup": a.retain_cpu_backup},
         "plan": plan, "versions": versions(), "errors": [],
     }
     if a.dry_run:

@@ -193,6 +193,12 @@ rmmd_status rmmd_stable_read_backup(
   return guarded([&] { *copied = resource->mr.read_backup(ptr, bytes, out) ? bytes : 0; });
 }
 
+rmmd_status rmmd_stable_keep_backups(rmmd_stable_resource_t resource, int keep)
+{
+  if (resource == nullptr) { return null_argument("resource"); }
+  return guarded([&] { resource->mr.keep_backups(keep != 0); });
+}
+
 rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
                                      char const* backup_name,
                                      uint64_t* dropped_bytes)

@@ -33,38 +33,6 @@ gpu::vmm_api const& api()
   throw rmm::bad_alloc(std::string("rmmd: ") + what + ": " + a.name(r));
 }
 
-/// A backup's memfd mapped here (and page-locked where the driver allows).
-struct host_view {
-  void* data{MAP_FAILED};
-  std::size_t bytes{};
-  bool pinned{false};
-
-  host_view(int fd, std::size_t size) : bytes(size)
-  {
-    data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
-      throw rmm::bad_alloc("rmmd: mapping a host backup of " + std::to_string(bytes) +
-                           " bytes failed (mmap)");
-    }
-    // Pinned, a copy runs at the host link's speed; pageable, at a fraction.
-    pinned = cudaHostRegister(data, bytes, cudaHostRegisterDefault) == cudaSuccess;
-    if (!pinned) { cudaGetLastError(); }
-  }
-  host_view(host_view const&)            = delete;
-  host_view& operator=(host_view const&) = delete;
-  host_view(host_view&& other) noexcept
-      : data(std::exchange(other.data, MAP_FAILED)), bytes(other.bytes), pinned(other.pinned)
-  {
-  }
-  host_view& operator=(host_view&&) = delete;
-  ~host_view()
-  {
-    if (data == MAP_FAILED) { return; }
-    if (pinned && cudaHostUnregister(data) != cudaSuccess) { cudaGetLastError(); }
-    ::munmap(data, bytes);
-  }
-};
-
 }  // namespace
 
 void check(cudaError_t err, char const* what)
@@ -160,37 +128,71 @@ std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const>
   return all;
 }
 
+void unmap_backup(stable_memory_resource_impl::entry& e) noexcept
+{
+  if (e.backup_data == nullptr) { return; }
+  if (e.backup_pinned && cudaHostUnregister(e.backup_data) != cudaSuccess) { cudaGetLastError(); }
+  ::munmap(e.backup_data, e.bytes);
+  e.backup_data   = nullptr;
+  e.backup_serial = 0;
+  e.backup_pinned = false;
+}
+
+void map_backups(session_impl& session,
+                 std::vector<stable_memory_resource_impl::entry*> const& entries,
+                 std::vector<std::uint64_t> const& serials)
+{
+  std::vector<std::size_t> missing;  // indices into entries
+  std::vector<std::uint64_t> missing_ids;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    auto& e = *entries[i];
+    if (e.backup_data != nullptr && e.backup_serial == serials[i]) { continue; }
+    unmap_backup(e);  // another backup than the one mapped here
+    missing.push_back(i);
+    missing_ids.push_back(e.id);
+  }
+  if (missing.empty()) { return; }
+  auto fds         = fetch_fds(session, missing_ids, true);
+  std::size_t next = 0;  // fds from here on are still open
+  try {
+    for (std::size_t k = 0; k < missing.size(); ++k) {
+      next     = k + 1;
+      auto& e  = *entries[missing[k]];
+      void* at = ::mmap(nullptr, e.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[k], 0);
+      ::close(fds[k]);  // the mapping keeps the memfd
+      if (at == MAP_FAILED) {
+        throw rmm::bad_alloc("rmmd: mapping a host backup of " + std::to_string(e.bytes) +
+                             " bytes failed (mmap)");
+      }
+      // Page-locked, a copy runs at the host link's speed; pageable, at a
+      // fraction. Locking is most of a first sleep's cost: the mapping is
+      // kept for the sleeps after it where the resource keeps backups.
+      e.backup_pinned = cudaHostRegister(at, e.bytes, cudaHostRegisterDefault) == cudaSuccess;
+      if (!e.backup_pinned) { cudaGetLastError(); }
+      e.backup_data   = at;
+      e.backup_serial = serials[missing[k]];
+    }
+  } catch (...) {
+    for (auto k = next; k < fds.size(); ++k) { ::close(fds[k]); }
+    throw;
+  }
+}
+
 void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entries,
-                  std::vector<int> const& fds,
                   direction way,
                   cudaStream_t stream)
 {
-  std::vector<host_view> views;
-  views.reserve(entries.size());
-  std::size_t open_from = 0;  // fds from here on are still open
   try {
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      open_from     = i + 1;
-      auto const fd = fds[i];
-      auto close_fd = [fd] { ::close(fd); };  // the mapping keeps the memfd
-      try {
-        views.emplace_back(fd, entries[i]->bytes);
-      } catch (...) {
-        close_fd();
-        throw;
-      }
-      close_fd();
-      auto* device = reinterpret_cast<void*>(entries[i]->address);
-      auto* host   = views.back().data;
+    for (auto* e : entries) {
+      auto* device = reinterpret_cast<void*>(e->address);
       check(way == direction::to_host
-                ? cudaMemcpyAsync(host, device, entries[i]->size, cudaMemcpyDeviceToHost, stream)
-                : cudaMemcpyAsync(device, host, entries[i]->size, cudaMemcpyHostToDevice, stream),
+                ? cudaMemcpyAsync(e->backup_data, device, e->size, cudaMemcpyDeviceToHost, stream)
+                : cudaMemcpyAsync(device, e->backup_data, e->size, cudaMemcpyHostToDevice, stream),
             "cudaMemcpyAsync of a host backup");
     }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the backup copies");
   } catch (...) {
-    for (std::size_t i = open_from; i < fds.size(); ++i) { ::close(fds[i]); }
-    cudaStreamSynchronize(stream);  // nothing may still copy into what the views unmap
+    cudaStreamSynchronize(stream);  // nothing may still copy into what the caller unmaps
     cudaGetLastError();
     throw;
   }

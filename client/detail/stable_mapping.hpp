@@ -3,8 +3,8 @@
 // What rmmd::stable_memory_resource does with the driver and the daemon's
 // fds, apart from its bookkeeping: reserving and freeing address ranges,
 // mapping an allocation's fd at its range and unmapping it, fetching fds
-// over the session socket, and copying between an allocation and its host
-// backup (a memfd mapped here and page-locked for the copy). Stateless;
+// over the session socket, mapping host backups (memfds, page-locked) into
+// an entry and copying between an allocation and its backup. Stateless;
 // each function throws as error.hpp says and leaves nothing behind when it
 // throws.
 
@@ -38,11 +38,19 @@ std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const>
 /// Which way a copy goes.
 enum class direction { to_host, to_device };
 
-/// Copies each entry's `size` bytes between its range and its backup's fd
-/// (mapped here, page-locked where the driver allows), on `stream`, and
-/// waits for it. Closes the fds.
+/// Maps each entry's host backup here (page-locked where the driver
+/// allows) as the daemon's backup `serials[i]`: a mapping kept from an
+/// earlier sleep or wake serves again while it is that backup; otherwise it
+/// is dropped and the daemon's fd fetched and mapped.
+void map_backups(session_impl& session,
+                 std::vector<stable_memory_resource_impl::entry*> const& entries,
+                 std::vector<std::uint64_t> const& serials);
+/// Drops the entry's backup mapping (if any).
+void unmap_backup(stable_memory_resource_impl::entry& e) noexcept;
+
+/// Copies each entry's `size` bytes between its range and its mapped backup
+/// (map_backups), on `stream`, and waits for it.
 void copy_backups(std::vector<stable_memory_resource_impl::entry*> const& entries,
-                  std::vector<int> const& fds,
                   direction way,
                   cudaStream_t stream);
 

@@ -164,6 +164,7 @@ enum class stable_state : std::uint8_t { awake, going_to_sleep, asleep, waking }
 /// A sleeping allocation's copy in host memory: an allocation of its own in
 /// a host pool (a memfd), charged to that pool and to the owner's uid.
 struct stable_backup {
+  std::uint64_t serial{};  // stable_grant::backup_serial
   pool_id pool{};
   tenant_key tenant;  // whose host backend made it
   shared_allocation memory;

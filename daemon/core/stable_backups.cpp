@@ -139,7 +139,8 @@ absl::StatusOr<stable_id> stable_registry::adopt_backup(adopted_backup_spec spec
   entry->size         = spec.size;
   entry->bytes        = spec.bytes;
   entry->state        = stable_state::asleep;
-  entry->backup       = stable_backup{.pool    = spec.host_pool,
+  entry->backup       = stable_backup{.serial  = next_backup_serial_++,
+                                      .pool    = spec.host_pool,
                                       .tenant  = tenant,
                                       .memory  = std::move(spec.memory),
                                       .release = std::move(spec.release)};

@@ -65,13 +65,14 @@ std::optional<std::string> stable_tag_problem(std::string_view tag)
 
 stable_grant stable_registry::grant_of(stable_entry const& e)
 {
-  return stable_grant{.id         = e.id,
-                      .pool       = e.pool,
-                      .tag        = e.tag,
-                      .size       = e.size,
-                      .bytes      = e.bytes,
-                      .awake      = e.state == stable_state::awake,
-                      .has_backup = e.backup.has_value()};
+  return stable_grant{.id            = e.id,
+                      .pool          = e.pool,
+                      .tag           = e.tag,
+                      .size          = e.size,
+                      .bytes         = e.bytes,
+                      .awake         = e.state == stable_state::awake,
+                      .has_backup    = e.backup.has_value(),
+                      .backup_serial = e.backup ? e.backup->serial : 0};
 }
 
 absl::StatusOr<std::vector<stable_entry*>> stable_registry::awake_owned_locked(
@@ -312,8 +313,11 @@ absl::Status stable_registry::make_backups_locked(session_entry& s,
                           absl::StrCat(what, ": ", memory.status().message()));
     }
     state_.charge_locked(hp, &s, s.peer.uid, s.tenant, hp_id, memory->block.bytes, +1);
-    e->backup = stable_backup{
-        .pool = hp_id, .tenant = s.tenant, .memory = *std::move(memory), .release = {}};
+    e->backup = stable_backup{.serial  = next_backup_serial_++,
+                              .pool    = hp_id,
+                              .tenant  = s.tenant,
+                              .memory  = *std::move(memory),
+                              .release = {}};
     made.push_back(e);
   }
   state_.stats.grew(hp_id, hp.in_use);
@@ -439,7 +443,8 @@ absl::StatusOr<std::size_t> stable_registry::finish_sleep(session_id session,
 }
 
 absl::StatusOr<std::size_t> stable_registry::finish_wake(session_id session,
-                                                         std::span<stable_id const> ids)
+                                                         std::span<stable_id const> ids,
+                                                         bool keep_backups)
 {
   std::lock_guard lock(state_.mutex);
   auto const request = absl::StrCat("finish the wake of ", ids_text(ids));
@@ -450,9 +455,16 @@ absl::StatusOr<std::size_t> stable_registry::finish_wake(session_id session,
   auto chosen       = *std::move(awake);
   std::size_t bytes = 0;
   for (auto* e : chosen) {
+    e->backup_name.clear();
+    if (keep_backups && e->backup) {
+      // Its contents are the last sleep's, stale once the client writes:
+      // no longer a backup to restore after a crash, only room for the next.
+      if (e->kept && keeper_) { keeper_->forget_backup(e->id); }
+      e->kept = false;
+      continue;
+    }
     if (e->backup) { bytes += e->backup->memory.block.bytes; }
     drop_backup_locked(*e, *found);
-    e->backup_name.clear();
   }
   return bytes;
 }

@@ -119,9 +119,16 @@ class stable_registry {
                                                  std::span<stable_id const> ids,
                                                  std::chrono::steady_clock::time_point deadline);
 
-  /// Wake, second step: the backups of `ids` (awake) go. Returns their bytes.
-  /// NOT_FOUND, FAILED_PRECONDITION (one not awake).
-  absl::StatusOr<std::size_t> finish_wake(session_id session, std::span<stable_id const> ids);
+  /// Wake, second step: the backups of `ids` (awake) go, or, with
+  /// `keep_backups`, stay (still charged) as the room the next sleep with a
+  /// backup copies into: its client keeps them mapped and page-locked, so
+  /// that later sleeps and wakes are the copies alone. A kept backup is no
+  /// longer one to restore (the keeper forgets it); a sleep without a
+  /// backup, a cancelled sleep and a free drop it. Returns the bytes
+  /// dropped. NOT_FOUND, FAILED_PRECONDITION (one not awake).
+  absl::StatusOr<std::size_t> finish_wake(session_id session,
+                                          std::span<stable_id const> ids,
+                                          bool keep_backups = false);
 
   /// The allocations kept under `name` for the session's uid: the caller's
   /// now, asleep. NOT_FOUND (none kept under it), FAILED_PRECONDITION (a
@@ -212,6 +219,7 @@ class stable_registry {
 
   core_state& state_;
   stable_id next_id_{1};
+  std::uint64_t next_backup_serial_{1};    // guarded by state_.mutex
   std::shared_ptr<backup_keeper> keeper_;  // guarded by state_.mutex
 };
 

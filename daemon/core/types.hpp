@@ -379,6 +379,10 @@ struct stable_grant {
   std::size_t bytes{};  ///< its allocation's bytes: what the client maps, what is charged
   bool awake{false};    ///< its physical memory exists
   bool has_backup{false};
+  /// Which backup it has (0: none): each backup the daemon makes or adopts
+  /// has a number of its own, so a client that kept a mapping of the last
+  /// one knows whether this is still it.
+  std::uint64_t backup_serial{};
 };
 
 /// One sleeper as an operator sees it: a session's sleeping allocations, or

@@ -28,6 +28,7 @@ void to_proto(core::stable_grant const& g, v1::StableAllocation* out)
   out->set_tag(g.tag);
   out->set_awake(g.awake);
   out->set_has_backup(g.has_backup);
+  out->set_backup_serial(g.backup_serial);
 }
 
 template <class Message>
@@ -168,7 +169,8 @@ std::vector<call> stable_calls()
           "WakeDone",
           {},
           [](call_context const& c, auto const& request, auto* reply) {
-            auto bytes = c.core.stables().finish_wake(c.session, ids_of(request.allocation_ids()));
+            auto bytes = c.core.stables().finish_wake(
+                c.session, ids_of(request.allocation_ids()), request.keep_backups());
             if (!bytes.ok()) { return bytes.status(); }
             reply->set_dropped_backup_bytes(*bytes);
             return absl::OkStatus();

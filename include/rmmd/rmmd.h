@@ -471,6 +471,12 @@ RMMD_API rmmd_status rmmd_stable_restore(rmmd_stable_resource_t resource,
  * where [ptr, ptr + bytes) is not inside one of the resource's allocations. */
 RMMD_API rmmd_status rmmd_stable_read_backup(
     rmmd_stable_resource_t resource, void const* ptr, size_t bytes, void* out, size_t* copied);
+/* Whether a wake keeps the host backups it restored from (nonzero, the
+ * default) as the room of the next sleep with a backup, mapped and
+ * page-locked in this process and charged to the host pool and the uid's
+ * quota while awake, so that later sleeps and wakes are the copies alone;
+ * 0: a wake gives the host memory back (stable_memory_resource::keep_backups). */
+RMMD_API rmmd_status rmmd_stable_keep_backups(rmmd_stable_resource_t resource, int keep);
 /* Frees the backups kept under backup_name. */
 RMMD_API rmmd_status rmmd_stable_drop_backups(rmmd_session_t session,
                                               char const* backup_name,

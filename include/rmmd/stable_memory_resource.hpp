@@ -122,6 +122,24 @@ class stable_memory_resource final
     return get().read_backup(ptr, bytes, out);
   }
 
+  /// Whether a wake keeps the host backups it restored from (true, the
+  /// default): they stay, mapped and page-locked here and charged to the
+  /// host pool and the uid's quota while their allocations are awake, as
+  /// the room the next sleep with a backup copies into, so that from the
+  /// second sleep on a sleep and a wake are the copies alone, at the host
+  /// link's speed (the first page-locks, which costs most). false: a wake
+  /// gives the host memory back, and every sleep pays the page-locking
+  /// again. A kept room is not a backup to restore: only a sleeping
+  /// allocation's backup is.
+  void keep_backups(bool keep) noexcept
+  {
+    get().keep_backups(keep);
+  }
+  [[nodiscard]] bool keeps_backups() const noexcept
+  {
+    return get().keeps_backups();
+  }
+
   /// The tag of the allocation at `ptr` (empty: none of this resource's).
   [[nodiscard]] std::string tag_of(void const* ptr) const
   {

@@ -237,6 +237,7 @@ _PROTOTYPES = {
     "rmmd_stable_wake": (status_t, [stable_t, POINTER(c_char_p), c_size_t, c_uint32, c_void_p, POINTER(c_uint64)]),
     "rmmd_stable_restore": (status_t, [stable_t, c_char_p, c_uint32, c_void_p, POINTER(c_void_p)]),
     "rmmd_stable_read_backup": (status_t, [stable_t, c_void_p, c_size_t, c_void_p, POINTER(c_size_t)]),
+    "rmmd_stable_keep_backups": (status_t, [stable_t, c_int]),
     "rmmd_stable_drop_backups": (status_t, [session_t, c_char_p, POINTER(c_uint64)]),
     "rmmd_stable_sleepers_json": (status_t, [session_t, POINTER(c_void_p)]),
     "rmmd_torch_stable_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),

@@ -138,6 +138,16 @@ class StableResource(OwnsHandle):
         restored = json.loads(_lib.take_string(out.value))
         return [StableAllocation(self, int(a["ptr"]), int(a["size"]), a["tag"]) for a in restored]
 
+    def keep_backups(self, keep: bool = True) -> None:
+        """Whether a wake keeps the host backups it restored from (the
+        default) as the room of the next sleep with a backup: they stay
+        mapped and page-locked in this process, charged to the host pool
+        and the uid's quota while awake, so that from the second sleep on a
+        sleep and a wake are the copies alone, at the host link's speed.
+        ``False``: a wake gives the host memory back, and each sleep pays
+        the page-locking again."""
+        check(_lib.load().rmmd_stable_keep_backups(self._require(), 1 if keep else 0))
+
     def read_backup(self, ptr: int, nbytes: int) -> bytearray | None:
         """A copy of `nbytes` bytes at `ptr` from the host backup of the
         sleeping allocation that holds them; None where that allocation is

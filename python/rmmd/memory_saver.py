@@ -31,8 +31,12 @@ torch_memory_saver (docs/python.md, "Sleep and wake: rmmd.memory_saver"):
   from a stable MemPool too. There is no LD_PRELOAD and no hook mode:
   ``hook_mode`` is accepted and ignored.
 - Pausing what is paused, or resuming what is awake, does nothing.
-- No disk backups (``enable_disk_backup``, ``set_disk_backup_dir``) and no
-  ``retain_cpu_backup``: they raise ``NotImplementedError``.
+- ``retain_cpu_backup = True`` keeps the CPU backups past ``resume`` (in
+  the daemon's host pool, counted against the uid's quota) as the room of
+  the next pause, mapped and page-locked here: from the second pause on, a
+  pause and a resume are the copies alone.
+- No disk backups (``enable_disk_backup``, ``set_disk_backup_dir``): they
+  raise ``NotImplementedError``.
 
 The process-wide session is that of ``rmmd.allocators.torch`` (client
 ``torch``; its daemon: ``$RMMD_RUNTIME_DIR``, else ``/run/rmmd``, or
@@ -128,6 +132,7 @@ class TorchMemorySaver:
         self._by_id: dict[Any, Any] = {}  # MemPool.id -> each MemPool made here
         self._backup_tags: set[str] = set()  # rmmd tags of memory with a CPU backup
         self._memory_margin_bytes = 0
+        self._retain_cpu_backup = False
 
     # -- where tensors come from --------------------------------------------
 
@@ -243,6 +248,7 @@ class TorchMemorySaver:
         tags = None if tag is None else [tag, rmmd_tag(tag, True)]
         for device in _alloc.stable_devices():
             r = _alloc.stable_resource(device)
+            r.keep_backups(self._retain_cpu_backup)
             try:
                 r.wake(tags, deadline=deadline, stream=torch.cuda.current_stream(device))
             except OutOfMemoryError as e:
@@ -334,15 +340,20 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        return False
+        """Whether resume keeps the CPU backups it restored from (False, as
+        torch_memory_saver's default): kept, they stay in the daemon's host
+        pool, mapped and page-locked in this process and counted against
+        the uid's quota while the regions are awake, and each later pause
+        and resume is the copy alone, at the host link's speed; dropped,
+        every pause page-locks new host memory again, which costs most of
+        its time."""
+        return self._retain_cpu_backup
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool) -> None:
-        if value:
-            raise NotImplementedError(
-                "rmmd.memory_saver drops a CPU backup once resume has restored it (the daemon's "
-                "host memory goes back to its pool); retain_cpu_backup=True is not available"
-            )
+        if not isinstance(value, bool):
+            raise ValueError(f"retain_cpu_backup is a bool, not {value!r}")
+        self._retain_cpu_backup = value
 
     def set_disk_backup_dir(self, path: str) -> None:
         raise _no_disk_backup()

@@ -154,14 +154,15 @@ out["refusals"] = {
     "read hook mode": refusal(lambda: saver.hook_mode),
     "read margin": refusal(lambda: saver.memory_margin_bytes),
     "negative margin": refusal(lambda: set_attr("memory_margin_bytes", -1)),
-    "retain": refusal(lambda: set_attr("retain_cpu_backup", True)),
+    "retain": refusal(lambda: set_attr("retain_cpu_backup", 1)),
     "disk dir": refusal(lambda: saver.set_disk_backup_dir("/tmp")),
     "restore no name": refusal(lambda: saver.restore("")),
 }
 saver.hook_mode = "torch"
 saver.memory_margin_bytes = 1 << 30
-saver.retain_cpu_backup = False
+saver.retain_cpu_backup = True
 out["accepted"] = [saver.enabled, saver.retain_cpu_backup]
+saver.retain_cpu_backup = False
 # No stable allocation yet: nothing to pause or resume, no device, no backup.
 saver.pause()
 saver.resume()
@@ -207,10 +208,10 @@ def test_pools_tags_and_refusals_with_a_stand_in_torch(daemon: Daemon) -> None:
     assert r["read hook mode"][0] == "AttributeError"
     assert r["read margin"][0] == "NotImplementedError"
     assert r["negative margin"][0] == "ValueError"
-    assert r["retain"][0] == "NotImplementedError"
+    assert r["retain"][0] == "ValueError"
     assert r["disk dir"][0] == "NotImplementedError"
     assert r["restore no name"][0] == "InvalidArgumentError"
-    assert out["accepted"] == [True, False]
+    assert out["accepted"] == [True, True]
     assert out["devices"] == [] and out["backup"] is None
     assert out["pluggable"] == [["pluggable", "rmmd_torch_stable_malloc", "rmmd_torch_stable_free"]]
 
@@ -291,9 +292,11 @@ def finish(child: Any) -> None:
 
 
 @pytest.mark.gpu
-def test_addresses_and_backups_survive_100_pauses(torch_daemon: Daemon) -> None:
+@pytest.mark.parametrize("retain", [False, True])
+def test_addresses_and_backups_survive_100_pauses(torch_daemon: Daemon, retain: bool) -> None:
     before = cuda_in_use(torch_daemon)
-    out = said(run_python([CLIENT, "cycles", "100"], torch_daemon.env(), timeout=600).stdout)
+    args = [CLIENT, "cycles", "100"] + (["retain"] if retain else [])
+    out = said(run_python(args, torch_daemon.env(), timeout=600).stdout)
     assert out == {
         "cycles": 100,
         "moved": 0,

@@ -273,6 +273,53 @@ TEST_F(StableAllocations, HostBackupsAreChargedToTheHostPoolUntilTheWakeIsDone)
   EXPECT_TRUE(core_.stables().held_by(s).front().awake);
 }
 
+TEST_F(StableAllocations, AWakeThatKeepsTheBackupsLeavesTheirRoomForTheNextSleep)
+{
+  auto s     = open(1000);
+  auto w     = allocate(s, 6 * MiB, "weights");
+  auto first = core_.stables().begin_sleep(s, tags({"weights"}), true, "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto const serial = first->front().backup_serial;
+  EXPECT_NE(serial, 0u);
+  ASSERT_TRUE(core_.stables().finish_sleep(s, std::vector<stable_id>{w.id}, false).ok());
+  ASSERT_TRUE(core_.stables().wake(s, {}, {}, std::chrono::steady_clock::now()).ok());
+  auto dropped = core_.stables().finish_wake(s, std::vector<stable_id>{w.id}, true);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, 0u);
+  EXPECT_EQ(in_use(host_), 6 * MiB);  // still charged, awake beside its memory
+  EXPECT_EQ(in_use(gpu_), 6 * MiB);
+  EXPECT_TRUE(core_.stables().held_by(s).front().has_backup);
+
+  // The next sleep with a backup copies into the same one: nothing new made.
+  auto second = core_.stables().begin_sleep(s, tags({"weights"}), true, "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->front().backup_serial, serial);
+  EXPECT_EQ(in_use(host_), 6 * MiB);
+  ASSERT_TRUE(core_.stables().finish_sleep(s, std::vector<stable_id>{w.id}, false).ok());
+  ASSERT_TRUE(core_.stables().wake(s, {}, {}, std::chrono::steady_clock::now()).ok());
+  ASSERT_TRUE(core_.stables().finish_wake(s, std::vector<stable_id>{w.id}, true).ok());
+
+  // A sleep without a backup drops it; the next with one is a new backup.
+  ASSERT_TRUE(core_.stables().begin_sleep(s, {}, false, "").ok());
+  EXPECT_EQ(in_use(host_), 0u);
+  ASSERT_TRUE(core_.stables().finish_sleep(s, std::vector<stable_id>{w.id}, false).ok());
+  ASSERT_TRUE(core_.stables().wake(s, {}, {}, std::chrono::steady_clock::now()).ok());
+  ASSERT_TRUE(core_.stables().finish_wake(s, std::vector<stable_id>{w.id}, true).ok());
+  auto third = core_.stables().begin_sleep(s, {}, true, "");
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(third->front().backup_serial, serial);
+  // Called off, and freed awake with its room: nothing left anywhere.
+  ASSERT_TRUE(core_.stables().finish_sleep(s, std::vector<stable_id>{w.id}, true).ok());
+  EXPECT_EQ(in_use(host_), 0u);
+  ASSERT_TRUE(core_.stables().begin_sleep(s, {}, true, "").ok());
+  ASSERT_TRUE(core_.stables().finish_sleep(s, std::vector<stable_id>{w.id}, false).ok());
+  ASSERT_TRUE(core_.stables().wake(s, {}, {}, std::chrono::steady_clock::now()).ok());
+  ASSERT_TRUE(core_.stables().finish_wake(s, std::vector<stable_id>{w.id}, true).ok());
+  ASSERT_TRUE(core_.stables().free(s, w.id).ok());
+  EXPECT_EQ(in_use(host_), 0u);
+  EXPECT_EQ(in_use(gpu_), 0u);
+}
+
 TEST_F(StableAllocations, AnotherUidIsServedWhileTheOwnerSleepsAndTheWakeFailsNamingIt)
 {
   auto owner = open(1000);

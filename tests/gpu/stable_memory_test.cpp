@@ -120,15 +120,21 @@ TEST_F(StableMemory, AddressesStayAndBackupsComeBackBitwiseAcross100Cycles)
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   auto const pool = gpu_pool();
   EXPECT_EQ(in_use(pool), weights_bytes + kv_bytes);
+  EXPECT_TRUE(mr.keeps_backups());
   for (int cycle = 0; cycle < 100; ++cycle) {
     device_fill(kv, kv_bytes, 1000 + cycle, stream);
+    // New weights every cycle: the backup's room kept from the last wake
+    // must take this sleep's bytes, not give back the last ones.
+    if (cycle > 0) { device_fill(weights, weights_bytes, 36 + cycle, stream); }
     EXPECT_EQ(mr.sleep({"weights"}, rmmd::sleep_backup::host, {}, stream), weights_bytes);
     EXPECT_EQ(mr.sleep({"kv"}), kv_bytes);
     EXPECT_FALSE(mr.is_awake(weights));
     if (cycle == 0) { EXPECT_EQ(in_use(pool), 0u) << "the ledger shows the memory free"; }
     EXPECT_EQ(mr.wake({}, std::chrono::seconds(10), stream), weights_bytes + kv_bytes);
     ASSERT_TRUE(mr.is_awake(weights) && mr.is_awake(kv));
-    ASSERT_EQ(device_first_mismatch(weights, weights_bytes, 36, stream), -1) << "cycle " << cycle;
+    ASSERT_EQ(device_first_mismatch(weights, weights_bytes, 36 + cycle, stream), -1)
+        << "cycle " << cycle;
+    if (cycle == 0) { EXPECT_EQ(in_use("host"), weights_bytes) << "the backup's room is kept"; }
     // kv had no backup: writable again at the same address.
     device_fill(kv, kv_bytes, 2000 + cycle, stream);
     ASSERT_EQ(device_first_mismatch(kv, kv_bytes, 2000 + cycle, stream), -1);
@@ -157,10 +163,15 @@ TEST_F(StableMemory, SixHundredAllocationsSleepAndWakeWithTheirBackups)
     device_fill(weights.back(), bytes, static_cast<int>(i), stream);
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  for (int cycle = 0; cycle < 3; ++cycle) {
+  // Cycles 0 and 1 keep the backups' room (the default), 2 gives it back,
+  // 3 makes new backups and keeps them again.
+  for (int cycle = 0; cycle < 4; ++cycle) {
+    mr.keep_backups(cycle != 2);
     EXPECT_EQ(mr.sleep({"weights"}, rmmd::sleep_backup::host, {}, stream), count * bytes);
     EXPECT_EQ(in_use(gpu_pool()), 0u);
+    EXPECT_EQ(in_use("host"), count * bytes);
     EXPECT_EQ(mr.wake({}, std::chrono::seconds(30), stream), count * bytes);
+    EXPECT_EQ(in_use("host"), cycle == 2 ? 0u : count * bytes) << "cycle " << cycle;
     for (std::size_t i = 0; i < count; ++i) {
       ASSERT_EQ(device_first_mismatch(weights[i], bytes, static_cast<int>(i), stream), -1)
           << "allocation " << i << ", cycle " << cycle;

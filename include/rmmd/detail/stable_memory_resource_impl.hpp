@@ -77,6 +77,16 @@ class stable_memory_resource_impl {
                                            std::chrono::milliseconds deadline,
                                            cudaStream_t stream);
   bool read_backup(void const* ptr, std::size_t bytes, void* out) const;
+  void keep_backups(bool keep) noexcept
+  {
+    std::lock_guard lock(mutex_);
+    keep_backups_ = keep;
+  }
+  [[nodiscard]] bool keeps_backups() const noexcept
+  {
+    std::lock_guard lock(mutex_);
+    return keep_backups_;
+  }
   [[nodiscard]] std::string tag_of(void const* ptr) const;
   [[nodiscard]] bool is_awake(void const* ptr) const;
 
@@ -113,6 +123,11 @@ class stable_memory_resource_impl {
     /// leaves it to the daemon, which keeps it under that name once the
     /// session ends (an engine restarted on purpose restores it).
     bool kept{false};
+    /// Its host backup mapped here (page-locked where the driver allows),
+    /// kept from sleep to sleep where the resource keeps backups; null: none.
+    void* backup_data{};
+    std::uint64_t backup_serial{};  ///< which of the daemon's backups it maps
+    bool backup_pinned{false};
   };
 
  private:
@@ -129,6 +144,7 @@ class stable_memory_resource_impl {
   std::string default_tag_;
   mutable std::mutex mutex_;  // guards entries_; held across a sleep or a wake
   std::map<std::uintptr_t, entry> entries_;
+  bool keep_backups_{true};  // guarded by mutex_
 };
 
 }  // namespace detail

@@ -41,7 +41,10 @@ def pattern(n_words: int, seed: int) -> torch.Tensor:
     return i * 0x9E3779B1 + seed * 0x7F4A7C15
 
 
-def cycles(n: int) -> None:
+def cycles(n: int, retain: bool = False) -> None:
+    # retain: the CPU backups' room stays past resume, and the weights change
+    # every cycle, so each pause must copy this cycle's bytes into it.
+    torch_memory_saver.retain_cpu_backup = retain
     with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):
         weights = torch.empty(16 * MiB // 8, dtype=torch.int64, device="cuda")
     weights.copy_(pattern(weights.numel(), 36))  # outside: the region's pool holds one segment
@@ -53,6 +56,9 @@ def cycles(n: int) -> None:
     backup_ok = backup_none_for_kv = None
     for cycle in range(n):
         kv.fill_(cycle)
+        if retain and cycle > 0:
+            weights.add_(1)
+            expected.add_(1)
         torch_memory_saver.pause()
         if cycle == 0:
             backup = torch_memory_saver.get_cpu_backup(weights)
@@ -181,7 +187,7 @@ def restore(name: str, mib: int) -> None:
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     if what == "cycles":
-        cycles(int(args[0]))
+        cycles(int(args[0]), retain=args[1:] == ["retain"])
     elif what == "graph":
         graph()
     elif what == "every_tag":
