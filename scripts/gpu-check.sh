@@ -11,7 +11,7 @@
 # There (carry BUNDLE.txz, the bundle packed; the checkout travels with it), as root:
 #   scripts/gpu-check.sh run [BUNDLE]
 # runs, in this order, each suite in full:
-#   gpu            rmmd_gpu_tests (four shards at once) with an IMEX channel (made if missing), but
+#   gpu            rmmd_gpu_tests (six shards at once) with an IMEX channel (made if missing), but
 #                  the restart soak (below)
 #   gpu-no-imex    the fabric, shared-buffer, example and peering tests of
 #                  rmmd_gpu_tests with the channel removed (each fabric test
@@ -133,11 +133,11 @@ run_suite() {
     "$counts" | tee "$logs/line-$name"
 }
 
-# The GPU suite in RMMD_GPU_CHECK_SHARDS shards at once (default 4; each
+# The GPU suite in RMMD_GPU_CHECK_SHARDS shards at once (default 6; each
 # test has a daemon and pools of its own, and none reads the driver's
 # totals), as one suite.
 gpu_suite() {
-  local filter=$1 rc=0 shards=${RMMD_GPU_CHECK_SHARDS:-4} pids=() i
+  local filter=$1 rc=0 shards=${RMMD_GPU_CHECK_SHARDS:-6} pids=() i
   for ((i = 1; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i rmmd_gpu_tests --gtest_filter="$filter" \
       >"$logs/shard-$i.log" 2>&1 &
