@@ -56,6 +56,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace rmmd::detail {
@@ -280,12 +281,35 @@ class session_channel final : private release_sender {
   void drain_releases() noexcept;
 
   // Reconnecting (session_reconnect.cpp).
+  /// One try of a call (see reconnecting()): a reference to the caller's
+  /// callable `grpc::Status(std::uint32_t generation)`, valid while the
+  /// call lasts. Unlike std::function it never allocates (every call makes
+  /// one).
+  class attempt_ref {
+   public:
+    template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, attempt_ref>) attempt_ref(F&& f)
+    noexcept  // NOLINT(google-explicit-constructor): a callable's view
+        : object_(&f), try_([](void const* object, std::uint32_t generation) {
+            return (*static_cast<std::remove_reference_t<F>*>(const_cast<void*>(object)))(
+                generation);
+          })
+    {
+    }
+    grpc::Status operator()(std::uint32_t generation) const
+    {
+      return try_(object_, generation);
+    }
+
+   private:
+    void const* object_;
+    grpc::Status (*try_)(void const*, std::uint32_t);
+  };
   /// The reconnect decision of every call (see call()): `attempt(generation)`
   /// makes one try at the daemon of that generation; tries again while the
   /// one before was meant for a daemon that is gone and a new one is there.
   /// `look_first`: reconnect first when the session socket is closed.
-  grpc::Status reconnecting(bool look_first,
-                            std::function<grpc::Status(std::uint32_t generation)> const& attempt);
+  grpc::Status reconnecting(bool look_first, attempt_ref attempt);
   /// Reconnects when the session socket is closed (the daemon went away).
   void reconnect_if_gone();
   /// ABORTED: the daemon a try was meant for was replaced while it waited

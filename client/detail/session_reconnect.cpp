@@ -32,8 +32,7 @@ bool session_channel::is_reconnected_meanwhile(grpc::Status const& s)
          s.error_message() == reconnected_meanwhile_message;
 }
 
-grpc::Status session_channel::reconnecting(
-    bool look_first, std::function<grpc::Status(std::uint32_t)> const& attempt)
+grpc::Status session_channel::reconnecting(bool look_first, attempt_ref attempt)
 {
   if (options_.reconnect.count() <= 0) { return attempt(generation()); }
   // A session that made no call while its daemon went away finds out here:

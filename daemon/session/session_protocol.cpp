@@ -75,8 +75,8 @@ absl::Status dispatch(core::daemon_core& core,
 {
   method = session_call_of(call);
   if (method == nullptr) { return unknown_call(); }
-  auto const& request = call.GetReflection()->GetMessage(call, method->session_call_field);
-  auto* answer        = reply.GetReflection()->MutableMessage(&reply, method->session_reply_field);
+  auto const& request = method->routes.session.request(call);
+  auto* answer        = method->routes.session.reply(reply);
   wire::call_context const context{
       .core = core, .session = session, .rules = rules, .fds = fds, .held = held};
   return method->handle(context, request, answer);

@@ -274,21 +274,31 @@ std::vector<call> buffer_calls()
   return {
       make_call<v1::CreateBufferRequest, v1::BufferGrant>(
           "CreateBuffer",
-          {.session_field = "create_buffer"},
+          {.session = on_session<&v1::SessionCall::create_buffer,
+                                 &v1::SessionReply::mutable_create_buffer>("create_buffer")},
           [](call_context const& c, auto const& request, auto* reply) {
             return create_buffer(c.core, c.session, request, c.rules, reply, c.held);
           }),
       make_call<v1::PublishBufferRequest, v1::PublishBufferResponse>(
           "PublishBuffer",
-          {.session_field = "publish_buffer", .reply_only_on_error = true},
+          {.session             = on_session<&v1::SessionCall::publish_buffer,
+                                 &v1::SessionReply::mutable_publish_buffer>("publish_buffer"),
+           .reply_only_on_error = true},
           [](call_context const& c, auto const& request, auto*) {
             return publish_buffer(c.core, c.session, request);
           }),
       make_call<v1::OpenBufferRequest, v1::BufferGrant>(
-          "OpenBuffer", {.session_field = "open_buffer"}, &open_here_or_there),
+          "OpenBuffer",
+          {.session =
+               on_session<&v1::SessionCall::open_buffer, &v1::SessionReply::mutable_open_buffer>(
+                   "open_buffer")},
+          &open_here_or_there),
       make_call<v1::CloseBufferRequest, v1::CloseBufferResponse>(
           "CloseBuffer",
-          {.session_field = "close_buffer", .reply_only_on_error = true},
+          {.session =
+               on_session<&v1::SessionCall::close_buffer, &v1::SessionReply::mutable_close_buffer>(
+                   "close_buffer"),
+           .reply_only_on_error = true},
           [](call_context const& c, auto const& request, auto*) {
             return close_buffer(c.core, c.session, request);
           }),
@@ -320,7 +330,9 @@ std::vector<call> buffer_calls()
           }),
       make_call<v1::BufferFdRequest, v1::BufferFdResponse>(
           "BufferFd",
-          {.grpc = false, .session_field = "buffer_fd"},
+          {.grpc    = false,
+           .session = on_session<&v1::SessionCall::buffer_fd, &v1::SessionReply::mutable_buffer_fd>(
+               "buffer_fd")},
           [](call_context const& c, auto const& request, auto* reply) {
             return buffer_fd(c.core, c.session, request, c.fds, reply);
           }),

@@ -49,12 +49,12 @@ FieldDescriptor const* oneof_field(call const& c,
                                    std::string_view oneof,
                                    google::protobuf::Descriptor const* type)
 {
-  auto const* field = message.FindFieldByName(std::string(c.routes.session_field));
+  auto const* field = message.FindFieldByName(std::string(c.routes.session.field));
   if (field == nullptr || field->containing_oneof() == nullptr ||
       field->containing_oneof()->name() != oneof) {
     wrong(c,
           absl::StrFormat("names session field '%s', which is no field of %s's oneof %s",
-                          c.routes.session_field,
+                          c.routes.session.field,
                           message.full_name(),
                           oneof));
   }
@@ -67,6 +67,26 @@ FieldDescriptor const* oneof_field(call const& c,
                           field->message_type() ? field->message_type()->full_name() : "scalar"));
   }
   return field;
+}
+
+/// The entry's session accessors reach the fields it names (on_session's
+/// template arguments and its name agree).
+void check_session_accessors(call const& c)
+{
+  auto const& route = c.routes.session;
+  if (route.request == nullptr || route.reply == nullptr) {
+    wrong(c, "names session field '" + std::string(route.field) + "' without its accessors");
+  }
+  v1::SessionCall call;
+  auto const* set = call.GetReflection()->MutableMessage(&call, c.session_call_field);
+  v1::SessionReply reply;
+  auto const* made = route.reply(reply);
+  if (&route.request(call) != set ||
+      made != &reply.GetReflection()->GetMessage(reply, c.session_reply_field)) {
+    wrong(c,
+          absl::StrFormat("names session field '%s' but its accessors reach another field",
+                          route.field));
+  }
 }
 
 std::vector<call> build()
@@ -83,11 +103,12 @@ std::vector<call> build()
       check_grpc(c);
       methods.insert(std::string(c.name));
     }
-    if (!c.routes.session_field.empty()) {
+    if (!c.routes.session.field.empty()) {
       c.session_call_field =
           oneof_field(c, *v1::SessionCall::descriptor(), "call", c.request->GetDescriptor());
       c.session_reply_field =
           oneof_field(c, *v1::SessionReply::descriptor(), "reply", c.reply->GetDescriptor());
+      check_session_accessors(c);
     }
   }
   auto const& service = rmmd_service();

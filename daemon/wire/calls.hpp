@@ -36,6 +36,11 @@
 #include <string_view>
 #include <vector>
 
+namespace rmmd::v1 {
+class SessionCall;
+class SessionReply;
+}  // namespace rmmd::v1
+
 namespace rmmd::wire {
 
 /// What the transport that carries a call lets it do.
@@ -85,14 +90,37 @@ struct call_context {
   bool* held{nullptr};
 };
 
+using google::protobuf::Message;
+
+/// A call's fields in the SessionCall oneof `call` and the SessionReply oneof
+/// `reply`: their name, and their generated accessors, through which the
+/// session socket reaches the messages of every call (reflection would cost
+/// about 900 instructions a call). Made by on_session(); calls() checks that
+/// the accessors reach the fields of that name.
+struct session_route {
+  /// The fields' name; empty: not carried on the session socket.
+  std::string_view field{};
+  Message const& (*request)(v1::SessionCall const& call){nullptr};
+  Message* (*reply)(v1::SessionReply& reply){nullptr};
+};
+
+/// The session route of the fields `field`, read by `Get` (SessionCall's
+/// accessor) and written by `Mutable` (SessionReply's mutable_ accessor):
+/// on_session<&v1::SessionCall::free, &v1::SessionReply::mutable_free>("free").
+template <auto Get, auto Mutable>
+session_route on_session(std::string_view field)
+{
+  return {.field   = field,
+          .request = [](v1::SessionCall const& call) -> Message const& { return (call.*Get)(); },
+          .reply   = [](v1::SessionReply& reply) -> Message* { return (reply.*Mutable)(); }};
+}
+
 /// Which transports carry a call, and how.
 struct call_routes {
   /// A method of the gRPC service rmmd.v1.Rmmd, of the same name.
   bool grpc{true};
-  /// The name of its field in the SessionCall oneof `call`, and of its reply's
-  /// in the SessionReply oneof `reply`; empty: not carried on the session
-  /// socket.
-  std::string_view session_field{};
+  /// Its fields on the session socket; none: not carried there.
+  session_route session{};
   /// Session socket: the call may ask for a reply only on error
   /// (SessionCall.reply_only_on_error).
   bool reply_only_on_error{false};
@@ -103,8 +131,6 @@ struct call_routes {
   /// daemon's max_message_bytes (64 KiB by default).
   bool large_request{false};
 };
-
-using google::protobuf::Message;
 
 /// One call of the table. Made by make_call(); its descriptors are filled in
 /// and checked against rmmd.proto by calls().
@@ -117,7 +143,7 @@ class call {
   Message const* reply{nullptr};
   call_routes routes;
   /// Set by calls(): the SessionCall and SessionReply fields, when
-  /// routes.session_field names them.
+  /// routes.session names them.
   google::protobuf::FieldDescriptor const* session_call_field{nullptr};
   google::protobuf::FieldDescriptor const* session_reply_field{nullptr};
 

@@ -100,7 +100,8 @@ std::vector<call> daemon_calls()
       // trip that every call pays.
       make_call<v1::Ping, v1::Ping>(
           "Ping",
-          {.grpc = false, .session_field = "ping"},
+          {.grpc    = false,
+           .session = on_session<&v1::SessionCall::ping, &v1::SessionReply::mutable_ping>("ping")},
           [](call_context const&, auto const&, auto*) { return absl::OkStatus(); }),
   };
 }

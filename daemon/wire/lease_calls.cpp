@@ -112,13 +112,15 @@ std::vector<call> lease_calls()
   return {
       make_call<v1::AllocateRequest, v1::AllocateResponse>(
           "Allocate",
-          {.session_field = "allocate"},
+          {.session = on_session<&v1::SessionCall::allocate, &v1::SessionReply::mutable_allocate>(
+               "allocate")},
           [](call_context const& c, auto const& request, auto* reply) {
             return allocate(c.core, c.session, request, c.rules, reply, c.held);
           }),
       make_call<v1::FreeRequest, v1::FreeResponse>(
           "Free",
-          {.session_field = "free", .reply_only_on_error = true},
+          {.session = on_session<&v1::SessionCall::free, &v1::SessionReply::mutable_free>("free"),
+           .reply_only_on_error = true},
           [](call_context const& c, auto const& request, auto*) {
             return free(c.core, c.session, request);
           }),
@@ -126,7 +128,10 @@ std::vector<call> lease_calls()
       // (RetireBlocks): the session socket's alone, counted apart from Free.
       make_call<v1::BlocksDropped, v1::BlocksDroppedResponse>(
           "BlocksDropped",
-          {.grpc = false, .session_field = "blocks_dropped", .reply_only_on_error = true},
+          {.grpc                = false,
+           .session             = on_session<&v1::SessionCall::blocks_dropped,
+                                 &v1::SessionReply::mutable_blocks_dropped>("blocks_dropped"),
+           .reply_only_on_error = true},
           [](call_context const& c, auto const& request, auto*) {
             return drop_blocks(c.core, c.session, request);
           }),

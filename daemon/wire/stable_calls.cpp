@@ -196,7 +196,12 @@ std::vector<call> stable_calls()
       make_call<v1::ListSleepersRequest, v1::ListSleepersResponse>(
           "ListSleepers", {}, &list_sleepers),
       make_call<v1::StableFdsRequest, v1::StableFdsResponse>(
-          "StableFds", {.grpc = false, .session_field = "stable_fds"}, &stable_fds),
+          "StableFds",
+          {.grpc = false,
+           .session =
+               on_session<&v1::SessionCall::stable_fds, &v1::SessionReply::mutable_stable_fds>(
+                   "stable_fds")},
+          &stable_fds),
   };
 }
 
