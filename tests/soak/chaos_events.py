@@ -565,11 +565,14 @@ class Chaos:
             held = sum(w.allocs[i] for i in w.counted)  # type: ignore[attr-defined]
             if by_pid[w.proc.pid] != held:
                 problems.append(f"{w.name} holds {held} B, its session {by_pid[w.proc.pid]} B")
+        # A session's bytes are across every pool: the sum of the pools'.
+        in_use = sum(int(p.get("in_use_bytes", 0)) for p in stats["pools"])
+        shared = sum(int(p.get("shared_bytes", 0)) for p in stats["pools"])
+        sess = sum(int(s.get("bytes", 0)) for s in sessions)
+        if in_use != sess + shared:
+            problems.append(f"pools: in use {in_use} B != sessions {sess} + buffers {shared}")
         for p in stats["pools"]:
-            in_use, shared = int(p.get("in_use_bytes", 0)), int(p.get("shared_bytes", 0))
-            sess = sum(int(s.get("bytes", 0)) for s in sessions) if p["pool"]["name"] == "host" else None
-            if sess is not None and in_use != sess + shared:
-                problems.append(f"pool host: in use {in_use} B != sessions {sess} + buffers {shared}")
+            in_use = int(p.get("in_use_bytes", 0))
             tenants = sum(int(t.get("in_use_bytes", 0)) for t in p.get("tenants", []))
             if tenants != in_use:
                 problems.append(f"pool {p['pool']['name']}: tenants {tenants} B != in use {in_use}")
@@ -614,27 +617,27 @@ class Chaos:
                  f"{len(self.failures)} failures")
 
     def check_daemon_level(self, stats: dict[str, Any]) -> None:
-        """fds less one per buffer the daemon keeps, threads and VmRSS against
-        this daemon's first quiet point."""
+        """Its fds, threads and VmRSS against the first quiet point's: one
+        memfd per host buffer it lists, one per tenant at most (the client
+        uids and root's), and the rest (sockets, gRPC's pollers) within
+        --fd-slack of their level."""
         from chaos_node import proc_figures
-
-        def figures() -> dict[str, int]:
-            # A buffer holds an fd, and so does each tenant's memfd while a
-            # session or a buffer of that uid lives.
-            f = proc_figures(self.d.pid)
-            tenants = sum(len(p.get("tenants", [])) for p in self.d.stats()["pools"])
-            f["fds"] -= len(self.d.buffers()) + tenants
-            return f
-
+        host_buffers = sum(1 for n in self.d.buffers())  # every buffer here is a host one
+        f = proc_figures(self.d.pid)
         # Connections close on the daemon's threads after the client saw its
         # answer (rmmctl's own, a client's exit): the level is the lowest
         # reading within a few seconds, and it must come back within them.
-        f = figures()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (self.baseline is None or f["fds"] > self.baseline["fds"]):
+        while time.monotonic() < deadline and (
+                self.baseline is None or f["fds"] > self.baseline["fds"] + self.args.fd_slack
+                or f["buffer_memfds"] != host_buffers):
             time.sleep(0.25)
-            g = figures()
+            g = proc_figures(self.d.pid)
             f = {k: min(f[k], g[k]) for k in f}
+        self.check("daemon_buffer_fds", f["buffer_memfds"] == host_buffers,
+                   lambda: f"{f['buffer_memfds']} buffer memfds for {host_buffers} buffers")
+        self.check("daemon_tenant_fds", f["tenant_memfds"] <= len(self.users) + 1,
+                   lambda: f"{f['tenant_memfds']} tenant memfds for {len(self.users)} client uids and root")
         if self.baseline is None:
             # The first quiet point (after round 0's warm-up) is the level of
             # every later one, whichever start of rmmd it finds.
@@ -642,10 +645,8 @@ class Chaos:
             self.say(f"daemon baseline: {f}")
             return
         b = self.baseline
-        # At most the level: a tenant row may outlive its memfd (a uid with
-        # buffers and no session), so fewer is not a problem; more is a leak.
-        self.check("daemon_fds", f["fds"] <= b["fds"],
-                   lambda: f"fds {f['fds']} (less buffers and tenants) > {b['fds']}")
+        self.check("daemon_fds", f["fds"] <= b["fds"] + self.args.fd_slack,
+                   lambda: f"fds {f['fds']} (less memfds) > {b['fds']} + {self.args.fd_slack}")
         self.check("daemon_threads", f["threads"] <= b["threads"] + self.args.thread_slack,
                    lambda: f"threads {f['threads']} > {b['threads']} + {self.args.thread_slack}")
         self.check("daemon_rss", f["rss_kib"] <= b["rss_kib"] + self.args.rss_slack_kib,

@@ -78,9 +78,20 @@ def spawn_kwargs(user: str | None) -> dict[str, Any]:
 
 
 def proc_figures(pid: int) -> dict[str, int]:
-    """The daemon's open fds, threads and VmRSS (KiB), from /proc."""
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    out = {"fds": fds, "threads": 0, "rss_kib": 0}
+    """The daemon's open fds (a host buffer's memfd, a tenant's memfd, the
+    rest), threads and VmRSS (KiB), from /proc."""
+    out = {"fds": 0, "buffer_memfds": 0, "tenant_memfds": 0, "threads": 0, "rss_kib": 0}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if ":buffer" in target and target.startswith("/memfd:rmmd"):
+            out["buffer_memfds"] += 1
+        elif target.startswith("/memfd:rmmd") and ":uid " in target:
+            out["tenant_memfds"] += 1
+        else:
+            out["fds"] += 1
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
             out["threads"] = int(line.split()[1])

@@ -121,8 +121,12 @@ def parse() -> argparse.Namespace:
                    help="the workers' Python (3.9 or later; the client users must be able to run it)")
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="auto")
     p.add_argument("--pool-mib", type=int, default=96, help="the host pool")
-    p.add_argument("--rss-slack-kib", type=int, default=8192)
-    p.add_argument("--thread-slack", type=int, default=8)
+    p.add_argument("--rss-slack-kib", type=int, default=4096)
+    p.add_argument("--thread-slack", type=int, default=4)
+    p.add_argument("--fd-slack", type=int, default=2,
+                   help="fds besides memfds above the level (gRPC's pollers come and go)")
+    p.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
+                   help="set for rmmd only (e.g. LD_LIBRARY_PATH of a sanitized build's libraries)")
     p.add_argument("--keep", action="store_true", help="keep the daemon's directory and logs")
     p.add_argument("--tsan-log-dir", help="a TSan daemon's log_path directory: any report there fails the run")
     return p.parse_args()
@@ -159,7 +163,8 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
     print(f"rmmd_chaos: seed {seed}, {a.minutes} min, backend {backend}, {gpus} GPU(s), daemon {rmmd}"
           + (f"; one uid only: {why_one_uid}" if why_one_uid else ""), file=sys.stderr, flush=True)
-    daemon = Daemon(rmmd, rmmctl, backend, a.pool_mib << 20, {}, None if why_one_uid else "rmmd")
+    daemon_env = dict(kv.split("=", 1) for kv in a.daemon_env)
+    daemon = Daemon(rmmd, rmmctl, backend, a.pool_mib << 20, daemon_env, None if why_one_uid else "rmmd")
     chaos = Chaos(random.Random(seed), seed, daemon, a, tools, env, gpus, multi_uid=not why_one_uid)
     rounds = 0
     status = "pass"
