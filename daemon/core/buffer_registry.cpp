@@ -509,7 +509,7 @@ absl::StatusOr<int> buffer_registry::buffer_fd(session_id session, buffer_id id)
 absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,
                                                            std::string_view name)
 {
-  std::lock_guard lock(state_.mutex);
+  std::unique_lock lock(state_.mutex);
   auto const request = absl::StrFormat("delete buffer %s", quoted_for_message(name));
   if (auto problem = names::buffer_name_problem(name)) {
     return absl::InvalidArgumentError(absl::StrCat(request, ": ", *problem));
@@ -538,6 +538,13 @@ absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,
   if (keeper_) { keeper_->forget(b.id); }
   auto const holders = b.holders.size();
   free_buffer_if_unheld_locked(b.id);
+  // Answered once it is out of the store and the state file, as a publish is
+  // answered once it is in: a client that heard "deleted" and then sees the
+  // daemon SIGKILLed does not find the buffer served again after the restart.
+  if (auto const keeper = keeper_) {
+    lock.unlock();
+    keeper->wait_until_kept(std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  }
   return holders;
 }
 

@@ -85,6 +85,11 @@ void daemon_core::begin_drain()
   state_.draining = true;
   state_.buffers_changed.notify_all();  // waiting opens answer UNAVAILABLE
   state_.reclaim.room_changed();        // and requests waiting for idle slabs
+  for (auto const& pool : state_.pools) {
+    for (auto const& [tenant, slot] : pool->tenants.slots()) {
+      if (slot.backend) { slot.backend->stop_lending(); }
+    }
+  }
 }
 
 bool daemon_core::draining() const

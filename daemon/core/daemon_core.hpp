@@ -98,7 +98,9 @@ class daemon_core {
   void stop_new_sessions();
 
   /// Drain, second phase (the deadline): allocate answers UNAVAILABLE too;
-  /// free still works.
+  /// free still works, and leaves the freed memory as it is (every backend's
+  /// stop_lending()): the sessions closed at the stop belong to clients that
+  /// may reconnect to the next daemon with that memory still mapped.
   void begin_drain();
 
   /// True once either phase has begun.

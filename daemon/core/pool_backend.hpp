@@ -69,6 +69,14 @@ class pool_backend {
   /// REQUIRES: `block` came from allocate() on this backend and was not freed.
   virtual void deallocate(backend_allocation const& block) noexcept = 0;
 
+  /// The daemon is stopping: nothing will be lent from this backend again,
+  /// and what is freed from now on is left as it is instead of being made
+  /// ready for a next holder. Clients that ride through the restart
+  /// (reconnect) still map that memory and keep reading and writing it; a
+  /// backend that clears freed memory (the host backend zeroes and punches
+  /// it) must stop doing so. REQUIRES: no allocate() after it.
+  virtual void stop_lending() noexcept {}
+
   /// Frees every block of `blocks` (a closing session's leases of this pool,
   /// maybe 100,000), as deallocate() on each would, but at once where the
   /// backend can (the host backend gives adjacent blocks back as one range,

@@ -188,6 +188,12 @@ class ServiceManager:
             process.send_signal(sig)
         status = process.wait(timeout=60)
         with self._lock:
+            # What the service sent before it died is its own, as systemd
+            # dispatches notify messages before SIGCHLD: a FDSTOREREMOVE
+            # sent just before a SIGKILL still takes its fd out.
+            deadline = time.monotonic() + 10
+            while self._pending() and time.monotonic() < deadline:
+                self._changed.wait(0.05)
             self._process = None
             self._main_pid = -1
             self._changed.notify_all()
@@ -286,13 +292,18 @@ class ServiceManager:
             ready, _, _ = select.select([self._socket, self._stop_r], [], [])
             if self._stop_r in ready:
                 return
+            # Received and handled under the lock, so that kill() sees a
+            # message either still queued or handled, never in between.
+            self._lock.acquire()
             try:
                 data, ancdata, flags, _ = self._socket.recvmsg(
                     4096, ancillary, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
                 )
             except (BlockingIOError, InterruptedError):
+                self._lock.release()
                 continue
             except OSError:
+                self._lock.release()
                 return
             fds: list[int] = []
             sender: int | None = None
@@ -308,7 +319,7 @@ class ServiceManager:
             message = NotifyMessage(
                 sender=-1 if sender is None else sender, text=data.decode(errors="replace"), fds=len(fds)
             )
-            with self._lock:
+            try:
                 if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                     self._refuse(message, fds, "notification message truncated, ignoring")
                 elif sender is None:
@@ -316,6 +327,8 @@ class ServiceManager:
                 else:
                     self._handle(message, fds)
                 self._changed.notify_all()
+            finally:
+                self._lock.release()
 
     # Called with the lock held.
     def _refuse(self, message: NotifyMessage, fds: list[int], why: str) -> None:

@@ -97,3 +97,21 @@ def test_a_persistent_host_buffer_rides_through_three_sigkills(kept_daemon: Daem
     assert [b["name"] for b in d.stats().get("buffers", [])] == []
     assert d.pool_in_use("host") == 0
     assert d.manager is not None and d.manager.log() == [], d.manager.log()
+
+
+def test_a_delete_the_client_heard_of_survives_a_sigkill_right_after_it(kept_daemon: Daemon) -> None:
+    # As a publish is answered once the buffer is kept, a delete is answered
+    # once it is out of the store and the state file: a SIGKILL the moment
+    # the client hears "deleted" does not bring the buffer back.
+    d = kept_daemon
+    s = rmmd.Session(runtime_dir=str(d.runtime_dir), client_name="py-deleter", reconnect=30.0)
+    for round_ in range(5):
+        name = f"team/deleted-{round_}"
+        with rmmd.SharedBuffer.create(s, name, 1 << 20, pool=s.host_pool, persistent=True) as buf:
+            buf.publish()
+        d.wait_until_kept([name])
+        assert rmmd.SharedBuffer.delete(s, name) == 0
+        d.restart(signal.SIGKILL)
+        assert s.buffers(prefix="team/") == [], f"round {round_}: the deleted buffer is served again"
+        assert d.stored_buffers() == [] and d.pool_in_use("host") == 0, d.stored_buffers()
+    s.close()

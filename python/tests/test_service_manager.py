@@ -52,6 +52,8 @@ for step in steps:
         send("STATUS=an fd without FDSTORE", [memfd("x")])
     elif what == "remove":
         send(f"FDSTOREREMOVE=1\nFDNAME={arg}")
+    elif what == "exit":  # gone at once, its messages maybe not yet read
+        os._exit(0)
     elif what == "other-pid":  # a process that is not the main pid
         subprocess.run([sys.executable, "-c", "import array, os, socket; "
                         "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
@@ -102,3 +104,25 @@ def test_the_store_keeps_what_systemd_keeps_and_passes_it_to_the_next_start(tmp_
     finally:
         m.close()
     assert not (tmp_path / "notify").exists()
+
+
+def test_what_a_service_sent_before_it_died_is_handled_as_its_own(tmp_path: Path) -> None:
+    # systemd reads the notify socket before it handles SIGCHLD: a
+    # FDSTOREREMOVE sent right before the service dies still removes the fd
+    # (rmmd's delete of a buffer, then a SIGKILL at once).
+    m = ServiceManager(tmp_path / "notify")
+    out = tmp_path / "out.json"
+    try:
+        names = [f"f{i}" for i in range(100)]
+        start(m, out, *(f"store={n},x" for n in names))
+        assert m.stored_names() == names
+        m.kill(signal.SIGKILL)
+        for _ in range(10):
+            service = m.start([sys.executable, "-c", SERVICE, str(out), *(f"remove={n}" for n in names[:10]),
+                               "exit"], {"PATH": "/usr/bin:/bin"})
+            service.wait(timeout=30)  # it exited by itself
+            m.kill(signal.SIGKILL)  # reaps it, as systemd on SIGCHLD
+            names = names[10:]
+            assert m.stored_names() == names, m.log()
+    finally:
+        m.close()

@@ -168,11 +168,18 @@ absl::StatusOr<core::backend_allocation> host_backend::allocate(std::size_t byte
   return core::backend_allocation{.bytes = r->size, .offset = r->offset};
 }
 
+void host_backend::stop_lending() noexcept
+{
+  std::lock_guard lock(mutex_);
+  lending_ = false;
+}
+
 void host_backend::deallocate(core::backend_allocation const& block) noexcept
 {
   std::lock_guard lock(mutex_);
   auto const now_free = ranges_.release({.offset = block.offset, .size = block.bytes});
   if (pinnable_) { return; }  // clients' pinned mappings must keep these very pages
+  if (!lending_) { return; }  // nobody is lent it again; a reconnected client still maps it
   clear_locked(block.offset, block.offset + block.bytes, now_free);
 }
 
@@ -209,7 +216,7 @@ void host_backend::deallocate_many(std::span<core::backend_allocation const> blo
 
   std::lock_guard lock(mutex_);
   for (auto const& r : runs) { ranges_.release(r); }
-  if (pinnable_) { return; }
+  if (pinnable_ || !lending_) { return; }
   // The runs in one free range: clear from the first one's start to the last
   // one's end, once per range.
   for (std::size_t i = 0; i < runs.size();) {

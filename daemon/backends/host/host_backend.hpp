@@ -65,6 +65,10 @@ class host_backend final : public core::pool_backend {
   {
     return fd_;
   }
+  /// From now on frees neither punch nor zero: the daemon is stopping, and
+  /// the clients that reconnect to the next one still map what their
+  /// sessions held here.
+  void stop_lending() noexcept override;
   /// A shared buffer: a memfd of its own (sized to whole pages and sealed
   /// against resizing), so that a process of another tenant that opens it
   /// maps that buffer and nothing else of the pool. Counted against the
@@ -86,6 +90,7 @@ class host_backend final : public core::pool_backend {
   std::mutex mutex_;  // guards ranges_ and the file's free pages
   core::offset_allocator ranges_;
   bool pinnable_{false};
+  bool lending_{true};  // guarded by mutex_; false once the daemon stops: frees clear nothing
 };
 
 }  // namespace rmmd::backends::host

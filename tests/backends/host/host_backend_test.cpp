@@ -351,6 +351,31 @@ TEST(HostBackend, APinnablePoolFreesManyBlocksWithoutTouchingThem)
   EXPECT_TRUE(b.allocate(pool_size, 1).ok());
 }
 
+TEST(HostBackend, AfterStopLendingFreedBlocksKeepTheirBytes)
+{
+  // The daemon is stopping: the sessions it closes belong to clients that
+  // reconnect to the next daemon with this memory still mapped.
+  host_backend b("stopping", pool_size);
+  mapping m(b.shareable_fd());
+  auto one   = b.allocate(MiB, 4096);
+  auto small = b.allocate(1000, 256);  // shares its page with nothing lent: punched if cleared
+  std::vector<core::backend_allocation> many;
+  for (int i = 0; i < 10; ++i) {
+    auto block = b.allocate(3000, 256);
+    ASSERT_TRUE(block.ok());
+    many.push_back(*block);
+  }
+  ASSERT_TRUE(one.ok() && small.ok());
+  std::memset(m.at(0), 0x5a, 2 * MiB);
+  b.stop_lending();
+  b.deallocate(*one);
+  b.deallocate(*small);
+  b.deallocate_many(many);
+  EXPECT_TRUE(m.all_equal(one->offset, MiB, 0x5a));
+  EXPECT_TRUE(m.all_equal(small->offset, small->bytes, 0x5a));
+  for (auto const& block : many) { EXPECT_TRUE(m.all_equal(block.offset, block.bytes, 0x5a)); }
+}
+
 TEST(HostBackend, AFullPoolIsResourceExhausted)
 {
   host_backend b("full", pool_size);
