@@ -26,14 +26,15 @@ from rmmd import failover
 
 
 def llama_config(layers: int = 4, hidden: int = 256, heads: int = 8, kv_heads: int = 2, vocab: int = 4096,
-                 intermediate: int | None = None, max_positions: int = 4096, dtype: str = "float32") -> Any:
+                 intermediate: int | None = None, max_positions: int = 4096, dtype: str = "float32",
+                 attn: str = "eager") -> Any:
     import transformers
 
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     return transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or hidden * 11 // 4,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=False, attn_implementation="eager",
+        max_position_embeddings=max_positions, tie_word_embeddings=False, attn_implementation=attn,
         **{dtype_kw: dtype})
 
 
@@ -128,17 +129,20 @@ class Decoder:
             self.kv.lengths[: self.batch].fill_(length)
             self.kv.stamp()
 
-    def prefill(self, prompt: Any) -> None:
-        """The prompt into the cache in one forward; its next token becomes
-        token ``len(prompt)``."""
-        torch, p, n = self.torch, prompt.shape[1], self.max_length
-        causal = torch.full((p, n), self.masked, dtype=self.dtype, device=self.device)
-        causal[:, :p] = torch.triu(causal[:, :p], diagonal=1)
-        positions = torch.arange(p, device=self.device)
+    def prefill(self, prompt: Any, chunk: int = 2048) -> None:
+        """The prompt into the cache, `chunk` tokens per forward (the mask of
+        a chunk is chunk x max_length); its next token becomes token
+        ``len(prompt)``."""
+        torch, p, n, b = self.torch, prompt.shape[1], self.max_length, self.batch
+        columns = torch.arange(n, device=self.device)
         with torch.no_grad():
-            first = self._forward(prompt, positions.expand(self.batch, p), causal.expand(self.batch, 1, p, n),
-                                  positions)
-        self.forwards += 1
+            for start in range(0, p, chunk):
+                end = min(p, start + chunk)
+                rows = torch.arange(start, end, device=self.device)
+                mask = torch.where(columns[None, :] <= rows[:, None], 0.0, self.masked).to(self.dtype)
+                first = self._forward(prompt[:, start:end], rows.expand(b, end - start),
+                                      mask.expand(b, 1, end - start, n), rows)
+                self.forwards += 1
         self.tokens[:, :p] = prompt
         self.tokens[:, p] = first
         self._commit(p + 1)
