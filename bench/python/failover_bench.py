@@ -118,6 +118,11 @@ class Worker:
             raise RuntimeError(f"{self.role} said nothing (status {self.proc.poll()}): {''.join(self.stderr)[-3000:]}")
         return message
 
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
     def sigkill(self) -> float:
         """SIGKILL; the moment just before it."""
         t = time.monotonic()
@@ -244,7 +249,9 @@ def section_first_token(a: argparse.Namespace, p: dict[str, Any], env: dict[str,
         standby = Worker("standby", margs, env)
         cold = None
         try:
+            standby.said(900)  # attached
             ready = active.said(900)
+            standby.tell("open")
             standby_ready = standby.said(900)
             time.sleep(0.5)  # the active decodes; the kill lands mid-step
             killed_at = active.sigkill()

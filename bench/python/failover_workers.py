@@ -161,6 +161,8 @@ def standby_main(a: argparse.Namespace) -> int:
     torch.cuda.set_device(0)
     session = rmmd.Session(client_name="failover-bench-standby")
     model = attached_model(a, session)
+    say(attached=True)
+    sys.stdin.readline()  # the active holds the lease (a standby first in a free line would be granted it)
     kv = failover.standby(session, a.name, layout(a, model), model=MODEL, wait=600)
     dec = Decoder(model, a.batch, a.max_length, kv)
     early = failover.standby_open_supported()

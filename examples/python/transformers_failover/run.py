@@ -20,7 +20,8 @@ weights from --seed; nothing is downloaded):
    stamping them with its lease generation; at decode step --kill-at
    (``random``: one drawn from --seed) it SIGKILLs itself, with its last
    step still queued on the GPU;
-3. the standby, started beside it, builds the model, maps the buffer
+3. the standby, started beside it, builds the model, and once the active
+   holds the lease maps the buffer
    (``rmmd.failover.standby``), binds its cache, captures its graph (where
    this rmmd maps a standby at the grant's addresses; otherwise after the
    grant, and it says so) and waits (``kv.wait()``). At the grant it reads
@@ -139,6 +140,10 @@ def standby_main(a: argparse.Namespace) -> int:
     torch, device, model, prompt = setup(a)
     session = rmmd.Session(client_name="failover-standby")
     layout = layout_of(a, model)
+    say(built=True)
+    # Once the active holds the lease: a standby that came first to a free
+    # lease would be granted it at once, and be the active engine.
+    sys.stdin.readline()
     kv = failover.standby(session, a.name, layout, model=model_label(a), wait=120)
     dec = Decoder(model, a.batch, a.max_cache_len, kv)
     early_graph = not a.no_graph and failover.standby_open_supported()
@@ -192,8 +197,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     reference.wait(120)
     active = start(a, "active", env)
     standby = start(a, "standby", env)
-    holding, ready = said(active, "active: holding"), said(standby, "standby: ready")
-    assert active.stdin is not None
+    holding, built = said(active, "active: holding"), said(standby, "standby: built")
+    assert active.stdin is not None and standby.stdin is not None
+    standby.stdin.write("open\n")  # the active holds the lease: the standby may map the buffer and line up
+    standby.stdin.flush()
+    ready = said(standby, "standby: ready")
     active.stdin.write("go\n")
     active.stdin.flush()
     dying = said(active, "active: dying")
@@ -211,7 +219,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "first_token_s": out["first_token_t"] - dying["t"] if "first_token_t" in out and "t" in dying else None,
         "graph_before_grant": out.get("graph_before_grant"), "moved": out.get("moved"),
         "tokens": a.batch * a.new_tokens, "first_tokens": (ref.get("tokens") or [[]])[0][:8],
-        "holding": holding, "ready": ready,
+        "holding": holding, "ready": ready, "standby_built": bool(built),
     }
     try:
         rmmd.SharedBuffer.delete(session, a.name)
