@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,13 +98,21 @@ def test_an_active_writer_stamps_after_its_data(daemon: Daemon, session: rmmd.Se
     rmmd.SharedBuffer.delete(session, "fo/kv1")
 
 
-def test_a_standby_takes_over_from_a_sigkilled_writer_where_it_stopped(daemon: Daemon, session: rmmd.Session) -> None:
-    failover.create_kv(session, "fo/kv2", LAYOUT, model="m", pool=session.host_pool)
-    writer = start_python([CLIENT, "fo/kv2", "m", LAYOUT.to_json(), "--steps", "4"], daemon.env())
+def everywhere(t: Any) -> bool:
+    """Every element of a NumPy array or torch tensor is true."""
+    return bool(t.all())
+
+
+def take_over(daemon: Daemon, session: rmmd.Session, name: str, **where: Any) -> None:
+    """A writer process (failover_client.py) writes 4 steps and is SIGKILLed;
+    a standby mapped beforehand takes over with its bytes and lengths; the
+    next writer finds the standby's stamp. `where`: create_kv's pool or device."""
+    failover.create_kv(session, name, LAYOUT, model="m", **where)
+    writer = start_python([CLIENT, name, "m", LAYOUT.to_json(), "--steps", "4"], daemon.env())
     first = json.loads(read_line(writer))
     assert first["generation"] == 1 and first["now"]["lengths"] == [4, 4, 4] and first["now"]["commits"] == 4
     with rmmd.Session(runtime_dir=str(daemon.runtime_dir), client_name="standby") as s:
-        kv = failover.standby(s, "fo/kv2", LAYOUT, model="m")
+        kv = failover.standby(s, name, LAYOUT, model="m")
         assert not kv.holds_lease and kv.generation == 0
         before = kv.keys[0]
         assert float(before[0, 0, 3, 0]) == 3 + 1  # mapped before the grant: the writer's bytes
@@ -116,19 +125,25 @@ def test_a_standby_takes_over_from_a_sigkilled_writer_where_it_stopped(daemon: D
         assert state.generation == 1 and state.lengths == (4, 4, 4) and state.seed == 7 and state.commits == 4
         assert kv.moved == (not failover.standby_open_supported())
         assert kv.moved or kv.keys[0] is before  # the standby open keeps the tensors
-        for s_ in range(4):
-            assert np.all(kv.keys[1][:, :, s_, :] == s_ + 1) and np.all(kv.values[0][:, :, s_, :] == s_ + 1)
+        for step in range(4):
+            assert everywhere(kv.keys[1][:, :, step, :] == step + 1)
+            assert everywhere(kv.values[0][:, :, step, :] == step + 1)
         kv.lengths[:] = 5
         kv.stamp()
         assert kv.state().generation == 2 and kv.state().commits == 5
         del before, state
         kv.close()
     # The next writer finds the standby's stamp.
-    again = start_python([CLIENT, "fo/kv2", "m", LAYOUT.to_json(), "--steps", "1"], daemon.env())
+    again = start_python([CLIENT, name, "m", LAYOUT.to_json(), "--steps", "1"], daemon.env())
     third = json.loads(read_line(again))
     assert third["generation"] == 3 and third["found"]["generation"] == 2 and third["found"]["lengths"] == [5, 5, 5]
+    assert again.stdin is not None
     again.stdin.write("\n")
     again.stdin.flush()
     assert again.wait(timeout=30) == 0
-    wait_until(lambda: session.describe_buffer("fo/kv2")[0].holders == 0, what="the writer to let go")
-    rmmd.SharedBuffer.delete(session, "fo/kv2")
+    wait_until(lambda: session.describe_buffer(name)[0].holders == 0, what="the writer to let go")
+    rmmd.SharedBuffer.delete(session, name)
+
+
+def test_a_standby_takes_over_from_a_sigkilled_writer_where_it_stopped(daemon: Daemon, session: rmmd.Session) -> None:
+    take_over(daemon, session, "fo/kv2", pool=session.host_pool)

@@ -15,6 +15,9 @@ from typing import Any, Iterator
 
 import pytest
 from conftest import REPO, Daemon, need_gpu, need_module, run_python, wait_until
+from test_failover import take_over
+
+import rmmd
 
 EXAMPLE = REPO / "examples" / "python" / "transformers_failover" / "run.py"
 
@@ -64,6 +67,13 @@ def test_the_standby_goes_on_from_the_dead_engines_kv_to_the_same_tokens(
     assert 0 < got["grant_s"] < 10 and got["grant_s"] <= got["first_token_s"], got
     if graph and got["graph_before_grant"]:
         assert not got["moved"], got  # captured before the grant, replayed after it
+    wait_until(lambda: cuda_in_use(failover_daemon) == 0, timeout=30, what="the memory to go back")
+
+
+@pytest.mark.gpu
+def test_a_standby_takes_over_a_device_kv_buffer_from_a_sigkilled_writer(failover_daemon: Daemon) -> None:
+    with rmmd.Session(runtime_dir=str(failover_daemon.runtime_dir), client_name="pytest") as session:
+        take_over(failover_daemon, session, "fo-gpu/kv-direct", device=0)
     wait_until(lambda: cuda_in_use(failover_daemon) == 0, timeout=30, what="the memory to go back")
 
 

@@ -2,7 +2,8 @@
 
   failover_client.py NAME MODEL LAYOUT_JSON [--wait S] [--steps N]
 
-takes the write lease of the host KV buffer NAME (rmmd.failover.active),
+takes the write lease of the KV buffer NAME (rmmd.failover.active; NumPy
+views for a host buffer, torch tensors for a device buffer),
 writes N steps (step s: every key and value of position s is s + generation,
 the lengths s + 1, the seed word 7, then the stamp), prints one line of
 JSON (generation, the state it found), and waits for a line on stdin (or
