@@ -368,11 +368,10 @@ class KVStore:
             DeadlineError: the wait ended first (nothing changed; wait again).
         """
         if not self.holds_lease:
-            seconds = 10 * 365 * 86400.0 if timeout is None else timeout
             if hasattr(self._buf, "wait_lease"):
-                self._generation = int(self._buf.wait_lease(seconds))
+                self._generation = int(self._buf.wait_lease(timeout))
             else:
-                self._take_over_by_reopening(seconds)
+                self._take_over_by_reopening(10 * 365 * 86400.0 if timeout is None else timeout)
             if self._gen_word is not None:
                 self._gen_word[0] = self._generation  # what stamp() copies, in a graph too
         return self._generation, self.state()
