@@ -370,6 +370,8 @@ class KVStore:
         if not self.holds_lease:
             if hasattr(self._buf, "wait_lease"):
                 self._generation = int(self._buf.wait_lease(timeout))
+                if self.framework == "numpy":
+                    self._view(self._buf)  # NumPy arrays of a read-only mapping stay read-only: new ones, same addresses
             else:
                 self._take_over_by_reopening(10 * 365 * 86400.0 if timeout is None else timeout)
             if self._gen_word is not None:
