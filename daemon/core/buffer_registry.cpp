@@ -406,6 +406,12 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
         ": an exclusive open takes the write lease, so it is a read-write open: ask for "
         "read-write access too"));
   }
+  if (how.standby && !how.exclusive) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request,
+        ": a standby stands in line for the write lease, so it is an exclusive open: ask for "
+        "exclusive (and read-write access) too"));
+  }
   auto const key = std::string(name);
   bool waited    = false;
   while (true) {
@@ -426,7 +432,9 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
       if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
         if (auto refused = open_refusal_locked(b, session, how, request)) { return *refused; }
-        if (how.exclusive) { return open_exclusive_locked(lock, b, s, wait_until, request); }
+        if (how.exclusive) {
+          return open_exclusive_locked(lock, b, s, wait_until, request, how.standby);
+        }
         if (how.access == buffer_access::read_write) {
           if (auto refused = plain_writer_refusal_locked(b, session, request)) { return *refused; }
           ++b.writers[session];

@@ -105,6 +105,10 @@ struct lease_waiter {
   std::uint64_t ticket{};  // the waiting call's, unique in the daemon
   session_id session{};
   std::chrono::system_clock::time_point since{};
+  // A standby open: it holds the buffer already (its open was answered at
+  // once), and its grant adds no hold; no call waits on its ticket, the
+  // session's wait_buffer_lease() finds it holding the lease.
+  bool standby{false};
 };
 
 /// A buffer's write lease (docs/failover.md): at most one session holds it;
