@@ -54,7 +54,10 @@ from ._manifest import ITEMSIZE, Manifest, TensorEntry
 from ._session import Pool, Session
 from ._views import tensor_views
 
-__all__ = ["KVLayout", "KVState", "KVStore", "active", "bind_static_cache", "create_kv", "standby"]
+__all__ = [
+    "KVLayout", "KVState", "KVStore", "active", "bind_static_cache", "create_kv", "set_static_cache_length",
+    "standby", "standby_open_supported",
+]
 
 MAGIC = struct.unpack("<q", b"RMMDKV01")[0]
 FORMAT_VERSION = 1
@@ -467,8 +470,12 @@ def standby(session: Session, name: str, layout: KVLayout, *, model: str, wait: 
 def bind_static_cache(cache: Any, kv: KVStore) -> None:
     """Makes transformers' StaticCache (5.x: ``cache.layers[i].keys`` and
     ``.values``) hold `kv`'s tensors: the model's attention then reads and
-    writes the KV buffer. Done as StaticLayer.lazy_initialization does it,
-    without its allocation; call it again after a wait that moved them."""
+    writes the KV buffer. A layer not yet initialised is, by its own
+    ``lazy_initialization`` (which allocates one layer's keys and values,
+    dropped at once for the buffer's), so that whatever else the installed
+    transformers keeps per layer (its write counter) is there. Call it again
+    after a wait that moved the tensors; :func:`set_static_cache_length`
+    says where the next write goes."""
     layers = getattr(cache, "layers", None)
     if layers is None or len(layers) != kv.layout.num_layers:
         raise InvalidArgumentError(
@@ -480,13 +487,30 @@ def bind_static_cache(cache: Any, kv: KVStore) -> None:
         if getattr(layer, "max_cache_len", k.shape[2]) != k.shape[2]:
             raise InvalidArgumentError(
                 f"rmmd: the cache's max_cache_len is {layer.max_cache_len}, the KV layout's {k.shape[2]}")
-        layer.max_batch_size, layer.num_heads, _, layer.head_dim = k.shape
-        layer.dtype, layer.device = k.dtype, k.device
+        if not getattr(layer, "is_initialized", False):
+            empty_k = torch.empty((*k.shape[:2], 0, k.shape[3]), dtype=k.dtype, device=k.device)
+            empty_v = torch.empty((*v.shape[:2], 0, v.shape[3]), dtype=v.dtype, device=v.device)
+            try:
+                layer.lazy_initialization(empty_k, empty_v)
+            except TypeError:  # transformers whose layers take the keys only
+                layer.lazy_initialization(empty_k)
         layer.keys, layer.values = k, v
-        layer.is_initialized = True
         try:
             torch._dynamo.mark_static_address(k)
             torch._dynamo.mark_static_address(v)
         except Exception:  # only torch.compile cares
             pass
 
+
+def set_static_cache_length(cache: Any, length: int) -> None:
+    """Tells a transformers StaticCache that it holds `length` tokens, so
+    that the next write goes to slot `length`: the layers' write counter
+    (``cumulative_length``, a one-word tensor in transformers 5.x, set in
+    place so that a CUDA graph that reads it sees the new value). Layers
+    without one take their slots from ``cache_position`` instead."""
+    for layer in cache.layers:
+        counter = getattr(layer, "cumulative_length", None)
+        if hasattr(counter, "fill_"):
+            counter.fill_(length)
+        elif isinstance(counter, int):
+            layer.cumulative_length = length

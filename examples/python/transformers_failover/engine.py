@@ -91,10 +91,16 @@ class Decoder:
         self.length = 0
 
     def _forward(self, ids: Any, pos: Any, mask: Any, cache_position: Any) -> Any:
+        """One forward at the positions `cache_position`, whose first one the
+        caller has set the cache's write counter to (seek())."""
         kw = {"cache_position": cache_position} if self.takes_cache_position else {}
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1, **kw)
         return out.logits[:, -1].argmax(-1)
+
+    def seek(self, held: int) -> None:
+        """The cache holds `held` tokens: the next forward writes from slot `held`."""
+        failover.set_static_cache_length(self.cache, held)
 
     def _decode_step(self) -> Any:
         return self._forward(self.ids, self.pos, self.mask, self.cache_position)
@@ -108,6 +114,7 @@ class Decoder:
         scratch_k, scratch_v = torch.zeros_like(keys[0]), torch.zeros_like(values[0])
         for layer in self.cache.layers:
             layer.keys, layer.values = scratch_k, scratch_v
+        self.seek(0)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -117,6 +124,7 @@ class Decoder:
         for layer, k, v in zip(self.cache.layers, keys, values):
             layer.keys, layer.values = k, v
         del scratch_k, scratch_v
+        self.seek(0)
         self.graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(self.graph):
             self.next_token = self._decode_step()
@@ -139,6 +147,7 @@ class Decoder:
             for start in range(0, p, chunk):
                 end = min(p, start + chunk)
                 rows = torch.arange(start, end, device=self.device)
+                self.seek(start)
                 mask = torch.where(columns[None, :] <= rows[:, None], 0.0, self.masked).to(self.dtype)
                 first = self._forward(prompt[:, start:end], rows.expand(b, end - start),
                                       mask.expand(b, 1, end - start, n), rows)
@@ -161,6 +170,7 @@ class Decoder:
         self.pos.fill_(k)
         self.cache_position.fill_(k)
         self.mask[..., k] = 0
+        self.seek(k)  # outside the graph: a graph's own advance of the counter is undone here
         if self.graph is not None:
             self.graph.replay()
             token = self.next_token
