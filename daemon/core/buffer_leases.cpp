@@ -138,6 +138,15 @@ bool buffer_registry::leave_line_locked(buffer_entry& b, std::uint64_t ticket) n
   return true;
 }
 
+bool buffer_registry::may_write_locked(buffer_entry const& b, session_id session) const
+{
+  if (b.lease.holder == session) { return true; }
+  if (auto w = b.writers.find(session); w != b.writers.end() && w->second > 0) { return true; }
+  return std::any_of(b.lease.waiters.begin(), b.lease.waiters.end(), [&](auto const& w) {
+    return w.standby && w.session == session;
+  });
+}
+
 bool buffer_registry::leave_standby_locked(buffer_entry& b, session_id session) noexcept
 {
   auto const& line = b.lease.waiters;

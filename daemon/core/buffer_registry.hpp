@@ -160,11 +160,14 @@ class buffer_registry {
   /// close before publishing frees it always.
   absl::Status close_buffer(session_id session, buffer_id id, hold_kind kind = hold_kind::read);
 
-  /// The fd of buffer `id`'s own allocation (owned by the backend: send a
-  /// copy), for a session that holds it. NOT_FOUND when it holds none,
-  /// FAILED_PRECONDITION when the buffer has no fd (host pools: the offset
-  /// in the pool's memfd is all it needs).
-  absl::StatusOr<int> buffer_fd(session_id session, buffer_id id) const;
+  /// The fd of buffer `id`'s own allocation (owned by the backend or the
+  /// core: send a copy), for a session that holds it. A host buffer's memfd
+  /// comes read-only to a session that holds only read opens of it (a
+  /// standby's, a writer's and the creator's is read-write). NOT_FOUND when
+  /// it holds none, FAILED_PRECONDITION when the buffer has no fd (host
+  /// pools: the offset in the pool's memfd is all it needs), INTERNAL when
+  /// the read-only memfd cannot be made.
+  absl::StatusOr<int> buffer_fd(session_id session, buffer_id id);
 
   /// Takes the name away; the memory goes after the last holder. Returns how
   /// many sessions hold it still. NOT_FOUND, PERMISSION_DENIED (neither the
@@ -385,6 +388,9 @@ class buffer_registry {
   /// session holds or waits for its lease.
   [[nodiscard]] std::optional<absl::Status> plain_writer_refusal_locked(
       buffer_entry const& b, session_id session, std::string_view request) const;
+  /// Whether `session` may write `b`: it holds its lease or a plain
+  /// read-write open (a create counts), or stands in line as a standby.
+  [[nodiscard]] bool may_write_locked(buffer_entry const& b, session_id session) const;
   /// Whether no holder but `session` has a plain read-write open of `b`.
   [[nodiscard]] static bool no_other_writer_locked(buffer_entry const& b, session_id session);
   /// Gives `b`'s lease to `s` (one more hold of it unless `s` holds it as a

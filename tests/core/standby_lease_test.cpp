@@ -5,11 +5,14 @@
 // came first) and leaves the standby in line when its wait ends; the grant
 // adds no hold; closing the standby or ending its session takes it out of
 // line; standbys and waiting exclusive opens share one line, first come
-// first served; every refusal leaves the core as it was. The pool is a real
-// host_backend (memfd).
+// first served; every refusal leaves the core as it was; a host buffer's
+// memfd comes read-write to a standby (its mapping is made writable at the
+// grant) and read-only to a reader. The pool is a real host_backend (memfd).
 
 #include "daemon/backends/host/host_backend.hpp"
 #include "daemon/core/daemon_core.hpp"
+
+#include <fcntl.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -336,6 +339,23 @@ TEST_F(StandbyLease, TheDrainStopsTheWaitTheStandbyKeepsItsHold)
   core_->stop_new_sessions();
   EXPECT_EQ(waited.get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(held_by(s), 1u);
+}
+
+TEST_F(StandbyLease, AStandbyGetsTheMemfdReadWriteAReaderReadOnly)
+{
+  auto const access = [](absl::StatusOr<int> fd) {
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    return fd.ok() ? ::fcntl(*fd, F_GETFL) & O_ACCMODE : -1;
+  };
+  auto engine = open();
+  ASSERT_TRUE(take(engine).ok());
+  auto s = open();
+  ASSERT_TRUE(standby(s).ok());
+  auto reader = open();
+  ASSERT_TRUE(core_->buffers().open_buffer(reader, "kv/0", steady::now(), {}).ok());
+  EXPECT_EQ(access(core_->buffers().buffer_fd(s, id_)), O_RDWR);       // in line
+  EXPECT_EQ(access(core_->buffers().buffer_fd(engine, id_)), O_RDWR);  // the holder
+  EXPECT_EQ(access(core_->buffers().buffer_fd(reader, id_)), O_RDONLY);
 }
 
 }  // namespace
