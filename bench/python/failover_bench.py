@@ -18,7 +18,7 @@ b. first token: a Llama sized by config to --weights-gib of bf16 weights
    KV buffer of --kv-gib (max length from it, --batch sequences). The
    active engine prefills --context tokens per sequence and decodes; the
    standby has attached the weights, mapped the KV and captured its decode
-   graph (before the grant where this rmmd has the standby open) and waits.
+   graph (before the grant: the standby open keeps the addresses) and waits.
    The bench SIGKILLs the active: time to the standby's first new token
    (one decode step from where the active stopped). In the same round, a
    cold restart: a new process from the kill on (import, CUDA, attach the
@@ -196,7 +196,6 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 def section_grant(a: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     import rmmd
-    from rmmd.failover import standby_open_supported
 
     name = "failover-bench/grant"
     with rmmd.Session(client_name="failover-bench") as session:
@@ -223,8 +222,7 @@ def section_grant(a: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
             for w in waiters:
                 w.kill()
             rmmd.SharedBuffer.delete(session, name)
-    return {**summary(grants), "generations": generations, "waiters_in_line": a.grant_rounds, "pool": pool.name,
-            "standby_open": standby_open_supported()}
+    return {**summary(grants), "generations": generations, "waiters_in_line": a.grant_rounds, "pool": pool.name}
 
 
 def wait_until_in_line(session: Any, name: str, waiters: int, timeout: float = 120) -> None:
@@ -261,8 +259,7 @@ def section_first_token(a: argparse.Namespace, p: dict[str, Any], env: dict[str,
             rounds.append({
                 "standby_first_token_s": took["first_token"] - killed_at, "grant_s": took["granted"] - killed_at,
                 "cold_first_token_s": cold_said["first_token"] - killed_at, "resumed_at": took["resumed_at"],
-                "context_at_ready": ready["length"], "kv_bytes": ready["kv_bytes"], "moved": took["moved"],
-                "graph_before_grant": standby_ready["graph_before_grant"],
+                "context_at_ready": ready["length"], "kv_bytes": ready["kv_bytes"],
             })
             print(f"first token, round {r}: standby {rounds[-1]['standby_first_token_s'] * 1e3:.0f} ms, "
                   f"cold {rounds[-1]['cold_first_token_s']:.2f} s", file=sys.stderr, flush=True)

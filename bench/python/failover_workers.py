@@ -4,16 +4,15 @@ moment on stdout (times are CLOCK_MONOTONIC, which every process of the
 host shares):
 
 - ``waiter NAME``: no PyTorch; takes the write lease of the KV buffer NAME
-  (the standby open where this rmmd has it, else an exclusive open with a
-  wait), says ``{"granted": t, "generation": g}``, then waits for stdin to close.
+  (a standby open, then wait_lease), says ``{"granted": t, "generation": g}``, then waits for stdin to close.
 - ``publish``: random weights of the bench's model (shapes from its
   config, bf16, made on the GPU), published persistent as WEIGHTS.
 - ``active``: attaches the weights, makes the KV buffer (create_kv), takes
   its lease, captures its decode step, prefills --context tokens per
   sequence, says ``{"ready": ...}`` and decodes until it is SIGKILLed.
 - ``standby``: attaches the weights, maps the KV buffer
-  (rmmd.failover.standby), captures its graph where the addresses stay,
-  says ready, waits; at the grant, one decode step from where the active
+  (rmmd.failover.standby), captures its graph (the addresses stay at the
+  grant), says ready, waits; at the grant, one decode step from where the active
   stopped: ``{"granted": t, "first_token": t}``.
 - ``cold``: what a restart without rmmd's KV does, from its own start:
   attaches the weights, allocates an empty KV cache, prefills the same
@@ -56,14 +55,9 @@ def waiter_main(a: argparse.Namespace) -> int:
     from rmmd import failover
 
     session = rmmd.Session(client_name="failover-bench-waiter")
-    if failover.standby_open_supported():
-        buf = rmmd.SharedBuffer.open(session, a.name, writable=True, exclusive=True, standby=True, wait=60)
-        say(waiting=True, pid=os.getpid())
-        generation = buf.wait_lease(3600)
-    else:
-        say(waiting=True, pid=os.getpid())  # FALLBACK: in line from the open on
-        buf = rmmd.SharedBuffer.open(session, a.name, writable=True, exclusive=True, wait=3600)
-        generation = buf.lease_generation
+    buf = rmmd.SharedBuffer.open(session, a.name, writable=True, exclusive=True, standby=True, wait=60)
+    say(waiting=True, pid=os.getpid())
+    generation = buf.wait_lease(3600)
     say(granted=time.monotonic(), generation=generation, pid=os.getpid())
     sys.stdin.read()
     return 0
@@ -165,22 +159,15 @@ def standby_main(a: argparse.Namespace) -> int:
     sys.stdin.readline()  # the active holds the lease (a standby first in a free line would be granted it)
     kv = failover.standby(session, a.name, layout(a, model), model=MODEL, wait=600)
     dec = Decoder(model, a.batch, a.max_length, kv)
-    early = failover.standby_open_supported()
-    if early:
-        dec.capture()
+    dec.capture()  # before the grant, at the addresses it keeps
     torch.cuda.synchronize()
-    say(ready=True, graph_before_grant=early)
+    say(ready=True)
     generation, state = kv.wait()
     granted = time.monotonic()
-    if kv.moved:  # FALLBACK: new addresses, a new binding and graph after the grant
-        dec = Decoder(model, a.batch, a.max_length, kv)
-    if dec.graph is None:
-        dec.capture()
     dec.resume(min(state.lengths))
     dec.step()
     torch.cuda.synchronize()
-    say(granted=granted, first_token=time.monotonic(), generation=generation, resumed_at=min(state.lengths),
-        moved=kv.moved, graph_before_grant=early)
+    say(granted=granted, first_token=time.monotonic(), generation=generation, resumed_at=min(state.lengths))
     sys.stdin.read()
     return 0
 

@@ -42,7 +42,6 @@ are torch tensors); host buffers (a host pool) give NumPy views.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import struct
 from dataclasses import asdict, dataclass, field
@@ -56,7 +55,7 @@ from ._views import tensor_views
 
 __all__ = [
     "KVLayout", "KVState", "KVStore", "active", "bind_static_cache", "create_kv", "set_static_cache_length",
-    "standby", "standby_open_supported",
+    "standby",
 ]
 
 MAGIC = struct.unpack("<q", b"RMMDKV01")[0]
@@ -289,18 +288,13 @@ class KVStore:
     and calls :meth:`stamp`, on the same stream.
     """
 
-    def __init__(self, buf: SharedBuffer, layout: KVLayout, framework: str, expect: Mapping[str, str]) -> None:
+    def __init__(self, buf: SharedBuffer, layout: KVLayout, framework: str) -> None:
         self.layout = layout
         self.framework = framework
-        self._expect = dict(expect)
         self._buf = buf
         self._generation = buf.lease_generation
         self._gen_word: Any = None
         self._view(buf)
-        self.moved = False
-        """True after a :meth:`wait` that had to map the buffer again
-        (without the standby open): the tensors are new objects at new
-        addresses, so caches and graphs made on the old ones must be made again."""
 
     def _view(self, buf: SharedBuffer) -> None:
         views = buf.tensors(self.framework)
@@ -371,29 +365,12 @@ class KVStore:
             DeadlineError: the wait ended first (nothing changed; wait again).
         """
         if not self.holds_lease:
-            if hasattr(self._buf, "wait_lease"):
-                self._generation = int(self._buf.wait_lease(timeout))
-                if self.framework == "numpy":
-                    self._view(self._buf)  # NumPy arrays of a read-only mapping stay read-only: new ones, same addresses
-            else:
-                self._take_over_by_reopening(10 * 365 * 86400.0 if timeout is None else timeout)
+            self._generation = int(self._buf.wait_lease(timeout))  # the same mapping, read-write now
+            if self.framework == "numpy":
+                self._view(self._buf)  # NumPy arrays of a read-only mapping stay read-only: new ones, same addresses
             if self._gen_word is not None:
                 self._gen_word[0] = self._generation  # what stamp() copies, in a graph too
         return self._generation, self.state()
-
-    def _take_over_by_reopening(self, seconds: float) -> None:
-        """FALLBACK while SharedBuffer has no standby open: an exclusive open
-        with a wait maps the buffer again, read-write, at another address;
-        the read-only hold goes."""
-        session = self._buf.session
-        new = SharedBuffer.open(session, self._buf.name, wait=seconds, writable=True, exclusive=True,
-                                expect=self._expect)
-        old, self._buf = self._buf, new
-        self._generation = new.lease_generation
-        self._view(new)
-        self._gen_word = None
-        self.moved = True
-        old.close()
 
     def close(self) -> None:
         """Lets go of the hold (and the lease) once no tensor made from it
@@ -432,15 +409,9 @@ def active(session: Session, name: str, layout: KVLayout, *, model: str, wait: f
     """
     labels = _expect(layout, model, expect)
     buf = SharedBuffer.open(session, name, wait=wait, writable=True, exclusive=True, expect=labels)
-    kv = KVStore(buf, layout, _framework(buf, framework), labels)
+    kv = KVStore(buf, layout, _framework(buf, framework))
     kv.state()  # the header is this layout's
     return kv
-
-
-def standby_open_supported() -> bool:
-    """Whether this rmmd maps a buffer for a standby (open(standby=True)):
-    the tensors then keep their addresses at the grant."""
-    return "standby" in inspect.signature(SharedBuffer.open).parameters
 
 
 def standby(session: Session, name: str, layout: KVLayout, *, model: str, wait: float = 0.0,
@@ -451,18 +422,13 @@ def standby(session: Session, name: str, layout: KVLayout, *, model: str, wait: 
     returns at the grant. `wait`: how long to wait for the buffer to be
     published. Refused as :func:`active` is.
 
-    FALLBACK: where SharedBuffer.open has no ``standby`` (see
-    :func:`standby_open_supported`), this maps the buffer read-only and
-    :meth:`KVStore.wait` opens it again exclusively: new addresses
-    (``kv.moved``), and the line is joined only at the wait.
+    The open is :meth:`rmmd.SharedBuffer.open` with ``standby=True``
+    (docs/failover.md, "A standby that is ready"): where the lease is free
+    it is this one's at once, and :meth:`KVStore.wait` returns at once.
     """
     labels = _expect(layout, model, expect)
-    if standby_open_supported():
-        buf = SharedBuffer.open(session, name, wait=wait, writable=True, exclusive=True, standby=True,
-                                expect=labels)  # type: ignore[call-arg]
-    else:
-        buf = SharedBuffer.open(session, name, wait=wait, expect=labels)
-    kv = KVStore(buf, layout, _framework(buf, framework), labels)
+    buf = SharedBuffer.open(session, name, wait=wait, writable=True, exclusive=True, standby=True, expect=labels)
+    kv = KVStore(buf, layout, _framework(buf, framework))
     kv.state()
     return kv
 
@@ -473,9 +439,8 @@ def bind_static_cache(cache: Any, kv: KVStore) -> None:
     writes the KV buffer. A layer not yet initialised is, by its own
     ``lazy_initialization`` (which allocates one layer's keys and values,
     dropped at once for the buffer's), so that whatever else the installed
-    transformers keeps per layer (its write counter) is there. Call it again
-    after a wait that moved the tensors; :func:`set_static_cache_length`
-    says where the next write goes."""
+    transformers keeps per layer (its write counter) is there.
+    :func:`set_static_cache_length` says where the next write goes."""
     layers = getattr(cache, "layers", None)
     if layers is None or len(layers) != kv.layout.num_layers:
         raise InvalidArgumentError(

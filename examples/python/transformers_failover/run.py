@@ -22,9 +22,9 @@ weights from --seed; nothing is downloaded):
    step still queued on the GPU;
 3. the standby, started beside it, builds the model, and once the active
    holds the lease maps the buffer
-   (``rmmd.failover.standby``), binds its cache, captures its graph (where
-   this rmmd maps a standby at the grant's addresses; otherwise after the
-   grant, and it says so) and waits (``kv.wait()``). At the grant it reads
+   (``rmmd.failover.standby``: read-only until the grant, at addresses the
+   grant keeps), binds its cache, captures its graph and waits
+   (``kv.wait()``). At the grant it reads
    where the dead engine stopped and decodes the rest from the KV cache as
    it is: the prompt is not computed again.
 
@@ -146,16 +146,11 @@ def standby_main(a: argparse.Namespace) -> int:
     sys.stdin.readline()
     kv = failover.standby(session, a.name, layout, model=model_label(a), wait=120)
     dec = Decoder(model, a.batch, a.max_cache_len, kv)
-    early_graph = not a.no_graph and failover.standby_open_supported()
-    if early_graph:
-        dec.capture()  # at the addresses the grant keeps
-    say(ready=True, graph_before_grant=early_graph)
+    if not a.no_graph:
+        dec.capture()  # before the grant: at the addresses the grant keeps
+    say(ready=True, graph_before_grant=not a.no_graph)
     generation, state = kv.wait()
     granted = now()
-    if kv.moved:  # FALLBACK (no standby open): new addresses, so a new binding and graph
-        dec = Decoder(model, a.batch, a.max_cache_len, kv)
-    if not a.no_graph and dec.graph is None:
-        dec.capture()
     length = min(state.lengths[: a.batch])
     if length <= a.prompt_len:  # the dead engine's prefill never landed: nothing to reuse
         dec.resume(1)
@@ -169,8 +164,8 @@ def standby_main(a: argparse.Namespace) -> int:
         dec.step()
     tokens = dec.tokens[:, a.prompt_len : end].cpu().tolist()
     say(tokens=tokens, generation=generation, previous_generation=state.generation, resumed_at=length,
-        forwards=dec.forwards, granted_t=granted, first_token_t=first_token, moved=kv.moved,
-        graph_before_grant=early_graph, commits_seen=state.commits)
+        forwards=dec.forwards, granted_t=granted, first_token_t=first_token,
+        graph_before_grant=not a.no_graph, commits_seen=state.commits)
     kv.close()
     return 0
 
@@ -217,7 +212,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "generation": out.get("generation"), "previous_generation": out.get("previous_generation"),
         "grant_s": out["granted_t"] - dying["t"] if "granted_t" in out and "t" in dying else None,
         "first_token_s": out["first_token_t"] - dying["t"] if "first_token_t" in out and "t" in dying else None,
-        "graph_before_grant": out.get("graph_before_grant"), "moved": out.get("moved"),
+        "graph_before_grant": out.get("graph_before_grant"),
         "tokens": a.batch * a.new_tokens, "first_tokens": (ref.get("tokens") or [[]])[0][:8],
         "holding": holding, "ready": ready, "standby_built": bool(built),
     }
