@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))  # this checkout's rmmd, as the workers get it
 WORKERS = Path(__file__).resolve().parent / "failover_workers.py"
 SCHEMA = "rmmd-failover-bench/1"
 WEIGHTS = "failover-bench/weights"  # failover_workers.WEIGHTS
@@ -391,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         if "prefix" in a.sections:
             run_section(doc, "prefix", lambda: Worker("prefill", model_args(p), env).said(900))
     finally:
-        delete_buffer(WEIGHTS)
+        if {"first_token", "prefix"} & set(a.sections):
+            delete_buffer(WEIGHTS)
         if daemon is not None:
             daemon.terminate()
             daemon.wait(60)
