@@ -76,7 +76,8 @@ struct shared_buffer_access {
   static shared_buffer attached(session const& s,
                                 v1::BufferGrant const& grant,
                                 bool creator,
-                                int device = -1);
+                                int device   = -1,
+                                bool standby = false);
 };
 
 }  // namespace detail
@@ -95,6 +96,7 @@ bool daemon_names_it(grpc::Status const& status)
                              "delete buffer ",
                              "describe buffer ",
                              "set manifest of buffer ",
+                             "wait for the write lease of buffer ",
                              "buffer '"}) {
     if (m.rfind(prefix, 0) == 0) { return true; }
   }
@@ -223,6 +225,11 @@ shared_buffer shared_buffer::open(session const& s,
                             ": an exclusive open takes the write lease, so it is a read-write "
                             "open: set access to buffer_access::read_write too");
   }
+  if (options.standby && !options.exclusive) {
+    throw rmmd::logic_error("rmmd: " + what +
+                            ": a standby stands in line for the write lease, so it is an "
+                            "exclusive open: set exclusive (and access read_write) too");
+  }
   if (options.exclusive && remote) {
     throw rmmd::logic_error("rmmd: " + what +
                             ": a write lease is held by a session of the buffer's own node "
@@ -262,6 +269,7 @@ shared_buffer shared_buffer::open(session const& s,
   request.set_access(options.access == buffer_access::read_write ? v1::BUFFER_ACCESS_READ_WRITE
                                                                  : v1::BUFFER_ACCESS_READ);
   request.set_exclusive(options.exclusive);
+  request.set_standby(options.standby);
   detail::copy_labels(options.expect_labels, request.mutable_expect_labels());
   v1::BufferGrant grant;
   if (auto status = open_within(s, request, options.wait, &grant); !status.ok()) {
@@ -302,13 +310,11 @@ shared_buffer shared_buffer::open(session const& s,
       detail::throw_status(status, what + ": its manifest");
     }
   }
-  return detail::shared_buffer_access::attached(s, grant, false, device);
+  return detail::shared_buffer_access::attached(s, grant, false, device, options.standby);
 }
 
-shared_buffer detail::shared_buffer_access::attached(session const& s,
-                                                     v1::BufferGrant const& grant,
-                                                     bool creator,
-                                                     int device)
+shared_buffer detail::shared_buffer_access::attached(
+    session const& s, v1::BufferGrant const& grant, bool creator, int device, bool standby)
 {
   shared_buffer out;
   // The creator holds it read-write; a consumer as the daemon granted (a
@@ -319,9 +325,13 @@ shared_buffer detail::shared_buffer_access::attached(session const& s,
   try {
     if (grant.has_manifest()) { out.manifest_ = detail::from_proto(grant.manifest()); }
     bool const read_only = out.access_ == buffer_access::read;
-    out.data_            = grant.peer().empty()
-                               ? detail::impl_of(s).buffers().attach(grant, read_only)
-                               : detail::impl_of(s).buffers().attach_remote(grant, read_only, device);
+    auto const mode      = standby     ? detail::view_mode::standby
+                           : read_only ? detail::view_mode::read_only
+                                       : detail::view_mode::read_write;
+    out.data_ =
+        grant.peer().empty()
+            ? detail::impl_of(s).buffers().attach(grant, mode, grant.lease_generation() != 0)
+            : detail::impl_of(s).buffers().attach_remote(grant, read_only, device);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
     throw;
@@ -336,6 +346,7 @@ shared_buffer detail::shared_buffer_access::attached(session const& s,
   out.peer_             = grant.peer();
   out.peer_device_      = device;
   out.lease_generation_ = grant.lease_generation();
+  out.standby_          = standby;
   if (!out.is_host()) { out.stream_ = cuda::stream_ref{cudaStreamLegacy}; }
   return out;
 }
@@ -467,6 +478,7 @@ shared_buffer::shared_buffer(shared_buffer&& other) noexcept
       creator_(other.creator_),
       persistent_(other.persistent_),
       lease_generation_(other.lease_generation_),
+      standby_(other.standby_),
       stream_(other.stream_)
 {
   other.reset();
@@ -489,6 +501,7 @@ shared_buffer& shared_buffer::operator=(shared_buffer&& other) noexcept
     creator_          = other.creator_;
     persistent_       = other.persistent_;
     lease_generation_ = other.lease_generation_;
+    standby_          = other.standby_;
     stream_           = other.stream_;
     other.reset();
   }
@@ -512,6 +525,7 @@ void shared_buffer::reset() noexcept
   manifest_         = {};
   access_           = buffer_access::read_write;
   lease_generation_ = 0;
+  standby_          = false;
   stream_.reset();
 }
 
@@ -588,7 +602,7 @@ void shared_buffer::close() noexcept
   // A host buffer without a stream: nothing of the GPU's to wait for.
   if (!detail::process_is_exiting()) {
     auto& impl = detail::impl_of(*session_);
-    if (auto view = impl.buffers().detach(id_, access_ == buffer_access::read)) {
+    if (auto view = impl.buffers().detach(id_, static_cast<detail::view_mode>(view_mode()))) {
       detail::buffer_views::unmap_host(*view);
     }
     send_close();
@@ -606,7 +620,7 @@ void shared_buffer::close(cuda::stream_ref stream) noexcept
   }
   auto& impl = detail::impl_of(*session_);
   // Set when this was the last open here with this access.
-  auto const view = impl.buffers().detach(id_, access_ == buffer_access::read);
+  auto const view = impl.buffers().detach(id_, static_cast<detail::view_mode>(view_mode()));
   bool const host = [&] {
     try {
       return is_host();
@@ -673,8 +687,47 @@ void shared_buffer::synchronize(cuda::stream_ref stream) const noexcept
 
 std::uint8_t shared_buffer::hold_kind() const noexcept
 {
-  if (lease_generation_ != 0) { return v1::BUFFER_HOLD_LEASE; }
+  if (lease_generation_ != 0 || standby_) { return v1::BUFFER_HOLD_LEASE; }
   return access_ == buffer_access::read_write ? v1::BUFFER_HOLD_READ_WRITE : v1::BUFFER_HOLD_READ;
+}
+
+std::uint8_t shared_buffer::view_mode() const noexcept
+{
+  if (standby_) { return static_cast<std::uint8_t>(detail::view_mode::standby); }
+  return static_cast<std::uint8_t>(access_ == buffer_access::read ? detail::view_mode::read_only
+                                                                  : detail::view_mode::read_write);
+}
+
+std::uint64_t shared_buffer::wait_lease(std::chrono::milliseconds wait)
+{
+  auto const what = "wait for the write lease of buffer '" + name_ + "'";
+  if (!session_) { throw rmmd::logic_error("rmmd: an empty shared_buffer has no lease"); }
+  if (!standby_) {
+    if (lease_generation_ != 0) { return lease_generation_; }
+    throw rmmd::precondition_error("rmmd: " + what +
+                                   ": it was not opened as a standby (open_options::standby)");
+  }
+  if (lease_generation_ == 0) {
+    using ms            = std::chrono::milliseconds;
+    using steady        = std::chrono::steady_clock;
+    auto left           = std::clamp(wait, ms(0), ms(0xffffffff));
+    auto const deadline = steady::now() + left;
+    v1::WaitBufferLeaseResponse response;
+    while (true) {
+      auto status = detail::impl_of(*session_).wait_buffer_lease(id_, left, &response);
+      if (status.ok()) { break; }
+      left = std::chrono::ceil<ms>(deadline - steady::now());
+      // The daemon holds a call at most some minutes: ask again with what
+      // is left (the place in line stays).
+      bool const ended_early = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                               daemon_names_it(status) && left > std::chrono::seconds(1);
+      if (!ended_early) { refused(status, what); }
+    }
+    lease_generation_ = response.lease_generation();
+  }
+  // Granted: the same mapping becomes writable (data() stays).
+  detail::impl_of(*session_).buffers().upgrade(id_);
+  return lease_generation_;
 }
 
 void shared_buffer::send_close() const noexcept

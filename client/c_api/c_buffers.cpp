@@ -84,7 +84,8 @@ std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* opti
                        defaults,
                        {offsetof(rmmd_open_options, peer),
                                offsetof(rmmd_open_options, has_device),
-                               offsetof(rmmd_open_options, exclusive)});
+                               offsetof(rmmd_open_options, exclusive),
+                               offsetof(rmmd_open_options, standby)});
   if (!o) {
     *refused = fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size");
     return std::nullopt;
@@ -121,6 +122,7 @@ rmmd::open_options to_open_options(rmmd_open_options const& o, std::string const
   if (o.peer != nullptr) { oo.peer = o.peer; }
   if (o.has_device != 0) { oo.device = o.device; }
   oo.exclusive = o.exclusive != 0;
+  oo.standby   = o.standby != 0;
   return oo;
 }
 
@@ -294,6 +296,25 @@ rmmd_status rmmd_buffer_lease_generation(rmmd_buffer_t buffer, uint64_t* generat
 {
   if (buffer == nullptr || generation == nullptr) { return null_argument("buffer or generation"); }
   *generation = buffer->buffer.lease_generation();
+  return RMMD_SUCCESS;
+}
+
+rmmd_status rmmd_buffer_wait_lease(rmmd_buffer_t buffer, int64_t timeout_ms, uint64_t* generation)
+{
+  if (buffer == nullptr) { return null_argument("buffer"); }
+  return guarded([&] {
+    // Without end: as long as the API's wait can say (about 49 days).
+    auto const wait    = timeout_ms < 0 ? std::chrono::milliseconds(0xffffffff)
+                                        : std::chrono::milliseconds(timeout_ms);
+    auto const granted = buffer->buffer.wait_lease(wait);
+    if (generation != nullptr) { *generation = granted; }
+  });
+}
+
+rmmd_status rmmd_buffer_holds_lease(rmmd_buffer_t buffer, int* holds)
+{
+  if (buffer == nullptr || holds == nullptr) { return null_argument("buffer or holds"); }
+  *holds = buffer->buffer.holds_lease() ? 1 : 0;
   return RMMD_SUCCESS;
 }
 

@@ -26,7 +26,7 @@ std::string in_quotes(std::string_view name)
 
 }  // namespace
 
-void* buffer_views::attach(v1::BufferGrant const& grant, bool read_only)
+void* buffer_views::attach(v1::BufferGrant const& grant, view_mode mode, bool holds_lease)
 {
   auto const& pools = pools_.unmapped();
   std::vector<pool_shape> shapes;
@@ -39,18 +39,23 @@ void* buffer_views::attach(v1::BufferGrant const& grant, bool read_only)
   auto const& pool      = pools[grant.pool_id()];
   bool const allocation = pool.backend == backend_kind::cuda && grant.has_vmm();
   bool const host_memfd = pool.backend == backend_kind::host && grant.has_host_memfd();
-  // Pool pointers and places in a host pool's mapping: read-write only.
-  read_only = read_only && (allocation || host_memfd);
+  // Pool pointers and places in a host pool's mapping: read-write only,
+  // one view whatever the mode.
+  if (!allocation && !host_memfd) { mode = view_mode::read_write; }
+  bool const read_only =
+      mode == view_mode::read_only || (mode == view_mode::standby && !holds_lease);
   std::lock_guard lock(buffers_mutex_);
-  if (auto it = buffers_.find({grant.buffer_id(), read_only}); it != buffers_.end()) {
+  // A standby's view is its own (one standby per session and buffer).
+  if (auto it = buffers_.find({grant.buffer_id(), mode});
+      it != buffers_.end() && mode != view_mode::standby) {
     ++it->second.refs;
     return it->second.data;
   }
-  if (allocation) { return attach_allocation(grant, pool, read_only); }
-  if (host_memfd) { return attach_host_memfd(grant, pool, read_only); }
+  if (allocation) { return attach_allocation(grant, pool, mode, read_only); }
+  if (host_memfd) { return attach_host_memfd(grant, pool, mode, read_only); }
   void* data = pool.backend == backend_kind::host ? attach_host(grant, pool)
                                                   : attach_pool_pointer(grant, pool);
-  buffers_.emplace(std::pair{grant.buffer_id(), false},
+  buffers_.emplace(std::pair{grant.buffer_id(), view_mode::read_write},
                    view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
   return data;
 }
@@ -82,6 +87,7 @@ void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& p
 
 void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant,
                                       pool_info const& pool,
+                                      view_mode mode,
                                       bool read_only)
 {
   // REQUIRES: buffers_mutex_ held (by attach).
@@ -114,7 +120,7 @@ void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant,
       if (!pinned) { cudaGetLastError(); }
     }
   }
-  buffers_.emplace(std::pair{grant.buffer_id(), read_only},
+  buffers_.emplace(std::pair{grant.buffer_id(), mode},
                    view{.data         = data,
                         .read_only    = read_only,
                         .pool_id      = grant.pool_id(),
@@ -161,16 +167,18 @@ void* buffer_views::attach_remote(v1::BufferGrant const& grant, bool read_only, 
   if (auto checked = check_peer_buffer_grant(grant); !checked.ok()) {
     throw_status(checked, "open buffer '" + grant.peer() + ":" + grant.name() + "'");
   }
+  auto const mode = read_only ? view_mode::read_only : view_mode::read_write;
   std::lock_guard lock(buffers_mutex_);
-  if (auto it = buffers_.find({grant.buffer_id(), read_only}); it != buffers_.end()) {
+  if (auto it = buffers_.find({grant.buffer_id(), mode}); it != buffers_.end()) {
     ++it->second.refs;
     return it->second.data;
   }
-  return map_allocation(grant, device, read_only, true);
+  return map_allocation(grant, device, mode, read_only, true);
 }
 
 void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
                                       pool_info const& pool,
+                                      view_mode mode,
                                       bool read_only)
 {
   // REQUIRES: buffers_mutex_ held (by attach).
@@ -179,13 +187,11 @@ void* buffer_views::attach_allocation(v1::BufferGrant const& grant,
     throw rmmd::logic_error("rmmd: buffer '" + grant.name() + "' is on GPU " + pool.gpu_uuid +
                             ", which this process cannot see");
   }
-  return map_allocation(grant, device, read_only, import_by_fabric_);
+  return map_allocation(grant, device, mode, read_only, import_by_fabric_);
 }
 
-void* buffer_views::map_allocation(v1::BufferGrant const& grant,
-                                   int device,
-                                   bool read_only,
-                                   bool by_fabric)
+void* buffer_views::map_allocation(
+    v1::BufferGrant const& grant, int device, view_mode mode, bool read_only, bool by_fabric)
 {
   // REQUIRES: buffers_mutex_ held (by attach or attach_remote).
   std::string why;
@@ -252,27 +258,87 @@ void* buffer_views::map_allocation(v1::BufferGrant const& grant,
     throw failed(read_only ? "cuMemSetAccess (read-only)" : "cuMemSetAccess", r);
   }
   auto* data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-  buffers_.emplace(std::pair{grant.buffer_id(), read_only},
+  buffers_.emplace(std::pair{grant.buffer_id(), mode},
                    view{.data         = data,
                         .read_only    = read_only,
                         .pool_id      = grant.pool_id(),
                         .refs         = 1,
                         .vmm_handle   = handle,
-                        .mapped_bytes = bytes});
+                        .mapped_bytes = bytes,
+                        .device       = device});
   return data;
 }
 
-std::optional<buffer_views::view> buffer_views::detach(std::uint64_t id, bool read_only) noexcept
+std::optional<buffer_views::view> buffer_views::detach(std::uint64_t id, view_mode mode) noexcept
 {
   std::lock_guard lock(buffers_mutex_);
-  auto it = buffers_.find({id, read_only});
-  // A read open of memory that cannot be mapped read-only has the one view.
-  if (it == buffers_.end() && read_only) { it = buffers_.find({id, false}); }
+  auto it = buffers_.find({id, mode});
+  // A read or standby open of memory that cannot be mapped read-only has
+  // the one read-write view.
+  if (it == buffers_.end() && mode != view_mode::read_write) {
+    it = buffers_.find({id, view_mode::read_write});
+  }
   if (it == buffers_.end()) { return std::nullopt; }
   if (--it->second.refs > 0) { return std::nullopt; }
   auto out = it->second;
   buffers_.erase(it);
   return out;
+}
+
+void buffer_views::upgrade(std::uint64_t id)
+{
+  std::lock_guard lock(buffers_mutex_);
+  auto it = buffers_.find({id, view_mode::standby});
+  if (it == buffers_.end() || !it->second.read_only) { return; }
+  auto& v = it->second;
+  if (v.vmm_handle != 0) {
+    std::string why;
+    auto const& api = gpu::vmm(&why);
+    if (!api) {
+      throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) + " writable: " + why);
+    }
+    device_scope on(v.device);  // a driver call needs the device's context current
+    if (auto err = on.error(); err != cudaSuccess) {
+      throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) +
+                           " writable: cudaSetDevice: " + cudaGetErrorName(err));
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id   = v.device;
+    access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // The same range, the same mapping: only its access changes.
+    if (auto r = api->set_access(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(v.data)),
+                                 v.mapped_bytes,
+                                 &access,
+                                 1);
+        r != CUDA_SUCCESS) {
+      throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) +
+                           " writable: cuMemSetAccess (read-write): " + api->name(r));
+    }
+  } else if (v.host_mapping) {
+    // Page-locked read-only, the GPU could not write it: registered again
+    // read-write after the mprotect (where that fails, a plain mapping).
+    if (v.pinned && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
+    if (::mprotect(v.data, v.mapped_bytes, PROT_READ | PROT_WRITE) != 0) {
+      auto const error = errno;
+      if (v.pinned) {
+        v.pinned = cudaHostRegister(v.data,
+                                    v.mapped_bytes,
+                                    cudaHostRegisterPortable | cudaHostRegisterMapped |
+                                        cudaHostRegisterReadOnly) == cudaSuccess;
+        if (!v.pinned) { cudaGetLastError(); }
+      }
+      throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) +
+                           " writable: mprotect: " + std::strerror(error));
+    }
+    if (v.pinned) {
+      v.pinned = cudaHostRegister(v.data,
+                                  v.mapped_bytes,
+                                  cudaHostRegisterPortable | cudaHostRegisterMapped) == cudaSuccess;
+      if (!v.pinned) { cudaGetLastError(); }
+    }
+  }
+  v.read_only = false;
 }
 
 void buffer_views::unmap_allocation(view const& v) noexcept

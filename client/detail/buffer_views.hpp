@@ -19,6 +19,13 @@
 // one read-write view whatever the access, and READ is the API's contract
 // only there.
 //
+// A standby open (docs/failover.md) has a view of its own, mapped read-only
+// where the memory allows until upgrade() makes that same mapping
+// read-write in place at the grant (cuMemSetAccess on the same range;
+// mprotect of a host mapping, whose memfd the daemon handed over
+// read-write): its address never changes, so graphs captured against it
+// stay valid. A reader's view is never upgraded.
+//
 // Owns: the views, and for a buffer's own allocation (VMM) its mapping here
 // (released by unmap_allocation(), after the streams that used it).
 //
@@ -41,6 +48,13 @@ namespace rmmd::detail {
 
 class pool_mappings;
 class session_channel;
+
+/// Which view of a buffer an open has.
+enum class view_mode : std::uint8_t {
+  read_write,
+  read_only,  ///< where the memory can be mapped so; else the read-write view
+  standby,    ///< its own view: read-only where it can be until upgrade()
+};
 
 class buffer_views {
  public:
@@ -66,22 +80,28 @@ class buffer_views {
     /// whether that mapping is page-locked.
     bool host_mapping{false};
     bool pinned{false};
+    int device{-1};  ///< where a VMM allocation is mapped
   };
-  /// The view of `grant`'s buffer with `read_only` access (where the
-  /// buffer's memory can be mapped so; else the read-write one): the
-  /// existing one (one more ref), or a new import. Throws as error.hpp says
-  /// (the caller closes the open then).
-  void* attach(v1::BufferGrant const& grant, bool read_only);
+  /// The view of `grant`'s buffer for `mode` (read-only where the buffer's
+  /// memory can be mapped so; else the read-write one): the existing one
+  /// (one more ref), or a new import. A standby view is read-only where it
+  /// can be unless `holds_lease`. Throws as error.hpp says (the caller
+  /// closes the open then).
+  void* attach(v1::BufferGrant const& grant, view_mode mode, bool holds_lease = false);
+  /// Makes the standby view of buffer `id` read-write in place (nothing
+  /// where it is read-write already). Throws rmm::bad_alloc naming the
+  /// CUDA or mprotect error; the view stays read-only then.
+  void upgrade(std::uint64_t id);
   /// attach() of a buffer of another node (grant.peer() set): its fabric
   /// handle imported, whatever import_by_fabric says (it has no fd here),
   /// and mapped on this process's CUDA device `device`, read-only where
   /// `read_only`. Throws as error.hpp says (no usable VMM driver API, an
   /// import the IMEX channel refuses, named).
   void* attach_remote(v1::BufferGrant const& grant, bool read_only, int device);
-  /// Drops one ref of the view an open with `read_only` got; returns the
-  /// view when it was the last (the caller then lets go of a CUDA import, in
-  /// stream order, before the close goes out).
-  std::optional<view> detach(std::uint64_t id, bool read_only) noexcept;
+  /// Drops one ref of the view an open of `mode` got; returns the view when
+  /// it was the last (the caller then lets go of a CUDA import, in stream
+  /// order, before the close goes out).
+  std::optional<view> detach(std::uint64_t id, view_mode mode) noexcept;
   /// Unmaps and releases a view of a buffer's own allocation (vmm_handle set).
   /// REQUIRES: the work of every stream that used it is done.
   static void unmap_allocation(view const& v) noexcept;
@@ -98,23 +118,30 @@ class buffer_views {
   void* attach_host(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a host buffer's own memfd: mapped (and page-locked in a
   /// pinnable pool, where this process has a GPU). Holds buffers_mutex_.
-  void* attach_host_memfd(v1::BufferGrant const& grant, pool_info const& pool, bool read_only);
+  void* attach_host_memfd(v1::BufferGrant const& grant,
+                          pool_info const& pool,
+                          view_mode mode,
+                          bool read_only);
   /// attach() of a pool pointer: imported into the session's pool import.
   void* attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a buffer's own allocation. Holds buffers_mutex_.
-  void* attach_allocation(v1::BufferGrant const& grant, pool_info const& pool, bool read_only);
+  void* attach_allocation(v1::BufferGrant const& grant,
+                          pool_info const& pool,
+                          view_mode mode,
+                          bool read_only);
   /// Imports grant's own allocation (by fabric handle where `by_fabric` and
   /// it has one, else by its fd) and maps it on `device`; the new view is
   /// kept. Holds buffers_mutex_.
-  void* map_allocation(v1::BufferGrant const& grant, int device, bool read_only, bool by_fabric);
+  void* map_allocation(
+      v1::BufferGrant const& grant, int device, view_mode mode, bool read_only, bool by_fabric);
 
   session_channel& channel_;
   pool_mappings& pools_;
   bool const import_by_fabric_;
   std::mutex buffers_mutex_;
-  /// By buffer id and read_only (false for memory that cannot be mapped
+  /// By buffer id and mode (read_write for memory that cannot be mapped
   /// read-only, whatever the access).
-  std::map<std::pair<std::uint64_t, bool>, view> buffers_;
+  std::map<std::pair<std::uint64_t, view_mode>, view> buffers_;
 };
 
 }  // namespace rmmd::detail

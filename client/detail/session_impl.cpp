@@ -1,5 +1,7 @@
 #include "client/detail/session_impl.hpp"
 
+#include <algorithm>
+
 #include "client/detail/daemon_message_checks.hpp"
 
 #include <cstring>
@@ -177,6 +179,25 @@ grpc::Status session_impl::get_buffer_manifest(std::uint64_t id, v1::BufferManif
     v1::GetBufferManifestRequest request;
     request.set_buffer_id(*theirs);
     return stub.GetBufferManifest(ctx, request, manifest);
+  });
+}
+
+grpc::Status session_impl::wait_buffer_lease(std::uint64_t id,
+                                             std::chrono::milliseconds wait,
+                                             v1::WaitBufferLeaseResponse* response)
+{
+  auto const wait_ms = std::clamp<std::chrono::milliseconds::rep>(wait.count(), 0, 0xffffffff);
+  return channel_.call([&](v1::Rmmd::Stub& stub, grpc::ClientContext* ctx, std::uint32_t) {
+    auto theirs = channel_.daemon_buffer(id);
+    if (!theirs) { return buffer_unknown_now(); }
+    v1::WaitBufferLeaseRequest request;
+    request.set_buffer_id(*theirs);
+    request.set_wait_ms(static_cast<std::uint32_t>(wait_ms));
+    // The daemon may hold the call up to wait_ms: so may we.
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(wait_ms) +
+                      options.call_timeout);
+    response->Clear();
+    return stub.WaitBufferLease(ctx, request, response);
   });
 }
 

@@ -99,6 +99,12 @@ class session_impl {
   /// The same with the request's access and fingerprint guard.
   [[nodiscard]] grpc::Status open_buffer(v1::OpenBufferRequest const& request,
                                          v1::BufferGrant* grant);
+  /// A standby's WaitBufferLease (gRPC whatever the transport: the daemon
+  /// holds the call), for up to `wait` (at most 2^32-1 ms), within the
+  /// call's deadline of `wait` plus call_timeout.
+  [[nodiscard]] grpc::Status wait_buffer_lease(std::uint64_t id,
+                                               std::chrono::milliseconds wait,
+                                               v1::WaitBufferLeaseResponse* response);
   /// The manifest and listing calls: gRPC whatever the transport (a manifest
   /// does not fit a session-socket datagram).
   [[nodiscard]] grpc::Status set_buffer_manifest(v1::SetBufferManifestRequest const& request);

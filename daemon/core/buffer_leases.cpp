@@ -8,7 +8,9 @@
 // Plain read-write opens and the lease keep out of each other's way: a
 // lease waits for other sessions' plain writers to close, and a plain
 // read-write open is refused while another session holds or waits for the
-// lease.
+// lease. A standby open (docs/failover.md, "A standby that is ready")
+// stands in line holding the buffer, so that its process maps it before
+// the grant; the grant then adds no hold, and wait_buffer_lease() finds it.
 
 #include "daemon/core/buffer_registry.hpp"
 
@@ -47,13 +49,15 @@ std::uint64_t buffer_registry::next_generation_locked(buffer_entry& b) const noe
   return (static_cast<std::uint64_t>(state_.restart.restarts) << 32) + b.lease.grants;
 }
 
-std::uint64_t buffer_registry::grant_lease_locked(buffer_entry& b, session_entry& s)
+std::uint64_t buffer_registry::grant_lease_locked(buffer_entry& b, session_entry& s, bool add_hold)
 {
   b.lease.holder     = s.id;
   b.lease.generation = next_generation_locked(b);
   b.lease.granted    = std::chrono::system_clock::now();
-  ++b.holders[s.id];
-  ++s.holds[b.id];
+  if (add_hold) {
+    ++b.holders[s.id];
+    ++s.holds[b.id];
+  }
   state_.stats.lease_granted();
   return b.lease.generation;
 }
@@ -70,7 +74,10 @@ void buffer_registry::grant_to_next_locked(buffer_entry& b, steady::time_point s
     if (auto w = s->lease_waits.find(b.id); w != s->lease_waits.end() && --w->second == 0) {
       s->lease_waits.erase(w);
     }
-    lease.granted_tickets.emplace(next.ticket, grant_lease_locked(b, *s));
+    auto const generation = grant_lease_locked(b, *s, !next.standby);
+    // A standby's grant is found by its session (wait_buffer_lease); a
+    // waiting open takes its ticket's.
+    if (!next.standby) { lease.granted_tickets.emplace(next.ticket, generation); }
     state_.stats.lease_taken_over(steady::now() - since);
     state_.buffers_changed.notify_all();
   }
@@ -91,6 +98,8 @@ void buffer_registry::settle_lease_locked(buffer_entry& b,
   if (kind == hold_kind::lease && holds_lease) {
     lease.holder = 0;
     holds_lease  = false;
+  } else if (kind == hold_kind::lease && leave_standby_locked(b, holder)) {
+    // A standby closed before its grant: out of line, nothing more.
   } else if (kind == hold_kind::read_write && w != b.writers.end()) {
     if (--w->second == 0) { forget(); }
   }
@@ -100,6 +109,7 @@ void buffer_registry::settle_lease_locked(buffer_entry& b,
     lease.holder = 0;
     holds_lease  = false;
   }
+  if (remaining == 0) { leave_standby_locked(b, holder); }
   auto const most = remaining - (holds_lease ? 1 : 0);
   if (w != b.writers.end() && w->second > most) {
     if (most == 0) {
@@ -126,6 +136,25 @@ bool buffer_registry::leave_line_locked(buffer_entry& b, std::uint64_t ticket) n
   // own plain write open kept the lease from the one that left.
   grant_to_next_locked(b, steady::now());
   return true;
+}
+
+bool buffer_registry::may_write_locked(buffer_entry const& b, session_id session) const
+{
+  if (b.lease.holder == session) { return true; }
+  if (auto w = b.writers.find(session); w != b.writers.end() && w->second > 0) { return true; }
+  return std::any_of(b.lease.waiters.begin(), b.lease.waiters.end(), [&](auto const& w) {
+    return w.standby && w.session == session;
+  });
+}
+
+bool buffer_registry::leave_standby_locked(buffer_entry& b, session_id session) noexcept
+{
+  auto const& line = b.lease.waiters;
+  auto it          = std::find_if(
+      line.begin(), line.end(), [&](auto const& w) { return w.standby && w.session == session; });
+  if (it == line.end()) { return false; }
+  // leave_line_locked grants to the next in line where this one was first.
+  return leave_line_locked(b, it->ticket);
 }
 
 void buffer_registry::end_line_locked(buffer_entry& b) noexcept
@@ -211,7 +240,8 @@ absl::StatusOr<buffer_grant> buffer_registry::open_exclusive_locked(
     buffer_entry& b,
     session_entry& s,
     steady::time_point wait_until,
-    std::string const& request)
+    std::string const& request,
+    bool standby)
 {
   b.lease.asked = true;
   if (b.lease.holder == s.id) {
@@ -221,11 +251,27 @@ absl::StatusOr<buffer_grant> buffer_registry::open_exclusive_locked(
         request,
         b.lease.generation));
   }
+  auto const& line = b.lease.waiters;
+  if (std::any_of(line.begin(), line.end(), [&](auto const& w) {
+        return w.session == s.id && (standby || w.standby);
+      })) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        request,
+        " exclusively: this session stands in line for its write lease already (a standby open, "
+        "or a waiting exclusive open); one lease per session: wait with the open in line"));
+  }
   if (b.lease.holder == 0 && b.lease.waiters.empty() && no_other_writer_locked(b, s.id)) {
     auto const generation  = grant_lease_locked(b, s);
     auto grant             = buffer_grant_locked(b, buffer_access::read_write);
     grant.lease_generation = generation;
     return grant;
+  }
+  if (standby) {
+    if (state_.draining || state_.sessions_closed) {
+      return absl::UnavailableError(absl::StrCat(
+          request, " as a standby: the daemon is draining for shutdown; no new places in line"));
+    }
+    return stand_in_line_locked(b, s);
   }
   if (steady::now() >= wait_until) {
     return absl::DeadlineExceededError(
@@ -244,6 +290,73 @@ absl::StatusOr<buffer_grant> buffer_registry::open_exclusive_locked(
   ++s.lease_waits[b.id];
   state_.stats.lease_waited();
   return wait_for_lease_locked(lock, b.id, s.id, ticket, wait_until, request);
+}
+
+buffer_grant buffer_registry::stand_in_line_locked(buffer_entry& b, session_entry& s)
+{
+  b.lease.waiters.push_back(lease_waiter{.ticket  = next_ticket_++,
+                                         .session = s.id,
+                                         .since   = std::chrono::system_clock::now(),
+                                         .standby = true});
+  ++s.lease_waits[b.id];
+  ++b.holders[s.id];
+  ++s.holds[b.id];
+  state_.stats.lease_waited();
+  return buffer_grant_locked(b, buffer_access::read_write);  // lease_generation 0: in line
+}
+
+absl::StatusOr<std::uint64_t> buffer_registry::wait_buffer_lease(session_id session,
+                                                                 buffer_id id,
+                                                                 steady::time_point wait_until)
+{
+  std::unique_lock lock(state_.mutex);
+  auto const request = absl::StrFormat("wait for the write lease of buffer %d", id);
+  auto const started = steady::now();
+  while (true) {
+    auto found = state_.session_locked(session, request);
+    if (!found.ok()) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(request, ": the session closed (or never was); open a new session"));
+    }
+    auto& s = **found;
+    auto it = state_.buffers.find(id);
+    if (it == state_.buffers.end() || !s.holds.contains(id) || it->second->creating) {
+      return absl::NotFoundError(absl::StrCat(
+          request, ": this session does not hold it (never opened, or closed already)"));
+    }
+    auto& b = *it->second;
+    if (b.lease.holder == session) { return b.lease.generation; }
+    auto const& line   = b.lease.waiters;
+    bool const in_line = std::any_of(
+        line.begin(), line.end(), [&](auto const& w) { return w.standby && w.session == session; });
+    if (!in_line) {
+      if (b.state == buffer_state::deleted) {
+        return absl::NotFoundError(
+            absl::StrCat(request,
+                         ": the buffer was deleted while this session stood in line for its "
+                         "write lease (see `rmmctl buffers`)"));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          request,
+          ": this session has no standby open of it in line (open it with exclusive and standby)"));
+    }
+    if (steady::now() >= wait_until) {
+      state_.stats.lease_wait_timed_out();
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s: waited %d ms, in vain: %s; nothing changed: the standby stays in line (wait "
+          "again, or close it to leave)",
+          request,
+          milliseconds_since(started),
+          lease_busy_locked(b, session)));
+    }
+    if (state_.draining || state_.sessions_closed) {
+      return absl::UnavailableError(absl::StrCat(
+          request, ": the daemon is draining for shutdown; it stopped the wait for the lease"));
+    }
+    ++waiting_opens_;
+    state_.buffers_changed.wait_until(lock, wait_until);
+    --waiting_opens_;
+  }
 }
 
 absl::StatusOr<buffer_grant> buffer_registry::wait_for_lease_locked(

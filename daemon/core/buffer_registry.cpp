@@ -13,7 +13,11 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <span>
 
 namespace rmmd::core {
@@ -406,6 +410,12 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
         ": an exclusive open takes the write lease, so it is a read-write open: ask for "
         "read-write access too"));
   }
+  if (how.standby && !how.exclusive) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request,
+        ": a standby stands in line for the write lease, so it is an exclusive open: ask for "
+        "exclusive (and read-write access) too"));
+  }
   auto const key = std::string(name);
   bool waited    = false;
   while (true) {
@@ -426,7 +436,9 @@ absl::StatusOr<buffer_grant> buffer_registry::open_buffer(
       if (auto refused = cross_tenant_refusal_locked(b, s, request)) { return *refused; }
       if (b.state == buffer_state::published || (b.creator == session && !b.creating)) {
         if (auto refused = open_refusal_locked(b, session, how, request)) { return *refused; }
-        if (how.exclusive) { return open_exclusive_locked(lock, b, s, wait_until, request); }
+        if (how.exclusive) {
+          return open_exclusive_locked(lock, b, s, wait_until, request, how.standby);
+        }
         if (how.access == buffer_access::read_write) {
           if (auto refused = plain_writer_refusal_locked(b, session, request)) { return *refused; }
           ++b.writers[session];
@@ -486,7 +498,7 @@ absl::Status buffer_registry::close_buffer(session_id session, buffer_id id, hol
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> buffer_registry::buffer_fd(session_id session, buffer_id id) const
+absl::StatusOr<int> buffer_registry::buffer_fd(session_id session, buffer_id id)
 {
   std::lock_guard lock(state_.mutex);
   auto const request = absl::StrFormat("fd of buffer %d", id);
@@ -497,13 +509,29 @@ absl::StatusOr<int> buffer_registry::buffer_fd(session_id session, buffer_id id)
     return absl::NotFoundError(
         absl::StrCat(request, ": this session does not hold it (never opened, or closed already)"));
   }
-  if (it->second->block.fd < 0) {
+  auto& b = *it->second;
+  if (b.block.fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(request,
                      ": it has no fd of its own (a pointer of a CUDA pool: the daemon runs "
                      "with --cuda-shared-buffer-memory=pool)"));
   }
-  return it->second->block.fd;
+  if (!b.block.host_memfd || may_write_locked(b, session)) { return b.block.fd; }
+  // A reader of a host buffer gets the memfd read-only: its mapping cannot
+  // be made writable (a VMM allocation's fd has no such access: the
+  // importer's cuMemSetAccess decides, docs/sharing.md).
+  if (b.read_only_fd.get() < 0) {
+    auto const path = "/proc/self/fd/" + std::to_string(b.block.fd);
+    b.read_only_fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (b.read_only_fd.get() < 0) {
+      return absl::InternalError(
+          absl::StrFormat("%s: opening its memfd again read-only (%s) failed: %s",
+                          request,
+                          path,
+                          std::strerror(errno)));
+    }
+  }
+  return b.read_only_fd.get();
 }
 
 absl::StatusOr<std::size_t> buffer_registry::delete_buffer(session_id session,

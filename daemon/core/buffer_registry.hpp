@@ -110,10 +110,31 @@ class buffer_registry {
   /// delete ends them (NOT_FOUND). FAILED_PRECONDITION: a second lease of
   /// the same session, or a plain read-write open while another session
   /// holds or waits for the lease.
+  ///
+  /// With `how.standby` too (a standby, docs/failover.md): the open does not
+  /// wait for the lease (`wait_until` still bounds the wait for the buffer's
+  /// publication). The session holds the buffer at once, with the lease
+  /// where it is free (a grant with its generation) and else standing in
+  /// line (lease_generation 0) until wait_buffer_lease() finds it granted;
+  /// closing the open (hold_kind::lease) or the session's end takes it out
+  /// of line. FAILED_PRECONDITION also when the session holds the lease or
+  /// stands in line for it already.
   absl::StatusOr<buffer_grant> open_buffer(session_id session,
                                            std::string_view name,
                                            std::chrono::steady_clock::time_point wait_until = {},
                                            buffer_open_options const& how                   = {});
+
+  /// The write lease of buffer `id` for the standby open `session` holds:
+  /// its generation once granted (at once if it holds it already), waiting
+  /// until `wait_until` for the grant. DEADLINE_EXCEEDED when the wait ends
+  /// first (naming the holder; the standby stays in line: nothing changed),
+  /// NOT_FOUND (the session does not hold the buffer, or it was deleted
+  /// while the standby stood in line), FAILED_PRECONDITION (no standby open
+  /// of the session stands in line for it), UNAVAILABLE (draining),
+  /// UNAUTHENTICATED (the session ended, meanwhile too).
+  absl::StatusOr<std::uint64_t> wait_buffer_lease(session_id session,
+                                                  buffer_id id,
+                                                  std::chrono::steady_clock::time_point wait_until);
 
   /// Replaces the manifest of buffer `id` (the daemon's own labels stay).
   /// INVALID_ARGUMENT (buffer_manifest_checks: the first problem, in words),
@@ -139,11 +160,14 @@ class buffer_registry {
   /// close before publishing frees it always.
   absl::Status close_buffer(session_id session, buffer_id id, hold_kind kind = hold_kind::read);
 
-  /// The fd of buffer `id`'s own allocation (owned by the backend: send a
-  /// copy), for a session that holds it. NOT_FOUND when it holds none,
-  /// FAILED_PRECONDITION when the buffer has no fd (host pools: the offset
-  /// in the pool's memfd is all it needs).
-  absl::StatusOr<int> buffer_fd(session_id session, buffer_id id) const;
+  /// The fd of buffer `id`'s own allocation (owned by the backend or the
+  /// core: send a copy), for a session that holds it. A host buffer's memfd
+  /// comes read-only to a session that holds only read opens of it (a
+  /// standby's, a writer's and the creator's is read-write). NOT_FOUND when
+  /// it holds none, FAILED_PRECONDITION when the buffer has no fd (host
+  /// pools: the offset in the pool's memfd is all it needs), INTERNAL when
+  /// the read-only memfd cannot be made.
+  absl::StatusOr<int> buffer_fd(session_id session, buffer_id id);
 
   /// Takes the name away; the memory goes after the last holder. Returns how
   /// many sessions hold it still. NOT_FOUND, PERMISSION_DENIED (neither the
@@ -338,13 +362,20 @@ class buffer_registry {
   // The write lease (buffer_leases.cpp).
 
   /// An exclusive open of `b`, which `s` may open (its access and labels
-  /// checked): the lease now, or a wait in line until `wait_until`.
+  /// checked): the lease now, or a wait in line until `wait_until`; a
+  /// `standby` open stands in line without waiting.
   absl::StatusOr<buffer_grant> open_exclusive_locked(
       std::unique_lock<std::mutex>& lock,
       buffer_entry& b,
       session_entry& s,
       std::chrono::steady_clock::time_point wait_until,
-      std::string const& request);
+      std::string const& request,
+      bool standby);
+  /// A standby open of `b` that cannot have the lease now: in line, holding
+  /// the buffer.
+  buffer_grant stand_in_line_locked(buffer_entry& b, session_entry& s);
+  /// Takes `session`'s standby out of b's line; false if none stands there.
+  bool leave_standby_locked(buffer_entry& b, session_id session) noexcept;
   /// The wait of an exclusive open, in line as `ticket`: its grant, or why it ended.
   absl::StatusOr<buffer_grant> wait_for_lease_locked(
       std::unique_lock<std::mutex>& lock,
@@ -357,10 +388,14 @@ class buffer_registry {
   /// session holds or waits for its lease.
   [[nodiscard]] std::optional<absl::Status> plain_writer_refusal_locked(
       buffer_entry const& b, session_id session, std::string_view request) const;
+  /// Whether `session` may write `b`: it holds its lease or a plain
+  /// read-write open (a create counts), or stands in line as a standby.
+  [[nodiscard]] bool may_write_locked(buffer_entry const& b, session_id session) const;
   /// Whether no holder but `session` has a plain read-write open of `b`.
   [[nodiscard]] static bool no_other_writer_locked(buffer_entry const& b, session_id session);
-  /// Gives `b`'s lease to `s` (one more hold of it, the next generation).
-  std::uint64_t grant_lease_locked(buffer_entry& b, session_entry& s);
+  /// Gives `b`'s lease to `s` (one more hold of it unless `s` holds it as a
+  /// standby already; the next generation).
+  std::uint64_t grant_lease_locked(buffer_entry& b, session_entry& s, bool add_hold = true);
   /// Gives `b`'s lease to the first in line if nobody holds it and no other
   /// session's plain write open is in the way; wakes the waiting calls.
   void grant_to_next_locked(buffer_entry& b, std::chrono::steady_clock::time_point since) noexcept;

@@ -8,6 +8,8 @@
 #include "daemon/core/tenants.hpp"
 #include "daemon/core/types.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -105,6 +107,10 @@ struct lease_waiter {
   std::uint64_t ticket{};  // the waiting call's, unique in the daemon
   session_id session{};
   std::chrono::system_clock::time_point since{};
+  // A standby open: it holds the buffer already (its open was answered at
+  // once), and its grant adds no hold; no call waits on its ticket, the
+  // session's wait_buffer_lease() finds it holding the lease.
+  bool standby{false};
 };
 
 /// A buffer's write lease (docs/failover.md): at most one session holds it;
@@ -120,6 +126,30 @@ struct buffer_lease {
   // grant yet, with the generation each got.
   std::map<std::uint64_t, std::uint64_t> granted_tickets;
   bool asked{false};  // an exclusive open came: rmmctl shows the lease from then on
+};
+
+/// A descriptor the core owns (closed with its owner); -1: none.
+class owned_descriptor {
+ public:
+  owned_descriptor()                                   = default;
+  owned_descriptor(owned_descriptor const&)            = delete;
+  owned_descriptor& operator=(owned_descriptor const&) = delete;
+  ~owned_descriptor()
+  {
+    reset(-1);
+  }
+  [[nodiscard]] int get() const noexcept
+  {
+    return fd_;
+  }
+  void reset(int fd) noexcept
+  {
+    if (fd_ >= 0) { ::close(fd_); }
+    fd_ = fd;
+  }
+
+ private:
+  int fd_{-1};
 };
 
 struct buffer_entry {
@@ -147,6 +177,10 @@ struct buffer_entry {
   buffer_lease lease;
   std::chrono::system_clock::time_point created;
   bool allow_writers{false};
+  // A host buffer's own memfd opened again read-only, made for the first
+  // session that asks for its fd with read opens alone (buffer_fd): a reader
+  // cannot mprotect its PROT_READ mapping of it into a writable one.
+  owned_descriptor read_only_fd;
   // Its manifest with the daemon's labels; null: none. Replaced whole, never
   // changed in place, so a grant or a description shares it without a copy.
   std::shared_ptr<buffer_manifest const> manifest;

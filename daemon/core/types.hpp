@@ -245,6 +245,10 @@ struct buffer_open_options {
   std::map<std::string, std::string> expect_labels{};
   /// Take the buffer's write lease (docs/failover.md); needs read_write.
   bool exclusive{false};
+  /// With exclusive: a standby (docs/failover.md, "A standby that is
+  /// ready"): the open is answered at once, holding the lease if it is free
+  /// and standing in line for it otherwise; wait_buffer_lease() waits.
+  bool standby{false};
 };
 
 /// Which of its opens of a buffer a session closes (buffer_registry::close_buffer).

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <vector>
 
-// Named shared buffers: CreateBuffer, PublishBuffer, OpenBuffer, CloseBuffer,
+// Named shared buffers: CreateBuffer, PublishBuffer, OpenBuffer, WaitBufferLease, CloseBuffer,
 // DeleteBuffer, ListBuffers, the manifest calls, and BufferFd (the session
 // socket's: a buffer's fd travels only there).
 
@@ -251,6 +251,27 @@ absl::Status open_here_or_there(call_context const& c,
   return open_buffer(c.core, c.session, request, c.rules, reply, now + wait);
 }
 
+/// A standby's wait for its write lease: as long as asked, than the caller
+/// waits for the answer, or than max_open_wait, whichever ends first.
+absl::Status wait_buffer_lease(call_context const& c,
+                               v1::WaitBufferLeaseRequest const& request,
+                               v1::WaitBufferLeaseResponse* reply)
+{
+  auto const now = std::chrono::steady_clock::now();
+  auto wait      = std::min<std::chrono::steady_clock::duration>(
+      std::chrono::milliseconds(request.wait_ms()), max_open_wait);
+  if (c.deadline) {
+    auto const left = *c.deadline - std::chrono::system_clock::now();
+    if (left < wait) { wait = std::max<std::chrono::steady_clock::duration>(left, {}); }
+  } else {
+    wait = {};  // a transport whose calls may not wait
+  }
+  auto generation = c.core.buffers().wait_buffer_lease(c.session, request.buffer_id(), now + wait);
+  if (!generation.ok()) { return generation.status(); }
+  reply->set_lease_generation(*generation);
+  return absl::OkStatus();
+}
+
 /// A ListBuffers: another node's through peering, else this node's.
 absl::Status list_here_or_there(call_context const& c,
                                 v1::ListBuffersRequest const& request,
@@ -293,6 +314,8 @@ std::vector<call> buffer_calls()
                on_session<&v1::SessionCall::open_buffer, &v1::SessionReply::mutable_open_buffer>(
                    "open_buffer")},
           &open_here_or_there),
+      make_call<v1::WaitBufferLeaseRequest, v1::WaitBufferLeaseResponse>(
+          "WaitBufferLease", {}, &wait_buffer_lease),
       make_call<v1::CloseBufferRequest, v1::CloseBufferResponse>(
           "CloseBuffer",
           {.session =

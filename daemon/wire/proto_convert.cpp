@@ -328,7 +328,8 @@ core::buffer_open_options from_proto(v1::OpenBufferRequest const& in)
                                                         ? core::buffer_access::read_write
                                                         : core::buffer_access::read,
                                    .expect_labels = from_proto(in.expect_labels()),
-                                   .exclusive     = in.exclusive()};
+                                   .exclusive     = in.exclusive(),
+                                   .standby       = in.standby()};
 }
 
 core::buffer_filter from_proto(v1::ListBuffersRequest const& in)

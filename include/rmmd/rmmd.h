@@ -253,6 +253,20 @@ typedef struct rmmd_open_options {
    * holder, and nothing is opened. rmmd_buffer_lease_generation says which
    * grant it is. (0.7; callers built before, whose size is smaller: 0) */
   int exclusive;
+  /* The padding that ended 0.7's struct, named so that `standby` lies past
+   * the size of 0.7's struct: ignored. */
+  int reserved_0;
+  /* nonzero, with exclusive: a standby (docs/failover.md, "A standby that
+   * is ready"): the open does not wait for the lease (wait_ms still applies
+   * to the buffer's publication) and returns at once with the buffer
+   * mapped, holding the lease where it is free and standing in line for it
+   * otherwise; the mapping is read-only until the grant where the memory
+   * allows (a VMM allocation, a host buffer's memfd; a pool pointer is
+   * read-write from the start). rmmd_buffer_wait_lease waits for the grant
+   * and makes the same mapping read-write: the pointer does not change.
+   * Without exclusive: RMMD_ERROR_INVALID_ARGUMENT. (0.8; callers built
+   * before, whose size is smaller: 0) */
+  int standby;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -315,6 +329,19 @@ RMMD_API rmmd_status rmmd_buffer_access_mode(rmmd_buffer_t buffer, rmmd_buffer_a
 /* The generation of the write lease this open holds (an exclusive open);
  * 0: it holds none. Larger for every later grant of the buffer's lease. */
 RMMD_API rmmd_status rmmd_buffer_lease_generation(rmmd_buffer_t buffer, uint64_t* generation);
+/* A standby open (rmmd_open_options.standby): waits up to timeout_ms (< 0:
+ * without end) for the write lease and writes its generation (may be
+ * NULL); at once where the open holds it already. At the grant the mapping
+ * becomes read-write in place: rmmd_buffer_pointer's answer does not
+ * change. RMMD_ERROR_DEADLINE_EXCEEDED when the wait ends first, naming the
+ * holder: nothing changed, the standby stays in line.
+ * RMMD_ERROR_FAILED_PRECONDITION: not a standby open; RMMD_ERROR_NOT_FOUND:
+ * the buffer was deleted while it stood in line. */
+RMMD_API rmmd_status rmmd_buffer_wait_lease(rmmd_buffer_t buffer,
+                                            int64_t timeout_ms,
+                                            uint64_t* generation);
+/* Whether this open holds the write lease (*holds: 1 or 0). */
+RMMD_API rmmd_status rmmd_buffer_holds_lease(rmmd_buffer_t buffer, int* holds);
 /* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse:
  * those whose names start with name_prefix (NULL or "": any) and whose
  * manifests carry label_keys[i] = label_values[i] for every i < label_count.

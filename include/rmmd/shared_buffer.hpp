@@ -154,6 +154,18 @@ struct open_options {
   /// and nothing changed. rmmd::precondition_error: this session holds the
   /// lease already.
   bool exclusive{false};
+  /// With exclusive (rmmd::logic_error otherwise, before any request): a
+  /// standby (docs/failover.md, "A standby that is ready"). open() does not
+  /// wait for the lease (`wait` still applies to the buffer's publication):
+  /// it returns at once with the buffer mapped, holding the lease where it
+  /// is free and standing in the line for it otherwise, so that the process
+  /// captures its CUDA graphs against data() before it may write. Until the
+  /// grant the mapping is read-only where the memory allows (a buffer's own
+  /// VMM allocation: cuMemSetAccess with read access; a host buffer:
+  /// PROT_READ); a pool pointer (--cuda-shared-buffer-memory=pool) is mapped
+  /// read-write from the start. wait_lease() waits for the grant and makes
+  /// the same mapping read-write in place: data() does not change.
+  bool standby{false};
 };
 
 /// A buffer as the daemon lists it.
@@ -232,7 +244,8 @@ struct shared_buffer_options {
 /// where the creator allowed no writers), rmm::out_of_memory (quota, pool), rmmd::session_error
 /// (daemon gone), rmm::bad_alloc (a CUDA error, named); an exclusive open
 /// also rmmd::deadline_error (the write lease stayed with another session
-/// to the end of the wait) and rmmd::precondition_error (a plain read-write
+/// to the end of the wait; never a standby's open, which does not wait for
+/// it) and rmmd::precondition_error (a plain read-write
 /// open while another session holds or waits for the lease).
 ///
 /// Thread safety: distinct objects may be used from any thread; one object
@@ -339,19 +352,41 @@ class shared_buffer {
     return access_;
   }
   /// An exclusive open (open_options::exclusive): this process holds the
-  /// buffer's write lease until it closes this open or its session ends.
+  /// buffer's write lease until it closes this open or its session ends, or
+  /// (a standby) stands in line for it.
   [[nodiscard]] bool exclusive() const noexcept
+  {
+    return lease_generation_ != 0 || standby_;
+  }
+  /// Whether this open holds the write lease (an exclusive open; a standby
+  /// once wait_lease() returned, or when the lease was free at its open).
+  [[nodiscard]] bool holds_lease() const noexcept
   {
     return lease_generation_ != 0;
   }
-  /// The write lease's generation this open holds (0: not an exclusive
-  /// open). Each grant of a buffer's lease has a larger one than the grants
-  /// before it (one more, while the daemon runs), so a write stamped with it
-  /// tells this holder's writes from an earlier holder's late ones.
+  /// The write lease's generation this open holds (0: it holds none yet, or
+  /// is not an exclusive open). Each grant of a buffer's lease has a larger
+  /// one than the grants before it (one more, while the daemon runs), so a
+  /// write stamped with it tells this holder's writes from an earlier
+  /// holder's late ones.
   [[nodiscard]] std::uint64_t lease_generation() const noexcept
   {
     return lease_generation_;
   }
+  /// A standby open (open_options::standby): waits up to `wait` for the
+  /// write lease and returns its generation (at once where this open holds
+  /// it already). At the grant the mapping becomes read-write in place:
+  /// data() is the same before and after, and every CUDA graph captured
+  /// against it stays valid. The daemon holds each call at most 10 minutes
+  /// and the client asks again with what is left; the place in line stays.
+  /// Throws rmmd::deadline_error when the wait ends first (naming the
+  /// holder; nothing changed: the standby stays in line),
+  /// rmmd::precondition_error (not a standby open),
+  /// rmmd::not_found_error (the buffer was deleted while it stood in line),
+  /// rmmd::session_error (the session ended or the daemon is gone),
+  /// rmm::bad_alloc (the mapping could not be made read-write: a CUDA or
+  /// mprotect error, named; the lease is held all the same).
+  std::uint64_t wait_lease(std::chrono::milliseconds wait);
 
   /// Lets go of the buffer after the work queued on `stream`: the stream is
   /// synchronised, this process's mapping of the buffer undone (the last open
@@ -437,6 +472,9 @@ class shared_buffer {
   /// Which of the session's opens this one is, as a close names it
   /// (rmmd.v1.BufferHold's number).
   [[nodiscard]] std::uint8_t hold_kind() const noexcept;
+  /// Which of this process's views of the buffer this open has
+  /// (detail::view_mode's number).
+  [[nodiscard]] std::uint8_t view_mode() const noexcept;
   void synchronize(cuda::stream_ref stream) const noexcept;
 
   std::optional<session> session_;
@@ -452,6 +490,7 @@ class shared_buffer {
   bool creator_{false};
   bool persistent_{false};
   std::uint64_t lease_generation_{};
+  bool standby_{false};  ///< a standby open: its view is upgraded in place at the grant
   std::optional<cuda::stream_ref> stream_;
 };
 

@@ -87,6 +87,7 @@ class SharedBuffer(Memory):
         self._id = ident.value
         self._device = device.value
         self._lease_generation = generation.value
+        self._standby = False
         self._read_only = access.value == _lib.BUFFER_READ
         self._ready_stream = None
         self._stream_owner: Any = None  # keeps the publish stream's object alive
@@ -162,6 +163,7 @@ class SharedBuffer(Memory):
         peer: str | None = None,
         device: int | None = None,
         exclusive: bool = False,
+        standby: bool = False,
     ) -> "SharedBuffer":
         """Opens the published buffer `name`, for reading unless `writable`.
         With `wait` (seconds), waits up to that long for it to be created
@@ -197,6 +199,19 @@ class SharedBuffer(Memory):
                 holder closes this kind of open or its process ends (exit,
                 crash, SIGKILL). :attr:`lease_generation` says which grant
                 it is.
+            standby: with `exclusive`: a standby (docs/failover.md, "A
+                standby that is ready"). The open does not wait for the
+                lease (`wait` still applies to the buffer's publication):
+                it returns at once with the buffer mapped, holding the lease
+                where it is free and standing in line for it otherwise, so
+                that the process captures its CUDA graphs against the memory
+                before it may write. Until the grant the mapping is
+                read-only where the memory allows (a VMM allocation: a
+                kernel's write is a CUDA error; a host buffer: a write is
+                SIGSEGV); a pool pointer (``--cuda-shared-buffer-memory=pool``)
+                is writable from the start. :meth:`wait_lease` waits for the
+                grant and makes the same mapping writable: the address does
+                not change.
 
         Raises:
             InvalidArgumentError: a malformed name or node (``':'`` twice,
@@ -213,17 +228,21 @@ class SharedBuffer(Memory):
             PermissionError: `writable`
                 where the creator did not allow writers; another node's
                 grants do not name it for this node.
-            DeadlineError: `exclusive`, and the lease stayed with another
-                session until the wait ended (a :class:`TimeoutError`;
-                nothing changed). PreconditionError: this session holds the
-                lease already; or a `writable` open (not exclusive) while
-                another session holds or waits for the lease.
+            DeadlineError: `exclusive` (not `standby`), and the lease stayed
+                with another session until the wait ended (a
+                :class:`TimeoutError`; nothing changed). PreconditionError:
+                this session holds the lease already or stands in line for
+                it; or a `writable` open (not exclusive) while another
+                session holds or waits for the lease. InvalidArgumentError:
+                `standby` without `exclusive`.
             SessionError: the daemon is gone or draining; or, for a buffer
                 of another node, this node's daemon cannot reach that node's
                 (the message says so; ``Session.peers()`` and ``rmmctl
                 peers`` say why), while this session goes on working.
         """
-        options = _open_options(f"open buffer '{name}'", peer, wait, writable, expect, device, exclusive)
+        options = _open_options(
+            f"open buffer '{name}'", peer, wait, writable, expect, device, exclusive, standby
+        )
         handle = _lib.buffer_t()
         check(
             _lib.load().rmmd_buffer_open_with(
@@ -235,6 +254,7 @@ class SharedBuffer(Memory):
         buf = cls._wrap(session, handle.value, plain)
         buf._creator = False
         buf._peer = peer or node or None
+        buf._standby = standby
         return buf
 
     @classmethod
@@ -319,8 +339,44 @@ class SharedBuffer(Memory):
 
     @property
     def exclusive(self) -> bool:
-        """Whether this open holds the buffer's write lease (``exclusive=True``)."""
+        """Whether this is an exclusive open (``exclusive=True``): it holds
+        the buffer's write lease or, a standby, stands in line for it."""
+        return self._lease_generation != 0 or self._standby
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether this open holds the buffer's write lease: an exclusive
+        open; a standby once :meth:`wait_lease` returned (or when the lease
+        was free at its open)."""
         return self._lease_generation != 0
+
+    def wait_lease(self, timeout: float | None = None) -> int:
+        """A standby open (``standby=True``): waits up to `timeout` seconds
+        (``None``: without end) for the write lease and returns its
+        generation, at once where this open holds it already. At the grant
+        the mapping becomes writable in place: the address (and every array,
+        tensor or CUDA graph made from it) stays valid.
+
+        Raises:
+            DeadlineError: the wait ended first (a :class:`TimeoutError`,
+                naming the holder); nothing changed: the standby stays in
+                line, wait again.
+            PreconditionError: not a standby open.
+            NotFoundError: the buffer was deleted while it stood in line.
+            InvalidArgumentError: a negative or NaN `timeout`.
+            SessionError: the session ended, or the daemon is gone or
+                draining.
+            RmmdError: the mapping could not be made writable (the lease is
+                held all the same; the message names the CUDA or mprotect
+                error).
+        """
+        if timeout is not None and (timeout < 0 or math.isnan(timeout)):
+            raise InvalidArgumentError(f"rmmd: wait_lease: timeout is {timeout}; give seconds >= 0 or None")
+        timeout_ms = -1 if timeout is None else min(_MAX_WAIT_MS, int(math.ceil(timeout * 1000)))
+        generation = ctypes.c_uint64()
+        check(_lib.load().rmmd_buffer_wait_lease(self._require(), timeout_ms, ctypes.byref(generation)))
+        self._lease_generation = generation.value
+        return self._lease_generation
 
     @property
     def lease_generation(self) -> int:
@@ -497,6 +553,7 @@ def _open_options(
     expect: Mapping[str, str] | None,
     device: int | None,
     exclusive: bool = False,
+    standby: bool = False,
 ) -> "_lib.OpenOptions":
     """The C options of an open, checked (InvalidArgumentError) before any request."""
     if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
@@ -513,6 +570,11 @@ def _open_options(
             f"rmmd: {what}: an exclusive open takes the write lease, so it is a writable open: "
             "pass writable=True too"
         )
+    if standby and not exclusive:
+        raise InvalidArgumentError(
+            f"rmmd: {what}: a standby stands in line for the write lease, so it is an exclusive "
+            "open: pass exclusive=True (and writable=True) too"
+        )
     keys, values, count = _lib.label_arrays(checked_labels(expect, "expect"))
     return _lib.OpenOptions(
         size=ctypes.sizeof(_lib.OpenOptions),
@@ -525,6 +587,7 @@ def _open_options(
         has_device=0 if device is None else 1,
         device=0 if device is None else device,
         exclusive=1 if exclusive else 0,
+        standby=1 if standby else 0,
     )
 
 

@@ -127,6 +127,8 @@ class OpenOptions(Structure):
         ("has_device", c_int),
         ("device", c_int),
         ("exclusive", c_int),
+        ("reserved_0", c_int),
+        ("standby", c_int),
     ]
 
 
@@ -205,6 +207,8 @@ _PROTOTYPES = {
     "rmmd_buffer_manifest_json": (status_t, [buffer_t, POINTER(c_void_p)]),
     "rmmd_buffer_access_mode": (status_t, [buffer_t, POINTER(c_int)]),
     "rmmd_buffer_lease_generation": (status_t, [buffer_t, POINTER(c_uint64)]),
+    "rmmd_buffer_wait_lease": (status_t, [buffer_t, c_int64, POINTER(c_uint64)]),
+    "rmmd_buffer_holds_lease": (status_t, [buffer_t, POINTER(c_int)]),
     "rmmd_buffer_list_json": (
         status_t,
         [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],

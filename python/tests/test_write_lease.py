@@ -1,6 +1,7 @@
 """A shared buffer's write lease (docs/failover.md) from Python: the
-exclusive open, its generation, the wait in line, DeadlineError, and a
-holder SIGKILLed while another process waits."""
+exclusive open, its generation, the wait in line, DeadlineError, a holder
+SIGKILLed while another process waits, and a standby: mapped before its
+grant, read-only until then, granted at the same address."""
 
 from __future__ import annotations
 
@@ -84,3 +85,64 @@ def test_a_sigkilled_holders_lease_goes_to_the_process_waiting(daemon: Daemon, s
     with rmmd.SharedBuffer.open(session, "lease/kv1") as buf:
         assert int(np.asarray(buf).view(np.uint64)[0]) == 2
     assert rmmd.SharedBuffer.delete(session, "lease/kv1") == 0
+
+
+def test_a_standby_is_mapped_at_once_and_granted_at_the_same_address(
+    daemon: Daemon, session: rmmd.Session
+) -> None:
+    make_kv(session, "lease/kv2")
+    with rmmd.Session(runtime_dir=str(daemon.runtime_dir), client_name="standby") as other:
+        with pytest.raises(rmmd.InvalidArgumentError, match="exclusive=True"):
+            rmmd.SharedBuffer.open(other, "lease/kv2", writable=True, standby=True)
+        active = rmmd.SharedBuffer.open(session, "lease/kv2", writable=True, exclusive=True)
+        np.asarray(active).view(np.uint64)[0] = 41
+        standby = rmmd.SharedBuffer.open(other, "lease/kv2", writable=True, exclusive=True, standby=True)
+        assert standby.exclusive and not standby.holds_lease and standby.lease_generation == 0
+        before = standby.ptr
+        assert int(np.asarray(standby).view(np.uint64)[0]) == 41  # it reads before its grant
+        with pytest.raises(rmmd.DeadlineError) as e:
+            standby.wait_lease(0.05)
+        assert isinstance(e.value, TimeoutError) and "the standby stays in line" in str(e.value)
+        info = session.describe_buffer("lease/kv2")[0]
+        assert [w[0] for w in info.lease.waiters] == [other.id]  # still in line, as rmmctl shows
+        with pytest.raises(rmmd.PreconditionError, match="stands in line"):
+            rmmd.SharedBuffer.open(other, "lease/kv2", writable=True, exclusive=True, standby=True)
+
+        got: list[int] = []
+        waiter = threading.Thread(target=lambda: got.append(standby.wait_lease(30)))
+        waiter.start()
+        active.close()
+        waiter.join(timeout=30)
+        assert got == [2]
+        assert standby.holds_lease and standby.lease_generation == 2 and standby.ptr == before
+        words = np.asarray(standby).view(np.uint64)
+        assert int(words[0]) == 41
+        words[0] = 2  # writable now, in place
+        assert standby.wait_lease(0) == 2  # granted: at once
+        standby.close()
+    assert rmmd.SharedBuffer.delete(session, "lease/kv2") == 0
+
+
+def test_a_standby_cannot_write_before_its_grant_and_takes_over_from_a_sigkill(
+    daemon: Daemon, session: rmmd.Session
+) -> None:
+    make_kv(session, "lease/kv3")
+    holder = start_python([CLIENT, "lease", "lease/kv3"], daemon.env())
+    assert json.loads(read_line(holder))["generation"] == 1
+    early = start_python([CLIENT, "standby", "lease/kv3", "--write-early"], daemon.env())
+    assert json.loads(read_line(early))["standby"] == 0
+    assert early.wait(timeout=30) == -signal.SIGSEGV
+    standby = start_python([CLIENT, "standby", "lease/kv3"], daemon.env())
+    first = json.loads(read_line(standby))
+    assert first["standby"] == 0 and not first["holds"]
+    wait_until(
+        lambda: len(session.describe_buffer("lease/kv3")[0].lease.waiters) == 1,
+        what="the standby in line",
+    )
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    second = json.loads(read_line(standby))
+    assert second == {"generation": 2, "seen": 1, "same": True, "holds": True}
+    standby.communicate("\n", timeout=60)
+    assert standby.returncode == 0
+    assert rmmd.SharedBuffer.delete(session, "lease/kv3") == 0

@@ -11,7 +11,7 @@
 // the second of two open sessions, or a wrong one; the request is the
 // method's request message in protobuf's binary form (gRPC refuses one that
 // does not parse before any method runs, and so does this fuzzer). An
-// OpenBuffer's wait_ms is cut to 0: a fuzzer waits for nothing.
+// OpenBuffer's and WaitBufferLease's wait_ms is cut to 0: a fuzzer waits for nothing.
 //
 // Checked: every status is a gRPC code with a message where it is an error;
 // a successful response serialises; a Free naming an interprocess event is
@@ -47,6 +47,9 @@ grpc::Status call(service::rmmd_service& svc,
     return grpc::Status::CANCELLED;  // gRPC would not call the method
   }
   if (auto* open = dynamic_cast<v1::OpenBufferRequest*>(request.get())) { open->set_wait_ms(0); }
+  if (auto* wait = dynamic_cast<v1::WaitBufferLeaseRequest*>(request.get())) {
+    wait->set_wait_ms(0);
+  }
   grpc::ServerContext context;
   grpc::testing::ServerContextTestSpouse spouse(&context);
   if (token != nullptr) {

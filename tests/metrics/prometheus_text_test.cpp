@@ -146,6 +146,7 @@ TEST(RequestMetrics, TheCallTableKeepsTheMethodLabels)
                            "CreateBuffer",
                            "PublishBuffer",
                            "OpenBuffer",
+                           "WaitBufferLease",
                            "CloseBuffer",
                            "DeleteBuffer",
                            "ListBuffers",
@@ -164,6 +165,8 @@ TEST(RequestMetrics, TheCallTableKeepsTheMethodLabels)
     EXPECT_THAT(session, ::testing::Contains(name));
   }
   EXPECT_THAT(grpc, Not(::testing::Contains("BlocksDropped")));
+  // A standby's wait is held by the daemon: gRPC only.
+  EXPECT_THAT(session, Not(::testing::Contains("WaitBufferLease")));
 }
 
 TEST(RenderPrometheus, EveryFamilyHasHelpAndTypeBeforeItsSamples)

@@ -45,6 +45,23 @@
 //       lease's generation there, prints "leased GENERATION SEEN" and waits
 //       for stdin to close; then closes it and prints "closed". A wait that
 //       ends first: "error deadline: MESSAGE" and exit 2.
+//   rmmd_share_client standby NAME [OPTIONS]
+//       opens NAME as a standby (exclusive and standby: mapped at once, in
+//       line for the write lease; --wait-ms bounds the wait for its
+//       publication) and prints "standby GENERATION" (0: in line). With
+//       --write-early it then writes its first word before the grant: a
+//       host buffer's read-only mapping faults (SIGSEGV), a device buffer's
+//       is a CUDA error ("cuda-error NAME", exit 3). Waits up to
+//       --lease-wait-ms (default 60000) for the lease; then reads the first
+//       word (SEEN: the last holder's generation), checks that the words
+//       after it hold SEEN's pattern (KV: "kv-intact", or "kv-corrupt"; SEEN
+//       0: nothing to check), writes its own generation's pattern there and
+//       then its generation into the first word (the stamp after the data),
+//       and prints "leased GENERATION SEEN same|moved KV" (same: data() is
+//       the address it had before the grant). Until stdin closes it checks
+//       every millisecond that the first word is still its generation
+//       ("overwritten", exit 1, if another writer wrote it); then closes it
+//       and prints "closed".
 //   rmmd_share_client write NAME BYTES SEED [OPTIONS]
 //       opens NAME (read-only unless --writable) and writes SEED's pattern
 //       over it: a host buffer with the CPU (a read-only mapping faults:
@@ -78,6 +95,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -97,6 +115,7 @@ namespace {
 
 using rmmd::test::fill;
 using rmmd::test::first_mismatch;
+using rmmd::test::pattern;
 
 struct options {
   std::string pool;
@@ -112,6 +131,8 @@ struct options {
   std::map<std::string, std::string, std::less<>> labels;
   bool writable{false};
   std::map<std::string, std::string, std::less<>> expect;
+  bool write_early{false};
+  int lease_wait_ms{60000};
 };
 
 rmmd::open_options open_options_of(options const& o, int wait_ms)
@@ -393,13 +414,82 @@ int lease(std::string const& name, options const& o)
   return 0;
 }
 
+/// Writes `words` over `buf` from word `first` (host or device memory).
+void write_words(rmmd::shared_buffer const& buf,
+                 std::vector<std::uint64_t> const& words,
+                 std::size_t first)
+{
+  auto* at = static_cast<std::uint64_t*>(buf.data()) + first;
+  if (buf.is_host()) {
+    std::memcpy(at, words.data(), words.size() * 8);
+  } else {
+    check(cudaMemcpy(at, words.data(), words.size() * 8, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+}
+
+int standby(std::string const& name, options const& o)
+{
+  auto s             = open_session(o);
+  auto buf           = rmmd::shared_buffer::open(s,
+                                       name,
+                                       {.wait      = std::chrono::milliseconds(o.wait_ms),
+                                                  .access    = rmmd::buffer_access::read_write,
+                                                  .exclusive = true,
+                                                  .standby   = true});
+  void* const before = buf.data();
+  std::cout << "standby " << buf.lease_generation() << std::endl;
+  if (o.write_early) {
+    std::uint64_t const word = 0xBAD;
+    if (buf.is_host()) {
+      std::memcpy(buf.data(), &word, sizeof word);  // SIGSEGV on a read-only mapping
+    } else if (auto err = cudaMemcpy(buf.data(), &word, sizeof word, cudaMemcpyHostToDevice);
+               err != cudaSuccess || (err = cudaDeviceSynchronize()) != cudaSuccess) {
+      std::cout << "cuda-error " << cudaGetErrorName(err) << std::endl;
+      std::_Exit(3);
+    }
+    std::cout << "wrote-early" << std::endl;
+  }
+  auto const generation = buf.wait_lease(std::chrono::milliseconds(o.lease_wait_ms));
+  auto const seen       = first_word(buf);
+  auto const words      = buf.size() / 8;
+  bool intact           = true;
+  if (seen != 0 && words > 1) {
+    std::vector<std::uint64_t> copy(words);
+    if (buf.is_host()) {
+      std::memcpy(copy.data(), buf.data(), words * 8);
+    } else {
+      check(cudaMemcpy(copy.data(), buf.data(), words * 8, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    }
+    for (std::size_t i = 1; i < words && intact; ++i) { intact = copy[i] == pattern(seen, i); }
+  }
+  std::vector<std::uint64_t> body(words > 0 ? words - 1 : 0);
+  for (std::size_t i = 0; i < body.size(); ++i) { body[i] = pattern(generation, i + 1); }
+  write_words(buf, body, 1);
+  write_words(buf, {generation}, 0);
+  std::cout << "leased " << generation << " " << seen << " "
+            << (buf.data() == before ? "same" : "moved") << " "
+            << (intact ? "kv-intact" : "kv-corrupt") << std::endl;
+  pollfd in{.fd = 0, .events = POLLIN, .revents = 0};
+  std::string line;
+  while (true) {
+    if (first_word(buf) != generation) {
+      std::cout << "overwritten" << std::endl;
+      return 1;
+    }
+    if (::poll(&in, 1, 1) > 0 && !std::getline(std::cin, line)) { break; }
+  }
+  buf.close();
+  std::cout << "closed" << std::endl;
+  return 0;
+}
+
 int usage()
 {
   std::fprintf(stderr,
                "usage: rmmd_share_client produce NAME BYTES SEED [OPTIONS] | consume NAME BYTES "
                "SEED [OPTIONS] | hold-past-close NAME BYTES SEED [OPTIONS] | try-open NAME "
                "[OPTIONS] | show NAME [OPTIONS] | write NAME BYTES SEED [OPTIONS] | lease NAME "
-               "[OPTIONS]\n");
+               "[OPTIONS] | standby NAME [OPTIONS]\n");
   return 64;
 }
 
@@ -446,6 +536,10 @@ int main(int argc, char** argv)
       (a == "--label" ? o.labels : o.expect)[kv.substr(0, eq)] = kv.substr(eq + 1);
     } else if (a == "--writable") {
       o.writable = true;
+    } else if (a == "--write-early") {
+      o.write_early = true;
+    } else if (a == "--lease-wait-ms") {
+      o.lease_wait_ms = std::stoi(next());
     } else {
       positional.push_back(a);
     }
@@ -461,6 +555,7 @@ int main(int argc, char** argv)
     if (mode == "try-open" && positional.size() == 2) { return try_open(positional[1], o); }
     if (mode == "show" && positional.size() == 2) { return show(positional[1], o); }
     if (mode == "lease" && positional.size() == 2) { return lease(positional[1], o); }
+    if (mode == "standby" && positional.size() == 2) { return standby(positional[1], o); }
     if (mode == "write" && positional.size() == 4) {
       return write(positional[1], std::stoull(positional[2]), std::stoull(positional[3]), o);
     }

@@ -16,6 +16,14 @@ then wait for a line on stdin before they finish.
   lease NAME [--wait S]               open NAME exclusively (its write
                                       lease), write the generation into its
                                       first 8 bytes, print it; wait; close
+  standby NAME [--write-early]        open NAME as a standby (mapped at
+                                      once, in line), print its generation
+                                      (0: in line) and address; with
+                                      --write-early write before the grant
+                                      (a read-only mapping: SIGSEGV); wait
+                                      for the lease, print what the last
+                                      holder stamped and whether the address
+                                      stayed, stamp it; wait; close
 """
 
 from __future__ import annotations
@@ -86,6 +94,20 @@ def main(argv: list[str]) -> int:
         seen = int(np.asarray(buf).view(np.uint64)[0])
         np.asarray(buf).view(np.uint64)[0] = buf.lease_generation
         say(generation=buf.lease_generation, seen=seen, session=session.id)
+        sys.stdin.readline()
+        buf.close()
+    elif cmd == "standby":
+        name = argv[1]
+        buf = rmmd.SharedBuffer.open(session, name, writable=True, exclusive=True, standby=True)
+        before = buf.ptr
+        say(standby=buf.lease_generation, holds=buf.holds_lease, ptr=before)
+        if "--write-early" in argv:
+            np.asarray(buf).view(np.uint64)[0] = 0xBAD  # SIGSEGV: PROT_READ until the grant
+            say(wrote_early=True)
+        generation = buf.wait_lease(60)
+        seen = int(np.asarray(buf).view(np.uint64)[0])
+        np.asarray(buf).view(np.uint64)[0] = generation
+        say(generation=generation, seen=seen, same=buf.ptr == before, holds=buf.holds_lease)
         sys.stdin.readline()
         buf.close()
     else:
