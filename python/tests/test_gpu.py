@@ -273,3 +273,40 @@ def test_a_device_allocation_becomes_a_torch_tensor_through_dlpack(torch_daemon:
     out = run_python(["-c", DLPACK_INTO_TORCH, mode, str(nbytes)], torch_daemon.env())
     assert out.stdout.strip() == "ok", out
     wait_until(lambda: cuda_in_use(torch_daemon) == 0, what="the CUDA pools back to 0")
+
+
+REFUSED_THEN_SERVED = """
+import faulthandler, sys
+faulthandler.enable()
+import torch, rmmd
+mode = sys.argv[1]
+GiB = 1 << 30
+torch.cuda.set_device(0)
+torch.empty(1, device="cuda")
+r = rmmd.Session(client_name="refused-then-served").device_resource(0, mode=mode)
+held = r.allocation(6 * GiB)  # of the daemon's 8 GiB pool
+try:
+    r.allocation(4 * GiB)
+    raise SystemExit("the 4 GiB allocation fitted beside 6 GiB in an 8 GiB pool")
+except MemoryError:
+    pass
+held.free()
+a = r.allocation(4 * GiB)  # served now: what the sleep bench's taker does after the pause
+t = torch.from_dlpack(a)
+t.fill_(3)
+torch.cuda.synchronize()
+assert int(t[-4096:].sum()) == 3 * 4096
+del t
+a.free()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_allocation_refused_then_served_once_memory_came_back(torch_daemon: Daemon, mode: str) -> None:
+    # The sleep bench's handoff taker (a refused probe, then the allocation
+    # once the engine slept) ended on SIGSEGV inside rmmd_allocate with 10
+    # and 60 GiB; torch.from_dlpack of a fresh 3 GiB allocation did not.
+    out = run_python(["-c", REFUSED_THEN_SERVED, mode], torch_daemon.env())
+    assert out.stdout.strip() == "ok", out
+    wait_until(lambda: cuda_in_use(torch_daemon) == 0, what="the CUDA pools back to 0")
