@@ -78,16 +78,20 @@ def spawn_kwargs(user: str | None) -> dict[str, Any]:
 
 
 def proc_figures(pid: int) -> dict[str, int]:
-    """The daemon's open fds (a host buffer's memfd, a tenant's memfd, the
-    rest), threads and VmRSS (KiB), from /proc."""
+    """The daemon's open fds (host buffers' memfds, counted once per memfd:
+    a buffer a reader opened also has its memfd open read-only; a tenant's
+    memfd; the rest), threads and VmRSS (KiB), from /proc."""
     out = {"fds": 0, "buffer_memfds": 0, "tenant_memfds": 0, "threads": 0, "rss_kib": 0}
+    buffer_inodes: set[int] = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            inode = os.stat(f"/proc/{pid}/fd/{fd}").st_ino
         except OSError:
             continue  # closed meanwhile
         if ":buffer" in target and target.startswith("/memfd:rmmd"):
-            out["buffer_memfds"] += 1
+            buffer_inodes.add(inode)
+            out["buffer_memfds"] = len(buffer_inodes)
         elif target.startswith("/memfd:rmmd") and ":uid " in target:
             out["tenant_memfds"] += 1
         else:
