@@ -113,7 +113,13 @@ child_process::child_process(std::vector<std::string> argv,
   for (auto& a : argv) { args.push_back(a.data()); }
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) { env_strings.emplace_back(*e); }
+  auto name_of = [](std::string const& entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    bool const replaced = std::any_of(
+        env.begin(), env.end(), [&](std::string const& x) { return name_of(x) == name_of(entry); });
+    if (!replaced) { env_strings.push_back(std::move(entry)); }
+  }
   env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp;
   for (auto& e : env_strings) { envp.push_back(e.data()); }

@@ -45,7 +45,8 @@ struct spawn_options {
 class child_process {
  public:
   /// Starts argv[0] (a path) with stdin and stdout piped. `env` entries
-  /// ("NAME=value") are added to this process's environment. Throws
+  /// ("NAME=value") are added to this process's environment, each in place
+  /// of this process's variable of that name. Throws
   /// std::system_error if it cannot be started, std::runtime_error if
   /// `opts.user` cannot be used (saying why).
   explicit child_process(std::vector<std::string> argv,

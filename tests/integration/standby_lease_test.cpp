@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,12 +40,15 @@ class StandbyProcesses : public ::testing::Test {
     kv.publish();
   }
 
-  /// rmmd_share_client MODE kv/rank0 with `args`.
-  std::unique_ptr<child_process> client(std::string const& mode, std::vector<std::string> args = {})
+  /// rmmd_share_client MODE kv/rank0 with `args`, and `env` beside the test's.
+  std::unique_ptr<child_process> client(std::string const& mode,
+                                        std::vector<std::string> args = {},
+                                        std::vector<std::string> env  = {})
   {
     std::vector<std::string> argv{program_path("rmmd_share_client").string(), mode, "kv/rank0"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<child_process>(argv, env_);
+    env.insert(env.begin(), env_.begin(), env_.end());
+    return std::make_unique<child_process>(argv, env);
   }
 
   v1::BufferLease lease_now() const
@@ -103,7 +107,15 @@ TEST_F(StandbyProcesses, AStandbyCannotWriteBeforeItsGrantAndItsDeathLeavesTheLi
   auto holder = client("standby");
   ASSERT_EQ(holder->read_line(), "standby 1");
   ASSERT_EQ(holder->read_line(), "leased 1 0 same kv-intact");
-  auto early = client("standby", {"--write-early"});
+  // The fault is the point: the sanitizers must let it be a plain SIGSEGV
+  // (their handlers would report it, and exit otherwise).
+  std::vector<std::string> no_segv_handler;
+  for (char const* name : {"ASAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS"}) {
+    char const* set = std::getenv(name);
+    no_segv_handler.push_back(std::string(name) + "=" +
+                              (set != nullptr ? std::string(set) + ":" : "") + "handle_segv=0");
+  }
+  auto early = client("standby", {"--write-early"}, no_segv_handler);
   ASSERT_EQ(early->read_line(), "standby 0");
   // Its host mapping is PROT_READ until the grant: the write faults.
   EXPECT_EQ(early->wait(), 128 + SIGSEGV);
