@@ -146,7 +146,8 @@ void map_backups(session_impl& session,
   std::vector<std::uint64_t> missing_ids;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     auto& e = *entries[i];
-    if (e.backup_data != nullptr && e.backup_serial == serials[i]) { continue; }
+    // Serial 0: a daemon that numbers no backups; never take it for the same.
+    if (e.backup_data != nullptr && serials[i] != 0 && e.backup_serial == serials[i]) { continue; }
     unmap_backup(e);  // another backup than the one mapped here
     missing.push_back(i);
     missing_ids.push_back(e.id);
