@@ -12,7 +12,8 @@
 #   scripts/gpu-check.sh run [BUNDLE]
 # runs, in this order, each suite in full:
 #   gpu            rmmd_gpu_tests (six shards at once) with an IMEX channel (made if missing), but
-#                  the restart soak (below)
+#                  the restart soak (below); the lease-rounds tests for
+#                  RMMD_GPU_CHECK_LEASE_ROUNDS rounds (default 20; alone they run 100)
 #   gpu-no-imex    the fabric, shared-buffer, example and peering tests of
 #                  rmmd_gpu_tests with the channel removed (each fabric test
 #                  covers one of the two cases and skips in the other)
@@ -26,7 +27,7 @@
 #   python-exclusive  the Python tests marked gpu_exclusive (they read the
 #                  device's free memory), alone after those above
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
-#                  (default 15; the 100-round soak is its own run)
+#                  (default 10; the 100-round soak is its own run)
 # First gpu-no-imex (in shards, the channel removed); then, with the channel,
 # gpu (in shards), python (in shards), soak and the CPU-only suites
 # (integration in three parts, then manifest, examples) at once; then
@@ -232,12 +233,15 @@ run_step() {
   # With the channel: everything at once (the CPU-only suites one after
   # another beside the GPU ones).
   local pids=()
-  if wanted gpu; then run_suite gpu gtest gpu_suite '-RestartSoak.*' & pids+=($!); fi
+  if wanted gpu; then
+    RMMD_LEASE_ROUNDS=${RMMD_GPU_CHECK_LEASE_ROUNDS:-20} run_suite gpu gtest gpu_suite '-RestartSoak.*' &
+    pids+=($!)
+  fi
   if wanted python; then run_suite python pytest python_suite & pids+=($!); fi
   # Beside the rest: it then leaves out its device-wide used-memory check
   # (the others' processes are in it); its standalone 100-round run keeps it.
   if wanted soak; then
-    RMMD_SOAK_SHARED_GPU=1 RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-15} \
+    RMMD_SOAK_SHARED_GPU=1 RMMD_SOAK_ROUNDS=${RMMD_GPU_CHECK_SOAK_ROUNDS:-10} \
       run_suite soak gtest rmmd_gpu_tests --gtest_filter='RestartSoak.*' &
     pids+=($!)
   fi

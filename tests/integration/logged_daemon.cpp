@@ -1,5 +1,7 @@
 #include "tests/integration/logged_daemon.hpp"
 
+#include "tests/tools/daemon_process.hpp"
+
 #include "client/detail/session_access.hpp"
 #include "client/detail/session_impl.hpp"
 
@@ -23,6 +25,7 @@ logged_daemon::logged_daemon(std::vector<std::string> args)
   dir_    = tmpl;
   notify_ = std::make_unique<harness::notify_socket>(dir_ / "notify.sock");
   std::vector<std::string> argv{program_path("rmmd").string(), "--runtime-dir", dir_.string()};
+  args = with_default_backend(std::move(args));
   argv.insert(argv.end(), args.begin(), args.end());
   daemon_ = std::make_unique<child_process>(
       argv, std::vector<std::string>{notify_->env()}, spawn_options{.merge_stderr = true});

@@ -7,14 +7,42 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 namespace rmmd::test {
+namespace {
+
+std::string& default_backend()
+{
+  static std::string backend;
+  return backend;
+}
+
+}  // namespace
+
+void set_default_backend(std::string backend)
+{
+  default_backend() = std::move(backend);
+}
+
+std::vector<std::string> with_default_backend(std::vector<std::string> args)
+{
+  auto const names = [&](std::string_view flag) {
+    return std::any_of(args.begin(), args.end(), [&](std::string const& a) {
+      return a == flag || a.starts_with(std::string(flag) + "=");
+    });
+  };
+  if (default_backend().empty() || names("--backend") || names("--config")) { return args; }
+  args.insert(args.begin(), {"--backend", default_backend()});
+  return args;
+}
 
 daemon_process::daemon_process(std::vector<std::string> extra_args, std::string user)
     : harness::daemon_process({.program    = program_path("rmmd"),
-                               .args       = std::move(extra_args),
+                               .args       = with_default_backend(std::move(extra_args)),
                                .dir_prefix = "rmmd-test-",
                                .user       = std::move(user)})
 {

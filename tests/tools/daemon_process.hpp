@@ -50,6 +50,16 @@ class daemon_process : public harness::daemon_process {
   mutable std::unique_ptr<rmmd::session> observer_;
 };
 
+/// The backend every daemon of this test program starts with when its
+/// arguments name neither a backend nor a config file. The suites written
+/// for the host backend set "host" (tests/integration/host_backend.cpp):
+/// on a GPU host, "auto" gave each of their daemons CUDA pools on every GPU
+/// and a fabric probe per GPU, which made a 50 ms test take 14 s there and
+/// slowed the GPU suites running beside them. The GPU suites set none.
+void set_default_backend(std::string backend);
+/// `args` with `--backend B` in front where set_default_backend applies.
+[[nodiscard]] std::vector<std::string> with_default_backend(std::vector<std::string> args);
+
 /// Bytes in use in pool `id`.
 std::uint64_t in_use(v1::Stats const& stats, std::uint32_t pool_id = 0);
 
