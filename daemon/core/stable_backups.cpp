@@ -59,9 +59,10 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::restore(session_id se
 
 absl::StatusOr<std::size_t> stable_registry::drop_backups(session_id session, std::string_view name)
 {
-  std::lock_guard lock(state_.mutex);
-  auto const request = absl::StrCat("drop backups ", quoted_for_message(name));
-  auto found         = state_.session_locked(session, request);
+  std::unique_lock lock(state_.mutex);
+  auto const forgets_before = forgets_;
+  auto const request        = absl::StrCat("drop backups ", quoted_for_message(name));
+  auto found                = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
   auto const uid = (*found)->peer.uid;
   std::vector<stable_entry*> kept;
@@ -81,6 +82,7 @@ absl::StatusOr<std::size_t> stable_registry::drop_backups(session_id session, st
     if (e->backup) { bytes += e->backup->memory.block.bytes; }
     erase_locked(*e, nullptr);
   }
+  settle_forgets(lock, forgets_before);
   return bytes;
 }
 

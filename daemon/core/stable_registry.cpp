@@ -195,9 +195,10 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
 
 absl::Status stable_registry::free(session_id session, stable_id id)
 {
-  std::lock_guard lock(state_.mutex);
-  auto const request = absl::StrFormat("free address-stable allocation %d", id);
-  auto found         = state_.session_locked(session, request);
+  std::unique_lock lock(state_.mutex);
+  auto const forgets_before = forgets_;
+  auto const request        = absl::StrFormat("free address-stable allocation %d", id);
+  auto found                = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
   auto e = owned_locked(session, id, request);
   if (!e.ok()) { return e.status(); }
@@ -206,6 +207,7 @@ absl::Status stable_registry::free(session_id session, stable_id id)
         absl::StrCat(request, ": a wake of it is under way; free it once the wake answered"));
   }
   erase_locked(**e, *found);
+  settle_forgets(lock, forgets_before);
   return absl::OkStatus();
 }
 
@@ -238,7 +240,10 @@ void stable_registry::drop_backup_locked(stable_entry& e, session_entry* s) noex
     state_.charge_locked(hp, s, e.uid, b.tenant, b.pool, bytes, -1);
   }
   e.backup.reset();
-  if (e.kept && keeper_) { keeper_->forget_backup(e.id); }
+  if (e.kept && keeper_) {
+    keeper_->forget_backup(e.id);
+    ++forgets_;
+  }
   e.kept = false;
 }
 
@@ -446,9 +451,10 @@ absl::StatusOr<std::size_t> stable_registry::finish_wake(session_id session,
                                                          std::span<stable_id const> ids,
                                                          bool keep_backups)
 {
-  std::lock_guard lock(state_.mutex);
-  auto const request = absl::StrCat("finish the wake of ", ids_text(ids));
-  auto found         = state_.session_locked(session, request);
+  std::unique_lock lock(state_.mutex);
+  auto const forgets_before = forgets_;
+  auto const request        = absl::StrCat("finish the wake of ", ids_text(ids));
+  auto found                = state_.session_locked(session, request);
   if (!found.ok()) { return found.status(); }
   auto awake = awake_owned_locked(session, ids, request, "wake it first");
   if (!awake.ok()) { return awake.status(); }
@@ -459,14 +465,27 @@ absl::StatusOr<std::size_t> stable_registry::finish_wake(session_id session,
     if (keep_backups && e->backup) {
       // Its contents are the last sleep's, stale once the client writes:
       // no longer a backup to restore after a crash, only room for the next.
-      if (e->kept && keeper_) { keeper_->forget_backup(e->id); }
+      if (e->kept && keeper_) {
+        keeper_->forget_backup(e->id);
+        ++forgets_;
+      }
       e->kept = false;
       continue;
     }
     if (e->backup) { bytes += e->backup->memory.block.bytes; }
     drop_backup_locked(*e, *found);
   }
+  settle_forgets(lock, forgets_before);
   return bytes;
+}
+
+void stable_registry::settle_forgets(std::unique_lock<std::mutex>& lock,
+                                     std::uint64_t forgets_before) noexcept
+{
+  if (forgets_ == forgets_before || !keeper_) { return; }
+  auto const keeper = keeper_;
+  lock.unlock();
+  keeper->wait_until_kept(std::chrono::steady_clock::now() + std::chrono::seconds(10));
 }
 
 absl::StatusOr<std::vector<int>> stable_registry::fds(session_id session,

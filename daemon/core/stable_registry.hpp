@@ -191,6 +191,11 @@ class stable_registry {
   void erase_locked(stable_entry& e, session_entry* s) noexcept;
   /// Frees `e`'s backup, uncharging it, and tells the keeper it went.
   void drop_backup_locked(stable_entry& e, session_entry* s) noexcept;
+  /// Lets go of `lock` and waits (up to 10 s) until the keeper applied what
+  /// it was told, where anything was forgotten since `forgets_before`
+  /// (forgets_): a call that dropped a kept backup answers once the fd store
+  /// lost it, so that an rmmd SIGKILLed just after does not bring it back.
+  void settle_forgets(std::unique_lock<std::mutex>& lock, std::uint64_t forgets_before) noexcept;
   /// Tells the keeper of `e`'s named backup (asleep); false when there is
   /// no keeper or nothing to keep.
   bool keep_backup_locked(stable_entry& e) noexcept;
@@ -221,6 +226,7 @@ class stable_registry {
   stable_id next_id_{1};
   std::uint64_t next_backup_serial_{1};    // guarded by state_.mutex
   std::shared_ptr<backup_keeper> keeper_;  // guarded by state_.mutex
+  std::uint64_t forgets_{0};  // backups the keeper was told to forget; guarded by state_.mutex
 };
 
 /// Why `tag` is no stable allocation's tag, if it is not.

@@ -200,6 +200,7 @@ TEST_F(KeptBackups, ANamedBackupIsKeptWhenItsAllocationSleepsAndForgottenWhenIts
   EXPECT_THAT(keeper_->forgotten, IsEmpty());  // until the client restored it
   ASSERT_TRUE(core_->stables().finish_wake(s, ids).ok());
   EXPECT_THAT(keeper_->forgotten, ElementsAre(w.id));
+  EXPECT_EQ(keeper_->waits, 2);  // the wake answered once the keeper forgot it
   core_->close_session(s);
   EXPECT_THAT(keeper_->forgotten, ElementsAre(w.id));  // the unnamed one was never kept
 }
@@ -212,13 +213,19 @@ TEST_F(KeptBackups, ASessionsEndKeepsWhatIsKeptAndADropOrAFreeForgetsIt)
   sleep(s, {"weights"}, true, "engine-0");
   sleep(s, {"kv"}, true, "engine-1");
   ASSERT_EQ(keeper_->kept.size(), 2u);
+  ASSERT_EQ(keeper_->waits, 2);
   ASSERT_TRUE(core_->stables().free(s, b.id).ok());  // freed asleep: its backup goes
   EXPECT_THAT(keeper_->forgotten, ElementsAre(b.id));
+  // Answered once the keeper forgot it: an rmmd SIGKILLed right after the
+  // answer must not find it in the fd store and serve it again.
+  EXPECT_EQ(keeper_->waits, 3);
   core_->close_session(s);  // a crash while asleep: kept, still with the keeper
   EXPECT_THAT(keeper_->forgotten, ElementsAre(b.id));
+  EXPECT_EQ(keeper_->waits, 3);  // nobody waits for a session's end
   auto again = open(alice);
   ASSERT_TRUE(core_->stables().drop_backups(again, "engine-0").ok());
   EXPECT_THAT(keeper_->forgotten, ElementsAre(b.id, a.id));
+  EXPECT_EQ(keeper_->waits, 4);
 }
 
 TEST_F(KeptBackups, WithoutAKeeperNothingIsKeptOrForgotten)
