@@ -1,6 +1,7 @@
 // rmmd_host_pairs: the direct path's cost outside the driver, on any machine.
 // It starts `rmmd --backend host` and runs N client
-// processes at once, each making direct pairs on the session socket as
+// processes at once, each making direct pairs on the session socket (or,
+// with --transport grpc, as gRPC calls: the direct-grpc mode of section c) as
 // rmmd::ipc_memory_resource's direct mode makes them: an Allocate round trip,
 // then the Free sent without waiting for a reply (what the CUDA host
 // function sends once the stream passed the free). The host backend's own
@@ -9,13 +10,13 @@
 // socket, the daemon's threads, protobuf, the core's ledger.
 //
 //   rmmd_host_pairs --rmmd PATH [--processes 1,16] [--seconds 2] [--size 256]
-//                   [--free oneway|reply]
+//                   [--free oneway|reply] [--transport socket|grpc]
 //
 // Prints, per process count, the aggregate pairs/s, the p50/p99 of a pair as
 // one process saw it, and the daemon's CPU seconds per pair. Exit status 0,
 // 1 when a cell failed, 2 on a wrong command line.
 //
-// Its own client processes: rmmd_host_pairs --worker FREE SIZE SECONDS
+// Its own client processes: rmmd_host_pairs --worker FREE TRANSPORT SIZE SECONDS
 
 #include "bench/bench_support.hpp"
 
@@ -52,11 +53,17 @@ void say(std::string const& line)
   std::fflush(stdout);
 }
 
-int worker_main(std::string const& free_mode, std::size_t bytes, double seconds)
+int worker_main(std::string const& free_mode,
+                std::string const& transport,
+                std::size_t bytes,
+                double seconds)
 {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   try {
-    rmmd::session s(rmmd::session::options{.client_name = "rmmd-host-pairs"});
+    rmmd::session s(rmmd::session::options{
+        .client_name = "rmmd-host-pairs",
+        .lease_calls = transport == "grpc" ? rmmd::call_transport::grpc
+                                           : rmmd::call_transport::session_socket});
     auto const pool   = s.host_pool().id;
     bool const oneway = free_mode == "oneway";
     auto pair         = [&] {
@@ -118,7 +125,7 @@ std::string next_line(child_process& p, std::string const& want, steady::time_po
 int bench_main(int argc, char** argv)
 {
   CLI::App app{"rmmd_host_pairs: direct pairs against rmmd --backend host (bench/README.md)"};
-  std::string rmmd_path, free_mode = "oneway";
+  std::string rmmd_path, free_mode = "oneway", transport = "socket";
   std::vector<int> processes{1, 16};
   double seconds   = 2.0;
   std::size_t size = 256;
@@ -133,6 +140,9 @@ int bench_main(int argc, char** argv)
   app.add_option("--free", free_mode, "oneway: Free without a reply (as direct mode); reply")
       ->check(CLI::IsMember({"oneway", "reply"}))
       ->capture_default_str();
+  app.add_option("--transport", transport, "socket: the session socket; grpc: gRPC calls")
+      ->check(CLI::IsMember({"socket", "grpc"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (CLI::ParseError const& e) {
@@ -144,7 +154,7 @@ int bench_main(int argc, char** argv)
   daemon_process daemon(bench_daemon(rmmd_path, args, std::chrono::seconds(30)));
   auto const self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::printf("rmmd_host_pairs: %s pairs of %zu B, Free %s, %.1f s per cell; rmmd %s\n",
-              "direct",
+              transport == "grpc" ? "direct-grpc" : "direct",
               size,
               free_mode == "oneway" ? "without a reply" : "with a reply",
               seconds,
@@ -168,8 +178,12 @@ int bench_main(int argc, char** argv)
       std::vector<std::unique_ptr<child_process>> workers;
       for (int i = 0; i < n; ++i) {
         workers.push_back(std::make_unique<child_process>(
-            std::vector<std::string>{
-                self, "--worker", free_mode, std::to_string(size), std::to_string(seconds)},
+            std::vector<std::string>{self,
+                                     "--worker",
+                                     free_mode,
+                                     transport,
+                                     std::to_string(size),
+                                     std::to_string(seconds)},
             std::vector<std::string>{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()}));
       }
       for (auto& w : workers) { next_line(*w, "ready", steady::now() + 60s); }
@@ -215,8 +229,8 @@ int bench_main(int argc, char** argv)
 
 int main(int argc, char** argv)
 {
-  if (argc == 5 && std::string(argv[1]) == "--worker") {
-    return rmmd::bench::worker_main(argv[2], std::stoull(argv[3]), std::stod(argv[4]));
+  if (argc == 6 && std::string(argv[1]) == "--worker") {
+    return rmmd::bench::worker_main(argv[2], argv[3], std::stoull(argv[4]), std::stod(argv[5]));
   }
   return rmmd::bench::bench_main(argc, argv);
 }

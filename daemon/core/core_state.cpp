@@ -124,7 +124,7 @@ void core_state::uncharge_uid_locked(uid_t uid, std::size_t bytes) noexcept
 
 std::optional<absl::Status> core_state::quota_refusal_locked(session_entry const& s,
                                                              std::size_t charge,
-                                                             std::string const& what) const
+                                                             request_text const& what) const
 {
   auto const session_limit = options.quotas.per_session_bytes;
   auto const session_used  = s.bytes + s.shared_bytes;
@@ -132,7 +132,7 @@ std::optional<absl::Status> core_state::quota_refusal_locked(session_entry const
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: session %d holds %s of its quota of %s; free memory first or ask the operator for "
         "a larger per-session quota",
-        what,
+        what.str(),
         s.id,
         bytes_text(session_used),
         bytes_text(session_limit)));
@@ -144,7 +144,7 @@ std::optional<absl::Status> core_state::quota_refusal_locked(session_entry const
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: uid %d holds %s of its quota of %s across its sessions and shared buffers; free "
         "memory first or ask the operator for a larger per-uid quota",
-        what,
+        what.str(),
         s.peer.uid,
         bytes_text(uid_used),
         bytes_text(uid_limit)));
@@ -155,14 +155,14 @@ std::optional<absl::Status> core_state::quota_refusal_locked(session_entry const
 std::optional<absl::Status> core_state::refusal_locked(pool_entry& p,
                                                        session_entry const& s,
                                                        std::size_t charge,
-                                                       std::string const& what)
+                                                       request_text const& what)
 {
   if (auto quota = quota_refusal_locked(s, charge, what)) { return quota; }
   if (charge > p.room()) {
     signal_pressure_locked(p);
     return absl::ResourceExhaustedError(
         absl::StrFormat("%s: the pool has %s of %s in use; retry later or use another pool",
-                        what,
+                        what.str(),
                         bytes_text(p.in_use),
                         bytes_text(p.capacity)));
   }

@@ -25,6 +25,7 @@
 #include "daemon/core/core_stats.hpp"
 #include "daemon/core/packed_blocks.hpp"
 #include "daemon/core/reclaim_coordinator.hpp"
+#include "daemon/core/request_text.hpp"
 #include "daemon/core/types.hpp"
 
 #include <absl/status/status.h>
@@ -98,14 +99,14 @@ struct core_state {
   /// Why the session's or its uid's quota cannot take `charge` more, if so.
   [[nodiscard]] std::optional<absl::Status> quota_refusal_locked(session_entry const& s,
                                                                  std::size_t charge,
-                                                                 std::string const& what) const;
+                                                                 request_text const& what) const;
   /// Why `charge` more bytes for session `s` in pool `p` would break a quota
   /// or overrun the pool (`what`: the request, for the message), if it
   /// would; a pool short of room is marked under pressure.
   std::optional<absl::Status> refusal_locked(pool_entry& p,
                                              session_entry const& s,
                                              std::size_t charge,
-                                             std::string const& what);
+                                             request_text const& what);
 
   /// Marks `pool` under pressure for a while (see lease_allocator::report_usage).
   static void signal_pressure_locked(pool_entry& pool);

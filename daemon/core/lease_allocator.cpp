@@ -22,10 +22,10 @@ absl::Status closed_during_call()
   return absl::UnauthenticatedError("allocate: the session closed during the call");
 }
 
-absl::Status draining_refusal(std::string const& what)
+absl::Status draining_refusal(request_text const& what)
 {
-  return absl::UnavailableError(
-      absl::StrCat(what, ": the daemon is draining for shutdown; no new allocations"));
+  return absl::UnavailableError(absl::StrCat(
+      std::string(what.str()), ": the daemon is draining for shutdown; no new allocations"));
 }
 
 }  // namespace
@@ -108,11 +108,15 @@ answer_or_hold<lease_grant> lease_allocator::allocate_once(allocation_request co
   // What the backend will reserve: quotas and the pool are checked, and
   // charged while the backend works, with that.
   auto const charge = std::max(r.bytes, p.tenants.backend(s->tenant).reserved_size(r.bytes));
-  auto const asked =
-      charge == r.bytes
-          ? bytes_text(r.bytes)
-          : absl::StrCat(bytes_text(r.bytes), " (", bytes_text(charge), " once rounded up)");
-  auto const what = absl::StrFormat("allocate %s from pool '%s'", asked, p.config.name);
+  // In words only for a refusal's message (most requests are served).
+  auto const describe = [&] {
+    auto const asked =
+        charge == r.bytes
+            ? bytes_text(r.bytes)
+            : absl::StrCat(bytes_text(r.bytes), " (", bytes_text(charge), " once rounded up)");
+    return absl::StrFormat("allocate %s from pool '%s'", asked, p.config.name);
+  };
+  request_text const what(describe);
   if (auto ended = wait_for_room_locked(lock, s, r, charge, what, waited)) { return *ended; }
   return lease_from_backend_locked(lock, *s, r, alignment, charge, what, waited);
 }
@@ -122,7 +126,7 @@ std::optional<answer_or_hold<lease_grant>> lease_allocator::wait_for_room_locked
     session_entry*& s,
     allocation_request const& r,
     std::size_t charge,
-    std::string const& what,
+    request_text const& what,
     bool& waited)
 {
   auto& p      = *state_.pools[r.pool];
@@ -151,7 +155,7 @@ answer_or_hold<lease_grant> lease_allocator::lease_from_backend_locked(
     allocation_request const& r,
     std::size_t alignment,
     std::size_t charge,
-    std::string const& what,
+    request_text const& what,
     bool& waited)
 {
   auto& p = *state_.pools[r.pool];

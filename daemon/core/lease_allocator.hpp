@@ -153,7 +153,7 @@ class lease_allocator {
                                                         allocation_request const& r,
                                                         std::size_t alignment,
                                                         std::size_t charge,
-                                                        std::string const& what,
+                                                        request_text const& what,
                                                         bool& waited);
   /// Short of room that other sessions' idle slabs would make: holds, or
   /// asks them and waits. Returns the refusal or hold that ends the request,
@@ -163,7 +163,7 @@ class lease_allocator {
       session_entry*& s,
       allocation_request const& r,
       std::size_t charge,
-      std::string const& what,
+      request_text const& what,
       bool& waited);
 
   void release_lease_locked(session_id session, allocation_id id) noexcept;
