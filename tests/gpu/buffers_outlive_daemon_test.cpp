@@ -17,6 +17,11 @@
 #include "tests/tools/kept_buffer_clients.hpp"
 #include "tests/tools/managed_rmmd.hpp"
 
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
+#include <cuda_runtime_api.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +30,7 @@
 #include <algorithm>
 #include <csignal>
 #include <iostream>
+#include <vector>
 
 namespace rmmd::test {
 namespace {
@@ -146,6 +152,56 @@ INSTANTIATE_TEST_SUITE_P(ImportBy,
                          [](auto const& info) {
                            return info.param == import_by::fabric ? "fabric" : "posix_fd";
                          });
+
+// An engine's KV cache when rmmd dies under it: a persistent device buffer
+// whose write lease the engine held while rmmd was SIGKILLed comes back
+// with the engine's bytes, and the standby's exclusive open after the
+// restart is granted at once, with a generation above every one before it
+// (the host-pool version: tests/integration/buffers_outlive_daemon_test.cpp).
+TEST(DeviceKvOutlivesDaemon, AWriterLeasedKvComesBackAndItsNextWriterHasALargerGeneration)
+{
+  REQUIRE_GPUS(1);
+  managed_rmmd daemon({"--cuda-pool-bytes", "2GiB", "--host-pool-bytes", "64MiB"});
+  ASSERT_TRUE(daemon.start());
+  auto session_of = [&](char const* name) {
+    return rmmd::session(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
+                                                .client_name = name,
+                                                .reconnect   = std::chrono::milliseconds(0)});
+  };
+  std::uint64_t first = 0;
+  {
+    auto engine = session_of("engine");
+    {
+      auto kv =
+          rmmd::shared_buffer::create(engine,
+                                      "kv/engine-0",
+                                      buffer_bytes,
+                                      {.device = 0, .persistent = true, .allow_writers = true});
+      kv.publish();
+    }
+    ASSERT_TRUE(daemon.wait_for_stored(1, ".kv/engine-0")) << daemon.log();
+    auto kv = rmmd::shared_buffer::open(
+        engine, "kv/engine-0", {.access = rmmd::buffer_access::read_write, .exclusive = true});
+    first = kv.lease_generation();
+    ASSERT_GE(first, 1u);
+    ASSERT_EQ(cudaMemset(kv.data(), 0x6b, buffer_bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto killed = daemon.manager().kill_service(SIGKILL);  // the engine holds the lease
+    ASSERT_TRUE(killed && WIFSIGNALED(*killed));
+    ASSERT_TRUE(daemon.start());
+  }
+  auto standby = session_of("standby");
+  auto kv      = rmmd::shared_buffer::open(standby,
+                                      "kv/engine-0",
+                                      {.wait      = std::chrono::seconds(10),
+                                            .access    = rmmd::buffer_access::read_write,
+                                            .exclusive = true});
+  EXPECT_GT(kv.lease_generation(), first);
+  std::vector<unsigned char> read(buffer_bytes);
+  ASSERT_EQ(cudaMemcpy(read.data(), kv.data(), buffer_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::all_of(read.begin(), read.end(), [](unsigned char c) { return c == 0x6b; }))
+      << "the KV bytes the engine wrote before rmmd's SIGKILL";
+}
 
 }  // namespace
 }  // namespace rmmd::test

@@ -12,12 +12,16 @@
 #include "tests/tools/kept_buffer_clients.hpp"
 #include "tests/tools/managed_rmmd.hpp"
 
+#include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
 #include <csignal>
+#include <cstring>
 #include <fstream>
 
 namespace rmmd::test {
@@ -304,6 +308,51 @@ TEST(BuffersOutliveDaemon, WithoutAServiceManagerNothingIsKept)
   daemon.kill(SIGKILL);
   daemon.wait(60s);
   std::filesystem::remove_all(dir);
+}
+
+// The KV cache of an engine that dies with rmmd: a persistent buffer whose
+// write lease an engine held while rmmd was SIGKILLed comes back with the
+// engine's bytes, and the next exclusive open (the standby taking over) is
+// granted at once, with a generation above every one before the restart,
+// so that a late write of the old holder can be told from the new one's.
+TEST(BuffersOutliveDaemon, AWriterLeasedKvComesBackAndItsNextWriterHasALargerGeneration)
+{
+  managed_rmmd daemon(host_args());
+  ASSERT_TRUE(daemon.start());
+  auto session_of = [&](char const* name) {
+    return rmmd::session(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
+                                                .client_name = name,
+                                                .reconnect   = std::chrono::milliseconds(0)});
+  };
+  std::vector<unsigned char> const written(buffer_bytes, 0x6b);
+  std::uint64_t first = 0;
+  {
+    auto engine = session_of("engine");
+    {
+      auto kv =
+          rmmd::shared_buffer::create(engine,
+                                      "kv/engine-0",
+                                      buffer_bytes,
+                                      {.pool = "host", .persistent = true, .allow_writers = true});
+      kv.publish();
+    }
+    ASSERT_TRUE(daemon.wait_for_stored(1, ".kv/engine-0")) << daemon.log();
+    auto kv = rmmd::shared_buffer::open(
+        engine, "kv/engine-0", {.access = rmmd::buffer_access::read_write, .exclusive = true});
+    first = kv.lease_generation();
+    ASSERT_GE(first, 1u);
+    std::memcpy(kv.data(), written.data(), buffer_bytes);
+    crash_and_restart(daemon);  // the engine still holds the lease (and its session)
+  }
+  auto standby = session_of("standby");
+  auto kv      = rmmd::shared_buffer::open(standby,
+                                      "kv/engine-0",
+                                      {.wait      = std::chrono::seconds(10),
+                                            .access    = rmmd::buffer_access::read_write,
+                                            .exclusive = true});
+  EXPECT_GT(kv.lease_generation(), first);
+  EXPECT_EQ(std::memcmp(kv.data(), written.data(), buffer_bytes), 0)
+      << "the KV bytes the engine wrote before rmmd's SIGKILL";
 }
 
 }  // namespace
