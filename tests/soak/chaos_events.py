@@ -104,13 +104,12 @@ class Chaos:
     def left_out(self, why_one_uid: str) -> list[str]:
         if self.peer is None:
             out = [f"peering (two daemons over mutual TLS): off: {self.peering_off}"]
-        elif self.peer.backend == "host":
-            out = ["peering: a remote read's bytes (a fabric pool: a GPU and IMEX); on the host backend "
-                   "node A refuses every remote open of a host buffer, which is what is checked, and no "
-                   "remote hold is ever made",
-                   "peering: a rotation to a new CA (three rounds); only same-CA renewals"]
         else:
-            out = ["peering: a rotation to a new CA (three rounds); only same-CA renewals"]
+            out = ["peering: a remote read's bytes (a fabric buffer: GPUs and IMEX); the soak's buffers "
+                   "are host buffers, which node A refuses to lend (FAILED_PRECONDITION), and without a "
+                   "GPU the client refuses a remote open before asking (both checked): no remote hold "
+                   "is ever made",
+                   "peering: a rotation to a new CA (three rounds); only same-CA renewals"]
         out += ["PyTorch MemPool / CuPy clients: not in this soak yet"]
         if not self.gpus:
             out += ["GPU modes (pinned, direct, packed, slab), sleep/wake, CUDA_VISIBLE_DEVICES "
