@@ -14,25 +14,31 @@ the old files whole) and sends that node SIGHUP.
 
 Events (drawn by the soak's one generator, as every other kind):
   peer_open    a reader client of node B (chaos_worker.py at B's socket)
-               opens `nodeA:NAME` read-only, NAME one of A's buffers (or a
-               name A does not have), checks its bytes against the seed A's
-               producer wrote, closes it. On the host backend A refuses
-               the open (FAILED_PRECONDITION: a host pool exports no fabric
-               handles), so what is checked there is that the open reached
-               A through the link and came back with A's answer, and that
-               no hold is left on either side.
-  peer_kill    a reader's open under way, either daemon SIGKILLed at a
-               random moment and started again; afterwards a remote open
-               reaches A again and every hold of B's on A is gone once B's
-               are (a dead B's holds end when their lease ends).
+               lists A's buffers across the link (Session.buffers(peer=)),
+               which must reach A within 20 s, then opens `nodeA:NAME`
+               read-only, NAME one of A's buffers (or a name A does not
+               have); an open that succeeds has its bytes checked by the
+               reader against the seed A's producer wrote, and is closed.
+               The soak's buffers are host buffers, which A does not lend
+               to other nodes (FAILED_PRECONDITION, "exports no fabric
+               handles"), so A's listing must be empty; and a client
+               without a GPU refuses a remote open before asking its
+               daemon (client/shared_buffer.cpp), which is checked in its
+               words. So on a CPU machine no remote hold is ever made, and
+               what is exercised is the link: mutual TLS, the grant, Hello.
+  peer_kill    a reader's listing under way, either daemon SIGKILLed at a
+               random moment and started again; then a call across reaches
+               A again (B's link says Hello to A's new daemon).
   peer_term    either daemon SIGTERMed (it must exit 0) and started again.
   peer_rotate  either node's certificate and key replaced, SIGHUP; A's log
                says the listener serves it, or B's that its link dials
-               with it; then a remote open reaches A again.
-After every round (peer_round_end): A's `rmmctl peers` holds from nodeB
-equal B's holds on nodeA equal the holds B's readers have (within the
-lease); B's link to A is up; at B's quiet point no session and every pool
-at 0. At the end: the same, then B exits 0 on SIGTERM.
+               with it; then a call across reaches A again.
+After every round (round_end): A's `rmmctl peers` holds of nodeB's equal
+B's holds on nodeA equal the holds B's readers have (within a lease plus
+20 s: a dead B's holds end when their lease does); B's link to A is up
+(ready, or probe_failed: no fabric pool); at B's quiet point no session and
+every pool at 0. At the end: the same, B's fd store empty, B exits 0 on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -166,7 +172,6 @@ class PeerChaos:
         self.c, self.setup, self.b = chaos, setup, node_b
         self.readers: list[Worker] = []
         self.held = 0  # remote holds B's readers have now (as the driver believes)
-        self.backend = chaos.d.args[chaos.d.args.index("--backend") + 1]
 
     # -- helpers ------------------------------------------------------------------
 
