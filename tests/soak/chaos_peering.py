@@ -43,6 +43,7 @@ SIGTERM.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -112,7 +113,6 @@ class PeerCerts:
         for p in self.dir.iterdir():
             if p.is_file():
                 if self.owner:
-                    import os
                     os.chown(p, *self.owner)
                 p.chmod(0o600 if p.suffix == ".key" else 0o644)
 
