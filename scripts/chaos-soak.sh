@@ -2,7 +2,8 @@
 # The chaos soak (tests/soak/rmmd_chaos.py; docs/reliability.md, "The chaos
 # soak") against this checkout's build: one seeded, time-bounded run of
 # client, buffer, lease, reclaim, isolation and daemon restart/reload events
-# at once, with the invariants checked after every event and round.
+# (and, where openssl exists, a second daemon peered over mutual TLS) at
+# once, with the invariants checked after every event and round.
 #   ./scripts/chaos-soak.sh --minutes 10 [--seed S] [rmmd_chaos.py flags]
 # Builds what it runs first (default preset) unless --no-build comes first;
 # prints one summary line (and --json FILE). As root it uses the test users

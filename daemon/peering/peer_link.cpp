@@ -26,6 +26,16 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
                       absl::StrCat("peer '", peer, "': ", s.error_message()));
 }
 
+/// The peer's refusal of a call whose incarnation no Hello of ours there
+/// gave (remote_hold_ledger::check_incarnation_locked: "call Hello first",
+/// "call Hello again"): its daemon started again since our last Hello, or
+/// it never had one from this link.
+bool asks_for_hello(grpc::Status const& s)
+{
+  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+         s.error_message().find("call Hello") != std::string::npos;
+}
+
 /// Why a dial failed, in words: gRPC's own for TLS problems are terse. The
 /// cases are told apart by gRPC's message, the only place it says which.
 std::string dial_problem(grpc::Status const& s)
@@ -408,9 +418,18 @@ absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
                           problem_.empty() ? "" : absl::StrCat(": ", problem_)));
     }
   }
-  auto const made = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
-  auto const& c   = made.context;
-  auto s          = call(*made.stub, *c);
+  auto const deadline = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline);
+  auto made           = new_call(deadline);
+  auto s              = call(*made.stub, *made.context);
+  if (asks_for_hello(s) && hello()) {
+    // The peer's daemon started again since this link's last renewal (the
+    // link's thread finds out only at its next one): Hello now, on this
+    // thread, as that thread would, and the call once more. hello() drops
+    // the holds the old daemon had, as it does there.
+    made = new_call(deadline);
+    s    = call(*made.stub, *made.context);
+  }
+  auto const& c = made.context;
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       set_state(link_state::unreachable, dial_problem(s));

@@ -116,7 +116,8 @@ class peer_link {
 
  private:
   void run();
-  /// Hello; sets the state. Returns whether the peer answered.
+  /// Hello; sets the state. Returns whether the peer answered. On the
+  /// link's thread, and on a client's (client_call) when the peer asks.
   bool hello();
   /// RenewHolds and the queued CloseHolds. Returns false when the peer must
   /// be dialed again.
@@ -141,7 +142,9 @@ class peer_link {
   /// One call a client asked for (open, list): UNAVAILABLE once stopping
   /// (`stopping_words` after "this daemon is stopping") and unless the link
   /// is ready or probe_failed; `call(stub, context)` on the current stub;
-  /// a failed or wrongly answered call marks the link unreachable.
+  /// a failed or wrongly answered call marks the link unreachable. A peer
+  /// that asks for Hello (its daemon started again) gets one from this
+  /// thread, and the call is made once more.
   template <typename Call>
   absl::Status client_call(char const* stopping_words, Call&& call);
 

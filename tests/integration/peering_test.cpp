@@ -466,5 +466,57 @@ TEST_F(Peering, RmmctlListsAnotherNodesBuffersOrSaysWhyNot)
   EXPECT_THAT(words, HasSubstr("no peer 'nodeZ' in peering.peers"));
 }
 
+TEST_F(Peering, CallsToAPeerThatStartedAgainSayHelloAgainAndReachIt)
+{
+  // Renewals far apart, so that only a client's call can find that A's
+  // daemon started again (a new incarnation, which knows no Hello of B's).
+  b_.reset();
+  a_.reset();
+  auto const slow = std::string(" hold_lease_ms: 120000 renew_interval_ms: 60000 }");
+  write_config(
+      "a-slow.conf",
+      "peering { node_name: 'nodeA' listen_address: '127.0.0.1:" + std::to_string(port_a_) + "' " +
+          tls("nodeA") + " grants { identity: 'CN=rmmd-nodeB' name_prefixes: 'models/' }" + slow);
+  write_config("b-slow.conf",
+               "peering { node_name: 'nodeB' " + tls("nodeB") +
+                   " peers { name: 'nodeA' address: '127.0.0.1:" + std::to_string(port_a_) +
+                   "' identity: 'CN=rmmd-nodeA' tls_server_name: 'localhost' }" + slow);
+  auto const a_args =
+      std::vector<std::string>{"--backend", "host", "--config", (certs_ / "a-slow.conf").string()};
+  a_ = std::make_unique<daemon_process>(a_args);
+  b_ = std::make_unique<daemon_process>(
+      std::vector<std::string>{"--backend", "host", "--config", (certs_ / "b-slow.conf").string()});
+  auto sb = b_->open_session("b", call_transport::grpc);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = peers(sb);
+        return r.peers_size() == 1 && r.peers(0).state() == "probe_failed";
+      },
+      30s))
+      << peers(sb).DebugString();
+  EXPECT_TRUE(rmmd::shared_buffer::list(sb, {.peer = "nodeA"}).empty());
+
+  ASSERT_TRUE(a_->stop().has_value());
+  a_        = std::make_unique<daemon_process>(a_args);
+  auto sa   = a_->open_session("a", call_transport::grpc);
+  auto held = publish_labelled(sa, "models/w", {{"model", "m1"}});
+
+  // B's link has not renewed since: its first calls find A's new daemon,
+  // say Hello to it, and get its answers, not "call Hello first".
+  try {
+    EXPECT_TRUE(rmmd::shared_buffer::list(sb, {.peer = "nodeA"}).empty());
+  } catch (std::exception const& e) {
+    ADD_FAILURE() << "a listing of nodeA after its daemon started again: " << e.what();
+  }
+  v1::OpenBufferRequest open;
+  open.set_name("models/w");
+  open.set_peer("nodeA");
+  v1::BufferGrant grant;
+  auto const st = rmmd::detail::impl_of(sb).open_buffer(open, &grant);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("is in pool 'host', which exports no fabric handles"));
+  EXPECT_THAT(st.error_message(), Not(HasSubstr("Hello")));
+}
+
 }  // namespace
 }  // namespace rmmd::test

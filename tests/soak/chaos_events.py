@@ -33,7 +33,7 @@ from chaos_worker import first_difference, pattern  # noqa: E402
 
 class Chaos:
     def __init__(self, rng: random.Random, seed: int, daemon: Daemon, args: Any, tools: dict[str, Path],
-                 env: dict[str, str], gpus: int, multi_uid: bool) -> None:
+                 env: dict[str, str], gpus: int, multi_uid: bool, peering: Any = None) -> None:
         self.rng, self.seed, self.d, self.args, self.tools, self.gpus = rng, seed, daemon, args, tools, gpus
         self.multi_uid = multi_uid
         self.users: list[str | None] = list(CLIENT_USERS) if multi_uid else [None]
@@ -65,6 +65,13 @@ class Chaos:
         if not multi_uid:
             for k in ("snoop", "outsider"):
                 kinds.pop(k)
+        # peering: a chaos_peering.PeerSetup and node B (a Daemon), or None.
+        self.peer = None
+        if peering is not None:
+            from chaos_peering import PEER_WEIGHTS, PeerChaos  # noqa: PLC0415
+            self.peer = PeerChaos(self, *peering)
+            kinds.update(PEER_WEIGHTS)
+        self.peering_off = ""
         self.kinds = list(kinds)
         self.weights = [kinds[k] for k in self.kinds]
 
@@ -95,8 +102,15 @@ class Chaos:
         return self.d.client_env(**self.env, **extra)
 
     def left_out(self, why_one_uid: str) -> list[str]:
-        out = ["peering (two daemons over mutual TLS): not in this soak yet",
-               "PyTorch MemPool / CuPy clients: not in this soak yet"]
+        if self.peer is None:
+            out = [f"peering (two daemons over mutual TLS): off: {self.peering_off}"]
+        else:
+            out = ["peering: a remote read's bytes (a fabric buffer: GPUs and IMEX); the soak's buffers "
+                   "are host buffers, which node A refuses to lend (FAILED_PRECONDITION), and without a "
+                   "GPU the client refuses a remote open before asking (both checked): no remote hold "
+                   "is ever made",
+                   "peering: a rotation to a new CA (three rounds); only same-CA renewals"]
+        out += ["PyTorch MemPool / CuPy clients: not in this soak yet"]
         if not self.gpus:
             out += ["GPU modes (pinned, direct, packed, slab), sleep/wake, CUDA_VISIBLE_DEVICES "
                     "permutations and the driver's used-memory check: no GPU"]
@@ -117,7 +131,7 @@ class Chaos:
             self.event_no = i
             kind = self.rng.choices(self.kinds, self.weights)[0]
             said = self.said
-            getattr(self, "ev_" + kind)()
+            getattr(self.peer if kind.startswith("peer_") else self, "ev_" + kind)()
             # An event that found nothing to act on (no worker yet, ...) says nothing.
             self.events[kind if self.said > said else "nothing_to_do"] += 1
             self.check_persistent()
@@ -602,6 +616,8 @@ class Chaos:
             out = w.call("verify")
             self.check("data_intact", out["ok"], lambda: f"{w.name}: {out}")
         self.wait_ledger("with the round's clients")
+        if self.peer is not None:
+            self.peer.round_end()
         left = glob.glob("/dev/shm/cuda.shm*")
         self.check("dev_shm", not left, lambda: f"left in /dev/shm: {left}")
         # The quiet point: every client stops.
@@ -656,6 +672,8 @@ class Chaos:
     def finish(self) -> None:
         """The end: every buffer deleted, pools at 0, the store empty, exit 0."""
         self.event_no = -1
+        if self.peer is not None:
+            self.peer.finish()
         for name in sorted(self.buffers):
             self.delete(name)
         deadline = time.monotonic() + 20
@@ -673,6 +691,8 @@ class Chaos:
         self.check("end_daemon_exit", status == 0, lambda: f"rmmd exited {status}:\n{self.d.log_tail()}")
 
     def cleanup(self) -> None:
+        if self.peer is not None:
+            self.peer.cleanup()
         for w in self.workers:
             w.kill()
         for c in self.churn:

@@ -107,12 +107,17 @@ def proc_figures(pid: int) -> dict[str, int]:
 class Daemon:
     """rmmd with a host pool of `pool_bytes` (and the CUDA pools where there
     are GPUs and `backend` says cuda), a config file it reloads on SIGHUP,
-    its state file in a directory restarts keep, under a ServiceManager."""
+    its state file in a directory restarts keep, under a ServiceManager of
+    its own. `peering`: the config's `peering { ... }` block ('' for none;
+    chaos_peering.py writes it), which restarts and reloads keep."""
 
     def __init__(self, rmmd: Path, rmmctl: Path, backend: str, pool_bytes: int,
-                 extra_env: dict[str, str], as_user: str | None) -> None:
+                 extra_env: dict[str, str], as_user: str | None, peering: str = "",
+                 name: str = "rmmd") -> None:
         self.rmmd, self.rmmctl = rmmd, rmmctl
-        self.base = Path(tempfile.mkdtemp(prefix="rmmd-chaos-"))
+        self.name = name
+        self.peering = peering
+        self.base = Path(tempfile.mkdtemp(prefix=f"{name}-chaos-"))
         os.chmod(self.base, 0o755)
         self.runtime_dir = self.base / "run"
         self.state_dir = self.base / "state"
@@ -143,7 +148,8 @@ class Daemon:
         self.config.write_text(
             f"reclaim_timeout_ms: {s['reclaim_timeout_ms']}\n"
             f"hello_timeout_ms: {s['hello_timeout_ms']}\n"
-            f"log_level: {s['log_level']}\n")
+            f"log_level: {s['log_level']}\n"
+            + (f"{self.peering}\n" if self.peering else ""))
         os.chmod(self.config, 0o644)
 
     def start(self, timeout: float = 60.0) -> None:
@@ -155,7 +161,7 @@ class Daemon:
             self.process = self.manager.start(argv, self.env, stdout=log)
         self.running_hello_timeout = self.settings["hello_timeout_ms"]
         if self.manager.wait_for("READY=1", timeout) is None:
-            raise ChaosError(f"rmmd did not report READY=1 (status {self.process.poll()}); log tail:\n"
+            raise ChaosError(f"{self.name} did not report READY=1 (status {self.process.poll()}); log tail:\n"
                              + self.log_tail())
         self.starts += 1
 
@@ -188,6 +194,14 @@ class Daemon:
                              capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise ChaosError(f"rmmctl stats --json: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+
+    def rmmctl_json(self, *args: str) -> dict[str, Any]:
+        """`rmmctl ARGS --json` against this daemon, parsed."""
+        out = subprocess.run([str(self.rmmctl), *args, "--json"], env=self.client_env(),
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise ChaosError(f"{self.name}: rmmctl {' '.join(args)} --json: {out.stderr.strip()}")
         return json.loads(out.stdout)
 
     def buffers(self) -> dict[str, int]:

@@ -26,7 +26,8 @@ by word. Commands (`op`), each answered {"ok": true, ...} or
   open_labels labels seed
                         opens the one buffer with these labels, checks it
   close name            closes its open of that buffer
-  list labels           -> {"names": names of the buffers with those labels}
+  list labels peer      -> {"names": names of the buffers with those labels}
+                        (of node `peer`, through this node's daemon, if given)
   delete name           SharedBuffer.delete
   verify                checks every allocation and open buffer it holds
   ping                  one allocation and free, then the session's
@@ -157,8 +158,8 @@ class Worker:
         b.close()
         return {}
 
-    def op_list(self, labels: dict[str, str]) -> dict[str, Any]:
-        return {"names": sorted(i.name for i in self.session.buffers(labels=labels))}
+    def op_list(self, labels: dict[str, str], peer: str | None = None) -> dict[str, Any]:
+        return {"names": sorted(i.name for i in self.session.buffers(labels=labels, peer=peer))}
 
     def op_delete(self, name: str) -> dict[str, Any]:
         rmmd.SharedBuffer.delete(self.session, name)

@@ -29,6 +29,15 @@ it keeps), threads and VmRSS are compared with this daemon's first quiet
 round. At the end: every buffer deleted, every pool at 0, the fd store
 empty, rmmd exits 0 on SIGTERM.
 
+With --peering (the default where the openssl command exists; it says
+why not otherwise) a second daemon, node B, under a service manager of its
+own, peers with this one (node A) over mutual TLS, and the events add a
+client of B opening A's buffers as nodeA:NAME, either daemon SIGKILLed or
+SIGTERMed during it, and either node's certificate rotated (SIGHUP);
+after every round the holds of B on A agree on both sides with what B's
+clients hold, and at the end B's pools are at 0 and B exits 0
+(chaos_peering.py says what exactly).
+
 Every event line on stderr names the seed, round and event index, so a
 failure repeats from `--seed S --rounds R+1`, timing aside. One summary line
 on stdout; --json writes the same as JSON. Exit status 0: no failure; 1:
@@ -59,6 +68,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "python"))  # the rmmd package, for the checks and the workers' pattern
 from chaos_events import Chaos  # noqa: E402
 from chaos_node import ChaosError, Daemon, ensure_users  # noqa: E402
+from chaos_peering import PeerSetup, why_no_peering  # noqa: E402
 
 
 BUILD_DIR = ROOT / "build"
@@ -127,6 +137,9 @@ def parse() -> argparse.Namespace:
                    help="fds besides memfds above the level (gRPC's pollers come and go)")
     p.add_argument("--daemon-env", action="append", default=[], metavar="K=V",
                    help="set for rmmd only (e.g. LD_LIBRARY_PATH of a sanitized build's libraries)")
+    p.add_argument("--peering", action=argparse.BooleanOptionalAction, default=None,
+                   help="a second daemon (node B) peered with this one over mutual TLS, and its events "
+                        "(default: on where the openssl command exists)")
     p.add_argument("--keep", action="store_true", help="keep the daemon's directory and logs")
     p.add_argument("--tsan-log-dir", help="a TSan daemon's log_path directory: any report there fails the run")
     return p.parse_args()
@@ -137,7 +150,7 @@ def summary_line(s: dict[str, Any]) -> str:
     fails = "; ".join(f"[seed {f['seed']} round {f['round']} event {f['event']}] {f['what']}"
                       for f in s["failures"][:5])
     return (f"rmmd_chaos: {s['result']} seed={s['seed']} rounds={s['rounds']} minutes={s['minutes']:.1f} "
-            f"gpus={s['gpus']} uids={s['uids']} events[{sum(s['events'].values())}]: {events} "
+            f"gpus={s['gpus']} uids={s['uids']} peering={s['peering'].split(':')[0]} events[{sum(s['events'].values())}]: {events} "
             f"checks={s['checks']} failures={len(s['failures'])}" + (f": {fails}" if fails else ""))
 
 
@@ -164,8 +177,23 @@ def main() -> int:
     print(f"rmmd_chaos: seed {seed}, {a.minutes} min, backend {backend}, {gpus} GPU(s), daemon {rmmd}"
           + (f"; one uid only: {why_one_uid}" if why_one_uid else ""), file=sys.stderr, flush=True)
     daemon_env = dict(kv.split("=", 1) for kv in a.daemon_env)
-    daemon = Daemon(rmmd, rmmctl, backend, a.pool_mib << 20, daemon_env, None if why_one_uid else "rmmd")
-    chaos = Chaos(random.Random(seed), seed, daemon, a, tools, env, gpus, multi_uid=not why_one_uid)
+    daemon_user = None if why_one_uid else "rmmd"
+    why_no_peer = why_no_peering() if a.peering is not False else "--no-peering"
+    if a.peering and why_no_peer:
+        print(f"rmmd_chaos: --peering: {why_no_peer}", file=sys.stderr)
+        return 2
+    setup = PeerSetup(daemon_user) if not why_no_peer else None
+    print(f"rmmd_chaos: peering {'on: node B peers with node A over mutual TLS' if setup else 'off: ' + why_no_peer}",
+          file=sys.stderr, flush=True)
+    daemon = Daemon(rmmd, rmmctl, backend, a.pool_mib << 20, daemon_env, daemon_user,
+                    peering=setup.block_a if setup else "", name="nodeA" if setup else "rmmd")
+    node_b = None
+    if setup:
+        node_b = Daemon(rmmd, rmmctl, backend, a.pool_mib << 20, daemon_env, daemon_user,
+                        peering=setup.block_b, name="nodeB")
+    chaos = Chaos(random.Random(seed), seed, daemon, a, tools, env, gpus, multi_uid=not why_one_uid,
+                  peering=(setup, node_b) if setup else None)
+    chaos.peering_off = why_no_peer
     rounds = 0
     status = "pass"
     try:
@@ -181,7 +209,11 @@ def main() -> int:
     finally:
         chaos.cleanup()
         failed_early = status != "pass"
-        daemon.close(keep=a.keep or failed_early or bool(chaos.failures))
+        keep = a.keep or failed_early or bool(chaos.failures)
+        daemon.close(keep=keep)
+        if node_b is not None:
+            node_b.close(keep=keep)
+            setup.certs.close(keep=keep)  # type: ignore[union-attr]
     if a.tsan_log_dir:
         reports = [p for p in glob.glob(os.path.join(a.tsan_log_dir, "*")) if os.path.getsize(p) > 0]
         chaos.checks["tsan_reports"] += 1
@@ -192,7 +224,8 @@ def main() -> int:
          "backend": backend, "gpus": gpus, "uids": 2 if not why_one_uid else 1,
          "events": dict(sorted(chaos.events.items())), "checks": sum(chaos.checks.values()),
          "check_kinds": dict(sorted(chaos.checks.items())), "failures": chaos.failures,
-         "daemon_starts": daemon.starts, "daemon_dir": str(daemon.base) if daemon.base.exists() else "",
+         "peering": "on" if setup else f"off: {why_no_peer}",
+         "daemon_starts": daemon.starts, "node_b_starts": node_b.starts if node_b else 0, "daemon_dir": str(daemon.base) if daemon.base.exists() else "",
          "left_out": chaos.left_out(why_one_uid)}
     print(summary_line(s), flush=True)
     if a.json:
