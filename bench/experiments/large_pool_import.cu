@@ -23,14 +23,14 @@
 
 extern char** environ;
 
-#define CK(x)                                                       \
-  do {                                                              \
-    auto e = (x);                                                   \
-    if (e != cudaSuccess) {                                         \
-      std::printf("%s: %s\n", #x, cudaGetErrorName(e));             \
-      std::fflush(stdout);                                          \
-      return 3;                                                     \
-    }                                                               \
+#define CK(x)                                           \
+  do {                                                  \
+    auto e = (x);                                       \
+    if (e != cudaSuccess) {                             \
+      std::printf("%s: %s\n", #x, cudaGetErrorName(e)); \
+      std::fflush(stdout);                              \
+      return 3;                                         \
+    }                                                   \
   } while (0)
 
 static int child(int fd, char const* hex, size_t bytes)
@@ -43,9 +43,10 @@ static int child(int fd, char const* hex, size_t bytes)
   }
   CK(cudaSetDevice(0));
   cudaMemPool_t pool{};
-  CK(cudaMemPoolImportFromShareableHandle(
-      &pool, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
-      cudaMemHandleTypePosixFileDescriptor, 0));
+  CK(cudaMemPoolImportFromShareableHandle(&pool,
+                                          reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                          cudaMemHandleTypePosixFileDescriptor,
+                                          0));
   cudaMemAccessDesc access{};
   access.location = {cudaMemLocationTypeDevice, 0};
   access.flags    = cudaMemAccessFlagsProtReadWrite;
@@ -88,13 +89,15 @@ int main(int argc, char** argv)
   char hex[129];
   for (int i = 0; i < 64; ++i) { std::snprintf(hex + 2 * i, 3, "%02x", data.reserved[i]); }
   std::string fd_text = std::to_string(fd), bytes_text = std::to_string(bytes);
-  char child_word[] = "child";
+  char child_word[]  = "child";
   char* child_argv[] = {argv[0], child_word, fd_text.data(), hex, bytes_text.data(), nullptr};
   pid_t pid{};
   if (posix_spawn(&pid, argv[0], nullptr, nullptr, child_argv, environ) != 0) { return 4; }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  std::printf("%zu bytes, pool maxSize %zu: the child %s %d\n", bytes, max,
+  std::printf("%zu bytes, pool maxSize %zu: the child %s %d\n",
+              bytes,
+              max,
               WIFSIGNALED(status) ? "died of signal" : "exited",
               WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
   return 0;

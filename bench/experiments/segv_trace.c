@@ -1,8 +1,8 @@
 // A SIGSEGV/SIGBUS handler to preload into a program that crashes on the GPU
 // host, which has no gdb: prints the faulting address, the instruction
 // pointer, what backtrace() can unwind and the process's mappings (to turn
-// addresses into functions here: addr2line -f -e PROGRAM OFFSET), then dies
-// of the signal as before.
+// addresses into functions here: addr2line -f -e PROGRAM OFFSET), then lets
+// the signal end the process as it would without the handler.
 //
 //   gcc -O1 -shared -fPIC -o segv_trace.so bench/experiments/segv_trace.c
 //   LD_PRELOAD=$PWD/segv_trace.so rmmd_test_client device-hold 6442450944 7 </dev/null
