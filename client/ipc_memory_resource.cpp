@@ -1,4 +1,5 @@
 #include <rmmd/ipc_memory_resource.hpp>
+#include <rmmd/stable_memory_resource.hpp>
 
 #include "client/detail/cuda_state.hpp"
 #include "client/detail/device_scope.hpp"
@@ -84,6 +85,12 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
         (visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "") +
         "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
   }
+  if (options_.mode == allocation_mode::slab && options_.slab_bytes > options_.own_allocation_above) {
+    throw rmmd::logic_error("rmmd: slab_bytes (" + std::to_string(options_.slab_bytes) +
+                            ") is larger than own_allocation_above (" +
+                            std::to_string(options_.own_allocation_above) +
+                            "): no slab may be larger than a pool pointer can safely be");
+  }
   imported_generation_ = detail::impl_of(session_).mappings().latest();
   imported_ = detail::impl_of(session_).mappings().cuda_pool(pool_.id, imported_generation_);
   watch_process_exit();
@@ -129,12 +136,23 @@ void* ipc_memory_resource_impl::allocate(cuda::stream_ref stream,
   if (bytes == 0) { return nullptr; }  // as RMM's resources do: no request
   // Nothing could hold it: no request (and no slab leased for it).
   if (bytes > pool_.capacity_bytes) [[unlikely]] { refuse_beyond_capacity(bytes, pool_); }
+  if (bytes > options_.own_allocation_above) [[unlikely]] { return allocate_own(bytes); }
   // Unless every call checks, the carver asks where it would lease a slab.
   if (checks_every_call_ && capturing_graph(stream.get()) != nullptr) [[unlikely]] {
     return allocate_captured(bytes, alignment);
   }
   release_graph_held();
   return carver_ ? carver_->allocate(stream, bytes, alignment) : lease(stream, bytes, alignment);
+}
+
+void* ipc_memory_resource_impl::allocate_own(std::size_t bytes)
+{
+  std::call_once(own_made_, [&] {
+    own_ = std::make_unique<stable_memory_resource_impl>(session_, pool_, "large-allocation");
+  });
+  // Its calls are ones the global capture mode forbids, as a lease's import.
+  relaxed_capture_scope relaxed;
+  return own_->allocate_tagged(own_->default_tag(), bytes);
 }
 
 void* ipc_memory_resource_impl::allocate_captured(std::size_t bytes, std::size_t alignment)
@@ -153,6 +171,15 @@ void ipc_memory_resource_impl::deallocate(cuda::stream_ref stream,
 {
   // The constructor ran watch_process_exit(): our own flag is enough.
   if (ptr == nullptr || exit_marked()) { return; }
+  if (bytes > options_.own_allocation_above) [[unlikely]] {
+    // Its unmapping waits for the stream, which a capturing stream refuses.
+    if (auto graph = capturing_graph(stream.get()); graph != nullptr) {
+      return hold_for_graph(graph, ptr, bytes, alignment);
+    }
+    release_graph_held();
+    if (own_) { own_->deallocate(stream, ptr, bytes, alignment); }
+    return;
+  }
   // Captured, the free and its host function would run at every replay:
   // the graph keeps the memory instead, until it is destroyed. Unless every
   // call checks, carved memory goes back to its slab as RMM's pool does
@@ -198,7 +225,9 @@ void ipc_memory_resource_impl::hold_for_graph(cudaGraph_t graph,
   // A lease of its own leaves its table now: the resource's destructor must
   // not free it under a graph that may still be launched.
   std::optional<std::uint64_t> id = taken;
-  if (!id && !carver_) {
+  if (bytes > options_.own_allocation_above) {
+    // An allocation of its own: release_graph_held() knows it by its size.
+  } else if (!id && !carver_) {
     id = leases_.take(ptr);
     if (!id) { return; }  // not ours: take() said so
   } else if (!id && captured_count_.load(std::memory_order_acquire) != 0) {
@@ -246,6 +275,8 @@ void ipc_memory_resource_impl::release_graph_held() noexcept
   for (auto const& e : released) {
     if (e.lease_id != 0) {
       release(own_stream_, e.ptr, e.lease_id);
+    } else if (e.bytes > options_.own_allocation_above) {
+      if (own_) { own_->deallocate(stream, e.ptr, e.bytes, e.alignment); }
     } else if (carver_) {
       carver_->deallocate(stream, e.ptr, e.bytes, e.alignment);
     }

@@ -55,6 +55,12 @@ class direct_upstream {
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
+    // No slab larger than a pool pointer can safely be: RMM's pool, refused
+    // the size it grows by, asks for half as much, down to the request
+    // (never larger than this: allocate() gave those their own).
+    if (bytes > owner_->options().own_allocation_above) {
+      throw rmm::out_of_memory("rmmd: a slab larger than own_allocation_above");
+    }
     // A lane's table has room for max_slabs: past that its pool does not
     // grow, and allocate() carves from the first lane instead.
     std::size_t slot = max_slabs_;

@@ -116,6 +116,83 @@ TEST_F(IpcMemoryResource, DeviceUvectorRoundTripsThroughTheDaemonsPool)
   })) << gpu_pool(daemon_->stats(), 0).DebugString();
 }
 
+// Above own_allocation_above an allocation is one of its own (a VMM
+// allocation the daemon made, mapped here), not a pointer of the pool: the
+// ledger counts it, the CUDA pool does not hold it, and it keeps its data
+// beside the pool's allocations in both modes. (At the default, 4 GiB,
+// large_lease_test.cpp runs it in client processes.)
+TEST_F(IpcMemoryResource, AnAllocationAboveOwnAllocationAboveIsOneOfItsOwnInBothModes)
+{
+  for (auto mode : {rmmd::allocation_mode::direct, rmmd::allocation_mode::slab}) {
+    SCOPED_TRACE(mode == rmmd::allocation_mode::direct ? "direct" : "slab");
+    rmmd::ipc_memory_resource mr(
+        *session_,
+        rmmd::ipc_resource_options{
+            .mode = mode, .slab_bytes = 16 * MiB, .own_allocation_above = 48 * MiB});
+    cuda::stream_ref stream{cudaStream_t{}};
+    {
+      rmm::device_uvector<int> large(25 * MiB, stream, mr);  // 100 MiB
+      rmm::device_uvector<int> small(256 * KiB, stream, mr);
+      ASSERT_EQ(cudaMemsetAsync(large.data(), 0x11, large.size() * sizeof(int), stream.get()),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(small.data(), 0x22, small.size() * sizeof(int), stream.get()),
+                cudaSuccess);
+      EXPECT_EQ(large.element(large.size() - 1, stream), 0x11111111);
+      EXPECT_EQ(small.element(small.size() - 1, stream), 0x22222222);
+      auto const pool = gpu_pool(daemon_->stats(), 0);
+      EXPECT_GE(pool.in_use_bytes(), 100 * MiB + MiB);
+      ASSERT_TRUE(pool.has_backend_used_bytes());
+      EXPECT_LT(pool.backend_used_bytes(), 100 * MiB) << "the large one is not the pool's";
+    }
+  }  // the resource gives its slabs back as it goes
+  EXPECT_TRUE(eventually([&] { return gpu_pool(daemon_->stats(), 0).in_use_bytes() == 0u; }));
+}
+
+TEST_F(IpcMemoryResource, ASlabLargerThanOwnAllocationAboveIsRefusedAtConstruction)
+{
+  try {
+    rmmd::ipc_memory_resource mr(*session_,
+                                 rmmd::ipc_resource_options{.mode         = rmmd::allocation_mode::slab,
+                                                            .slab_bytes   = 64 * MiB,
+                                                            .own_allocation_above = 32 * MiB});
+    FAIL() << "constructed";
+  } catch (rmmd::logic_error const& e) {
+    EXPECT_THAT(e.what(), HasSubstr("slab_bytes (67108864) is larger than own_allocation_above"));
+  }
+}
+
+// A graph that allocates and frees an allocation of its own: the free waits
+// for the graph's destruction (unmapping would wait for the capturing
+// stream), and the next call frees it once.
+TEST_F(IpcMemoryResource, AnAllocationOfItsOwnFreedDuringCaptureIsTheGraphsUntilItIsDestroyed)
+{
+  rmmd::ipc_memory_resource mr(
+      *session_, rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct,
+                                            .own_allocation_above = 48 * MiB});
+  cudaStream_t raw{};
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  cuda::stream_ref stream{raw};
+  ASSERT_EQ(cudaStreamBeginCapture(raw, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* p = mr.allocate(stream, 64 * MiB, 256);
+  ASSERT_EQ(cudaMemsetAsync(p, 1, 64 * MiB, raw), cudaSuccess);
+  mr.deallocate(stream, p, 64 * MiB, 256);
+  cudaGraph_t graph{};
+  ASSERT_EQ(cudaStreamEndCapture(raw, &graph), cudaSuccess);
+  cudaGraphExec_t exec{};
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) { ASSERT_EQ(cudaGraphLaunch(exec, raw), cudaSuccess); }
+  ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+  EXPECT_GE(gpu_pool(daemon_->stats(), 0).in_use_bytes(), 64 * MiB) << "the graph holds it";
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(eventually([&] {
+    mr.trim();  // frees what destroyed graphs let go of
+    return gpu_pool(daemon_->stats(), 0).in_use_bytes() == 0u;
+  }));
+  cudaStreamDestroy(raw);
+}
+
 // The library's exit handler (client/detail/process_exit.hpp) is an atexit
 // entry: making resources, in either mode, must not add one each.
 TEST_F(IpcMemoryResource, MakingManyResourcesRegistersNoMoreExitHandlers)

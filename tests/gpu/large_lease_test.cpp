@@ -1,10 +1,11 @@
-// Leases larger than 4 GiB, as engines ask for a KV cache or a weights
-// arena in one piece: a client process (rmmd_test_client device-hold /
-// slab-hold; the slab resource leases what exceeds a slab directly) gets
-// the lease, fills it, and reads every byte back. In a process of its own,
-// so that a crash fails this test and not the shard it runs in: on an H200
-// a 6 GiB lease ended its client on SIGSEGV (a call through a null pointer,
-// inside the allocation) while 4 GiB + 2 MiB worked, in both modes.
+// Allocations larger than 4 GiB, as engines ask for a KV cache or a weights
+// arena in one piece. The driver of CUDA 13.0 kills a process that imports
+// a pool pointer of about 5.5 GiB or more (SIGSEGV, a call through a null
+// pointer inside cudaMemPoolImportPointer; 5 GiB works: an H200,
+// bench/experiments/large_pool_import.cu), so ipc_memory_resource serves
+// what exceeds own_allocation_above (4 GiB) as an allocation of its own and
+// never leases a slab larger than that. Each case runs in a client process
+// (rmmd_test_client), so that a crash fails this test and not its shard.
 
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/child_process.hpp"
@@ -38,7 +39,7 @@ std::uint64_t in_use_anywhere(v1::Stats const& stats)
 
 class LargeLeases : public ::testing::TestWithParam<std::tuple<char const*, std::size_t>> {};
 
-TEST_P(LargeLeases, AClientProcessWritesAndReadsBackEveryByte)
+TEST_P(LargeLeases, AClientProcessWritesAndReadsBackEveryByteAndTheDaemonCountsIt)
 {
   REQUIRE_GPUS(1);
   auto const [command, bytes] = GetParam();
@@ -47,25 +48,48 @@ TEST_P(LargeLeases, AClientProcessWritesAndReadsBackEveryByte)
       {program_path("rmmd_test_client").string(), command, std::to_string(bytes), "77"},
       {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()},
       spawn_options{.merge_stderr = true});
-  client.close_stdin();  // it checks its bytes and exits once it said "ready"
+  auto const ready = client.read_line(120s).value_or("(nothing)");
+  ASSERT_EQ(ready, "ready") << client.read_all(1s);
+  EXPECT_GE(in_use_anywhere(daemon.stats()), bytes) << "the pool's ledger counts it while held";
+  client.close_stdin();  // it checks its bytes and exits
   auto const out = client.read_all(120s);
-  EXPECT_THAT(out, HasSubstr("ready"));
   EXPECT_THAT(out, HasSubstr("intact"));
   EXPECT_EQ(client.wait(60s), 0) << out;
   EXPECT_TRUE(eventually([&] { return in_use_anywhere(daemon.stats()) == 0u; }))
-      << "the lease went back with its client";
+      << "it went back with its client";
 }
 
+// 4 GiB: the largest a pool pointer serves; above it, allocations of their
+// own, up to most of the pool.
 INSTANTIATE_TEST_SUITE_P(Sizes,
                          LargeLeases,
                          ::testing::Combine(::testing::Values("device-hold", "slab-hold"),
-                                            ::testing::Values(4 * GiB + 2 * MiB, 6 * GiB)),
+                                            ::testing::Values(4 * GiB, 4 * GiB + 2 * MiB, 6 * GiB,
+                                                              7 * GiB + 512 * MiB)),
                          [](auto const& info) {
                            return std::string(std::get<0>(info.param) == std::string("device-hold")
                                                   ? "direct"
                                                   : "slab") +
                                   "_" + std::to_string(std::get<1>(info.param) / MiB) + "MiB";
                          });
+
+TEST(LargeSlabs, ACarvingPoolThatGrowsPast10GiBLeasesNoSlabAbove4GiB)
+{
+  REQUIRE_GPUS(1);
+  // 80 x 256 MiB: RMM's pool grows by what it holds so far (64 MiB, 256,
+  // 320, 640 MiB, 1.25, 2.5, 5 and then 10 GiB), which the 24 GiB pool has
+  // room for; without the cap, the 10 GiB slab's import would kill the client.
+  daemon_process daemon({"--cuda-pool-bytes", "24GiB"});
+  child_process client(
+      {program_path("rmmd_test_client").string(), "slab-fill", "80", std::to_string(256 * MiB)},
+      {"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()},
+      spawn_options{.merge_stderr = true});
+  auto const out = client.read_all(180s);
+  EXPECT_THAT(out, HasSubstr("filled 80"));
+  EXPECT_EQ(client.wait(60s), 0) << out;
+  EXPECT_TRUE(eventually([&] { return in_use_anywhere(daemon.stats()) == 0u; }))
+      << "its slabs went back with it";
+}
 
 }  // namespace
 }  // namespace rmmd::test

@@ -14,6 +14,11 @@
 //       exits 0 (or 1).
 //   rmmd_test_client slab-hold BYTES VALUE
 //       the same through the fast path (allocation_mode::slab).
+//   rmmd_test_client slab-fill COUNT BYTES
+//       COUNT rmm::device_uvector<uint8_t> of BYTES at once from the GPU 0
+//       pool through the fast path (its carving pool grows by ever larger
+//       slabs), each filled with its own value and checked at both ends;
+//       prints "filled COUNT" (or "corrupted I") and exits 0 (or 1).
 //   rmmd_test_client idle-slabs COUNT BYTES
 //       a slab client at rest, on the host pool: leases COUNT blocks of BYTES
 //       (its "slabs"), reports them as slabs with nothing carved, watches for
@@ -109,6 +114,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -259,6 +265,39 @@ int device_hold(std::size_t bytes, int value, rmmd::allocation_mode mode)
     }
   }
   std::printf("intact\n");
+  return 0;
+}
+
+int slab_fill(int count, std::size_t bytes)
+{
+  rmmd::ipc_memory_resource mr(rmmd::session(rmmd::session::options{.client_name = "slab-filler"}),
+                               0,
+                               rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::slab});
+  cuda::stream_ref stream{cudaStream_t{}};
+  auto const value = [](int i) { return static_cast<std::uint8_t>(i % 251 + 1); };
+  std::vector<rmm::device_uvector<std::uint8_t>> buffers;
+  for (int i = 0; i < count; ++i) {
+    buffers.emplace_back(bytes, stream, mr);
+    if (cudaMemsetAsync(buffers.back().data(), value(i), bytes, stream.get()) != cudaSuccess) {
+      return 4;
+    }
+  }
+  stream.sync();
+  std::size_t const edge = std::min<std::size_t>(bytes, 4096);
+  std::vector<std::uint8_t> host(edge);
+  for (int i = 0; i < count; ++i) {
+    for (std::size_t offset : {std::size_t{0}, bytes - edge}) {
+      if (cudaMemcpy(host.data(), buffers[i].data() + offset, edge, cudaMemcpyDeviceToHost) !=
+          cudaSuccess) {
+        return 4;
+      }
+      if (std::any_of(host.begin(), host.end(), [&](auto b) { return b != value(i); })) {
+        std::printf("corrupted %d\n", i);
+        return 1;
+      }
+    }
+  }
+  std::printf("filled %d\n", count);
   return 0;
 }
 
@@ -704,6 +743,9 @@ int main(int argc, char** argv)
     if (argc == 4 && std::strcmp(argv[1], "slab-hold") == 0) {
       return device_hold(std::stoull(argv[2]), std::stoi(argv[3]), rmmd::allocation_mode::slab);
     }
+    if (argc == 4 && std::strcmp(argv[1], "slab-fill") == 0) {
+      return slab_fill(std::stoi(argv[2]), std::stoull(argv[3]));
+    }
     if (argc >= 2 && std::strcmp(argv[1], "verify") == 0) { return verify(argc - 2, argv + 2); }
     if (argc == 4 && std::strcmp(argv[1], "idle-slabs") == 0) {
       return idle_slabs(std::stoi(argv[2]), std::stoull(argv[3]));
@@ -742,7 +784,7 @@ int main(int argc, char** argv)
   }
   std::fprintf(stderr,
                "usage: rmmd_test_client hold BYTES SEED COUNT | device-hold BYTES VALUE | "
-               "slab-hold BYTES VALUE | write "
+               "slab-hold BYTES VALUE | slab-fill COUNT BYTES | write "
                "OFFSET:BYTES:SEED... | verify OFFSET:BYTES:SEED... | device-free-pending BYTES | "
                "device-identity | device-churn COUNT BYTES | exit-with-static KIND | idle-slabs "
                "COUNT BYTES | allocate BYTES | snoop-host BYTES | secret-host BYTES HEX | "

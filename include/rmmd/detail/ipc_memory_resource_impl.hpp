@@ -87,6 +87,18 @@ struct ipc_resource_options {
   /// Whether allocate() and deallocate() look for stream capture (CUDA
   /// graphs) on every call; see capture_checks.
   capture_checks capture{capture_checks::automatic};
+  /// Allocations larger than this are not pointers of the pool but
+  /// allocations of their own: a VMM allocation the daemon makes and exports
+  /// by an fd of its own, mapped here at addresses this process reserves (as
+  /// rmmd::stable_memory_resource does, under the tag "large-allocation"),
+  /// and counted by the daemon like any lease. The driver of CUDA 13.0
+  /// kills a process that imports a pool pointer of about 5.5 GiB or more
+  /// (SIGSEGV in cudaMemPoolImportPointer, 5 GiB works: an H200,
+  /// bench/experiments/large_pool_import.cu). Such an allocation costs a
+  /// few round trips and a mapping, and its deallocate() waits for its
+  /// stream (unmapping is not stream-ordered). Slab mode never leases a
+  /// slab larger than this either. `slab_bytes` must not exceed it.
+  std::size_t own_allocation_above{std::size_t{4} << 30};
 };
 
 }  // namespace rmmd
@@ -94,6 +106,7 @@ struct ipc_resource_options {
 namespace rmmd::detail {
 
 class slab_carver;
+class stable_memory_resource_impl;
 struct graph_held_frees;
 
 /// The frees of one resource that wait for their stream (shared with the host
@@ -189,6 +202,9 @@ class ipc_memory_resource_impl {
                       std::size_t bytes,
                       std::size_t alignment,
                       std::optional<std::uint64_t> taken = std::nullopt) noexcept;
+  /// An allocation larger than options_.own_allocation_above: one of its
+  /// own, mapped here (made in the relaxed capture mode).
+  [[nodiscard]] void* allocate_own(std::size_t bytes);
   /// Frees what destroyed graphs held, on a stream of this resource's own.
   void release_graph_held() noexcept;
   /// deallocate() on a stream that is not capturing.
@@ -230,6 +246,9 @@ class ipc_memory_resource_impl {
   /// The stream release_graph_held() frees on (made at its first use).
   std::once_flag own_stream_made_;
   cudaStream_t own_stream_{};
+  /// The allocations of their own (allocate_own()), made at the first.
+  std::once_flag own_made_;
+  std::unique_ptr<stable_memory_resource_impl> own_;
   std::unique_ptr<slab_carver> carver_;  // slab mode only; destroyed first
 };
 
