@@ -3,6 +3,7 @@
 #include "daemon/log.hpp"
 #include "daemon/peering/peer_service.hpp"
 #include "daemon/version.hpp"
+#include "daemon/wire/status_mapping.hpp"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -27,13 +28,15 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
 }
 
 /// The peer's refusal of a call whose incarnation no Hello of ours there
-/// gave (remote_hold_ledger::check_incarnation_locked: "call Hello first",
-/// "call Hello again"): its daemon started again since our last Hello, or
-/// it never had one from this link.
+/// gave (remote_hold_ledger::check_incarnation_locked): its daemon started
+/// again since our last Hello, or it never had one from this link. A peer
+/// of this version says so in ErrorDetails.hello_needed; one before it only
+/// in words ("call Hello first", "call Hello again").
 bool asks_for_hello(grpc::Status const& s)
 {
-  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-         s.error_message().find("call Hello") != std::string::npos;
+  if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) { return false; }
+  return wire::hello_needed(s) || (s.error_details().empty() &&
+                                   s.error_message().find("call Hello") != std::string::npos);
 }
 
 /// Why a dial failed, in words: gRPC's own for TLS problems are terse. The

@@ -2,6 +2,7 @@
 
 #include "daemon/core/buffer_manifest_checks.hpp"
 #include "daemon/log.hpp"
+#include "daemon/wire/status_mapping.hpp"
 
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
@@ -76,16 +77,16 @@ absl::StatusOr<remote_hold_ledger::caller_key> remote_hold_ledger::check_incarna
     live.push_back(it->second.incarnation);
   }
   if (live.empty()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: peer '%s' has not said Hello; call Hello first", what, shown(identity)));
+    return wire::mark_hello_needed(absl::FailedPreconditionError(absl::StrFormat(
+        "%s: peer '%s' has not said Hello; call Hello first", what, shown(identity))));
   }
-  return absl::FailedPreconditionError(
+  return wire::mark_hello_needed(absl::FailedPreconditionError(
       absl::StrFormat("%s: incarnation %d of peer '%s' is not the one any of its nodes' last "
                       "Hello gave (%s); call Hello again",
                       what,
                       incarnation,
                       shown(identity),
-                      absl::StrJoin(live, ", ")));
+                      absl::StrJoin(live, ", "))));
 }
 
 absl::StatusOr<core::remote_buffer_grant> remote_hold_ledger::open(std::string const& identity,

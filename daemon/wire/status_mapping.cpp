@@ -31,6 +31,8 @@ constexpr std::array<std::pair<absl::StatusCode, grpc::StatusCode>, 12> wire_cod
 
 /// The absl::Status payload mark_unreachable_node() sets: the node's name.
 constexpr char const* unreachable_node_payload = "rmmd.v1.ErrorDetails.unreachable_node";
+/// The absl::Status payload mark_hello_needed() sets.
+constexpr char const* hello_needed_payload = "rmmd.v1.ErrorDetails.hello_needed";
 
 }  // namespace
 
@@ -54,16 +56,31 @@ std::string unreachable_node(absl::Status const& status)
   return node ? std::string(*node) : std::string();
 }
 
+absl::Status mark_hello_needed(absl::Status status)
+{
+  status.SetPayload(hello_needed_payload, absl::Cord());
+  return status;
+}
+
+bool hello_needed(grpc::Status const& status)
+{
+  v1::ErrorDetails details;
+  return !status.error_details().empty() && details.ParseFromString(status.error_details()) &&
+         details.hello_needed();
+}
+
 grpc::Status to_grpc_status(absl::Status const& status)
 {
   if (status.ok()) { return grpc::Status::OK; }
-  auto const code = wire_code(status.code());
-  auto node       = unreachable_node(status);
-  if (node.empty()) { return {code, std::string(status.message())}; }
+  auto const code   = wire_code(status.code());
+  auto node         = unreachable_node(status);
+  bool const hello  = status.GetPayload(hello_needed_payload).has_value();
+  if (node.empty() && !hello) { return {code, std::string(status.message())}; }
   v1::ErrorDetails details;
   details.set_code(static_cast<int>(code));
   details.set_message(std::string(status.message()));
   details.set_unreachable_node(std::move(node));
+  details.set_hello_needed(hello);
   return {code, details.message(), details.SerializeAsString()};
 }
 

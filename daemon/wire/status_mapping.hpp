@@ -28,8 +28,18 @@ namespace rmmd::wire {
 /// The node mark_unreachable_node() named in `status`; "" if none.
 [[nodiscard]] std::string unreachable_node(absl::Status const& status);
 
+/// `status` (FAILED_PRECONDITION) marked as "no Hello of the calling peer
+/// daemon's current incarnation reached this one": the gRPC answer carries
+/// it as v1::ErrorDetails.hello_needed, by which the caller knows to say
+/// Hello and call again.
+[[nodiscard]] absl::Status mark_hello_needed(absl::Status status);
+
+/// Whether a peer's gRPC answer carries v1::ErrorDetails.hello_needed.
+[[nodiscard]] bool hello_needed(grpc::Status const& status);
+
 /// `status` as the gRPC service answers it: wire_code() and the message as
-/// is, and v1::ErrorDetails where mark_unreachable_node() marked it.
+/// is, and v1::ErrorDetails where mark_unreachable_node() or
+/// mark_hello_needed() marked it.
 [[nodiscard]] grpc::Status to_grpc_status(absl::Status const& status);
 
 /// `status` as the session socket answers it, into `out`.

@@ -8,6 +8,7 @@
 #include "daemon/peering/peer_grants.hpp"
 #include "daemon/peering/peering.hpp"
 #include "daemon/peering/remote_hold_ledger.hpp"
+#include "daemon/wire/status_mapping.hpp"
 #include "tests/tools/test_certs.hpp"
 
 #include "tests/tools/child_process_inl.hpp"
@@ -185,9 +186,13 @@ TEST_F(RemoteHolds, TheLedgerWantsAHelloFirst)
   auto r  = ledger_->open("CN=b", 7, open_of("w/fab"), {});
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("has not said Hello"));
+  // The calling daemon knows to say Hello from the answer's details, not
+  // from its words.
+  EXPECT_TRUE(wire::hello_needed(wire::to_grpc_status(r.status())));
   ledger_->hello("CN=b", "nodeB", "ipv4:1", 7, false, "no GPU");
-  EXPECT_EQ(ledger_->open("CN=b", 8, open_of("w/fab"), {}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  auto stale = ledger_->open("CN=b", 8, open_of("w/fab"), {});
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(wire::hello_needed(wire::to_grpc_status(stale.status())));
   EXPECT_TRUE(ledger_->open("CN=b", 7, open_of("w/fab"), {}).ok());
   EXPECT_EQ(holders("w/fab"), 2u);
 }

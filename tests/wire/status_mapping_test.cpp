@@ -4,6 +4,8 @@
 
 #include "daemon/wire/status_mapping.hpp"
 
+#include "rmmd/v1/errors.pb.h"
+
 #include <gtest/gtest.h>
 
 namespace rmmd::wire {
@@ -50,6 +52,24 @@ TEST(StatusMapping, BothSocketsCarryTheSameCodeAndMessage)
   EXPECT_EQ(grpc.error_message(), "held for reclaim");
   EXPECT_EQ(info.message(), grpc.error_message());
   EXPECT_TRUE(to_grpc_status(absl::OkStatus()).ok());
+}
+
+TEST(StatusMapping, AHelloNeededMarkCrossesAsErrorDetailsAndNothingElseCarriesIt)
+{
+  auto const marked = to_grpc_status(
+      mark_hello_needed(absl::FailedPreconditionError("peer 'CN=b' has not said Hello")));
+  EXPECT_EQ(marked.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(marked.error_message(), "peer 'CN=b' has not said Hello");
+  EXPECT_TRUE(hello_needed(marked));
+  v1::ErrorDetails details;
+  ASSERT_TRUE(details.ParseFromString(marked.error_details()));
+  EXPECT_EQ(details.message(), marked.error_message());
+  EXPECT_TRUE(details.unreachable_node().empty());
+  // The same words unmarked, or another node's unreachability, are not it.
+  EXPECT_FALSE(hello_needed(to_grpc_status(absl::FailedPreconditionError("call Hello first"))));
+  EXPECT_FALSE(hello_needed(
+      to_grpc_status(mark_unreachable_node(absl::UnavailableError("no answer"), "nodeB"))));
+  EXPECT_FALSE(hello_needed(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "x", "garbage")));
 }
 
 }  // namespace
