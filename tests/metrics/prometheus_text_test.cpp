@@ -455,6 +455,9 @@ TEST(RenderPrometheus, CallsByCodeAndCumulativeHistograms)
   // Codes that never happened.
   EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_requests_total{method=\"Free\",code=\"NOT_FOUND\"}")));
   EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"GetStats\"")));
+  // A histogram from a method's first answer on.
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_request_duration_seconds_bucket{method=\"Health\"")));
+  EXPECT_THAT(text, Not(HasSubstr("rmmd_grpc_request_duration_seconds_count{method=\"Health\"")));
   // DeleteBuffer and ListBuffers travel on gRPC only.
   EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"DeleteBuffer\"")));
   EXPECT_THAT(text, Not(HasSubstr("rmmd_session_calls_total{method=\"ListBuffers\"")));
