@@ -15,6 +15,7 @@
 #include "daemon/restart/state_file.hpp"
 #include "tests/gpu/gpu_count.hpp"
 #include "tests/tools/kept_buffer_clients.hpp"
+#include "tests/tools/kv_takeover.hpp"
 #include "tests/tools/managed_rmmd.hpp"
 
 #include <rmmd/session.hpp>
@@ -163,39 +164,14 @@ TEST(DeviceKvOutlivesDaemon, AWriterLeasedKvComesBackAndItsNextWriterHasALargerG
   REQUIRE_GPUS(1);
   managed_rmmd daemon({"--cuda-pool-bytes", "2GiB", "--host-pool-bytes", "64MiB"});
   ASSERT_TRUE(daemon.start());
-  auto session_of = [&](char const* name) {
-    return rmmd::session(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
-                                                .client_name = name,
-                                                .reconnect   = std::chrono::milliseconds(0)});
-  };
-  std::uint64_t first = 0;
-  {
-    auto engine = session_of("engine");
-    {
-      auto kv =
-          rmmd::shared_buffer::create(engine,
-                                      "kv/engine-0",
-                                      buffer_bytes,
-                                      {.device = 0, .persistent = true, .allow_writers = true});
-      kv.publish();
-    }
-    ASSERT_TRUE(daemon.wait_for_stored(1, ".kv/engine-0")) << daemon.log();
-    auto kv = rmmd::shared_buffer::open(
-        engine, "kv/engine-0", {.access = rmmd::buffer_access::read_write, .exclusive = true});
-    first = kv.lease_generation();
-    ASSERT_GE(first, 1u);
-    ASSERT_EQ(cudaMemset(kv.data(), 0x6b, buffer_bytes), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    auto killed = daemon.manager().kill_service(SIGKILL);  // the engine holds the lease
-    ASSERT_TRUE(killed && WIFSIGNALED(*killed));
-    ASSERT_TRUE(daemon.start());
-  }
-  auto standby = session_of("standby");
-  auto kv      = rmmd::shared_buffer::open(standby,
-                                      "kv/engine-0",
-                                      {.wait      = std::chrono::seconds(10),
-                                            .access    = rmmd::buffer_access::read_write,
-                                            .exclusive = true});
+  auto const first =
+      engine_writes_kv_and_rmmd_dies(daemon, "kv/engine-0", buffer_bytes, {.device = 0}, [](void* p) {
+        ASSERT_EQ(cudaMemset(p, 0x6b, buffer_bytes), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      });
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto standby = kv_session(daemon, "standby");
+  auto kv      = standby_takes_kv(standby, "kv/engine-0");
   EXPECT_GT(kv.lease_generation(), first);
   std::vector<unsigned char> read(buffer_bytes);
   ASSERT_EQ(cudaMemcpy(read.data(), kv.data(), buffer_bytes, cudaMemcpyDeviceToHost), cudaSuccess);

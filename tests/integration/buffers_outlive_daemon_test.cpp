@@ -10,6 +10,7 @@
 
 #include "daemon/restart/state_file.hpp"
 #include "tests/tools/kept_buffer_clients.hpp"
+#include "tests/tools/kv_takeover.hpp"
 #include "tests/tools/managed_rmmd.hpp"
 
 #include <rmmd/session.hpp>
@@ -319,37 +320,14 @@ TEST(BuffersOutliveDaemon, AWriterLeasedKvComesBackAndItsNextWriterHasALargerGen
 {
   managed_rmmd daemon(host_args());
   ASSERT_TRUE(daemon.start());
-  auto session_of = [&](char const* name) {
-    return rmmd::session(rmmd::session::options{.runtime_dir = daemon.runtime_dir(),
-                                                .client_name = name,
-                                                .reconnect   = std::chrono::milliseconds(0)});
-  };
   std::vector<unsigned char> const written(buffer_bytes, 0x6b);
-  std::uint64_t first = 0;
-  {
-    auto engine = session_of("engine");
-    {
-      auto kv =
-          rmmd::shared_buffer::create(engine,
-                                      "kv/engine-0",
-                                      buffer_bytes,
-                                      {.pool = "host", .persistent = true, .allow_writers = true});
-      kv.publish();
-    }
-    ASSERT_TRUE(daemon.wait_for_stored(1, ".kv/engine-0")) << daemon.log();
-    auto kv = rmmd::shared_buffer::open(
-        engine, "kv/engine-0", {.access = rmmd::buffer_access::read_write, .exclusive = true});
-    first = kv.lease_generation();
-    ASSERT_GE(first, 1u);
-    std::memcpy(kv.data(), written.data(), buffer_bytes);
-    crash_and_restart(daemon);  // the engine still holds the lease (and its session)
-  }
-  auto standby = session_of("standby");
-  auto kv      = rmmd::shared_buffer::open(standby,
-                                      "kv/engine-0",
-                                      {.wait      = std::chrono::seconds(10),
-                                            .access    = rmmd::buffer_access::read_write,
-                                            .exclusive = true});
+  auto const first = engine_writes_kv_and_rmmd_dies(
+      daemon, "kv/engine-0", buffer_bytes, {.pool = "host"}, [&](void* p) {
+        std::memcpy(p, written.data(), buffer_bytes);
+      });
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto standby = kv_session(daemon, "standby");
+  auto kv      = standby_takes_kv(standby, "kv/engine-0");
   EXPECT_GT(kv.lease_generation(), first);
   EXPECT_EQ(std::memcmp(kv.data(), written.data(), buffer_bytes), 0)
       << "the KV bytes the engine wrote before rmmd's SIGKILL";
