@@ -107,35 +107,44 @@ class Daemon:
                  preexec_fn: Callable[[], None] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.runtime = str(self.dir)
-        notify_path = str(self.dir / "notify.sock")
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.proc: subprocess.Popen[bytes] | None = None
         try:
+            ready = self._start(program, args, preexec_fn)
+        except BaseException:  # Popen's OSError, an interrupt: nothing left behind
+            self._kill()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        if not ready:
+            self._kill()
+            tail = self.log_tail(3000)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise RuntimeError(f"rmmd did not report READY=1; its log:\n{tail}")
+
+    def _start(self, program: str | Path, args: list[str], preexec_fn: Callable[[], None] | None) -> bool:
+        """Starts the daemon; whether READY=1 came within READY_TIMEOUT_S and
+        while it ran."""
+        notify_path = str(self.dir / "notify.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
             notify.bind(notify_path)
             notify.settimeout(0.2)
             with open(self.dir / "rmmd.log", "wb") as log:  # the daemon keeps its own copy of the fd
                 self.proc = subprocess.Popen([str(program), "--runtime-dir", self.runtime, *args],
                                              env=dict(os.environ, NOTIFY_SOCKET=notify_path),
                                              stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=preexec_fn)
-            if self._wait_ready(notify):
-                return
-        finally:
-            notify.close()
-        self.proc.kill()
-        self.proc.wait()
-        tail = self.log_tail(3000)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        raise RuntimeError(f"rmmd did not report READY=1; its log:\n{tail}")
-
-    def _wait_ready(self, notify: socket.socket) -> bool:
-        """Whether READY=1 came before the deadline and while the daemon ran."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if b"READY=1" in notify.recv(4096):
-                    return True
-            except socket.timeout:
-                pass
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if b"READY=1" in notify.recv(4096):
+                        return True
+                except socket.timeout:
+                    pass
         return False
+
+    def _kill(self) -> None:
+        """SIGKILL, where it was started and still runs, and reaped."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def log_tail(self, chars: int) -> str:
         """The last `chars` characters of the daemon's log."""
@@ -148,7 +157,7 @@ class Daemon:
         """SIGTERM (its drain), SIGKILL past STOP_TIMEOUT_S; removes the
         runtime directory. Returns the log's last 2000 characters, for the
         JSON document. Calling it again returns ""."""
-        if not self.dir.exists():
+        if self.proc is None or not self.dir.exists():
             return ""
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -61,6 +61,11 @@ class DaemonTest(unittest.TestCase):
             common.Daemon(self.program, ["--exit-early"], "bench-common-test-")
         self.assertEqual([p for p in Path(tempfile.gettempdir()).glob("bench-common-test-*")], [])
 
+    def test_a_missing_program_leaves_no_directory(self) -> None:
+        with self.assertRaises(FileNotFoundError):
+            common.Daemon(Path(self.tmp.name, "no-such-rmmd"), [], "bench-common-test-")
+        self.assertEqual([p for p in Path(tempfile.gettempdir()).glob("bench-common-test-*")], [])
+
     def test_raised_open_file_limit_reaches_the_daemon(self) -> None:
         daemon = common.Daemon(self.program, [], "bench-common-test-", preexec_fn=common.raise_open_file_limit)
         try:
