@@ -44,13 +44,13 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+from _bench_common import PACKAGE_DIR, REPO, Daemon, target_line
+from weight_set import drop_from_page_cache, read_through
+
 GIB = 1 << 30
 TENSOR_BYTES = 256 << 20
 ALL_LOADERS = ["raw-direct", "raw-buffered", "safetensors", "fastsafetensors", "runai", "rmmd", "rmmd-direct",
@@ -58,8 +58,8 @@ ALL_LOADERS = ["raw-direct", "raw-buffered", "safetensors", "fastsafetensors", "
 PEERS = ["safetensors", "fastsafetensors", "runai"]
 NEEDS = {"safetensors": "safetensors", "fastsafetensors": "fastsafetensors", "runai": "runai_model_streamer"}
 
-if str(REPO / "python") not in sys.path:
-    sys.path.insert(0, str(REPO / "python"))
+if str(PACKAGE_DIR) not in sys.path:
+    sys.path.insert(0, str(PACKAGE_DIR))
 
 
 # ---- the checkpoint -----------------------------------------------------------
@@ -102,13 +102,9 @@ def write_checkpoint(directory: Path, size_gib: float, shards: int) -> list[Path
 
 
 def drop(files: list[Path]) -> None:
+    """Each file's pages out of the page cache; as root, the clean page cache too."""
     for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_from_page_cache(f)
     if os.geteuid() == 0:
         try:
             with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -117,12 +113,10 @@ def drop(files: list[Path]) -> None:
             pass
 
 
-def read_through(files: list[Path]) -> None:
-    buf = bytearray(64 << 20)
+def read_all_through(files: list[Path]) -> None:
+    """Every file read once, so its pages sit in the page cache (warm)."""
     for f in files:
-        with open(f, "rb", buffering=0) as fh:
-            while fh.readinto(buf):
-                pass
+        read_through(f)
 
 
 def cached(files: list[Path]) -> float:
@@ -227,25 +221,13 @@ def worker(a: argparse.Namespace) -> None:
 # ---- the driver ---------------------------------------------------------------
 
 
-def start_daemon(rmmd_path: str, pool_bytes: int) -> tuple[subprocess.Popen[bytes], str]:
-    runtime = tempfile.mkdtemp(prefix="rmmd-ckpt-bench-")
-    notify_path = os.path.join(runtime, "notify.sock")
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(notify_path)
-    notify.settimeout(60)
-    log = open(os.path.join(runtime, "rmmd.log"), "wb")
-    proc = subprocess.Popen([rmmd_path, "--runtime-dir", runtime, "--backend", "cuda", "--cuda-pool-bytes",
-                             str(pool_bytes), "--drain-timeout-ms", "0"], env=dict(os.environ, NOTIFY_SOCKET=notify_path),
-                            stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if b"READY=1" in notify.recv(4096):
-                return proc, runtime
-        except socket.timeout:
-            break
-    proc.kill()
-    raise SystemExit(f"rmmd did not start; log: {open(os.path.join(runtime, 'rmmd.log')).read()}")
+def start_daemon(rmmd_path: str, pool_bytes: int) -> Daemon:
+    """rmmd with a CUDA pool of `pool_bytes`; exits the bench where it does not start."""
+    try:
+        return Daemon(rmmd_path, ["--backend", "cuda", "--cuda-pool-bytes", str(pool_bytes), "--drain-timeout-ms", "0"],
+                      "rmmd-ckpt-bench-")
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 def storage(directory: Path) -> dict[str, Any]:
@@ -301,7 +283,8 @@ def main() -> int:
     daemon = None
     runtime = a.runtime_dir
     if runtime is None and any(n.startswith("rmmd") for n in loaders):
-        daemon, runtime = start_daemon(a.rmmd, int(nbytes * 1.25) + 2 * GIB)
+        daemon = start_daemon(a.rmmd, int(nbytes * 1.25) + 2 * GIB)
+        runtime = daemon.runtime
     results: dict[str, Any] = {
         "machine": {"host": socket.gethostname(), "gpus": gpus, "cpus": os.cpu_count(), "root": os.geteuid() == 0},
         "storage": storage(directory),
@@ -317,7 +300,7 @@ def main() -> int:
                     if mode == "cold":
                         drop(files)
                     else:
-                        read_through(files)
+                        read_all_through(files)
                     before = cached(files)
                     cmd = [sys.executable, __file__, "--worker", name, "--dir", str(directory),
                            "--runtime-dir", runtime or "", "--tp", str(tp)]
@@ -334,11 +317,10 @@ def main() -> int:
                     print(f"{mode:4} {name:16} {rate}  (cached before: {before:.0%})", flush=True)
     finally:
         if daemon is not None:
-            daemon.terminate()
-            daemon.wait(30)
+            daemon.stop()
     results["targets"] = judge(results)
     for t in results["targets"]:
-        print(f"{'pass' if t['pass'] else 'MISS'}  {t['what']}: {t['value']:.2f} (>= {t['limit']})")
+        print(target_line(t, f"{t['value']:.2f}", f">= {t['limit']}"))
     text = json.dumps(results)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2))

@@ -41,24 +41,25 @@ when every section ran (a missed target is a result), 1 when one failed,
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "python"))  # this checkout's rmmd, as the workers get it
+from _bench_common import (
+    PACKAGE_DIR, Daemon, add_daemon_options, check_daemon_options, finish_document, parser_from_doc, rmmd_commit,
+    running_daemon_dir, utc_now, verdict, worker_env,
+)
+
+sys.path.insert(0, str(PACKAGE_DIR))  # this checkout's rmmd, as the workers get it
 WORKERS = Path(__file__).resolve().parent / "failover_workers.py"
 SCHEMA = "rmmd-failover-bench/1"
 WEIGHTS = "failover-bench/weights"  # failover_workers.WEIGHTS
@@ -152,36 +153,10 @@ def next_grant(sink: queue.Queue, timeout: float) -> tuple[Worker, dict[str, Any
             return w, message
 
 
-def worker_env(runtime: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", RMMD_RUNTIME_DIR=runtime)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def start_daemon(rmmd_path: str, pool_bytes: int) -> tuple[subprocess.Popen[bytes], str]:
-    runtime = tempfile.mkdtemp(prefix="rmmd-failover-bench-")
-    notify_path = os.path.join(runtime, "notify.sock")
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(notify_path)
-    notify.settimeout(0.2)
-    args = [rmmd_path, "--runtime-dir", runtime, "--backend", "cuda", "--fabric", "off", "--cuda-pool-bytes",
-            str(pool_bytes), "--host-pool-bytes", str(256 << 20), "--drain-timeout-ms", "0"]
-    with open(os.path.join(runtime, "rmmd.log"), "wb") as log:
-        proc = subprocess.Popen(args, env=dict(os.environ, NOTIFY_SOCKET=notify_path), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if b"READY=1" in notify.recv(4096):
-                    return proc, runtime
-            except socket.timeout:
-                pass
-    finally:
-        notify.close()
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"rmmd did not report READY=1; its log:\n{Path(runtime, 'rmmd.log').read_text()[-3000:]}")
+def start_daemon(rmmd_path: str, pool_bytes: int) -> Daemon:
+    """rmmd with a CUDA pool of `pool_bytes` on GPU 0, --fabric off."""
+    return Daemon(rmmd_path, ["--backend", "cuda", "--fabric", "off", "--cuda-pool-bytes", str(pool_bytes),
+                              "--host-pool-bytes", str(256 << 20), "--drain-timeout-ms", "0"], "rmmd-failover-bench-")
 
 
 # ---- sections ------------------------------------------------------------------------
@@ -324,19 +299,15 @@ def table(doc: dict[str, Any]) -> str:
                      f"(a decode step after it: {c['decode_step_s'] * 1e3:.1f} ms)")
     for key, t in doc["targets"].items():
         shown = "n/a" if t["value_s"] is None else f"{t['value_s'] * 1e3:.1f} ms"
-        state = "n/a" if t["pass"] is None else ("pass" if t["pass"] else "MISS")
-        lines.append(f"target {key} <= {t['limit_s'] * 1e3:.0f} ms: {shown} {state}")
+        lines.append(f"target {key} <= {t['limit_s'] * 1e3:.0f} ms: {shown} {verdict(t['pass'])}")
     for e in doc["errors"]:
         lines.append(f"error in {e['section']}: {e['error'][:500]}")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]))
-    p.add_argument("--start-daemon", "--rmmd", dest="start_daemon", metavar="PATH", help="start this rmmd")
-    p.add_argument("--runtime-dir", help="a running rmmd's runtime directory (default $RMMD_RUNTIME_DIR)")
+    p = parser_from_doc(__doc__)
+    add_daemon_options(p, "start this rmmd")
     p.add_argument("--weights-gib", type=float, default=8.0)
     p.add_argument("--kv-gib", type=float, default=8.0)
     p.add_argument("--batch", type=int, default=4)
@@ -353,8 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.weights_gib, a.kv_gib, a.grant_rounds, a.token_rounds = 1.0, 1.0, 8, 1
     a.contexts = [int(x) for x in a.contexts.split(",") if x]
     a.sections = [x for x in a.sections.split(",") if x]
-    if a.start_daemon and a.runtime_dir:
-        p.error("give --start-daemon or --runtime-dir, not both")
+    check_daemon_options(p, a)
     if a.grant_rounds < 1 or a.token_rounds < 1 or a.batch < 1:
         p.error("rounds and --batch are >= 1")
     return a
@@ -365,22 +335,22 @@ def main(argv: list[str] | None = None) -> int:
     p = plan(a)
     started = time.monotonic()
     doc: dict[str, Any] = {"schema": SCHEMA, "command": sys.argv, "plan": p, "errors": [], "sections": {},
-                           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                           "started_utc": utc_now(),
                            "config": {k: v for k, v in vars(a).items() if k not in ("json",)}}
     if a.dry_run:
         print(json.dumps(doc, indent=1))
         return 0
     daemon = None
-    runtime = a.runtime_dir or os.environ.get("RMMD_RUNTIME_DIR")
+    runtime = running_daemon_dir(a)
     if a.start_daemon:
-        daemon, runtime = start_daemon(a.start_daemon, p["weights_bytes"] + p["kv_bytes"] + 4 * GIB)
+        daemon = start_daemon(a.start_daemon, p["weights_bytes"] + p["kv_bytes"] + 4 * GIB)
+        runtime = daemon.runtime
     if not runtime:
         print("failover_bench: give --start-daemon PATH or --runtime-dir DIR", file=sys.stderr)
         return 2
     os.environ["RMMD_RUNTIME_DIR"] = runtime
-    env = worker_env(runtime)
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-    doc["rmmd_commit"] = git.stdout.strip() or None
+    env = worker_env(RMMD_RUNTIME_DIR=runtime)
+    doc["rmmd_commit"] = rmmd_commit()
     try:
         if "grant" in a.sections:
             run_section(doc, "grant", section_grant, a, env)
@@ -395,14 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         if {"first_token", "prefix"} & set(a.sections):
             delete_buffer(WEIGHTS)
         if daemon is not None:
-            daemon.terminate()
-            daemon.wait(60)
+            daemon.stop()
     doc["targets"] = targets(doc)
     doc["seconds"] = time.monotonic() - started
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
-    print(table(doc))
-    print(json.dumps(doc))
+    finish_document(doc, a.json, table(doc))
     return 1 if doc["errors"] else 0
 
 

@@ -46,16 +46,15 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from _bench_common import REPO, Daemon, env_with_rmmd, verdict, write_json
+
 CUPY_SIZES = [1 << 10, 64 << 10, 1 << 20]
 TARGET_STEP_RATIO = 1.02
 TARGET_CUPY_RATIO = 1.5
@@ -155,47 +154,10 @@ def cupy_worker(a: argparse.Namespace) -> dict[str, Any]:
 # ---- the daemon -------------------------------------------------------------
 
 
-class Daemon:
-    def __init__(self, program: Path, pool_bytes: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="rmmd-pybench-"))
-        notify_path = self.dir / "notify.sock"
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(notify_path))
-        notify.settimeout(0.1)
-        self.log = open(self.dir / "rmmd.log", "wb")
-        self.proc = subprocess.Popen(
-            [str(program), "--runtime-dir", str(self.dir), "--backend", "cuda",
-             "--cuda-pool-bytes", pool_bytes, "--drain-timeout-ms", "0"],
-            env=dict(os.environ, NOTIFY_SOCKET=str(notify_path)),
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-        )
-        deadline = time.monotonic() + 60
-        try:
-            while True:
-                try:
-                    if b"READY=1" in notify.recv(4096):
-                        return
-                except socket.timeout:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        "rmmd did not report READY=1; its log:\n"
-                        + (self.dir / "rmmd.log").read_text(errors="replace")
-                    )
-        finally:
-            notify.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def start_daemon(program: Path, pool_bytes: str) -> Daemon:
+    """rmmd with a CUDA pool of `pool_bytes` (as "48GiB"), ready when it returns."""
+    return Daemon(program, ["--backend", "cuda", "--cuda-pool-bytes", pool_bytes, "--drain-timeout-ms", "0"],
+                  "rmmd-pybench-")
 
 
 # ---- the driver -------------------------------------------------------------
@@ -249,11 +211,7 @@ def main() -> int:
     if a.quick:
         a.steps, a.warmup, a.pairs, a.runs = 15, 5, 2000, max(a.runs, 2)
     sections = [s for s in a.sections.split(",") if s]
-    env = dict(os.environ)
-    try:
-        import rmmd  # noqa: F401
-    except ImportError:
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = env_with_rmmd()
     if not shutil.which("nvidia-smi") and not Path("/dev/nvidia0").exists():
         print("rmmd_python_bench: no GPU here", file=sys.stderr)
         return 2
@@ -262,8 +220,8 @@ def main() -> int:
     if a.runtime_dir:
         env["RMMD_RUNTIME_DIR"] = a.runtime_dir
     else:
-        daemon = Daemon(Path(a.rmmd), a.pool_bytes)
-        env["RMMD_RUNTIME_DIR"] = str(daemon.dir)
+        daemon = start_daemon(Path(a.rmmd), a.pool_bytes)
+        env["RMMD_RUNTIME_DIR"] = daemon.runtime
     results: dict[str, Any] = {
         "gpu": gpu_name(env), "python": sys.version.split()[0], "config": {
             k: getattr(a, k) for k in ("runs", "steps", "warmup", "batch", "seq", "d_model", "heads",
@@ -330,11 +288,11 @@ def main() -> int:
     for w, r in results["cupy"].items():
         print(f"  cupy  {w:<17} " + "  ".join(f"{int(s) >> 10} KiB {us:.2f} us" for s, us in r["pair_us"].items()))
     for t in results["targets"]:
-        print(f"  target {t['name']}: {t['value']:.3f} <= {t['limit']}: {'pass' if t['pass'] else 'MISS'}")
+        print(f"  target {t['name']}: {t['value']:.3f} <= {t['limit']}: {verdict(t['pass'])}")
     for e in results["errors"]:
         print(f"  error: {e}")
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+        write_json(a.out, results)
     return 1 if results["errors"] else 0
 
 

@@ -64,23 +64,21 @@ a bad command line or without a GPU. --dry-run prints the plan only.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import resource
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+from _bench_common import (  # noqa: E402 (beside this file)
+    Daemon, add_daemon_options, check_daemon_options, finish_document, parser_from_doc, raise_open_file_limit,
+    rmmd_commit, running_daemon_dir, target_line, utc_now, worker_env,
+)
 from sleep_handoff import Taker, as_user, emit  # noqa: E402 (beside this file)
 
 GIB = 1 << 30
@@ -277,40 +275,18 @@ def pinned_worker(a: argparse.Namespace) -> dict[str, Any]:
 # ---- the daemon ----------------------------------------------------------------------
 
 
-def start_daemon(rmmd_path: str, plan: dict[str, Any], allow_uids: list[int]) -> tuple[subprocess.Popen[bytes], str]:
-    runtime = tempfile.mkdtemp(prefix="rmmd-sleep-bench-")
-    notify_path = os.path.join(runtime, "notify.sock")
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(notify_path)
-    notify.settimeout(0.2)
-    args = [rmmd_path, "--runtime-dir", runtime, "--backend", "cuda", "--fabric", "off",
-            "--cuda-pool-bytes", str(plan["daemon_cuda_pool_bytes"]),
+def start_daemon(rmmd_path: str, plan: dict[str, Any], allow_uids: list[int]) -> Daemon:
+    """rmmd with the plan's pools on GPU 0 and the host, --fabric off, its
+    open-file limit raised; with `allow_uids`, only they may use it, and
+    its sockets are reachable by them."""
+    args = ["--backend", "cuda", "--fabric", "off", "--cuda-pool-bytes", str(plan["daemon_cuda_pool_bytes"]),
             "--host-pool-bytes", str(plan["daemon_host_pool_bytes"]), "--drain-timeout-ms", "0"]
     for uid in allow_uids:
         args += ["--allow-uid", str(uid)]
-
-    def more_files() -> None:  # an fd per stable allocation and per backup (docs/sleep.md)
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-    with open(os.path.join(runtime, "rmmd.log"), "wb") as log:
-        proc = subprocess.Popen(args, env=dict(os.environ, NOTIFY_SOCKET=notify_path), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, preexec_fn=more_files)
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if b"READY=1" in notify.recv(4096):
-                    if allow_uids:
-                        open_to_every_uid(runtime)
-                    return proc, runtime
-            except socket.timeout:
-                pass
-    finally:
-        notify.close()
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"rmmd did not report READY=1; its log:\n{Path(runtime, 'rmmd.log').read_text()[-3000:]}")
+    daemon = Daemon(rmmd_path, args, "rmmd-sleep-bench-", preexec_fn=raise_open_file_limit)
+    if allow_uids:
+        open_to_every_uid(daemon.runtime)
+    return daemon
 
 
 def open_to_every_uid(runtime: str) -> None:
@@ -323,26 +299,7 @@ def open_to_every_uid(runtime: str) -> None:
             pass
 
 
-def stop_daemon(proc: subprocess.Popen[bytes], runtime: str) -> str:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log = Path(runtime, "rmmd.log").read_text(errors="replace")[-2000:]
-    shutil.rmtree(runtime, ignore_errors=True)
-    return log
-
-
 # ---- the driver ----------------------------------------------------------------------
-
-
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This checkout's package first, as the other Python benches do."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
 
 
 def run_worker(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -464,14 +421,12 @@ def table(doc: dict[str, Any]) -> str:
     lines.append("(ms: medians, call to device idle; GB/s: the weights' reserved bytes, % of the pinned copy;\n"
                  " handoff !: not fenced, the taker's allocation fitted before the pause too)")
     for t in doc["targets"]:
-        lines.append(f"{'pass' if t['pass'] else 'MISS'}  {t['what']}: {t['value']:.3f} (limit {t['limit']})")
+        lines.append(target_line(t, f"{t['value']:.3f}", f"limit {t['limit']}"))
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]))
+    p = parser_from_doc(__doc__)
     p.add_argument("--kv-gib", type=int, default=60, help="KV: this many 1 GiB tensors, no backup (60)")
     p.add_argument("--weights-gib", type=float, default=8.0, help="weights: GiB with a CPU backup (8)")
     p.add_argument("--weights-tensors", type=int, default=1000, help="weights: in this many tensors (1000)")
@@ -482,9 +437,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="every implementation keeps its CPU backups past resume (retain_cpu_backup = True): "
                         "the cycles after the first copy into the backups kept")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {','.join(IMPLS)}")
-    p.add_argument("--start-daemon", "--rmmd", dest="start_daemon", metavar="PATH",
-                   help="start this rmmd for rmmd's side, and stop it at the end")
-    p.add_argument("--runtime-dir", help="a running rmmd's runtime directory (default $RMMD_RUNTIME_DIR)")
+    add_daemon_options(p, "start this rmmd for rmmd's side, and stop it at the end")
     p.add_argument("--taker-user", default="", help="run the handoff's taker as this user (root only)")
     p.add_argument("--json", "--out", dest="json", metavar="FILE", help="write the JSON document here too")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -494,8 +447,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [x for x in a.impls if x not in IMPLS]
     if bad or a.kv_gib < 1 or a.weights_tensors < 1 or a.weights_gib <= 0 or a.repeats < 1 or a.pinned_gib <= 0:
         p.error(f"sizes must be positive and --impls of {','.join(IMPLS)} (got {bad or a.impls})")
-    if a.start_daemon and a.runtime_dir:
-        p.error("give --start-daemon or --runtime-dir, not both")
+    check_daemon_options(p, a)
     return a
 
 
@@ -534,7 +486,7 @@ def run_tms(impl: str, a: argparse.Namespace, base: dict[str, str]) -> dict[str,
 
 
 def run_rmmd(a: argparse.Namespace, plan: dict[str, Any], base: dict[str, str], doc: dict[str, Any]) -> dict[str, Any]:
-    runtime = a.runtime_dir or (None if a.start_daemon else os.environ.get("RMMD_RUNTIME_DIR"))
+    runtime = running_daemon_dir(a)
     if runtime is None and not a.start_daemon:
         return {"error": "rmmd's side needs --start-daemon PATH or --runtime-dir DIR (or $RMMD_RUNTIME_DIR)"}
     daemon = None
@@ -542,7 +494,8 @@ def run_rmmd(a: argparse.Namespace, plan: dict[str, Any], base: dict[str, str], 
         taker_uid = user_uid(a.taker_user) if a.taker_user else None
         # Naming uids replaces the daemon's default policy: this process's too.
         allow = sorted({0, os.getuid(), taker_uid}) if taker_uid is not None else []
-        daemon, runtime = start_daemon(a.start_daemon, plan, allow)
+        daemon = start_daemon(a.start_daemon, plan, allow)
+        runtime = daemon.runtime
         doc["daemon"] = {"started": a.start_daemon, "cuda_pool_bytes": plan["daemon_cuda_pool_bytes"],
                          "host_pool_bytes": plan["daemon_host_pool_bytes"], "allow_uids": allow}
     else:
@@ -558,7 +511,7 @@ def run_rmmd(a: argparse.Namespace, plan: dict[str, Any], base: dict[str, str], 
         return run_worker(["--worker", "rmmd", *sizes_args(a, taker_user)], env)
     finally:
         if daemon is not None:
-            doc["daemon"]["log_tail"] = stop_daemon(daemon, runtime)
+            doc["daemon"]["log_tail"] = daemon.stop()
 
 
 def gpu_identity(pinned: dict[str, Any]) -> dict[str, Any]:
@@ -585,11 +538,7 @@ def versions() -> dict[str, Any]:
         out["torch_memory_saver"] = metadata.version("torch_memory_saver")
     except metadata.PackageNotFoundError:
         out["torch_memory_saver"] = None
-    try:
-        git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-        out["rmmd_commit"] = git.stdout.strip() or None
-    except OSError:
-        out["rmmd_commit"] = None
+    out["rmmd_commit"] = rmmd_commit()
     return out
 
 
@@ -600,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(a)
     started = time.monotonic()
     doc: dict[str, Any] = {
-        "schema": SCHEMA, "command": sys.argv, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "schema": SCHEMA, "command": sys.argv, "started_utc": utc_now(),
         "config": {"kv_gib": a.kv_gib, "weights_gib": a.weights_gib, "weights_tensors": a.weights_tensors,
                    "repeats": a.repeats, "handoff_repeats": a.handoff_repeats, "pinned_gib": a.pinned_gib,
                    "impls": a.impls, "taker": {"user": a.taker_user or None},
@@ -636,10 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{impl}: {'ran' if 'seconds' in r else r.get('skipped') or 'failed'}", file=sys.stderr, flush=True)
     doc["targets"] = targets(doc["impls"], doc["pinned"])
     doc["seconds"] = time.monotonic() - started
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
-    print(table(doc))
-    print(json.dumps(doc))
+    finish_document(doc, a.json, table(doc))
     return 1 if doc["errors"] else 0
 
 

@@ -89,13 +89,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rmmd_python_bench import Daemon  # noqa: E402  (the daemon, started the same way)
+from _bench_common import REPO, env_with_rmmd, verdict, write_json  # noqa: E402
+from rmmd_python_bench import start_daemon  # noqa: E402  (the daemon, started the same way)
 from weight_set import (  # noqa: E402
     GIB, Layout, bf16_bits, buffer_name, cached_fraction, drop_from_page_cache, filesystem_of, fill_value,
     labels_for, read_safetensors_header, read_through, sampled, write_safetensors,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "rmmd-weights-bench/1"
 TARGET_ATTACH_ONE_S = 1.0
 TARGET_ATTACH_MANY_S = 2.0
@@ -532,7 +532,7 @@ def summary(results: dict[str, Any]) -> str:
                 lines.append(f"    a restarted worker ({cache} file) saves {f[f'restart_saves_{cache}_s']:.3f} s: "
                              f"load is {f[f'load_over_attach_{cache}']:.0f}x attach")
     for t in results["targets"]:
-        lines.append(f"  target {t['name']}: {t['value']:.3f} <= {t['limit']}: {'pass' if t['pass'] else 'MISS'}")
+        lines.append(f"  target {t['name']}: {t['value']:.3f} <= {t['limit']}: {verdict(t['pass'])}")
     for e in results["errors"]:
         lines.append(f"  error: {e}")
     return "\n".join(lines)
@@ -656,11 +656,7 @@ def main() -> int:
 
 
 def measure(a: argparse.Namespace, tmp: Path) -> int:
-    env = dict(os.environ)
-    try:
-        import rmmd  # noqa: F401
-    except ImportError:
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = env_with_rmmd()
     gpu = gpu_info()
     if "name" not in gpu and not Path("/dev/nvidia0").exists():
         print("weights_bench: no GPU here (nvidia-smi finds none); --dry-run checks the host side", file=sys.stderr)
@@ -684,8 +680,8 @@ def measure(a: argparse.Namespace, tmp: Path) -> int:
         if a.runtime_dir:
             env["RMMD_RUNTIME_DIR"] = a.runtime_dir
         else:
-            daemon = Daemon(Path(a.rmmd), a.pool_bytes)
-            env["RMMD_RUNTIME_DIR"] = str(daemon.dir)
+            daemon = start_daemon(Path(a.rmmd), a.pool_bytes)
+            env["RMMD_RUNTIME_DIR"] = daemon.runtime
             results["daemon"] = {"argv": daemon.proc.args}
         for s in a.sizes_gib:
             if not run.time_left(f"{s:g} GiB"):
@@ -707,7 +703,7 @@ def measure(a: argparse.Namespace, tmp: Path) -> int:
     results["seconds"] = time.monotonic() - run.start
     print(summary(results))
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+        write_json(a.out, results)
     if status:
         return status
     return 1 if run.errors else 0
