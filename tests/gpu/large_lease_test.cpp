@@ -91,5 +91,35 @@ TEST(LargeSlabs, ACarvingPoolThatGrowsPast10GiBLeasesNoSlabAbove4GiB)
       << "its slabs went back with it";
 }
 
+// A shared buffer above 4 GiB of a daemon that serves buffers as pointers
+// of the pool (--cuda-shared-buffer-memory=pool) is an allocation of its
+// own: its consumer, another process, would die importing a 6 GiB pool
+// pointer.
+TEST(LargeBuffers, A6GiBBufferOfAPoolPointerDaemonReachesAnotherProcessIntact)
+{
+  REQUIRE_GPUS(1);
+  daemon_process daemon({"--cuda-pool-bytes", "8GiB", "--cuda-shared-buffer-memory", "pool"});
+  std::vector<std::string> const env{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
+  auto const share = program_path("rmmd_share_client").string();
+  auto const bytes = std::to_string(6 * GiB);
+  child_process producer({share, "produce", "big/kv", bytes, "41"}, env,
+                         spawn_options{.merge_stderr = true});
+  std::string line;
+  while (auto l = producer.read_line(120s)) {
+    if ((line = *l) == "published") { break; }
+  }
+  ASSERT_EQ(line, "published") << producer.read_all(1s);
+  child_process consumer({share, "consume", "big/kv", bytes, "41"}, env,
+                         spawn_options{.merge_stderr = true});
+  auto const verified = consumer.read_line(180s).value_or("(nothing)");
+  EXPECT_THAT(verified, ::testing::StartsWith("verified " + bytes)) << consumer.read_all(1s);
+  consumer.close_stdin();
+  EXPECT_EQ(consumer.wait(120s), 0) << consumer.read_all(1s);
+  producer.close_stdin();
+  EXPECT_EQ(producer.wait(120s), 0) << producer.read_all(1s);
+  EXPECT_TRUE(eventually([&] { return in_use_anywhere(daemon.stats()) == 0u; }))
+      << "the buffer went with its last holder";
+}
+
 }  // namespace
 }  // namespace rmmd::test

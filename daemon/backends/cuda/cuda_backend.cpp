@@ -191,7 +191,9 @@ void cuda_backend::deallocate_many(std::span<core::backend_allocation const> blo
 absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_t bytes,
                                                                       std::size_t alignment)
 {
-  if (!options_.vmm_buffers) { return pool_backend::allocate_shared(bytes, alignment); }
+  if (!options_.vmm_buffers && bytes <= largest_pool_pointer) {
+    return pool_backend::allocate_shared(bytes, alignment);
+  }
   // A driver without the virtual memory API (none we support) still shares
   // buffers: as pointers of the pool.
   if (!gpu::vmm()) { return pool_backend::allocate_shared(bytes, alignment); }

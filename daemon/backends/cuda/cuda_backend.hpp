@@ -59,12 +59,20 @@ struct cuda_pool_options {
   /// this device (a failed fabric export makes the pool's destruction crash).
   bool fabric{false};
   /// Shared buffers as allocations of their own (allocate_shared), not
-  /// pointers of the pool (--cuda-shared-buffer-memory=own).
+  /// pointers of the pool (--cuda-shared-buffer-memory=own). Buffers
+  /// larger than largest_pool_pointer are their own either way.
   bool vmm_buffers{false};
   /// The device's streams, shared with its other pools; null: the pool
   /// makes its own.
   std::shared_ptr<cuda_streams> streams{};
 };
+
+/// The largest shared buffer served as a pointer of the pool: the driver of
+/// CUDA 13.0 kills a process that imports a pool pointer of about 5.5 GiB or
+/// more (bench/experiments/large_pool_import.cu; 5 GiB works), so a larger
+/// buffer is an allocation of its own whatever --cuda-shared-buffer-memory
+/// says (as ipc_resource_options::own_allocation_above does for leases).
+inline constexpr std::size_t largest_pool_pointer = std::size_t{4} << 30;
 
 /// One CUDA memory pool: an RMM cuda_async_memory_resource created with the
 /// posix-fd export handle type (and fabric, where proven). The pool is exported once (its fd goes
