@@ -18,6 +18,7 @@
 //      and resume, in one process).
 //
 //   nvcc -O2 -o vmm_handoff bench/experiments/vmm_handoff.cu -lcuda && ./vmm_handoff 60
+//   ./vmm_handoff 60 full    # the GPU filled first but for N + 1 GiB (as in the sleep bench)
 //
 // Prints one line per step: its name and milliseconds.
 #include <cuda.h>
@@ -153,6 +154,15 @@ int main(int argc, char** argv)
   size_t const n = argc > 1 ? std::stoull(argv[1]) : 60;
   cudaSetDevice(0);
   cudaFree(0);
+  void* ballast = nullptr;
+  if (argc > 2 && std::string(argv[2]) == "full") {
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    size_t const keep = (n + 1) * GiB;
+    if (free > keep && cudaMalloc(&ballast, free - keep) == cudaSuccess) {
+      std::printf("ballast: %zu MiB, %zu MiB left free\n", (free - keep) >> 20, keep >> 20);
+    }
+  }
   std::vector<CUmemGenericAllocationHandle> handles;
   std::vector<int> fds;
 
@@ -207,5 +217,6 @@ int main(int argc, char** argv)
       "d. one process: release them and create one %zu GiB at once: %.1f ms\n", n, ms_since(t));
   CK(cuMemRelease(one));
   CK(cuMemAddressFree(base, n * GiB));
+  if (ballast != nullptr) { cudaFree(ballast); }
   return 0;
 }
