@@ -157,15 +157,17 @@ class Daemon:
         """SIGTERM (its drain), SIGKILL past STOP_TIMEOUT_S; removes the
         runtime directory. Returns the log's last 2000 characters, for the
         JSON document. Calling it again returns ""."""
-        if self.proc is None or not self.dir.exists():
+        if self.proc is None:
             return ""
-        if self.proc.poll() is None:
+        if self.proc.poll() is None:  # also where its directory was removed under it
             self.proc.terminate()
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if not self.dir.exists():
+            return ""
         tail = self.log_tail(2000)
         shutil.rmtree(self.dir, ignore_errors=True)
         return tail
