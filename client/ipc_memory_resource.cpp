@@ -85,7 +85,8 @@ ipc_memory_resource_impl::ipc_memory_resource_impl(session s,
         (visible != nullptr ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "") +
         "; use the pool of a GPU it sees (rmmctl pools lists each pool's GPU)");
   }
-  if (options_.mode == allocation_mode::slab && options_.slab_bytes > options_.own_allocation_above) {
+  if (options_.mode == allocation_mode::slab &&
+      options_.slab_bytes > options_.own_allocation_above) {
     throw rmmd::logic_error("rmmd: slab_bytes (" + std::to_string(options_.slab_bytes) +
                             ") is larger than own_allocation_above (" +
                             std::to_string(options_.own_allocation_above) +

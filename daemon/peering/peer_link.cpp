@@ -35,8 +35,8 @@ absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
 bool asks_for_hello(grpc::Status const& s)
 {
   if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) { return false; }
-  return wire::hello_needed(s) || (s.error_details().empty() &&
-                                   s.error_message().find("call Hello") != std::string::npos);
+  return wire::hello_needed(s) ||
+         (s.error_details().empty() && s.error_message().find("call Hello") != std::string::npos);
 }
 
 /// Why a dial failed, in words: gRPC's own for TLS problems are terse. The

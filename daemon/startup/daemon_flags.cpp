@@ -76,8 +76,8 @@ void add_pool_options(CLI::App& app, daemon_flags& flags)
                  flags.shared_buffer_memory,
                  "Memory of shared buffers on CUDA pools: own (an allocation of its own, counted "
                  "in the pool; opens in 0.23 ms at 4 GiB on an H100) or pool (a pointer of the "
-                 "pool, whose import grows with its size: 3.9 ms at 4 GiB; a buffer above 4 GiB is its "
-                 "own either way); docs/sharing.md")
+                 "pool, whose import grows with its size: 3.9 ms at 4 GiB; a buffer above "
+                 "4 GiB is its own either way); docs/sharing.md")
       ->check(CLI::IsMember({"pool", "own"}));
   app.add_option("--host-pool-name", flags.host_pool_name, "Name of the (first) shared host pool");
   app.add_option("--host-pool-pinned",

@@ -72,9 +72,9 @@ bool hello_needed(grpc::Status const& status)
 grpc::Status to_grpc_status(absl::Status const& status)
 {
   if (status.ok()) { return grpc::Status::OK; }
-  auto const code   = wire_code(status.code());
-  auto node         = unreachable_node(status);
-  bool const hello  = status.GetPayload(hello_needed_payload).has_value();
+  auto const code  = wire_code(status.code());
+  auto node        = unreachable_node(status);
+  bool const hello = status.GetPayload(hello_needed_payload).has_value();
   if (node.empty() && !hello) { return {code, std::string(status.message())}; }
   v1::ErrorDetails details;
   details.set_code(static_cast<int>(code));

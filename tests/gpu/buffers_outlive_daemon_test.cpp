@@ -164,8 +164,8 @@ TEST(DeviceKvOutlivesDaemon, AWriterLeasedKvComesBackAndItsNextWriterHasALargerG
   REQUIRE_GPUS(1);
   managed_rmmd daemon({"--cuda-pool-bytes", "2GiB", "--host-pool-bytes", "64MiB"});
   ASSERT_TRUE(daemon.start());
-  auto const first =
-      engine_writes_kv_and_rmmd_dies(daemon, "kv/engine-0", buffer_bytes, {.device = 0}, [](void* p) {
+  auto const first = engine_writes_kv_and_rmmd_dies(
+      daemon, "kv/engine-0", buffer_bytes, {.device = 0}, [](void* p) {
         ASSERT_EQ(cudaMemset(p, 0x6b, buffer_bytes), cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       });

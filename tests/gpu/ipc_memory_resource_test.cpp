@@ -152,8 +152,8 @@ TEST_F(IpcMemoryResource, ASlabLargerThanOwnAllocationAboveIsRefusedAtConstructi
 {
   try {
     rmmd::ipc_memory_resource mr(*session_,
-                                 rmmd::ipc_resource_options{.mode         = rmmd::allocation_mode::slab,
-                                                            .slab_bytes   = 64 * MiB,
+                                 rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::slab,
+                                                            .slab_bytes           = 64 * MiB,
                                                             .own_allocation_above = 32 * MiB});
     FAIL() << "constructed";
   } catch (rmmd::logic_error const& e) {
@@ -166,9 +166,9 @@ TEST_F(IpcMemoryResource, ASlabLargerThanOwnAllocationAboveIsRefusedAtConstructi
 // stream), and the next call frees it once.
 TEST_F(IpcMemoryResource, AnAllocationOfItsOwnFreedDuringCaptureIsTheGraphsUntilItIsDestroyed)
 {
-  rmmd::ipc_memory_resource mr(
-      *session_, rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct,
-                                            .own_allocation_above = 48 * MiB});
+  rmmd::ipc_memory_resource mr(*session_,
+                               rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct,
+                                                          .own_allocation_above = 48 * MiB});
   cudaStream_t raw{};
   ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
   cuda::stream_ref stream{raw};

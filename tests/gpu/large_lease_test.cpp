@@ -61,17 +61,16 @@ TEST_P(LargeLeases, AClientProcessWritesAndReadsBackEveryByteAndTheDaemonCountsI
 
 // 4 GiB: the largest a pool pointer serves; above it, allocations of their
 // own, up to most of the pool.
-INSTANTIATE_TEST_SUITE_P(Sizes,
-                         LargeLeases,
-                         ::testing::Combine(::testing::Values("device-hold", "slab-hold"),
-                                            ::testing::Values(4 * GiB, 4 * GiB + 2 * MiB, 6 * GiB,
-                                                              7 * GiB + 512 * MiB)),
-                         [](auto const& info) {
-                           return std::string(std::get<0>(info.param) == std::string("device-hold")
-                                                  ? "direct"
-                                                  : "slab") +
-                                  "_" + std::to_string(std::get<1>(info.param) / MiB) + "MiB";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Sizes,
+    LargeLeases,
+    ::testing::Combine(::testing::Values("device-hold", "slab-hold"),
+                       ::testing::Values(4 * GiB, 4 * GiB + 2 * MiB, 6 * GiB, 7 * GiB + 512 * MiB)),
+    [](auto const& info) {
+      return std::string(std::get<0>(info.param) == std::string("device-hold") ? "direct"
+                                                                               : "slab") +
+             "_" + std::to_string(std::get<1>(info.param) / MiB) + "MiB";
+    });
 
 TEST(LargeSlabs, ACarvingPoolThatGrowsPast10GiBLeasesNoSlabAbove4GiB)
 {
@@ -102,15 +101,15 @@ TEST(LargeBuffers, A6GiBBufferOfAPoolPointerDaemonReachesAnotherProcessIntact)
   std::vector<std::string> const env{"RMMD_RUNTIME_DIR=" + daemon.runtime_dir().string()};
   auto const share = program_path("rmmd_share_client").string();
   auto const bytes = std::to_string(6 * GiB);
-  child_process producer({share, "produce", "big/kv", bytes, "41"}, env,
-                         spawn_options{.merge_stderr = true});
+  child_process producer(
+      {share, "produce", "big/kv", bytes, "41"}, env, spawn_options{.merge_stderr = true});
   std::string line;
   while (auto l = producer.read_line(120s)) {
     if ((line = *l) == "published") { break; }
   }
   ASSERT_EQ(line, "published") << producer.read_all(1s);
-  child_process consumer({share, "consume", "big/kv", bytes, "41"}, env,
-                         spawn_options{.merge_stderr = true});
+  child_process consumer(
+      {share, "consume", "big/kv", bytes, "41"}, env, spawn_options{.merge_stderr = true});
   auto const verified = consumer.read_line(180s).value_or("(nothing)");
   EXPECT_THAT(verified, ::testing::StartsWith("verified " + bytes)) << consumer.read_all(1s);
   consumer.close_stdin();
