@@ -225,13 +225,14 @@ void ipc_memory_resource_impl::hold_for_graph(cudaGraph_t graph,
   graph_held_frees::entry e{.ptr = ptr, .bytes = bytes, .alignment = alignment};
   // A lease of its own leaves its table now: the resource's destructor must
   // not free it under a graph that may still be launched.
+  // An allocation of its own has no lease: release_graph_held() knows it by
+  // its size.
   std::optional<std::uint64_t> id = taken;
-  if (bytes > options_.own_allocation_above) {
-    // An allocation of its own: release_graph_held() knows it by its size.
-  } else if (!id && !carver_) {
+  bool const leased               = bytes <= options_.own_allocation_above;
+  if (leased && !id && !carver_) {
     id = leases_.take(ptr);
     if (!id) { return; }  // not ours: take() said so
-  } else if (!id && captured_count_.load(std::memory_order_acquire) != 0) {
+  } else if (leased && !id && captured_count_.load(std::memory_order_acquire) != 0) {
     if ((id = captured_.take_if_held(ptr))) {
       captured_count_.fetch_sub(1, std::memory_order_relaxed);
     }

@@ -7,12 +7,14 @@
 #include "client/detail/session_ids.hpp"
 #include "client/detail/session_impl.hpp"
 #include "client/detail/stable_mapping.hpp"
+#include "common/fd_passing.hpp"
 
 #include <rmm/error.hpp>
 
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -42,6 +44,12 @@ namespace detail {
 namespace {
 
 using entry = stable_memory_resource_impl::entry;
+
+/// The pieces the daemon gave `a`'s memory in (empty: one).
+std::span<std::uint64_t const> pieces_of(v1::StableAllocation const& a)
+{
+  return {a.piece_bytes().data(), static_cast<std::size_t>(a.piece_bytes().size())};
+}
 
 bool selected(std::vector<std::string> const& tags, std::string const& tag)
 {
@@ -204,6 +212,7 @@ void* stable_memory_resource_impl::allocate_tagged(std::string const& tag, std::
   request.set_pool_id(*daemon_pool);
   request.set_size(bytes);
   request.set_tag(tag);
+  request.set_maps_pieces(true);
   v1::StableAllocation granted;
   auto const what = "rmmd: address-stable allocation of " + std::to_string(bytes) +
                     " bytes tagged '" + tag + "' in pool '" + pool_.name + "'";
@@ -213,20 +222,21 @@ void* stable_memory_resource_impl::allocate_tagged(std::string const& tag, std::
           .bytes   = granted.mapping_bytes(),
           .size    = granted.size(),
           .tag     = tag,
-          .handle  = 0,
           .mapped  = false};
   try {
     device_scope on(pool_.device);
     stable::check(on.error(), "cudaSetDevice");
-    auto const ids = std::vector<std::uint64_t>{e.id};
-    auto fds       = stable::fetch_fds(s, ids, false);
+    auto const ids    = std::vector<std::uint64_t>{e.id};
+    auto const pieces = pieces_of(granted);
+    auto const counts = std::vector<std::size_t>{stable::fd_count(pieces)};
+    auto fds          = stable::fetch_fds(s, ids, counts, false);
     try {
       e.address = stable::reserve(e.bytes);
     } catch (...) {
-      ::close(fds.front());
+      fd_passing::close_fds(fds.front(), fds.front().size());
       throw;
     }
-    stable::map(e, fds.front(), pool_.device);
+    stable::map(e, std::move(fds.front()), pieces, pool_.device);
   } catch (...) {
     free_entry(e);
     throw;
@@ -373,6 +383,7 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
   v1::WakeRequest request;
   for (auto id : ids) { request.add_allocation_ids(id); }
   request.set_deadline_ms(static_cast<std::uint32_t>(std::max<std::int64_t>(deadline.count(), 0)));
+  request.set_maps_pieces(true);
   v1::WakeResponse woken;
   throw_if_failed(call_with(s, &v1::Rmmd::Stub::Wake, request, &woken, deadline), "rmmd: wake");
   std::map<std::uint64_t, entry*> by_id;
@@ -382,22 +393,29 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
   std::vector<entry*> backed;
   std::vector<std::uint64_t> backed_serials;
   std::size_t bytes = 0;
-  for (auto const& a : woken.allocations()) { chosen.push_back(a.allocation_id()); }
+  std::vector<std::size_t> counts;
+  for (auto const& a : woken.allocations()) {
+    chosen.push_back(a.allocation_id());
+    counts.push_back(stable::fd_count(pieces_of(a)));
+  }
   if (chosen.empty()) { return 0; }
   device_scope on(pool_.device);
   try {
     stable::check(on.error(), "cudaSetDevice");
-    auto fds = stable::fetch_fds(s, chosen, false);
+    auto fds = stable::fetch_fds(s, chosen, counts, false);
     for (std::size_t i = 0; i < chosen.size(); ++i) {
       auto found = by_id.find(chosen[i]);
       if (found == by_id.end()) {  // not this resource's: give it back asleep below
-        ::close(fds[i]);
+        fd_passing::close_fds(fds[i], fds[i].size());
         continue;
       }
       try {
-        stable::map(*found->second, fds[i], pool_.device);
+        stable::map(*found->second,
+                    std::move(fds[i]),
+                    pieces_of(woken.allocations(static_cast<int>(i))),
+                    pool_.device);
       } catch (...) {
-        for (auto j = i + 1; j < fds.size(); ++j) { ::close(fds[j]); }
+        for (auto j = i + 1; j < fds.size(); ++j) { fd_passing::close_fds(fds[j], fds[j].size()); }
         throw;
       }
       mapped.push_back(found->second);
@@ -452,7 +470,6 @@ std::vector<restored_allocation> stable_memory_resource_impl::restore(
             .bytes   = a.mapping_bytes(),
             .size    = a.size(),
             .tag     = a.tag(),
-            .handle  = 0,
             .mapped  = false};
     e.address = stable::reserve(e.bytes);  // throws before anything is recorded for it
     out.push_back({.ptr = reinterpret_cast<void*>(e.address), .size = e.size, .tag = e.tag});
@@ -478,13 +495,14 @@ bool stable_memory_resource_impl::read_backup(void const* ptr, std::size_t bytes
   }
   auto const& e = std::prev(it)->second;
   if (e.mapped) { return false; }  // awake: its backup, if any, is stale
-  std::vector<int> fds;
+  std::vector<std::vector<int>> fds;
   try {
-    fds = stable::fetch_fds(impl_of(session_), std::vector<std::uint64_t>{e.id}, true);
+    fds = stable::fetch_fds(
+        impl_of(session_), std::vector<std::uint64_t>{e.id}, std::vector<std::size_t>{1}, true);
   } catch (rmmd::precondition_error const&) {
     return false;  // asleep without a backup
   }
-  stable::read_backup(fds.front(), e.bytes, at - e.address, bytes, out);
+  stable::read_backup(fds.front().front(), e.bytes, at - e.address, bytes, out);
   return true;
 }
 

@@ -71,8 +71,14 @@ int main(int argc, char** argv)
                                .tenancy         = settings->tenancy});
   auto const pools = startup::pool_plan(*settings);
   std::vector<std::string> unserved;  // pools skipped at start, in words: peers hear of them
-  if (!pools || !startup::add_pools(
-                    core, *pools, flags.backend, flags.shared_buffer_memory == "own", &unserved)) {
+  if (!pools ||
+      !startup::add_pools(core,
+                          *pools,
+                          flags.backend,
+                          {.vmm_buffers   = flags.shared_buffer_memory == "own",
+                           .keep_released = std::chrono::milliseconds(
+                               static_cast<std::int64_t>(flags.keep_released_seconds * 1000)),
+                           .unserved = &unserved})) {
     return 1;
   }
   core.pools().set_driver_usage_source(rmmd::backends::cuda::driver_used_bytes);

@@ -278,16 +278,18 @@ std::string restart_lines(v1::Stats const& stats)
                                : "; buffers are not kept across a restart (no service manager)\n";
   }
   if (stats.gpu_memory_size() > 0) {
-    table gpus({"GPU", "DEVICE", "DRIVER USED", "RMMD LEDGER", "UNACCOUNTED"});
+    table gpus({"GPU", "DEVICE", "DRIVER USED", "RMMD LEDGER", "UNACCOUNTED", "SPARE"});
     for (auto const& g : stats.gpu_memory()) {
       gpus.add({g.gpu_uuid(),
                 std::to_string(g.device()),
                 human_bytes(g.driver_used_bytes()),
                 human_bytes(g.ledger_bytes()),
-                human_bytes(g.unaccounted_bytes())});
+                human_bytes(g.unaccounted_bytes()),
+                human_bytes(g.spare_bytes())});
     }
-    out += "\n" + gpus.str({false, true, true, true, true}) +
-           "(unaccounted: held from before a restart, CUDA contexts, other processes)\n";
+    out += "\n" + gpus.str({false, true, true, true, true, true}) +
+           "(unaccounted: held from before a restart, CUDA contexts, other processes; spare: "
+           "given back by a sleep or free, kept for its uid's next address-stable allocation)\n";
   }
   return out;
 }

@@ -4,7 +4,8 @@ against SGLang's torch_memory_saver (0.0.10) in both of its hook modes.
 
   python bench/python/sleep_bench.py [--kv-gib 60] [--weights-gib 8] [--weights-tensors 1000]
         [--repeats 5] [--handoff-repeats 3] [--pinned-gib 4] [--impls tms-torch,tms-preload,rmmd]
-        [--start-daemon PATH_TO_rmmd | --runtime-dir DIR] [--taker-user USER] [--json FILE] [--dry-run]
+        [--start-daemon PATH_TO_rmmd [--keep-released-memory SECONDS] | --runtime-dir DIR]
+        [--taker-user USER] [--json FILE] [--dry-run]
 
 Each implementation runs in a process of its own (this file again, with
 --worker: no CUDA state shared) and hands its figures back as JSON:
@@ -51,7 +52,10 @@ rmmd's side needs a daemon: --runtime-dir DIR (else $RMMD_RUNTIME_DIR), or
 the KV + 1.25x the weights' segments + min(2 GiB, half the KV),
 --host-pool-bytes twice the weights' segments + 1 GiB (the backups),
 --fabric off, its open-file limit raised (an fd per stable allocation and
-per backup), and stopped at the end. Smoke: --kv-gib 2 --weights-gib 1
+per backup), --keep-released-memory SECONDS (0: the daemon's default; with
+more, what pause("kv") gives back stays the daemon's for the uid's next
+allocation: a taker of the same uid gets it without the driver's clearing,
+one of another uid never), and stopped at the end. Smoke: --kv-gib 2 --weights-gib 1
 --weights-tensors 100.
 
 Prints a table, the targets (pass / MISS) and the JSON document as the last
@@ -275,12 +279,14 @@ def pinned_worker(a: argparse.Namespace) -> dict[str, Any]:
 # ---- the daemon ----------------------------------------------------------------------
 
 
-def start_daemon(rmmd_path: str, plan: dict[str, Any], allow_uids: list[int]) -> Daemon:
+def start_daemon(rmmd_path: str, plan: dict[str, Any], allow_uids: list[int], keep_released: float = 0) -> Daemon:
     """rmmd with the plan's pools on GPU 0 and the host, --fabric off, its
     open-file limit raised; with `allow_uids`, only they may use it, and
-    its sockets are reachable by them."""
+    its sockets are reachable by them; `keep_released`: its
+    --keep-released-memory."""
     args = ["--backend", "cuda", "--fabric", "off", "--cuda-pool-bytes", str(plan["daemon_cuda_pool_bytes"]),
-            "--host-pool-bytes", str(plan["daemon_host_pool_bytes"]), "--drain-timeout-ms", "0"]
+            "--host-pool-bytes", str(plan["daemon_host_pool_bytes"]), "--drain-timeout-ms", "0",
+            "--keep-released-memory", str(keep_released)]
     for uid in allow_uids:
         args += ["--allow-uid", str(uid)]
     daemon = Daemon(rmmd_path, args, "rmmd-sleep-bench-", preexec_fn=raise_open_file_limit)
@@ -438,6 +444,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the cycles after the first copy into the backups kept")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {','.join(IMPLS)}")
     add_daemon_options(p, "start this rmmd for rmmd's side, and stop it at the end")
+    p.add_argument("--keep-released-memory", type=float, default=0.0, metavar="SECONDS",
+                   help="the started rmmd's --keep-released-memory (0: memory a sleep gives back goes to the "
+                        "driver at once)")
     p.add_argument("--taker-user", default="", help="run the handoff's taker as this user (root only)")
     p.add_argument("--json", "--out", dest="json", metavar="FILE", help="write the JSON document here too")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
@@ -494,10 +503,11 @@ def run_rmmd(a: argparse.Namespace, plan: dict[str, Any], base: dict[str, str], 
         taker_uid = user_uid(a.taker_user) if a.taker_user else None
         # Naming uids replaces the daemon's default policy: this process's too.
         allow = sorted({0, os.getuid(), taker_uid}) if taker_uid is not None else []
-        daemon = start_daemon(a.start_daemon, plan, allow)
+        daemon = start_daemon(a.start_daemon, plan, allow, a.keep_released_memory)
         runtime = daemon.runtime
         doc["daemon"] = {"started": a.start_daemon, "cuda_pool_bytes": plan["daemon_cuda_pool_bytes"],
-                         "host_pool_bytes": plan["daemon_host_pool_bytes"], "allow_uids": allow}
+                         "host_pool_bytes": plan["daemon_host_pool_bytes"], "allow_uids": allow,
+                         "keep_released_memory_s": a.keep_released_memory}
     else:
         doc["daemon"] = {"runtime_dir": runtime}
     env = dict(base, RMMD_RUNTIME_DIR=runtime)

@@ -17,7 +17,7 @@
 namespace rmmd::detail::stable {
 namespace {
 
-/// Most ids one StableFds call names (daemon/core/stable_registry.hpp).
+/// Most fds one StableFds call brings (daemon/core/stable_registry.hpp).
 constexpr std::size_t fds_per_call = 250;
 
 gpu::vmm_api const& api()
@@ -57,30 +57,70 @@ void unreserve(std::uintptr_t address, std::size_t bytes) noexcept
   if (auto const& a = gpu::vmm()) { a->address_free(static_cast<CUdeviceptr>(address), bytes); }
 }
 
-void map(stable_memory_resource_impl::entry& e, int fd, int device)
+void map(stable_memory_resource_impl::entry& e,
+         std::vector<int> fds,
+         std::span<std::uint64_t const> piece_bytes,
+         int device)
 {
-  auto const& a = api();
-  CUmemGenericAllocationHandle handle{};
-  auto r = a.import_handle(&handle,
-                           reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
-                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  ::close(fd);  // the import holds the allocation now
-  if (r != CUDA_SUCCESS) { driver_failed(a, "cuMemImportFromShareableHandle (posix fd)", r); }
-  auto const va = static_cast<CUdeviceptr>(e.address);
-  if (r = a.map(va, e.bytes, 0, handle, 0); r != CUDA_SUCCESS) {
-    a.mem_release(handle);
-    driver_failed(a, "cuMemMap", r);
+  auto close_all = [&] {
+    fd_passing::close_fds(fds, fds.size());
+    fds.clear();
+  };
+  std::vector<std::size_t> pieces(piece_bytes.begin(), piece_bytes.end());
+  if (pieces.empty()) { pieces.push_back(e.bytes); }
+  std::size_t total = 0;
+  for (auto bytes : pieces) { total += bytes; }
+  if (fds.size() != pieces.size() || total != e.bytes) {
+    close_all();
+    throw rmm::bad_alloc("rmmd: the daemon's reply brought memory of " + std::to_string(total) +
+                         " bytes in " + std::to_string(pieces.size()) + " pieces and " +
+                         std::to_string(fds.size()) + " fds for an allocation of " +
+                         std::to_string(e.bytes) + " bytes");
+  }
+  auto const& a = [&]() -> gpu::vmm_api const& {
+    try {
+      return api();
+    } catch (...) {
+      close_all();
+      throw;
+    }
+  }();
+  std::vector<CUmemGenericAllocationHandle> handles;
+  std::size_t mapped = 0;  // bytes mapped from e.address
+  auto undo          = [&] {
+    if (mapped > 0) { a.unmap(static_cast<CUdeviceptr>(e.address), mapped); }
+    for (auto h : handles) { a.mem_release(h); }
+  };
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    CUmemGenericAllocationHandle handle{};
+    auto r = a.import_handle(&handle,
+                             reinterpret_cast<void*>(static_cast<std::uintptr_t>(fds[i])),
+                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(fds[i]);  // the import holds the allocation now
+    fds[i] = -1;
+    if (r == CUDA_SUCCESS) {
+      handles.push_back(handle);
+      r = a.map(static_cast<CUdeviceptr>(e.address + mapped), pieces[i], 0, handle, 0);
+      if (r == CUDA_SUCCESS) { mapped += pieces[i]; }
+    }
+    if (r != CUDA_SUCCESS) {
+      close_all();
+      undo();
+      driver_failed(
+          a, handles.size() == i ? "cuMemImportFromShareableHandle (posix fd)" : "cuMemMap", r);
+    }
   }
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id   = device;
   access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (r = a.set_access(va, e.bytes, &access, 1); r != CUDA_SUCCESS) {
-    a.unmap(va, e.bytes);
-    a.mem_release(handle);
+  if (auto r = a.set_access(static_cast<CUdeviceptr>(e.address), e.bytes, &access, 1);
+      r != CUDA_SUCCESS) {
+    undo();
     driver_failed(a, "cuMemSetAccess", r);
   }
-  e.handle = handle;
+  e.handles.assign(handles.begin(), handles.end());
+  e.pieces = std::move(pieces);
   e.mapped = true;
   e.kept   = false;
 }
@@ -90,39 +130,58 @@ void unmap(stable_memory_resource_impl::entry& e) noexcept
   if (!e.mapped) { return; }
   if (auto const& a = gpu::vmm()) {
     a->unmap(static_cast<CUdeviceptr>(e.address), e.bytes);
-    a->mem_release(static_cast<CUmemGenericAllocationHandle>(e.handle));
+    for (auto h : e.handles) { a->mem_release(static_cast<CUmemGenericAllocationHandle>(h)); }
   }
   e.mapped = false;
-  e.handle = 0;
+  e.handles.clear();
+  e.pieces.clear();
 }
 
-std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const> ids, bool backup)
+std::vector<std::vector<int>> fetch_fds(session_impl& session,
+                                        std::span<std::uint64_t const> ids,
+                                        std::span<std::size_t const> counts,
+                                        bool backup)
 {
-  std::vector<int> all;
+  std::vector<std::vector<int>> all;
+  auto close_all = [&] {
+    for (auto& fds : all) { fd_passing::close_fds(fds, fds.size()); }
+  };
   try {
-    for (std::size_t at = 0; at < ids.size(); at += fds_per_call) {
-      auto const part = ids.subspan(at, std::min(fds_per_call, ids.size() - at));
+    for (std::size_t at = 0; at < ids.size();) {
+      // As many ids as fit one call's fds (one at least: the daemon sends
+      // at most 64 pieces an allocation).
+      std::size_t end = at, want = 0;
+      while (end < ids.size() && (end == at || want + counts[end] <= fds_per_call)) {
+        want += counts[end++];
+      }
       v1::SessionCall call;
       auto* request = call.mutable_stable_fds();
-      for (auto id : part) { request->add_allocation_ids(id); }
+      for (auto i = at; i < end; ++i) { request->add_allocation_ids(ids[i]); }
       request->set_backup(backup);
       v1::SessionReply reply;
       std::vector<int> fds;
       auto status = session.channel().call(call, &reply, &fds);
-      if (status.ok() && (fds.size() != part.size() ||
-                          reply.stable_fds().fd_count() != static_cast<int>(part.size()))) {
+      if (status.ok() &&
+          (fds.size() != want || reply.stable_fds().fd_count() != static_cast<int>(want))) {
         status = grpc::Status(grpc::StatusCode::INTERNAL,
                               "the daemon's reply brought " + std::to_string(fds.size()) +
-                                  " fds for " + std::to_string(part.size()) + " allocations");
+                                  " fds for " + std::to_string(end - at) +
+                                  " allocations, which have " + std::to_string(want));
       }
       if (!status.ok()) {
         fd_passing::close_fds(fds, fds.size());
         throw_status(status, backup ? "fds of host backups" : "fds of address-stable memory");
       }
-      all.insert(all.end(), fds.begin(), fds.end());
+      std::size_t next = 0;
+      for (auto i = at; i < end; ++i) {
+        all.emplace_back(fds.begin() + static_cast<std::ptrdiff_t>(next),
+                         fds.begin() + static_cast<std::ptrdiff_t>(next + counts[i]));
+        next += counts[i];
+      }
+      at = end;
     }
   } catch (...) {
-    fd_passing::close_fds(all, all.size());
+    close_all();
     throw;
   }
   return all;
@@ -153,14 +212,15 @@ void map_backups(session_impl& session,
     missing_ids.push_back(e.id);
   }
   if (missing.empty()) { return; }
-  auto fds         = fetch_fds(session, missing_ids, true);
+  std::vector<std::size_t> const ones(missing_ids.size(), 1);
+  auto fds         = fetch_fds(session, missing_ids, ones, true);
   std::size_t next = 0;  // fds from here on are still open
   try {
     for (std::size_t k = 0; k < missing.size(); ++k) {
       next     = k + 1;
       auto& e  = *entries[missing[k]];
-      void* at = ::mmap(nullptr, e.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[k], 0);
-      ::close(fds[k]);  // the mapping keeps the memfd
+      void* at = ::mmap(nullptr, e.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[k].front(), 0);
+      ::close(fds[k].front());  // the mapping keeps the memfd
       if (at == MAP_FAILED) {
         throw rmm::bad_alloc("rmmd: mapping a host backup of " + std::to_string(e.bytes) +
                              " bytes failed (mmap)");
@@ -174,7 +234,7 @@ void map_backups(session_impl& session,
       e.backup_serial = serials[missing[k]];
     }
   } catch (...) {
-    for (auto k = next; k < fds.size(); ++k) { ::close(fds[k]); }
+    for (auto k = next; k < fds.size(); ++k) { ::close(fds[k].front()); }
     throw;
   }
 }

@@ -25,15 +25,30 @@ namespace rmmd::detail::stable {
 std::uintptr_t reserve(std::size_t bytes);
 void unreserve(std::uintptr_t address, std::size_t bytes) noexcept;
 
-/// Imports `fd` (closing it) and maps it read-write for `device` at
-/// `e.address`; sets e.handle and e.mapped.
-void map(stable_memory_resource_impl::entry& e, int fd, int device);
-/// Unmaps and releases the import (where mapped).
+/// Imports `fds` (closing every one, whatever happens) and maps them one
+/// after another read-write for `device` from `e.address`: one fd per
+/// piece of `piece_bytes` (the daemon's StableAllocation.piece_bytes;
+/// empty: one piece of e.bytes). Sets e.handles, e.pieces and e.mapped.
+void map(stable_memory_resource_impl::entry& e,
+         std::vector<int> fds,
+         std::span<std::uint64_t const> piece_bytes,
+         int device);
+/// Unmaps and releases the imports (where mapped).
 void unmap(stable_memory_resource_impl::entry& e) noexcept;
 
-/// The fds of `ids` (their memory, or their backups) from the daemon, in
-/// order, in calls of at most 250; the caller closes them.
-std::vector<int> fetch_fds(session_impl& session, std::span<std::uint64_t const> ids, bool backup);
+/// The fds of `ids` from the daemon: of their memory (`counts[i]` for id
+/// i: its pieces) or of their backups (one each), in calls of at most 250
+/// fds; out[i] holds id i's. The caller closes them.
+std::vector<std::vector<int>> fetch_fds(session_impl& session,
+                                        std::span<std::uint64_t const> ids,
+                                        std::span<std::size_t const> counts,
+                                        bool backup);
+
+/// How many fds an allocation of `piece_bytes` (StableAllocation.piece_bytes) has.
+[[nodiscard]] inline std::size_t fd_count(std::span<std::uint64_t const> piece_bytes) noexcept
+{
+  return piece_bytes.empty() ? 1 : piece_bytes.size();
+}
 
 /// Which way a copy goes.
 enum class direction { to_host, to_device };

@@ -11,6 +11,7 @@
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/core/types.hpp"
 
+#include <chrono>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,12 +20,14 @@ namespace rmmd::backends {
 
 /// What the start knows when it makes pools.
 struct pool_start {
-  int gpus{};  ///< GPUs CUDA shows this daemon (0: none, or none needed)
-  bool vmm_buffers{false};
+  int gpus{};               ///< GPUs CUDA shows this daemon (0: none, or none needed)
+  bool vmm_buffers{false};  ///< shared buffers on device pools get allocations of their own
+  /// How long address-stable memory given back stays the daemon's for its
+  /// uid's next allocation (--keep-released-memory); 0: not at all.
+  std::chrono::milliseconds keep_released{0};
   /// Where a kind's entry notes each pool it skips (not served, the daemon
   /// starts without it), in words; null: nowhere. Peering tells peers.
-  std::vector<std::string>* unserved{
-      nullptr};  ///< shared buffers on device pools get allocations of their own
+  std::vector<std::string>* unserved{nullptr};
 };
 
 /// One kind of pool.

@@ -221,7 +221,7 @@ struct stable_entry {
   std::size_t size{};   // asked for
   std::size_t bytes{};  // its allocation's (what the pool is charged while awake)
   stable_state state{stable_state::awake};
-  shared_allocation memory;  // while not asleep
+  stable_memory memory;  // while not asleep
   std::optional<stable_backup> backup;
   std::string backup_name;
   bool kept{false};  // the backup keeper holds its backup (backup_keeper.hpp)

@@ -38,6 +38,28 @@ struct shared_allocation {
   bool host_memfd{false};                  ///< `fd` is a memfd of its own (host pools)
 };
 
+/// Address-stable memory: one or more allocations of their own, which the
+/// client maps one after another at the addresses it keeps (several only
+/// where memory another allocation of its uid gave back serves it, and the
+/// client said it maps several).
+struct stable_memory {
+  std::vector<shared_allocation> pieces{};
+
+  /// Their bytes together: what the client maps and the pool is charged.
+  [[nodiscard]] std::size_t bytes() const noexcept
+  {
+    std::size_t all = 0;
+    for (auto const& p : pieces) { all += p.block.bytes; }
+    return all;
+  }
+};
+
+/// Who asks for address-stable memory, and in how many pieces it may come.
+struct stable_request {
+  uid_t owner{};
+  std::size_t max_pieces{1};
+};
+
 /// What the backend itself reports (CUDA's own pool attributes), beside the
 /// core's ledger.
 struct backend_usage {
@@ -103,23 +125,33 @@ class pool_backend {
     deallocate(memory.block);
   }
 
-  /// Address-stable memory (stable_registry.hpp): an allocation of its own
-  /// that the client maps at addresses it reserved, exported by a posix fd
-  /// of its own (`fd`, owned by the backend). FAILED_PRECONDITION where the
+  /// Address-stable memory of `bytes` (stable_registry.hpp) for
+  /// `who.owner`: allocations of their own that the client maps at
+  /// addresses it reserved, each exported by a posix fd of its own (`fd`,
+  /// owned by the backend), at most `who.max_pieces` of them. FAILED_PRECONDITION where the
   /// backend cannot make such memory (the default: host pools), and
   /// RESOURCE_EXHAUSTED when the device is out of memory. Thread-safe like
   /// allocate().
-  virtual absl::StatusOr<shared_allocation> allocate_stable(std::size_t /*bytes*/)
+  virtual absl::StatusOr<stable_memory> allocate_stable(std::size_t /*bytes*/,
+                                                        stable_request const& /*who*/)
   {
     return absl::FailedPreconditionError(
         "its pool cannot make address-stable memory (it needs a CUDA pool: an allocation of its "
         "own the client maps at addresses it keeps); use a CUDA pool");
   }
-  /// REQUIRES: `memory` came from allocate_stable() and was not freed.
+  /// Takes back what allocate_stable() gave `owner` (the backend may keep
+  /// it for that uid's next one). REQUIRES: not freed before; every
+  /// importer released its imports, or is `owner`'s.
   /// Thread-safe like deallocate().
-  virtual void deallocate_stable(shared_allocation const& memory) noexcept
+  virtual void deallocate_stable(stable_memory const& memory, uid_t /*owner*/) noexcept
   {
-    deallocate_shared(memory);
+    for (auto const& piece : memory.pieces) { deallocate_shared(piece); }
+  }
+  /// Bytes of address-stable memory given back and kept for its uid's next
+  /// allocation on this device (the same figure from every pool of it).
+  [[nodiscard]] virtual std::size_t spare_bytes() const noexcept
+  {
+    return 0;
   }
 
   /// What allocate(bytes) reserves when it succeeds (its rounding), so that

@@ -245,6 +245,14 @@ stats_snapshot pool_registry::stats(std::optional<std::size_t> top_sessions) con
       stable_bytes[e->pool] += e->bytes;
     }
   }
+  // Every pool of a device reports the device's spares.
+  std::map<int, std::size_t> spares;
+  for (auto const& p : state_.pools) {
+    for (auto const& [key, slot] : p->tenants.slots()) {
+      auto& s = spares[p->config.device];
+      s       = std::max(s, slot.backend->spare_bytes());
+    }
+  }
   for (auto const& [device, used] : driver_used) {
     if (!used) { continue; }
     gpu_memory_use g{.device = device, .driver_used_bytes = *used};
@@ -256,6 +264,8 @@ stats_snapshot pool_registry::stats(std::optional<std::size_t> top_sessions) con
         g.ledger_bytes += s->second;
       }
     }
+    g.spare_bytes = spares[device];
+    g.ledger_bytes += g.spare_bytes;
     g.unaccounted_bytes = *used > g.ledger_bytes ? *used - g.ledger_bytes : 0;
     snapshot.gpu_memory.push_back(std::move(g));
   }

@@ -63,6 +63,15 @@ std::optional<std::string> stable_tag_problem(std::string_view tag)
   return std::nullopt;
 }
 
+std::vector<std::size_t> stable_registry::pieces_of(stable_entry const& e)
+{
+  std::vector<std::size_t> out;
+  if (e.memory.pieces.size() > 1) {
+    for (auto const& piece : e.memory.pieces) { out.push_back(piece.block.bytes); }
+  }
+  return out;
+}
+
 stable_grant stable_registry::grant_of(stable_entry const& e)
 {
   return stable_grant{.id            = e.id,
@@ -72,7 +81,8 @@ stable_grant stable_registry::grant_of(stable_entry const& e)
                       .bytes         = e.bytes,
                       .awake         = e.state == stable_state::awake,
                       .has_backup    = e.backup.has_value(),
-                      .backup_serial = e.backup ? e.backup->serial : 0};
+                      .backup_serial = e.backup ? e.backup->serial : 0,
+                      .pieces        = pieces_of(e)};
 }
 
 absl::StatusOr<std::vector<stable_entry*>> stable_registry::awake_owned_locked(
@@ -112,7 +122,8 @@ absl::StatusOr<stable_entry*> stable_registry::owned_locked(session_id session,
 absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
                                                        pool_id pool,
                                                        std::size_t bytes,
-                                                       std::string_view tag)
+                                                       std::string_view tag,
+                                                       std::size_t max_pieces)
 {
   std::unique_lock lock(state_.mutex);
   auto const request =
@@ -147,8 +158,9 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
   auto backend      = p.tenants.find(tenant)->backend;
   auto const others = p.tenants.others(tenant);
   lock.unlock();
-  auto memory = after_trimming_others(
-      others, state_.trim_mutex, [&] { return backend->allocate_stable(bytes); });
+  auto memory = after_trimming_others(others, state_.trim_mutex, [&] {
+    return backend->allocate_stable(bytes, {.owner = uid, .max_pieces = max_pieces});
+  });
   lock.lock();
   auto* const owner = state_.find_session_locked(session);
   state_.charge_locked(p, owner, uid, tenant, pool, bytes, -1);
@@ -160,13 +172,13 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
                         absl::StrCat(what, ": ", memory.status().message()));
   }
   if (owner == nullptr) {
-    backend->deallocate_stable(*memory);
+    backend->deallocate_stable(*memory, uid);
     return absl::UnauthenticatedError(
         absl::StrCat(request, ": the session closed during the call; open a new session"));
   }
-  auto const reserved = memory->block.bytes;
+  auto const reserved = memory->bytes();
   if (auto refused = state_.refusal_locked(p, *owner, reserved, what)) {
-    backend->deallocate_stable(*memory);
+    backend->deallocate_stable(*memory, uid);
     return absl::ResourceExhaustedError(
         absl::StrFormat("%s: rounded up to %s by the driver's granularity, it exceeds the pool "
                         "limit or a quota; ask for less",
@@ -214,7 +226,7 @@ absl::Status stable_registry::free(session_id session, stable_id id)
 void stable_registry::release_memory_locked(stable_entry& e, session_entry* s) noexcept
 {
   auto& p = *state_.pools[e.pool];
-  p.tenants.backend(e.tenant).deallocate_stable(e.memory);
+  p.tenants.backend(e.tenant).deallocate_stable(e.memory, e.uid);
   e.memory = {};
   state_.charge_locked(p, s, e.uid, e.tenant, e.pool, e.bytes, -1);
 }
@@ -504,19 +516,27 @@ absl::StatusOr<std::vector<int>> stable_registry::fds(session_id session,
   for (auto id : ids) {
     auto e = owned_locked(session, id, request);
     if (!e.ok()) { return e.status(); }
-    int const fd = backup
-                       ? ((*e)->backup ? (*e)->backup->memory.fd : -1)
-                       : ((*e)->state == stable_state::asleep || (*e)->state == stable_state::waking
-                              ? -1
-                              : (*e)->memory.fd);
-    if (fd < 0) {
+    auto const& entry = **e;
+    bool const asleep = entry.state == stable_state::asleep || entry.state == stable_state::waking;
+    if (backup ? !entry.backup : asleep) {
       return absl::FailedPreconditionError(
           absl::StrFormat("%s: allocation %d %s",
                           request,
                           id,
                           backup ? "has no backup" : "has no memory now (asleep)"));
     }
-    fds.push_back(fd);
+    if (backup) {
+      fds.push_back(entry.backup->memory.fd);
+      continue;
+    }
+    for (auto const& piece : entry.memory.pieces) { fds.push_back(piece.fd); }
+  }
+  if (fds.size() > max_stable_fds) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: they have %d fds (pieces of memory); ask for at most %d per call",
+                        request,
+                        fds.size(),
+                        max_stable_fds));
   }
   return fds;
 }

@@ -57,6 +57,10 @@ inline constexpr std::size_t max_stable_fds = 250;
 /// Longest tag (bytes of printable ASCII).
 inline constexpr std::size_t max_stable_tag = 128;
 
+/// Most pieces one allocation's memory comes in, for a client that maps
+/// several (its fds fit one StableFds call).
+inline constexpr std::size_t max_stable_pieces = 64;
+
 class stable_registry {
  public:
   explicit stable_registry(core_state& state) : state_(state) {}
@@ -66,7 +70,9 @@ class stable_registry {
   // Every call answers UNAUTHENTICATED when the session is gone, and a
   // refused call changes nothing.
 
-  /// An awake allocation of `bytes` in `pool` tagged `tag`. INVALID_ARGUMENT
+  /// An awake allocation of `bytes` in `pool` tagged `tag`, its memory in
+  /// at most `max_pieces` pieces (the client maps them one after another;
+  /// more than one only where spares of its uid serve it). INVALID_ARGUMENT
   /// (size 0, unknown pool, a tag that is empty, longer than max_stable_tag
   /// or not printable), FAILED_PRECONDITION (a pool that cannot make such
   /// memory), RESOURCE_EXHAUSTED (quota, pool, device), UNAVAILABLE
@@ -74,7 +80,8 @@ class stable_registry {
   absl::StatusOr<stable_grant> allocate(session_id session,
                                         pool_id pool,
                                         std::size_t bytes,
-                                        std::string_view tag);
+                                        std::string_view tag,
+                                        std::size_t max_pieces = 1);
 
   /// Frees allocation `id` of `session`, awake or asleep, with its backup.
   /// NOT_FOUND (not the session's).
@@ -113,11 +120,13 @@ class stable_registry {
   /// come back (asking sessions with idle slabs for them); then
   /// RESOURCE_EXHAUSTED names who holds the pool. NOT_FOUND (an id not the
   /// session's), FAILED_PRECONDITION (an id awake), INVALID_ARGUMENT (a bad
-  /// tag). Their backups stay until finish_wake().
+  /// tag). Their backups stay until finish_wake(). Each one's memory comes
+  /// in at most `max_pieces` pieces, as allocate()'s.
   absl::StatusOr<std::vector<stable_grant>> wake(session_id session,
                                                  std::span<std::string const> tags,
                                                  std::span<stable_id const> ids,
-                                                 std::chrono::steady_clock::time_point deadline);
+                                                 std::chrono::steady_clock::time_point deadline,
+                                                 std::size_t max_pieces = 1);
 
   /// Wake, second step: the backups of `ids` (awake) go, or, with
   /// `keep_backups`, stay (still charged) as the room the next sleep with a
@@ -155,8 +164,9 @@ class stable_registry {
   absl::StatusOr<stable_id> adopt_backup(adopted_backup_spec spec);
 
   /// The fds (owned by the backends: send copies) of `ids`' physical memory
-  /// (awake), or of their backups. INVALID_ARGUMENT (none, or more than
-  /// max_stable_fds), NOT_FOUND, FAILED_PRECONDITION (asleep; no backup).
+  /// (awake; each piece's, in order), or of their backups. INVALID_ARGUMENT
+  /// (none, or more than max_stable_fds), NOT_FOUND, FAILED_PRECONDITION
+  /// (asleep; no backup).
   absl::StatusOr<std::vector<int>> fds(session_id session,
                                        std::span<stable_id const> ids,
                                        bool backup) const;
@@ -217,10 +227,12 @@ class stable_registry {
   absl::Status allocate_for_wake(std::unique_lock<std::mutex>& lock,
                                  session_id session,
                                  std::vector<stable_id> const& ids,
-                                 std::chrono::steady_clock::time_point deadline);
+                                 std::chrono::steady_clock::time_point deadline,
+                                 std::size_t max_pieces);
   /// "uid 1000 holds N bytes, uid 1001 ...": who holds `pool`.
   [[nodiscard]] std::string holders_text_locked(pool_id pool) const;
   [[nodiscard]] static stable_grant grant_of(stable_entry const& e);
+  [[nodiscard]] static std::vector<std::size_t> pieces_of(stable_entry const& e);
 
   core_state& state_;
   stable_id next_id_{1};

@@ -87,7 +87,8 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::wake(
     session_id session,
     std::span<std::string const> tags,
     std::span<stable_id const> ids,
-    std::chrono::steady_clock::time_point deadline)
+    std::chrono::steady_clock::time_point deadline,
+    std::size_t max_pieces)
 {
   std::unique_lock lock(state_.mutex);
   auto const request = ids.empty()
@@ -169,7 +170,7 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::wake(
     state_.charge_locked(*state_.pools[e.pool], s, e.uid, e.tenant, e.pool, e.bytes, +1);
     e.state = stable_state::waking;
   }
-  if (auto made = allocate_for_wake(lock, session, chosen, deadline); !made.ok()) {
+  if (auto made = allocate_for_wake(lock, session, chosen, deadline, max_pieces); !made.ok()) {
     if (made.code() == absl::StatusCode::kResourceExhausted) { ++state_.wake_failures; }
     return absl::Status(made.code(), absl::StrCat(request, ": ", made.message()));
   }
@@ -181,20 +182,23 @@ absl::StatusOr<std::vector<stable_grant>> stable_registry::wake(
 absl::Status stable_registry::allocate_for_wake(std::unique_lock<std::mutex>& lock,
                                                 session_id session,
                                                 std::vector<stable_id> const& ids,
-                                                std::chrono::steady_clock::time_point deadline)
+                                                std::chrono::steady_clock::time_point deadline,
+                                                std::size_t max_pieces)
 {
   struct job {
     stable_id id{};
+    uid_t owner{};
     std::size_t bytes{};
     std::shared_ptr<pool_backend> backend;
     std::vector<std::shared_ptr<pool_backend>> others;
-    std::optional<shared_allocation> made;
+    std::optional<stable_memory> made;
   };
   std::vector<job> jobs;
   for (auto id : ids) {
     auto const& e = *state_.stables.at(id);
     auto& p       = *state_.pools[e.pool];
     jobs.push_back({.id      = id,
+                    .owner   = e.uid,
                     .bytes   = e.bytes,
                     .backend = p.tenants.find(e.tenant)->backend,
                     .others  = p.tenants.others(e.tenant),
@@ -204,8 +208,9 @@ absl::Status stable_registry::allocate_for_wake(std::unique_lock<std::mutex>& lo
   for (auto& j : jobs) {
     for (;;) {
       lock.unlock();
-      auto memory = after_trimming_others(
-          j.others, state_.trim_mutex, [&] { return j.backend->allocate_stable(j.bytes); });
+      auto memory = after_trimming_others(j.others, state_.trim_mutex, [&] {
+        return j.backend->allocate_stable(j.bytes, {.owner = j.owner, .max_pieces = max_pieces});
+      });
       lock.lock();
       if (memory.ok()) {
         j.made = *std::move(memory);
@@ -241,7 +246,7 @@ absl::Status stable_registry::allocate_for_wake(std::unique_lock<std::mutex>& lo
       state_.stats.grew(e->pool, state_.pools[e->pool]->in_use);
       continue;
     }
-    if (j.made) { j.backend->deallocate_stable(*j.made); }
+    if (j.made) { j.backend->deallocate_stable(*j.made, j.owner); }
     if (e != nullptr) {
       state_.charge_locked(*state_.pools[e->pool], s, e->uid, e->tenant, e->pool, e->bytes, -1);
       e->state = stable_state::asleep;
@@ -286,7 +291,7 @@ void stable_registry::free_all() noexcept
   std::lock_guard lock(state_.mutex);
   for (auto const& [id, e] : state_.stables) {
     if (e->state == stable_state::awake || e->state == stable_state::going_to_sleep) {
-      state_.pools[e->pool]->tenants.backend(e->tenant).deallocate_stable(e->memory);
+      state_.pools[e->pool]->tenants.backend(e->tenant).deallocate_stable(e->memory, e->uid);
     }
     if (e->backup && e->backup->release) {
       e->backup->release(e->backup->memory);

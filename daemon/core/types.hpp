@@ -350,6 +350,9 @@ struct gpu_memory_use {
   /// driver_used_bytes - ledger_bytes (0 if below): held from before a
   /// restart, CUDA contexts, other processes.
   std::size_t unaccounted_bytes{};
+  /// Address-stable memory given back and kept for its uid's next
+  /// allocation (part of ledger_bytes).
+  std::size_t spare_bytes{};
 };
 
 /// Bytes the driver counts as used on a device (by the daemon's ordinal), or
@@ -387,6 +390,9 @@ struct stable_grant {
   /// has a number of its own, so a client that kept a mapping of the last
   /// one knows whether this is still it.
   std::uint64_t backup_serial{};
+  /// Its memory's pieces' bytes, in the order they are mapped, when it is
+  /// more than one (awake only): memory its uid gave back serves it.
+  std::vector<std::size_t> pieces{};
 };
 
 /// One sleeper as an operator sees it: a session's sleeping allocations, or

@@ -271,6 +271,12 @@ void write_restart(exposition& e, core::stats_snapshot const& stats)
               stats.gpu_memory,
               gpu,
               [](auto const& g) { return static_cast<std::uint64_t>(g.unaccounted_bytes); });
+  e.gauge_per("rmmd_gpu_spare_bytes",
+              "Address-stable memory given back and kept for its uid's next allocation "
+              "(--keep-released-memory): the daemon's, nobody's charge.",
+              stats.gpu_memory,
+              gpu,
+              [](auto const& g) { return static_cast<std::uint64_t>(g.spare_bytes); });
 }
 
 /// Admission: a fixed label set (the four limits), never one series per uid.

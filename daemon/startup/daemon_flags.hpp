@@ -29,6 +29,7 @@ struct daemon_flags {
   std::size_t cuda_release_threshold{};
   std::string fabric{"auto"};
   std::string shared_buffer_memory{"own"};
+  double keep_released_seconds{0};
   int probe_fabric_device{-1};
   std::size_t host_pool_bytes{config::default_host_pool_bytes};
   std::string host_pool_name{"host"};

@@ -43,14 +43,13 @@ std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_setti
 bool add_pools(core::daemon_core& core,
                std::vector<config::pool_settings> const& plan,
                std::string const& backend_flag,
-               bool vmm_buffers,
-               std::vector<std::string>* unserved)
+               backends::pool_start start)
 {
   bool const any_cuda = std::any_of(plan.begin(), plan.end(), [](auto const& p) {
     return backends::pool_kind_of(p.backend).needs_gpu;
   });
-  int const gpus      = any_cuda || backend_flag == "cuda" ? backends::cuda::device_count() : 0;
-  if (backend_flag == "cuda" && gpus == 0) {
+  start.gpus          = any_cuda || backend_flag == "cuda" ? backends::cuda::device_count() : 0;
+  if (backend_flag == "cuda" && start.gpus == 0) {
     log::error("--backend=cuda, but CUDA sees no GPU (is the driver loaded? nvidia-smi)");
     return false;
   }
@@ -59,9 +58,7 @@ bool add_pools(core::daemon_core& core,
   }
   for (auto const& p : plan) {
     auto const& kind = backends::pool_kind_of(p.backend);
-    if (!kind.add(core, p, {.gpus = gpus, .vmm_buffers = vmm_buffers, .unserved = unserved})) {
-      return false;
-    }
+    if (!kind.add(core, p, start)) { return false; }
   }
   if (core.pools().list().empty()) {
     log::error("no pool could be served; see the lines above");

@@ -5,11 +5,13 @@
 // its kind's entry (daemon/backends/pool_kinds.hpp), which says in words
 // what could not be made and why.
 
+#include "daemon/backends/pool_kinds.hpp"
+#include "daemon/config/settings.hpp"
+#include "daemon/core/daemon_core.hpp"
+
 #include <optional>
 #include <string>
 #include <vector>
-#include "daemon/config/settings.hpp"
-#include "daemon/core/daemon_core.hpp"
 
 namespace rmmd::startup {
 
@@ -19,14 +21,13 @@ namespace rmmd::startup {
 std::optional<std::vector<config::pool_settings>> pool_plan(config::daemon_settings const& s);
 
 /// Makes the pools of `plan` in order. False, after saying why, if one that
-/// must exist cannot. `backend_flag`: --backend; `vmm_buffers`: shared
-/// buffers on CUDA pools are allocations of their own. `unserved` (may be
-/// null) gets, in words, each pool skipped without stopping the start (a
-/// pool that requires fabric handles where there are none).
+/// must exist cannot. `backend_flag`: --backend; `start`: what every pool's
+/// kind is told (its `gpus` is counted here), its `unserved` (may be null)
+/// getting, in words, each pool skipped without stopping the start (a pool
+/// that requires fabric handles where there are none).
 bool add_pools(core::daemon_core& core,
                std::vector<config::pool_settings> const& plan,
                std::string const& backend_flag,
-               bool vmm_buffers,
-               std::vector<std::string>* unserved = nullptr);
+               backends::pool_start start = {});
 
 }  // namespace rmmd::startup

@@ -127,6 +127,7 @@ void to_proto(core::stats_snapshot const& in, v1::Stats* out)
     m->set_driver_used_bytes(g.driver_used_bytes);
     m->set_ledger_bytes(g.ledger_bytes);
     m->set_unaccounted_bytes(g.unaccounted_bytes);
+    m->set_spare_bytes(g.spare_bytes);
   }
 }
 

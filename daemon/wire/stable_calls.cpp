@@ -29,6 +29,13 @@ void to_proto(core::stable_grant const& g, v1::StableAllocation* out)
   out->set_awake(g.awake);
   out->set_has_backup(g.has_backup);
   out->set_backup_serial(g.backup_serial);
+  for (auto bytes : g.pieces) { out->add_piece_bytes(bytes); }
+}
+
+/// How many pieces the client maps an allocation's memory in.
+std::size_t max_pieces(bool maps_pieces)
+{
+  return maps_pieces ? core::max_stable_pieces : 1;
 }
 
 template <class Message>
@@ -52,8 +59,11 @@ absl::Status stable_allocate(call_context const& c,
                              v1::StableAllocateRequest const& request,
                              v1::StableAllocation* reply)
 {
-  auto grant =
-      c.core.stables().allocate(c.session, request.pool_id(), request.size(), request.tag());
+  auto grant = c.core.stables().allocate(c.session,
+                                         request.pool_id(),
+                                         request.size(),
+                                         request.tag(),
+                                         max_pieces(request.maps_pieces()));
   if (!grant.ok()) { return grant.status(); }
   to_proto(*grant, reply);
   return absl::OkStatus();
@@ -103,7 +113,11 @@ absl::Status wake(call_context const& c, v1::WakeRequest const& request, v1::Wak
     deadline        = std::min(deadline, std::chrono::steady_clock::now() + left);
   }
   auto const tags = tags_of(request.tags());
-  auto grants = c.core.stables().wake(c.session, tags, ids_of(request.allocation_ids()), deadline);
+  auto grants     = c.core.stables().wake(c.session,
+                                      tags,
+                                      ids_of(request.allocation_ids()),
+                                      deadline,
+                                      max_pieces(request.maps_pieces()));
   if (!grants.ok()) { return grants.status(); }
   to_proto(*grants, reply);
   return absl::OkStatus();

@@ -50,6 +50,9 @@ class fake_pool_backend final : public pool_backend {
     memory source{memory::host};
     /// What release_threshold() says; nullopt: it has none.
     std::optional<std::size_t> release_threshold{};
+    /// Pieces allocate_stable() makes where the caller takes that many (as
+    /// the cuda backend does from spares of the uid).
+    std::size_t stable_pieces{1};
   };
 
   /// The call a gate can stop (see hold_next()).
@@ -119,9 +122,10 @@ class fake_pool_backend final : public pool_backend {
   /// Address-stable memory (traits with stable_memory, as the cuda backend): rounded
   /// to 2 MiB, counted against the device limit with the blocks, with an
   /// empty memfd as its fd. Fails as allocate() does (fail_next()).
-  absl::StatusOr<shared_allocation> allocate_stable(std::size_t bytes) override
+  absl::StatusOr<stable_memory> allocate_stable(std::size_t bytes,
+                                                stable_request const& who) override
   {
-    if (!options_.traits.stable_memory) { return pool_backend::allocate_stable(bytes); }
+    if (!options_.traits.stable_memory) { return pool_backend::allocate_stable(bytes, who); }
     wait_at_gate(call::allocate);
     std::lock_guard lock(mutex_);
     ++allocate_calls_;
@@ -134,20 +138,37 @@ class fake_pool_backend final : public pool_backend {
     if (size > device - std::min(device, live_bytes_)) {
       return absl::ResourceExhaustedError("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (fake)");
     }
-    int const fd = ::memfd_create("fake-stable", MFD_CLOEXEC);
-    if (fd < 0) { return absl::InternalError("memfd_create"); }
+    // Pieces of whole granules, the last one taking what is left.
+    auto const granules = size / stable_granularity;
+    auto const count =
+        std::min({options_.stable_pieces, std::max<std::size_t>(who.max_pieces, 1), granules});
+    stable_memory out;
+    for (std::size_t i = 0; i < count; ++i) {
+      auto const bytes = i + 1 < count
+                             ? granules / count * stable_granularity
+                             : size - (count - 1) * (granules / count) * stable_granularity;
+      int const fd     = ::memfd_create("fake-stable", MFD_CLOEXEC);
+      if (fd < 0) {
+        for (auto const& p : out.pieces) { ::close(p.fd); }
+        return absl::InternalError("memfd_create");
+      }
+      out.pieces.push_back(
+          shared_allocation{.block = {.bytes = bytes}, .fd = fd, .driver_handle = ++next_handle_});
+    }
     ++allocations_;
     ++live_stable_;
     live_bytes_ += size;
-    return shared_allocation{.block = {.bytes = size}, .fd = fd, .driver_handle = ++next_handle_};
+    return out;
   }
-  void deallocate_stable(shared_allocation const& memory) noexcept override
+  void deallocate_stable(stable_memory const& memory, uid_t /*owner*/) noexcept override
   {
     std::lock_guard lock(mutex_);
     ++deallocations_;
     --live_stable_;
-    live_bytes_ -= memory.block.bytes;
-    ::close(memory.fd);
+    for (auto const& piece : memory.pieces) {
+      live_bytes_ -= piece.block.bytes;
+      ::close(piece.fd);
+    }
   }
   /// Address-stable allocations made and not freed.
   [[nodiscard]] std::size_t live_stable() const

@@ -52,9 +52,10 @@ class StableAllocations : public ::testing::Test {
         device_size,
         [this](tenant_key const& t) {
           auto b = std::make_unique<fake_pool_backend>(
-              fake_pool_backend::options{.capacity = device_size,
-                                         .traits   = device_like_traits,
-                                         .source   = fake_pool_backend::memory::made_up});
+              fake_pool_backend::options{.capacity      = device_size,
+                                         .traits        = device_like_traits,
+                                         .source        = fake_pool_backend::memory::made_up,
+                                         .stable_pieces = stable_pieces_});
           backends_[t] = b.get();
           return b;
         });
@@ -115,6 +116,7 @@ class StableAllocations : public ::testing::Test {
   pool_id gpu_{};
   pool_id host_{};
   std::map<tenant_key, fake_pool_backend*> backends_;
+  std::size_t stable_pieces_{1};  // what a backend made from now on makes allocations in
 };
 
 TEST_F(StableAllocations, AllocationIsChargedLikeALeaseAndFreedWhole)
@@ -191,6 +193,48 @@ TEST_F(StableAllocations, BadRequestsAreRefusedPreciselyAndChangeNothing)
   ASSERT_EQ(held.size(), 1u);
   EXPECT_TRUE(held.front().awake);
   EXPECT_FALSE(held.front().has_backup);
+}
+
+TEST_F(StableAllocations, MemoryInPiecesReachesOnlyAClientThatMapsThemWithAnFdEach)
+{
+  stable_pieces_ = 3;
+  auto s         = open(1000);
+  auto one       = core_.stables().allocate(s, gpu_, 6 * MiB, "kv");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(one->pieces.empty());  // one piece: the client maps one
+  auto fds = core_.stables().fds(s, std::vector<stable_id>{one->id}, false);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->size(), 1u);
+
+  auto three = core_.stables().allocate(s, gpu_, 6 * MiB, "kv", max_stable_pieces);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->pieces, (std::vector<std::size_t>{2 * MiB, 2 * MiB, 2 * MiB}));
+  EXPECT_EQ(three->bytes, 6 * MiB);
+  EXPECT_EQ(in_use(gpu_), 12 * MiB);  // charged whole, whatever its pieces
+  fds = core_.stables().fds(s, std::vector<stable_id>{one->id, three->id}, false);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->size(), 4u);  // in order: one's, then three's three
+  // 84 x 3 fds do not fit one call, although 84 ids would.
+  auto too_many = core_.stables().fds(s, std::vector<stable_id>(84, three->id), false);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_many.status().message(), HasSubstr("252 fds"));
+
+  // A wake says its new memory's pieces, for a client that maps them.
+  ASSERT_EQ(sleep(s, {"kv"}).size(), 2u);
+  auto woken = core_.stables().wake(s,
+                                    {},
+                                    std::vector<stable_id>{three->id},
+                                    std::chrono::steady_clock::now(),
+                                    max_stable_pieces);
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(woken->front().pieces.size(), 3u);
+  woken = core_.stables().wake(
+      s, {}, std::vector<stable_id>{one->id}, std::chrono::steady_clock::now());
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_TRUE(woken->front().pieces.empty());
+  core_.close_session(s);
+  EXPECT_EQ(in_use(gpu_), 0u);
+  EXPECT_EQ(backends_.at(tenant_key{tenant_key::kind::uid, 1000})->live_stable(), 0u);
 }
 
 TEST_F(StableAllocations, SleepReleasesTheMemoryAndWakeMakesItAgain)

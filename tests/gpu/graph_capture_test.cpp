@@ -33,6 +33,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
 
 /// The pool `session` allocates from by default: its current device's, as
 /// this process numbers devices (the daemon's ordinals may differ).
@@ -231,6 +232,32 @@ TEST_P(GraphCapture, AllocationsOutsideTheCaptureStillWorkWhileAGraphHoldsMemory
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+TEST_P(GraphCapture, AnAllocationOfItsOwnFreedDuringCaptureIsTheGraphsUntilItIsDestroyed)
+{
+  auto o                 = options();
+  o.own_allocation_above = 48 * MiB;  // 64 MiB: address-stable memory of its own
+  rmmd::ipc_memory_resource mr(*session_, o);
+  cuda::stream_ref stream{stream_};
+  ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* p = mr.allocate(stream, 64 * MiB, 256);
+  ASSERT_EQ(cudaMemsetAsync(p, 1, 64 * MiB, stream_), cudaSuccess);
+  mr.deallocate(stream, p, 64 * MiB, 256);
+  cudaGraph_t graph{};
+  ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+  cudaGraphExec_t exec{};
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) { ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess); }
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_GE(pool_row(daemon_->stats(), pool_id_).in_use_bytes(), 64 * MiB) << "the graph holds it";
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(eventually([&] {
+    mr.trim();  // frees what destroyed graphs let go of
+    return pool_row(daemon_->stats(), pool_id_).in_use_bytes() == 0u;
+  }));
 }
 
 TEST_P(GraphCapture, PublishOnACapturingStreamIsRefusedNamingTheCapture)

@@ -164,35 +164,6 @@ TEST_F(IpcMemoryResource, ASlabLargerThanOwnAllocationAboveIsRefusedAtConstructi
 // A graph that allocates and frees an allocation of its own: the free waits
 // for the graph's destruction (unmapping would wait for the capturing
 // stream), and the next call frees it once.
-TEST_F(IpcMemoryResource, AnAllocationOfItsOwnFreedDuringCaptureIsTheGraphsUntilItIsDestroyed)
-{
-  rmmd::ipc_memory_resource mr(*session_,
-                               rmmd::ipc_resource_options{.mode = rmmd::allocation_mode::direct,
-                                                          .own_allocation_above = 48 * MiB});
-  cudaStream_t raw{};
-  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
-  cuda::stream_ref stream{raw};
-  ASSERT_EQ(cudaStreamBeginCapture(raw, cudaStreamCaptureModeGlobal), cudaSuccess);
-  void* p = mr.allocate(stream, 64 * MiB, 256);
-  ASSERT_EQ(cudaMemsetAsync(p, 1, 64 * MiB, raw), cudaSuccess);
-  mr.deallocate(stream, p, 64 * MiB, 256);
-  cudaGraph_t graph{};
-  ASSERT_EQ(cudaStreamEndCapture(raw, &graph), cudaSuccess);
-  cudaGraphExec_t exec{};
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int i = 0; i < 3; ++i) { ASSERT_EQ(cudaGraphLaunch(exec, raw), cudaSuccess); }
-  ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
-  EXPECT_GE(gpu_pool(daemon_->stats(), 0).in_use_bytes(), 64 * MiB) << "the graph holds it";
-  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(eventually([&] {
-    mr.trim();  // frees what destroyed graphs let go of
-    return gpu_pool(daemon_->stats(), 0).in_use_bytes() == 0u;
-  }));
-  cudaStreamDestroy(raw);
-}
-
 // The library's exit handler (client/detail/process_exit.hpp) is an atexit
 // entry: making resources, in either mode, must not add one each.
 TEST_F(IpcMemoryResource, MakingManyResourcesRegistersNoMoreExitHandlers)

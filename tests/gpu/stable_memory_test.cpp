@@ -6,7 +6,10 @@
 // from the memory a sleeper gave back; a wake that cannot fit failing at its
 // deadline with nothing mapped; the C ABI's process-wide stable resource
 // that PyTorch's pluggable allocator loads (rmmd.memory_saver), its thread
-// tags and its backups read while asleep; named backups that survive a
+// tags and its backups read while asleep; memory a sleep gave back kept by
+// the daemon (--keep-released-memory) for its uid's next allocation, in
+// pieces, never another uid's, and given back to a pool allocation that
+// finds the GPU full; named backups that survive a
 // SIGKILL of rmmd under a stand-in for systemd's fd store
 // (tools/managed_rmmd.hpp), for an engine killed asleep and for one alive
 // across the restart; and the pools back at 0 after each. Skips without a
@@ -22,6 +25,7 @@
 
 #include <rmmd/rmmd.h>
 #include <rmmd/admin.hpp>
+#include <rmmd/ipc_memory_resource.hpp>
 #include <rmmd/stable_memory_resource.hpp>
 
 #include <cuda_runtime_api.h>
@@ -80,6 +84,12 @@ class StableMemory : public ::testing::Test {
   std::string gpu_pool() const
   {
     return session_->device_pool(0).name;
+  }
+  /// Address-stable memory the daemon keeps given back on GPU 0.
+  std::size_t spare() const
+  {
+    auto const stats = daemon_->stats();
+    return stats.gpu_memory().empty() ? 0 : stats.gpu_memory(0).spare_bytes();
   }
 
   std::unique_ptr<child_process> client(std::vector<std::string> args, std::string user = {}) const
@@ -375,6 +385,97 @@ TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
   EXPECT_EQ(mr.wake({}, std::chrono::seconds(10)), bytes);
   mr.deallocate_sync(kv, bytes, 256);
   EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+TEST_F(StableMemory, MemoryASleepGaveBackServesTheNextAllocationOfItsUidInPieces)
+{
+  start("4GiB", {"--keep-released-memory", "60"});
+  rmmd::stable_memory_resource mr(*session_, 0, "kv");
+  constexpr std::size_t piece = 256 * MiB;
+  std::vector<void*> kv;
+  for (int i = 0; i < 4; ++i) { kv.push_back(mr.allocate_sync(piece, 256)); }
+  EXPECT_EQ(spare(), 0u);
+  mr.sleep();
+  EXPECT_EQ(spare(), 4 * piece);  // the daemon's, nobody's charge
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  // Another process of this uid: its one allocation is the four pieces.
+  auto taker = client({"stable", std::to_string(4 * piece)});
+  EXPECT_EQ(taker->read_line(60s).value_or("(nothing: it exited)"), "served");
+  EXPECT_EQ(spare(), 0u);
+  EXPECT_EQ(in_use(gpu_pool()), 4 * piece);
+  taker->close_stdin();
+  EXPECT_EQ(taker->wait(20s), 0);
+  EXPECT_EQ(spare(), 4 * piece);
+  // The wake takes them back at the same addresses, and they work.
+  EXPECT_EQ(mr.wake(), 4 * piece);
+  EXPECT_EQ(spare(), 0u);
+  for (std::size_t i = 0; i < kv.size(); ++i) {
+    device_fill(kv[i], piece, static_cast<int>(i), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(device_first_mismatch(kv[i], piece, i, nullptr), -1) << i;
+  }
+  for (auto* p : kv) { mr.deallocate_sync(p, piece, 256); }
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+  EXPECT_EQ(spare(), 4 * piece);
+}
+
+TEST_F(StableMemory, MemoryASleepGaveBackNeverServesAnotherUid)
+{
+  auto daemon_account = ensure_user(daemon_user, daemon_group);
+  auto b              = ensure_user(client_user_b, daemon_group);
+  if (!daemon_account || !b) { GTEST_SKIP() << users_need_root(); }
+  for (auto const& [user, program] :
+       {std::pair{*daemon_account, "rmmd"}, std::pair{*b, "rmmd_stable_client"}}) {
+    if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
+  start("4GiB",
+        {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid), "--keep-released-memory", "60"},
+        daemon_user);
+  rmmd::stable_memory_resource mr(*session_, 0, "kv");
+  constexpr std::size_t bytes = 512 * MiB;
+  void* kv                    = mr.allocate_sync(bytes, 256);
+  mr.sleep();
+  EXPECT_EQ(spare(), bytes);
+  // The other uid could read what a client that kept the fds of its slept
+  // memory writes: it gets memory of its own from the driver.
+  auto other = client({"stable", std::to_string(bytes)}, client_user_b);
+  EXPECT_EQ(other->read_line(60s).value_or("(nothing: it exited)"), "served");
+  EXPECT_EQ(spare(), bytes);
+  other->close_stdin();
+  EXPECT_EQ(other->wait(20s), 0);
+  EXPECT_EQ(spare(), 2 * bytes);  // its own, kept for its uid
+  EXPECT_EQ(mr.wake(), bytes);
+  EXPECT_EQ(spare(), bytes);
+  mr.deallocate_sync(kv, bytes, 256);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
+}
+
+TEST_F(StableMemory, ADeviceFullOfSparesGivesThemBackToAPoolAllocation)
+{
+  start("8GiB", {"--keep-released-memory", "60"});
+  rmmd::stable_memory_resource mr(*session_, 0, "kv");
+  constexpr std::size_t bytes = 2048 * MiB;
+  void* kv                    = mr.allocate_sync(bytes, 256);
+  mr.sleep();
+  ASSERT_EQ(spare(), bytes);
+  // The rest of the GPU taken by this process, but for 512 MiB.
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  void* ballast = nullptr;
+  ASSERT_EQ(cudaMalloc(&ballast, free - 512 * MiB), cudaSuccess);
+  {
+    rmmd::ipc_resource_options options;
+    options.mode = rmmd::allocation_mode::direct;
+    rmmd::ipc_memory_resource leases(*session_, 0, options);
+    void* lease = leases.allocate_sync(1024 * MiB, 256);  // only the spares' room fits it
+    EXPECT_EQ(spare(), 0u);
+    leases.deallocate_sync(lease, 1024 * MiB, 256);
+  }
+  ASSERT_EQ(cudaFree(ballast), cudaSuccess);
+  EXPECT_EQ(mr.wake(), bytes);
+  mr.deallocate_sync(kv, bytes, 256);
 }
 
 TEST_F(StableMemory, TheTorchEntryPointsLendFromOneProcessWideStableResourcePerDevice)

@@ -25,6 +25,10 @@
 //       leases BYTES of the CUDA pool (ipc_memory_resource, direct mode),
 //       writes to it, prints "served" and holds it until its stdin closes,
 //       then frees it and exits 0 ("error: MESSAGE" and exit 3 on a refusal).
+//   rmmd_stable_client stable BYTES
+//       allocates BYTES of address-stable memory tagged "taken", writes to
+//       it, prints "served" and holds it until its stdin closes, then frees
+//       it and exits 0 ("error: MESSAGE" and exit 3 on a refusal).
 
 #include "tests/tools/device_pattern.hpp"
 
@@ -139,6 +143,19 @@ int lease(std::size_t bytes)
   return 0;
 }
 
+int stable(std::size_t bytes)
+{
+  rmmd::session s(rmmd::session::options{.client_name = "stable-taker", .reconnect = 0ms});
+  rmmd::stable_memory_resource mr(s, 0, "taken");
+  void* p = mr.allocate_sync(bytes, 256);
+  rmmd::test::device_fill(p, bytes, 7, nullptr);
+  if (cudaDeviceSynchronize() != cudaSuccess) { throw std::runtime_error("fill failed"); }
+  std::cout << "served" << std::endl;
+  wait_for_stdin_to_close();
+  mr.deallocate_sync(p, bytes, 256);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
@@ -155,8 +172,9 @@ int main(int argc, char** argv)
       return sleep_across_restart(argv[2], std::stoull(argv[3]), std::stoull(argv[4]));
     }
     if (command == "lease" && argc == 3) { return lease(std::stoull(argv[2])); }
+    if (command == "stable" && argc == 3) { return stable(std::stoull(argv[2])); }
     std::cerr << "usage: rmmd_stable_client sleep|restore|sleep-across-restart NAME BYTES SEED | "
-                 "lease BYTES\n";
+                 "lease BYTES | stable BYTES\n";
     return 2;
   } catch (std::exception const& e) {
     std::cout << "error: " << e.what() << std::endl;

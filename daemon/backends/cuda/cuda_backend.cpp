@@ -142,13 +142,17 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   }
   auto const stream = streams_->next_allocation_stream();
   void* ptr         = nullptr;
-  try {
-    ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
-  } catch (rmm::out_of_memory const& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
-  } catch (std::exception const& e) {
-    return absl::InternalError(e.what());
+  // A device full of spares gives them back and tries once more.
+  for (bool retried = false; ptr == nullptr; retried = true) {
+    try {
+      ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
+    } catch (rmm::out_of_memory const& e) {
+      if (!retried && options_.spares && options_.spares->give_back() > 0) { continue; }
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
+    } catch (std::exception const& e) {
+      return absl::InternalError(e.what());
+    }
   }
   // The client uses the memory on streams of its own, in another process:
   // the allocation must be complete before anyone hears of it.
@@ -200,7 +204,8 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_shared(std::size_
   return allocate_own(bytes, alignment, !fabric_.empty());
 }
 
-absl::StatusOr<core::shared_allocation> cuda_backend::allocate_stable(std::size_t bytes)
+absl::StatusOr<core::stable_memory> cuda_backend::allocate_stable(std::size_t bytes,
+                                                                  core::stable_request const& who)
 {
   // Whatever --cuda-shared-buffer-memory says: the client maps it at its own
   // addresses, which only an allocation of its own allows. No fabric handle:
@@ -212,12 +217,47 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_stable(std::size_
         "memory API: " +
         why);
   }
-  return allocate_own(bytes, 0, false);
+  auto const grain = own_granularity(false);
+  if (!grain.ok()) { return grain.status(); }
+  auto const size = (bytes + *grain - 1) / *grain * *grain;
+  core::stable_memory out;
+  if (options_.spares) {
+    out.pieces = options_.spares->take(size, who.owner, std::max<std::size_t>(who.max_pieces, 1));
+  }
+  if (auto const have = out.bytes(); have < size) {
+    auto fresh = allocate_own(size - have, 0, false);
+    if (!fresh.ok()) {
+      for (auto& piece : out.pieces) { options_.spares->keep(std::move(piece), who.owner); }
+      return fresh.status();
+    }
+    out.pieces.push_back(*std::move(fresh));
+  }
+  return out;
 }
 
-void cuda_backend::deallocate_stable(core::shared_allocation const& memory) noexcept
+void cuda_backend::deallocate_stable(core::stable_memory const& memory, uid_t owner) noexcept
 {
-  deallocate_shared(memory);
+  for (auto const& piece : memory.pieces) {
+    if (options_.spares && piece.driver_handle != 0 && piece.fd >= 0) {
+      options_.spares->keep(piece, owner);
+    } else {
+      deallocate_shared(piece);
+    }
+  }
+}
+
+absl::StatusOr<std::size_t> cuda_backend::own_granularity(bool fabric) const
+{
+  auto const& api  = gpu::vmm();
+  auto const types = static_cast<CUmemAllocationHandleType>(
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric ? CU_MEM_HANDLE_TYPE_FABRIC : 0));
+  auto const prop   = gpu::device_allocation(options_.device, types);
+  std::size_t grain = 0;
+  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      r != CUDA_SUCCESS || grain == 0) {
+    return absl::InternalError("cuMemGetAllocationGranularity: " + api->name(r));
+  }
+  return grain;
 }
 
 absl::StatusOr<core::shared_allocation> cuda_backend::allocate_own(std::size_t bytes,
@@ -230,24 +270,26 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_own(std::size_t b
   }
   auto const types = static_cast<CUmemAllocationHandleType>(
       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric ? CU_MEM_HANDLE_TYPE_FABRIC : 0));
-  auto const prop   = gpu::device_allocation(options_.device, types);
-  std::size_t grain = 0;
-  if (auto r = api->granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-      r != CUDA_SUCCESS || grain == 0) {
-    return absl::InternalError("cuMemGetAllocationGranularity: " + api->name(r));
-  }
-  if (alignment > grain) {
+  auto const prop  = gpu::device_allocation(options_.device, types);
+  auto const grain = own_granularity(fabric);
+  if (!grain.ok()) { return grain.status(); }
+  if (alignment > *grain) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "alignment %d is larger than the %d bytes a shared buffer's allocation is aligned to",
         alignment,
-        grain));
+        *grain));
   }
-  auto const size = (bytes + grain - 1) / grain * grain;
+  auto const size = (bytes + *grain - 1) / *grain * *grain;
   CUmemGenericAllocationHandle handle{};
-  if (auto r = api->mem_create(&handle, size, &prop, 0); r != CUDA_SUCCESS) {
-    auto message = absl::StrFormat("cuMemCreate of %d bytes: %s", size, api->name(r));
-    return r == CUDA_ERROR_OUT_OF_MEMORY ? absl::ResourceExhaustedError(message)
-                                         : absl::InternalError(message);
+  auto made = api->mem_create(&handle, size, &prop, 0);
+  // A device full of spares gives them back and tries once more.
+  if (made == CUDA_ERROR_OUT_OF_MEMORY && options_.spares && options_.spares->give_back() > 0) {
+    made = api->mem_create(&handle, size, &prop, 0);
+  }
+  if (made != CUDA_SUCCESS) {
+    auto message = absl::StrFormat("cuMemCreate of %d bytes: %s", size, api->name(made));
+    return made == CUDA_ERROR_OUT_OF_MEMORY ? absl::ResourceExhaustedError(message)
+                                            : absl::InternalError(message);
   }
   core::shared_allocation block{.block = {.bytes = size}, .driver_handle = handle};
   auto fail = [&](std::string what, CUresult r) {
@@ -280,11 +322,7 @@ void cuda_backend::deallocate_shared(core::shared_allocation const& block) noexc
   }
   // Importers hold the allocation until they release their import (the
   // driver counts them): the daemon's release only drops its own share.
-  if (block.fd >= 0) { ::close(block.fd); }
-  if (auto const& api = gpu::vmm()) {
-    cudaSetDevice(options_.device);
-    api->mem_release(static_cast<CUmemGenericAllocationHandle>(block.driver_handle));
-  }
+  release_own(options_.device, block);
 }
 
 absl::StatusOr<std::size_t> cuda_backend::trim()
@@ -299,11 +337,10 @@ absl::StatusOr<std::size_t> cuda_backend::trim()
     return absl::InternalError(absl::StrFormat(
         "trimming the pool of device %d: %s", options_.device, cudaGetErrorName(err)));
   }
-  auto const after = usage();
-  if (!before || !after || after->reserved_bytes >= before->reserved_bytes) {
-    return std::size_t{0};
-  }
-  return static_cast<std::size_t>(before->reserved_bytes - after->reserved_bytes);
+  auto const after  = usage();
+  auto const spares = options_.spares ? options_.spares->give_back() : 0;
+  if (!before || !after || after->reserved_bytes >= before->reserved_bytes) { return spares; }
+  return spares + static_cast<std::size_t>(before->reserved_bytes - after->reserved_bytes);
 }
 
 std::optional<std::size_t> cuda_backend::release_threshold() const

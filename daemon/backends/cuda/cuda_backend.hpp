@@ -1,5 +1,6 @@
 #pragma once
 
+#include "daemon/backends/cuda/spare_memory.hpp"
 #include "daemon/core/pool_backend.hpp"
 
 #include <rmm/mr/cuda_async_memory_resource.hpp>
@@ -65,6 +66,10 @@ struct cuda_pool_options {
   /// The device's streams, shared with its other pools; null: the pool
   /// makes its own.
   std::shared_ptr<cuda_streams> streams{};
+  /// Where address-stable memory given back waits for its uid's next
+  /// allocation (the device's, shared with its other pools); null: it goes
+  /// back to the driver at once.
+  std::shared_ptr<spare_memory> spares{};
 };
 
 /// The largest shared buffer served as a pointer of the pool: the driver of
@@ -116,10 +121,17 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::shared_allocation> allocate_shared(std::size_t bytes,
                                                           std::size_t alignment) override;
   void deallocate_shared(core::shared_allocation const& memory) noexcept override;
-  /// An allocation of its own (cuMemCreate, posix fd), whatever
-  /// vmm_buffers says: see pool_backend::allocate_stable().
-  absl::StatusOr<core::shared_allocation> allocate_stable(std::size_t bytes) override;
-  void deallocate_stable(core::shared_allocation const& memory) noexcept override;
+  /// Allocations of their own (cuMemCreate, posix fd), whatever
+  /// vmm_buffers says: the owner's spares where they serve (spare_memory.hpp),
+  /// and one new allocation for the rest. See pool_backend::allocate_stable().
+  absl::StatusOr<core::stable_memory> allocate_stable(std::size_t bytes,
+                                                      core::stable_request const& who) override;
+  /// Kept as the owner's spares where the pool keeps them; else released.
+  void deallocate_stable(core::stable_memory const& memory, uid_t owner) noexcept override;
+  [[nodiscard]] std::size_t spare_bytes() const noexcept override
+  {
+    return options_.spares ? options_.spares->bytes() : 0;
+  }
   /// `bytes` rounded up to 256.
   [[nodiscard]] std::size_t reserved_size(std::size_t bytes) const noexcept override
   {
@@ -132,7 +144,7 @@ class cuda_backend final : public core::pool_backend {
   [[nodiscard]] std::optional<core::backend_usage> usage() const override;
   /// Waits for the pool's stream (frees queued on it return their memory to
   /// the pool), then cudaMemPoolTrimTo(pool, 0): what no allocation uses goes
-  /// back to the driver.
+  /// back to the driver, and so do the device's spares.
   absl::StatusOr<std::size_t> trim() override;
   /// The pool's cudaMemPoolAttrReleaseThreshold.
   [[nodiscard]] std::optional<std::size_t> release_threshold() const override;
@@ -147,6 +159,8 @@ class cuda_backend final : public core::pool_backend {
   absl::StatusOr<core::shared_allocation> allocate_own(std::size_t bytes,
                                                        std::size_t alignment,
                                                        bool fabric);
+  /// The driver's granularity for this pool's allocations of their own.
+  absl::StatusOr<std::size_t> own_granularity(bool fabric) const;
 
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built

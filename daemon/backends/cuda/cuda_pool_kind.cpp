@@ -150,6 +150,7 @@ bool add_cuda_pool(core::daemon_core& core,
                               .vmm_buffers       = start.vmm_buffers};
     // Every tenant's pool of this device allocates and frees on its streams.
     options.streams = std::make_shared<cuda_streams>(p.device);
+    options.spares  = spare_memory::of_device(p.device, start.keep_released);
     // One pool made now proves the options (and the fabric export, which
     // may fail even though the probe passed); the tenants' pools are made
     // with what it proved.

@@ -117,7 +117,11 @@ class stable_memory_resource_impl {
     std::size_t bytes{};  ///< reserved and mapped (the allocation's bytes)
     std::size_t size{};   ///< asked for
     std::string tag;
-    std::uint64_t handle{};  ///< the imported CUmemGenericAllocationHandle while mapped
+    /// The imported CUmemGenericAllocationHandles while mapped, one per
+    /// piece, mapped one after another from `address`.
+    std::vector<std::uint64_t> handles{};
+    /// The pieces' bytes while mapped (one: `bytes`).
+    std::vector<std::size_t> pieces{};
     bool mapped{false};
     /// Asleep with a host backup under a name: the resource's destructor
     /// leaves it to the daemon, which keeps it under that name once the
