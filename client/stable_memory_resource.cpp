@@ -439,6 +439,11 @@ std::size_t stable_memory_resource_impl::wake_locked(std::vector<std::uint64_t> 
     (void)call_with(s, &v1::Rmmd::Stub::SleepDone, undo, &ignored);
     throw;
   }
+  // WakeDone is about backups alone: a wake of none (a KV cache) is done.
+  bool const any_backup = std::any_of(woken.allocations().begin(),
+                                      woken.allocations().end(),
+                                      [](auto const& a) { return a.has_backup(); });
+  if (!any_backup) { return bytes; }
   v1::WakeDoneRequest done;
   for (auto id : chosen) { done.add_allocation_ids(id); }
   done.set_keep_backups(keep_backups_);
