@@ -54,6 +54,7 @@ class Chaos:
         self.said = 0
         self.serial = 0
         self.baseline: dict[str, int] | None = None
+        self.driver_baseline: dict[str, int] | None = None
         self.baseline_start = -1
         self.log_dir = daemon.base / "clients"
         self.log_dir.mkdir()
@@ -110,12 +111,11 @@ class Chaos:
                    "GPU the client refuses a remote open before asking (both checked): no remote hold "
                    "is ever made",
                    "peering: a rotation to a new CA (three rounds); only same-CA renewals"]
-        out += ["PyTorch MemPool / CuPy clients: not in this soak yet"]
+        if getattr(self.args, "frameworks_left_out", ""):
+            out += [f"PyTorch MemPool / whole-process allocator / CuPy clients: {self.args.frameworks_left_out}"]
         if not self.gpus:
             out += ["GPU modes (pinned, direct, packed, slab), sleep/wake, CUDA_VISIBLE_DEVICES "
                     "permutations and the driver's used-memory check: no GPU"]
-        else:
-            out += ["the driver's used memory against the ledger: not checked"]
         if why_one_uid:
             out += [f"three uids: {why_one_uid}"]
         return out
@@ -215,6 +215,7 @@ class Chaos:
 
     def ev_churn(self) -> None:
         modes = ["host"] + (["pinned", "cuda-direct", "cuda-packed", "cuda-slab"] if self.gpus else [])
+        modes += list(getattr(self.args, "frameworks", []))
         mode = self.rng.choice(modes)
         user = self.rng.choice(self.users)
         lifetime = self.rng.randrange(50, 1500)
@@ -225,7 +226,13 @@ class Chaos:
             order = list(range(self.gpus))
             self.rng.shuffle(order)
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, order))
-        argv = [str(self.tools["rmmd_soak_client"]), "cuda-direct" if mode == "cuda-packed" else mode,
+        program = [str(self.tools["rmmd_soak_client"])]
+        if mode.startswith(("torch", "cupy")):
+            # PyTorch and CuPy as users plug rmmd in (chaos_framework_client.py).
+            program = [self.args.framework_python, str(Path(__file__).resolve().parent / "chaos_framework_client.py")]
+            extra["RMMD_TORCH_OOM_SHIM"] = "0"  # no compiler run in a client that may be killed
+            max_bytes = 4 << 20
+        argv = [*program, "cuda-direct" if mode == "cuda-packed" else mode,
                 str(self.rng.randrange(1, 1 << 30)), str(lifetime), str(max_bytes), ending]
         self.churn.append(Program(argv, self.client_env(**extra), user))
         self.say(f"churn {mode} as {user} {lifetime} ms {ending} {extra}")
@@ -629,6 +636,7 @@ class Chaos:
         others = [s for s in stats.get("sessions", []) if s.get("command") != "rmmctl"]
         self.check("sessions_closed", not others, lambda: f"sessions left: {others}")
         self.check_daemon_level(stats)
+        self.check_driver_memory()
         self.say(f"round {self.round_no} done: {len(self.buffers)} buffers, {sum(self.checks.values())} checks, "
                  f"{len(self.failures)} failures")
 
@@ -668,6 +676,41 @@ class Chaos:
         self.check("daemon_rss", f["rss_kib"] <= b["rss_kib"] + self.args.rss_slack_kib,
                    lambda: f"VmRSS {f['rss_kib']} KiB > {b['rss_kib']} + {self.args.rss_slack_kib}")
         self.say(f"daemon level {f} (baseline {b})")
+
+    def unaccounted(self) -> dict[str, int]:
+        """Per GPU: the driver's used memory less the ledgers of the daemons
+        (node A's, and node B's where it peers on the same GPUs): at a quiet
+        point, their CUDA contexts alone."""
+        out = {g["gpu_uuid"]: int(g.get("unaccounted_bytes", 0)) for g in self.d.stats().get("gpu_memory", [])}
+        if self.peer is not None:
+            for g in self.peer.b.stats().get("gpu_memory", []):
+                if g["gpu_uuid"] in out:
+                    out[g["gpu_uuid"]] -= int(g.get("ledger_bytes", 0))
+        return out
+
+    def check_driver_memory(self) -> None:
+        """On a GPU at the quiet point: the driver's used memory less the
+        ledgers back at the first quiet point's level within
+        --driver-slack-mib, on every GPU (memory rmmd lost track of, or a
+        dead client's import the driver still holds, shows here)."""
+        if not self.gpus:
+            return
+        slack = self.args.driver_slack_mib << 20
+        deadline = time.monotonic() + 20
+        while True:
+            now = self.unaccounted()
+            off = {u: now[u] - self.driver_baseline[u] for u in now if u in self.driver_baseline} \
+                if self.driver_baseline is not None else {}
+            if self.driver_baseline is None or all(abs(v) <= slack for v in off.values()) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)  # a dead client's context goes a moment after it
+        if self.driver_baseline is None:
+            self.driver_baseline = now
+            self.say(f"driver baseline (used less the ledgers, per GPU): {now}")
+            return
+        self.check("driver_memory", all(abs(v) <= slack for v in off.values()),
+                   lambda: f"the driver's used memory less the ledgers moved {off} B from {self.driver_baseline}")
 
     def finish(self) -> None:
         """The end: every buffer deleted, pools at 0, the store empty, exit 0."""

@@ -9,7 +9,9 @@ Each round runs --events-per-round events, each kind drawn by one seeded
 generator (random.Random(S)): worker clients of two uids (rmmd-test-a/-b,
 chaos_worker.py: host or pinned allocations, buffers) started, stopped and
 SIGKILLed; churn clients (the kill -9 soak's rmmd_soak_client: host, and on
-a GPU pinned, direct, packed and slab) some SIGKILLed; buffers created
+a GPU pinned, direct, packed and slab; on a GPU also PyTorch through an rmmd
+MemPool and as the whole-process allocator, and CuPy, with
+--framework-python: chaos_framework_client.py) some SIGKILLed; buffers created
 (persistent or not, shared with group rmmd or private), published, opened
 read-only and read-write, by labels, listed by labels, closed, deleted;
 write-lease handovers (an exclusive holder SIGKILLed or closing while
@@ -26,7 +28,9 @@ with its size; no /dev/shm/cuda.shm*; each worker that was alive across a
 restart made progress after it (a ping that allocated, with its reconnect
 count up); then every client stops and the daemon's fds (less one per buffer
 it keeps), threads and VmRSS are compared with this daemon's first quiet
-round. At the end: every buffer deleted, every pool at 0, the fd store
+round, and on a GPU the driver's used memory less the daemons' ledgers
+(their contexts alone, then) with the first quiet round's, within
+--driver-slack-mib. At the end: every buffer deleted, every pool at 0, the fd store
 empty, rmmd exits 0 on SIGTERM.
 
 With --peering (the default where the openssl command exists; it says
@@ -129,6 +133,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--library", help="librmmd_c.so for the workers")
     p.add_argument("--python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable,
                    help="the workers' Python (3.9 or later; the client users must be able to run it)")
+    p.add_argument("--framework-python", default="",
+                   help="the Python of the PyTorch and CuPy clients (GPU only; default: --python); a "
+                        "framework it cannot import is left out, saying so")
+    p.add_argument("--driver-slack-mib", type=int, default=256,
+                   help="how far the driver's used memory less the daemons' ledgers may move from its "
+                        "first quiet point's level (contexts come and go in steps of about 500 MiB)")
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="auto")
     p.add_argument("--pool-mib", type=int, default=96, help="the host pool")
     p.add_argument("--rss-slack-kib", type=int, default=4096)
@@ -143,6 +153,22 @@ def parse() -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the daemon's directory and logs")
     p.add_argument("--tsan-log-dir", help="a TSan daemon's log_path directory: any report there fails the run")
     return p.parse_args()
+
+
+def frameworks(python: str, gpus: int) -> tuple[list[str], str]:
+    """The framework clients `python` can run (chaos_framework_client.py's
+    modes), and why the others are left out."""
+    if not gpus:
+        return [], "no GPU"
+    modes: list[str] = []
+    why: list[str] = []
+    for module, names in (("torch", ["torch-pool", "torch-process"]), ("cupy", ["cupy"])):
+        out = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+        if out.returncode == 0:
+            modes += names
+        else:
+            why.append(f"{python} cannot import {module}")
+    return modes, "; ".join(why)
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -169,9 +195,13 @@ def main() -> int:
     tools = {n: find(n, ["tests"], a.bin_dir) for n in ("rmmd_soak_client", "rmmd_test_client")}
     if gpus:
         tools["rmmd_stable_client"] = find("rmmd_stable_client", ["tests"], a.bin_dir)
+    a.framework_python = a.framework_python or a.python
+    a.frameworks, a.frameworks_left_out = frameworks(a.framework_python, gpus)
     if not why_one_uid:
-        why_one_uid = unreachable([rmmd, rmmctl, library, *tools.values(), Path(a.python)],
-                                  [HERE / "chaos_worker.py", ROOT / "python" / "rmmd" / "__init__.py"])
+        why_one_uid = unreachable([rmmd, rmmctl, library, *tools.values(), Path(a.python)]
+                                  + ([Path(a.framework_python)] if a.frameworks else []),
+                                  [HERE / "chaos_worker.py", HERE / "chaos_framework_client.py",
+                                   ROOT / "python" / "rmmd" / "__init__.py"])
     env = {"RMMD_LIBRARY": str(library),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
     print(f"rmmd_chaos: seed {seed}, {a.minutes} min, backend {backend}, {gpus} GPU(s), daemon {rmmd}"
