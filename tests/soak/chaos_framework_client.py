@@ -19,7 +19,8 @@ ends as ENDING says: free (checks and frees everything, returns), leave
 (returns holding them: the interpreter's exit frees them), exit
 (os._exit(0) holding them: the daemon reclaims them when the session's
 socket closes). A lost byte: "corrupted ..." and exit status 1; an
-exception: "error: ..." and status 3; bad arguments: status 2.
+exception: "error: ..." (with what rmmd said last, where it refused) and
+status 3; bad arguments: status 2.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def torch_side(mode: str) -> tuple[Callable[[int, int], Any], Callable[[Any, int
 def cupy_side() -> tuple[Callable[[int, int], Any], Callable[[Any, int], bool], Any]:
     import contextlib
 
+    # Its kernel cache, where this uid may write (HOME may be another uid's).
+    os.environ.setdefault("CUPY_CACHE_DIR", f"/tmp/rmmd-chaos-cupy-{os.getuid()}")
     import cupy
 
     from rmmd.allocators import cupy as rmmd_cupy
@@ -116,9 +119,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def rmmd_said(mode: str) -> str:
+    """What rmmd said about this thread's last refused call (the framework's
+    own error names none of it)."""
+    try:
+        if mode == "cupy":
+            from rmmd.allocators import cupy as allocator
+        else:
+            from rmmd.allocators import torch as allocator  # type: ignore[no-redef]
+        return allocator.last_error()
+    except Exception:  # noqa: BLE001 (only words for the line)
+        return ""
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except Exception as e:  # noqa: BLE001 (the soak reads the line)
-        print(f"error: {type(e).__name__}: {e}", flush=True)
+        said = rmmd_said(sys.argv[1] if len(sys.argv) > 1 else "")
+        print(f"error: {type(e).__name__}: {e}" + (f" (rmmd: {said})" if said else ""), flush=True)
         sys.exit(3)

@@ -27,8 +27,8 @@ buffers; the tenants' rows sum to the pool); every persistent buffer listed
 with its size; no /dev/shm/cuda.shm*; each worker that was alive across a
 restart made progress after it (a ping that allocated, with its reconnect
 count up); then every client stops and the daemon's fds (less one per buffer
-it keeps), threads and VmRSS are compared with this daemon's first quiet
-round, and on a GPU the driver's used memory less the daemons' ledgers
+it keeps), threads and VmRSS are compared with the highest of the first
+--warmup-rounds quiet points (3), and on a GPU the driver's used memory less the daemons' ledgers
 (their contexts alone, then) with the first quiet round's, within
 --driver-slack-mib. At the end: every buffer deleted, every pool at 0, the fd store
 empty, rmmd exits 0 on SIGTERM.
@@ -142,6 +142,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--backend", choices=["auto", "host", "cuda"], default="auto")
     p.add_argument("--pool-mib", type=int, default=96, help="the host pool")
     p.add_argument("--rss-slack-kib", type=int, default=4096)
+    p.add_argument("--warmup-rounds", type=int, default=3,
+                   help="the daemon's level (fds, threads, RSS) is the highest of these first quiet points")
     p.add_argument("--thread-slack", type=int, default=4)
     p.add_argument("--fd-slack", type=int, default=2,
                    help="fds besides memfds above the level (gRPC's pollers come and go)")
