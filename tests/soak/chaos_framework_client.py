@@ -14,7 +14,9 @@ MODE:
 
 For LIFETIME_MS it allocates uint8 arrays of random sizes (log-uniform in
 [64, MAX_BYTES]) on GPU 0, fills each with a byte of its own, and frees
-random ones after checking every byte. Then it prints "done OPS ALLOCS" and
+random ones after checking every byte, holding at most HELD_AT_MOST bytes
+(a framework allocates fast: unbounded, one client filled the soak's 4 GiB
+pool in a second). Then it prints "done OPS ALLOCS" and
 ends as ENDING says: free (checks and frees everything, returns), leave
 (returns holding them: the interpreter's exit frees them), exit
 (os._exit(0) holding them: the daemon reclaims them when the session's
@@ -33,6 +35,7 @@ import time
 from typing import Any, Callable
 
 MODES = ("torch-pool", "torch-process", "cupy")
+HELD_AT_MOST = 128 << 20
 
 
 def torch_side(mode: str) -> tuple[Callable[[int, int], Any], Callable[[Any, int], bool], Any]:
@@ -89,14 +92,15 @@ def main(argv: list[str]) -> int:
     mode, seed, lifetime_ms, max_bytes, ending = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
     rng = random.Random(seed)
     alloc, intact, scope = cupy_side() if mode == "cupy" else torch_side(mode)
-    held: list[tuple[Any, int]] = []
-    ops = allocs = 0
+    held: list[tuple[Any, int, int]] = []
+    ops = allocs = held_bytes = 0
     with scope:
         until = time.monotonic() + lifetime_ms / 1000
         while time.monotonic() < until:
             ops += 1
-            if held and rng.random() < 0.4:
-                array, value = held.pop(rng.randrange(len(held)))
+            if held and (rng.random() < 0.4 or held_bytes > HELD_AT_MOST):
+                array, value, n = held.pop(rng.randrange(len(held)))
+                held_bytes -= n
                 if not intact(array, value):
                     print(f"corrupted: {array.numel() if hasattr(array, 'numel') else array.size} bytes "
                           f"lost their value {value}", flush=True)
@@ -105,13 +109,14 @@ def main(argv: list[str]) -> int:
                 continue
             n = int(math.exp(rng.uniform(math.log(64), math.log(max_bytes))))
             value = rng.randrange(1, 256)
-            held.append((alloc(n, value), value))
+            held.append((alloc(n, value), value, n))
+            held_bytes += n
             allocs += 1
         print(f"done {ops} {allocs}", flush=True)
         if ending == "exit":
             os._exit(0)
         if ending == "free":
-            for array, value in held:
+            for array, value, _ in held:
                 if not intact(array, value):
                     print(f"corrupted: an array lost its value {value}", flush=True)
                     return 1
