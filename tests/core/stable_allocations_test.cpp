@@ -232,9 +232,12 @@ TEST_F(StableAllocations, MemoryInPiecesReachesOnlyAClientThatMapsThemWithAnFdEa
       s, {}, std::vector<stable_id>{one->id}, std::chrono::steady_clock::now());
   ASSERT_TRUE(woken.ok()) << woken.status();
   EXPECT_TRUE(woken->front().pieces.empty());
-  core_.close_session(s);
+  ASSERT_TRUE(core_.stables().free(s, three->id).ok());
+  ASSERT_TRUE(core_.stables().free(s, one->id).ok());
   EXPECT_EQ(in_use(gpu_), 0u);
+  // Every piece went back (the tenant's backend goes with its last session).
   EXPECT_EQ(backends_.at(tenant_key{tenant_key::kind::uid, 1000})->live_stable(), 0u);
+  core_.close_session(s);
 }
 
 TEST_F(StableAllocations, SleepReleasesTheMemoryAndWakeMakesItAgain)

@@ -109,8 +109,7 @@ class Chaos:
             out = ["peering: a remote read's bytes (a fabric buffer: GPUs and IMEX); the soak's buffers "
                    "are host buffers, which node A refuses to lend (FAILED_PRECONDITION), and without a "
                    "GPU the client refuses a remote open before asking (both checked): no remote hold "
-                   "is ever made",
-                   "peering: a rotation to a new CA (three rounds); only same-CA renewals"]
+                   "is ever made"]
         if getattr(self.args, "frameworks_left_out", ""):
             out += [f"PyTorch MemPool / whole-process allocator / CuPy clients: {self.args.frameworks_left_out}"]
         if not self.gpus:

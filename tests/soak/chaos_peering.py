@@ -33,6 +33,12 @@ Events (drawn by the soak's one generator, as every other kind):
   peer_rotate  either node's certificate and key replaced, SIGHUP; A's log
                says the listener serves it, or B's that its link dials
                with it; then a call across reaches A again.
+  peer_new_ca  both nodes moved to a new CA in three steps, each a SIGHUP
+               of A then B with its log line checked and a call across
+               reaching A after it: both trust the old and the new CA (the
+               trusted-CA file holds both); both get certificates of the
+               new CA; both trust the new CA alone. Later rotations sign
+               with the new CA.
 After every round (round_end): A's `rmmctl peers` holds of nodeB's equal
 B's holds on nodeA equal the holds B's readers have (within a lease plus
 20 s: a dead B's holds end when their lease does); B's link to A is up
@@ -57,7 +63,7 @@ from typing import Any
 from chaos_node import ChaosError, Daemon, Worker, user_ids
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PEER_WEIGHTS = {"peer_open": 2.0, "peer_kill": 0.4, "peer_term": 0.2, "peer_rotate": 0.4}
+PEER_WEIGHTS = {"peer_open": 2.0, "peer_kill": 0.4, "peer_term": 0.2, "peer_rotate": 0.4, "peer_new_ca": 0.1}
 MAX_READERS = 2
 HOLD_LEASE_MS = 2000
 # How long a remote open may find the link down after a restart or a
@@ -106,6 +112,8 @@ class PeerCerts:
             for ext in ("pem", "key"):
                 shutil.copy(self.made / f"{node}.{ext}", self.dir / f"{node}.{ext}")
         self.rotations: Counter[str] = Counter()
+        self.ca = self.made / "ca"  # the stem of the CA that signs rotations
+        self.cas = 0
         self.own()
 
     def own(self) -> None:
@@ -129,13 +137,38 @@ class PeerCerts:
         run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
             "-out", f"{stem}.key")
         run("openssl", "req", "-new", "-key", f"{stem}.key", "-subj", f"/CN=rmmd-{node}", "-out", f"{stem}.csr")
-        run("openssl", "x509", "-req", "-in", f"{stem}.csr", "-CA", str(self.made / "ca.pem"),
-            "-CAkey", str(self.made / "ca.key"), "-CAcreateserial", "-CAserial", str(self.dir / "ca.srl"),
+        run("openssl", "x509", "-req", "-in", f"{stem}.csr", "-CA", f"{self.ca}.pem",
+            "-CAkey", f"{self.ca}.key", "-CAcreateserial", "-CAserial", str(self.dir / "ca.srl"),
             "-days", "30", "-sha256", "-extfile", str(self.dir / "node.ext"), "-out", f"{stem}.pem")
         Path(f"{stem}.csr").unlink()
         self.own()
         Path(f"{stem}.key").rename(self.dir / f"{node}.key")
         Path(f"{stem}.pem").rename(self.dir / f"{node}.pem")
+
+    def new_ca(self) -> None:
+        """A move to a new CA, step 1: a new CA made, and the trusted-CA
+        file (renamed over whole) holding the old and the new. Later
+        certificates (rotate()) are the new CA's."""
+        self.cas += 1
+        stem = self.dir / f"ca{self.cas}"
+        run = lambda *argv: subprocess.run(argv, check=True, capture_output=True, timeout=60)  # noqa: E731
+        run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{stem}.key")
+        run("openssl", "req", "-x509", "-new", "-key", f"{stem}.key", "-sha256", "-days", "30",
+            "-subj", f"/O=rmmd test/CN=rmmd chaos CA {self.cas}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-addext", "subjectKeyIdentifier=hash", "-out", f"{stem}.pem")
+        both = self.dir / "ca-both.pem"
+        both.write_text(Path(f"{self.ca}.pem").read_text() + Path(f"{stem}.pem").read_text())
+        self.ca = stem
+        self.own()
+        both.rename(self.dir / "ca.pem")
+
+    def trust_new_ca_alone(self) -> None:
+        """Step 3: the trusted-CA file holds the new CA alone."""
+        alone = self.dir / "ca-alone.pem"
+        shutil.copy(f"{self.ca}.pem", alone)
+        self.own()
+        alone.rename(self.dir / "ca.pem")
 
     def close(self, keep: bool) -> None:
         if not keep:
@@ -303,10 +336,11 @@ class PeerChaos:
         self.restart(which, signal.SIGTERM)
         self.open_reaching_a(self.reader(), f"peer_term node{which}, then")
 
-    def ev_peer_rotate(self) -> None:
-        which = self.c.rng.choice(["A", "B"])
+    def reload(self, which: str, what: str) -> None:
+        """SIGHUP node `which`; its log must say within 20 s that its
+        listener (A) serves, or its link (B) dials with, the certificate
+        files as they are now."""
         d = self.node(which)
-        self.setup.certs.rotate("node" + which)
         before = d.log_path.read_text(errors="replace").count("reloaded certificate")
         line = d.hup()
         deadline = time.monotonic() + 20
@@ -315,12 +349,27 @@ class PeerChaos:
             if len(lines) > before:
                 break
             time.sleep(0.05)
-        self.c.say(f"peer_rotate node{which} (rotation {self.setup.certs.rotations['node' + which]}): "
-                   f"{line.strip()}; {lines[-1].strip() if len(lines) > before else 'no peering line'}")
+        self.c.say(f"{what}: {line.strip()}; {lines[-1].strip() if len(lines) > before else 'no peering line'}")
         want = "listener on" if which == "A" else "now dial with the reloaded certificate"
         self.c.check("peer_rotate", len(lines) > before and want in lines[-1],
                      lambda: f"node{which}'s log after SIGHUP: {d.log_tail(8)}")
+
+    def ev_peer_rotate(self) -> None:
+        which = self.c.rng.choice(["A", "B"])
+        self.setup.certs.rotate("node" + which)
+        self.reload(which, f"peer_rotate node{which} (rotation {self.setup.certs.rotations['node' + which]})")
         self.open_reaching_a(self.reader(), f"peer_rotate node{which}, then")
+
+    def ev_peer_new_ca(self) -> None:
+        certs = self.setup.certs
+        steps = [("both CAs trusted", certs.new_ca),
+                 ("certificates of the new CA", lambda: [certs.rotate(n) for n in ("nodeA", "nodeB")]),
+                 ("the new CA alone trusted", certs.trust_new_ca_alone)]
+        for step, change in steps:
+            change()
+            for which in ("A", "B"):
+                self.reload(which, f"peer_new_ca {certs.cas} ({step}) node{which}")
+            self.open_reaching_a(self.reader(), f"peer_new_ca {certs.cas} ({step}), then")
 
     # -- invariants -----------------------------------------------------------------
 
