@@ -54,6 +54,12 @@ struct stable_memory {
   }
 };
 
+/// How address-stable memory comes back: memory no client maps any more
+/// (a free, a sleep, a failed allocation or wake) may serve its uid again;
+/// memory of a session that ended may still be mapped by its process (it
+/// is dying, or reconnects keeping its mappings), so it goes to the driver.
+enum class stable_return : std::uint8_t { reusable, to_driver };
+
 /// Who asks for address-stable memory, and in how many pieces it may come.
 struct stable_request {
   uid_t owner{};
@@ -139,11 +145,12 @@ class pool_backend {
         "its pool cannot make address-stable memory (it needs a CUDA pool: an allocation of its "
         "own the client maps at addresses it keeps); use a CUDA pool");
   }
-  /// Takes back what allocate_stable() gave `owner` (the backend may keep
-  /// it for that uid's next one). REQUIRES: not freed before; every
-  /// importer released its imports, or is `owner`'s.
-  /// Thread-safe like deallocate().
-  virtual void deallocate_stable(stable_memory const& memory, uid_t /*owner*/) noexcept
+  /// Takes back what allocate_stable() gave `owner`; where `how` is
+  /// reusable, the backend may keep it for that uid's next one. REQUIRES:
+  /// not freed before. Thread-safe like deallocate().
+  virtual void deallocate_stable(stable_memory const& memory,
+                                 uid_t /*owner*/,
+                                 stable_return /*how*/) noexcept
   {
     for (auto const& piece : memory.pieces) { deallocate_shared(piece); }
   }

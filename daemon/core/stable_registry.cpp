@@ -172,13 +172,13 @@ absl::StatusOr<stable_grant> stable_registry::allocate(session_id session,
                         absl::StrCat(what, ": ", memory.status().message()));
   }
   if (owner == nullptr) {
-    backend->deallocate_stable(*memory, uid);
+    backend->deallocate_stable(*memory, uid, stable_return::reusable);  // never mapped
     return absl::UnauthenticatedError(
         absl::StrCat(request, ": the session closed during the call; open a new session"));
   }
   auto const reserved = memory->bytes();
   if (auto refused = state_.refusal_locked(p, *owner, reserved, what)) {
-    backend->deallocate_stable(*memory, uid);
+    backend->deallocate_stable(*memory, uid, stable_return::reusable);  // never mapped
     return absl::ResourceExhaustedError(
         absl::StrFormat("%s: rounded up to %s by the driver's granularity, it exceeds the pool "
                         "limit or a quota; ask for less",
@@ -218,15 +218,17 @@ absl::Status stable_registry::free(session_id session, stable_id id)
     return absl::FailedPreconditionError(
         absl::StrCat(request, ": a wake of it is under way; free it once the wake answered"));
   }
-  erase_locked(**e, *found);
+  erase_locked(**e, *found, stable_return::reusable);  // the client unmapped it first
   settle_forgets(lock, forgets_before);
   return absl::OkStatus();
 }
 
-void stable_registry::release_memory_locked(stable_entry& e, session_entry* s) noexcept
+void stable_registry::release_memory_locked(stable_entry& e,
+                                            session_entry* s,
+                                            stable_return how) noexcept
 {
   auto& p = *state_.pools[e.pool];
-  p.tenants.backend(e.tenant).deallocate_stable(e.memory, e.uid);
+  p.tenants.backend(e.tenant).deallocate_stable(e.memory, e.uid, how);
   e.memory = {};
   state_.charge_locked(p, s, e.uid, e.tenant, e.pool, e.bytes, -1);
 }
@@ -286,10 +288,10 @@ bool stable_registry::keep_backup_locked(stable_entry& e) noexcept
   return true;
 }
 
-void stable_registry::erase_locked(stable_entry& e, session_entry* s) noexcept
+void stable_registry::erase_locked(stable_entry& e, session_entry* s, stable_return how) noexcept
 {
   if (e.state == stable_state::awake || e.state == stable_state::going_to_sleep) {
-    release_memory_locked(e, s);
+    release_memory_locked(e, s, how);
   }
   drop_backup_locked(e, s);
   state_.stables.erase(e.id);
@@ -443,7 +445,7 @@ absl::StatusOr<std::size_t> stable_registry::finish_sleep(session_id session,
       e->state = stable_state::awake;
       continue;
     }
-    release_memory_locked(*e, *found);
+    release_memory_locked(*e, *found, stable_return::reusable);  // the client unmapped it first
     bytes += e->bytes;
     e->state        = stable_state::asleep;
     e->asleep_since = std::chrono::system_clock::now();

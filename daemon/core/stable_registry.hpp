@@ -197,8 +197,11 @@ class stable_registry {
                                                                 std::string const& request,
                                                                 std::string_view hint) const;
   /// Frees `e`'s memory (if any) and backup, uncharging them (`s`: its
-  /// session, null when ended), and forgets it.
-  void erase_locked(stable_entry& e, session_entry* s) noexcept;
+  /// session, null when ended), and forgets it. `how`: whether its client
+  /// unmapped the memory (a free) or may still map it (a session's end).
+  void erase_locked(stable_entry& e,
+                    session_entry* s,
+                    stable_return how = stable_return::to_driver) noexcept;
   /// Frees `e`'s backup, uncharging it, and tells the keeper it went.
   void drop_backup_locked(stable_entry& e, session_entry* s) noexcept;
   /// Lets go of `lock` and waits (up to 10 s) until the keeper applied what
@@ -209,7 +212,7 @@ class stable_registry {
   /// Tells the keeper of `e`'s named backup (asleep); false when there is
   /// no keeper or nothing to keep.
   bool keep_backup_locked(stable_entry& e) noexcept;
-  void release_memory_locked(stable_entry& e, session_entry* s) noexcept;
+  void release_memory_locked(stable_entry& e, session_entry* s, stable_return how) noexcept;
   /// The backups `chosen` need, made and charged all or none.
   absl::Status make_backups_locked(session_entry& s,
                                    std::vector<stable_entry*> const& chosen,

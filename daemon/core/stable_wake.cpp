@@ -246,7 +246,7 @@ absl::Status stable_registry::allocate_for_wake(std::unique_lock<std::mutex>& lo
       state_.stats.grew(e->pool, state_.pools[e->pool]->in_use);
       continue;
     }
-    if (j.made) { j.backend->deallocate_stable(*j.made, j.owner); }
+    if (j.made) { j.backend->deallocate_stable(*j.made, j.owner, stable_return::reusable); }
     if (e != nullptr) {
       state_.charge_locked(*state_.pools[e->pool], s, e->uid, e->tenant, e->pool, e->bytes, -1);
       e->state = stable_state::asleep;
@@ -291,7 +291,8 @@ void stable_registry::free_all() noexcept
   std::lock_guard lock(state_.mutex);
   for (auto const& [id, e] : state_.stables) {
     if (e->state == stable_state::awake || e->state == stable_state::going_to_sleep) {
-      state_.pools[e->pool]->tenants.backend(e->tenant).deallocate_stable(e->memory, e->uid);
+      state_.pools[e->pool]->tenants.backend(e->tenant).deallocate_stable(
+          e->memory, e->uid, stable_return::to_driver);
     }
     if (e->backup && e->backup->release) {
       e->backup->release(e->backup->memory);

@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -53,6 +55,9 @@ class fake_pool_backend final : public pool_backend {
     /// Pieces allocate_stable() makes where the caller takes that many (as
     /// the cuda backend does from spares of the uid).
     std::size_t stable_pieces{1};
+    /// Where set, counts each deallocate_stable() by how the memory came
+    /// back (it outlives the backend, which a tenant's last session takes).
+    std::shared_ptr<std::map<stable_return, int>> stable_returns{};
   };
 
   /// The call a gate can stop (see hold_next()).
@@ -160,9 +165,12 @@ class fake_pool_backend final : public pool_backend {
     live_bytes_ += size;
     return out;
   }
-  void deallocate_stable(stable_memory const& memory, uid_t /*owner*/) noexcept override
+  void deallocate_stable(stable_memory const& memory,
+                         uid_t /*owner*/,
+                         stable_return how) noexcept override
   {
     std::lock_guard lock(mutex_);
+    if (options_.stable_returns) { ++(*options_.stable_returns)[how]; }
     ++deallocations_;
     --live_stable_;
     for (auto const& piece : memory.pieces) {

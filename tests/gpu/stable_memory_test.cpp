@@ -417,6 +417,22 @@ TEST_F(StableMemory, MemoryASleepGaveBackServesTheNextAllocationOfItsUidInPieces
   for (auto* p : kv) { mr.deallocate_sync(p, piece, 256); }
   EXPECT_EQ(in_use(gpu_pool()), 0u);
   EXPECT_EQ(spare(), 4 * piece);
+  // No spare of its size: one allocation of the four pieces, and its wake
+  // maps four pieces again at its address.
+  void* big = mr.allocate_tagged("big", 4 * piece);
+  EXPECT_EQ(spare(), 0u);
+  device_fill(big, 4 * piece, 9, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(device_first_mismatch(big, 4 * piece, 9, nullptr), -1);
+  mr.sleep({"big"});
+  EXPECT_EQ(spare(), 4 * piece);
+  EXPECT_EQ(mr.wake({"big"}), 4 * piece);
+  EXPECT_EQ(spare(), 0u);
+  device_fill(big, 4 * piece, 10, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(device_first_mismatch(big, 4 * piece, 10, nullptr), -1);
+  mr.deallocate_sync(big, 4 * piece, 256);
+  EXPECT_EQ(in_use(gpu_pool()), 0u);
 }
 
 TEST_F(StableMemory, MemoryASleepGaveBackNeverServesAnotherUid)

@@ -27,8 +27,9 @@
 //       then frees it and exits 0 ("error: MESSAGE" and exit 3 on a refusal).
 //   rmmd_stable_client stable BYTES
 //       allocates BYTES of address-stable memory tagged "taken", writes to
-//       it, prints "served" and holds it until its stdin closes, then frees
-//       it and exits 0 ("error: MESSAGE" and exit 3 on a refusal).
+//       it and reads it back ("mismatch ..." and exit 1), prints "served"
+//       and holds it until its stdin closes, then frees it and exits 0
+//       ("error: MESSAGE" and exit 3 on a refusal).
 
 #include "tests/tools/device_pattern.hpp"
 
@@ -150,6 +151,10 @@ int stable(std::size_t bytes)
   void* p = mr.allocate_sync(bytes, 256);
   rmmd::test::device_fill(p, bytes, 7, nullptr);
   if (cudaDeviceSynchronize() != cudaSuccess) { throw std::runtime_error("fill failed"); }
+  if (auto at = rmmd::test::device_first_mismatch(p, bytes, 7, nullptr); at >= 0) {
+    std::cout << "mismatch at word " << at << std::endl;
+    return 1;
+  }
   std::cout << "served" << std::endl;
   wait_for_stdin_to_close();
   mr.deallocate_sync(p, bytes, 256);

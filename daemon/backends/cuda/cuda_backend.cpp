@@ -227,7 +227,7 @@ absl::StatusOr<core::stable_memory> cuda_backend::allocate_stable(std::size_t by
   if (auto const have = out.bytes(); have < size) {
     auto fresh = allocate_own(size - have, 0, false);
     if (!fresh.ok()) {
-      for (auto& piece : out.pieces) { options_.spares->keep(std::move(piece), who.owner); }
+      deallocate_stable(out, who.owner, core::stable_return::reusable);  // never mapped
       return fresh.status();
     }
     out.pieces.push_back(*std::move(fresh));
@@ -235,14 +235,20 @@ absl::StatusOr<core::stable_memory> cuda_backend::allocate_stable(std::size_t by
   return out;
 }
 
-void cuda_backend::deallocate_stable(core::stable_memory const& memory, uid_t owner) noexcept
+void cuda_backend::deallocate_stable(core::stable_memory const& memory,
+                                     uid_t owner,
+                                     core::stable_return how) noexcept
 {
+  bool const keep = options_.spares && how == core::stable_return::reusable;
   for (auto const& piece : memory.pieces) {
-    if (options_.spares && piece.driver_handle != 0 && piece.fd >= 0) {
-      options_.spares->keep(piece, owner);
-    } else {
-      deallocate_shared(piece);
+    if (keep && piece.driver_handle != 0 && piece.fd >= 0) {
+      try {
+        options_.spares->keep(piece, owner);
+        continue;
+      } catch (std::exception const&) {  // no room to note it: the driver takes it
+      }
     }
+    deallocate_shared(piece);
   }
 }
 

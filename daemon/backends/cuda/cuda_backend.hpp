@@ -126,8 +126,11 @@ class cuda_backend final : public core::pool_backend {
   /// and one new allocation for the rest. See pool_backend::allocate_stable().
   absl::StatusOr<core::stable_memory> allocate_stable(std::size_t bytes,
                                                       core::stable_request const& who) override;
-  /// Kept as the owner's spares where the pool keeps them; else released.
-  void deallocate_stable(core::stable_memory const& memory, uid_t owner) noexcept override;
+  /// Kept as the owner's spares where the pool keeps them and `how` allows;
+  /// else released.
+  void deallocate_stable(core::stable_memory const& memory,
+                         uid_t owner,
+                         core::stable_return how) noexcept override;
   [[nodiscard]] std::size_t spare_bytes() const noexcept override
   {
     return options_.spares ? options_.spares->bytes() : 0;

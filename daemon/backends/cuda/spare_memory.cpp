@@ -41,13 +41,14 @@ spare_memory::~spare_memory()
 
 void spare_memory::keep(core::shared_allocation memory, uid_t owner)
 {
-  auto const bytes = memory.block.bytes;
   {
     std::lock_guard lock(mutex_);
+    auto const bytes = memory.block.bytes;
     spares_.push_back(
         {.memory = std::move(memory), .owner = owner, .until = clock::now() + keep_for_});
+    // Counted before anyone can take it: bytes_ never goes below 0.
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
-  bytes_.fetch_add(bytes, std::memory_order_relaxed);
   changed_.notify_all();
 }
 

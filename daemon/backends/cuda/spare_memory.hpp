@@ -51,7 +51,9 @@ class spare_memory {
   ~spare_memory();
 
   /// Keeps `memory` (an allocation of its own with its fd; this takes it)
-  /// for `owner`'s next allocation.
+  /// for `owner`'s next allocation. REQUIRES: no process maps it any more
+  /// (its next owner gets the same physical memory). Throws std::bad_alloc
+  /// (the memory stays the caller's then).
   void keep(core::shared_allocation memory, uid_t owner);
 
   /// `owner`'s spares for an allocation of `bytes` (the caller's now): one
