@@ -142,12 +142,14 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   }
   auto const stream = streams_->next_allocation_stream();
   void* ptr         = nullptr;
-  // A device full of spares gives them back and tries once more.
+  // A device full of spares gives them back and tries once more (also where
+  // their expiry gave some back meanwhile).
+  auto const released = options_.spares ? options_.spares->released() : 0;
   for (bool retried = false; ptr == nullptr; retried = true) {
     try {
       ptr = mr_->allocate(::cuda::stream_ref{stream}, size, granularity);
     } catch (rmm::out_of_memory const& e) {
-      if (!retried && options_.spares && options_.spares->give_back() > 0) { continue; }
+      if (!retried && spares_came_back(released)) { continue; }
       return absl::ResourceExhaustedError(
           absl::StrFormat("device %d is out of memory: %s", options_.device, e.what()));
     } catch (std::exception const& e) {
@@ -169,6 +171,13 @@ absl::StatusOr<core::backend_allocation> cuda_backend::allocate(std::size_t byte
   auto const* raw = reinterpret_cast<std::byte const*>(&data);
   block.export_data.assign(raw, raw + sizeof(data));
   return block;
+}
+
+bool cuda_backend::spares_came_back(std::uint64_t released_before) noexcept
+{
+  if (!options_.spares) { return false; }
+  options_.spares->give_back();
+  return options_.spares->released() != released_before;
 }
 
 void cuda_backend::deallocate(core::backend_allocation const& block) noexcept
@@ -287,9 +296,10 @@ absl::StatusOr<core::shared_allocation> cuda_backend::allocate_own(std::size_t b
   }
   auto const size = (bytes + *grain - 1) / *grain * *grain;
   CUmemGenericAllocationHandle handle{};
-  auto made = api->mem_create(&handle, size, &prop, 0);
+  auto const released = options_.spares ? options_.spares->released() : 0;
+  auto made           = api->mem_create(&handle, size, &prop, 0);
   // A device full of spares gives them back and tries once more.
-  if (made == CUDA_ERROR_OUT_OF_MEMORY && options_.spares && options_.spares->give_back() > 0) {
+  if (made == CUDA_ERROR_OUT_OF_MEMORY && spares_came_back(released)) {
     made = api->mem_create(&handle, size, &prop, 0);
   }
   if (made != CUDA_SUCCESS) {

@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -164,6 +165,10 @@ class cuda_backend final : public core::pool_backend {
                                                        bool fabric);
   /// The driver's granularity for this pool's allocations of their own.
   absl::StatusOr<std::size_t> own_granularity(bool fabric) const;
+  /// After an allocation found the device full: gives the spares back and
+  /// says whether any came back to the driver since `released_before`
+  /// (spare_memory::released()), by this or by their expiry.
+  bool spares_came_back(std::uint64_t released_before) noexcept;
 
   cuda_pool_options options_;
   std::unique_ptr<rmm::mr::cuda_async_memory_resource> mr_;  // never null once built

@@ -100,12 +100,14 @@ std::size_t spare_memory::give_back() noexcept
     std::lock_guard lock(mutex_);
     all.swap(spares_);
   }
+  std::lock_guard releasing(releasing_);  // after the expiry's batch, if one is under way
   std::size_t bytes = 0;
   for (auto const& s : all) {
     release_own(device_, s.memory);
     bytes += s.memory.block.bytes;
   }
   bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  released_.fetch_add(bytes, std::memory_order_release);
   return bytes;
 }
 
@@ -134,12 +136,16 @@ void spare_memory::expire(std::stop_token stop)
     std::move(kept, spares_.end(), std::back_inserter(due));
     spares_.erase(kept, spares_.end());
     lock.unlock();
-    std::size_t bytes = 0;
-    for (auto const& s : due) {
-      release_own(device_, s.memory);
-      bytes += s.memory.block.bytes;
+    {
+      std::lock_guard releasing(releasing_);
+      std::size_t bytes = 0;
+      for (auto const& s : due) {
+        release_own(device_, s.memory);
+        bytes += s.memory.block.bytes;
+      }
+      bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+      released_.fetch_add(bytes, std::memory_order_release);
     }
-    bytes_.fetch_sub(bytes, std::memory_order_relaxed);
     lock.lock();
   }
 }

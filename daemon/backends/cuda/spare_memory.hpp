@@ -28,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -62,12 +63,20 @@ class spare_memory {
   /// them (room for a new piece) unless they fill `bytes` exactly.
   std::vector<core::shared_allocation> take(std::size_t bytes, uid_t owner, std::size_t max_pieces);
 
-  /// Gives every spare back to the driver; returns their bytes.
+  /// Gives every spare back to the driver, and returns once what the
+  /// expiry was giving back meanwhile is back too; returns the bytes it
+  /// gave back itself.
   std::size_t give_back() noexcept;
 
   [[nodiscard]] std::size_t bytes() const noexcept
   {
     return bytes_.load(std::memory_order_relaxed);
+  }
+  /// Bytes given back to the driver since the start, by give_back() and by
+  /// expiry: an allocation that failed retries where this grew meanwhile.
+  [[nodiscard]] std::uint64_t released() const noexcept
+  {
+    return released_.load(std::memory_order_acquire);
   }
 
  private:
@@ -86,6 +95,10 @@ class spare_memory {
   std::condition_variable_any changed_;
   std::vector<spare> spares_;  // guarded by mutex_
   std::atomic<std::size_t> bytes_{0};
+  std::atomic<std::uint64_t> released_{0};
+  /// Held while spares taken out of spares_ are given back (never with
+  /// mutex_), so that give_back() returns after the expiry's batch.
+  std::mutex releasing_;
   std::jthread expirer_;  // last: it reads the members above
 };
 
