@@ -95,7 +95,7 @@ absl::StatusOr<checked_memory> check_memory(std::vector<core::pool_description> 
   return checked_memory{.pool    = pool->id,
                         .memory  = std::move(imported->memory),
                         .release = [device](core::shared_allocation const& m) {
-                          backends::cuda::release_imported(device, m);
+                          backends::cuda::release_own(device, m);
                         }};
 }
 

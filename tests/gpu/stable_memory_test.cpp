@@ -72,6 +72,23 @@ class StableMemory : public ::testing::Test {
     env_     = {"RMMD_RUNTIME_DIR=" + daemon_->runtime_dir().string()};
   }
 
+  /// start() as deployed: rmmd as `rmmd`, root's session, and client_user_b
+  /// a member of rmmd's group (the sockets'), allowed too. Why it cannot
+  /// (no root, a program those users cannot reach), or empty.
+  std::string start_as_deployed(std::string const& gpu_pool, std::vector<std::string> extra = {})
+  {
+    auto daemon_account = ensure_user(daemon_user, daemon_group);
+    auto b              = ensure_user(client_user_b, daemon_group);
+    if (!daemon_account || !b) { return users_need_root(); }
+    for (auto const& [user, program] :
+         {std::pair{*daemon_account, "rmmd"}, std::pair{*b, "rmmd_stable_client"}}) {
+      if (auto why = unreachable_for(user, program_path(program)); !why.empty()) { return why; }
+    }
+    extra.insert(extra.begin(), {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid)});
+    start(gpu_pool, extra, daemon_user);
+    return {};
+  }
+
   std::size_t in_use(std::string const& pool) const
   {
     auto const stats = daemon_->stats();
@@ -356,16 +373,7 @@ TEST_F(StableMemory, AnotherUidIsServedFromTheMemoryASleeperGaveBack)
 {
   // As deployed: rmmd as `rmmd`, the other tenant a member of its group
   // (the sockets' group), root the sleeper.
-  auto daemon_account = ensure_user(daemon_user, daemon_group);
-  auto b              = ensure_user(client_user_b, daemon_group);
-  if (!daemon_account || !b) { GTEST_SKIP() << users_need_root(); }
-  for (auto const& [user, program] :
-       {std::pair{*daemon_account, "rmmd"}, std::pair{*b, "rmmd_stable_client"}}) {
-    if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
-      GTEST_SKIP() << why;
-    }
-  }
-  start("1GiB", {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid)}, daemon_user);
+  if (auto why = start_as_deployed("1GiB"); !why.empty()) { GTEST_SKIP() << why; }
   rmmd::stable_memory_resource mr(*session_, 0, "kv");
   constexpr std::size_t bytes = 768 * MiB;
   void* kv                    = mr.allocate_sync(bytes, 256);
@@ -437,18 +445,9 @@ TEST_F(StableMemory, MemoryASleepGaveBackServesTheNextAllocationOfItsUidInPieces
 
 TEST_F(StableMemory, MemoryASleepGaveBackNeverServesAnotherUid)
 {
-  auto daemon_account = ensure_user(daemon_user, daemon_group);
-  auto b              = ensure_user(client_user_b, daemon_group);
-  if (!daemon_account || !b) { GTEST_SKIP() << users_need_root(); }
-  for (auto const& [user, program] :
-       {std::pair{*daemon_account, "rmmd"}, std::pair{*b, "rmmd_stable_client"}}) {
-    if (auto why = unreachable_for(user, program_path(program)); !why.empty()) {
-      GTEST_SKIP() << why;
-    }
+  if (auto why = start_as_deployed("4GiB", {"--keep-released-memory", "60"}); !why.empty()) {
+    GTEST_SKIP() << why;
   }
-  start("4GiB",
-        {"--allow-uid", "0", "--allow-gid", std::to_string(b->gid), "--keep-released-memory", "60"},
-        daemon_user);
   rmmd::stable_memory_resource mr(*session_, 0, "kv");
   constexpr std::size_t bytes = 512 * MiB;
   void* kv                    = mr.allocate_sync(bytes, 256);

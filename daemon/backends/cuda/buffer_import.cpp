@@ -132,7 +132,7 @@ absl::StatusOr<imported_buffer> import_buffer(
   return out;
 }
 
-void release_imported(int device, core::shared_allocation const& memory) noexcept
+void release_own(int device, core::shared_allocation const& memory) noexcept
 {
   if (memory.fd >= 0) { ::close(memory.fd); }
   if (auto const& api = gpu::vmm(); api && memory.driver_handle != 0) {

@@ -44,7 +44,9 @@ struct imported_buffer {
                                                             bool fabric,
                                                             std::string_view recorded_fabric);
 
-/// Frees what import_buffer gave (closes the fd, releases the handle).
-void release_imported(int device, core::shared_allocation const& memory) noexcept;
+/// Frees an allocation of its own on `device`, what import_buffer gave or
+/// the cuda backend made: closes its fd and releases the daemon's handle
+/// (importers keep theirs until they release them).
+void release_own(int device, core::shared_allocation const& memory) noexcept;
 
 }  // namespace rmmd::backends::cuda

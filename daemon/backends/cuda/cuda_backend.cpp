@@ -1,6 +1,7 @@
 #include "daemon/backends/cuda/cuda_backend.hpp"
 
 #include "common/vmm.hpp"
+#include "daemon/backends/cuda/buffer_import.hpp"
 
 #include <absl/strings/str_format.h>
 #include <rmm/error.hpp>

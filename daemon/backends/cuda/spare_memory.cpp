@@ -1,9 +1,6 @@
 #include "daemon/backends/cuda/spare_memory.hpp"
 
-#include "common/vmm.hpp"
-
-#include <cuda_runtime_api.h>
-#include <unistd.h>
+#include "daemon/backends/cuda/buffer_import.hpp"
 
 #include <algorithm>
 #include <iterator>
@@ -100,9 +97,14 @@ std::size_t spare_memory::give_back() noexcept
     std::lock_guard lock(mutex_);
     all.swap(spares_);
   }
-  std::lock_guard releasing(releasing_);  // after the expiry's batch, if one is under way
+  return release(all);  // after the expiry's batch, if one is under way
+}
+
+std::size_t spare_memory::release(std::vector<spare> const& taken) noexcept
+{
+  std::lock_guard releasing(releasing_);
   std::size_t bytes = 0;
-  for (auto const& s : all) {
+  for (auto const& s : taken) {
     release_own(device_, s.memory);
     bytes += s.memory.block.bytes;
   }
@@ -136,26 +138,8 @@ void spare_memory::expire(std::stop_token stop)
     std::move(kept, spares_.end(), std::back_inserter(due));
     spares_.erase(kept, spares_.end());
     lock.unlock();
-    {
-      std::lock_guard releasing(releasing_);
-      std::size_t bytes = 0;
-      for (auto const& s : due) {
-        release_own(device_, s.memory);
-        bytes += s.memory.block.bytes;
-      }
-      bytes_.fetch_sub(bytes, std::memory_order_relaxed);
-      released_.fetch_add(bytes, std::memory_order_release);
-    }
+    release(due);
     lock.lock();
-  }
-}
-
-void release_own(int device, core::shared_allocation const& memory) noexcept
-{
-  if (memory.fd >= 0) { ::close(memory.fd); }
-  if (auto const& api = gpu::vmm(); api && memory.driver_handle != 0) {
-    cudaSetDevice(device);
-    api->mem_release(static_cast<CUmemGenericAllocationHandle>(memory.driver_handle));
   }
 }
 

@@ -88,6 +88,9 @@ class spare_memory {
 
   /// Gives back each spare whose time is up, until stopped.
   void expire(std::stop_token stop);
+  /// Gives `taken` (out of spares_ already, so without mutex_) back to the
+  /// driver under releasing_; returns their bytes.
+  std::size_t release(std::vector<spare> const& taken) noexcept;
 
   int device_;
   std::chrono::milliseconds keep_for_;
@@ -101,9 +104,5 @@ class spare_memory {
   std::mutex releasing_;
   std::jthread expirer_;  // last: it reads the members above
 };
-
-/// Gives `memory` (an allocation of its own) back to the driver: closes its
-/// fd and releases the daemon's handle (importers keep theirs).
-void release_own(int device, core::shared_allocation const& memory) noexcept;
 
 }  // namespace rmmd::backends::cuda
