@@ -77,7 +77,11 @@ void say_hello(int fd,
                        std::strerror(send_error)));
   }
   if (n <= 0) {
-    fail(session_error("rmmd: the daemon closed the session socket without a welcome"));
+    // A daemon draining answers every hello it took; one that closes without
+    // a word was killed (or crashed) after it took the connection.
+    fail(session_error(
+        "rmmd: the daemon closed the session socket without a welcome: it stopped before it "
+        "answered (killed or crashed; is it restarting?)"));
   }
   if (received.truncated || received.fds_truncated) {
     fail(

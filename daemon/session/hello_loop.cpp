@@ -95,7 +95,7 @@ void hello_loop::run(int listen_fd,
   try {
     std::vector<epoll_event> events(64);
     while (!stopping) {
-      if (stop_accepting) { close_listener(); }
+      if (stop_accepting) { stop_listening(); }
       int n = ::epoll_wait(ep_, events.data(), static_cast<int>(events.size()), next_deadline_ms());
       if (n < 0 && errno != EINTR) {
         log::error("session socket: epoll_wait failed: %s", std::strerror(errno));
@@ -104,6 +104,9 @@ void hello_loop::run(int listen_fd,
       for (int i = 0; i < n; ++i) { on_event(events[i]); }
       close_silent();
     }
+    // A drain with no session to wait for can end before the loop came
+    // round to its stop_accepting: what the backlog holds is answered still.
+    if (stop_accepting) { stop_listening(); }
   } catch (std::exception const& e) {
     log::error("session socket: %s; no longer accepting sessions", e.what());
   }
@@ -164,13 +167,13 @@ void hello_loop::on_event(epoll_event const& event)
   }
 }
 
-void hello_loop::accept_some()
+bool hello_loop::accept_some()
 {
   for (int turn = 0; turn < accepts_per_turn; ++turn) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR) { continue; }
-      return;  // EAGAIN, or a transient error: epoll will call again
+      return false;  // EAGAIN, or a transient error: epoll will call again
     }
     connection c{
         .fd = fd, .peer = read_peer(fd), .deadline = clock::now() + options_.hello_deadline};
@@ -196,6 +199,7 @@ void hello_loop::accept_some()
     conns_.emplace(fd, std::move(c));
     watch(fd, EPOLLIN | EPOLLRDHUP);
   }
+  return true;
 }
 
 hello_loop::hello_outcome hello_loop::on_readable(connection& c)
@@ -309,6 +313,18 @@ void hello_loop::close_silent()
                  conns_[fd].peer.uid);
     drop(fd);
   }
+}
+
+void hello_loop::stop_listening()
+{
+  if (listen_fd_ < 0) { return; }
+  // Closing the socket would reset the connections in its backlog: clients
+  // that connected before the drain would hear nothing. Unlinked first, it
+  // takes no more; what it holds is taken, and each hello is answered as the
+  // core now answers every new session (draining), here or once it comes.
+  ::unlink(options_.socket_path.c_str());
+  while (accept_some()) {}
+  close_listener();
 }
 
 void hello_loop::close_listener() noexcept

@@ -67,8 +67,9 @@ class hello_loop {
   /// The epoll timeout that wakes the loop at the earliest hello deadline.
   [[nodiscard]] int next_deadline_ms() const;
   void on_event(epoll_event const& event);
-  /// Takes what the backlog holds, a bounded number per turn.
-  void accept_some();
+  /// Takes what the backlog holds, a bounded number per turn; true when it
+  /// stopped at the bound (more may wait).
+  bool accept_some();
   /// Reads a connection's hello and answers it.
   hello_outcome on_readable(connection& c);
   /// Answers a connection with an error welcome (the caller closes it).
@@ -86,6 +87,9 @@ class hello_loop {
   }
   /// Closes the connections whose hello deadline has passed.
   void close_silent();
+  /// A drain's end of accepting: no new connection reaches the socket, and
+  /// those that did are answered (refused as draining) rather than reset.
+  void stop_listening();
   void close_listener() noexcept;
 
   core::daemon_core& core_;

@@ -15,11 +15,18 @@
 #include "rmmd/v1/rmmd.grpc.pb.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
 
 namespace rmmd::test {
 namespace {
@@ -28,6 +35,28 @@ using ::testing::HasSubstr;
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::size_t KiB = 1024;
+
+/// A session socket connection made by hand, its hello sent, whether or not
+/// the daemon has taken it yet.
+int connect_and_say_hello(std::filesystem::path const& runtime_dir)
+{
+  int const fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  auto const path = (runtime_dir / "rmmd-session.sock").string();
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    throw std::system_error(errno, std::generic_category(), "connect " + path);
+  }
+  v1::SessionHello hello;
+  hello.set_protocol_version(1);
+  hello.set_client_name("queued");
+  auto const bytes = hello.SerializeAsString();
+  if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    throw std::system_error(errno, std::generic_category(), "send the hello");
+  }
+  return fd;
+}
 
 /// True once opening a session fails because no daemon listens any more.
 bool new_sessions_refused(logged_daemon const& daemon)
@@ -107,6 +136,45 @@ TEST(Drain, AnIdleDaemonStopsPromptlyWhileAClientChannelIsOpen)
   daemon.process().kill(SIGTERM);
   EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
   EXPECT_LT(clock_type::now() - start, std::chrono::seconds(3));
+}
+
+TEST(Drain, ConnectionsQueuedWhenTheDrainBeginsAreAnsweredNotReset)
+{
+  // Stopped, the daemon takes no connection: these wait in the socket's
+  // backlog, hellos sent, more than its loop takes in one turn (64), and the
+  // SIGTERM finds them there once it runs again. Each is welcomed (taken
+  // before the drain began) or refused as draining; none may find only a
+  // closed socket, as clients did when the drain closed the backlog.
+  logged_daemon daemon({"--backend", "host", "--drain-timeout-ms", "20000"});
+  daemon.process().kill(SIGSTOP);
+  constexpr int queued = 120;  // the backlog holds 128
+  std::vector<int> fds;
+  for (int i = 0; i < queued; ++i) { fds.push_back(connect_and_say_hello(daemon.runtime_dir())); }
+  daemon.process().kill(SIGTERM);
+  daemon.process().kill(SIGCONT);
+  int welcomed = 0;
+  int refused  = 0;
+  for (int fd : fds) {
+    timeval tv{.tv_sec = 10, .tv_usec = 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string buffer(1 << 16, '\0');
+    auto const n     = ::recv(fd, buffer.data(), buffer.size(), 0);
+    auto const error = errno;
+    ::close(fd);  // a welcomed session ends here
+    EXPECT_GT(n, 0) << "a queued connection ended without an answer: "
+                    << (n < 0 ? std::strerror(error) : "end of file");
+    if (n <= 0) { continue; }
+    v1::SessionWelcome welcome;
+    ASSERT_TRUE(welcome.ParseFromArray(buffer.data(), static_cast<int>(n)));
+    if (!welcome.has_error()) {
+      ++welcomed;
+      continue;
+    }
+    ++refused;
+    EXPECT_THAT(welcome.error().message(), HasSubstr("draining"));
+  }
+  EXPECT_EQ(welcomed + refused, queued);
+  EXPECT_EQ(daemon.process().wait(std::chrono::seconds(15)), 0);
 }
 
 TEST(Drain, ASecondSigtermEndsTheDrain)

@@ -249,9 +249,11 @@ class Chaos:
             status, out = c.finish(timeout=60)
             if getattr(c, "killed", False) or status == -signal.SIGKILL:
                 continue
-            if getattr(c, "crossed_restart", False) and status == 3 and (
-                    "no daemon is listening" in out or "draining" in out):
+            crossed = getattr(c, "crossed_restart", set())
+            if crossed and status == 3 and ("no daemon is listening" in out or "draining" in out):
                 continue  # it opened its session while rmmd was down: refused, as documented
+            if "SIGKILL" in " ".join(crossed) and status == 3 and "without a welcome" in out:
+                continue  # its hello reached a daemon that was killed before it answered
             self.check("client_exit", status == 0, lambda: f"{' '.join(c.argv)} exited {status}: {out}")
         self.churn = []
 
@@ -510,7 +512,9 @@ class Chaos:
         """After a restart: every worker makes progress (a ping that
         allocates) and says it reconnected; every buffer comes back."""
         for c in self.churn:
-            c.crossed_restart = True  # type: ignore[attr-defined]
+            if not hasattr(c, "crossed_restart"):
+                c.crossed_restart = set()  # type: ignore[attr-defined]
+            c.crossed_restart.add(how)  # type: ignore[attr-defined]
         for w in self.workers:
             # Lent by the daemon that is gone: kept and checked by the worker,
             # freed locally, in no ledger.
