@@ -69,9 +69,11 @@ class Chaos:
         # peering: a chaos_peering.PeerSetup and node B (a Daemon), or None.
         self.peer = None
         if peering is not None:
-            from chaos_peering import PEER_WEIGHTS, PeerChaos  # noqa: PLC0415
+            from chaos_peering import PEER_GPU_WEIGHTS, PEER_WEIGHTS, PeerChaos  # noqa: PLC0415
             self.peer = PeerChaos(self, *peering)
             kinds.update(PEER_WEIGHTS)
+            if gpus:
+                kinds.update(PEER_GPU_WEIGHTS)
         self.peering_off = ""
         self.kinds = list(kinds)
         self.weights = [kinds[k] for k in self.kinds]
@@ -105,11 +107,15 @@ class Chaos:
     def left_out(self, why_one_uid: str) -> list[str]:
         if self.peer is None:
             out = [f"peering (two daemons over mutual TLS): off: {self.peering_off}"]
-        else:
+        elif not self.gpus:
             out = ["peering: a remote read's bytes (a fabric buffer: GPUs and IMEX); the soak's buffers "
                    "are host buffers, which node A refuses to lend (FAILED_PRECONDITION), and without a "
                    "GPU the client refuses a remote open before asking (both checked): no remote hold "
                    "is ever made"]
+        elif self.peer.no_fabric:
+            out = [f"peering: a remote read's bytes: node A has no fabric pool ({self.peer.no_fabric})"]
+        else:
+            out = []
         if getattr(self.args, "frameworks_left_out", ""):
             out += [f"PyTorch MemPool / whole-process allocator / CuPy clients: {self.args.frameworks_left_out}"]
         if not self.gpus:

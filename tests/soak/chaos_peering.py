@@ -26,6 +26,14 @@ Events (drawn by the soak's one generator, as every other kind):
                daemon (client/shared_buffer.cpp), which is checked in its
                words. So on a CPU machine no remote hold is ever made, and
                what is exercised is the link: mutual TLS, the grant, Hello.
+  peer_fabric  (where there is a GPU) one of A's workers creates a buffer
+               in A's CUDA pool that exports fabric handles, written on
+               its GPU, and publishes it; a reader of B opens it as
+               nodeA:NAME and reads it on its GPU word by word; while the
+               remote hold lasts A's and B's `rmmctl peers` must both count
+               it; then both close it (it is not persistent: it goes). A
+               node without a fabric pool (no IMEX channel) is said once
+               and the event does nothing from then on.
   peer_kill    a reader's listing under way, either daemon SIGKILLed at a
                random moment and started again; then a call across reaches
                A again (B's link says Hello to A's new daemon).
@@ -64,6 +72,8 @@ from chaos_node import ChaosError, Daemon, Worker, user_ids
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PEER_WEIGHTS = {"peer_open": 2.0, "peer_kill": 0.4, "peer_term": 0.2, "peer_rotate": 0.4, "peer_new_ca": 0.1}
+# Only where there is a GPU (a fabric pool needs one).
+PEER_GPU_WEIGHTS = {"peer_fabric": 1.0}
 MAX_READERS = 2
 HOLD_LEASE_MS = 2000
 # How long a remote open may find the link down after a restart or a
@@ -205,6 +215,8 @@ class PeerChaos:
         self.c, self.setup, self.b = chaos, setup, node_b
         self.readers: list[Worker] = []
         self.held = 0  # remote holds B's readers have now (as the driver believes)
+        self.no_fabric = ""  # why A has no fabric pool, once a create found none
+        self.fabric_reads = 0
 
     # -- helpers ------------------------------------------------------------------
 
@@ -316,6 +328,45 @@ class PeerChaos:
 
     def ev_peer_open(self) -> None:
         self.open_reaching_a(self.reader(), "peer_open")
+
+    def ev_peer_fabric(self) -> None:
+        if self.no_fabric:
+            return
+        w = self.c.pick_worker()
+        if w is None:
+            return
+        name = self.c.next_name("fabric")
+        n = self.c.rng.randrange(16, 16384) * 4096  # 64 KiB to 64 MiB
+        seed = self.c.rng.randrange(1 << 30)
+        made = w.call("create_fabric", name=name, n=n, seed=seed, gid=self.c.rmmd_gid,
+                      labels={"chaos": "fabric"}, timeout=90)
+        if not made["ok"]:
+            if made["error"] == "NoFabricPool":
+                self.no_fabric = made["message"]
+                self.c.say(f"peer_fabric: node A has no fabric pool ({self.no_fabric}); no remote read this run")
+                return
+            self.c.check("client_answer", made["error"] == "OutOfMemoryError",
+                         lambda: f"peer_fabric: create {name} ({n} B) by {w.name}: {made}")
+            return
+        r = self.reader()
+        deadline = time.monotonic() + REACH_S
+        while True:
+            got = r.call("open", name="nodeA:" + name, seed=seed, timeout=90)
+            if not self.down(got) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.c.say(f"peer_fabric: {w.name} made {name} ({n} B) in {made.get('pool')}; {r.name} opens "
+                   f"nodeA:{name} -> {'ok' if got['ok'] else got}")
+        if self.c.check("peer_read_bytes", got["ok"], lambda: f"peer_fabric: {r.name}, nodeA:{name} ({n} B): {got}"):
+            self.held += 1
+            self.fabric_reads += 1
+            self.wait_holds(f"peer_fabric, {r.name} holding nodeA:{name}")
+            closed = r.call("close", name="nodeA:" + name)
+            self.held -= 1
+            self.c.check("client_answer", closed["ok"], lambda: f"peer_fabric: close nodeA:{name}: {closed}")
+            self.wait_holds(f"peer_fabric, {r.name} closed nodeA:{name}")
+        gone = w.call("close", name=name)
+        self.c.check("client_answer", gone["ok"], lambda: f"peer_fabric: {w.name} closes {name}: {gone}")
 
     def ev_peer_kill(self) -> None:
         w = self.reader()

@@ -18,6 +18,10 @@ by word. Commands (`op`), each answered {"ok": true, ...} or
   free id               checks then frees it
   create name n seed persistent gid labels allow_writers
                         creates, writes, sets labels, publishes, keeps it open
+  create_fabric name n seed gid labels
+                        the same in the first CUDA pool this process sees
+                        that exports fabric handles (written on its GPU), not
+                        persistent; error NoFabricPool where there is none
   open name seed writable exclusive wait
                         opens and checks the pattern (seed < 0: no check);
                         exclusive: the write lease, whose generation it
@@ -35,11 +39,13 @@ by word. Commands (`op`), each answered {"ok": true, ...} or
   held                  -> {"held": bytes of its live allocations}
 
 A mismatch is {"ok": false, "error": "corrupted", ...}; the driver counts it
-as an invariant failure.
+as an invariant failure. Device memory (a fabric buffer, or another node's
+opened as nodeA:NAME) is written and read through a copy on its GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 from array import array
@@ -92,6 +98,25 @@ class Corrupted(Exception):
     pass
 
 
+class NoFabricPool(Exception):
+    pass
+
+
+def device_copy(dst: int, src: int, nbytes: int, device: int) -> None:
+    """A synchronous copy to or from device memory (cudaMemcpyDefault), with
+    the libcudart rmmd's library loaded."""
+    from rmmd import _cuda  # noqa: PLC0415
+
+    lib = _cuda._find()
+    with _cuda.on_device(device):
+        _cuda._check(lib, lib.cudaMemcpyAsync(dst, src, nbytes, 4, None), "cudaMemcpyAsync")
+        _cuda._check(lib, lib.cudaStreamSynchronize(None), "cudaStreamSynchronize")
+
+
+def address(data: bytearray) -> int:
+    return ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
+
+
 class Worker:
     def __init__(self) -> None:
         self.session = rmmd.Session(client_name="chaos-worker", reconnect=30.0)
@@ -101,7 +126,13 @@ class Worker:
         self.next_id = 1
 
     def view(self, mem: Any) -> memoryview:
-        return mem.memoryview()
+        """Host memory itself; device memory's bytes as they are now (a copy:
+        a write to it changes nothing)."""
+        if mem.is_host:
+            return mem.memoryview()
+        data = bytearray(mem.nbytes)
+        device_copy(address(data), mem.ptr, mem.nbytes, mem.device)
+        return memoryview(data)
 
     def held(self) -> int:
         return sum((a.nbytes + ALIGN - 1) // ALIGN * ALIGN for a, _ in self.allocs.values())
@@ -130,6 +161,23 @@ class Worker:
         b.publish()
         self.buffers[name] = (b, seed, 0)
         return {"id": b.id}
+
+    def op_create_fabric(self, name: str, n: int, seed: int, gid: int | None,
+                         labels: dict[str, str]) -> dict[str, Any]:
+        pools = [p for p in self.session.pools if p.backend == "cuda" and p.has_fabric_handle and p.device >= 0]
+        if not pools:
+            raise NoFabricPool("no CUDA pool of this daemon that this process sees exports fabric handles: "
+                               + ", ".join(f"{p.name} (fabric {p.has_fabric_handle}, device {p.device})"
+                                           for p in self.session.pools))
+        b = rmmd.SharedBuffer.create(self.session, name, n, pool=pools[0], gid=gid)
+        data = bytearray(n)
+        fill(memoryview(data), seed)
+        device_copy(b.ptr, address(data), n, b.device)
+        if labels:
+            b.set_manifest([], labels=labels)
+        b.publish()
+        self.buffers[name] = (b, seed, 0)
+        return {"id": b.id, "pool": pools[0].name}
 
     def op_open(self, name: str, seed: int, writable: bool = False, exclusive: bool = False,
                 wait: float = 0.0) -> dict[str, Any]:
