@@ -8,8 +8,8 @@
 # Builds what it runs first (default preset) unless --no-build comes first;
 # prints one summary line (and --json FILE). As root it uses the test users
 # (daemon as rmmd, clients as rmmd-test-a/-b, the outsider refused).
-# On the GPU host, from a bundle instead of a build tree:
-#   python3 tests/soak/rmmd_chaos.py --bin-dir /opt/rmmdb/bin --minutes 30 --seed S
+# On the GPU host, from gpu-check's bundle instead of a build tree, as root:
+#   scripts/gpu-chaos.sh .gpu --minutes 30 --seed S
 # Exit status: 0 no failure, 1 failures, 2 could not run, 77 no python3.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
