@@ -64,8 +64,9 @@ void say_hello(int fd,
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::vector<char> buffer(1 << 16);
   std::array<int, 64> received_fds{};
-  auto const received = fd_passing::receive_datagram(fd, buffer, received_fds);
-  auto const n        = received.bytes;
+  auto const received      = fd_passing::receive_datagram(fd, buffer, received_fds);
+  auto const receive_error = errno;
+  auto const n             = received.bytes;
   std::vector<int> fds(received_fds.begin(), received_fds.begin() + received.fd_count);
   auto fail = [&](auto error) {
     for (int f : fds) { ::close(f); }
@@ -76,9 +77,17 @@ void say_hello(int fd,
     fail(session_error(std::string("rmmd: sending the session hello failed: ") +
                        std::strerror(send_error)));
   }
+  if (n < 0 && (receive_error == EAGAIN || receive_error == EWOULDBLOCK)) {
+    fail(session_error("rmmd: the daemon sent no welcome within 10 s of the hello (is it hung?)"));
+  }
+  if (n < 0 && receive_error != ECONNRESET) {
+    fail(session_error(std::string("rmmd: reading the daemon's welcome failed: ") +
+                       std::strerror(receive_error)));
+  }
   if (n <= 0) {
     // A daemon draining answers every hello it took; one that closes without
-    // a word was killed (or crashed) after it took the connection.
+    // a word (a reset where the hello was still unread) was killed or
+    // crashed after it took the connection.
     fail(session_error(
         "rmmd: the daemon closed the session socket without a welcome: it stopped before it "
         "answered (killed or crashed; is it restarting?)"));

@@ -46,14 +46,18 @@ int connect_and_say_hello(std::filesystem::path const& runtime_dir)
   auto const path = (runtime_dir / "rmmd-session.sock").string();
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    throw std::system_error(errno, std::generic_category(), "connect " + path);
+    auto const error = errno;
+    ::close(fd);
+    throw std::system_error(error, std::generic_category(), "connect " + path);
   }
   v1::SessionHello hello;
   hello.set_protocol_version(1);
   hello.set_client_name("queued");
   auto const bytes = hello.SerializeAsString();
   if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    throw std::system_error(errno, std::generic_category(), "send the hello");
+    auto const error = errno;
+    ::close(fd);
+    throw std::system_error(error, std::generic_category(), "send the hello");
   }
   return fd;
 }
@@ -149,7 +153,13 @@ TEST(Drain, ConnectionsQueuedWhenTheDrainBeginsAreAnsweredNotReset)
   daemon.process().kill(SIGSTOP);
   constexpr int queued = 120;  // the backlog holds 128
   std::vector<int> fds;
-  for (int i = 0; i < queued; ++i) { fds.push_back(connect_and_say_hello(daemon.runtime_dir())); }
+  try {
+    for (int i = 0; i < queued; ++i) { fds.push_back(connect_and_say_hello(daemon.runtime_dir())); }
+  } catch (...) {
+    daemon.process().kill(SIGCONT);
+    for (int fd : fds) { ::close(fd); }
+    throw;
+  }
   daemon.process().kill(SIGTERM);
   daemon.process().kill(SIGCONT);
   int welcomed = 0;
@@ -165,7 +175,10 @@ TEST(Drain, ConnectionsQueuedWhenTheDrainBeginsAreAnsweredNotReset)
                     << (n < 0 ? std::strerror(error) : "end of file");
     if (n <= 0) { continue; }
     v1::SessionWelcome welcome;
-    ASSERT_TRUE(welcome.ParseFromArray(buffer.data(), static_cast<int>(n)));
+    if (!welcome.ParseFromArray(buffer.data(), static_cast<int>(n))) {
+      ADD_FAILURE() << "a queued connection's answer is no SessionWelcome";
+      continue;
+    }
     if (!welcome.has_error()) {
       ++welcomed;
       continue;
