@@ -8,11 +8,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <system_error>
 
@@ -26,9 +28,26 @@ constexpr char const* channel_dir = "/dev/nvidia-caps-imex-channels";
 std::string imex_advice()
 {
   return std::string("fabric handles need an IMEX channel device (") + channel_dir +
-         "/channelN) that this user can open: run the nvidia-imex service, or create one as root "
-         "with `mknod " +
-         channel_dir + "/channel0 c <major of nvidia-caps-imex-channels in /proc/devices> 0`";
+         "/channelN) that rmmd's user and its clients can read and write: run the nvidia-imex "
+         "service, or create one as root with `mknod -m 0666 " +
+         channel_dir +
+         "/channel0 c <major of nvidia-caps-imex-channels in /proc/devices> 0` (or -m 0660 and "
+         "chgrp to a group of rmmd and its clients)";
+}
+
+/// "channel0 (mode 0644, owner 0:0)": a channel this process may not use.
+std::string unusable(std::filesystem::path const& path)
+{
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) { return path.filename().string(); }
+  char line[96];
+  std::snprintf(line,
+                sizeof(line),
+                " (mode %04o, owner %u:%u)",
+                static_cast<unsigned>(st.st_mode & 07777),
+                static_cast<unsigned>(st.st_uid),
+                static_cast<unsigned>(st.st_gid));
+  return path.filename().string() + line;
 }
 
 }  // namespace
@@ -46,9 +65,19 @@ fabric_support probe_fabric(int device, std::filesystem::path const& rmmd_exe)
                 "needs a driver >= 530 and a GPU that supports them"};
   }
   bool any_channel = false;
+  std::string others;  // those this uid cannot read and write
   std::error_code ec;
   for (auto const& entry : std::filesystem::directory_iterator(channel_dir, ec)) {
-    if (::access(entry.path().c_str(), R_OK | W_OK) == 0) { any_channel = true; }
+    if (::access(entry.path().c_str(), R_OK | W_OK) == 0) {
+      any_channel = true;
+    } else {
+      others += (others.empty() ? "" : ", ") + unusable(entry.path());
+    }
+  }
+  if (!any_channel && !others.empty()) {
+    return {false,
+            "no usable IMEX channel: uid " + std::to_string(::geteuid()) +
+                " cannot read and write " + others + " in " + channel_dir + "; " + imex_advice()};
   }
   if (!any_channel) { return {false, "no usable IMEX channel: " + imex_advice()}; }
 
