@@ -114,6 +114,9 @@ class Chaos:
                    "is ever made"]
         elif self.peer.no_fabric:
             out = [f"peering: a remote read's bytes: node A has no fabric pool ({self.peer.no_fabric})"]
+        elif not self.peer.fabric_reads:
+            out = [f"peering: a remote read's bytes: none this run (peer_fabric drawn "
+                   f"{self.events.get('peer_fabric', 0)} times, no buffer read)"]
         else:
             out = []
         if getattr(self.args, "frameworks_left_out", ""):

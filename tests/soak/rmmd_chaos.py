@@ -179,7 +179,8 @@ def summary_line(s: dict[str, Any]) -> str:
                       for f in s["failures"][:5])
     return (f"rmmd_chaos: {s['result']} seed={s['seed']} rounds={s['rounds']} minutes={s['minutes']:.1f} "
             f"gpus={s['gpus']} uids={s['uids']} peering={s['peering'].split(':')[0]} events[{sum(s['events'].values())}]: {events} "
-            f"checks={s['checks']} failures={len(s['failures'])}" + (f": {fails}" if fails else ""))
+            + (f"remote_reads={s['remote_reads']} " if s["gpus"] and s["peering"] == "on" else "")
+            + f"checks={s['checks']} failures={len(s['failures'])}" + (f": {fails}" if fails else ""))
 
 
 def main() -> int:
@@ -258,6 +259,7 @@ def main() -> int:
          "check_kinds": dict(sorted(chaos.checks.items())), "failures": chaos.failures,
          "peering": "on" if setup else f"off: {why_no_peer}",
          "daemon_starts": daemon.starts, "node_b_starts": node_b.starts if node_b else 0, "daemon_dir": str(daemon.base) if daemon.base.exists() else "",
+         "remote_reads": chaos.peer.fabric_reads if chaos.peer else 0,
          "left_out": chaos.left_out(why_one_uid)}
     print(summary_line(s), flush=True)
     if a.json:
