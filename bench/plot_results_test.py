@@ -39,7 +39,7 @@ CHARTS = ("pairs", "fast-vs-pool", "processes", "memory", "scale", "mobility", "
 
 def plot(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=240)  # all of results/ takes 95 s alone on 2 cores
 
 
 def minimal_run(**sections) -> dict:
