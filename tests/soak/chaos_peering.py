@@ -278,18 +278,24 @@ class PeerChaos:
                          and "exports no fabric handles" in out["message"],
                          lambda: f"{what}: nodeA:{name}: {out}")
 
-    def open_reaching_a(self, w: Worker, what: str) -> None:
-        """B's client lists A's buffers across the link, which must reach A
-        within REACH_S (the link comes back after a restart or a rotation),
-        then opens one of A's buffers as nodeA:NAME; both judged."""
+    def call_reaching_a(self, w: Worker, op: str, **args: Any) -> tuple[dict[str, Any], int]:
+        """`w`'s call `op`, made again every 0.2 s while its answer says node
+        A cannot be reached, for up to REACH_S: the last answer, and how many
+        calls it took."""
         deadline = time.monotonic() + REACH_S
         tries = 0
         while True:
             tries += 1
-            out = w.call("list", labels={"chaos": "run"}, peer="nodeA", timeout=90)
+            out = w.call(op, timeout=90, **args)
             if not self.down(out) or time.monotonic() > deadline:
-                break
+                return out, tries
             time.sleep(0.2)
+
+    def open_reaching_a(self, w: Worker, what: str) -> None:
+        """B's client lists A's buffers across the link, which must reach A
+        within REACH_S (the link comes back after a restart or a rotation),
+        then opens one of A's buffers as nodeA:NAME; both judged."""
+        out, tries = self.call_reaching_a(w, "list", labels={"chaos": "run"}, peer="nodeA")
         if not self.c.check("peer_reach", not self.down(out),
                             lambda: f"{what}: {w.name} listing nodeA's buffers for {REACH_S} s: {out}"):
             return
@@ -349,12 +355,7 @@ class PeerChaos:
                          lambda: f"peer_fabric: create {name} ({n} B) by {w.name}: {made}")
             return
         r = self.reader()
-        deadline = time.monotonic() + REACH_S
-        while True:
-            got = r.call("open", name="nodeA:" + name, seed=seed, timeout=90)
-            if not self.down(got) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        got, _ = self.call_reaching_a(r, "open", name="nodeA:" + name, seed=seed)
         self.c.say(f"peer_fabric: {w.name} made {name} ({n} B) in {made.get('pool')}; {r.name} opens "
                    f"nodeA:{name} -> {'ok' if got['ok'] else got}")
         if self.c.check("peer_read_bytes", got["ok"], lambda: f"peer_fabric: {r.name}, nodeA:{name} ({n} B): {got}"):

@@ -2,6 +2,8 @@
 
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 
+#include <absl/strings/str_format.h>
+
 #include <cuda_runtime_api.h>
 
 #include <fcntl.h>
@@ -40,14 +42,11 @@ std::string unusable(std::filesystem::path const& path)
 {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) { return path.filename().string(); }
-  char line[96];
-  std::snprintf(line,
-                sizeof(line),
-                " (mode %04o, owner %u:%u)",
-                static_cast<unsigned>(st.st_mode & 07777),
-                static_cast<unsigned>(st.st_uid),
-                static_cast<unsigned>(st.st_gid));
-  return path.filename().string() + line;
+  return absl::StrFormat("%s (mode %04o, owner %u:%u)",
+                         path.filename().string(),
+                         st.st_mode & 07777,
+                         st.st_uid,
+                         st.st_gid);
 }
 
 }  // namespace
