@@ -26,12 +26,14 @@
 #                  in RMMD_GPU_CHECK_PY_SHARDS (6) pytest processes at once
 #   python-exclusive  the Python tests marked gpu_exclusive (they read the
 #                  device's free memory), alone after those above
+#   gpu-exclusive  the rmmd_gpu_tests suites named *Alone (they fill the
+#                  device), alone after those
 #   soak           RestartSoak.* for RMMD_GPU_CHECK_SOAK_ROUNDS rounds
 #                  (default 10; the 100-round soak is its own run)
 # First gpu-no-imex (in shards, the channel removed); then, with the channel,
 # gpu (in shards), python (in shards), soak and the CPU-only suites
 # (integration in three parts, then manifest, examples) at once; then
-# python-exclusive alone. Each suite's log goes to
+# python-exclusive and gpu-exclusive alone. Each suite's log goes to
 # gpu-check-logs/gpu-check-<suite>.log (and, where $OUT is set, all of them
 # packed into $OUT/gpu-check-logs.tgz). A suite passes when its program exits 0; the line
 # says how many tests passed, failed and skipped, and why each skipped.
@@ -92,7 +94,7 @@ pack_logs() {
 }
 # RMMD_GPU_CHECK_SUITES: run only these (a partial run does not resolve an
 # issue; the summary says which suites it left out).
-all_suites="gpu gpu-no-imex integration manifest examples python python-exclusive soak"
+all_suites="gpu gpu-no-imex integration manifest examples python python-exclusive gpu-exclusive soak"
 suites=${RMMD_GPU_CHECK_SUITES:-$all_suites}
 wanted() { [[ " $suites " == *" $1 "* ]]; }
 
@@ -234,7 +236,7 @@ run_step() {
   # another beside the GPU ones).
   local pids=()
   if wanted gpu; then
-    RMMD_LEASE_ROUNDS=${RMMD_GPU_CHECK_LEASE_ROUNDS:-20} run_suite gpu gtest gpu_suite '-RestartSoak.*' &
+    RMMD_LEASE_ROUNDS=${RMMD_GPU_CHECK_LEASE_ROUNDS:-20} run_suite gpu gtest gpu_suite '-RestartSoak.*:*Alone.*' &
     pids+=($!)
   fi
   if wanted python; then run_suite python pytest python_suite & pids+=($!); fi
@@ -250,9 +252,12 @@ run_step() {
     ! wanted examples || run_suite examples gtest rmmd_example_tests) &
   pids+=($!)
   wait "${pids[@]}"
-  # Alone on the GPUs: the tests that read a device's free memory.
+  # Alone on the GPUs: the tests that read a device's free memory or fill it.
   if wanted python-exclusive; then
     run_suite python-exclusive pytest python/tests/run_gpu.sh "$bundle" -m gpu_exclusive
+  fi
+  if wanted gpu-exclusive; then
+    run_suite gpu-exclusive gtest rmmd_gpu_tests --gtest_filter='*Alone.*'
   fi
 
   echo "gpu-check: summary of commit $(cat "$bundle/commit" 2>/dev/null || echo unknown)"

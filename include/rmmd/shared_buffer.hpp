@@ -392,7 +392,11 @@ class shared_buffer {
   /// synchronised, this process's mapping of the buffer undone (the last open
   /// here), and the daemon told. (A CUDA buffer is an allocation of its own,
   /// whose unmapping is a CUDA call that a stream's host function may not
-  /// make; so close() waits for the stream, where a free does not.) The
+  /// make; so close() waits for the stream, where a free does not.) A pool
+  /// pointer (--cuda-shared-buffer-memory=pool) is freed in the stream's
+  /// order instead: close() returns at once and the daemon is told when the
+  /// stream gets there, so another process's exclusive open made just
+  /// after may find this open still counted (give that open a `wait`). The
   /// memory goes back when the last holder is gone (unless persistent).
   /// Never throws; the buffer is empty afterwards.
   void close(cuda::stream_ref stream) noexcept;

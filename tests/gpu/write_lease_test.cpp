@@ -90,9 +90,14 @@ class DeviceStandby : public ::testing::Test {
     kv.publish();
   }
 
+  /// An exclusive open that waits in line: the creator's close of a pool
+  /// pointer reaches the daemon in its stream's order, after start() returns.
   static rmmd::open_options exclusive(bool standby)
   {
-    return {.access = rmmd::buffer_access::read_write, .exclusive = true, .standby = standby};
+    return {.wait      = std::chrono::seconds(60),
+            .access    = rmmd::buffer_access::read_write,
+            .exclusive = true,
+            .standby   = standby};
   }
 
   static long first_mismatch_on_device(void const* data, std::uint64_t seed)
