@@ -103,6 +103,11 @@ def unreachable(programs: list[Path], files: list[Path]) -> str:
 
 
 def gpu_count() -> int:
+    """The GPUs CUDA sees; with any, this process's CUDA context is made
+    here, at the start: the soak reads persistent host buffers itself, and
+    rmmd page-locks a pinnable pool's buffer for a process with a GPU, which
+    makes a context (about 520 MiB of device memory) that the driver-memory
+    check's baseline must already hold."""
     try:
         import ctypes
         cudart = None
@@ -115,7 +120,11 @@ def gpu_count() -> int:
         if cudart is None:
             return 0
         n = ctypes.c_int(0)
-        return n.value if cudart.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
+        if cudart.cudaGetDeviceCount(ctypes.byref(n)) != 0:
+            return 0
+        if n.value > 0:
+            cudart.cudaFree(None)
+        return n.value
     except Exception:
         return 0
 
