@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from chaos_node import CLIENT_USERS, OUTSIDER, ChaosError, Daemon, Program, Worker, spawn_kwargs, user_ids
+from chaos_node import (CLIENT_USERS, OUTSIDER, ChaosError, Daemon, Program, Worker, gpu_contexts, spawn_kwargs,
+                        user_ids)
 
 RMMD_GROUP = "rmmd"
 WEIGHTS = {
@@ -703,28 +704,6 @@ class Chaos:
                     out[g["gpu_uuid"]] -= int(g.get("ledger_bytes", 0))
         return out
 
-    @staticmethod
-    def gpu_processes() -> str:
-        """The processes with a CUDA context, as the driver lists them: pid,
-        MiB, uid and command line (what a moved level is made of)."""
-        import subprocess
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                  "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                                 timeout=30).stdout
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"(nvidia-smi: {e})"
-        rows = []
-        for line in out.strip().splitlines():
-            pid, _, mib = line.partition(",")
-            try:
-                cmd = Path(f"/proc/{pid.strip()}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-                uid = Path(f"/proc/{pid.strip()}/status").read_text().split("Uid:")[1].split()[0]
-            except (OSError, IndexError):
-                cmd, uid = "(gone)", "?"
-            rows.append(f"pid {pid.strip()} {mib.strip()} MiB uid {uid}: {cmd.strip()}")
-        return "; ".join(rows) or "(none listed)"
-
     def check_driver_memory(self) -> None:
         """On a GPU at the quiet point: the driver's used memory less the
         ledgers back at the first quiet point's level within
@@ -744,12 +723,12 @@ class Chaos:
             time.sleep(0.5)  # a dead client's context goes a moment after it
         if self.driver_baseline is None:
             self.driver_baseline = now
-            self.driver_processes = self.gpu_processes()
+            self.driver_processes = gpu_contexts()
             self.say(f"driver baseline (used less the ledgers, per GPU): {now}; contexts: {self.driver_processes}")
             return
         self.check("driver_memory", all(abs(v) <= slack for v in off.values()),
                    lambda: f"the driver's used memory less the ledgers moved {off} B from {self.driver_baseline}; "
-                           f"contexts now: {self.gpu_processes()} (at the baseline: {self.driver_processes})")
+                           f"contexts now: {gpu_contexts()} (at the baseline: {self.driver_processes})")
 
     def finish(self) -> None:
         """The end: every buffer deleted, pools at 0, the store empty, exit 0."""

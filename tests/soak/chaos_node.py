@@ -77,6 +77,26 @@ def spawn_kwargs(user: str | None) -> dict[str, Any]:
     return {"user": uid, "group": gid, "extra_groups": groups}
 
 
+def gpu_contexts() -> str:
+    """Every process with a CUDA context, as the driver lists them: pid, MiB,
+    owner uid and command line (what a moved driver-memory level is made of)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"(nvidia-smi: {e})"
+    rows = []
+    for line in out.strip().splitlines():
+        pid, _, mib = (part.strip() for part in line.partition(","))
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()[:160]
+        except OSError:
+            uid, cmd = "?", "(gone)"
+        rows.append(f"pid {pid} {mib} MiB uid {uid}: {cmd}")
+    return "; ".join(rows) or "(none listed)"
+
+
 def proc_figures(pid: int) -> dict[str, int]:
     """The daemon's open fds (host buffers' memfds, counted once per memfd:
     a buffer a reader opened also has its memfd open read-only; a tenant's

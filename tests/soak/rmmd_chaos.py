@@ -102,29 +102,24 @@ def unreachable(programs: list[Path], files: list[Path]) -> str:
     return ""
 
 
+def cuda_runtime() -> Any:
+    """CUDA's runtime library (ctypes), or None where there is none."""
+    import ctypes
+    for lib in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            return ctypes.CDLL(lib)
+        except OSError:
+            continue
+    return None
+
+
 def gpu_count() -> int:
-    """The GPUs CUDA sees; with any, this process's CUDA context is made
-    here, at the start: the soak reads persistent host buffers itself, and
-    rmmd page-locks a pinnable pool's buffer for a process with a GPU, which
-    makes a context (about 520 MiB of device memory) that the driver-memory
-    check's baseline must already hold."""
+    """The GPUs CUDA sees (0 without a runtime or a device)."""
     try:
         import ctypes
-        cudart = None
-        for lib in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-            try:
-                cudart = ctypes.CDLL(lib)
-                break
-            except OSError:
-                continue
-        if cudart is None:
-            return 0
+        cudart = cuda_runtime()
         n = ctypes.c_int(0)
-        if cudart.cudaGetDeviceCount(ctypes.byref(n)) != 0:
-            return 0
-        if n.value > 0:
-            cudart.cudaFree(None)
-        return n.value
+        return n.value if cudart is not None and cudart.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
     except Exception:
         return 0
 
@@ -207,6 +202,10 @@ def main() -> int:
     tools = {n: find(n, ["tests"], a.bin_dir) for n in ("rmmd_soak_client", "rmmd_test_client")}
     if gpus:
         tools["rmmd_stable_client"] = find("rmmd_stable_client", ["tests"], a.bin_dir)
+        # This process's own CUDA context, before the driver-memory baseline:
+        # it reads persistent host buffers, and opening a pinnable pool's
+        # buffer page-locks it, which makes a context (docs/sharing.md).
+        cuda_runtime().cudaFree(None)
     a.framework_python = a.framework_python or a.python
     a.frameworks, a.frameworks_left_out = frameworks(a.framework_python, gpus)
     if not why_one_uid:
