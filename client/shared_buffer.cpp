@@ -76,6 +76,7 @@ struct shared_buffer_access {
   static shared_buffer attached(session const& s,
                                 v1::BufferGrant const& grant,
                                 bool creator,
+                                pinning pin,
                                 int device   = -1,
                                 bool standby = false);
 };
@@ -197,7 +198,7 @@ shared_buffer shared_buffer::create(session const& s,
   if (auto status = detail::impl_of(s).create_buffer(request, &grant); !status.ok()) {
     refused(status, what);
   }
-  return detail::shared_buffer_access::attached(s, grant, true);
+  return detail::shared_buffer_access::attached(s, grant, true, options.pin);
 }
 
 shared_buffer shared_buffer::open(session const& s,
@@ -310,11 +311,16 @@ shared_buffer shared_buffer::open(session const& s,
       detail::throw_status(status, what + ": its manifest");
     }
   }
-  return detail::shared_buffer_access::attached(s, grant, false, device, options.standby);
+  return detail::shared_buffer_access::attached(
+      s, grant, false, options.pin, device, options.standby);
 }
 
-shared_buffer detail::shared_buffer_access::attached(
-    session const& s, v1::BufferGrant const& grant, bool creator, int device, bool standby)
+shared_buffer detail::shared_buffer_access::attached(session const& s,
+                                                     v1::BufferGrant const& grant,
+                                                     bool creator,
+                                                     pinning pin,
+                                                     int device,
+                                                     bool standby)
 {
   shared_buffer out;
   // The creator holds it read-write; a consumer as the daemon granted (a
@@ -330,7 +336,7 @@ shared_buffer detail::shared_buffer_access::attached(
                                        : detail::view_mode::read_write;
     out.data_ =
         grant.peer().empty()
-            ? detail::impl_of(s).buffers().attach(grant, mode, grant.lease_generation() != 0)
+            ? detail::impl_of(s).buffers().attach(grant, mode, grant.lease_generation() != 0, pin)
             : detail::impl_of(s).buffers().attach_remote(grant, read_only, device);
   } catch (...) {
     close_unreachable(s, grant.buffer_id());
@@ -549,6 +555,15 @@ int shared_buffer::device() const
 {
   if (!peer_.empty()) { return peer_device_; }
   return pool().device;
+}
+
+bool shared_buffer::pinned() const
+{
+  if (data_ == nullptr || !peer_.empty()) { return false; }
+  auto const mode = standby_                         ? detail::view_mode::standby
+                    : access_ == buffer_access::read ? detail::view_mode::read_only
+                                                     : detail::view_mode::read_write;
+  return detail::impl_of(*session_).buffers().pinned(id_, mode);
 }
 
 void shared_buffer::publish(cuda::stream_ref stream)

@@ -72,6 +72,26 @@ void labels_from_arrays(char const* const* keys,
   }
 }
 
+/// Whether a caller's rmmd_pinning field holds one of its values.
+bool known_pinning(rmmd_pinning const& field) noexcept
+{
+  auto const pin = raw_enum(field);
+  return pin == RMMD_PINNING_AUTOMATIC || pin == RMMD_PINNING_REQUIRED || pin == RMMD_PINNING_OFF;
+}
+
+/// The C++ pinning of a checked C one.
+rmmd::pinning to_pinning(rmmd_pinning pin) noexcept
+{
+  switch (pin) {
+    case RMMD_PINNING_REQUIRED:
+      return rmmd::pinning::required;
+    case RMMD_PINNING_OFF:
+      return rmmd::pinning::off;
+    default:
+      return rmmd::pinning::automatic;
+  }
+}
+
 /// The caller's open options, whatever its struct's size (NULL: the
 /// defaults); nullopt after setting `*refused` where they cannot be used.
 std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* options,
@@ -85,7 +105,8 @@ std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* opti
                        {offsetof(rmmd_open_options, peer),
                                offsetof(rmmd_open_options, has_device),
                                offsetof(rmmd_open_options, exclusive),
-                               offsetof(rmmd_open_options, standby)});
+                               offsetof(rmmd_open_options, standby),
+                               offsetof(rmmd_open_options, pin)});
   if (!o) {
     *refused = fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size");
     return std::nullopt;
@@ -102,6 +123,12 @@ std::optional<rmmd_open_options> read_open_options(rmmd_open_options const* opti
     *refused = fail(RMMD_ERROR_INVALID_ARGUMENT,
                     "rmmd: options->access is " + std::to_string(access) +
                         ", neither RMMD_BUFFER_READ nor RMMD_BUFFER_READ_WRITE");
+    return std::nullopt;
+  }
+  if (!known_pinning(o->pin)) {
+    *refused = fail(RMMD_ERROR_INVALID_ARGUMENT,
+                    "rmmd: " + what + ": options->pin is " + std::to_string(raw_enum(o->pin)) +
+                        ", none of RMMD_PINNING_AUTOMATIC, _REQUIRED or _OFF");
     return std::nullopt;
   }
   return o;
@@ -123,6 +150,7 @@ rmmd::open_options to_open_options(rmmd_open_options const& o, std::string const
   if (o.has_device != 0) { oo.device = o.device; }
   oo.exclusive = o.exclusive != 0;
   oo.standby   = o.standby != 0;
+  oo.pin       = to_pinning(o.pin);
   return oo;
 }
 
@@ -143,9 +171,19 @@ rmmd_status rmmd_buffer_create(rmmd_session_t session,
   defaults.size      = sizeof(defaults);
   defaults.device    = -1;
   defaults.alignment = 256;
-  // Callers built before allow_writers existed pass the size up to it.
-  auto o = read_struct(options, defaults, {offsetof(rmmd_buffer_options, allow_writers)});
+  // Callers built before allow_writers existed pass the size up to it;
+  // those built before pin, the size up to that.
+  auto o = read_struct(
+      options,
+      defaults,
+      {offsetof(rmmd_buffer_options, allow_writers), offsetof(rmmd_buffer_options, pin)});
   if (!o) { return fail(RMMD_ERROR_INVALID_ARGUMENT, "rmmd: options->size is not a size"); }
+  if (!known_pinning(o->pin)) {
+    return fail(RMMD_ERROR_INVALID_ARGUMENT,
+                "rmmd: create buffer '" + std::string(name) + "': options->pin is " +
+                    std::to_string(raw_enum(o->pin)) +
+                    ", none of RMMD_PINNING_AUTOMATIC, _REQUIRED or _OFF");
+  }
   return guarded([&] {
     rmmd::shared_buffer_options so;
     so.allow_writers = o->allow_writers != 0;
@@ -154,6 +192,7 @@ rmmd_status rmmd_buffer_create(rmmd_session_t session,
     so.persistent = o->persistent != 0;
     if (o->has_gid != 0) { so.gid = static_cast<gid_t>(o->gid); }
     so.alignment = o->alignment == 0 ? 256 : o->alignment;
+    so.pin       = to_pinning(o->pin);
     auto b       = rmmd::shared_buffer::create(session->session, name, bytes, so);
     auto device  = b.device();
     *buffer      = new rmmd_buffer_s{.buffer = std::move(b), .device = device};
@@ -309,6 +348,12 @@ rmmd_status rmmd_buffer_wait_lease(rmmd_buffer_t buffer, int64_t timeout_ms, uin
     auto const granted = buffer->buffer.wait_lease(wait);
     if (generation != nullptr) { *generation = granted; }
   });
+}
+
+rmmd_status rmmd_buffer_pinned(rmmd_buffer_t buffer, int* pinned)
+{
+  if (buffer == nullptr || pinned == nullptr) { return null_argument("buffer or pinned"); }
+  return guarded([&] { *pinned = buffer->buffer.pinned() ? 1 : 0; });
 }
 
 rmmd_status rmmd_buffer_holds_lease(rmmd_buffer_t buffer, int* holds)

@@ -2,6 +2,7 @@
 
 #include "client/detail/daemon_message_checks.hpp"
 #include "client/detail/device_scope.hpp"
+#include "client/detail/existing_context.hpp"
 #include "client/detail/pool_mappings.hpp"
 #include "client/detail/session_channel.hpp"
 #include "common/fd_passing.hpp"
@@ -24,9 +25,32 @@ std::string in_quotes(std::string_view name)
   return "'" + std::string(name) + "'";
 }
 
+/// Page-locks a host buffer's mapping in the current context (read-only
+/// for the GPU where the mapping is: the driver would take write access to
+/// its pages otherwise, and fail); whether it worked.
+bool page_lock(void* data, std::size_t bytes, bool read_only) noexcept
+{
+  unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
+                         (read_only ? cudaHostRegisterReadOnly : 0U);
+  if (cudaHostRegister(data, bytes, flags) == cudaSuccess) { return true; }
+  cudaGetLastError();
+  return false;
+}
+
+/// Undoes page_lock() in a context the process has; where it has none any
+/// more, the registration went with the last one (and no call makes one).
+void unpin(void* data) noexcept
+{
+  existing_context context;
+  if (context && cudaHostUnregister(data) != cudaSuccess) { cudaGetLastError(); }
+}
+
 }  // namespace
 
-void* buffer_views::attach(v1::BufferGrant const& grant, view_mode mode, bool holds_lease)
+void* buffer_views::attach(v1::BufferGrant const& grant,
+                           view_mode mode,
+                           bool holds_lease,
+                           pinning pin)
 {
   auto const& pools = pools_.unmapped();
   std::vector<pool_shape> shapes;
@@ -48,47 +72,61 @@ void* buffer_views::attach(v1::BufferGrant const& grant, view_mode mode, bool ho
   // A standby's view is its own (one standby per session and buffer).
   if (auto it = buffers_.find({grant.buffer_id(), mode});
       it != buffers_.end() && mode != view_mode::standby) {
+    if (pin == pinning::required && pool.backend == backend_kind::host) {
+      pin_view(it->second, grant, pool);
+    }
     ++it->second.refs;
     return it->second.data;
   }
   if (allocation) { return attach_allocation(grant, pool, mode, read_only); }
-  if (host_memfd) { return attach_host_memfd(grant, pool, mode, read_only); }
-  void* data = pool.backend == backend_kind::host ? attach_host(grant, pool)
-                                                  : attach_pool_pointer(grant, pool);
-  buffers_.emplace(std::pair{grant.buffer_id(), view_mode::read_write},
-                   view{.data = data, .pool_id = grant.pool_id(), .refs = 1});
-  return data;
+  if (host_memfd) { return attach_host_memfd(grant, pool, mode, read_only, pin); }
+  auto v = pool.backend == backend_kind::host
+               ? attach_host(grant, pool, pin)
+               : view{.data = attach_pool_pointer(grant, pool), .pool_id = grant.pool_id()};
+  v.refs = 1;
+  return buffers_.emplace(std::pair{grant.buffer_id(), view_mode::read_write}, v)
+      .first->second.data;
 }
 
-void* buffer_views::attach_host(v1::BufferGrant const& grant, pool_info const& pool)
+bool buffer_views::pinned(std::uint64_t id, view_mode mode)
 {
-  std::byte* base = nullptr;
-  if (pool.pinnable) {
-    // Page-locked, so that kernels and copies use it directly; a process
-    // without a GPU maps it plainly.
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-      cudaGetLastError();
-      devices = 0;
-    }
-    if (devices > 0) {
+  std::lock_guard lock(buffers_mutex_);
+  auto it = buffers_.find({id, mode});
+  // Memory that has one view whatever the mode keeps it as read_write's.
+  if (it == buffers_.end()) { it = buffers_.find({id, view_mode::read_write}); }
+  return it != buffers_.end() && it->second.pinned;
+}
+
+buffer_views::view buffer_views::attach_host(v1::BufferGrant const& grant,
+                                             pool_info const& pool,
+                                             pinning pin)
+{
+  // The mapping of the daemon that granted it (a reconnect may have come
+  // since); page-locked, where it is, as a whole and in place.
+  auto const generation = generation_of(grant.buffer_id());
+  view v{.data    = pools_.host_pool_base(pool.id, generation) + grant.host().offset(),
+         .pool_id = grant.pool_id()};
+  if (pin == pinning::required) {
+    pin_view(v, grant, pool);
+  } else if (pin == pinning::automatic && pool.pinnable) {
+    if (existing_context context; context) {
       try {
-        base = pools_.pinned_host_pool_base(pool.id, generation_of(grant.buffer_id()));
+        (void)pools_.pinned_host_pool_base(pool.id, generation);
+        v.pinned = true;
       } catch (rmm::bad_alloc const&) {
-        // Not page-locked (RLIMIT_MEMLOCK, no usable driver): the plain
-        // mapping serves all the same, as in a process without a GPU.
+        // Not page-locked (RLIMIT_MEMLOCK): the plain mapping serves all
+        // the same, as in a process without a GPU.
       }
     }
   }
-  // The mapping of the daemon that granted it (a reconnect may have come since).
-  if (base == nullptr) { base = pools_.host_pool_base(pool.id, generation_of(grant.buffer_id())); }
-  return base + grant.host().offset();
+  return v;
 }
 
 void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant,
                                       pool_info const& pool,
                                       view_mode mode,
-                                      bool read_only)
+                                      bool read_only,
+                                      pinning pin)
 {
   // REQUIRES: buffers_mutex_ held (by attach).
   auto const bytes = grant.host_memfd().mapping_bytes();
@@ -101,40 +139,72 @@ void* buffer_views::attach_host_memfd(v1::BufferGrant const& grant,
     throw rmm::bad_alloc("rmmd: mapping host buffer " + in_quotes(grant.name()) + " (" +
                          std::to_string(bytes) + " bytes): mmap: " + std::strerror(error));
   }
-  bool pinned = false;
-  if (pool.pinnable) {
-    // Page-locked, so that kernels and copies use it directly; without a
-    // GPU (or RLIMIT_MEMLOCK) the plain mapping serves all the same.
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-      cudaGetLastError();
-      devices = 0;
+  view v{.data         = data,
+         .read_only    = read_only,
+         .pool_id      = grant.pool_id(),
+         .refs         = 1,
+         .mapped_bytes = bytes,
+         .host_mapping = true};
+  if (pin == pinning::required) {
+    try {
+      pin_view(v, grant, pool);
+    } catch (...) {
+      ::munmap(data, bytes);
+      throw;
     }
-    if (devices > 0) {
-      // A read-only mapping is page-locked read-only for the GPU too (the
-      // driver would take write access to its pages otherwise, and fail);
-      // where the device cannot, it stays a plain mapping.
-      unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
-                             (read_only ? cudaHostRegisterReadOnly : 0U);
-      pinned = cudaHostRegister(data, bytes, flags) == cudaSuccess;
-      if (!pinned) { cudaGetLastError(); }
-    }
+  } else if (pin == pinning::automatic && pool.pinnable) {
+    // Page-locked, so that kernels and copies use it directly, where the
+    // process has a context to do it in (none is made for it); where it
+    // fails (RLIMIT_MEMLOCK, a device that cannot map read-only) the plain
+    // mapping serves all the same.
+    if (existing_context context; context) { v.pinned = page_lock(data, bytes, read_only); }
   }
-  buffers_.emplace(std::pair{grant.buffer_id(), mode},
-                   view{.data         = data,
-                        .read_only    = read_only,
-                        .pool_id      = grant.pool_id(),
-                        .refs         = 1,
-                        .mapped_bytes = bytes,
-                        .host_mapping = true,
-                        .pinned       = pinned});
+  buffers_.emplace(std::pair{grant.buffer_id(), mode}, v);
   return data;
+}
+
+void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info const& pool)
+{
+  if (v.pinned) { return; }
+  auto const what = "page-lock host buffer " + in_quotes(grant.name());
+  if (!pool.pinnable) {
+    throw rmmd::logic_error("rmmd: " + what + ": host pool '" + pool.name +
+                            "' is not pinnable: the daemon gives its free pages back to the "
+                            "kernel, which a page-locked mapping cannot follow; start rmmd "
+                            "with --host-pool-pinned=on, or open it with pinning::off");
+  }
+  // The runtime makes the current device's primary context where the
+  // process has none: asked for.
+  int devices      = 0;
+  auto const count = cudaGetDeviceCount(&devices);
+  if (count != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: " + what + ": this process sees no GPU (" +
+                         cudaGetErrorName(count != cudaSuccess ? count : cudaErrorNoDevice) +
+                         "); open it with pinning::automatic or off");
+  }
+  existing_context context;
+  if (!v.host_mapping) {
+    // A place in the pool's mapping: the pool is page-locked as a whole.
+    (void)pools_.pinned_host_pool_base(pool.id, generation_of(grant.buffer_id()));
+    v.pinned = true;
+    return;
+  }
+  unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
+                         (v.read_only ? cudaHostRegisterReadOnly : 0U);
+  if (auto err = cudaHostRegister(v.data, v.mapped_bytes, flags); err != cudaSuccess) {
+    cudaGetLastError();
+    throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
+                         " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) +
+                         "; check RLIMIT_MEMLOCK (ulimit -l)");
+  }
+  v.pinned = true;
 }
 
 void buffer_views::unmap_host(view const& v) noexcept
 {
   if (!v.host_mapping) { return; }
-  if (v.pinned && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
+  if (v.pinned) { unpin(v.data); }
   ::munmap(v.data, v.mapped_bytes);
 }
 
@@ -317,26 +387,17 @@ void buffer_views::upgrade(std::uint64_t id)
     }
   } else if (v.host_mapping) {
     // Page-locked read-only, the GPU could not write it: registered again
-    // read-write after the mprotect (where that fails, a plain mapping).
-    if (v.pinned && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
+    // read-write after the mprotect (where that fails, a plain mapping), in
+    // the context the process has.
+    existing_context context;
+    if (v.pinned && context && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
     if (::mprotect(v.data, v.mapped_bytes, PROT_READ | PROT_WRITE) != 0) {
       auto const error = errno;
-      if (v.pinned) {
-        v.pinned = cudaHostRegister(v.data,
-                                    v.mapped_bytes,
-                                    cudaHostRegisterPortable | cudaHostRegisterMapped |
-                                        cudaHostRegisterReadOnly) == cudaSuccess;
-        if (!v.pinned) { cudaGetLastError(); }
-      }
+      if (v.pinned) { v.pinned = context && page_lock(v.data, v.mapped_bytes, true); }
       throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) +
                            " writable: mprotect: " + std::strerror(error));
     }
-    if (v.pinned) {
-      v.pinned = cudaHostRegister(v.data,
-                                  v.mapped_bytes,
-                                  cudaHostRegisterPortable | cudaHostRegisterMapped) == cudaSuccess;
-      if (!v.pinned) { cudaGetLastError(); }
-    }
+    if (v.pinned) { v.pinned = context && page_lock(v.data, v.mapped_bytes, false); }
   }
   v.read_only = false;
 }

@@ -8,7 +8,8 @@
 // buffer's VMM allocation, by fd or fabric handle, or a host buffer's memfd)
 // is mapped read-only: cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ, or
 // mmap with PROT_READ (page-locked with cudaHostRegisterReadOnly where the
-// pool is pinnable and the device supports it, else not page-locked). The
+// pool is pinnable, the open's pinning asks for it and the device supports
+// it, else not page-locked). The
 // creator's and READ_WRITE opens map it read-write. A process that holds the
 // same buffer both ways has two views of it, one of each access, at two
 // addresses (a second import of the same memory): upgrading one mapping in
@@ -34,6 +35,7 @@
 // call_mutex_ (a BufferFd call), never under either.
 
 #include <rmmd/session.hpp>
+#include <rmmd/shared_buffer.hpp>
 
 #include "rmmd/v1/rmmd.pb.h"
 
@@ -76,18 +78,26 @@ class buffer_views {
     /// host memory): the driver's handle and the mapped bytes.
     std::uint64_t vmm_handle{};
     std::size_t mapped_bytes{};
-    /// A host buffer's own memfd, mapped here (mapped_bytes long), and
-    /// whether that mapping is page-locked.
+    /// A host buffer's own memfd, mapped here (mapped_bytes long).
     bool host_mapping{false};
+    /// A host buffer's mapping (its memfd's, or its pool's) page-locked.
     bool pinned{false};
     int device{-1};  ///< where a VMM allocation is mapped
   };
   /// The view of `grant`'s buffer for `mode` (read-only where the buffer's
   /// memory can be mapped so; else the read-write one): the existing one
   /// (one more ref), or a new import. A standby view is read-only where it
-  /// can be unless `holds_lease`. Throws as error.hpp says (the caller
-  /// closes the open then).
-  void* attach(v1::BufferGrant const& grant, view_mode mode, bool holds_lease = false);
+  /// can be unless `holds_lease`. A host buffer's view is page-locked as
+  /// `pin` says (an existing one, unlocked, is page-locked for
+  /// pinning::required). Throws as error.hpp says (the caller closes the
+  /// open then).
+  void* attach(v1::BufferGrant const& grant,
+               view_mode mode,
+               bool holds_lease = false,
+               pinning pin      = pinning::automatic);
+  /// Whether the view of buffer `id` that an open of `mode` got is a
+  /// page-locked host mapping.
+  [[nodiscard]] bool pinned(std::uint64_t id, view_mode mode);
   /// Makes the standby view of buffer `id` read-write in place (nothing
   /// where it is read-write already). Throws rmm::bad_alloc naming the
   /// CUDA or mprotect error; the view stays read-only then.
@@ -114,14 +124,19 @@ class buffer_views {
   int buffer_fd(std::uint64_t id);
 
  private:
-  /// attach() of a host pool's buffer: a place in the pool's mapping.
-  void* attach_host(v1::BufferGrant const& grant, pool_info const& pool);
-  /// attach() of a host buffer's own memfd: mapped (and page-locked in a
-  /// pinnable pool, where this process has a GPU). Holds buffers_mutex_.
+  /// attach() of a host pool's buffer: a place in the pool's mapping,
+  /// which `pin` may page-lock (the whole pool, once per session).
+  view attach_host(v1::BufferGrant const& grant, pool_info const& pool, pinning pin);
+  /// attach() of a host buffer's own memfd: mapped, and page-locked as
+  /// `pin` says. Holds buffers_mutex_.
   void* attach_host_memfd(v1::BufferGrant const& grant,
                           pool_info const& pool,
                           view_mode mode,
-                          bool read_only);
+                          bool read_only,
+                          pinning pin);
+  /// An existing host view `v` page-locked for pinning::required (nothing
+  /// where it is already). Throws as attach() does; `v` is unchanged then.
+  void pin_view(view& v, v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a pool pointer: imported into the session's pool import.
   void* attach_pool_pointer(v1::BufferGrant const& grant, pool_info const& pool);
   /// attach() of a buffer's own allocation. Holds buffers_mutex_.

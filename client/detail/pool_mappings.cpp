@@ -1,6 +1,7 @@
 #include "client/detail/pool_mappings.hpp"
 
 #include "client/detail/daemon_message_checks.hpp"
+#include "client/detail/existing_context.hpp"
 #include "client/detail/process_exit.hpp"
 #include "common/gpu_identity.hpp"
 
@@ -111,7 +112,11 @@ pool_mappings::~pool_mappings()
   // CUDA call while the process exits: the process's end releases them.
   if (!process_is_exiting()) {
     for (auto& [id, pool] : cuda_pools_) { cudaMemPoolDestroy(pool); }
-    for (auto id : pinned_) { cudaHostUnregister(mappings_.at(id).first); }
+    // In a context the process has (none made for it): without one, the
+    // registrations went with the last.
+    if (existing_context context; context) {
+      for (auto id : pinned_) { cudaHostUnregister(mappings_.at(id).first); }
+    }
   }
   for (auto& [id, m] : mappings_) { ::munmap(m.first, m.second); }
   for (auto& [generation, g] : generations_) {

@@ -198,6 +198,24 @@ RMMD_API rmmd_status rmmd_resource_get_stats(rmmd_resource_t resource, rmmd_reso
 
 typedef struct rmmd_buffer_s* rmmd_buffer_t;
 
+/* Whether a host buffer of a pinnable pool is page-locked in this process
+ * (cudaHostRegister: kernels use its address, copies run at full speed).
+ * Page-locking needs a CUDA context, which costs about 500 MiB of its
+ * GPU's memory (docs/sharing.md, "Host buffers and CUDA contexts"). Device
+ * buffers ignore it. */
+typedef enum rmmd_pinning {
+  /* page-locked where the process has a CUDA context already (the calling
+   * thread's, or a primary context active on any device: what the runtime,
+   * PyTorch and CuPy make); plain otherwise, making none */
+  RMMD_PINNING_AUTOMATIC = 0,
+  /* page-locked, making the current device's primary context where the
+   * process has none; where it cannot be, the call fails and nothing stays
+   * open: RMMD_ERROR_INVALID_ARGUMENT for a pool that is not pinnable,
+   * RMMD_ERROR_INTERNAL naming the CUDA error (no GPU, RLIMIT_MEMLOCK) */
+  RMMD_PINNING_REQUIRED = 1,
+  RMMD_PINNING_OFF      = 2 /* plain shared memory */
+} rmmd_pinning;
+
 typedef struct rmmd_buffer_options {
   size_t size;      /* sizeof(rmmd_buffer_options) */
   char const* pool; /* by name; NULL: the CUDA pool of `device` */
@@ -210,6 +228,12 @@ typedef struct rmmd_buffer_options {
   /* nonzero: others may open it with RMMD_BUFFER_READ_WRITE (0.4; callers
    * built before, whose size is smaller: 0) */
   int allow_writers;
+  /* The padding that ended 0.8's struct, named so that `pin` lies past the
+   * size of 0.8's struct: ignored. */
+  int reserved_0;
+  /* A host pool's buffer: the creator's mapping page-locked as rmmd_pinning
+   * says (0.9; callers built before, whose size is smaller: automatic) */
+  rmmd_pinning pin;
 } rmmd_buffer_options;
 
 typedef enum rmmd_buffer_access {
@@ -267,6 +291,14 @@ typedef struct rmmd_open_options {
    * Without exclusive: RMMD_ERROR_INVALID_ARGUMENT. (0.8; callers built
    * before, whose size is smaller: 0) */
   int standby;
+  /* The padding that ended 0.8's struct: ignored. */
+  int reserved_1;
+  /* A host buffer: page-locked here as rmmd_pinning says; with
+   * RMMD_PINNING_REQUIRED an existing unlocked mapping of the same buffer
+   * in this session is page-locked too. Another value:
+   * RMMD_ERROR_INVALID_ARGUMENT before any request. (0.9; callers built
+   * before, whose size is smaller: automatic) */
+  rmmd_pinning pin;
 } rmmd_open_options;
 
 /* options may be NULL: the current device's pool, not persistent. */
@@ -340,6 +372,9 @@ RMMD_API rmmd_status rmmd_buffer_lease_generation(rmmd_buffer_t buffer, uint64_t
 RMMD_API rmmd_status rmmd_buffer_wait_lease(rmmd_buffer_t buffer,
                                             int64_t timeout_ms,
                                             uint64_t* generation);
+/* Whether a host buffer is page-locked in this process (*pinned: 1 or 0;
+ * 0 for device memory): rmmd_pinning says when it is. */
+RMMD_API rmmd_status rmmd_buffer_pinned(rmmd_buffer_t buffer, int* pinned);
 /* Whether this open holds the write lease (*holds: 1 or 0). */
 RMMD_API rmmd_status rmmd_buffer_holds_lease(rmmd_buffer_t buffer, int* holds);
 /* The buffers the caller may see, as the JSON of rmmd.v1.ListBuffersResponse:

@@ -120,6 +120,29 @@ enum class buffer_access : std::uint8_t {
   read_write,
 };
 
+/// Whether a host buffer of a pinnable pool is page-locked in this process
+/// (cudaHostRegister), so that kernels use its address and copies run at
+/// full speed (docs/sharing.md, "Host buffers and CUDA contexts").
+/// Page-locking needs a CUDA context, and a context costs about 500 MiB
+/// of its GPU's memory. Device buffers ignore it.
+enum class pinning : std::uint8_t {
+  /// Page-locked where this process has a CUDA context already (the calling
+  /// thread's current one, or a primary context active on any device: what
+  /// the CUDA runtime, PyTorch and CuPy make at their first GPU call), a
+  /// plain mapping otherwise: an open makes no context.
+  automatic,
+  /// Page-locked, making the calling thread's current device's primary
+  /// context where the process has none. Where it cannot be, the open (or
+  /// create) throws and nothing stays open: rmmd::logic_error for a pool
+  /// that is not pinnable (rmmd --host-pool-pinned=off), rmm::bad_alloc
+  /// naming the CUDA error (no GPU, RLIMIT_MEMLOCK).
+  required,
+  /// A plain mapping (unless this session has the buffer mapped with the
+  /// same access and page-locked already, for an earlier open): host code
+  /// reads and writes it; CUDA copies treat it as any pageable memory.
+  off,
+};
+
 /// How to open a buffer.
 struct open_options {
   /// Waits up to this long for the buffer to be created and published (the
@@ -166,6 +189,8 @@ struct open_options {
   /// read-write from the start. wait_lease() waits for the grant and makes
   /// the same mapping read-write in place: data() does not change.
   bool standby{false};
+  /// A host buffer: page-locked here or not (pinning says when).
+  pinning pin{pinning::automatic};
 };
 
 /// A buffer as the daemon lists it.
@@ -219,6 +244,9 @@ struct shared_buffer_options {
   /// Others may open it with buffer_access::read_write. Unset, every other
   /// holder reads only (in hardware on CUDA buffers of their own allocation).
   bool allow_writers{false};
+  /// A buffer of a host pool: the creator's mapping page-locked or not
+  /// (pinning says when).
+  pinning pin{pinning::automatic};
 };
 
 /// One hold of a named shared buffer by this process: the creator's, from
@@ -228,14 +256,15 @@ struct shared_buffer_options {
 /// The memory is the pool's: device memory of a CUDA pool (imported once per
 /// session however often it is opened), or a host pool's shared memory
 /// (page-locked for the GPU where the pool is pinnable and this process has
-/// a GPU). Consumers open it read-only unless the creator allowed writers;
-/// on a buffer of its own allocation (CUDA's default) and on host buffers
-/// the mapping itself is read-only (a write is a CUDA error in the writing
-/// process, or SIGSEGV on a host buffer), on a pool pointer
-/// (--cuda-shared-buffer-memory=pool) it is the API's contract only
-/// (docs/sharing.md). A process that opens the same buffer for reading and
-/// read-write has two mappings of it, one of each access, at two addresses
-/// (data() of each open), each released with its last open.
+/// a CUDA context already, or the open asked for it: pinning). Consumers
+/// open it read-only unless the creator allowed writers; on a buffer of its
+/// own allocation (CUDA's default) and on host buffers the mapping itself is
+/// read-only (a write is a CUDA error in the writing process, or SIGSEGV on
+/// a host buffer), on a pool pointer (--cuda-shared-buffer-memory=pool) it
+/// is the API's contract only (docs/sharing.md). A process that opens the
+/// same buffer for reading and read-write has two mappings of it, one of
+/// each access, at two addresses (data() of each open), each released with
+/// its last open.
 ///
 /// Throws (create, open): rmmd::logic_error for a bad name, size, alignment
 /// or pool, rmmd::not_found_error (no such name, or none this uid or gid may
@@ -445,6 +474,10 @@ class shared_buffer {
   /// This process's CUDA device the memory is mapped for; -1 for a host
   /// buffer.
   [[nodiscard]] int device() const;
+  /// A host buffer page-locked in this process (pinning), by this open or
+  /// an earlier one of the same mapping; false for device memory and for
+  /// an empty buffer.
+  [[nodiscard]] bool pinned() const;
   /// Made by create() in this process (then publish() is allowed).
   [[nodiscard]] bool is_creator() const noexcept
   {

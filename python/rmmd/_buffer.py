@@ -106,6 +106,7 @@ class SharedBuffer(Memory):
         gid: int | None = None,
         alignment: int = 256,
         allow_writers: bool = False,
+        pinned: bool | None = None,
     ) -> "SharedBuffer":
         """Creates `nbytes` bytes named `name` (1-255 bytes of
         ``[A-Za-z0-9._/-]``), held by this process and seen by no other until
@@ -125,9 +126,13 @@ class SharedBuffer(Memory):
             alignment: a power of two up to the pool's ``max_alignment``.
             allow_writers: others may open it with ``writable=True``; else
                 every other holder reads only.
+            pinned: a host pool's buffer: page-locked in this process as
+                :meth:`open` says.
 
         Raises:
-            InvalidArgumentError: a bad name, size, alignment or pool.
+            InvalidArgumentError: a bad name, size, alignment or pool; a
+                `pinned` that is not a bool or None; ``pinned=True`` in a
+                pool that is not pinnable.
             AlreadyExistsError: the name is taken.
             OutOfMemoryError: a quota or the pool is full.
             PermissionError, SessionError.
@@ -141,6 +146,8 @@ class SharedBuffer(Memory):
             gid=0 if gid is None else int(gid),
             alignment=int(alignment),
             allow_writers=1 if allow_writers else 0,
+            reserved_0=0,
+            pin=_pinning(f"create buffer '{name}'", pinned),
         )
         handle = _lib.buffer_t()
         check(
@@ -164,6 +171,7 @@ class SharedBuffer(Memory):
         device: int | None = None,
         exclusive: bool = False,
         standby: bool = False,
+        pinned: bool | None = None,
     ) -> "SharedBuffer":
         """Opens the published buffer `name`, for reading unless `writable`.
         With `wait` (seconds), waits up to that long for it to be created
@@ -212,6 +220,17 @@ class SharedBuffer(Memory):
                 is writable from the start. :meth:`wait_lease` waits for the
                 grant and makes the same mapping writable: the address does
                 not change.
+            pinned: a host buffer of a pinnable pool: whether this process
+                page-locks its mapping (so kernels use its address and copies
+                run at full speed). ``None``: where the process has a CUDA
+                context already (PyTorch, CuPy and JAX make one at their
+                first GPU call), else a plain mapping, and no context is made
+                for it (one costs about 500 MiB of a GPU's memory).
+                ``True``: page-locked, making a context on the current
+                device where there is none. ``False``: plain (unless this
+                session has the buffer mapped page-locked with the same
+                access already). Device buffers
+                ignore it. :attr:`pinned` says what happened.
 
         Raises:
             InvalidArgumentError: a malformed name or node (``':'`` twice,
@@ -234,14 +253,19 @@ class SharedBuffer(Memory):
                 this session holds the lease already or stands in line for
                 it; or a `writable` open (not exclusive) while another
                 session holds or waits for the lease. InvalidArgumentError:
-                `standby` without `exclusive`.
+                `standby` without `exclusive`; a `pinned` that is not a
+                bool or None; ``pinned=True`` in a pool that is not
+                pinnable (``rmmd --host-pool-pinned=off``).
+            InternalError: ``pinned=True`` and the mapping could not be
+                page-locked (no GPU, ``ulimit -l``: the CUDA error named);
+                nothing stays open.
             SessionError: the daemon is gone or draining; or, for a buffer
                 of another node, this node's daemon cannot reach that node's
                 (the message says so; ``Session.peers()`` and ``rmmctl
                 peers`` say why), while this session goes on working.
         """
         options = _open_options(
-            f"open buffer '{name}'", peer, wait, writable, expect, device, exclusive, standby
+            f"open buffer '{name}'", peer, wait, writable, expect, device, exclusive, standby, pinned
         )
         handle = _lib.buffer_t()
         check(
@@ -267,6 +291,7 @@ class SharedBuffer(Memory):
         writable: bool = False,
         expect: Mapping[str, str] | None = None,
         device: int | None = None,
+        pinned: bool | None = None,
     ) -> "SharedBuffer":
         """Opens the one published buffer whose manifest carries every one of
         `labels` with that value, on node `peer` (``None``: this node), as
@@ -282,9 +307,11 @@ class SharedBuffer(Memory):
                 or no peer of this node's daemon has the node's name.
             PreconditionError: several buffers carry them (the message names
                 them: add a label that tells them apart).
-            and what :meth:`open` raises (`device` as there).
+            and what :meth:`open` raises (`device` and `pinned` as there).
         """
-        options = _open_options("open a buffer by labels", peer, wait, writable, expect, device)
+        options = _open_options(
+            "open a buffer by labels", peer, wait, writable, expect, device, pinned=pinned
+        )
         label_keys, label_values, label_count = _lib.label_arrays(checked_labels(labels, "labels"))
         handle = _lib.buffer_t()
         check(
@@ -342,6 +369,15 @@ class SharedBuffer(Memory):
         """Whether this is an exclusive open (``exclusive=True``): it holds
         the buffer's write lease or, a standby, stands in line for it."""
         return self._lease_generation != 0 or self._standby
+
+    @property
+    def pinned(self) -> bool:
+        """Whether this host buffer is page-locked in this process (by this
+        open or an earlier one of the same mapping; the `pinned` argument
+        of :meth:`open` says when); False for device memory."""
+        out = ctypes.c_int()
+        check(_lib.load().rmmd_buffer_pinned(self._require(), ctypes.byref(out)))
+        return out.value != 0
 
     @property
     def holds_lease(self) -> bool:
@@ -554,6 +590,7 @@ def _open_options(
     device: int | None,
     exclusive: bool = False,
     standby: bool = False,
+    pinned: bool | None = None,
 ) -> "_lib.OpenOptions":
     """The C options of an open, checked (InvalidArgumentError) before any request."""
     if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
@@ -588,7 +625,21 @@ def _open_options(
         device=0 if device is None else device,
         exclusive=1 if exclusive else 0,
         standby=1 if standby else 0,
+        reserved_1=0,
+        pin=_pinning(what, pinned),
     )
+
+
+def _pinning(what: str, pinned: bool | None) -> int:
+    """The C ABI's rmmd_pinning of a `pinned` argument (None, True, False)."""
+    if pinned is None:
+        return _lib.PINNING_AUTOMATIC
+    if not isinstance(pinned, bool):
+        raise InvalidArgumentError(
+            f"rmmd: {what}: pinned is True (page-lock it), False (a plain mapping) or None "
+            f"(page-locked where this process has a CUDA context already), not {pinned!r}"
+        )
+    return _lib.PINNING_REQUIRED if pinned else _lib.PINNING_OFF
 
 
 def _name(name: str) -> bytes:

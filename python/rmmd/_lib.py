@@ -112,6 +112,8 @@ class BufferOptions(Structure):
         ("gid", c_uint32),
         ("alignment", c_size_t),
         ("allow_writers", c_int),
+        ("reserved_0", c_int),
+        ("pin", c_int),
     ]
 
 
@@ -129,6 +131,8 @@ class OpenOptions(Structure):
         ("exclusive", c_int),
         ("reserved_0", c_int),
         ("standby", c_int),
+        ("reserved_1", c_int),
+        ("pin", c_int),
     ]
 
 
@@ -145,6 +149,9 @@ def label_arrays(labels: "dict[str, str]") -> "tuple[Any, Any, int]":
 # rmmd_buffer_access
 BUFFER_READ = 0
 BUFFER_READ_WRITE = 1
+PINNING_AUTOMATIC = 0
+PINNING_REQUIRED = 1
+PINNING_OFF = 2
 
 RESOURCE_DEVICE = 0
 RESOURCE_HOST = 1
@@ -209,6 +216,7 @@ _PROTOTYPES = {
     "rmmd_buffer_lease_generation": (status_t, [buffer_t, POINTER(c_uint64)]),
     "rmmd_buffer_wait_lease": (status_t, [buffer_t, c_int64, POINTER(c_uint64)]),
     "rmmd_buffer_holds_lease": (status_t, [buffer_t, POINTER(c_int)]),
+    "rmmd_buffer_pinned": (status_t, [buffer_t, POINTER(c_int)]),
     "rmmd_buffer_list_json": (
         status_t,
         [session_t, c_char_p, POINTER(c_char_p), POINTER(c_char_p), c_size_t, POINTER(c_void_p)],

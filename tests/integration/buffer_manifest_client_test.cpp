@@ -596,6 +596,67 @@ TEST_F(BufferManifestsInC, AllowWritersIsReadOnlyFromCallersWhoseOptionsHaveIt)
   EXPECT_EQ(rmmd_buffer_close(old, nullptr), RMMD_SUCCESS);
 }
 
+TEST_F(BufferManifestsInC, PinIsReadOnlyFromCallersWhoseOptionsHaveItAndAnUnknownValueIsRefused)
+{
+  // A caller built before pin (0.8): its size stops at the field, whatever
+  // the memory after it holds, and it gets the automatic page-locking.
+  rmmd_buffer_options o{};
+  std::memset(&o, 0xff, sizeof(o));
+  o.size          = offsetof(rmmd_buffer_options, pin);
+  o.pool          = pool_.c_str();
+  o.device        = -1;
+  o.persistent    = 0;
+  o.has_gid       = 0;
+  o.alignment     = 0;
+  o.allow_writers = 0;
+  rmmd_buffer_t made{};
+  ASSERT_EQ(rmmd_buffer_create(creator_, "c/pin", 4096, &o, &made), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  ASSERT_EQ(rmmd_buffer_publish(made), RMMD_SUCCESS);
+  o.size = sizeof(o);
+  o.pin  = static_cast<rmmd_pinning>(7);
+  rmmd_buffer_t bad{};
+  EXPECT_EQ(rmmd_buffer_create(creator_, "c/pin2", 4096, &o, &bad), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(rmmd_last_error_message(),
+              HasSubstr("create buffer 'c/pin2': options->pin is 7, none of "
+                        "RMMD_PINNING_AUTOMATIC, _REQUIRED or _OFF"));
+
+  rmmd_open_options w{};
+  std::memset(&w, 0xff, sizeof(w));
+  w.size          = offsetof(rmmd_open_options, pin);
+  w.wait_ms       = 0;
+  w.access        = RMMD_BUFFER_READ;
+  w.expect_keys   = nullptr;
+  w.expect_values = nullptr;
+  w.expect_count  = 0;
+  w.peer          = nullptr;
+  w.has_device    = 0;
+  w.exclusive     = 0;
+  w.standby       = 0;
+  rmmd_buffer_t b{};
+  ASSERT_EQ(rmmd_buffer_open_with(consumer_, "c/pin", &w, &b), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  EXPECT_EQ(rmmd_buffer_close(b, nullptr), RMMD_SUCCESS);
+  w.size = sizeof(w);
+  w.pin  = static_cast<rmmd_pinning>(-1);
+  EXPECT_EQ(rmmd_buffer_open_with(consumer_, "c/pin", &w, &b), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(rmmd_last_error_message(),
+              HasSubstr("open buffer 'c/pin': options->pin is -1, none of"));
+  // Asked for a plain mapping: not page-locked, with a GPU or without.
+  w.pin = RMMD_PINNING_OFF;
+  ASSERT_EQ(rmmd_buffer_open_with(consumer_, "c/pin", &w, &b), RMMD_SUCCESS)
+      << rmmd_last_error_message();
+  int pinned = -1;
+  EXPECT_EQ(rmmd_buffer_pinned(b, &pinned), RMMD_SUCCESS);
+  EXPECT_EQ(pinned, 0);
+  EXPECT_EQ(rmmd_buffer_pinned(b, nullptr), RMMD_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(rmmd_buffer_close(b, nullptr), RMMD_SUCCESS);
+  std::size_t holders = 0;
+  EXPECT_EQ(rmmd_buffer_delete(creator_, "c/pin", &holders), RMMD_SUCCESS);
+  EXPECT_EQ(holders, 1u);  // the creator alone: no refused open kept a hold
+  EXPECT_EQ(rmmd_buffer_close(made, nullptr), RMMD_SUCCESS);
+}
+
 TEST_F(BufferManifestsInC, DeviceIsACheckForThisNodesBuffersAndZeroedOptionsKeepTheCurrentDevice)
 {
   auto* made = create("c/dev", false);
