@@ -20,6 +20,11 @@ using rmmd::c_api::null_argument;
 using rmmd::c_api::raw_enum;
 using rmmd::c_api::read_struct;
 
+// The structs' sizes before `pin` (0.8's, padding included) are where it
+// begins: a caller built then passes them (LP64).
+static_assert(offsetof(rmmd_buffer_options, pin) == 48);
+static_assert(offsetof(rmmd_open_options, pin) == 72);
+
 namespace {
 
 /// Protobuf's JSON of `message`, as the rmmd_*_json functions write it

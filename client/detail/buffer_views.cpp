@@ -113,9 +113,10 @@ buffer_views::view buffer_views::attach_host(v1::BufferGrant const& grant,
       try {
         (void)pools_.pinned_host_pool_base(pool.id, generation);
         v.pinned = true;
-      } catch (rmm::bad_alloc const&) {
-        // Not page-locked (RLIMIT_MEMLOCK): the plain mapping serves all
-        // the same, as in a process without a GPU.
+      } catch (std::exception const&) {
+        // Not page-locked (RLIMIT_MEMLOCK; a GPU that cannot use the
+        // pool's addresses directly): the plain mapping serves all the
+        // same, as in a process without a GPU.
       }
     }
   }
@@ -193,6 +194,19 @@ void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info con
   unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
                          (v.read_only ? cudaHostRegisterReadOnly : 0U);
   if (auto err = cudaHostRegister(v.data, v.mapped_bytes, flags); err != cudaSuccess) {
+    cudaGetLastError();
+    int read_only_support = 0;
+    int device            = 0;
+    if (v.read_only && cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(
+            &read_only_support, cudaDevAttrHostRegisterReadOnlySupported, device) == cudaSuccess &&
+        read_only_support == 0) {
+      throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
+                           " bytes, cudaHostRegister read-only) failed: " + cudaGetErrorName(err) +
+                           "; device " + std::to_string(device) +
+                           " cannot page-lock memory read-only: open it writable, or with "
+                           "pinning::automatic or off");
+    }
     cudaGetLastError();
     throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
                          " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) +
@@ -389,15 +403,18 @@ void buffer_views::upgrade(std::uint64_t id)
     // Page-locked read-only, the GPU could not write it: registered again
     // read-write after the mprotect (where that fails, a plain mapping), in
     // the context the process has.
+    // Where the registration cannot be undone it stays as it is (read-only
+    // for the GPU) and is undone at the unmap.
     existing_context context;
-    if (v.pinned && context && cudaHostUnregister(v.data) != cudaSuccess) { cudaGetLastError(); }
+    bool const unpinned = v.pinned && context && cudaHostUnregister(v.data) == cudaSuccess;
+    if (v.pinned && !unpinned) { cudaGetLastError(); }
     if (::mprotect(v.data, v.mapped_bytes, PROT_READ | PROT_WRITE) != 0) {
       auto const error = errno;
-      if (v.pinned) { v.pinned = context && page_lock(v.data, v.mapped_bytes, true); }
+      if (unpinned) { v.pinned = page_lock(v.data, v.mapped_bytes, true); }
       throw rmm::bad_alloc("rmmd: make buffer " + std::to_string(id) +
                            " writable: mprotect: " + std::strerror(error));
     }
-    if (v.pinned) { v.pinned = context && page_lock(v.data, v.mapped_bytes, false); }
+    if (unpinned) { v.pinned = page_lock(v.data, v.mapped_bytes, false); }
   }
   v.read_only = false;
 }

@@ -77,7 +77,10 @@ existing_context::existing_context() noexcept
         api.primary_state(device, &flags, &active) != CUDA_SUCCESS || active == 0) {
       continue;
     }
-    // Retaining an active primary context takes a reference; it makes none.
+    // Retaining an active primary context takes a reference; it makes none
+    // (unless another thread releases the last reference, cudaDeviceReset,
+    // between the two calls: then the retain makes it again, as the
+    // process's next CUDA call on that device would).
     CUcontext primary{};
     if (api.primary_retain(&primary, device) != CUDA_SUCCESS) { continue; }
     if (api.push(primary) != CUDA_SUCCESS) {

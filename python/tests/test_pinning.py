@@ -80,11 +80,12 @@ def test_pinned_true_without_a_gpu_is_a_named_cuda_error_and_opens_nothing(fresh
         a.close()
 
 
-# The child: each step's pinned answers and the devices whose primary
-# context is active, as JSON.
-_STEPS = textwrap.dedent(
+# What each child starts with: the driver, and the devices whose primary
+# context is active (contexts()) and whether the calling thread has a
+# current one (current()), asked of it.
+_PRELUDE = textwrap.dedent(
     """
-    import ctypes, json, sys
+    import ctypes, json, sys, threading
     import rmmd
     from rmmd import _cuda
 
@@ -103,6 +104,17 @@ _STEPS = textwrap.dedent(
                 active.append(i)
         return active
 
+    def current():
+        ctx = ctypes.c_void_p()
+        assert cuda.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+        return ctx.value is not None
+    """
+)
+
+# The child: each step's pinned answers and the devices whose primary
+# context is active, as JSON.
+_STEPS = _PRELUDE + textwrap.dedent(
+    """
     device = int(sys.argv[1])
     if device >= 0:
         _cuda.set_device(device)  # the process's own context, as torch.cuda.set_device makes
@@ -160,3 +172,44 @@ def test_a_process_with_a_context_page_locks_in_it_and_makes_no_other(fresh_daem
     assert seen["off"] == [True, [device]]  # the read-only mapping is the open's before it
     assert seen["required"] == [True, True, [device]]
     assert seen["after"] == [True, True, [device]]
+
+
+# The child: a main thread with a context, and an open on another thread.
+_ANOTHER_THREAD = _PRELUDE + textwrap.dedent(
+    """
+    _cuda.set_device(int(sys.argv[1]))  # the main thread's context
+    seen = {"start": contexts()}
+    with rmmd.Session() as s:
+        a = rmmd.SharedBuffer.create(s, "pin/t", 1 << 20, pool=s.host_pool, pinned=False)
+        a.publish()
+
+        def reader():
+            # A new thread has no current context: the open finds the
+            # process's primary context, page-locks in it, and leaves the
+            # thread as it found it.
+            seen["thread_current_before"] = current()
+            r = rmmd.SharedBuffer.open(s, "pin/t")
+            seen["thread"] = [r.pinned, contexts(), current()]
+            r.close()
+            seen["thread_closed"] = [contexts(), current()]
+
+        t = threading.Thread(target=reader)
+        t.start()
+        t.join()
+        a.close()
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_an_open_on_a_thread_without_a_current_context_page_locks_in_the_processs_own(fresh_daemon) -> None:  # type: ignore[no-untyped-def]
+    need_gpu()
+    device = 1 if gpu_count() >= 2 else 0  # on two GPUs: not GPU 0, the runtime's default
+    d = _pinnable(fresh_daemon)
+    env = dict(os.environ, RMMD_RUNTIME_DIR=str(d.runtime_dir))
+    out = run_python(["-c", _ANOTHER_THREAD, str(device)], env)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["start"] == [device]
+    assert seen["thread_current_before"] is False
+    assert seen["thread"] == [True, [device], False]
+    assert seen["thread_closed"] == [[device], False]
