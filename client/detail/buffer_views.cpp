@@ -27,14 +27,20 @@ std::string in_quotes(std::string_view name)
 
 /// Page-locks a host buffer's mapping in the current context (read-only
 /// for the GPU where the mapping is: the driver would take write access to
-/// its pages otherwise, and fail); whether it worked.
-bool page_lock(void* data, std::size_t bytes, bool read_only) noexcept
+/// its pages otherwise, and fail); cudaSuccess or why not (cleared).
+cudaError_t register_host(void* data, std::size_t bytes, bool read_only) noexcept
 {
   unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
                          (read_only ? cudaHostRegisterReadOnly : 0U);
-  if (cudaHostRegister(data, bytes, flags) == cudaSuccess) { return true; }
-  cudaGetLastError();
-  return false;
+  auto const err = cudaHostRegister(data, bytes, flags);
+  if (err != cudaSuccess) { cudaGetLastError(); }
+  return err;
+}
+
+/// register_host(), as whether it worked.
+bool page_lock(void* data, std::size_t bytes, bool read_only) noexcept
+{
+  return register_host(data, bytes, read_only) == cudaSuccess;
 }
 
 /// Undoes page_lock() in a context the process has; where it has none any
@@ -191,26 +197,25 @@ void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info con
     v.pinned = true;
     return;
   }
-  unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
-                         (v.read_only ? cudaHostRegisterReadOnly : 0U);
-  if (auto err = cudaHostRegister(v.data, v.mapped_bytes, flags); err != cudaSuccess) {
-    cudaGetLastError();
-    int read_only_support = 0;
+  if (auto err = register_host(v.data, v.mapped_bytes, v.read_only); err != cudaSuccess) {
+    // A read-only open on a GPU that cannot page-lock read-only says so;
+    // anything else is most likely the locked-memory limit.
+    int read_only_support = 1;
     int device            = 0;
-    if (v.read_only && cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(
-            &read_only_support, cudaDevAttrHostRegisterReadOnlySupported, device) == cudaSuccess &&
-        read_only_support == 0) {
-      throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
-                           " bytes, cudaHostRegister read-only) failed: " + cudaGetErrorName(err) +
-                           "; device " + std::to_string(device) +
-                           " cannot page-lock memory read-only: open it writable, or with "
-                           "pinning::automatic or off");
+    if (v.read_only && (cudaGetDevice(&device) != cudaSuccess ||
+                        cudaDeviceGetAttribute(&read_only_support,
+                                               cudaDevAttrHostRegisterReadOnlySupported,
+                                               device) != cudaSuccess)) {
+      cudaGetLastError();
+      read_only_support = 1;
     }
-    cudaGetLastError();
+    auto const why = v.read_only && read_only_support == 0
+                         ? "device " + std::to_string(device) +
+                               " cannot page-lock memory read-only: open it writable, or with "
+                               "pinning::automatic or off"
+                         : std::string("check RLIMIT_MEMLOCK (ulimit -l)");
     throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
-                         " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) +
-                         "; check RLIMIT_MEMLOCK (ulimit -l)");
+                         " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) + "; " + why);
   }
   v.pinned = true;
 }
