@@ -20,6 +20,8 @@ constexpr auto call_deadline  = 10s;
 constexpr auto close_deadline = 1s;
 constexpr auto first_backoff  = 200ms;
 constexpr auto most_backoff   = 10s;
+/// How many Hellos one client call may send when the peer asks for one.
+constexpr int hellos_per_call = 2;
 
 absl::Status from_grpc(grpc::Status const& s, std::string const& peer)
 {
@@ -403,6 +405,22 @@ void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* whe
   }
 }
 
+absl::Status peer_link::restarted_unavailable()
+{
+  // Its refusal ("call Hello first") is about a link of ours that is being
+  // mended, not the caller's request: the caller sees the link's state, as
+  // for any unreachable peer, and may try again.
+  wake_.notify_all();
+  std::lock_guard lock(mutex_);
+  return absl::UnavailableError(absl::StrFormat(
+      "peer '%s' at %s started again and our Hello %s; try again once `rmmctl "
+      "peers` shows it ready",
+      peer_.name,
+      peer_.address,
+      state_ == link_state::unreachable ? absl::StrCat("failed: ", problem_)
+                                        : std::string("did not take (it asked again)")));
+}
+
 template <typename Call>
 absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
 {
@@ -424,14 +442,17 @@ absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
   auto const deadline = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline);
   auto made           = new_call(deadline);
   auto s              = call(*made.stub, *made.context);
-  if (asks_for_hello(s) && hello()) {
-    // The peer's daemon started again since this link's last renewal (the
-    // link's thread finds out only at its next one): Hello now, on this
-    // thread, as that thread would, and the call once more. hello() drops
-    // the holds the old daemon had, as it does there.
+  // The peer's daemon started again since this link's last renewal (the
+  // link's thread finds out only at its next one): Hello now, on this
+  // thread, as that thread would, and the call once more. hello() drops
+  // the holds the old daemon had, as it does there. A daemon that restarts
+  // again meanwhile may ask once more.
+  for (int hellos = 0; asks_for_hello(s) && hellos < hellos_per_call; ++hellos) {
+    if (!hello()) { return restarted_unavailable(); }
     made = new_call(deadline);
     s    = call(*made.stub, *made.context);
   }
+  if (asks_for_hello(s)) { return restarted_unavailable(); }
   auto const& c = made.context;
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {

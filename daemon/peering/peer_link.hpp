@@ -82,10 +82,11 @@ class peer_link {
 
   /// OpenRemoteBuffer there. UNAVAILABLE (with the state and its problem)
   /// unless the link is ready or probe_failed (the buffer may still be
-  /// opened; whether a client can import it is what the probe says), and
-  /// once stopping. UNAUTHENTICATED when the answer came from a certificate
-  /// other than peer.identity. Otherwise the peer's answer, its message
-  /// prefixed with the peer's name.
+  /// opened; whether a client can import it is what the probe says), once
+  /// stopping, and when the peer asks for a Hello (its daemon started
+  /// again) that this link cannot give it within the call. UNAUTHENTICATED when the answer came
+  /// from a certificate other than peer.identity. Otherwise the peer's answer, its message prefixed
+  /// with the peer's name.
   absl::StatusOr<v1::RemoteGrant> open(v1::RemoteOpenRequest request);
 
   /// A hold opened by open() that this node now counts (renews it). Once
@@ -123,6 +124,9 @@ class peer_link {
   /// be dialed again.
   bool renew_and_close();
   void set_state(link_state state, std::string problem);
+  /// UNAVAILABLE for a client call the peer refused for want of a Hello
+  /// that hello() could not give it: the link's problem, in words.
+  [[nodiscard]] absl::Status restarted_unavailable();
   /// "" when the call's certificate subject is peer.identity (or that is
   /// empty); otherwise the problem, in words.
   [[nodiscard]] std::string identity_problem(grpc::ClientContext const& call) const;
