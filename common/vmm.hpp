@@ -1,14 +1,14 @@
 #pragma once
 
 // The CUDA driver's virtual memory calls that shared buffers use, reached
-// through the runtime's cudaGetDriverEntryPointByVersion: nothing links
-// libcuda, so programs built with this still start on a machine without a
-// driver (the host backend, CI). Header-only.
+// through common/driver_entry.hpp: nothing links libcuda. Header-only.
 //
 // Why shared buffers use them: importing a pointer of an exportable pool
 // (cudaMemPoolImportPointer) costs the driver about 0.8 us per MiB (3.4 ms
 // for 4 GiB on an H100), one allocation of its own imports 4 GiB in 0.2-0.35
 // ms (docs/benchmarks.md, section f; bench/experiments/).
+
+#include "common/driver_entry.hpp"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -57,19 +57,7 @@ inline std::optional<vmm_api> const& vmm(std::string* why = nullptr)
   static std::optional<vmm_api> const api = [] {
     vmm_api a;
     auto get = [&](char const* symbol, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      auto err = cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found);
-      if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-        cudaGetLastError();
-        if (problem.empty()) {
-          problem =
-              std::string("the CUDA driver has no ") + symbol + " (" + cudaGetErrorName(err) + ")";
-        }
-        return false;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-      return true;
+      return driver_entry_point(symbol, fn, 12000, &problem);
     };
     bool ok = get("cuMemCreate", a.mem_create) & get("cuMemRelease", a.mem_release) &
               get("cuMemExportToShareableHandle", a.export_handle) &

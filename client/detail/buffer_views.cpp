@@ -20,6 +20,12 @@
 namespace rmmd::detail {
 namespace {
 
+// The choices a refused page-lock leaves, named for C++ and Python callers
+// alike (the C ABI's names follow C++'s).
+constexpr char const* open_unpinned = "pinning::off (Python: pinned=False)";
+constexpr char const* open_automatic_or_unpinned =
+    "pinning::automatic or off (Python: pinned=None or False)";
+
 std::string in_quotes(std::string_view name)
 {
   return "'" + std::string(name) + "'";
@@ -175,10 +181,8 @@ void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info con
   if (v.pinned) { return; }
   auto const what = "page-lock host buffer " + in_quotes(grant.name());
   if (!pool.pinnable) {
-    throw rmmd::logic_error("rmmd: " + what + ": host pool '" + pool.name +
-                            "' is not pinnable: the daemon gives its free pages back to the "
-                            "kernel, which a page-locked mapping cannot follow; start rmmd "
-                            "with --host-pool-pinned=on, or open it with pinning::off");
+    throw rmmd::logic_error("rmmd: " + what + ": " + not_pinnable(pool.name) +
+                            ", or open it with " + open_unpinned);
   }
   // The runtime makes the current device's primary context where the
   // process has none: asked for.
@@ -188,7 +192,7 @@ void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info con
     cudaGetLastError();
     throw rmm::bad_alloc("rmmd: " + what + ": this process sees no GPU (" +
                          cudaGetErrorName(count != cudaSuccess ? count : cudaErrorNoDevice) +
-                         "); open it with pinning::automatic or off");
+                         "); open it with " + open_automatic_or_unpinned);
   }
   existing_context context;
   if (!v.host_mapping) {
@@ -211,8 +215,8 @@ void buffer_views::pin_view(view& v, v1::BufferGrant const& grant, pool_info con
     }
     auto const why = v.read_only && read_only_support == 0
                          ? "device " + std::to_string(device) +
-                               " cannot page-lock memory read-only: open it writable, or with "
-                               "pinning::automatic or off"
+                               " cannot page-lock memory read-only: open it writable, or with " +
+                               open_automatic_or_unpinned
                          : std::string("check RLIMIT_MEMLOCK (ulimit -l)");
     throw rmm::bad_alloc("rmmd: " + what + " (" + std::to_string(v.mapped_bytes) +
                          " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) + "; " + why);

@@ -1,14 +1,14 @@
 #include "client/detail/existing_context.hpp"
 
-#include <cuda_runtime_api.h>
+#include "common/driver_entry.hpp"
 
-#include <type_traits>
+#include <cuda_runtime_api.h>
 
 namespace rmmd::detail {
 namespace {
 
-/// The driver calls it takes, reached through the runtime (nothing links
-/// libcuda); a null member where the driver lacks one.
+/// The driver calls it takes (common/driver_entry.hpp); a null member where
+/// the driver lacks one.
 struct context_api {
   CUresult (*get_current)(CUcontext*){};
   CUresult (*device_get)(CUdevice*, int){};
@@ -30,17 +30,7 @@ context_api const& driver() noexcept
 {
   static context_api const api = [] {
     context_api a;
-    auto get = [](char const* symbol, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found) !=
-              cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-    };
+    auto get = [](char const* symbol, auto& fn) { gpu::driver_entry_point(symbol, fn); };
     get("cuCtxGetCurrent", a.get_current);
     get("cuDeviceGet", a.device_get);
     get("cuDevicePrimaryCtxGetState", a.primary_state);

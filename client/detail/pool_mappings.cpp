@@ -197,6 +197,13 @@ std::byte* pool_mappings::host_pool_base(std::uint32_t pool_id, std::uint32_t ge
   return static_cast<std::byte*>(p);
 }
 
+std::string not_pinnable(std::string const& pool_name)
+{
+  return "host pool '" + pool_name +
+         "' is not pinnable: the daemon gives its free pages back to the kernel, which a "
+         "page-locked mapping cannot follow; start rmmd with --host-pool-pinned=on";
+}
+
 std::byte* pool_mappings::pinned_host_pool_base(std::uint32_t pool_id, std::uint32_t generation)
 {
   auto* base = host_pool_base(pool_id, generation);
@@ -205,10 +212,8 @@ std::byte* pool_mappings::pinned_host_pool_base(std::uint32_t pool_id, std::uint
   if (pinned_.contains(k)) { return base; }
   auto const pool = pool_locked(pool_id, generation).second;
   if (!pool.pinnable) {
-    throw rmmd::logic_error("rmmd: host pool '" + pool.name +
-                            "' is not pinnable: the daemon gives its free pages back to the "
-                            "kernel, which a pinned mapping cannot follow; start rmmd with "
-                            "--host-pool-pinned=on, or use rmmd::host_memory_resource");
+    throw rmmd::logic_error("rmmd: " + not_pinnable(pool.name) +
+                            ", or use rmmd::host_memory_resource");
   }
   // Once per session: about 0.1 s per GiB (measured on an H100), and it
   // commits the whole pool's RAM in this process's page tables.

@@ -41,6 +41,11 @@
 
 namespace rmmd::detail {
 
+/// Why host pool `pool_name` cannot be page-locked, in the words both of its
+/// refusals start with (the pool's, and a buffer's in it): the caller adds
+/// what else to do.
+[[nodiscard]] std::string not_pinnable(std::string const& pool_name);
+
 class pool_mappings {
  public:
   /// Takes the pool fds of `welcome`. `import_by_fabric`: CUDA pools are

@@ -1,5 +1,7 @@
 #include "client/detail/stream_capture.hpp"
 
+#include "common/driver_entry.hpp"
+
 #include <cuda.h>
 
 #include <new>
@@ -17,15 +19,9 @@ using is_capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 /// H100; about 1.0x before either).
 is_capturing_fn load_is_capturing() noexcept
 {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion(
-          "cuStreamIsCapturing", &p, 10000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<is_capturing_fn>(p);
+  is_capturing_fn fn = nullptr;
+  gpu::driver_entry_point("cuStreamIsCapturing", fn, 10000);
+  return fn;
 }
 
 }  // namespace

@@ -46,20 +46,13 @@ constexpr std::size_t kv_bytes = std::size_t{16} << 20;
 /// The access `address` has on device 0, as the driver says (cuMemGetAccess).
 std::optional<unsigned long long> access_of(void* address)
 {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAccess", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    cudaGetLastError();
-    return std::nullopt;
-  }
-  using get_access         = CUresult (*)(unsigned long long*, CUmemLocation const*, CUdeviceptr);
+  CUresult (*get_access)(unsigned long long*, CUmemLocation const*, CUdeviceptr) = nullptr;
+  if (!gpu::driver_entry_point("cuMemGetAccess", get_access)) { return std::nullopt; }
   unsigned long long flags = 0;
   CUmemLocation location{};
   location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   location.id   = 0;
-  if (reinterpret_cast<get_access>(fn)(
+  if (get_access(
           &flags, &location, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(address))) !=
       CUDA_SUCCESS) {
     return std::nullopt;

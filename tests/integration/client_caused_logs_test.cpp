@@ -5,6 +5,7 @@
 
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/integration/logged_daemon.hpp"
+#include "tests/tools/session_socket.hpp"
 #include "tests/tools/text.hpp"
 
 #include <gmock/gmock.h>
@@ -12,11 +13,9 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,14 +40,9 @@ std::string hello_not_utf8()
 /// daemon's welcome (empty if it sent none within 10 s).
 v1::SessionWelcome send_hello(std::filesystem::path const& dir, std::string const& bytes)
 {
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  auto path       = (dir / "rmmd-session.sock").string();
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int const fd = connect_session_socket(dir);
   v1::SessionWelcome welcome;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
+  if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
     pollfd p{fd, POLLIN, 0};
     std::string buffer(1 << 16, '\0');
     if (::poll(&p, 1, 10'000) > 0) {

@@ -4,6 +4,7 @@
 
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/session_socket.hpp"
 #include "tests/tools/test_clients.hpp"
 
 #include <rmmd/error.hpp>
@@ -16,7 +17,6 @@
 
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,16 +40,7 @@ constexpr std::size_t KiB = 1024;
 /// the daemon has taken it yet.
 int connect_and_say_hello(std::filesystem::path const& runtime_dir)
 {
-  int const fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  auto const path = (runtime_dir / "rmmd-session.sock").string();
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    auto const error = errno;
-    ::close(fd);
-    throw std::system_error(error, std::generic_category(), "connect " + path);
-  }
+  int const fd = connect_session_socket(runtime_dir);
   v1::SessionHello hello;
   hello.set_protocol_version(1);
   hello.set_client_name("queued");

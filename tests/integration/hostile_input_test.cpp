@@ -6,13 +6,13 @@
 #include "common/fd_passing.hpp"
 #include "common/hex.hpp"
 #include "tests/tools/daemon_process.hpp"
+#include "tests/tools/session_socket.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,16 +25,8 @@ using ::testing::HasSubstr;
 
 class raw_session_socket {
  public:
-  explicit raw_session_socket(std::filesystem::path const& dir)
+  explicit raw_session_socket(std::filesystem::path const& dir) : fd_(connect_session_socket(dir))
   {
-    fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    auto path       = (dir / "rmmd-session.sock").string();
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      throw std::runtime_error("connect " + path);
-    }
   }
   ~raw_session_socket()
   {

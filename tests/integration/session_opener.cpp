@@ -17,10 +17,10 @@
 //   close-sessions N  ends N of its sessions: "closed N"
 
 #include "rmmd/v1/rmmd.pb.h"
+#include "tests/tools/session_socket.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,22 +33,19 @@
 
 namespace {
 
-std::string socket_path;
+std::string runtime_dir;
 std::vector<int> silent;
 std::vector<int> sessions;
 
 int connect_to_daemon()
 {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
-  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::printf("error: connect %s: %s\n", socket_path.c_str(), std::strerror(errno));
+  try {
+    return rmmd::test::connect_session_socket(runtime_dir);
+  } catch (std::system_error const& e) {
+    std::printf("error: %s\n", e.what());
     std::fflush(stdout);
     std::exit(1);
   }
-  return fd;
 }
 
 /// The daemon's answer on `fd` within 20 s: "welcome ID", "refused CODE
@@ -103,7 +100,7 @@ int main(int argc, char** argv)
     std::fprintf(stderr, "usage: rmmd_session_opener RUNTIME_DIR (commands on stdin)\n");
     return 2;
   }
-  socket_path = std::string(argv[1]) + "/rmmd-session.sock";
+  runtime_dir = argv[1];
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
     std::string command;

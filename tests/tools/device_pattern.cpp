@@ -1,5 +1,6 @@
 #include "tests/tools/device_pattern.hpp"
 
+#include "common/driver_entry.hpp"
 #include "tests/tools/device_pattern_ptx.hpp"
 #include "tests/tools/pattern.hpp"
 
@@ -7,14 +8,13 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <type_traits>
 #include <vector>
 
 namespace rmmd::test {
 namespace {
 
-// The driver's module calls, through the runtime's entry-point lookup (as
-// common/vmm.hpp does): nothing links libcuda.
+// The driver's module calls, through common/driver_entry.hpp: nothing links
+// libcuda.
 struct kernels {
   CUresult (*module_load_data)(CUmodule*, void const*){};
   CUresult (*module_get_function)(CUfunction*, CUmodule, char const*){};
@@ -39,15 +39,7 @@ kernels const& loaded()
   static kernels const k = [] {
     kernels k;
     auto get = [&](char const* symbol, auto& fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      auto err = cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found);
-      if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-        cudaGetLastError();
-        if (k.problem.empty()) { k.problem = std::string("the driver has no ") + symbol; }
-        return;
-      }
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      gpu::driver_entry_point(symbol, fn, 12000, &k.problem);
     };
     get("cuModuleLoadData", k.module_load_data);
     get("cuModuleGetFunction", k.module_get_function);

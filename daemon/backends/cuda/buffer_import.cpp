@@ -21,15 +21,9 @@ using properties_fn = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationH
 properties_fn allocation_properties()
 {
   static properties_fn const fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    auto err = cudaGetDriverEntryPointByVersion(
-        "cuMemGetAllocationPropertiesFromHandle", &p, 12000, cudaEnableDefault, &found);
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return properties_fn{};
-    }
-    return reinterpret_cast<properties_fn>(p);
+    properties_fn f = nullptr;
+    gpu::driver_entry_point("cuMemGetAllocationPropertiesFromHandle", f);
+    return f;
   }();
   return fn;
 }
