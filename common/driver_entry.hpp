@@ -30,7 +30,11 @@ bool driver_entry_point(char const* symbol, Fn& fn, int version = 12000, std::st
   if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
     cudaGetLastError();
     if (why != nullptr && why->empty()) {
-      *why = std::string("the CUDA driver has no ") + symbol + " (" + cudaGetErrorName(err) + ")";
+      char const* const reason = err != cudaSuccess ? cudaGetErrorName(err)
+                                 : found == cudaDriverEntryPointVersionNotSufficent
+                                     ? "the driver is older than the version asked for"
+                                     : "no such symbol";
+      *why = std::string("the CUDA driver has no ") + symbol + " (" + reason + ")";
     }
     return false;
   }

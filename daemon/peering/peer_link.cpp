@@ -186,8 +186,13 @@ std::string peer_link::identity_problem(grpc::ClientContext const& call) const
       peer_.identity);
 }
 
-bool peer_link::hello()
+bool peer_link::hello(std::string* why)
 {
+  auto const failed = [&](std::string problem) {
+    if (why != nullptr) { *why = problem; }
+    set_state(link_state::unreachable, std::move(problem));
+    return false;
+  };
   v1::PeerHello request;
   request.set_node_name(options_.node_name);
   request.set_incarnation(options_.incarnation);
@@ -197,19 +202,11 @@ bool peer_link::hello()
   auto const call = new_call(std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline));
   auto const& c   = call.context;
   auto s          = call.stub->Hello(c.get(), request, &welcome);
-  if (!s.ok()) {
-    set_state(link_state::unreachable, dial_problem(s));
-    return false;
-  }
+  if (!s.ok()) { return failed(dial_problem(s)); }
   auto const subject = subject_of(*c);
-  if (auto problem = identity_problem(*c); !problem.empty()) {
-    set_state(link_state::unreachable, std::move(problem));
-    return false;
-  }
+  if (auto problem = identity_problem(*c); !problem.empty()) { return failed(std::move(problem)); }
   if (welcome.incarnation() == 0) {
-    set_state(link_state::unreachable,
-              "its Welcome carries incarnation 0; a daemon sends a random nonzero one");
-    return false;
+    return failed("its Welcome carries incarnation 0; a daemon sends a random nonzero one");
   }
   if (welcome.node_name() != peer_.name) {
     log::warn(
@@ -346,7 +343,8 @@ void peer_link::run()
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     if (redial_) {
-      // New credentials: Hello on the new channel now, whatever the state.
+      // New credentials (Hello on the new channel), or a client's call
+      // found the peer gone or started again: Hello now, whatever the state.
       redial_ = false;
       ready   = false;
       backoff = first_backoff;
@@ -362,7 +360,7 @@ void peer_link::run()
     if (stopping_) { break; }
     auto const wait = ready ? options_.renew_interval : backoff;
     if (!ready) { backoff = std::min<std::chrono::milliseconds>(backoff * 2, most_backoff); }
-    // A queued close, or new credentials, wakes it early.
+    // A queued close, new credentials or hello_soon() wakes it early.
     wake_.wait_for(
         lock, wait, [&] { return stopping_ || redial_ || (ready && !to_close_.empty()); });
   }
@@ -405,20 +403,29 @@ void peer_link::close_now(std::vector<std::uint64_t> const& ids, char const* whe
   }
 }
 
-absl::Status peer_link::restarted_unavailable()
+void peer_link::hello_soon()
 {
-  // Its refusal ("call Hello first") is about a link of ours that is being
-  // mended, not the caller's request: the caller sees the link's state, as
-  // for any unreachable peer, and may try again.
+  {
+    std::lock_guard lock(mutex_);
+    redial_ = true;
+  }
   wake_.notify_all();
-  std::lock_guard lock(mutex_);
-  return absl::UnavailableError(absl::StrFormat(
-      "peer '%s' at %s started again and our Hello %s; try again once `rmmctl "
-      "peers` shows it ready",
-      peer_.name,
-      peer_.address,
-      state_ == link_state::unreachable ? absl::StrCat("failed: ", problem_)
-                                        : std::string("did not take (it asked again)")));
+}
+
+absl::Status peer_link::restarted_unavailable(std::string const& hello_failure)
+{
+  // Its refusal ("call Hello first") is about a link of ours, not the
+  // caller's request: the caller hears that the peer cannot be reached, as
+  // for any peer that is down, and may try again once the link's thread
+  // has said Hello.
+  hello_soon();
+  return absl::UnavailableError(
+      absl::StrFormat("peer '%s' at %s started again and our Hello %s; try again once `rmmctl "
+                      "peers` shows it ready",
+                      peer_.name,
+                      peer_.address,
+                      hello_failure.empty() ? std::string("did not take (it asked again)")
+                                            : absl::StrCat("failed: ", hello_failure)));
 }
 
 template <typename Call>
@@ -448,16 +455,17 @@ absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
   // the holds the old daemon had, as it does there. A daemon that restarts
   // again meanwhile may ask once more.
   for (int hellos = 0; asks_for_hello(s) && hellos < hellos_per_call; ++hellos) {
-    if (!hello()) { return restarted_unavailable(); }
+    std::string why;
+    if (!hello(&why)) { return restarted_unavailable(why); }
     made = new_call(deadline);
     s    = call(*made.stub, *made.context);
   }
-  if (asks_for_hello(s)) { return restarted_unavailable(); }
+  if (asks_for_hello(s)) { return restarted_unavailable({}); }
   auto const& c = made.context;
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       set_state(link_state::unreachable, dial_problem(s));
-      wake_.notify_all();
+      hello_soon();
     }
     return from_grpc(s, peer_.name);
   }
@@ -465,7 +473,7 @@ absl::Status peer_link::client_call(char const* stopping_words, Call&& call)
     // Whoever answered is not the peer: its answer (a hold id, names)
     // means nothing to us.
     set_state(link_state::unreachable, problem);
-    wake_.notify_all();
+    hello_soon();
     return absl::UnauthenticatedError(absl::StrCat("peer '", peer_.name, "': ", problem));
   }
   std::lock_guard lock(mutex_);

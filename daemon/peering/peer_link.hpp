@@ -117,16 +117,21 @@ class peer_link {
 
  private:
   void run();
-  /// Hello; sets the state. Returns whether the peer answered. On the
-  /// link's thread, and on a client's (client_call) when the peer asks.
-  bool hello();
+  /// Hello; sets the state. Returns whether the peer answered; when not,
+  /// says why in `why` (when given). On the link's thread, and on a
+  /// client's (client_call) when the peer asks.
+  bool hello(std::string* why = nullptr);
   /// RenewHolds and the queued CloseHolds. Returns false when the peer must
   /// be dialed again.
   bool renew_and_close();
   void set_state(link_state state, std::string problem);
   /// UNAVAILABLE for a client call the peer refused for want of a Hello
-  /// that hello() could not give it: the link's problem, in words.
-  [[nodiscard]] absl::Status restarted_unavailable();
+  /// that this call could not give it: `hello_failure`, hello()'s reason
+  /// (empty: the peer asked again after a Hello it took). Has the link's
+  /// thread say Hello now rather than at its next renewal.
+  [[nodiscard]] absl::Status restarted_unavailable(std::string const& hello_failure);
+  /// The link's thread says Hello now (a client's call found the peer gone).
+  void hello_soon();
   /// "" when the call's certificate subject is peer.identity (or that is
   /// empty); otherwise the problem, in words.
   [[nodiscard]] std::string identity_problem(grpc::ClientContext const& call) const;
@@ -158,7 +163,7 @@ class peer_link {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::shared_ptr<v1::RmmdPeer::Stub> stub_;  // holds its channel
-  bool redial_{false};                        // new credentials: Hello now
+  bool redial_{false};  // new credentials, or a client's call found the link down: Hello now
   bool stopping_{false};
   link_state state_{link_state::connecting};
   std::string problem_;

@@ -11,6 +11,7 @@
 // bytes intact; no holder ever sees its stamp overwritten (no two writers);
 // the pool's ledger is back to 0 at the end.
 
+#include "common/driver_entry.hpp"
 #include "common/vmm.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/gpu/gpu_count.hpp"

@@ -37,7 +37,8 @@ std::string hello_not_utf8()
 }
 
 /// Sends `bytes` on a new connection to the session socket and returns the
-/// daemon's welcome (empty if it sent none within 10 s).
+/// daemon's welcome (empty if it sent none within 10 s); throws when it
+/// cannot connect.
 v1::SessionWelcome send_hello(std::filesystem::path const& dir, std::string const& bytes)
 {
   int const fd = connect_session_socket(dir);

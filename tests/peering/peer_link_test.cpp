@@ -126,6 +126,15 @@ TEST(PeerLink, AHelloThatFailsAfterThePeerRestartedIsUnavailableWithItsReason)
                 "shows it ready");
   EXPECT_EQ(peer.service.lists(), 1);
   EXPECT_EQ(link->view().state, link_state::unreachable);
+  // The link's thread says Hello again now, not at its next renewal (an
+  // hour here): the caller's next try finds the link as soon as the peer
+  // answers.
+  auto const hellos_after = peer.service.hellos();
+  auto const until        = std::chrono::steady_clock::now() + 5s;
+  while (peer.service.hellos() == hellos_after && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_GT(peer.service.hellos(), hellos_after) << "the link's thread waits for its renewal";
 }
 
 TEST(PeerLink, APeerThatKeepsAskingForHelloIsUnavailableAfterTwoHellos)

@@ -24,10 +24,16 @@ inline int connect_session_socket(std::filesystem::path const& runtime_dir)
 {
   auto const path = (runtime_dir / "rmmd-session.sock").string();
   sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    throw std::system_error(ENAMETOOLONG, std::generic_category(), "connect " + path);
+  }
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   int const fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) { throw std::system_error(errno, std::generic_category(), "socket for " + path); }
+  if (fd < 0) {
+    auto const error = errno;
+    throw std::system_error(error, std::generic_category(), "socket for " + path);
+  }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     auto const error = errno;
     ::close(fd);

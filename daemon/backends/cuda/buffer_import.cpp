@@ -1,5 +1,6 @@
 #include "daemon/backends/cuda/buffer_import.hpp"
 
+#include "common/driver_entry.hpp"
 #include "common/vmm.hpp"
 
 #include <absl/strings/str_format.h>
