@@ -12,26 +12,37 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <system_error>
 
 namespace rmmd::harness {
+
+int connect_session_socket(std::filesystem::path const& runtime_dir)
+{
+  auto const path = (runtime_dir / "rmmd-session.sock").string();
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    throw std::system_error(ENAMETOOLONG, std::generic_category(), "connect " + path);
+  }
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int const fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    auto const error = errno;
+    throw std::system_error(error, std::generic_category(), "socket for " + path);
+  }
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    auto const error = errno;
+    ::close(fd);
+    throw std::system_error(error, std::generic_category(), "connect " + path);
+  }
+  return fd;
+}
 
 raw_session::raw_session(std::filesystem::path const& runtime_dir,
                          std::string const& client_name,
                          std::chrono::milliseconds timeout)
-    : timeout_(timeout)
+    : fd_(connect_session_socket(runtime_dir)), timeout_(timeout)
 {
-  auto const path = (runtime_dir / "rmmd-session.sock").native();
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    throw std::runtime_error("session socket path too long: " + path);
-  }
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) { fail("socket"); }
-  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    fail("connect " + path);
-  }
   v1::SessionHello hello;
   hello.set_protocol_version(1);
   hello.set_client_name(client_name);

@@ -23,6 +23,13 @@
 
 namespace rmmd::harness {
 
+/// A new connection (SOCK_SEQPACKET, close-on-exec) to the session socket
+/// of the daemon whose runtime directory is `runtime_dir`, nothing said on
+/// it yet: its fd, which the caller closes. For raw_session, and for the
+/// tests of what the daemon does with hostile, silent, queued or malformed
+/// connections. std::system_error naming the socket when it cannot.
+[[nodiscard]] int connect_session_socket(std::filesystem::path const& runtime_dir);
+
 /// The kind of a pool in the welcome.
 enum class raw_backend { host, cuda };
 

@@ -3,9 +3,9 @@
 // "[libprotobuf ERROR ...]" lines on stderr), and a flood of bad hellos
 // writes a bounded number of lines, the rest counted as suppressed.
 
+#include "harness/raw_session.hpp"
 #include "rmmd/v1/rmmd.pb.h"
 #include "tests/integration/logged_daemon.hpp"
-#include "tests/tools/session_socket.hpp"
 #include "tests/tools/text.hpp"
 
 #include <gmock/gmock.h>
@@ -41,7 +41,7 @@ std::string hello_not_utf8()
 /// cannot connect.
 v1::SessionWelcome send_hello(std::filesystem::path const& dir, std::string const& bytes)
 {
-  int const fd = connect_session_socket(dir);
+  int const fd = harness::connect_session_socket(dir);
   v1::SessionWelcome welcome;
   if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
     pollfd p{fd, POLLIN, 0};

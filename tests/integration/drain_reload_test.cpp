@@ -2,9 +2,9 @@
 // real client sessions; it tells the test what it did through its log and
 // sd_notify, which the test waits on.
 
+#include "harness/raw_session.hpp"
 #include "tests/integration/logged_daemon.hpp"
 #include "tests/tools/daemon_process.hpp"
-#include "tests/tools/session_socket.hpp"
 #include "tests/tools/test_clients.hpp"
 
 #include <rmmd/error.hpp>
@@ -40,7 +40,7 @@ constexpr std::size_t KiB = 1024;
 /// the daemon has taken it yet.
 int connect_and_say_hello(std::filesystem::path const& runtime_dir)
 {
-  int const fd = connect_session_socket(runtime_dir);
+  int const fd = harness::connect_session_socket(runtime_dir);
   v1::SessionHello hello;
   hello.set_protocol_version(1);
   hello.set_client_name("queued");

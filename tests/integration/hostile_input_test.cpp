@@ -5,8 +5,8 @@
 #include "client/detail/session_impl.hpp"
 #include "common/fd_passing.hpp"
 #include "common/hex.hpp"
+#include "harness/raw_session.hpp"
 #include "tests/tools/daemon_process.hpp"
-#include "tests/tools/session_socket.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,7 +25,8 @@ using ::testing::HasSubstr;
 
 class raw_session_socket {
  public:
-  explicit raw_session_socket(std::filesystem::path const& dir) : fd_(connect_session_socket(dir))
+  explicit raw_session_socket(std::filesystem::path const& dir)
+      : fd_(harness::connect_session_socket(dir))
   {
   }
   ~raw_session_socket()

@@ -16,8 +16,8 @@
 //   close-silent N    closes N of its silent connections: "closed N"
 //   close-sessions N  ends N of its sessions: "closed N"
 
+#include "harness/raw_session.hpp"
 #include "rmmd/v1/rmmd.pb.h"
-#include "tests/tools/session_socket.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -40,7 +40,7 @@ std::vector<int> sessions;
 int connect_to_daemon()
 {
   try {
-    return rmmd::test::connect_session_socket(runtime_dir);
+    return rmmd::harness::connect_session_socket(runtime_dir);
   } catch (std::system_error const& e) {
     std::printf("error: %s\n", e.what());
     std::fflush(stdout);
