@@ -5,8 +5,10 @@
 #
 # Here (the build machine), from the checkout's root:
 #   scripts/gpu-check.sh bundle [BUNDLE]     # BUNDLE default .gpu
-# builds the default preset's programs that the GPU suites run and bundles
-# them with their libraries (../shared/tools/gpu-bundle, or $RMMD_GPU_BUNDLE_TOOL).
+# builds the default preset's programs that the GPU suites run, and
+# rmmd_bench (so that one call can also run `RMMD_BUNDLE=BUNDLE
+# scripts/bench.sh --sections ...`), and bundles them with their libraries
+# (../shared/tools/gpu-bundle, or $RMMD_GPU_BUNDLE_TOOL).
 #
 # There (carry BUNDLE.txz, the bundle packed; the checkout travels with it), as root:
 #   scripts/gpu-check.sh run [BUNDLE]
@@ -52,7 +54,8 @@ programs=(build/daemon/rmmd build/rmmctl/rmmctl build/client/librmmd_c.so
   build/tests/rmmd_test_client build/tests/rmmd_share_client build/tests/rmmd_session_opener
   build/tests/rmmd_restart_soak_client build/tests/rmmd_fd_store_test_service build/tests/rmmd_stable_client
   build/examples/rmmd_manifest_reader
-  build/examples/rmmd_hello build/examples/rmmd_share_producer build/examples/rmmd_share_consumer)
+  build/examples/rmmd_hello build/examples/rmmd_share_producer build/examples/rmmd_share_consumer
+  build/bench/rmmd_bench)
 
 bundle_step() {
   set -e
