@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Loading a sharded checkpoint to the GPU, side by side: rmmd's publish
-against safetensors, fastsafetensors and runai-model-streamer (0.16.1: PyPI has no 0.17.0 wheel), with a raw
+against safetensors, fastsafetensors and runai-model-streamer (0.17.1: PyPI has no 0.17.0 wheel), with a raw
 read of the same files as the storage's ceiling, cold and warm.
 
   python bench/python/checkpoint_bench.py [--size-gib 20] [--shards 4] [--dir DIR]
@@ -72,6 +72,8 @@ def write_checkpoint(directory: Path, size_gib: float, shards: int) -> list[Path
     per_shard = -(-tensors // shards)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(38)
+    # random bits, with the exponent kept finite (NaNs would not matter for speed)
+    blocks = [rng.integers(0, 1 << 16, TENSOR_BYTES // 2, dtype=np.uint16) & 0xBFFF for _ in range(4)]
     weight_map = {}
     files = []
     names = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "self_attn.q_proj"]
@@ -89,9 +91,13 @@ def write_checkpoint(directory: Path, size_gib: float, shards: int) -> list[Path
         raw += b" " * (-len(raw) % 8)
         with open(file, "wb") as f:
             f.write(len(raw).to_bytes(8, "little") + raw)
-            for _ in range(count):
-                # random bits, with the exponent kept finite (NaNs would not matter for speed)
-                f.write((rng.integers(0, 1 << 16, TENSOR_BYTES // 2, dtype=np.uint16) & 0xBFFF).tobytes())
+            for i in range(count):
+                # Four blocks of random bits made once (drawing 20 GiB took most of a minute), each
+                # tensor one of them with its own first word: no file system here compresses or
+                # dedups, and the loaders' speed does not depend on the values.
+                block = blocks[(k * per_shard + i) % len(blocks)]
+                block[0] = (k * per_shard + i) & 0xBFFF
+                f.write(block.tobytes())
             f.flush()
             os.fsync(f.fileno())
         files.append(file)

@@ -17,6 +17,11 @@ anonymous memory and the copies are memmoves. Reads bypass the page cache
 less than half of a file is cached (mincore), and the file system allows
 it; otherwise they go through the page cache.
 
+The destinations may come as a future (publish_dir creates the buffers on
+another thread meanwhile): the threads read into their slots at once and
+wait for it only before their first copy, so a buffer's creation (tens of
+GiB for the driver to make and map) overlaps the first reads.
+
 Each thread releases the GIL in every read, copy call and wait, so Python
 is not the limit: a read of 32 MiB is one preadv.
 """
@@ -28,8 +33,9 @@ import mmap
 import os
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from . import _cuda
 from ._checkpoint import Read
@@ -99,6 +105,10 @@ class LoadStats:
             ],
         }
 
+
+Destinations = Union[Sequence[Destination], "Future[Sequence[Destination]]"]
+"""The buffers reads fill, or a future of them (waited for before the
+first copy; its exception is the load's)."""
 
 Progress = Callable[[LoadStats, int], None]
 """Called (from a reader thread, one call at a time) after each read's
@@ -238,17 +248,19 @@ class _Staging:
 def load(
     files: Sequence[str],
     reads: Sequence[Read],
-    destinations: Sequence[Destination],
+    destinations: Destinations,
     *,
     chunk: int,
     readers: int,
     slots: int = 2,
     io: str = "auto",
     progress: Progress | None = None,
+    to_devices: bool | None = None,
 ) -> LoadStats:
     """Does `reads` (planned with reads of at most `chunk` bytes) into
     `destinations`, with `readers` threads of `slots` slots each; returns
-    once every copy is done.
+    once every copy is done. `to_devices`: whether some destination is a
+    GPU's (page-locked staging), which a future of them must say.
 
     Raises:
         InvalidArgumentError: a bad `io`, or a file shorter than its header says.
@@ -267,11 +279,14 @@ def load(
     try:
         for f, s in zip(files, stats.shards):
             opened.append(_File(f, io, s))
-        pinned = any(d.device is not None for d in destinations)
-        staging = _Staging(readers * slots, chunk + 2 * IO_ALIGNMENT, pinned)
+        if to_devices is None:
+            if isinstance(destinations, Future):
+                raise InvalidArgumentError("rmmd: a future of destinations needs to_devices")
+            to_devices = any(d.device is not None for d in destinations)
+        staging = _Staging(readers * slots, chunk + 2 * IO_ALIGNMENT, to_devices)
         stats.staging = staging.source
         try:
-            _run(opened, reads, destinations, staging, readers, slots, stats, progress)
+            _run(opened, reads, destinations, to_devices, staging, readers, slots, stats, progress)
         finally:
             staging.close()
     finally:
@@ -283,7 +298,8 @@ def load(
 def _run(
     files: Sequence[_File],
     reads: Sequence[Read],
-    destinations: Sequence[Destination],
+    destinations: Destinations,
+    to_devices: bool,
     staging: _Staging,
     readers: int,
     slots: int,
@@ -293,9 +309,10 @@ def _run(
     lock = threading.Lock()
     next_read = [0]
     failed: list[BaseException] = []
-    caller_device = None
-    if any(d.device is not None for d in destinations):
-        caller_device = _current_device()
+    caller_device = _current_device() if to_devices else None
+
+    def targets() -> Sequence[Destination]:
+        return destinations.result() if isinstance(destinations, Future) else destinations
 
     def take() -> Read | None:
         with lock:
@@ -323,7 +340,7 @@ def _run(
                 pending[turn] = []
                 ptr, view = staging.slot(slot)
                 base = files[r.shard].read(view, r.src, r.nbytes)
-                pending[turn] = _copy(r, ptr + base, destinations, streams)
+                pending[turn] = _copy(r, ptr + base, targets(), streams)
                 turn = (turn + 1) % slots
                 with lock:
                     shard = stats.shards[r.shard]

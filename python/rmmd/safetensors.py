@@ -29,10 +29,11 @@ This module imports without PyTorch or the safetensors package.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from . import _loader
+from . import _cuda, _loader
 from ._buffer import SharedBuffer
 from ._checkpoint import Checkpoint, plan_buffers, plan_reads, read_checkpoint
 from ._errors import InvalidArgumentError
@@ -223,16 +224,31 @@ def publish_dir(
     base = {**ckpt.labels, **(labels or {})}
     s = session if session is not None else Session(client_name="rmmd.safetensors")
     buffers: list[SharedBuffer] = []
-    try:
-        for bname, dev, rank in zip(names, targets_devices, ranks):
+
+    # "The current device" is the caller's, not the creating thread's.
+    create_on = [_current_device_or_none() if d is None and pool is None else d for d in targets_devices]
+
+    def create() -> list[Destination]:
+        for bname, dev, rank in zip(names, create_on, ranks):
             buffers.append(
                 SharedBuffer.create(s, bname, layouts[rank].nbytes, pool=pool, device=dev, persistent=persistent, gid=gid)
             )
-        destinations = [Destination(b.ptr, None if b.is_host else b.device) for b in buffers]
-        stats = _loader.load(
-            ckpt.files, reads, destinations, chunk=chunk, readers=readers or default_readers(), io=io,
-            progress=progress,
-        )
+        return [Destination(b.ptr, None if b.is_host else b.device) for b in buffers]
+
+    # The buffers are made (the daemon's cuMemCreate and export, this
+    # process's import and mapping: part of the half second a 20 GiB publish
+    # spent besides its reads) while the readers fill their first slots.
+    creating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmmd-publish")
+    destinations = creating.submit(create)
+    try:
+        try:
+            stats = _loader.load(
+                ckpt.files, reads, destinations, chunk=chunk, readers=readers or default_readers(), io=io,
+                progress=progress, to_devices=not _host_pool(s, pool),
+            )
+            destinations.result()  # with no reads (no tensors), nothing waited for it yet
+        finally:
+            creating.shutdown(wait=True)  # nothing is cleaned up while it runs
         for b, rank in zip(buffers, ranks):
             b.set_manifest(layouts[rank].entries, {**base, **_tp_labels(tp, rank, plan)})
         for b in buffers:
@@ -247,6 +263,27 @@ def publish_dir(
             b.close()
         raise
     return Published(name, buffers, [b.device if not b.is_host else None for b in buffers], ranks, stats, base)
+
+
+def _current_device_or_none() -> int | None:
+    try:
+        return _cuda.current_device()
+    except Exception:  # noqa: BLE001: no CUDA here; SharedBuffer.create names the problem
+        return None
+
+
+def _host_pool(session: Session, pool: str | Pool | None) -> bool:
+    """Whether `pool` is a host pool (its buffers need no page-locked
+    staging); a name the session does not know is left to the create to
+    refuse."""
+    if pool is None:
+        return False
+    if isinstance(pool, Pool):
+        return pool.is_host
+    try:
+        return session.pool(pool).is_host
+    except Exception:  # noqa: BLE001: SharedBuffer.create names the problem
+        return False
 
 
 def _devices(devices: Sequence[int] | None, tp: int, pool: str | Pool | None) -> list[int | None]:

@@ -135,6 +135,22 @@ def test_tp_ranks_hold_their_slices_and_the_rest_whole(tmp_path: Path, session: 
         assert published.stats.nbytes == sum(a.nbytes for a in tensors.values())
 
 
+def test_a_rank_whose_buffer_cannot_be_made_fails_the_publish_and_leaves_nothing(
+    tmp_path: Path, session: rmmd.Session
+) -> None:
+    # The buffers are made while the reads start: the refusal of rank 1's
+    # (its name taken) is the publish's, rank 0's buffer goes, and the
+    # buffer that held the name is untouched.
+    write_checkpoint(tmp_path / "m")
+    with rmmd.SharedBuffer.create(session, "ckpt/taken/rank1", 4096, pool=session.host_pool) as taken:
+        taken.publish()
+        with pytest.raises(rmmd.AlreadyExistsError, match="ckpt/taken/rank1"):
+            rmmd.safetensors.publish_dir(tmp_path / "m", "ckpt/taken", session=session, pool=session.host_pool,
+                                         tp=2, plan=PLAN, chunk_bytes=4096, persistent=True)
+        assert [b.name for b in session.buffers(prefix="ckpt/taken")] == ["ckpt/taken/rank1"]
+        assert session.describe_buffer("ckpt/taken/rank1")[0].nbytes == 4096
+
+
 def test_the_guard_refuses_another_plan_rank_or_revision(tmp_path: Path, daemon: Daemon, session: rmmd.Session) -> None:
     tensors = write_checkpoint(tmp_path / "m")
     published = rmmd.safetensors.publish_dir(tmp_path / "m", "ckpt/guard", session=session, pool=session.host_pool,
