@@ -4,6 +4,7 @@
 #include "client/detail/device_scope.hpp"
 #include "client/detail/existing_context.hpp"
 #include "client/detail/pool_mappings.hpp"
+#include "client/detail/process_exit.hpp"
 #include "client/detail/session_channel.hpp"
 #include "common/fd_passing.hpp"
 #include "common/vmm.hpp"
@@ -266,7 +267,79 @@ void* buffer_views::attach_remote(v1::BufferGrant const& grant, bool read_only, 
     ++it->second.refs;
     return it->second.data;
   }
-  return map_allocation(grant, device, mode, read_only, true);
+  auto* data = map_allocation(grant, device, mode, read_only, true);
+  keep_peer_anchor(grant, device);
+  return data;
+}
+
+void buffer_views::keep_peer_anchor(v1::BufferGrant const& grant, int device) noexcept
+{
+  // REQUIRES: buffers_mutex_ held (by attach_remote).
+  if (!grant.has_peer_anchor()) { return; }
+  auto const& anchor = grant.peer_anchor();
+  auto [it, made]    = anchors_.try_emplace({anchor.gpu_uuid(), device});
+  if (!made) { return; }
+  auto const& api  = gpu::vmm();
+  auto const bytes = anchor.allocation_bytes();
+  // One granule or a few: a daemon's anchor is never large.
+  if (!api || anchor.fabric_handle().size() != sizeof(CUmemFabricHandle) || bytes == 0 ||
+      bytes > (std::uint64_t{1} << 30)) {
+    return;
+  }
+  device_scope on(device);
+  if (on.error() != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  CUmemFabricHandle fabric{};
+  std::memcpy(&fabric, anchor.fabric_handle().data(), sizeof(fabric));
+  CUmemGenericAllocationHandle handle{};
+  if (api->import_handle(&handle, &fabric, CU_MEM_HANDLE_TYPE_FABRIC) != CUDA_SUCCESS) { return; }
+  CUdeviceptr address{};
+  if (api->address_reserve(&address, bytes, 0, 0, 0) != CUDA_SUCCESS) {
+    api->mem_release(handle);
+    return;
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id   = device;
+  access.flags         = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  if (api->map(address, bytes, 0, handle, 0) != CUDA_SUCCESS) {
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    return;
+  }
+  if (api->set_access(address, bytes, &access, 1) != CUDA_SUCCESS) {
+    api->unmap(address, bytes);
+    api->address_free(address, bytes);
+    api->mem_release(handle);
+    return;
+  }
+  it->second = anchor_mapping{.vmm_handle = handle, .address = address, .bytes = bytes};
+  watch_process_exit();  // CUDA has started: the anchors go quietly at exit
+}
+
+std::vector<buffer_views::peer_anchor> buffer_views::peer_anchors()
+{
+  std::lock_guard lock(buffers_mutex_);
+  std::vector<peer_anchor> out;
+  for (auto const& [key, m] : anchors_) {
+    if (m.vmm_handle != 0) { out.push_back({.gpu_uuid = key.first, .device = key.second}); }
+  }
+  return out;
+}
+
+buffer_views::~buffer_views()
+{
+  // No CUDA call while the process exits: its end releases them.
+  auto const& api = gpu::vmm();
+  if (!api || process_is_exiting()) { return; }
+  for (auto const& [key, m] : anchors_) {
+    if (m.vmm_handle == 0) { continue; }
+    api->unmap(m.address, m.bytes);
+    api->address_free(m.address, m.bytes);
+    api->mem_release(static_cast<CUmemGenericAllocationHandle>(m.vmm_handle));
+  }
 }
 
 void* buffer_views::attach_allocation(v1::BufferGrant const& grant,

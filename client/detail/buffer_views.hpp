@@ -28,7 +28,8 @@
 // stay valid. A reader's view is never upgraded.
 //
 // Owns: the views, and for a buffer's own allocation (VMM) its mapping here
-// (released by unmap_allocation(), after the streams that used it).
+// (released by unmap_allocation(), after the streams that used it); the
+// peer anchors' mappings (released when it goes).
 //
 // Locks: buffers_mutex_ guards buffers_ and is held across an import (once
 // per buffer); it is taken before the pool mappings' lock and the channel's
@@ -44,7 +45,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace rmmd::detail {
 
@@ -68,6 +71,8 @@ class buffer_views {
   }
   buffer_views(buffer_views const&)            = delete;
   buffer_views& operator=(buffer_views const&) = delete;
+  /// Lets go of the peer anchors (no CUDA call while the process exits).
+  ~buffer_views();
 
   struct view {
     void* data{};
@@ -106,8 +111,21 @@ class buffer_views {
   /// handle imported, whatever import_by_fabric says (it has no fd here),
   /// and mapped on this process's CUDA device `device`, read-only where
   /// `read_only`. Throws as error.hpp says (no usable VMM driver API, an
-  /// import the IMEX channel refuses, named).
+  /// import the IMEX channel refuses, named). Maps the grant's peer anchor
+  /// too, the first time for its GPU and `device` (peer_anchors()).
   void* attach_remote(v1::BufferGrant const& grant, bool read_only, int device);
+
+  /// A granule of another node's GPU (BufferGrant.peer_anchor) this session
+  /// keeps mapped on one of this process's devices until it ends, whatever
+  /// it opens and closes meanwhile: the driver keeps its mapping between the
+  /// two GPUs only while some memory of the one is mapped on the other, and
+  /// making that mapping is most of a first remote open (about 9 ms).
+  struct peer_anchor {
+    std::string gpu_uuid;
+    int device{-1};
+  };
+  /// The anchors kept, by GPU and device.
+  [[nodiscard]] std::vector<peer_anchor> peer_anchors();
   /// Drops one ref of the view an open of `mode` got; returns the view when
   /// it was the last (the caller then lets go of a CUDA import, in stream
   /// order, before the close goes out).
@@ -150,6 +168,18 @@ class buffer_views {
   void* map_allocation(
       v1::BufferGrant const& grant, int device, view_mode mode, bool read_only, bool by_fabric);
 
+  /// Maps grant's peer anchor on `device`, read-only, unless one of its GPU
+  /// is kept there already (or failed: not tried again). Never throws: the
+  /// open goes on without it. REQUIRES: buffers_mutex_ held.
+  void keep_peer_anchor(v1::BufferGrant const& grant, int device) noexcept;
+
+  /// A kept anchor's mapping (0s: its mapping failed).
+  struct anchor_mapping {
+    std::uint64_t vmm_handle{};
+    std::uint64_t address{};
+    std::size_t bytes{};
+  };
+
   session_channel& channel_;
   pool_mappings& pools_;
   bool const import_by_fabric_;
@@ -157,6 +187,9 @@ class buffer_views {
   /// By buffer id and mode (read_write for memory that cannot be mapped
   /// read-only, whatever the access).
   std::map<std::pair<std::uint64_t, view_mode>, view> buffers_;
+  /// By the peer GPU's UUID and this process's device; guarded by
+  /// buffers_mutex_.
+  std::map<std::pair<std::string, int>, anchor_mapping> anchors_;
 };
 
 }  // namespace rmmd::detail

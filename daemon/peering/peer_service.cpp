@@ -153,6 +153,12 @@ grpc::Status peer_service::OpenRemoteBuffer(grpc::ServerContext* context,
   }
   response->set_gpu_uuid(grant->gpu_uuid);
   response->set_hold_lease_ms(static_cast<std::uint32_t>(ledger_.lease().count()));
+  if (auto const* anchor = probes_.anchor_of(grant->gpu_uuid)) {
+    auto* a = response->mutable_anchor();
+    a->set_gpu_uuid(anchor->gpu_uuid);
+    a->set_allocation_bytes(anchor->bytes);
+    a->set_fabric_handle(anchor->fabric_handle.data(), anchor->fabric_handle.size());
+  }
   return grpc::Status::OK;
 }
 

@@ -386,6 +386,10 @@ absl::Status peering::open(core::session_id session,
   vmm->set_fabric_handle(grant->fabric_handle());
   if (grant->has_manifest()) { *reply->mutable_manifest() = grant->manifest(); }
   reply->set_peer(request.peer());
+  // Only an anchor of the buffer's own GPU keeps its mapping warm.
+  if (grant->has_anchor() && grant->anchor().gpu_uuid() == grant->gpu_uuid()) {
+    *reply->mutable_peer_anchor() = grant->anchor();
+  }
   return absl::OkStatus();
 }
 

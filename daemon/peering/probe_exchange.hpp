@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rmmd::peering {
@@ -31,6 +33,20 @@ struct probe_exchange {
   /// Imports another node's probe and reads it back. Called from gRPC's
   /// and the dialers' threads.
   std::function<probe_verdict(fabric_probe const& theirs)> import;
+  /// One granule per GPU with a fabric pool (`ours` among them), exported
+  /// for other nodes' clients to keep mapped (RemoteGrant.anchor); each
+  /// names its GPU. Read-only after start; `anchor_memory` keeps them.
+  std::vector<fabric_probe> anchors{};
+  std::shared_ptr<void const> anchor_memory{};
+
+  /// The anchor of GPU `gpu_uuid`; nullptr where there is none.
+  [[nodiscard]] fabric_probe const* anchor_of(std::string_view gpu_uuid) const noexcept
+  {
+    for (auto const& a : anchors) {
+      if (a.gpu_uuid == gpu_uuid && !a.fabric_handle.empty()) { return &a; }
+    }
+    return nullptr;
+  }
 };
 
 inline constexpr char const* no_fabric_pool_problem =

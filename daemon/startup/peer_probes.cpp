@@ -11,19 +11,58 @@
 
 namespace rmmd::startup {
 
+namespace {
+
+/// A CUDA pool whose fabric export startup/pools proved: handle_types names
+/// fabric only there (never export where that said no). Not
+/// pool.fabric_handle: with per-uid tenancy no tenant's backend exists at
+/// start, so it is empty.
+bool exports_fabric(core::pool_description const& pool)
+{
+  return pool.backend.space == core::memory_space::device &&
+         std::find(pool.handle_types.begin(), pool.handle_types.end(), core::handle_type::fabric) !=
+             pool.handle_types.end();
+}
+
+/// One anchor (a probe allocation) per further GPU with a fabric pool, beside
+/// `out`'s probe, which is the first GPU's. A GPU whose anchor cannot be made
+/// has none: its buffers' opens then pay the driver's first mapping.
+void add_anchors(core::daemon_core const& core,
+                 peering::probe_exchange& out,
+                 std::shared_ptr<backends::cuda::fabric_probe_allocation> probe)
+{
+  auto kept =
+      std::make_shared<std::vector<std::shared_ptr<backends::cuda::fabric_probe_allocation>>>();
+  kept->push_back(std::move(probe));
+  out.anchors.push_back(out.ours);
+  for (auto const& pool : core.pools().list()) {
+    if (!exports_fabric(pool) || out.anchor_of(pool.gpu_uuid) != nullptr) { continue; }
+    try {
+      auto allocation = std::make_shared<backends::cuda::fabric_probe_allocation>(pool.device);
+      out.anchors.push_back(peering::fabric_probe{.fabric_handle = allocation->fabric_handle(),
+                                                  .bytes         = allocation->bytes(),
+                                                  .pattern       = allocation->pattern(),
+                                                  .gpu_uuid      = pool.gpu_uuid});
+      kept->push_back(std::move(allocation));
+    } catch (std::exception const& e) {
+      log::warn(
+          "peering: no anchor for GPU %s (pool '%s'): %s; other nodes' first opens of its "
+          "buffers pay the driver's first mapping",
+          pool.gpu_uuid,
+          pool.name,
+          e.what());
+    }
+  }
+  out.anchor_memory = std::move(kept);
+}
+
+}  // namespace
+
 peering::probe_exchange make_peer_probes(core::daemon_core const& core,
                                          std::vector<std::string> const& unserved)
 {
   for (auto const& pool : core.pools().list()) {
-    // handle_types names fabric only where startup/pools proved the export
-    // (the child's probe, then one pool made in-process): never export here
-    // where that said no. Not pool.fabric_handle: with per-uid tenancy no
-    // tenant's backend exists at start, so it is empty.
-    bool const fabric =
-        pool.backend.space == core::memory_space::device &&
-        std::find(pool.handle_types.begin(), pool.handle_types.end(), core::handle_type::fabric) !=
-            pool.handle_types.end();
-    if (!fabric) { continue; }
+    if (!exports_fabric(pool)) { continue; }
     auto const device = pool.device;
     try {
       auto allocation = std::make_shared<backends::cuda::fabric_probe_allocation>(device);
@@ -37,6 +76,7 @@ peering::probe_exchange make_peer_probes(core::daemon_core const& core,
             device, theirs.fabric_handle, theirs.bytes, theirs.pattern);
         return peering::probe_verdict{.ok = problem.empty(), .problem = problem};
       };
+      add_anchors(core, out, std::move(allocation));
       return out;
     } catch (std::exception const& e) {
       log::warn("peering: cannot make the fabric probe on pool '%s': %s", pool.name, e.what());

@@ -3,6 +3,8 @@
 // The fabric probe peering shows other nodes (peering/probe_exchange.hpp):
 // made on the GPU of the first CUDA pool that exports fabric handles, whose
 // export startup/pools proved (fabric_probe.hpp); none without such a pool.
+// The probe is that GPU's anchor too, and each further GPU with such a pool
+// gets one more granule as its anchor.
 
 #include "daemon/core/daemon_core.hpp"
 #include "daemon/peering/probe_exchange.hpp"

@@ -322,6 +322,38 @@ TEST_F(Peering, ARemoteOpenReadsTheSameBytesReadOnlyAndHoldsOnA)
   EXPECT_EQ(producer.wait(), 0);
 }
 
+TEST_F(Peering, AClientKeepsOneAnchorOfAsGpuThroughClosingEveryRemoteBufferAndHoldsNothingByIt)
+{
+  // The anchor is A's granule of its GPU, mapped once per session and local
+  // device, so that an open after the last close finds the driver's mapping
+  // between the GPUs still made (bench section p times it).
+  auto& producer        = produce("peertest/anchor");
+  auto const a_gpu_uuid = a_.session().pools().at(0).gpu_uuid;
+  {
+    auto s      = b_.session();
+    auto& views = rmmd::detail::impl_of(s).buffers();
+    EXPECT_TRUE(views.peer_anchors().empty());
+    for (int round = 0; round < 3; ++round) {
+      auto opened = rmmd::shared_buffer::open(s, "nodeA:peertest/anchor", {.device = 1});
+      EXPECT_EQ(opened.size(), buffer_bytes);
+      opened.close();
+      auto const kept = views.peer_anchors();
+      ASSERT_EQ(kept.size(), 1u) << "round " << round;
+      EXPECT_EQ(kept[0].gpu_uuid, a_gpu_uuid);
+      EXPECT_EQ(kept[0].device, 1);
+    }
+    // The anchor is no hold: A counts its producer alone.
+    EXPECT_TRUE(eventually([&] {
+      auto p = a_.peer("nodeB");
+      return a_.holders("peertest/anchor") == 1 && p && p->holds_they_have() == 0;
+    }));
+  }
+  // The session's end let go of it: the producer's buffer is intact.
+  producer.close_stdin();
+  EXPECT_EQ(next_line(producer), "intact");
+  EXPECT_EQ(producer.wait(), 0);
+}
+
 TEST_F(Peering, ASigkilledPeerLosesItsHoldsOnAWhenItsLeaseEnds)
 {
   auto& producer = produce("peertest/k");
