@@ -32,18 +32,6 @@ std::string in_quotes(std::string_view name)
   return "'" + std::string(name) + "'";
 }
 
-/// Page-locks a host buffer's mapping in the current context (read-only
-/// for the GPU where the mapping is: the driver would take write access to
-/// its pages otherwise, and fail); cudaSuccess or why not (cleared).
-cudaError_t register_host(void* data, std::size_t bytes, bool read_only) noexcept
-{
-  unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
-                         (read_only ? cudaHostRegisterReadOnly : 0U);
-  auto const err = cudaHostRegister(data, bytes, flags);
-  if (err != cudaSuccess) { cudaGetLastError(); }
-  return err;
-}
-
 /// register_host(), as whether it worked.
 bool page_lock(void* data, std::size_t bytes, bool read_only) noexcept
 {

@@ -204,6 +204,15 @@ std::string not_pinnable(std::string const& pool_name)
          "page-locked mapping cannot follow; start rmmd with --host-pool-pinned=on";
 }
 
+cudaError_t register_host(void* data, std::size_t bytes, bool read_only) noexcept
+{
+  unsigned const flags = cudaHostRegisterPortable | cudaHostRegisterMapped |
+                         (read_only ? cudaHostRegisterReadOnly : 0U);
+  auto const err = cudaHostRegister(data, bytes, flags);
+  if (err != cudaSuccess) { cudaGetLastError(); }
+  return err;
+}
+
 std::byte* pool_mappings::pinned_host_pool_base(std::uint32_t pool_id, std::uint32_t generation)
 {
   auto* base = host_pool_base(pool_id, generation);
@@ -217,10 +226,8 @@ std::byte* pool_mappings::pinned_host_pool_base(std::uint32_t pool_id, std::uint
   }
   // Once per session: about 0.1 s per GiB (measured on an H100), and it
   // commits the whole pool's RAM in this process's page tables.
-  auto err = cudaHostRegister(
-      base, pool.capacity_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  auto err = register_host(base, pool.capacity_bytes, false);
   if (err != cudaSuccess) {
-    cudaGetLastError();
     throw rmm::bad_alloc("rmmd: page-locking host pool '" + pool.name + "' (" +
                          std::to_string(pool.capacity_bytes) +
                          " bytes, cudaHostRegister) failed: " + cudaGetErrorName(err) +

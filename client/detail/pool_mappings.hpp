@@ -46,6 +46,12 @@ namespace rmmd::detail {
 /// what else to do.
 [[nodiscard]] std::string not_pinnable(std::string const& pool_name);
 
+/// Page-locks host memory in the current context, portable and mapped (a
+/// whole pool's mapping, or a buffer's), read-only for the GPU where
+/// `read_only` (the driver would take write access to a read-only
+/// mapping's pages otherwise, and fail); cudaSuccess or why not (cleared).
+[[nodiscard]] cudaError_t register_host(void* data, std::size_t bytes, bool read_only) noexcept;
+
 class pool_mappings {
  public:
   /// Takes the pool fds of `welcome`. `import_by_fabric`: CUDA pools are
