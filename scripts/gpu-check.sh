@@ -70,11 +70,15 @@ bundle_step() {
   strip --strip-debug "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
   # Python packages the host lacks that tests compare against (the
   # torch_memory_saver test), from wheels here (a wheel is a zip of what an
-  # install puts in site-packages): RMMD_GPU_CHECK_WHEELS, a glob.
-  local wheel
+  # install puts in site-packages, except what it keeps under NAME.data/purelib
+  # or platlib, which an install moves up): RMMD_GPU_CHECK_WHEELS, a glob.
+  local wheel lib
   for wheel in ${RMMD_GPU_CHECK_WHEELS:-.whl/torch_memory_saver-*.whl}; do
     [ -f "$wheel" ] || continue
     mkdir -p "$bundle/pylib" && unzip -qo "$wheel" -d "$bundle/pylib"
+    for lib in "$bundle"/pylib/*.data/purelib "$bundle"/pylib/*.data/platlib; do
+      [ -d "$lib" ] && cp -a "$lib"/. "$bundle/pylib/" && rm -rf "$lib"
+    done
     echo "gpu-check: $(basename "$wheel") into $bundle/pylib"
   done
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu' || echo '+changes')" \
