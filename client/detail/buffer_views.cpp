@@ -15,7 +15,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace rmmd::detail {
@@ -265,8 +267,14 @@ void buffer_views::keep_peer_anchor(v1::BufferGrant const& grant, int device) no
   // REQUIRES: buffers_mutex_ held (by attach_remote).
   if (!grant.has_peer_anchor()) { return; }
   auto const& anchor = grant.peer_anchor();
-  auto [it, made]    = anchors_.try_emplace({anchor.gpu_uuid(), device});
-  if (!made) { return; }
+  decltype(anchors_)::iterator it;
+  try {
+    bool made          = false;
+    std::tie(it, made) = anchors_.try_emplace({anchor.gpu_uuid(), device});
+    if (!made) { return; }
+  } catch (std::bad_alloc const&) {
+    return;  // no anchor: the next open pays the first mapping
+  }
   auto const& api  = gpu::vmm();
   auto const bytes = anchor.allocation_bytes();
   // One granule or a few: a daemon's anchor is never large.

@@ -230,6 +230,10 @@ def publish_dir(
 
     def create() -> list[Destination]:
         for bname, dev, rank in zip(names, create_on, ranks):
+            if dev is not None:
+                # This thread's current device is 0 until set: the mapping's
+                # device switch and back would make a context on GPU 0.
+                _cuda.set_device(dev)
             buffers.append(
                 SharedBuffer.create(s, bname, layouts[rank].nbytes, pool=pool, device=dev, persistent=persistent, gid=gid)
             )

@@ -328,7 +328,7 @@ TEST_F(Peering, AClientKeepsOneAnchorOfAsGpuThroughClosingEveryRemoteBufferAndHo
   // device, so that an open after the last close finds the driver's mapping
   // between the GPUs still made (bench section p times it).
   auto& producer        = produce("peertest/anchor");
-  auto const a_gpu_uuid = a_.session().pools().at(0).gpu_uuid;
+  auto const a_gpu_uuid = a_.session().pool("gpu").gpu_uuid;
   {
     auto s      = b_.session();
     auto& views = rmmd::detail::impl_of(s).buffers();

@@ -2,8 +2,6 @@
 
 #include "common/vmm.hpp"
 
-#include <absl/cleanup/cleanup.h>
-
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -52,12 +50,6 @@ fabric_probe_allocation::fabric_probe_allocation(int device) : device_(device)
   std::string why;
   auto const& api = gpu::vmm(&why);
   if (!api) { throw std::runtime_error(why); }
-  // The caller's current device stays its own (start-up makes one per GPU).
-  int caller         = 0;
-  bool const restore = cudaGetDevice(&caller) == cudaSuccess;
-  auto const back    = absl::MakeCleanup([&] {
-    if (restore) { cudaSetDevice(caller); }
-  });
   if (auto err = cudaSetDevice(device); err != cudaSuccess) {
     throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorName(err));
   }
