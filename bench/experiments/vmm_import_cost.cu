@@ -1,4 +1,5 @@
-// Import cost of one VMM allocation (cuMemCreate, posix fd) by size.
+// Import cost of one VMM allocation (cuMemCreate, posix fd) by size, mapped
+// read-write and read-only in turn.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
@@ -37,8 +38,11 @@ int main(int argc, char** argv)
   if (argc > 1) {
     int fd       = std::atoi(argv[1]);
     size_t bytes = std::stoull(argv[2]);
-    for (int r = 0; r < 4; ++r) {
-      auto a = clk::now();
+    // Each round twice: mapped read-write, then read-only (a reader's open
+    // since rmmd maps readers read-only), each touched by an 8-byte read.
+    for (int r = 0; r < 8; ++r) {
+      bool const read_only = r % 2 == 1;
+      auto a               = clk::now();
       CUmemGenericAllocationHandle h;
       CK(cuMemImportFromShareableHandle(
           &h, (void*)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
@@ -47,17 +51,18 @@ int main(int argc, char** argv)
       CK(cuMemMap(p, bytes, 0, h, 0));
       CUmemAccessDesc acc{};
       acc.location = prop.location;
-      acc.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      acc.flags    = read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       CK(cuMemSetAccess(p, bytes, &acc, 1));
-      auto b = clk::now();
-      cudaMemsetAsync((void*)p, 1, 8, 0);
-      cudaStreamSynchronize(0);
+      auto b             = clk::now();
+      unsigned long word = 0;
+      cudaMemcpy(&word, (void*)p, sizeof(word), cudaMemcpyDeviceToHost);
       auto c = clk::now();
       CK(cuMemUnmap(p, bytes));
       CK(cuMemAddressFree(p, bytes));
       CK(cuMemRelease(h));
       auto d = clk::now();
-      std::printf("  vmm: import+map+access %.1f us, touch %.1f us, unmap+release %.1f us\n",
+      std::printf("  vmm %s: import+map+access %.1f us, read 8 B %.1f us, unmap+release %.1f us\n",
+                  read_only ? "read-only " : "read-write",
                   us(a, b),
                   us(b, c),
                   us(c, d));
