@@ -321,6 +321,11 @@ def main() -> int:
                     results["runs"].setdefault(mode, {}).setdefault(name, []).append(entry)
                     rate = f"{entry['gib_per_s']:.2f} GiB/s in {entry['seconds']:.2f} s" if "seconds" in entry else f"FAILED {entry['error']}"
                     print(f"{mode:4} {name:16} {rate}  (cached before: {before:.0%})", flush=True)
+                    load = entry.get("load") or {}
+                    if load.get("phases"):
+                        # rmmd: the reads and copies, and each step besides them (seconds)
+                        steps = ", ".join(f"{k} {v:.3f}" for k, v in load["phases"].items())
+                        print(f"{'':21} reads and copies {load['seconds']:.3f}; {steps}", flush=True)
     finally:
         if daemon is not None:
             daemon.stop()

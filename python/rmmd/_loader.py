@@ -85,6 +85,14 @@ class LoadStats:
     chunk_bytes: int = 0
     staging: str = ""
     shards: list[ShardStats] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds of each step besides the reads, where the caller and the load
+    timed them: ``plan`` (headers read, buffers and reads planned),
+    ``open`` (the files opened, their cached share asked), ``staging`` (the
+    staging memory made and page-locked), ``create`` (the buffers made, on
+    a thread of their own during the reads), ``wait`` (the longest a reader
+    waited for them before its first copy), ``publish`` (manifests and
+    publication after the reads)."""
 
     @property
     def gib_per_s(self) -> float:
@@ -98,6 +106,7 @@ class LoadStats:
             "readers": self.readers,
             "chunk_bytes": self.chunk_bytes,
             "staging": self.staging,
+            "phases": dict(self.phases),
             "shards": [
                 {"path": s.path, "bytes": s.nbytes, "seconds": s.seconds, "gib_per_s": s.gib_per_s, "io": s.io,
                  "cached": s.cached}
@@ -277,14 +286,18 @@ def load(
     stats.nbytes = sum(s.nbytes for s in stats.shards)
     opened: list[_File] = []
     try:
+        t0 = time.perf_counter()
         for f, s in zip(files, stats.shards):
             opened.append(_File(f, io, s))
+        t1 = time.perf_counter()
+        stats.phases["open"] = t1 - t0
         if to_devices is None:
             if isinstance(destinations, Future):
                 raise InvalidArgumentError("rmmd: a future of destinations needs to_devices")
             to_devices = any(d.device is not None for d in destinations)
         staging = _Staging(readers * slots, chunk + 2 * IO_ALIGNMENT, to_devices)
         stats.staging = staging.source
+        stats.phases["staging"] = time.perf_counter() - t1
         try:
             _run(opened, reads, destinations, to_devices, staging, readers, slots, stats, progress)
         finally:
@@ -312,7 +325,17 @@ def _run(
     caller_device = _current_device() if to_devices else None
 
     def targets() -> Sequence[Destination]:
-        return destinations.result() if isinstance(destinations, Future) else destinations
+        if not isinstance(destinations, Future):
+            return destinations
+        if destinations.done():
+            return destinations.result()
+        t = time.perf_counter()
+        try:
+            return destinations.result()
+        finally:
+            waited = time.perf_counter() - t
+            with lock:
+                stats.phases["wait"] = max(stats.phases.get("wait", 0.0), waited)
 
     def take() -> Read | None:
         with lock:

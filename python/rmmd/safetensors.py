@@ -29,6 +29,7 @@ This module imports without PyTorch or the safetensors package.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
@@ -215,6 +216,7 @@ def publish_dir(
     elif tp == 1:
         plan = None
     targets_devices = _devices(devices, tp, pool)
+    planning = time.perf_counter()
     ckpt = read_checkpoint(path)
     chunk = -(-int(chunk_bytes) // _loader.IO_ALIGNMENT) * _loader.IO_ALIGNMENT
     ranks = list(range(tp)) if tp > 1 else [0] * len(targets_devices)
@@ -222,13 +224,17 @@ def publish_dir(
     reads = plan_reads(ckpt, ranks, tp, plan, where, chunk)
     names = buffer_names(name, tp, targets_devices)
     base = {**ckpt.labels, **(labels or {})}
+    planned = time.perf_counter() - planning
     s = session if session is not None else Session(client_name="rmmd.safetensors")
     buffers: list[SharedBuffer] = []
 
     # "The current device" is the caller's, not the creating thread's.
     create_on = [_current_device_or_none() if d is None and pool is None else d for d in targets_devices]
 
+    created = [0.0]
+
     def create() -> list[Destination]:
+        t = time.perf_counter()
         for bname, dev, rank in zip(names, create_on, ranks):
             if dev is not None:
                 # This thread's current device is 0 until set: the mapping's
@@ -237,6 +243,7 @@ def publish_dir(
             buffers.append(
                 SharedBuffer.create(s, bname, layouts[rank].nbytes, pool=pool, device=dev, persistent=persistent, gid=gid)
             )
+        created[0] = time.perf_counter() - t
         return [Destination(b.ptr, None if b.is_host else b.device) for b in buffers]
 
     # The buffers are made (the daemon's cuMemCreate and export, this
@@ -253,10 +260,12 @@ def publish_dir(
             destinations.result()  # with no reads (no tensors), nothing waited for it yet
         finally:
             creating.shutdown(wait=True)  # nothing is cleaned up while it runs
+        publishing = time.perf_counter()
         for b, rank in zip(buffers, ranks):
             b.set_manifest(layouts[rank].entries, {**base, **_tp_labels(tp, rank, plan)})
         for b in buffers:
             b.publish()
+        stats.phases.update(plan=planned, create=created[0], publish=time.perf_counter() - publishing)
     except BaseException:
         for b in buffers:
             if persistent:

@@ -89,6 +89,9 @@ def test_a_sharded_directory_becomes_one_buffer_with_its_config_as_labels(
                                       labels={"revision": "r1"}, io=io, chunk_bytes=4096) as published:
         assert published.names == [f"ckpt/one-{io}"]
         assert [s.io for s in published.stats.shards] == [io] * 3
+        phases = published.stats.phases
+        assert {"plan", "open", "staging", "create", "publish"} <= set(phases), phases
+        assert all(v >= 0 for v in phases.values()) and published.stats.as_dict()["phases"] == phases
         buf = published.buffers[0]
         check(buf, tensors)
         labels = buf.labels
