@@ -153,8 +153,12 @@ TEST(PeerLink, APeerThatKeepsAskingForHelloIsUnavailableAfterTwoHellos)
                 " started again and our Hello did not take (it asked again); try again once "
                 "`rmmctl peers` shows it ready");
   // The call, then a Hello and the call again, twice: bounded, not a loop.
+  // Its answer also tells the link's thread to say Hello at once, which may
+  // land before the count is read: one more, from that thread.
   EXPECT_EQ(peer.service.lists(), 3);
-  EXPECT_EQ(peer.service.hellos() - hellos_before, 2);
+  auto const hellos = peer.service.hellos() - hellos_before;
+  EXPECT_GE(hellos, 2);
+  EXPECT_LE(hellos, 3) << "more Hellos than the call's two and the link thread's one";
 }
 
 }  // namespace
